@@ -1,0 +1,133 @@
+"""Row sum: cuteforge vs torch.sum vs torch.compile, same run, same inputs.
+
+Writes benchmarks/results/<gpu>-sum.json (or --out) with the command that produced it:
+  - bandwidth (GB/s, % of device copy) per shape and dtype;
+  - host time of a cached call on a 1024-element input (median of 10k calls) against
+    torch.sum and torch.mul;
+  - each candidate config's bandwidth at the bar shapes (what the default should be);
+  - cold compile vs L2 load time of the same kernels in a fresh process.
+
+Run on a GPU machine:  python benchmarks/bench_sum.py [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import cuteforge
+import cuteforge.ops as ops
+from cuteforge import timing
+from cuteforge.kernels.reduce.spec import row_reduce
+from cuteforge.library_bench import measure_reduction
+
+BAR_SHAPES = [(32768, 4096), (16384, 16384), (4096, 65536)]
+EXTRA_SHAPES = [(32768, 256), (32768, 1024), (65536, 2048), (1024, 262144), (8, 262144), (1, 4096)]
+
+
+def host_overhead() -> dict[str, float]:
+    x = torch.randn(1, 1024, device="cuda")
+    y = torch.randn(1024, device="cuda")
+    return {
+        "cuteforge_sum_us": round(timing.host_us(lambda: ops.sum(x)), 2),
+        "torch_sum_us": round(timing.host_us(lambda: torch.sum(x, dim=-1)), 2),
+        "torch_mul_us": round(timing.host_us(lambda: torch.mul(y, y)), 2),
+    }
+
+
+def config_sweep(shapes: list[tuple[int, int]], dtype: torch.dtype, copy_bps: float) -> list[dict]:
+    rows = []
+    for m, n in shapes:
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        out = torch.empty(m, device="cuda", dtype=dtype)
+        key = row_reduce.signature.bind((x, out))
+        spec = row_reduce.spec(key, (("op", "sum"),))
+        ref = x.double().sum(-1)
+        for cfg in row_reduce.configs(spec):
+            try:
+                fn = row_reduce.get(key, (("op", "sum"),), cfg)
+                fn(x, out)
+                ok = bool(torch.allclose(out.double(), ref, rtol=1e-3, atol=1e-2 * n**0.5))
+                ms = timing.bench(lambda fn=fn, x=x, out=out: fn(x, out))
+                gbps = (x.numel() * x.element_size() + m * out.element_size()) / (ms * 1e-3)
+                rows.append({"M": m, "N": n, "dtype": str(dtype)[6:], "config": repr(cfg), "default": cfg == spec.config,
+                             "correct": ok, "us": round(ms * 1e3, 2), "GBps": round(gbps / 1e9, 1), "pct_copy": round(100 * gbps / copy_bps, 1)})
+            except Exception as e:  # a failing config is a finding, not a crash
+                rows.append({"M": m, "N": n, "config": repr(cfg), "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        del x, out
+    return rows
+
+
+def cold_vs_warm() -> dict[str, float]:
+    """Compile N kernels in a fresh process on an empty cache dir, then load them in another."""
+    code = (
+        "import time, torch, cuteforge, cuteforge.ops as ops;"
+        "x=[torch.randn(64,n,device='cuda') for n in (1000,4096,16384,65536)];"
+        "t=time.perf_counter();[ops.sum(t_) for t_ in x];torch.cuda.synchronize();"
+        "s=cuteforge.cache_stats();print(s['compiles'],s['l2_loads'],s['compile_ms'],s['load_ms'])"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, CUTEFORGE_CACHE_DIR=d)
+        out = {}
+        for phase in ("cold", "warm"):
+            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            c, loads, cms, lms = r.stdout.split()
+            out[phase] = {"compiles": int(c), "l2_loads": int(loads), "compile_ms": float(cms), "load_ms": float(lms)}
+    n = 4
+    return {
+        "kernels": n,
+        "cold_compile_ms_per_kernel": round(out["cold"]["compile_ms"] / max(out["cold"]["compiles"], 1), 1),
+        "warm_load_ms_per_kernel": round(out["warm"]["load_ms"] / max(out["warm"]["l2_loads"], 1), 2),
+        "cold": out["cold"],
+        "warm": out["warm"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out")
+    p.add_argument("--skip-sweep", action="store_true")
+    args = p.parse_args()
+    gpu = torch.cuda.get_device_name()
+    t0 = time.time()
+    copy_bps = timing.copy_bandwidth()
+    result = {
+        "command": "python benchmarks/bench_sum.py " + " ".join(sys.argv[1:]),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuteforge": cuteforge.__version__,
+        "copy_GBps": round(copy_bps / 1e9, 1),
+        "host_overhead": host_overhead(),
+    }
+    shapes = BAR_SHAPES + ([] if args.quick else EXTRA_SHAPES)
+    result["sum"] = []
+    for dtype in (torch.float32, torch.bfloat16):
+        result["sum"] += measure_reduction("sum", shapes, dtype, copy_bps, compiled=True)
+    if not args.skip_sweep:
+        result["config_sweep"] = config_sweep(BAR_SHAPES, torch.float32, copy_bps)
+    result["compile_cache"] = cold_vs_warm()
+    result["seconds"] = round(time.time() - t0, 1)
+    name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    out = Path(args.out or Path(__file__).parent / "results" / f"{name}-sum.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("gpu", "copy_GBps", "host_overhead", "compile_cache")}, indent=1))
+    for r in result["sum"]:
+        print(f"{r['dtype']:9s} {r['M']:6d} x {r['N']:6d}  ok={r['correct']}  cuteforge {r['cuteforge_GBps']:7.0f} GB/s "
+              f"({r['cuteforge_pct_copy']:5.1f}%)  torch {r['torch_GBps']:7.0f}  compile {r['torch.compile_GBps']:7.0f}")
+    for r in result.get("config_sweep", []):
+        print("sweep", r)
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

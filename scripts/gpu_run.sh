@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run the GPU tests and benchmarks on a CUDA machine that has torch but no registry
+# access (the H200 lent through the device tool). Writes logs and JSON under $OUT.
+#   source .gpu/env.sh is done here; carry .gpu (see README "GPU runs").
+# Usage: bash scripts/gpu_run.sh [tests|bench|all] [extra pytest args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}; shift || true
+source .gpu/env.sh || exit 3
+export PYTHONPATH=$PWD/src:$PWD/tests:${PYTHONPATH:-}
+export OUT=${OUT:-/tmp/cuteforge-out}
+mkdir -p "$OUT"
+export CUTEFORGE_CACHE_DIR=${CUTEFORGE_CACHE_DIR:-/tmp/cuteforge-cache}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+rc=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/gpu "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 benchmarks/bench_sum.py --out "$OUT/h200-sum.json" 2>&1 | tee "$OUT/bench-sum.log" | tail -60
+fi
+exit $rc

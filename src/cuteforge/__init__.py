@@ -1,0 +1,51 @@
+"""cuteforge: compile-once CuTe DSL kernels for PyTorch.
+
+    import cuteforge
+    cuteforge.ops.sum(x)                       # library kernels as torch ops
+    @cuteforge.kernel(signature=...)           # your own kernels, same machinery
+
+Importing cuteforge is cheap: the CuTe DSL (~2 s to import) loads on first compile or
+cache load, and `cuteforge.ops` on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .arch import ArchError, target_arch
+from .cache import STATS, CompileAfterWarmupError, end_warmup
+from .kernel import REGISTRY, CompileSpec, Kernel, kernel
+from .signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArchError",
+    "BoundKey",
+    "CompileAfterWarmupError",
+    "CompileSpec",
+    "FLOAT_DTYPES",
+    "Kernel",
+    "REGISTRY",
+    "STATS",
+    "Signature",
+    "TensorArg",
+    "cache_stats",
+    "end_warmup",
+    "kernel",
+    "ops",
+    "target_arch",
+]
+
+
+def cache_stats() -> dict[str, float]:
+    """This process's cache counters: L1 hits, L2 loads, compiles, compile/load ms."""
+    return STATS.as_dict()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ops":
+        import importlib
+
+        return importlib.import_module(".ops", __name__)
+    raise AttributeError(f"module 'cuteforge' has no attribute {name!r}")

@@ -1,0 +1,233 @@
+"""The `cuteforge` command (also `python -m cuteforge`).
+
+Every subcommand ends a failure with one line on stderr and exit code 2, never a
+traceback; reporting subcommands take `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A failure to report as one line with exit code 2."""
+
+
+def _set_arch(arch: str | None) -> None:
+    if arch:
+        from .arch import parse_arch
+
+        parse_arch(arch)
+        os.environ["CUTEFORGE_ARCH"] = arch
+        os.environ["CUTE_DSL_ARCH"] = arch
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
+    from . import arch, cache
+
+    gpu = arch.gpu_info()
+    return {
+        "gpu": None if gpu is None else {"name": gpu.name, "sm": f"sm_{gpu.sm}", "sm_count": gpu.sm_count},
+        "gpu_text": "no GPU" if gpu is None else f"{gpu.name} (SM {gpu.sm // 10}.{gpu.sm % 10}, {gpu.sm_count} SMs)",
+        "versions": _versions(),
+        "cache_dir": str(cache.cache_root()),
+        "disk_cache": cache.disk_enabled(),
+        "target_arch": arch.target_arch(),
+        "compile_only": arch.compile_only(),
+    }
+
+
+def _print_info(r: dict[str, Any]) -> None:
+    v = r["versions"]
+    print(f"GPU            {r['gpu_text']}")
+    print(f"target arch    {r['target_arch']}{'  (compile only)' if r['compile_only'] else ''}")
+    print(f"CuTe DSL       nvidia-cutlass-dsl {v['nvidia-cutlass-dsl']}, apache-tvm-ffi {v['apache-tvm-ffi']}")
+    print(f"torch          {v['torch']}")
+    print(f"kernel cache   {r['cache_dir']}{'' if r['disk_cache'] else '  (disabled: CUTEFORGE_CACHE=0)'}")
+
+
+def cmd_cache(args: argparse.Namespace) -> Any:
+    from . import cache
+
+    if args.action == "stats":
+        entries = cache.list_entries()
+        return {
+            "cache_dir": str(cache.cache_root()),
+            "entries": len(entries),
+            "bytes": sum(e["bytes"] for e in entries),
+            "kernels": sorted({e["kernel"] for e in entries if e["kernel"]}),
+            "cumulative": cache.cumulative_stats(),
+        }
+    if args.action == "ls":
+        return cache.list_entries()
+    removed = cache.clear()
+    return {"removed": removed, "cache_dir": str(cache.cache_root())}
+
+
+def precompile(kernels: list[str] | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """Compile (or load) every standard specialization of the library's kernels."""
+    from . import kernels as families
+    from .arch import target_arch
+    from .cache import STATS
+    from .kernel import REGISTRY
+
+    families.load_all()
+    names = kernels or sorted(REGISTRY)
+    for n in names:
+        if n not in REGISTRY:
+            raise CliError(f"unknown kernel {n!r}; known: {', '.join(sorted(REGISTRY))}")
+    jobs = [(REGISTRY[n], key, params) for n in names if REGISTRY[n].specializations for key, params in REGISTRY[n].specializations()]
+    arch = target_arch()
+    rows = []
+    from rich.progress import Progress
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task(f"precompile for {arch}", total=len(jobs))
+        for k, key, params in jobs:
+            spec = k.spec(key, tuple(sorted(params.items())), arch=arch)
+            before = STATS.compiles
+            t0 = time.perf_counter()
+            k.compile(spec)
+            ms = (time.perf_counter() - t0) * 1e3
+            rows.append(
+                {
+                    "kernel": k.name,
+                    "params": dict(spec.params),
+                    "dtypes": list(key.dtypes),
+                    "static": dict(key.static),
+                    "config": repr(spec.config),
+                    "status": "compiled" if STATS.compiles > before else "loaded",
+                    "ms": round(ms, 1),
+                }
+            )
+            bar.advance(task)
+    return rows
+
+
+def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
+    from .arch import target_arch
+    from .cache import cache_root, fingerprint
+
+    rows = precompile(args.kernel or None, progress=not args.json and sys.stderr.isatty())
+    return {
+        "arch": target_arch(),
+        "cache_dir": str(cache_root() / fingerprint(target_arch())),
+        "kernels": rows,
+        "compiled": sum(r["status"] == "compiled" for r in rows),
+        "loaded": sum(r["status"] == "loaded" for r in rows),
+        "total_ms": round(sum(r["ms"] for r in rows), 1),
+    }
+
+
+def _print_precompile(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"precompiled for {r['arch']}")
+    for col in ("kernel", "params", "dtypes", "static", "status", "ms"):
+        t.add_column(col, justify="right" if col == "ms" else "left")
+    for row in r["kernels"]:
+        t.add_row(row["kernel"], json.dumps(row["params"]), "/".join(row["dtypes"]), json.dumps(row["static"]), row["status"], f"{row['ms']:.0f}")
+    Console().print(t)
+    print(f"{r['compiled']} compiled, {r['loaded']} loaded from cache, {r['total_ms'] / 1e3:.1f} s in all; artifacts in {r['cache_dir']}")
+
+
+def cmd_library(args: argparse.Namespace) -> dict[str, Any]:
+    """The main job: on a GPU, the library against torch; without one, an AOT build."""
+    from . import arch
+
+    if arch.compile_only():
+        return {"mode": "precompile", **cmd_precompile(args)}
+    from .library_bench import run_library_bench
+
+    return {"mode": "bench", **run_library_bench(quick=args.quick)}
+
+
+def _print_library(r: dict[str, Any]) -> None:
+    if r["mode"] == "precompile":
+        print("No GPU here: compiling the kernel library ahead of time.")
+        _print_precompile(r)
+        return
+    from .library_bench import print_table
+
+    print_table(r)
+
+
+def cmd_viz(args: argparse.Namespace) -> int:
+    from . import viz
+
+    return viz.main_viz(args.kind, args.spec, args.output, args.format)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cuteforge", description="Compile-once CuTe DSL kernels for PyTorch.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("info", help="GPU, DSL version, cache dir, target arch")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("cache", help="inspect or clear the persistent kernel cache")
+    s.add_argument("action", choices=("stats", "ls", "clear"))
+    s.add_argument("--json", action="store_true")
+
+    for name, help_ in (
+        ("precompile", "compile every library kernel's standard specializations (no GPU needed)"),
+        ("library", "main job: benchmark the library against torch (GPU) or precompile it (no GPU)"),
+    ):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--arch", help="target, e.g. sm_90a (default: this GPU's, else sm_90a)")
+        s.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
+        s.add_argument("--json", action="store_true")
+        if name == "library":
+            s.add_argument("--quick", action="store_true", help="fewer shapes")
+
+    s = sub.add_parser("viz", help="render a CuTe layout or thread-value layout to SVG/PNG")
+    s.add_argument("kind", choices=("layout", "tv"))
+    s.add_argument("spec", nargs="+", help='layout text, e.g. "(4,8):(8,1)"; for tv: THR VAL')
+    s.add_argument("-o", "--output", help="write .svg or .png here (default: SVG on stdout)")
+    s.add_argument("--format", choices=("auto", "svg", "png"), default="auto")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "arch", None):
+            _set_arch(args.arch)
+        if args.command == "viz":
+            return cmd_viz(args)
+        handler, printer = {
+            "info": (cmd_info, _print_info),
+            "cache": (cmd_cache, None),
+            "precompile": (cmd_precompile, _print_precompile),
+            "library": (cmd_library, _print_library),
+        }[args.command]
+        result = handler(args)
+    except (CliError, ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"cuteforge {args.command}: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json or printer is None:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        printer(result)
+    return 0

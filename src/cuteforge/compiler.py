@@ -1,0 +1,82 @@
+"""The one place that talks to `cute.compile`, `export_to_c` and `load_module`.
+
+Compiles run one at a time per process: the DSL's preprocessor is not thread-safe, so
+parallel compilation uses processes (see the autotuner), never threads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .arch import target_arch
+
+COMPILE_LOCK = threading.RLock()
+ENTRY = "cuteforge_entry"  # exported symbol name inside every cached object file
+
+
+def prepare_dsl(arch: str | None = None) -> None:
+    """Point the DSL at the target arch before it is first imported or queried.
+
+    On a machine with no GPU the DSL cannot detect an arch; CUTE_DSL_ARCH makes it
+    compile for ours. An explicit CUTE_DSL_ARCH set by the user is left alone.
+    """
+    os.environ.setdefault("CUTE_DSL_ARCH", arch or target_arch())
+
+
+@dataclass
+class CompileResult:
+    compiled: Any  # the DSL's JitCompiledFunction
+    function: Callable[..., Any]  # its TVM-FFI function: the fast call path
+    ptx: str | None
+    cubin: bytes | None
+
+
+def compile_jit(jit_fn: Any, args: list[Any], arch: str, keep_artifacts: bool = False) -> CompileResult:
+    """cute.compile a `@cute.jit` function against fake arguments, TVM-FFI enabled.
+
+    `args` are the fake tensors; the environment stream is appended here so every
+    kernel launches on torch's current stream.
+    """
+    prepare_dsl(arch)
+    import cutlass.cute as cute
+
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    if keep_artifacts:
+        options += " --keep-ptx --keep-cubin"
+    with COMPILE_LOCK:
+        compiled = cute.compile(jit_fn, *args, stream, options=options)
+    ptx = getattr(compiled, "__ptx__", None) if keep_artifacts else None
+    cubin = getattr(compiled, "__cubin__", None) if keep_artifacts else None
+    return CompileResult(compiled, compiled.__tvm_ffi_object__(), ptx, cubin)
+
+
+def export_object(compiled: Any, path: str) -> None:
+    """Write the compiled function as a TVM-FFI object file (no GPU needed)."""
+    with COMPILE_LOCK:
+        compiled.export_to_c(path, function_name=ENTRY)
+
+
+def load_object(path: str) -> Callable[..., Any]:
+    """Load an object file written by `export_object`; returns the TVM-FFI function."""
+    prepare_dsl()
+    import cutlass.cute as cute
+
+    return cute.runtime.load_module(path, enable_tvm_ffi=True)[ENTRY]
+
+
+def disassemble(cubin_path: str) -> str:
+    """SASS for a cubin, through nvdisasm or cuobjdump where the machine has one."""
+    for tool, argv in (("nvdisasm", ["-c"]), ("cuobjdump", ["-sass"])):
+        exe = shutil.which(tool)
+        if exe:
+            out = subprocess.run([exe, *argv, cubin_path], capture_output=True, text=True, check=False)
+            if out.returncode == 0:
+                return out.stdout
+    raise RuntimeError("SASS needs nvdisasm or cuobjdump on PATH (CUDA toolkit); PTX and CUBIN are kept")

@@ -1,0 +1,198 @@
+"""The authoring API: `@cuteforge.kernel` turns a builder of a `@cute.jit` function into a
+callable kernel with validation, a compile key, the persistent cache and fast dispatch.
+
+A builder receives a `CompileSpec` (dtypes, static dims, alignment, parameters, config,
+target arch) and returns a `@cute.jit` host function taking the signature's tensors and
+a stream. The library's own kernels are built with this same decorator.
+
+    @cuteforge.kernel(
+        signature=Signature(TensorArg("x", ("M",)), TensorArg("y", ("M",), dtype_like="x")),
+        archs=("sm_80+",),
+    )
+    def scale(spec):
+        @cute.jit
+        def run(x: cute.Tensor, y: cute.Tensor, stream: cuda.CUstream): ...
+        return run
+
+    scale(x, y, factor=2.0)   # keyword arguments are compile-time parameters
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import arch as arch_mod
+from . import compiler
+from .cache import DEFAULT_CACHE, STATS, KernelCache, source_hash
+from .signature import BoundKey, Signature, check_key_part, cutlass_dtype
+
+REGISTRY: dict[str, Kernel] = {}
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """Everything a builder may specialize on. All scalars: it is the compile key."""
+
+    kernel: str
+    arch: str
+    key: BoundKey
+    params: tuple[tuple[str, Any], ...] = ()
+    config: Any = None
+    _signature: Signature | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_key_part(self.params, f"kernel {self.kernel!r} parameters")
+        check_key_part(self.config, f"kernel {self.kernel!r} config")
+
+    def _index(self, arg: str) -> int:
+        assert self._signature is not None
+        try:
+            return self._signature.names.index(arg)
+        except ValueError:
+            raise KeyError(f"kernel {self.kernel!r} has no tensor argument {arg!r}") from None
+
+    def dtype(self, arg: str) -> Any:
+        """The cutlass numeric type of tensor argument `arg`."""
+        return cutlass_dtype(self.key.dtypes[self._index(arg)])
+
+    def vec(self, arg: str) -> int:
+        """Elements per vector access that every row of `arg` is aligned to."""
+        return self.key.vec[self._index(arg)]
+
+    def static(self, dim: str) -> int:
+        return dict(self.key.static)[dim]
+
+    def param(self, name: str, default: Any = inspect.Parameter.empty) -> Any:
+        for k, v in self.params:
+            if k == name:
+                return v
+        if default is inspect.Parameter.empty:
+            raise KeyError(f"kernel {self.kernel!r} needs the parameter {name!r}")
+        return default
+
+    def key_repr(self) -> str:
+        """The canonical text the disk cache hashes: stable across processes."""
+        return repr((self.kernel, self.arch, self.key, self.params, self.config))
+
+
+Builder = Callable[[CompileSpec], Any]
+
+
+class Kernel:
+    """A named, compiled-on-demand CuTe DSL kernel. See the module docstring."""
+
+    def __init__(
+        self,
+        builder: Builder,
+        *,
+        name: str,
+        signature: Signature,
+        archs: tuple[str, ...],
+        default_config: Callable[[CompileSpec], Any] | None = None,
+        configs: Callable[[CompileSpec], list[Any]] | None = None,
+        specializations: Callable[[], Iterable[tuple[BoundKey, dict[str, Any]]]] | None = None,
+        cache: KernelCache = DEFAULT_CACHE,
+    ) -> None:
+        self.builder = builder
+        self.name = name
+        self.signature = signature
+        self.archs = tuple(archs)
+        self.default_config = default_config
+        self.configs = configs
+        self.specializations = specializations
+        self.cache = cache
+        self.source_path = inspect.getsourcefile(builder)
+        self._l1: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<cuteforge.Kernel {self.name} archs={self.archs}>"
+
+    def __call__(self, *tensors: Any, config: Any = None, **params: Any) -> Any:
+        """Validate, look up (compiling at most once, ever), launch on the current stream."""
+        return self.launcher(tensors, config=config, **params)(*tensors)
+
+    def launcher(self, tensors: tuple[Any, ...], config: Any = None, **params: Any) -> Callable[..., Any]:
+        """The compiled function for these tensors' key; call it with the same tensors.
+
+        Ops memoize this per (dtype, shape, stride) so that the warm path skips binding.
+        """
+        key = self.signature.bind(tensors, self.name)
+        return self.get(key, tuple(sorted(params.items())), config)
+
+    def get(self, key: BoundKey, params: tuple[tuple[str, Any], ...] = (), config: Any = None) -> Callable[..., Any]:
+        l1_key = (key, params, config)
+        fn = self._l1.get(l1_key)
+        if fn is not None:
+            STATS.l1_hits += 1
+            return fn
+        spec = self.spec(key, params, config)
+        fn = self.compile(spec)
+        self._l1[l1_key] = fn
+        return fn
+
+    def spec(self, key: BoundKey, params: tuple[tuple[str, Any], ...] = (), config: Any = None, arch: str | None = None) -> CompileSpec:
+        """The full compile spec; an unset config takes the kernel's heuristic default."""
+        target = arch or arch_mod.target_arch()
+        arch_mod.check_arch(self.name, self.archs, target)
+        spec = CompileSpec(self.name, target, key, params, config, self.signature)
+        if config is None and self.default_config is not None:
+            spec = CompileSpec(self.name, target, key, params, self.default_config(spec), self.signature)
+        return spec
+
+    def compile(self, spec: CompileSpec) -> Callable[..., Any]:
+        """Through the cache: loaded from disk when any process compiled it before."""
+
+        def build(keep_artifacts: bool) -> compiler.CompileResult:
+            jit_fn = self.builder(spec)
+            return compiler.compile_jit(jit_fn, self.signature.fake_args(spec.key), spec.arch, keep_artifacts)
+
+        extra = source_hash((self.source_path,)) if self.source_path and not _in_package(self.source_path) else ""
+        return self.cache.get(
+            kernel=self.name,
+            key_repr=spec.key_repr(),
+            arch=spec.arch,
+            compile_fn=build,
+            extra_fingerprint=extra,
+            source_path=self.source_path,
+        )
+
+
+def _in_package(path: str) -> bool:
+    """Library kernels are covered by the package hash; user kernels add their file's."""
+    from .cache import PACKAGE_DIR
+
+    return Path(path).resolve().is_relative_to(PACKAGE_DIR)
+
+
+def kernel(
+    *,
+    signature: Signature,
+    archs: tuple[str, ...] = ("sm_80+",),
+    name: str | None = None,
+    default_config: Callable[[CompileSpec], Any] | None = None,
+    configs: Callable[[CompileSpec], list[Any]] | None = None,
+    specializations: Callable[[], Iterable[tuple[BoundKey, dict[str, Any]]]] | None = None,
+) -> Callable[[Builder], Kernel]:
+    """Decorator: register a builder as a cuteforge kernel. Names must be unique."""
+
+    def wrap(builder: Builder) -> Kernel:
+        kname = name or builder.__name__
+        if kname in REGISTRY:
+            raise ValueError(f"a cuteforge kernel named {kname!r} already exists ({REGISTRY[kname].source_path})")
+        k = Kernel(
+            builder,
+            name=kname,
+            signature=signature,
+            archs=archs,
+            default_config=default_config,
+            configs=configs,
+            specializations=specializations,
+        )
+        REGISTRY[kname] = k
+        return k
+
+    return wrap

@@ -1,0 +1,544 @@
+"""Row reductions over the last dim of a 2-D tensor (CuTe DSL, sm_90 first).
+
+``out[i] = op(x[i, :])`` for x of shape (M, N) with rows contiguous (stride
+``(row_stride, 1)``). Ops: ``sum``, ``mean``, ``amax``, ``amin`` (fp32
+accumulation, result cast to ``out_dtype``) and ``argmax`` (Int64 index).
+
+Compile-time vs run-time
+------------------------
+* N (row length), the dtypes, ``vec`` and the :class:`RowReduceConfig` are
+  baked in. Every loop over the row therefore has a compile-time trip count
+  and the head/tail split below is resolved in Python while tracing.
+* M and ``row_stride`` are dynamic (``cute.sym_int()`` /
+  ``cute.sym_int64(divisibility=vec)``). The row offset ``row * row_stride``
+  is formed in 64-bit (the stride is an i64 symbol), so M*N > 2**31 is safe;
+  offsets inside a row stay 32-bit (N < 2**31).
+
+Work decomposition
+------------------
+A CTA of ``threads`` threads owns ``rows_per_cta = threads // threads_per_row``
+consecutive rows; ``threads_per_row`` (P) threads cooperate on one row. With
+``cluster_n`` = C > 1 a row is split over the C CTAs of an sm_90 thread block
+cluster, so P*C "virtual threads" share it (g = cta_rank*P + t).
+
+The row is viewed as NV = N // vec vectors of ``vec`` elements (vec*bits <=
+128, so one ``ld.global.v4``/``v2``/scalar per vector; the runtime guarantees
+every row start is vec-aligned). Vector j belongs to virtual thread j % (P*C),
+so every warp reads 32 consecutive vectors (512 contiguous bytes at vec*4B=16B)
+and all loads are fully coalesced. Per thread:
+
+* K = NV // (P*C) full rounds. These run as ``K // unroll`` iterations of a
+  loop (a real loop only when that count is > 1), each issuing ``unroll``
+  independent 16-byte loads into a register fragment *before* any arithmetic,
+  so ``unroll`` x 16 B are in flight per thread; then the ``K % unroll``
+  leftover rounds, unrolled.
+* one predicated vector when NV % (P*C) != 0 (threads g < that remainder);
+* one predicated scalar when N % vec != 0 (threads g < N % vec) -- this is how
+  any N works with any vec.
+
+Accumulation keeps ``vec`` independent fp32 chains per thread (ILP; bf16/fp16
+are widened per element). The per-thread result is then reduced with a
+butterfly over the min(P, 32) lanes of the row, and -- when the row spans
+several warps or CTAs -- through a tiny shared-memory buffer of
+``rows_per_cta x (warps_per_row * C)`` partials (fp32, plus Int32 indices for
+argmax). With C > 1 each warp leader writes its partial straight into every
+peer CTA's buffer (DSMEM, ``mapa`` + st.shared::cluster) and a cluster
+barrier (arrive.release / wait.acquire) publishes it; a relaxed cluster
+arrive at kernel start, waited on before the first remote store, guarantees
+all peers are resident. Rank 0 of the cluster stores the result.
+
+Rows past M (last CTA when M % rows_per_cta != 0) re-read row M-1 (clamped)
+so every lane takes part in the shuffles/barriers; only in-range rows store.
+
+Semantics (torch parity)
+------------------------
+* sum: fp32 accumulate, cast to out_dtype. mean: fp32 sum * float32(1/N)
+  (torch's CUDA mean also multiplies by a precomputed factor).
+* amax/amin: NaN-propagating (``max.NaN.f32`` / ``min.NaN.f32``), like
+  torch.amax/amin. The max of values of the input dtype is exactly
+  representable, so the cast back is exact.
+* argmax: torch's CUDA rule (``GreaterOrNan``): any NaN beats every number,
+  the *first* NaN wins among NaNs, among equal values the lowest index wins;
+  so the result is the first NaN's index if a NaN exists, else the index of
+  the first maximum. If every element is -inf the answer is 0 (first max).
+  Per-thread chains see indices in increasing order, so they only need
+  "strictly greater or first NaN"; cross-lane/warp/CTA merges compare
+  indices explicitly (order of merging does not matter: the rule is a total
+  order on (value, index) pairs).
+
+Configs (autotuning knobs)
+--------------------------
+``threads`` (CTA size), ``threads_per_row`` (P; P < 32 puts several rows in
+one warp for small N), ``unroll`` (16-byte loads in flight per thread per
+iteration), ``cluster_n`` (CTAs per row; sm_90 clusters; useful when M is too
+small to fill 132 SMs with whole rows, or to cut the tail of large-N shapes),
+``load_hint`` (cache qualifiers of the 16-byte loads: ``""`` plain
+``ld.global``, ``"nc"`` read-only path ``ld.global.nc``, ``"no_alloc"``
+``L1::no_allocate``, ``"l2_256"`` ``L2::256B`` prefetch, ``"no_alloc_l2_256"``
+both, ``"cs"`` streaming ``ld.global.cs``). :func:`default_config` picks P so that each thread
+owns about 4-8 vectors of a row, then the CTA size. Sizes of the idea: at
+N=4096 fp32 (1024 16-B vectors) P=256, unroll=4: one round of four 16-B loads
+per thread, 256-thread CTAs (8 resident per SM); at N=65536 P=1024 and 4
+iterations of 4 loads.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+__all__ = [
+    "OPS",
+    "LOAD_HINTS",
+    "RowReduceConfig",
+    "default_config",
+    "candidate_configs",
+    "make_row_reduce",
+]
+
+OPS = ("sum", "mean", "amax", "amin", "argmax")
+LOAD_HINTS = ("", "nc", "no_alloc", "l2_256", "no_alloc_l2_256", "cs")
+
+_SMEM_LIMIT = 227 * 1024  # sm_90 opt-in max dynamic smem per CTA
+_REGS_PER_SM = 65536
+_MAX_REGS_PER_THREAD = 255
+_SENTINEL = 2**31 - 1  # "no index yet" for argmax chains
+
+
+def _is_pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class RowReduceConfig:
+    """Launch/tiling knobs of the row-reduce kernel (hashable, picklable).
+
+    threads:          CTA size (multiple of 32, <= 1024).
+    threads_per_row:  threads cooperating on one row (power of 2, <= threads);
+                      rows per CTA = threads // threads_per_row.
+    unroll:           vector loads issued per thread before they are reduced
+                      (loads in flight per thread), 1..16.
+    cluster_n:        CTAs per row (1 = no cluster; 2/4/8 use an sm_90 cluster
+                      and a DSMEM reduction).
+    load_hint:        cache qualifiers of the vector loads, one of LOAD_HINTS
+                      ("" = plain ld.global; see the module docstring).
+    """
+
+    threads: int = 256
+    threads_per_row: int = 256
+    unroll: int = 4
+    cluster_n: int = 1
+    load_hint: str = ""
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.threads // self.threads_per_row
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(self.threads_per_row // 32, 1)
+
+    def smem_bytes(self) -> int:
+        # fp32 partial + int32 index per (row, warp-of-row, cta-of-cluster)
+        return self.rows_per_cta * self.warps_per_row * self.cluster_n * 8
+
+    def est_regs_per_thread(self) -> int:
+        # 16-byte fragment per in-flight load (4 regs), argmax-sized
+        # accumulators (value+index for 4..8 chains) and addressing overhead.
+        return 40 + 4 * self.unroll
+
+    def validate(self, n: int, dtype_bits: int) -> None:
+        """Raise ValueError if this config cannot run for rows of n elements
+        of a dtype of dtype_bits bits."""
+        t, p = self.threads, self.threads_per_row
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        if dtype_bits not in (16, 32):
+            raise ValueError(f"dtype_bits must be 16 or 32, got {dtype_bits}")
+        if not isinstance(t, int) or t < 32 or t > 1024 or t % 32 != 0:
+            raise ValueError(f"threads={t}: must be a multiple of 32 in [32, 1024]")
+        if not isinstance(p, int) or not _is_pow2(p) or p > t:
+            raise ValueError(
+                f"threads_per_row={p}: must be a power of 2 and <= threads ({t})"
+            )
+        if t % p != 0:
+            raise ValueError(f"threads_per_row={p} must divide threads={t}")
+        if not isinstance(self.unroll, int) or not 1 <= self.unroll <= 16:
+            raise ValueError(f"unroll={self.unroll}: must be in [1, 16]")
+        if self.cluster_n not in (1, 2, 4, 8):
+            raise ValueError(
+                f"cluster_n={self.cluster_n}: must be 1, 2, 4 or 8 (portable cluster sizes)"
+            )
+        if self.load_hint not in LOAD_HINTS:
+            raise ValueError(f"load_hint={self.load_hint!r}: must be one of {LOAD_HINTS}")
+        if self.cluster_n > 1:
+            vec_max = 128 // dtype_bits
+            need = self.cluster_n * p * vec_max
+            if n < need:
+                raise ValueError(
+                    f"cluster_n={self.cluster_n} with threads_per_row={p} needs n >= "
+                    f"{need} (one 16-byte vector per thread of the cluster); got n={n}"
+                )
+        regs = self.est_regs_per_thread()
+        if regs > _MAX_REGS_PER_THREAD or regs * t > _REGS_PER_SM:
+            raise ValueError(
+                f"unroll={self.unroll} with threads={t} needs ~{regs} registers/thread "
+                f"({regs * t} per CTA > {_REGS_PER_SM}); lower unroll or threads"
+            )
+        if self.smem_bytes() > _SMEM_LIMIT:
+            raise ValueError(f"shared memory {self.smem_bytes()} B > {_SMEM_LIMIT} B")
+
+
+def default_config(n: int, dtype_bits: int, m: int | None = None) -> RowReduceConfig:
+    """Heuristic config for rows of n elements of dtype_bits bits.
+
+    ``m`` (optional, number of rows) lets very long rows with few rows use a
+    cluster to fill the GPU; without it no cluster is used.
+    """
+    vec_max = 128 // dtype_bits
+    nv = -(-n // vec_max)  # 16-byte vectors per row
+    # ~4 vectors per thread, whole rows per warp-group for short rows.
+    p = min(1024, _pow2_ceil(max(1, -(-nv // 4))))
+    if p >= 1024:
+        threads, unroll = 1024, 4
+    elif p >= 256:
+        threads, unroll = p, 4
+    else:
+        threads, unroll = 256, 4
+    per_thread = -(-nv // p)
+    unroll = max(1, min(unroll, per_thread))
+    cluster_n = 1
+    if m is not None and p == 1024:
+        # few long rows: split rows over a cluster until ~2 CTAs per SM
+        ctas = m
+        while cluster_n < 8 and ctas * cluster_n < 264 and nv >= 2 * cluster_n * p * 4:
+            cluster_n *= 2
+    cfg = RowReduceConfig(threads, p, unroll, cluster_n)
+    cfg.validate(n, dtype_bits)
+    return cfg
+
+
+def candidate_configs(n: int, dtype_bits: int) -> list[RowReduceConfig]:
+    """A small (<= 8) set of valid configs around the heuristic for autotuning."""
+    base = default_config(n, dtype_bits)
+    vec_max = 128 // dtype_bits
+    nv = -(-n // vec_max)
+    p0 = base.threads_per_row
+    cands: list[RowReduceConfig] = [base]
+
+    def add(c: RowReduceConfig) -> None:
+        try:
+            c.validate(n, dtype_bits)
+        except ValueError:
+            return
+        if c not in cands:
+            cands.append(c)
+
+    if p0 < 256:
+        # short rows: vary rows per warp / CTA size / loads in flight
+        add(RowReduceConfig(128, p0, base.unroll))
+        add(RowReduceConfig(512, p0, base.unroll))
+        if p0 >= 2:
+            add(RowReduceConfig(256, p0 // 2, min(8, base.unroll * 2)))
+        add(RowReduceConfig(256, min(256, p0 * 2), max(1, base.unroll // 2)))
+        add(RowReduceConfig(256, p0, base.unroll, load_hint="nc"))
+    else:
+        add(RowReduceConfig(512, 512, 4))
+        add(RowReduceConfig(1024, 1024, 4))
+        add(RowReduceConfig(256, 256, 8))
+        add(RowReduceConfig(512, 512, 8))
+        add(RowReduceConfig(1024, 1024, 8))
+        add(RowReduceConfig(1024, 1024, 4, load_hint="no_alloc_l2_256"))
+        if nv >= 2 * 1024 * 4 * 2:
+            add(RowReduceConfig(1024, 1024, 4, cluster_n=2))
+        if nv >= 4 * 1024 * 4 * 2:
+            add(RowReduceConfig(1024, 1024, 4, cluster_n=4))
+    return cands[:8]
+
+
+# ----------------------------------------------------------------------------
+# device helpers
+# ----------------------------------------------------------------------------
+
+
+def _sel(cond, a, b, ty):
+    return ty(cutlass.select_(cond, a, b))
+
+
+def _argmax_take(v_new, i_new, v_old, i_old):
+    """True if (v_new, i_new) beats (v_old, i_old) under torch's GreaterOrNan."""
+    new_nan = v_new != v_new
+    old_nan = v_old != v_old
+    lower = i_new < i_old
+    gt = v_new > v_old
+    eq = v_new == v_old
+    # new NaN: wins unless old is NaN with a lower index
+    nan_case = new_nan & ((~old_nan) | lower)
+    # new number: wins only against a number that is smaller (or equal, higher idx)
+    num_case = (~new_nan) & (~old_nan) & (gt | (eq & lower))
+    return nan_case | num_case
+
+
+def _load_hint_kwargs(hint: str) -> dict:
+    evict = cute.nvgpu.CacheEvictionPriority
+    l2 = cute.nvgpu.L2PrefetchSize
+    return {
+        "": {},
+        "nc": {"invariant": True},
+        "no_alloc": {"l1c_evict_priority": evict.NO_ALLOCATE},
+        "l2_256": {"l2_prefetch_size": l2.SIZE_256B},
+        "no_alloc_l2_256": {
+            "l1c_evict_priority": evict.NO_ALLOCATE,
+            "l2_prefetch_size": l2.SIZE_256B,
+        },
+        "cs": {"load_cache_mode": cute.nvgpu.LoadCacheMode.STREAMING},
+    }[hint]
+
+
+def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowReduceConfig):
+    """Return a @cute.jit callable f(x: cute.Tensor, out: cute.Tensor, stream).
+
+    x: (M, n) with stride (row_stride, 1), row starts vec*elem_bytes aligned.
+    out: (M,) of out_dtype (Int64 for argmax). N need not be a multiple of vec.
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
+    if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+        raise ValueError(f"unsupported input dtype {in_dtype}")
+    bits = in_dtype.width
+    if vec not in (1, 2, 4, 8) or vec * bits > 128:
+        raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
+    if op == "argmax":
+        if out_dtype is not Int64:
+            raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
+    elif out_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+        raise ValueError(f"unsupported output dtype {out_dtype}")
+    config.validate(n, bits)
+
+    T = config.threads
+    P = config.threads_per_row
+    C = config.cluster_n
+    R = T // P  # rows per CTA
+    G = min(P, 32)  # lanes of one row inside a warp
+    W = max(P // 32, 1)  # warps per row
+    S = W * C  # partial slots per row
+    PT = P * C  # virtual threads per row
+    NV = n // vec  # full vectors per row
+    TAIL = n - NV * vec  # trailing scalars (< vec)
+    K = NV // PT  # full rounds
+    REM = NV - K * PT  # leftover vectors (virtual threads g < REM)
+    KT = K + (1 if REM > 0 else 0)  # rounds incl. the partial one
+    U = max(1, min(config.unroll, K)) if K > 0 else 1
+    N_OUTER = K // U
+    K_LEFT = K - N_OUTER * U
+    is_arg = op == "argmax"
+    if op in ("sum", "mean"):
+        init = 0.0
+    elif op in ("amax", "argmax"):
+        init = -math.inf
+    else:
+        init = math.inf
+    inv_n = 1.0 / n
+    use_smem = S > 1
+    hint_kw = _load_hint_kwargs(config.load_hint)
+    copy_bits = vec * bits
+
+    def combine(a, b):
+        if op in ("sum", "mean"):
+            return a + b
+        if op == "amax":
+            return cute.arch.fmax(a, b, nan=True)
+        return cute.arch.fmin(a, b, nan=True)
+
+    @cute.jit
+    def _accum_elem(acc, aidx, v: cutlass.Constexpr, xv, idx):
+        # per-chain update, elements arrive in increasing index order
+        xf = xv.to(Float32)
+        if cutlass.const_expr(is_arg):
+            old = acc[v]
+            take = (~(xf <= old)) & (old == old)  # strictly greater, or first NaN
+            acc[v] = _sel(take, xf, old, Float32)
+            aidx[v] = _sel(take, Int32(idx), aidx[v], Int32)
+        else:
+            acc[v] = combine(acc[v], xf)
+
+    @cute.jit
+    def _merge_pair(val, idx, oval, oidx):
+        if cutlass.const_expr(is_arg):
+            take = _argmax_take(oval, oidx, val, idx)
+            return _sel(take, oval, val, Float32), _sel(take, oidx, idx, Int32)
+        else:
+            return combine(val, oval), idx
+
+    @cute.jit
+    def _group_reduce(val, idx, group: cutlass.Constexpr):
+        for step in cutlass.range_constexpr(int(math.log2(group))):
+            off = group >> (step + 1)
+            oval = cute.arch.shuffle_sync_bfly(val, offset=off)
+            oidx = idx
+            if cutlass.const_expr(is_arg):
+                oidx = cute.arch.shuffle_sync_bfly(idx, offset=off)
+            val, idx = _merge_pair(val, idx, oval, oidx)
+        return val, idx
+
+    @cute.kernel
+    def _kernel(x: cute.Tensor, out: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cta = cute.arch.block_idx_in_cluster()
+            row_block = bidx // C
+        else:
+            cta = 0
+            row_block = bidx
+        r = tidx // P
+        t = tidx % P
+        g = cta * P + t
+        m_rows = x.shape[0]
+        row = row_block * R + r
+        row_c = cutlass.min(row, m_rows - 1)
+        g_row = x[row_c, None]
+
+        acc = cute.make_rmem_tensor(cute.make_layout((vec,)), Float32)
+        acc.fill(init)
+        aidx = cute.make_rmem_tensor(cute.make_layout((vec,)), Int32)
+        aidx.fill(_SENTINEL)
+
+        if cutlass.const_expr(KT > 0):
+            if cutlass.const_expr(config.load_hint != ""):
+                atom = cute.make_copy_atom(
+                    cute.nvgpu.CopyG2ROp(), in_dtype, num_bits_per_copy=copy_bits, **hint_kw
+                )
+            else:
+                atom = cute.make_copy_atom(
+                    cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=copy_bits
+                )
+            # (vec, virtual thread, round) view of the vectorised part of the row
+            g_vec = cute.make_tensor(
+                g_row.iterator,
+                cute.make_layout((vec, PT, KT), stride=(1, vec, vec * PT)),
+            )
+            g_thr = g_vec[None, g, None]  # (vec, KT) : (1, vec*PT)
+            frag = cute.make_rmem_tensor(cute.make_layout((vec, U)), in_dtype)
+            base_idx = g * vec
+
+            if cutlass.const_expr(N_OUTER > 1):
+                for o in cutlass.range(N_OUTER, unroll=1):
+                    for u in cutlass.range_constexpr(U):
+                        cute.copy(atom, g_thr[None, o * U + u], frag[None, u])
+                    for u in cutlass.range_constexpr(U):
+                        for v in cutlass.range_constexpr(vec):
+                            _accum_elem(
+                                acc, aidx, v, frag[v, u], base_idx + (o * U + u) * (PT * vec) + v
+                            )
+            elif cutlass.const_expr(N_OUTER == 1):
+                for u in cutlass.range_constexpr(U):
+                    cute.copy(atom, g_thr[None, u], frag[None, u])
+                for u in cutlass.range_constexpr(U):
+                    for v in cutlass.range_constexpr(vec):
+                        _accum_elem(acc, aidx, v, frag[v, u], base_idx + u * (PT * vec) + v)
+            if cutlass.const_expr(K_LEFT > 0):
+                for u in cutlass.range_constexpr(K_LEFT):
+                    cute.copy(atom, g_thr[None, N_OUTER * U + u], frag[None, u])
+                for u in cutlass.range_constexpr(K_LEFT):
+                    k = N_OUTER * U + u
+                    for v in cutlass.range_constexpr(vec):
+                        _accum_elem(acc, aidx, v, frag[v, u], base_idx + k * (PT * vec) + v)
+            if cutlass.const_expr(REM > 0):
+                if g < REM:
+                    cute.copy(atom, g_thr[None, K], frag[None, 0])
+                    for v in cutlass.range_constexpr(vec):
+                        _accum_elem(acc, aidx, v, frag[v, 0], base_idx + K * (PT * vec) + v)
+        if cutlass.const_expr(TAIL > 0):
+            if g < TAIL:
+                _accum_elem(acc, aidx, 0, g_row[NV * vec + g], NV * vec + g)
+
+        # ---- thread-local chains -> one value
+        val = acc[0]
+        idx = aidx[0]
+        for v in cutlass.range_constexpr(1, vec):
+            val, idx = _merge_pair(val, idx, acc[v], aidx[v])
+        # ---- lanes of the row inside the warp
+        val, idx = _group_reduce(val, idx, G)
+
+        # ---- warps of the row / CTAs of the cluster
+        if cutlass.const_expr(use_smem):
+            smem = cutlass.memory.SmemAllocator()
+            s_val = smem.allocate_tensor(
+                Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16
+            )
+            s_idx = smem.allocate_tensor(
+                Int32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16
+            )
+            slot = cta * W + t // 32
+            writer = t % G == 0
+            if cutlass.const_expr(C > 1):
+                cute.arch.cluster_wait()  # all peers resident before DSMEM stores
+                if writer:
+                    off = r * S + slot
+                    for peer in cutlass.range_constexpr(C):
+                        # st.shared::cluster into the peer CTA's buffer
+                        cute.arch.map_dsmem_ptr(s_val.iterator + off, peer).store(val)
+                        if cutlass.const_expr(is_arg):
+                            cute.arch.map_dsmem_ptr(s_idx.iterator + off, peer).store(idx)
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+            else:
+                if writer:
+                    s_val[r, slot] = val
+                    if cutlass.const_expr(is_arg):
+                        s_idx[r, slot] = idx
+                cute.arch.sync_threads()
+            lane_g = t % G
+            val = Float32(init)
+            idx = Int32(_SENTINEL)
+            for i in cutlass.range_constexpr((S + G - 1) // G):
+                if cutlass.const_expr((i + 1) * G <= S):
+                    j = lane_g + i * G
+                    oidx = idx
+                    if cutlass.const_expr(is_arg):
+                        oidx = s_idx[r, j]
+                    val, idx = _merge_pair(val, idx, s_val[r, j], oidx)
+                else:
+                    j = cutlass.min(lane_g + i * G, S - 1)
+                    ok = lane_g + i * G < S
+                    oval = _sel(ok, s_val[r, j], Float32(init), Float32)
+                    oidx = idx
+                    if cutlass.const_expr(is_arg):
+                        oidx = _sel(ok, s_idx[r, j], Int32(_SENTINEL), Int32)
+                    val, idx = _merge_pair(val, idx, oval, oidx)
+            # slots were spread over lanes [0, min(S, G)): fold just those
+            val, idx = _group_reduce(val, idx, min(S, G))
+
+        is_leader = (t == 0) & (row < m_rows)
+        if cutlass.const_expr(C > 1):
+            is_leader = is_leader & (cta == 0)
+        if is_leader:
+            if cutlass.const_expr(is_arg):
+                res = _sel(idx == _SENTINEL, Int32(0), idx, Int32)
+                out[row] = Int64(res)
+            elif cutlass.const_expr(op == "mean"):
+                out[row] = (val * Float32(inv_n)).to(out_dtype)
+            else:
+                out[row] = val.to(out_dtype)
+
+    @cute.jit
+    def row_reduce(x: cute.Tensor, out: cute.Tensor, stream):
+        m_rows = x.shape[0]
+        n_blocks = cute.ceil_div(m_rows, R)
+        if cutlass.const_expr(C > 1):
+            _kernel(x, out).launch(
+                grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream
+            )
+        else:
+            _kernel(x, out).launch(grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream)
+
+    return row_reduce

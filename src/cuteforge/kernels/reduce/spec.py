@@ -1,0 +1,63 @@
+"""Row reductions as a cuteforge kernel: signature policy, configs, standard specializations.
+
+N (the reduced extent) is static: the row loop's trip count and the vector tail are
+resolved at compile time. M (rows) and the row stride are dynamic, so one compiled
+kernel serves every batch size and every 2-D view of a larger tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ...kernel import CompileSpec, kernel
+from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
+from . import row
+
+OPS = ("sum", "mean", "amax", "amin", "argmax")
+# The N values `cuteforge precompile` builds ahead of time (powers of two seen in models).
+STANDARD_N = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+
+SIGNATURE = Signature(
+    TensorArg("x", ("M", "N")),
+    TensorArg("out", ("M",), dtypes=(*FLOAT_DTYPES, torch.int64)),
+    static=("N",),
+)
+
+
+def out_dtype(op: str, x_dtype: torch.dtype) -> torch.dtype:
+    return torch.int64 if op == "argmax" else x_dtype
+
+
+def _default_config(spec: CompileSpec) -> Any:
+    return row.default_config(spec.static("N"), spec.dtype("x").width)
+
+
+def _configs(spec: CompileSpec) -> list[Any]:
+    return row.candidate_configs(spec.static("N"), spec.dtype("x").width)
+
+
+def _specializations(ops: Iterable[str] = ("sum",), ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    for op in ops:
+        for dt in FLOAT_DTYPES:
+            o = out_dtype(op, dt)
+            vec_x = MAX_VECTOR_BYTES // dt.itemsize
+            vec_o = MAX_VECTOR_BYTES // o.itemsize
+            for n in ns:
+                yield BoundKey((dtype_name(dt), dtype_name(o)), (("N", n),), (vec_x, vec_o)), {"op": op}
+
+
+@kernel(
+    name="row_reduce",
+    signature=SIGNATURE,
+    archs=("sm_80+",),
+    default_config=_default_config,
+    configs=_configs,
+    specializations=_specializations,
+)
+def row_reduce(spec: CompileSpec) -> Any:
+    return row.make_row_reduce(
+        spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.static("N"), spec.vec("x"), spec.config
+    )

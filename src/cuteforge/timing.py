@@ -1,0 +1,79 @@
+"""GPU timing shared by benchmarks, the `cuteforge` command and the autotuner.
+
+Times are medians of CUDA-event measurements after a warm-up. Between repetitions a
+buffer larger than L2 is rewritten, so each measurement starts with a cold cache, as a
+kernel inside a real model would.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_FLUSH: dict[int, torch.Tensor] = {}
+
+
+def _flush_buffer(device: int) -> torch.Tensor:
+    if device not in _FLUSH:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+        _FLUSH[device] = torch.empty(max(4 * l2, 256 << 20) // 4, dtype=torch.int32, device=device)
+    return _FLUSH[device]
+
+
+def bench(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100.0, flush_l2: bool = True) -> float:
+    """Median milliseconds per call of `fn` on the current stream."""
+    device = torch.cuda.current_device()
+    flush = _flush_buffer(device) if flush_l2 else None
+    fn()
+    torch.cuda.synchronize()
+    # Estimate a single call to size the warm-up and the repetitions.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    n = min(max(5, int(rep_ms / est)), 2000)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def host_us(fn: Callable[[], Any], calls: int = 10000, repeats: int = 5) -> float:
+    """Median host microseconds per call: wall time of a loop of `calls` calls that the GPU
+    keeps up with (tiny kernels), after a warm-up. The median over `repeats` loops."""
+    import time
+
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src), flush_l2=False)
+    return 2 * nbytes / (ms * 1e-3)

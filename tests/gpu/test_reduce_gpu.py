@@ -1,0 +1,177 @@
+"""Row reductions against torch on the GPU: odd shapes, all dtypes, views, gradients, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuteforge
+import cuteforge.ops as ops
+
+pytestmark = pytest.mark.gpu
+
+NS = [1, 7, 32, 1000, 4096, 65537, 262144]
+MS = [0, 1, 3, 32768]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _tol(n: int, dtype: torch.dtype) -> tuple[float, float]:
+    # Output is rounded to the input dtype; fp32 accumulation order differs from torch's.
+    if dtype == torch.float32:
+        return 1e-4, 1e-4 * n**0.5
+    return 1.6e-2, 1e-2 * n**0.5
+
+
+def _poisoned_check(fn, x):
+    out = fn(x)
+    assert out.shape == (x.shape[0],)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", MS)
+def test_sum_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
+    if m * n > 2**31 // 4:
+        m = max(1, 2**31 // 4 // n)
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    got = ops.sum(x)
+    ref = x.double().sum(-1)
+    assert got.dtype == dtype and got.shape == (m,)
+    rtol, atol = _tol(n, dtype)
+    torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("op", ["mean", "amax", "amin", "argmax"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 1000, 4096, 65537])
+def test_other_reductions(op: str, n: int, dtype: torch.dtype) -> None:
+    x = torch.randn(37, n, device="cuda", dtype=dtype)
+    got = getattr(ops, op)(x)
+    ref = getattr(torch, op)(x, dim=-1)
+    if op == "argmax":
+        assert got.dtype == torch.int64
+        torch.testing.assert_close(got, ref)
+    else:
+        rtol, atol = _tol(n, dtype)
+        torch.testing.assert_close(got.double(), getattr(torch, op)(x.double(), dim=-1), rtol=rtol, atol=atol if op == "mean" else 0)
+
+
+def test_row_strided_view_without_copy() -> None:
+    big = torch.randn(64, 1030, device="cuda")
+    for view in (big[:, :1000], big[:, 3:1003], big[::2, :512], big[5:6, :7]):
+        torch.testing.assert_close(ops.sum(view), view.sum(-1), rtol=1e-5, atol=1e-4)
+
+
+def test_misaligned_pointer_and_odd_stride() -> None:
+    flat = torch.randn(10_000, device="cuda", dtype=torch.bfloat16)
+    x = flat[1 : 1 + 33 * 257].view(33, 257)  # 2-byte offset, odd row stride
+    torch.testing.assert_close(ops.sum(x).float(), x.float().sum(-1), rtol=2e-2, atol=0.2)
+
+
+def test_n1_with_foreign_last_stride() -> None:
+    x = torch.randn(1, 50, device="cuda").t()  # shape (50, 1), strides (1, 50)
+    torch.testing.assert_close(ops.sum(x), x.sum(-1))
+
+
+def test_every_element_written() -> None:
+    # Output comes from torch.empty; fill the allocator with NaN first so stale data shows.
+    junk = torch.full((1 << 20,), float("nan"), device="cuda")
+    del junk
+    x = torch.randn(4099, 129, device="cuda")
+    assert not ops.sum(x).isnan().any()
+
+
+def test_nan_and_inf_propagate() -> None:
+    x = torch.randn(4, 300, device="cuda")
+    x[1, 17] = float("nan")
+    x[2, 5] = float("inf")
+    got = ops.sum(x)
+    assert got[1].isnan() and got[2] == float("inf") and got[0].isfinite()
+    assert ops.amax(x)[1].isnan()
+    assert ops.argmax(x)[1] == torch.argmax(x, -1)[1]
+
+
+def test_sum_gradients() -> None:
+    for op in ("sum", "mean", "amax", "amin"):
+        x = torch.randn(9, 33, device="cuda", requires_grad=True)
+        g = torch.randn(9, device="cuda")
+        (getattr(ops, op)(x) * g).sum().backward()
+        ref = x.detach().clone().requires_grad_(True)
+        (getattr(torch, op)(ref, dim=-1) * g).sum().backward()
+        torch.testing.assert_close(x.grad, ref.grad)
+
+
+def test_under_torch_compile_and_cuda_graph() -> None:
+    x = torch.randn(128, 4096, device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def f(t):
+        return ops.sum(t * 2) + 1
+
+    torch.testing.assert_close(f(x), (x * 2).sum(-1) + 1, rtol=1e-5, atol=1e-3)
+    ops.sum(x)  # warm (compile) outside capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.sum(x)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.testing.assert_close(out, x.sum(-1), rtol=1e-5, atol=1e-3)
+
+
+def test_cached_call_does_not_recompile() -> None:
+    x = torch.randn(100, 777, device="cuda")
+    ops.sum(x)
+    before = dict(cuteforge.STATS.as_dict())
+    for m in (1, 5, 100, 3000):  # M is dynamic: new batch sizes reuse the kernel
+        ops.sum(torch.randn(m, 777, device="cuda"))
+    after = cuteforge.STATS.as_dict()
+    assert after["compiles"] == before["compiles"] and after["l2_loads"] == before["l2_loads"]
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda: ops.sum(torch.randn(4, 4)), ValueError, "'x' must be a CUDA tensor"),
+        (lambda: ops.sum(torch.randn(4, 4, device="cuda", dtype=torch.float64)), TypeError, "'x' has dtype float64"),
+        (lambda: ops.sum(torch.randint(0, 5, (4, 4), device="cuda")), TypeError, "'x' has dtype int64"),
+        (lambda: ops.sum(torch.randn(4, device="cuda")), ValueError, "'x' must be 2-D"),
+        (lambda: ops.sum(torch.randn(2, 4, 4, device="cuda")), ValueError, "'x' must be 2-D"),
+        (lambda: ops.sum(torch.randn(4, 4, device="cuda").t()), ValueError, "'x' must have contiguous rows"),
+        (lambda: ops.sum(torch.randn(4, 4, device="cuda"), dim=0), ValueError, "'dim' must be -1 or 1"),
+        (lambda: ops.sum(torch.randn(4, 4, device="cuda"), dim=2), ValueError, "'dim' must be -1 or 1"),
+        (lambda: ops.sum(torch.randn(4, 0, device="cuda")), ValueError, "N >= 1"),
+        (lambda: ops.sum([[1.0]]), TypeError, "'x' must be a torch.Tensor"),
+    ],
+)
+def test_bad_input_errors(call, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        call()
+    torch.cuda.synchronize()  # and no CUDA error was left behind
+
+
+def test_arch_check_on_real_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernels_for_tests as kt
+
+    from cuteforge.arch import ArchError, gpu_info
+
+    sm = gpu_info().sm
+    x = torch.randn(8, device="cuda")
+    if sm != 90:
+        with pytest.raises(ArchError, match=f"SM {sm // 10}.{sm % 10}.*requires sm_90a"):
+            kt.sm90_only(x)
+    else:
+        kt.sm90_only(x)  # supported here
+        monkeypatch.setattr(kt.sm90_only, "archs", ("sm_100a",))
+        kt.sm90_only._l1.clear()
+        with pytest.raises(ArchError, match=r"NVIDIA H\d+.*SM 9.0.*requires sm_100a"):
+            kt.sm90_only(x)
+
+
+def test_user_kernel_launch() -> None:
+    import kernels_for_tests as kt
+
+    x = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    kt.scale(x, y, factor=3.0)
+    torch.testing.assert_close(y, x * 3)

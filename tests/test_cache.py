@@ -1,0 +1,179 @@
+"""The persistent kernel cache: cross-process reuse, fingerprints, concurrency, corruption,
+permissions, strict mode. CPU only: kernels compile for sm_90a and load without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+SRC = HERE.parent / "src"
+
+
+def run_worker(cache_dir: Path, variant: float = 2.0, env: dict[str, str] | None = None) -> dict:
+    e = dict(os.environ, CUTEFORGE_CACHE_DIR=str(cache_dir), CUTEFORGE_ARCH="sm_90a", CUTE_DSL_ARCH="sm_90a")
+    e["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), e.get("PYTHONPATH", "")])
+    e.update(env or {})
+    out = subprocess.run([sys.executable, str(HERE / "cache_worker.py"), str(variant)], env=e, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def entries(cache_dir: Path) -> list[Path]:
+    return sorted(cache_dir.glob("*/*/*.o"))
+
+
+def test_second_process_loads_instead_of_compiling(tmp_path: Path) -> None:
+    first = run_worker(tmp_path)
+    assert first["compiles"] == 1 and first["l2_loads"] == 0 and first["callable"]
+    second = run_worker(tmp_path)
+    assert second["compiles"] == 0 and second["l2_loads"] == 1 and second["callable"]
+    assert len(entries(tmp_path)) == 1
+
+
+def test_cache_root_is_private(tmp_path: Path) -> None:
+    root = tmp_path / "fresh"
+    run_worker(root)
+    assert (root.stat().st_mode & 0o777) == 0o700
+
+
+def test_distinct_keys_get_distinct_entries(tmp_path: Path) -> None:
+    run_worker(tmp_path, 2.0)
+    run_worker(tmp_path, 3.0)
+    assert len(entries(tmp_path)) == 2
+
+
+def test_cache_disabled_compiles_every_process(tmp_path: Path) -> None:
+    for _ in range(2):
+        r = run_worker(tmp_path, env={"CUTEFORGE_CACHE": "0"})
+        assert r["compiles"] == 1 and r["l2_loads"] == 0
+    assert entries(tmp_path) == []
+
+
+def test_eight_processes_compile_once(tmp_path: Path) -> None:
+    e = dict(os.environ, CUTEFORGE_CACHE_DIR=str(tmp_path), CUTEFORGE_ARCH="sm_90a", CUTE_DSL_ARCH="sm_90a")
+    e["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), e.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen([sys.executable, str(HERE / "cache_worker.py"), "5.0"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(8)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(r["compiles"] for r in results) == 1
+    assert sum(r["l2_loads"] for r in results) == 7
+    assert all(r["callable"] and not r["warnings"] for r in results)
+    assert len(entries(tmp_path)) == 1
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.new"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete_meta", "bad_meta", "delete_object"])
+def test_damaged_entry_recompiles(tmp_path: Path, damage: str) -> None:
+    run_worker(tmp_path)
+    (obj,) = entries(tmp_path)
+    meta = obj.with_suffix(".json")
+    if damage == "truncate":
+        obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
+    elif damage == "garbage":
+        obj.write_bytes(b"\x7fELF" + os.urandom(4000))
+    elif damage == "delete_meta":
+        meta.unlink()
+    elif damage == "bad_meta":
+        meta.write_text("{not json")
+    else:
+        obj.unlink()
+    r = run_worker(tmp_path)
+    assert r["callable"] and r["compiles"] == 1
+    if damage != "delete_object":
+        assert any("corrupt" in w for w in r["warnings"]), r["warnings"]
+        assert list((tmp_path / "quarantine").iterdir())
+    # and the rewritten entry is good again
+    again = run_worker(tmp_path)
+    assert again["compiles"] == 0 and again["l2_loads"] == 1
+
+
+def test_fingerprint_changes_with_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuteforge import cache
+
+    cache.fingerprint.cache_clear()
+    base = cache.fingerprint("sm_90a")
+    assert cache.fingerprint("sm_100a") != base
+    monkeypatch.setattr(cache, "toolchain_versions", lambda: (("nvidia-cutlass-dsl", "9.9.9"),))
+    cache.fingerprint.cache_clear()
+    assert cache.fingerprint("sm_90a") != base
+    monkeypatch.setattr(cache, "package_source_hash", lambda: "changed")
+    cache.fingerprint.cache_clear()
+    changed = cache.fingerprint("sm_90a")
+    monkeypatch.undo()
+    cache.fingerprint.cache_clear()
+    assert changed != base and cache.fingerprint("sm_90a") == base
+
+
+def test_toolchain_lists_the_pinned_dsl() -> None:
+    from cuteforge import cache
+
+    names = dict(cache.toolchain_versions())
+    assert names.get("nvidia-cutlass-dsl") == "4.8.1"
+    assert "apache-tvm-ffi" in names
+
+
+def test_source_edit_changes_fingerprint_dir(tmp_path: Path) -> None:
+    """A user kernel's own source file is part of its cache directory name."""
+    mod = tmp_path / "mykern.py"
+    src = (HERE / "kernels_for_tests.py").read_text().replace('name="test_scale"', 'name="user_scale"').replace(
+        'name="test_sm90_only"', 'name="user_sm90_only"'
+    )
+    mod.write_text(src)
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import mykern; from cuteforge.signature import BoundKey;"
+        "mykern.scale.get(BoundKey(('float32','float32'), (), (4,4)), (('factor', 2.0),))"
+    )
+    e = dict(os.environ, CUTEFORGE_CACHE_DIR=str(tmp_path / "c"), CUTEFORGE_ARCH="sm_90a", CUTE_DSL_ARCH="sm_90a")
+    e["PYTHONPATH"] = os.pathsep.join([str(SRC), e.get("PYTHONPATH", "")])
+    subprocess.run([sys.executable, "-c", code], env=e, check=True, timeout=300)
+    mod.write_text(src.replace("threads = 128", "threads = 256"))
+    subprocess.run([sys.executable, "-c", code], env=e, check=True, timeout=300)
+    dirs = {p.parent.name for p in (tmp_path / "c").glob("*/*/*.o")}
+    assert len(dirs) == 2 and all(d.startswith("user_scale-") for d in dirs)
+
+
+def test_foreign_writable_root_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "shared"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    r = run_worker(root)
+    assert r["callable"] and r["compiles"] == 1
+    assert any("not using the kernel cache" in w for w in r["warnings"])
+    assert entries(root) == []
+
+
+def test_strict_mode_raises_after_warmup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernels_for_tests as kt
+
+    from cuteforge import CompileAfterWarmupError, cache
+    from cuteforge.signature import BoundKey
+
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path))
+    key = BoundKey(("float32", "float32"), (), (4, 4))
+    kt.scale.get(key, (("factor", 7.0),))  # warm-up
+    cache.end_warmup(strict=True)
+    try:
+        kt.scale.get(key, (("factor", 7.0),))  # L1 hit: fine
+        with pytest.raises(CompileAfterWarmupError, match="test_scale"):
+            kt.scale.get(key, (("factor", 8.0),))
+    finally:
+        cache.reset_warmup()
+
+
+def test_stats_are_saved_for_the_cli(tmp_path: Path) -> None:
+    run_worker(tmp_path)
+    run_worker(tmp_path)
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["compiles"] == 1 and stats["l2_loads"] == 1

@@ -1,0 +1,417 @@
+"""CPU tests for cuteforge.viz: layout parsing/evaluation, TV layouts, SVG/PNG output."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cuteforge.viz import (
+    SVG,
+    IntTuple,
+    Layout,
+    main_viz,
+    make_layout_tv,
+    parse_layout,
+    render,
+    render_tv,
+    save,
+)
+
+NS = "{http://www.w3.org/2000/svg}"
+
+
+def cells(svg: str) -> list[ET.Element]:
+    return [r for r in ET.fromstring(svg).iter(f"{NS}rect") if r.get("class") == "cell"]
+
+
+def labels(svg: str) -> list[str]:
+    root = ET.fromstring(svg)
+    return ["".join(t.itertext()) for t in root.iter(f"{NS}text") if t.get("class") == "cell-label"]
+
+
+def grid(svg: str, key: str = "data-offset") -> dict[tuple[int, int], int]:
+    return {(int(r.get("data-m")), int(r.get("data-n"))): int(r.get(key)) for r in cells(svg)}
+
+
+# ------------------------------------------------------------------ layout semantics
+def test_row_major_offsets() -> None:
+    lay = parse_layout("(4,8):(8,1)")
+    assert lay == Layout((4, 8), (8, 1))
+    assert (lay.size, lay.cosize, lay.rank) == (32, 32, 2)
+    assert all(lay(m, n) == 8 * m + n for m in range(4) for n in range(8))
+    assert lay((3, 7)) == 31
+    # a linear index walks the coordinates colexicographically: m fastest
+    assert [lay(i) for i in range(6)] == [0, 8, 16, 24, 1, 9]
+
+
+def test_shape_only_is_compact_col_major() -> None:
+    lay = parse_layout("(4,8)")
+    assert lay == Layout((4, 8), (1, 4))
+    assert [lay(i) for i in range(32)] == list(range(32))
+    assert lay(1, 2) == 9
+    assert parse_layout("((2,2),4)") == Layout(((2, 2), 4), ((1, 2), 4))
+    assert parse_layout("8") == Layout(8, 1)
+
+
+def test_scalar_layout() -> None:
+    lay = parse_layout("8:2")
+    assert (lay.shape, lay.stride, lay.rank, lay.size, lay.cosize) == (8, 2, 1, 8, 15)
+    assert lay(3) == 6
+    assert str(lay) == "8:2"
+
+
+NESTED = [[0, 2, 8, 10], [1, 3, 9, 11], [4, 6, 12, 14], [5, 7, 13, 15]]
+
+
+def test_nested_layout() -> None:
+    lay = parse_layout("((2,2),(2,2)):((1,4),(2,8))")
+    assert [[lay(m, n) for n in range(4)] for m in range(4)] == NESTED
+    assert [lay(i) for i in range(16)] == [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]
+    assert lay(((1, 1), (0, 1))) == 1 + 4 + 8  # natural coordinate
+    assert lay((3, 2)) == 13  # hierarchical: ints inside the top-level modes
+    assert (lay.size, lay.cosize) == (16, 16)
+
+
+def test_coordinate_index_conventions() -> None:
+    lay = parse_layout("(4,8):(8,1)")
+    assert lay.coord(5) == (1, 1)
+    assert lay.index((1, 1)) == 5
+    nested = parse_layout("((2,2),(2,2)):((1,4),(2,8))")
+    assert nested.coord(13) == ((1, 0), (1, 1))
+    assert nested.index(((1, 0), (1, 1))) == 13
+    assert nested.index((1, 3)) == 13
+    with pytest.raises(IndexError):
+        lay.coord(32)
+    with pytest.raises(IndexError):
+        lay(4, 0)
+    with pytest.raises(ValueError):
+        lay((1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    "text, cosize",
+    [("(4,8):(8,1)", 32), ("(4,2):(1,8)", 12), ("8:0", 1), ("(2,3):(0,5)", 11),
+     ("((2,2),3):((1,10),100)", 212), ("(4,32):(32,1)", 128)],
+)
+def test_cosize(text: str, cosize: int) -> None:
+    assert parse_layout(text).cosize == cosize
+
+
+def test_whitespace_and_str() -> None:
+    lay = parse_layout("  ( (2, 2) , 4 ) : ( (1, 8), 2 ) ")
+    assert lay == Layout(((2, 2), 4), ((1, 8), 2))
+    assert str(lay) == "((2,2),4):((1,8),2)"
+    assert str(parse_layout("(4):(1)")) == "(4):(1)"  # rank-1 tuple kept distinct from 4:1
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("(4,8:(8,1)", "unbalanced parenthesis"),
+        ("(4,8)):(8,1)", "unbalanced parenthesis"),
+        ("((4,8):(8,1)", "unbalanced parenthesis"),
+        ("(4,8):(8,1,2)", "profile mismatch"),
+        ("((2,2),4):(1,4)", "profile mismatch"),
+        ("(4,a):(1,4)", "non-integer 'a'"),
+        ("4.5:1", "non-integer '4.5'"),
+        ("(4,8):(8,1)x", "non-integer 'x'"),
+        ("", "empty layout"),
+        ("   ", "empty layout"),
+        ("()", "empty tuple"),
+        ("(4,,8)", "expected an integer"),
+        ("(4 8)", "expected ',' or ')'"),
+        ("4:1:2", "unexpected ':'"),
+        ("(4,8):", "expected an integer"),
+        ("(0,4)", "must be positive"),
+        ("(-2,4):(1,2)", "must be positive"),
+    ],
+)
+def test_malformed_layouts(text: str, problem: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_layout(text)
+    message = str(info.value)
+    assert repr(text) in message
+    assert problem in message
+
+
+def test_layout_constructor_checks() -> None:
+    with pytest.raises(ValueError, match="different profiles"):
+        Layout((4, 8), (1,))
+    with pytest.raises(ValueError, match="positive"):
+        Layout((4, 0), (1, 4))
+    with pytest.raises(TypeError):
+        Layout((4, 8.0), (1, 4))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ property tests
+shapes = st.recursive(
+    st.integers(1, 5), lambda inner: st.lists(inner, min_size=1, max_size=3).map(tuple), max_leaves=7
+)
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> Layout:
+    shape = draw(shapes)
+
+    def strides(s: IntTuple) -> IntTuple:
+        return draw(st.integers(-4, 99)) if isinstance(s, int) else tuple(strides(e) for e in s)
+
+    return Layout(shape, strides(shape))
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts())
+def test_str_parse_round_trip(lay: Layout) -> None:
+    assert parse_layout(str(lay)) == lay
+    assert parse_layout(str(lay).replace(",", ", ").replace(":", " : ")) == lay
+
+
+@settings(max_examples=100, deadline=None)
+@given(layouts())
+def test_index_coordinate_consistency(lay: Layout) -> None:
+    for i in range(min(lay.size, 64)):
+        crd = lay.coord(i)
+        assert lay.index(crd) == i
+        assert lay(crd) == lay(i)
+    compact = Layout.compact(lay.shape)
+    assert compact == parse_layout(str(compact).split(":")[0])
+    assert [compact(i) for i in range(min(lay.size, 64))] == list(range(min(lay.size, 64)))
+    if min(_leaves(lay.stride)) >= 0:  # CuTe's cosize = layout(size-1)+1 is the max offset + 1
+        assert lay.cosize == max(lay(i) for i in range(lay.size)) + 1
+
+
+def _leaves(t: IntTuple) -> list[int]:
+    return [t] if isinstance(t, int) else [x for e in t for x in _leaves(e)]
+
+
+# ---------------------------------------------------------------------- TV layouts
+DOC_TABLE = [  # from the docstring of cute.make_layout_tv: (tid, vid) per (m, n)
+    ["T0V0", "T0V1", "T1V0", "T1V1", "T2V0", "T2V1"],
+    ["T0V2", "T0V3", "T1V2", "T1V3", "T2V2", "T2V3"],
+    ["T3V0", "T3V1", "T4V0", "T4V1", "T5V0", "T5V1"],
+    ["T3V2", "T3V3", "T4V2", "T4V3", "T5V2", "T5V3"],
+]
+
+
+def tv_table(tv: Layout, tiler: tuple[int, int]) -> list[list[str]]:
+    table = [[""] * tiler[1] for _ in range(tiler[0])]
+    for t in range(Layout.compact(tv.shape[0]).size):
+        for v in range(Layout.compact(tv.shape[1]).size):
+            off = tv(t, v)
+            table[off % tiler[0]][off // tiler[0]] = f"T{t}V{v}"
+    return table
+
+
+def test_make_layout_tv_doc_example() -> None:
+    tiler, tv = make_layout_tv("(2,3):(3,1)", "(2,2):(2,1)")
+    assert tiler == (4, 6)
+    assert str(tv) == "((3,2),(2,2)):((8,2),(4,1))"
+    assert tv_table(tv, tiler) == DOC_TABLE
+
+
+def test_make_layout_tv_128_threads() -> None:
+    tiler, tv = make_layout_tv("(4,32):(32,1)", "(4,4):(4,1)")
+    assert tiler == (16, 128)
+    assert str(tv) == "((32,4),(4,4)):((64,4),(16,1))"
+    for t in range(128):  # thread t owns the 4x4 block at (4*(t//32), 4*(t%32)), values row-major
+        for v in range(16):
+            off = tv(t, v)
+            assert (off % 16, off // 16) == (4 * (t // 32) + v // 4, 4 * (t % 32) + v % 4)
+
+
+def test_make_layout_tv_small_cases() -> None:
+    # rank 1: thread t owns elements 2t, 2t+1; CuTe keeps the tiler rank 1
+    tiler, tv = make_layout_tv("4:1", "2:1")
+    assert (tiler, str(tv)) == ((8,), "(4,2):(2,1)")
+    # column-major 2x2 threads, each holding a 1x2 row: T0 (0,0..1), T1 (1,0..1), T2 (0,2..3)
+    tiler, tv = make_layout_tv("(2,2):(1,2)", "(1,2):(1,1)")
+    assert tiler == (2, 4)
+    assert tv_table(tv, tiler) == [["T0V0", "T0V1", "T2V0", "T2V1"], ["T1V0", "T1V1", "T3V0", "T3V1"]]
+    # one thread holding everything: the TV layout is the tile's own column-major order
+    tiler, tv = make_layout_tv("1:1", "(2,3):(3,1)")
+    assert tiler == (2, 3)
+    assert [tv(0, v) for v in range(6)] == [0, 2, 4, 1, 3, 5]
+
+
+def test_make_layout_tv_rejects_non_compact() -> None:
+    with pytest.raises(ValueError, match="compact"):
+        make_layout_tv("(2,2):(2,2)", "1:1")
+    with pytest.raises(ValueError, match="rank 1 or 2"):
+        make_layout_tv("(2,2,2)", "1:1")
+    with pytest.raises(ValueError, match="unbalanced"):
+        make_layout_tv("(2,2", "1:1")
+
+
+# ---------------------------------------------------------------------------- SVG
+def test_render_row_major() -> None:
+    svg = render("(4,8):(8,1)")
+    assert isinstance(svg, str) and isinstance(svg, SVG)
+    assert svg._repr_svg_() == str(svg)
+    assert len(cells(svg)) == 32
+    assert grid(svg) == {(m, n): 8 * m + n for m in range(4) for n in range(8)}
+    assert sorted(labels(svg), key=int) == [str(i) for i in range(32)]
+    root = ET.fromstring(svg)
+    assert [t.text for t in root.iter(f"{NS}text") if t.get("class") == "title"] == ["(4,8):(8,1)"]
+    assert len({c.get("fill") for c in cells(svg)}) == 32  # coloured by offset
+
+
+def test_render_nested_and_ranks() -> None:
+    svg = render(parse_layout("((2,2),(2,2)):((1,4),(2,8))"), title="")
+    assert grid(svg) == {(m, n): NESTED[m][n] for m in range(4) for n in range(4)}
+    assert not [t for t in ET.fromstring(svg).iter(f"{NS}text") if t.get("class") == "title"]
+    row = render("8:2")  # rank 1: a 1 x N row
+    assert grid(row) == {(0, n): 2 * n for n in range(8)}
+    folded = render("(2,3,4)")  # rank 3: modes 1.. fold into the columns
+    assert grid(folded) == {(m, n): m + 2 * n for m in range(2) for n in range(12)}
+
+
+def test_render_dsl_like_object_and_escaping() -> None:
+    dsl = SimpleNamespace(shape=((2, 2), 4), stride=((1, 8), 2))
+    assert grid(render(dsl)) == grid(render("((2,2),4):((1,8),2)"))
+    svg = render("4:1", title="<a & b>")
+    assert "&lt;a &amp; b&gt;" in svg
+    ET.fromstring(svg)
+    with pytest.raises(TypeError):
+        render(3.5)
+
+
+def test_render_tv_cells() -> None:
+    tiler, tv = make_layout_tv("(2,3):(3,1)", "(2,2):(2,1)")
+    svg = render_tv(tv, tiler)
+    assert len(cells(svg)) == 24
+    by_cell = {(int(r.get("data-m")), int(r.get("data-n"))): r for r in cells(svg)}
+    assert {mn: f"T{r.get('data-tid')}V{r.get('data-vid')}" for mn, r in by_cell.items()} == {
+        (m, n): DOC_TABLE[m][n] for m in range(4) for n in range(6)
+    }
+    assert sorted(labels(svg)) == sorted(x for row in DOC_TABLE for x in row)
+    fills: dict[str, set[str]] = {}
+    for r in by_cell.values():
+        fills.setdefault(r.get("data-tid"), set()).add(r.get("fill"))
+    assert all(len(f) == 1 for f in fills.values())  # one colour per thread ...
+    assert len({next(iter(f)) for f in fills.values()}) == 6  # ... distinct across threads
+
+
+def test_render_tv_partial_and_errors() -> None:
+    svg = render_tv("(2,2):(1,2)", (4, 2))  # 2 threads x 2 values cover half of a 4x2 tile
+    assert len(cells(svg)) == 8
+    assert sorted(labels(svg)) == ["T0V0", "T0V1", "T1V0", "T1V1"]
+    row = render_tv(*reversed(make_layout_tv("4:1", "2:1")))  # rank-1 tile (8,): a 1 x 8 row
+    assert [f"T{r.get('data-tid')}V{r.get('data-vid')}" for r in cells(row)] == [
+        f"T{i // 2}V{i % 2}" for i in range(8)
+    ]
+    with pytest.raises(ValueError, match="outside the 2x2 tile"):
+        render_tv("(2,2):(1,4)", (2, 2))
+    with pytest.raises(ValueError, match="rank 2"):
+        render_tv("8:1", (2, 4))
+
+
+# ------------------------------------------------------------------ files and CLI
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_save_svg_and_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    svg = render_tv(*reversed(make_layout_tv("(2,3):(3,1)", "(2,2):(2,1)")))
+    out = save(svg, tmp_path / "tv.svg")
+    assert out.read_text() == svg
+    png = save(svg, tmp_path / "tv.png").read_bytes()
+    assert png[:8] == PNG_MAGIC and len(png) > 2000
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    root = ET.fromstring(svg)
+    assert (width, height) == (2 * int(root.get("width")), 2 * int(root.get("height")))
+    assert save(render("4:1"), tmp_path / "noext", fmt="png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="unknown format"):
+        save(svg, tmp_path / "tv.jpg")
+
+
+def test_main_viz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_viz("layout", ["(4,8):(8,1)"], None, "auto") == 0
+    printed = capsys.readouterr().out
+    assert len(cells(printed)) == 32
+    target = tmp_path / "tv.svg"
+    assert main_viz("tv", ["(4,32):(32,1)", "(4,4):(4,1)"], str(target), "auto") == 0
+    assert capsys.readouterr().out.strip() == str(target)
+    assert len(cells(target.read_text())) == 16 * 128
+    for kind, spec, out, fmt in [
+        ("layout", ["(4,8:(8,1)"], None, "auto"),
+        ("layout", ["4:1", "4:1"], None, "auto"),
+        ("tv", ["(4,32):(32,1)"], None, "auto"),
+        ("nope", ["4:1"], None, "auto"),
+        ("layout", ["4:1"], None, "png"),
+        ("layout", ["4:1"], None, "gif"),
+    ]:
+        with pytest.raises(ValueError):
+            main_viz(kind, spec, out, fmt)
+
+
+def test_main_viz_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "layout.png"
+    assert main_viz("layout", ["((2,2),(4,2)):((1,8),(2,16))"], str(target), "auto") == 0
+    assert capsys.readouterr().out.strip() == str(target)
+    assert target.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_import_does_not_load_cutlass() -> None:
+    """viz.py itself (loaded standalone, without the package __init__) stays off the DSL."""
+    import cuteforge.viz
+
+    code = (
+        "import importlib.util as u, sys; s = u.spec_from_file_location('viz', sys.argv[1]); "
+        "m = u.module_from_spec(s); sys.modules['viz'] = m; s.loader.exec_module(m); "
+        "m.render('(4,8):(8,1)'); m.make_layout_tv('(4,32):(32,1)', '(4,4):(4,1)'); "
+        "assert not [n for n in sys.modules if n.startswith(('cutlass', 'torch'))]"
+    )
+    subprocess.run([sys.executable, "-c", code, cuteforge.viz.__file__], check=True)
+
+
+# ------------------------------------------------- ground truth: the CuTe DSL itself
+def _random_compact(rng: random.Random) -> Layout:
+    modes = [rng.choice([1, 2, 3, 4, 8]) if rng.random() < 0.7 else (rng.randint(1, 4), rng.randint(1, 4))
+             for _ in range(rng.choice([1, 2, 2]))]
+    leaves = _leaves(tuple(modes))
+    strides, current = [0] * len(leaves), 1
+    for i in rng.sample(range(len(leaves)), len(leaves)):
+        strides[i], current = current, current * leaves[i]
+    it = iter(strides)
+    nest = [next(it) if isinstance(m, int) else tuple(next(it) for _ in m) for m in modes]
+    return Layout(modes[0], nest[0]) if len(modes) == 1 else Layout(tuple(modes), tuple(nest))
+
+
+def test_against_cute_dsl() -> None:
+    """make_layout_tv, offsets and cosize agree with cutlass.cute (traced on the CPU)."""
+    cute = pytest.importorskip("cutlass.cute")
+    rng = random.Random(1234)
+    cases = [(_random_compact(rng), _random_compact(rng)) for _ in range(60)]
+    plain = [parse_layout(t) for t in ["((2,3),(4,2)):((1,8),(2,50))", "(4,8):(8,1)", "7:3"]]
+    got: list[tuple[str, str]] = []
+    evals: list[tuple[list[int], int, str]] = []
+
+    @cute.jit
+    def trace() -> None:
+        for thr, val in cases:
+            tiler, tv = cute.make_layout_tv(
+                cute.make_layout(thr.shape, stride=thr.stride),
+                cute.make_layout(val.shape, stride=val.stride),
+            )
+            got.append((str(tiler), str(tv)))
+        for lay in plain:
+            dsl = cute.make_layout(lay.shape, stride=lay.stride)
+            evals.append(([dsl(i) for i in range(lay.size)], cute.cosize(dsl), render(dsl)))
+
+    trace()
+    for (thr, val), (tiler, tv) in zip(cases, got, strict=True):
+        mine_tiler, mine_tv = make_layout_tv(thr, val)
+        assert (str(mine_tiler).replace(" ", ""), str(mine_tv)) == (tiler.replace(" ", ""), tv)
+    for lay, (offsets, cosize, svg) in zip(plain, evals, strict=True):
+        assert offsets == [lay(i) for i in range(lay.size)]
+        assert cosize == lay.cosize
+        assert svg == render(lay)
