@@ -52,22 +52,24 @@ def bench(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def host_us(fn: Callable[[], Any], calls: int = 10000, repeats: int = 5) -> float:
-    """Median host microseconds per call: wall time of a loop of `calls` calls that the GPU
-    keeps up with (tiny kernels), after a warm-up. The median over `repeats` loops."""
+def host_us(fn: Callable[[], Any], calls: int = 200, loops: int = 50) -> float:
+    """Median host microseconds per call over `loops` loops of `calls` calls.
+
+    The GPU is synchronized between loops and a loop is short enough that the launch
+    queue never fills: a full queue would block the host and measure the GPU instead.
+    """
     import time
 
     for _ in range(200):
         fn()
-    torch.cuda.synchronize()
     samples = []
-    for _ in range(repeats):
+    for _ in range(loops):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        samples.append((t1 - t0) / calls * 1e6)
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
     return statistics.median(samples)
 
 

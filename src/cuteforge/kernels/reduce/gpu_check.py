@@ -8,6 +8,7 @@ Compiles exactly the way the runtime does (sym_int M, sym_int64 row stride,
 TVM-FFI, env stream) and calls the compiled function with torch tensors.
 Prints one line per case; exit status 1 if any check failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,14 +16,17 @@ import math
 import sys
 import time
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
+import torch
 
 from .row import OPS, RowReduceConfig, candidate_configs, default_config, make_row_reduce
 
-_CUTE = {torch.float32: cutlass.Float32, torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+_CUTE = {
+    torch.float32: cutlass.Float32,
+    torch.bfloat16: cutlass.BFloat16,
+    torch.float16: cutlass.Float16,
+}
 _TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _cache: dict = {}
 
@@ -44,13 +48,20 @@ def compiled_for(op, dtype, n, vec, cfg):
         out_dtype = cutlass.Int64 if op == "argmax" else in_dtype
         m = cute.sym_int()
         x = cute.runtime.make_fake_tensor(
-            in_dtype, (m, n), (cute.sym_int64(divisibility=vec), 1), assumed_align=vec * in_dtype.width // 8
+            in_dtype,
+            (m, n),
+            (cute.sym_int64(divisibility=vec), 1),
+            assumed_align=vec * in_dtype.width // 8,
         )
         out = cute.runtime.make_fake_compact_tensor(out_dtype, (m,))
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         t0 = time.perf_counter()
         _cache[key] = cute.compile(
-            make_row_reduce(op, in_dtype, out_dtype, n, vec, cfg), x, out, stream, options="--enable-tvm-ffi"
+            make_row_reduce(op, in_dtype, out_dtype, n, vec, cfg),
+            x,
+            out,
+            stream,
+            options="--enable-tvm-ffi",
         )
         _cache[key + ("t",)] = time.perf_counter() - t0
     return _cache[key]
@@ -112,13 +123,18 @@ def check(ops, dtypes, ns, ms, verbose=False) -> int:
                 cfgs = candidate_configs(n, bits)
                 for m in ms:
                     for misalign in (False, True):
-                        kinds = ["randn"] + (["ties", "nan", "neginf"] if op in ("argmax", "amax", "amin") else [])
+                        kinds = ["randn"] + (
+                            ["ties", "nan", "neginf"] if op in ("argmax", "amax", "amin") else []
+                        )
                         for kind in kinds:
                             x = _make_input(m, n, dtype, kind, gen, misalign)
                             ref = reference(op, x)
                             all_cfgs = (
-                                kind == "randn" and m == ms[-1] and not misalign
-                                and dn == dtypes[0] and op in ("sum", "argmax")
+                                kind == "randn"
+                                and m == ms[-1]
+                                and not misalign
+                                and dn == dtypes[0]
+                                and op in ("sum", "argmax")
                             )
                             for cfg in cfgs if all_cfgs else cfgs[:1]:
                                 total += 1
@@ -158,7 +174,10 @@ def _compare(op, got, ref, n, dtype):
     if not torch.allclose(g, r, rtol=rtol, atol=atol, equal_nan=True):
         d = (g - r).abs()
         i = int(d.argmax())
-        return False, f"row {i}: got {g[i].item()} want {r[i].item()} (max abs err {d.max().item():.3g})"
+        return (
+            False,
+            f"row {i}: got {g[i].item()} want {r[i].item()} (max abs err {d.max().item():.3g})",
+        )
     return True, ""
 
 
@@ -169,8 +188,12 @@ def check_big_offsets() -> int:
     x[-5:] = torch.randn(5, n, device="cuda").bfloat16()
     got = run("sum", x)
     ref = x[-5:].float().sum(1)
-    ok = torch.allclose(got[-5:].float(), ref, rtol=1e-2, atol=0.5) and bool((got[:-5] == 2048).all())
-    print(f"{'ok  ' if ok else 'FAIL'} big-offset sum bf16 ({m}, {n}): tail {got[-5:].float().tolist()} vs {ref.tolist()}")
+    ok = torch.allclose(got[-5:].float(), ref, rtol=1e-2, atol=0.5) and bool(
+        (got[:-5] == 2048).all()
+    )
+    print(
+        f"{'ok  ' if ok else 'FAIL'} big-offset sum bf16 ({m}, {n}): tail {got[-5:].float().tolist()} vs {ref.tolist()}"
+    )
     del x
     torch.cuda.empty_cache()
     return 0 if ok else 1
@@ -180,7 +203,10 @@ def _time(fn, iters=50, warmup=5):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    evs = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(iters)
+    ]
     for s, e in evs:
         s.record()
         fn()
@@ -190,47 +216,46 @@ def _time(fn, iters=50, warmup=5):
     return ts[len(ts) // 2] * 1e-3
 
 
+def _time_copy(x):
+    y = torch.empty_like(x)
+    return _time(lambda: y.copy_(x))
+
+
+def _bench_shape(m, n, dn, ops, extra_cfgs):
+    dtype = _TORCH[dn]
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    nbytes = x.numel() * x.element_size()
+    t_copy = _time_copy(x)
+    print(f"== {dn} ({m}, {n}) {nbytes / 1e9:.2f} GB  copy {2 * nbytes / t_copy / 1e12:.2f} TB/s")
+    bits = x.element_size() * 8
+    vec = pick_vec(x)
+    for op in ops:
+        t_ref = _time(lambda op=op: reference(op, x))
+        print(f"  {op:6s} torch            {nbytes / t_ref / 1e12:.2f} TB/s  {t_ref * 1e6:8.1f} us")
+        out = torch.empty(m, device="cuda", dtype=torch.int64 if op == "argmax" else dtype)
+        ref = reference(op, x)
+        for cfg in list(candidate_configs(n, bits)) + list(extra_cfgs):
+            try:
+                cfg.validate(n, bits)
+                f = compiled_for(op, dtype, n, vec, cfg)
+            except Exception as e:  # noqa: BLE001
+                print(f"  {op:6s} {cfg}  skipped: {str(e)[:120]}")
+                continue
+            t = _time(lambda f=f, out=out: f(x, out))
+            ok, _ = _compare(op, out, ref, n, dtype)
+            ct = _cache[(op, dtype, n, vec, cfg, "t")]
+            print(
+                f"  {op:6s} {nbytes / t / 1e12:5.2f} TB/s {t * 1e6:8.1f} us  "
+                f"{'' if ok else 'WRONG '}{cfg}  (compile {ct:.2f}s)",
+                flush=True,
+            )
+
+
 def bench(shapes, ops, dtypes, extra_cfgs=()):
     torch.manual_seed(0)
     for dn in dtypes:
-        dtype = _TORCH[dn]
         for m, n in shapes:
-            x = torch.randn(m, n, device="cuda", dtype=dtype)
-            nbytes = x.numel() * x.element_size()
-            y = torch.empty_like(x)
-            t_copy = _time(lambda: y.copy_(x))
-            del y
-            print(f"== {dn} ({m}, {n}) {nbytes / 1e9:.2f} GB  copy {2 * nbytes / t_copy / 1e12:.2f} TB/s")
-            for op in ops:
-                ref_fn = {
-                    "sum": lambda: x.sum(1),
-                    "mean": lambda: x.mean(1),
-                    "amax": lambda: x.amax(1),
-                    "amin": lambda: x.amin(1),
-                    "argmax": lambda: x.argmax(1),
-                }[op]
-                t_ref = _time(ref_fn)
-                print(f"  {op:6s} torch            {nbytes / t_ref / 1e12:.2f} TB/s  {t_ref * 1e6:8.1f} us")
-                bits = x.element_size() * 8
-                cfgs = list(candidate_configs(n, bits)) + [c for c in extra_cfgs]
-                vec = pick_vec(x)
-                out = torch.empty(m, device="cuda", dtype=torch.int64 if op == "argmax" else dtype)
-                ref = reference(op, x)
-                for cfg in cfgs:
-                    try:
-                        cfg.validate(n, bits)
-                        f = compiled_for(op, dtype, n, vec, cfg)
-                    except Exception as e:  # noqa: BLE001
-                        print(f"  {op:6s} {cfg}  skipped: {str(e)[:120]}")
-                        continue
-                    t = _time(lambda: f(x, out))
-                    ok, _ = _compare(op, out, ref, n, dtype)
-                    print(
-                        f"  {op:6s} {nbytes / t / 1e12:5.2f} TB/s {t * 1e6:8.1f} us  "
-                        f"{'' if ok else 'WRONG '}{cfg}  (compile {_cache[(op, dtype, n, vec, cfg, 't')]:.2f}s)",
-                        flush=True,
-                    )
-            del x
+            _bench_shape(m, n, dn, ops, extra_cfgs)
             torch.cuda.empty_cache()
 
 
@@ -251,11 +276,16 @@ def main(argv=None) -> int:
     dtypes = a.dtypes.split(",")
     fails = 0
     if a.check:
-        fails += check(ops, dtypes, ns=[1, 7, 33, 1000, 4104, 65537, 262144], ms=[1, 3, 257], verbose=a.verbose)
+        fails += check(
+            ops, dtypes, ns=[1, 7, 33, 1000, 4104, 65537, 262144], ms=[1, 3, 257], verbose=a.verbose
+        )
         # clusters on odd N
         for op in ops:
             x = torch.randn(37, 200003, device="cuda", dtype=torch.float32)
-            for cfg in (RowReduceConfig(1024, 1024, 4, cluster_n=2), RowReduceConfig(512, 512, 4, cluster_n=8)):
+            for cfg in (
+                RowReduceConfig(1024, 1024, 4, cluster_n=2),
+                RowReduceConfig(512, 512, 4, cluster_n=8),
+            ):
                 ok, err = _compare(op, run(op, x, cfg), reference(op, x), x.shape[1], x.dtype)
                 print(f"{'ok  ' if ok else 'FAIL'} cluster {op} {cfg} {err}")
                 fails += not ok
@@ -263,7 +293,11 @@ def main(argv=None) -> int:
         fails += check_big_offsets()
     if a.bench:
         shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-        bench(shapes, ops if a.ops != ",".join(OPS) else ["sum"], dtypes if a.dtypes != "f32,bf16,f16" else ["f32"])
+        bench(
+            shapes,
+            ops if a.ops != ",".join(OPS) else ["sum"],
+            dtypes if a.dtypes != "f32,bf16,f16" else ["f32"],
+        )
     return 1 if fails else 0
 
 

@@ -81,10 +81,11 @@ N=4096 fp32 (1024 16-B vectors) P=256, unroll=4: one round of four 16-B loads
 per thread, 256-thread CTAs (8 resident per SM); at N=65536 P=1024 and 4
 iterations of 4 loads.
 """
+
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
@@ -165,9 +166,7 @@ class RowReduceConfig:
         if not isinstance(t, int) or t < 32 or t > 1024 or t % 32 != 0:
             raise ValueError(f"threads={t}: must be a multiple of 32 in [32, 1024]")
         if not isinstance(p, int) or not _is_pow2(p) or p > t:
-            raise ValueError(
-                f"threads_per_row={p}: must be a power of 2 and <= threads ({t})"
-            )
+            raise ValueError(f"threads_per_row={p}: must be a power of 2 and <= threads ({t})")
         if t % p != 0:
             raise ValueError(f"threads_per_row={p} must divide threads={t}")
         if not isinstance(self.unroll, int) or not 1 <= self.unroll <= 16:
@@ -220,46 +219,61 @@ def default_config(n: int, dtype_bits: int, m: int | None = None) -> RowReduceCo
         ctas = m
         while cluster_n < 8 and ctas * cluster_n < 264 and nv >= 2 * cluster_n * p * 4:
             cluster_n *= 2
-    cfg = RowReduceConfig(threads, p, unroll, cluster_n)
+    cfg = _canonical(RowReduceConfig(threads, p, unroll, cluster_n), n, dtype_bits)
     cfg.validate(n, dtype_bits)
     return cfg
 
 
+def _canonical(c: RowReduceConfig, n: int, dtype_bits: int) -> RowReduceConfig:
+    """Clip unroll to the full rounds a thread actually has at the widest vector
+    (configs that differ only beyond that compile to the same kernel)."""
+    nv = n // (128 // dtype_bits)
+    rounds = nv // (c.threads_per_row * c.cluster_n)
+    return replace(c, unroll=max(1, min(c.unroll, rounds)))
+
+
 def candidate_configs(n: int, dtype_bits: int) -> list[RowReduceConfig]:
-    """A small (<= 8) set of valid configs around the heuristic for autotuning."""
+    """A small (<= 8) set of distinct, valid configs around the heuristic for
+    autotuning; the first one is :func:`default_config`."""
     base = default_config(n, dtype_bits)
-    vec_max = 128 // dtype_bits
-    nv = -(-n // vec_max)
+    nv = -(-n // (128 // dtype_bits))
     p0 = base.threads_per_row
     cands: list[RowReduceConfig] = [base]
+    seen = {_canonical(base, n, dtype_bits)}
 
     def add(c: RowReduceConfig) -> None:
         try:
             c.validate(n, dtype_bits)
         except ValueError:
             return
-        if c not in cands:
-            cands.append(c)
+        key = _canonical(c, n, dtype_bits)
+        if key not in seen:
+            seen.add(key)
+            cands.append(key)
 
     if p0 < 256:
-        # short rows: vary rows per warp / CTA size / loads in flight
-        add(RowReduceConfig(128, p0, base.unroll))
-        add(RowReduceConfig(512, p0, base.unroll))
-        if p0 >= 2:
-            add(RowReduceConfig(256, p0 // 2, min(8, base.unroll * 2)))
-        add(RowReduceConfig(256, min(256, p0 * 2), max(1, base.unroll // 2)))
-        add(RowReduceConfig(256, p0, base.unroll, load_hint="nc"))
+        # short rows: rows per CTA, threads per row (-> loads per thread), hints
+        u = base.unroll
+        add(RowReduceConfig(256, max(1, p0 // 2), 8))
+        add(RowReduceConfig(128, p0, u))
+        add(RowReduceConfig(512, p0, u))
+        add(RowReduceConfig(256, min(256, p0 * 2), max(1, u // 2)))
+        add(RowReduceConfig(1024, p0, u))
+        add(RowReduceConfig(256, p0, u, load_hint="nc"))
+        add(RowReduceConfig(256, p0, u, load_hint="no_alloc_l2_256"))
     else:
-        add(RowReduceConfig(512, 512, 4))
+        # long rows: CTA size vs. loads in flight vs. rows per CTA, clusters
+        add(RowReduceConfig(512, 512, 8))
         add(RowReduceConfig(1024, 1024, 4))
         add(RowReduceConfig(256, 256, 8))
-        add(RowReduceConfig(512, 512, 8))
-        add(RowReduceConfig(1024, 1024, 8))
-        add(RowReduceConfig(1024, 1024, 4, load_hint="no_alloc_l2_256"))
-        if nv >= 2 * 1024 * 4 * 2:
+        add(RowReduceConfig(512, 256, 8))
+        add(RowReduceConfig(base.threads, p0, base.unroll, load_hint="no_alloc_l2_256"))
+        if nv >= 2 * 2 * 1024 * 4:
             add(RowReduceConfig(1024, 1024, 4, cluster_n=2))
-        if nv >= 4 * 1024 * 4 * 2:
-            add(RowReduceConfig(1024, 1024, 4, cluster_n=4))
+        if nv >= 2 * 4 * 512 * 8:
+            add(RowReduceConfig(512, 512, 8, cluster_n=4))
+        add(RowReduceConfig(1024, 512, 8))
+        add(RowReduceConfig(base.threads, p0, base.unroll, load_hint="nc"))
     return cands[:8]
 
 
