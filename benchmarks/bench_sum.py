@@ -121,7 +121,7 @@ def main() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         result["sum"] += measure_reduction("sum", shapes, dtype, copy_bps, compiled=True)
     if not args.skip_sweep:
-        result["config_sweep"] = config_sweep(BAR_SHAPES, torch.float32, copy_bps)
+        result["config_sweep"] = config_sweep(BAR_SHAPES + [(8, 262144), (256, 65536)], torch.float32, copy_bps)
     result["compile_cache"] = cold_vs_warm()
     result["seconds"] = round(time.time() - t0, 1)
     name = gpu.lower().replace("nvidia ", "").replace(" ", "-")

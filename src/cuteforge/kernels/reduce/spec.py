@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ...arch import parse_arch
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
 from . import row
@@ -31,12 +32,21 @@ def out_dtype(op: str, x_dtype: torch.dtype) -> torch.dtype:
     return torch.int64 if op == "argmax" else x_dtype
 
 
+def config_for(arch: str, n: int, dtype_bits: int, m: int | None) -> Any:
+    """The heuristic config for an (m, n) problem. Knowing M lets few long rows split
+    over a thread-block cluster, which only sm_90 and newer have."""
+    return row.default_config(n, dtype_bits, m if parse_arch(arch) >= 90 else None)
+
+
 def _default_config(spec: CompileSpec) -> Any:
     return row.default_config(spec.static("N"), spec.dtype("x").width)
 
 
 def _configs(spec: CompileSpec) -> list[Any]:
-    return row.candidate_configs(spec.static("N"), spec.dtype("x").width)
+    configs = row.candidate_configs(spec.static("N"), spec.dtype("x").width)
+    if parse_arch(spec.arch) < 90:
+        configs = [c for c in configs if c.cluster_n == 1]
+    return configs
 
 
 def _specializations(ops: Iterable[str] = ("sum",), ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:

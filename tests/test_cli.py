@@ -1,0 +1,89 @@
+"""The `cuteforge` command on a machine with no GPU: info, precompile (twice), cache, library,
+viz, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CUTEFORGE_CACHE_DIR=str(cache))
+    env.pop("CUTEFORGE_ARCH", None)  # the CLI must default to sm_90a without a GPU
+    env.pop("CUTE_DSL_ARCH", None)
+    return subprocess.run([sys.executable, "-m", "cuteforge", *args], env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cli-cache")
+
+
+def test_info_json(cache: Path) -> None:
+    r = cli("info", "--json", cache=cache)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["versions"]["nvidia-cutlass-dsl"] == "4.8.1"
+    assert info["cache_dir"] == str(cache)
+    if info["gpu"] is None:
+        assert info["gpu_text"] == "no GPU" and info["target_arch"] == "sm_90a" and info["compile_only"]
+    text = cli("info", cache=cache)
+    assert text.returncode == 0 and "target arch" in text.stdout
+
+
+def test_precompile_twice_second_compiles_nothing(cache: Path) -> None:
+    first = cli("precompile", "--arch", "sm_90a", "--json", cache=cache)
+    assert first.returncode == 0, first.stderr
+    r1 = json.loads(first.stdout)
+    assert r1["arch"] == "sm_90a" and r1["compiled"] == len(r1["kernels"]) > 0 and r1["loaded"] == 0
+    assert {k["kernel"] for k in r1["kernels"]} == {"row_reduce"}
+    second = cli("precompile", "--arch", "sm_90a", "--json", cache=cache)
+    r2 = json.loads(second.stdout)
+    assert r2["compiled"] == 0 and r2["loaded"] == len(r1["kernels"])
+    # Loads are far cheaper than the compiles they replace.
+    assert r2["total_ms"] < r1["total_ms"] / 5
+
+    stats = json.loads(cli("cache", "stats", "--json", cache=cache).stdout)
+    assert stats["entries"] == len(r1["kernels"]) and stats["kernels"] == ["row_reduce"]
+    assert stats["cumulative"]["compiles"] == len(r1["kernels"])
+    ls = json.loads(cli("cache", "ls", "--json", cache=cache).stdout)
+    assert len(ls) == len(r1["kernels"]) and all(Path(e["path"]).exists() for e in ls)
+
+    lib = cli("library", cache=cache)  # the main job, no GPU: an AOT build, all from cache
+    assert lib.returncode == 0, lib.stderr
+    assert "ahead of time" in lib.stdout and f"0 compiled, {len(r1['kernels'])} loaded" in lib.stdout
+
+
+def test_cache_clear(tmp_path: Path) -> None:
+    r = cli("cache", "clear", "--json", cache=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["removed"] == 0
+
+
+def test_viz_layout_to_svg_and_png(tmp_path: Path) -> None:
+    r = cli("viz", "layout", "(4,8):(8,1)", cache=tmp_path)
+    assert r.returncode == 0 and r.stdout.lstrip().startswith("<svg")
+    png = tmp_path / "l.png"
+    r = cli("viz", "tv", "(4,32):(32,1)", "(4,4):(4,1)", "-o", str(png), cache=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("precompile", "--kernel", "no_such_kernel"), "unknown kernel 'no_such_kernel'"),
+        (("precompile", "--arch", "hopper"), "arch must look like 'sm_90a'"),
+        (("viz", "layout", "(4,8):(8"), "(4,8):(8"),
+        (("viz", "layout", "(4,8):(1,2,3)"), "(4,8):(1,2,3)"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str, tmp_path: Path) -> None:
+    r = cli(*args, cache=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
