@@ -164,6 +164,7 @@ def test_arch_check_on_real_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         kt.sm90_only(x)  # supported here
         monkeypatch.setattr(kt.sm90_only, "archs", ("sm_100a",))
         kt.sm90_only._l1.clear()
+        kt.sm90_only._memo.clear()
         with pytest.raises(ArchError, match=r"NVIDIA H\d+.*SM 9.0.*requires sm_100a"):
             kt.sm90_only(x)
 

@@ -12,7 +12,6 @@ impls); in eager mode they skip that boundary, which costs tens of microseconds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,16 +22,14 @@ from ..kernels.reduce.spec import OPS, config_for, out_dtype, row_reduce
 _MAX_PLANS = 4096
 
 
-@dataclass(frozen=True)
-class _Plan:
-    m: int
-    out_dtype: torch.dtype
-    device: torch.device
-    fn: Callable[..., Any] | None  # None when M == 0: nothing to launch
-    restride: bool  # N == 1 with a non-unit last stride: launch on a unit-stride view
-
-
+# A plan is what the warm path needs, as a plain tuple (attribute access costs):
+# (rows M, launch(x, out), the output dtype or None when it equals x's dtype).
+_Plan = tuple[int, Callable[[torch.Tensor, torch.Tensor], Any], "torch.dtype | None"]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
+
+
+def _skip(x: torch.Tensor, out: torch.Tensor) -> None:
+    """M == 0: nothing to launch."""
 
 
 def _memo_key(op: str, x: torch.Tensor, dim: int) -> tuple[Any, ...]:
@@ -54,17 +51,21 @@ def _plan(op: str, x: Any, dim: Any) -> _Plan:
     m, n = x.shape
     if n == 0:
         raise ValueError(f"{where}: argument 'x' must have N >= 1 columns, got shape {tuple(x.shape)}")
+    # N == 1 with a foreign last stride (a transposed column): any unit stride is right.
     restride = n == 1 and x.stride(1) != 1
-    if restride:
-        x = x.as_strided(x.shape, (x.stride(0), 1))
-    out = torch.empty(m, dtype=out_dtype(op, x.dtype), device=x.device)
+    xv = x.as_strided(x.shape, (x.stride(0), 1)) if restride else x
+    odt = out_dtype(op, x.dtype)
+    out = torch.empty(m, dtype=odt, device=x.device)
     # Binding validates device, dtype and row contiguity even when M == 0.
-    key = row_reduce.signature.bind((x, out), where)
-    fn = None
+    key = row_reduce.signature.bind((xv, out), where)
+    launch: Callable[[torch.Tensor, torch.Tensor], Any] = _skip
     if m > 0:
         cfg = config_for(target_arch(), n, x.element_size() * 8, m)
-        fn = row_reduce.get(key, (("op", op),), cfg)
-    plan = _Plan(m, out.dtype, x.device, fn, restride)
+        launch = row_reduce.get(key, (("op", op),), cfg)
+        if restride:
+            fn = launch
+            launch = lambda t, o: fn(t.as_strided(t.shape, (t.stride(0), 1)), o)  # noqa: E731
+    plan = (m, launch, None if odt == x.dtype else odt)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[_memo_key(op, x, dim)] = plan
@@ -72,9 +73,9 @@ def _plan(op: str, x: Any, dim: Any) -> _Plan:
 
 
 def _launch(plan: _Plan, x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(plan.m, dtype=plan.out_dtype, device=plan.device)
-    if plan.fn is not None:
-        plan.fn(x.as_strided(x.shape, (x.stride(0), 1)) if plan.restride else x, out)
+    m, launch, odt = plan
+    out = x.new_empty(m) if odt is None else x.new_empty(m, dtype=odt)
+    launch(x, out)
     return out
 
 
@@ -156,9 +157,9 @@ def _entry(op: str) -> Callable[..., torch.Tensor]:
             return custom(x, dim)
         if plan is None:
             plan = _plan(op, x, dim)
-        out = torch.empty(plan.m, dtype=plan.out_dtype, device=plan.device)
-        if plan.fn is not None:
-            plan.fn(x.as_strided(x.shape, (x.stride(0), 1)) if plan.restride else x, out)
+        m, launch, odt = plan
+        out = x.new_empty(m) if odt is None else x.new_empty(m, dtype=odt)
+        launch(x, out)
         return out
 
     fn.__name__ = op

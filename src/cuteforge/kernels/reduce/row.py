@@ -91,6 +91,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from ...arch import DeviceLimits
+
 __all__ = [
     "OPS",
     "LOAD_HINTS",
@@ -155,10 +157,19 @@ class RowReduceConfig:
         # accumulators (value+index for 4..8 chains) and addressing overhead.
         return 40 + 4 * self.unroll
 
-    def validate(self, n: int, dtype_bits: int) -> None:
+    def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None) -> None:
         """Raise ValueError if this config cannot run for rows of n elements
-        of a dtype of dtype_bits bits."""
+        of a dtype of dtype_bits bits (on a device with `limits`, default sm_90)."""
         t, p = self.threads, self.threads_per_row
+        if limits is not None:
+            if t > limits.threads_per_block:
+                raise ValueError(f"threads={t} > {limits.threads_per_block} per block on sm_{limits.sm}")
+            if self.cluster_n > limits.max_cluster_size:
+                raise ValueError(f"cluster_n={self.cluster_n}: sm_{limits.sm} allows clusters of at most {limits.max_cluster_size}")
+            if self.smem_bytes() > limits.smem_per_block:
+                raise ValueError(f"shared memory {self.smem_bytes()} B > {limits.smem_per_block} B on sm_{limits.sm}")
+            if self.est_regs_per_thread() * t > limits.registers_per_sm:
+                raise ValueError(f"~{self.est_regs_per_thread() * t} registers per CTA > {limits.registers_per_sm} on sm_{limits.sm}")
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
         if dtype_bits not in (16, 32):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ...arch import parse_arch
+from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
 from . import row
@@ -43,10 +43,16 @@ def _default_config(spec: CompileSpec) -> Any:
 
 
 def _configs(spec: CompileSpec) -> list[Any]:
-    configs = row.candidate_configs(spec.static("N"), spec.dtype("x").width)
-    if parse_arch(spec.arch) < 90:
-        configs = [c for c in configs if c.cluster_n == 1]
-    return configs
+    """Candidates valid on the target arch (clusters need sm_90+)."""
+    n, bits, limits = spec.static("N"), spec.dtype("x").width, limits_for(spec.arch)
+    valid = []
+    for c in row.candidate_configs(n, bits):
+        try:
+            c.validate(n, bits, limits)
+        except ValueError:
+            continue
+        valid.append(c)
+    return valid
 
 
 def _specializations(ops: Iterable[str] = ("sum",), ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
