@@ -18,6 +18,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 -m cuteforge info
+  python3 -m cuteforge library --quick 2>&1 | tee "$OUT/library.log"
   python3 benchmarks/bench_dispatch.py --out "$OUT/h200-dispatch.json" 2>&1 | tail -20
   python3 benchmarks/bench_sum.py --out "$OUT/h200-sum.json" 2>&1 | tee "$OUT/bench-sum.log" | tail -60
 fi

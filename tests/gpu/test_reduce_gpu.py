@@ -100,6 +100,8 @@ def test_sum_gradients() -> None:
         ref = x.detach().clone().requires_grad_(True)
         (getattr(torch, op)(ref, dim=-1) * g).sum().backward()
         torch.testing.assert_close(x.grad, ref.grad)
+    x = torch.randn(9, 33, device="cuda", requires_grad=True)
+    assert torch.equal(ops.argmax(x), torch.argmax(x, -1))  # no gradient, but no error either
 
 
 def test_under_torch_compile_and_cuda_graph() -> None:
@@ -176,3 +178,22 @@ def test_user_kernel_launch() -> None:
     y = torch.empty_like(x)
     kt.scale(x, y, factor=3.0)
     torch.testing.assert_close(y, x * 3)
+
+
+@pytest.mark.parametrize("op", ["argmax", "amax", "amin"])
+def test_ties_and_all_neg_inf_rows(op: str) -> None:
+    x = torch.randint(0, 3, (64, 1000), device="cuda").float()  # many ties
+    x[5] = float("-inf")
+    x[6] = float("inf")
+    x[7, 100:] = float("nan")
+    got, ref = getattr(ops, op)(x), getattr(torch, op)(x, dim=-1)
+    torch.testing.assert_close(got, ref, equal_nan=True)
+
+
+def test_offsets_beyond_32_bits() -> None:
+    # M * N > 2**31 elements: row offsets must be computed in 64 bits.
+    m, n = 2**31 // 4096 + 3, 4096
+    x = torch.ones(m, n, device="cuda", dtype=torch.bfloat16)
+    x[-1].fill_(2.0)
+    got = ops.sum(x)
+    assert got[0] == 4096 and got[-1] == 8192 and (got == 4096).sum() == m - 1
