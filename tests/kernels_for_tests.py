@@ -49,3 +49,32 @@ def sm90_only(spec: cuteforge.CompileSpec):
         body(x).launch(grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
 
     return run
+
+
+@cuteforge.kernel(
+    name="test_copy2d",
+    signature=Signature(
+        TensorArg("x", ("M", "N"), leading=0),  # column-major source
+        TensorArg("y", ("M", "N"), dtype_like="x"),  # row-major destination
+    ),
+)
+def copy2d(spec: cuteforge.CompileSpec):
+    threads = 128
+
+    @cute.kernel
+    def body(x: cute.Tensor, y: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * threads + tidx
+        m, n = x.shape
+        if i < m * n:
+            r = i // n
+            c = i - r * n
+            y[r, c] = x[r, c]
+
+    @cute.jit
+    def run(x: cute.Tensor, y: cute.Tensor, stream: CUstream):
+        m, n = x.shape
+        body(x, y).launch(grid=(cute.ceil_div(m * n, threads), 1, 1), block=(threads, 1, 1), stream=stream)
+
+    return run

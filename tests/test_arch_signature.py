@@ -127,6 +127,15 @@ def test_fake_args_share_symbols_and_bake_static_dims() -> None:
     assert x.stride[1] == 1
 
 
+def test_column_major_leading_dim() -> None:
+    sig = Signature(TensorArg("a", ("M", "K"), leading=0))
+    (a,) = sig.fake_args(BoundKey(("float16",), (), (8,)))
+    assert a.stride[0] == 1 and a.stride[1] != 1
+    with pytest.raises(ValueError, match="leading=2"):
+        TensorArg("a", ("M", "K"), leading=2)
+    assert TensorArg("a", ("M", "K"), leading=-2).leading == 0
+
+
 def test_duplicate_kernel_name_is_an_error() -> None:
     import cuteforge
 

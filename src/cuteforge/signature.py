@@ -65,18 +65,23 @@ def cutlass_dtype(dtype: torch.dtype | str) -> Any:
 class TensorArg:
     """One tensor argument: its name, a symbol per dim, and the dtypes it may have.
 
-    The last dim must have unit stride (rows contiguous); other strides are free and
-    dynamic. `dtype_like` ties the dtype to another argument's.
+    The `leading` dim (default: the last) must have unit stride; the other strides are
+    free and dynamic. `leading=0` on a 2-D argument takes column-major matrices.
+    `dtype_like` ties the dtype to another argument's.
     """
 
     name: str
     dims: tuple[str, ...]
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     dtype_like: str | None = None
+    leading: int = -1
 
     def __post_init__(self) -> None:
         if not self.dims:
             raise ValueError(f"tensor argument {self.name!r} needs at least one dim")
+        if not -len(self.dims) <= self.leading < len(self.dims):
+            raise ValueError(f"tensor argument {self.name!r}: leading={self.leading} is not one of its dims")
+        object.__setattr__(self, "leading", self.leading % len(self.dims))
 
 
 @dataclass(frozen=True)
@@ -145,12 +150,13 @@ class Signature:
                         f"{prefix}argument {spec.name!r} has {sym}={n}, but an earlier argument has {sym}={seen}"
                     )
             stride = t.stride()
-            if stride[-1] != 1 and shape[-1] > 1:
-                raise ValueError(
-                    f"{prefix}argument {spec.name!r} must have contiguous rows (last-dim stride 1), got strides {tuple(stride)}"
-                )
+            lead = spec.leading
+            if stride[lead] != 1 and shape[lead] > 1:
+                what = "contiguous rows (last-dim stride 1)" if lead == len(shape) - 1 else f"unit stride in dim {lead}"
+                raise ValueError(f"{prefix}argument {spec.name!r} must have {what}, got strides {tuple(stride)}")
             dtypes.append(dtype_name(t.dtype))
-            vecs.append(vector_width(t.data_ptr(), stride[:-1], t.element_size()))
+            outer = stride[:lead] + stride[lead + 1 :]
+            vecs.append(vector_width(t.data_ptr(), outer, t.element_size()))
         static = tuple((s, extents[s]) for s in self.static)
         return BoundKey(tuple(dtypes), static, tuple(vecs))
 
@@ -170,7 +176,7 @@ class Signature:
                     if d not in symbols:
                         symbols[d] = cute.sym_int(symbol=d)
                     shape.append(symbols[d])
-            strides = [cute.sym_int64(divisibility=vec) for _ in spec.dims[:-1]] + [1]
+            strides = [1 if i == spec.leading else cute.sym_int64(divisibility=vec) for i in range(len(spec.dims))]
             dt = cutlass_dtype(dname)
             fakes.append(
                 cute.runtime.make_fake_tensor(

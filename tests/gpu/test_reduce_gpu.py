@@ -197,3 +197,15 @@ def test_offsets_beyond_32_bits() -> None:
     x[-1].fill_(2.0)
     got = ops.sum(x)
     assert got[0] == 4096 and got[-1] == 8192 and (got == 4096).sum() == m - 1
+
+
+def test_user_kernel_column_major_input() -> None:
+    import kernels_for_tests as kt
+
+    x = torch.randn(37, 45, device="cuda").t().contiguous().t()  # column-major (37, 45)
+    assert x.stride() == (1, 37)
+    y = torch.empty(37, 45, device="cuda")
+    kt.copy2d(x, y)
+    torch.testing.assert_close(y, x)
+    with pytest.raises(ValueError, match="'x' must have unit stride in dim 0"):
+        kt.copy2d(torch.randn(37, 45, device="cuda"), y)
