@@ -2,7 +2,8 @@
 # Run the GPU tests and benchmarks on a CUDA machine that has torch but no registry
 # access (the H200 lent through the device tool). Writes logs and JSON under $OUT.
 #   source .gpu/env.sh is done here; carry .gpu (see README "GPU runs").
-# Usage: bash scripts/gpu_run.sh [tests|bench|all] [extra pytest args...]
+# Usage: bash scripts/gpu_run.sh [tests|bench|autotune|all] [extra pytest args...]
+#   all = tests + bench; autotune (compile speed-ups and tuning sweeps) runs on its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -22,5 +23,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 -m cuteforge library --quick 2>&1 | tee "$OUT/library.log"
   python3 benchmarks/bench_dispatch.py --out "$OUT/h200-dispatch.json" 2>&1 | tail -20
   python3 benchmarks/bench_sum.py --out "$OUT/h200-sum.json" 2>&1 | tee "$OUT/bench-sum.log" | tail -60
+fi
+if [ "$what" = autotune ]; then
+  python3 benchmarks/bench_autotune.py --out "$OUT/h200-autotune.json" 2>&1 | tee "$OUT/bench-autotune.log" | tail -60
 fi
 exit $rc

@@ -22,6 +22,7 @@ from cuteforge.autotune import (
     CompilePool,
     TuneStore,
     compile_all,
+    lookup,
     make_problem,
     precompile_candidates,
     register_validator,
@@ -227,6 +228,11 @@ def test_second_tune_hits_the_store(warm, tmp_path: Path, caplog, monkeypatch: p
     # A subset of the swept configs is answered from the record too; a new config is not.
     assert tune(row_reduce, None, SUM, key=KEY, dims={"M": 32768}, configs=GOOD[::2], timer=timer, store=st).best_config == GOOD[2]
     assert timer.calls == calls
+    # The dispatch-side query: the stored best (rebuilt from JSON), or None.
+    assert lookup(row_reduce, KEY, SUM, {"M": 17000}, store=st) == GOOD[1]
+    assert lookup(row_reduce, KEY, SUM, {"M": 70000}, store=st) is None
+    monkeypatch.setenv("CUTEFORGE_AUTOTUNE", "off")
+    assert lookup(row_reduce, KEY, SUM, {"M": 17000}, store=st) is None
 
 
 def test_autotune_env_off_and_force(warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -195,6 +195,12 @@ def key_hash(key_repr: str) -> str:
     return hashlib.sha256(key_repr.encode()).hexdigest()[:32]
 
 
+def entry_for(root: Path, *, kernel: str, key_repr: str, arch: str, extra_fingerprint: str = "") -> Entry:
+    """Where a compile key lives: <root>/<fingerprint>/<kernel>[-<source hash>]/<key hash>.o"""
+    sub = f"{kernel}-{extra_fingerprint[:8]}" if extra_fingerprint else kernel
+    return Entry.at(root / fingerprint(arch) / sub, key_hash(key_repr))
+
+
 class KernelCache:
     """Gets a callable for a compile key: from disk if any process compiled it, else compiles.
 
@@ -215,9 +221,8 @@ class KernelCache:
         if root is None:
             fn = self._compile(kernel, key_repr, compile_fn, None, source_path).function
             return fn if fn is not None else _not_launchable(kernel)
-        directory = root / fingerprint(arch) / (f"{kernel}-{extra_fingerprint[:8]}" if extra_fingerprint else kernel)
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        entry = Entry.at(directory, key_hash(key_repr))
+        entry = entry_for(root, kernel=kernel, key_repr=key_repr, arch=arch, extra_fingerprint=extra_fingerprint)
+        entry.obj.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fn, problem = self._load(entry)
         if fn is not None:
             return fn

@@ -172,6 +172,20 @@ def _print_library(r: dict[str, Any]) -> None:
     print_table(r)
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .autotune.cli import print_tune, tune_main
+
+    result = tune_main(
+        args.kernel, args.shapes, args.dtype, args.workers, args.compile_only, args.arch,
+        gpus=args.gpus, force=args.force, progress=not args.json and sys.stderr.isatty(), verbose=not args.json,
+    )
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print_tune(result)
+    return 0
+
+
 def cmd_viz(args: argparse.Namespace) -> int:
     from . import viz
 
@@ -200,6 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "library":
             s.add_argument("--quick", action="store_true", help="fewer shapes")
 
+    s = sub.add_parser("tune", help="autotune a kernel for shapes (or compile every candidate, no GPU)")
+    s.add_argument("kernel", help="kernel name, e.g. row_reduce")
+    s.add_argument("--shapes", required=True, help="comma-separated MxN, e.g. 32768x4096,4096x65536")
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--workers", type=int, help="compile processes (default: CPU count)")
+    s.add_argument("--compile-only", action="store_true", help="compile every valid candidate; no GPU needed")
+    s.add_argument("--arch", help="target, e.g. sm_90a")
+    s.add_argument("--gpus", help="'all' or N: one timing process per GPU")
+    s.add_argument("--force", action="store_true", help="re-tune even if a stored result exists")
+    s.add_argument("--json", action="store_true")
+
     s = sub.add_parser("viz", help="render a CuTe layout or thread-value layout to SVG/PNG")
     s.add_argument("kind", choices=("layout", "tv"))
     s.add_argument("spec", nargs="+", help='layout text, e.g. "(4,8):(8,1)"; for tv: THR VAL')
@@ -215,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             _set_arch(args.arch)
         if args.command == "viz":
             return cmd_viz(args)
+        if args.command == "tune":
+            return cmd_tune(args)
         handler, printer = {
             "info": (cmd_info, _print_info),
             "cache": (cmd_cache, None),

@@ -27,7 +27,7 @@ from typing import Any
 
 from . import arch as arch_mod
 from . import compiler
-from .cache import DEFAULT_CACHE, STATS, KernelCache, source_hash
+from .cache import DEFAULT_CACHE, STATS, KernelCache, cache_root, entry_for, source_hash
 from .signature import BoundKey, Signature, check_key_part, cutlass_dtype
 
 REGISTRY: dict[str, Kernel] = {}
@@ -168,15 +168,25 @@ class Kernel:
             jit_fn = self.builder(spec)
             return compiler.compile_jit(jit_fn, self.signature.fake_args(spec.key), spec.arch, keep_artifacts)
 
-        extra = source_hash((self.source_path,)) if self.source_path and not _in_package(self.source_path) else ""
         return self.cache.get(
             kernel=self.name,
             key_repr=spec.key_repr(),
             arch=spec.arch,
             compile_fn=build,
-            extra_fingerprint=extra,
+            extra_fingerprint=self.source_fingerprint(),
             source_path=self.source_path,
         )
+
+    def source_fingerprint(self) -> str:
+        """A user kernel's own source hash (library kernels are in the package hash)."""
+        src = self.source_path
+        return source_hash((src,)) if src and not _in_package(src) else ""
+
+    def cache_entry(self, spec: CompileSpec) -> Path:
+        """Where `spec`'s compiled object lives (or would live) in the disk cache."""
+        return entry_for(
+            cache_root(), kernel=self.name, key_repr=spec.key_repr(), arch=spec.arch, extra_fingerprint=self.source_fingerprint()
+        ).obj
 
 
 def _in_package(path: str) -> bool:

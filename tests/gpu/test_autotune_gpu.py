@@ -123,3 +123,15 @@ def test_tune_main_on_the_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert all(s["best_ms"] and s["best_ms"] > 0 for s in r["shapes"])
     again = tune_main("row_reduce", "32768x4096,4096x65536", "float32", progress=False)
     assert [s["source"] for s in again["shapes"]] == ["cache", "cache"] and all(s["timings"] == 0 for s in again["shapes"])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tune_main_fans_out_over_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path))
+    shapes = "32768x4096,16384x16384,4096x65536,32768x1024"
+    r = tune_main("row_reduce", shapes, "float32", gpus="all", progress=False)
+    assert r["gpus"] == torch.cuda.device_count() and [s["shape"] for s in r["shapes"]] == shapes.split(",")
+    assert {s["gpu_index"] for s in r["shapes"]} == set(range(min(r["gpus"], 4)))
+    assert all(s["source"] == "sweep" and s["best_ms"] and s["compiles"] == 0 for s in r["shapes"])  # compiled up front
+    again = tune_main("row_reduce", shapes, "float32", progress=False)  # one GPU, same store
+    assert all(s["source"] == "cache" for s in again["shapes"])

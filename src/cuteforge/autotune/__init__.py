@@ -21,7 +21,7 @@ from .candidates import (
 from .pool import CompileJob, CompileOutcome, CompilePool, compile_all, default_workers
 from .store import Problem, TuneStore, make_problem, pow2_bucket
 from .timer import GraphTimer, make_input_sets
-from .tuner import TuneResult, mode, tune
+from .tuner import TuneResult, lookup, mode, tune
 
 __all__ = [
     "VALIDATORS",
@@ -36,6 +36,7 @@ __all__ = [
     "compile_all",
     "default_workers",
     "iter_ready",
+    "lookup",
     "make_input_sets",
     "make_problem",
     "mode",

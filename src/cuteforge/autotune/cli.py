@@ -96,11 +96,18 @@ def tune_main(
     compile_only: bool = False,
     arch: str | None = None,
     *,
+    gpus: int | str | None = None,
     params: dict[str, Any] | None = None,
     force: bool = False,
     progress: bool = True,
+    verbose: bool = True,
 ) -> dict[str, Any]:
-    """Tune (or with `compile_only`, compile every candidate of) `kernel` for `shapes`."""
+    """Tune (or with `compile_only`, compile every candidate of) `kernel` for `shapes`.
+
+    `gpus`: 'all' or a count: compile every candidate first (worker pool), then time the
+    shapes in one process per GPU, shapes dealt round-robin. `verbose` shows the
+    autotuner's log lines (cache hits, sweeps) on stderr for the duration of the call.
+    """
     if arch:
         from ..arch import parse_arch
 
@@ -118,42 +125,141 @@ def tune_main(
     t0 = time.perf_counter()
     if not compile_only and arch_mod.compile_only():
         raise RuntimeError(f"no GPU of the target arch {target} here: tuning needs one (use --compile-only to only compile)")
-    with _Bar(progress) as bar:
-        if compile_only:
+    n_gpus = _gpu_count(gpus) if not compile_only else 1
+    with _Bar(progress) as bar, _log_to_stderr(verbose):
+        if compile_only or n_gpus > 1:
             from .candidates import candidates
 
             n = sum(len(candidates(k, k.spec(p.key, tuple(sorted(p.params.items())), None, arch=target))[0]) for p in problems)
             bar.start(f"compile {k.name} for {target}", n)
             rows = precompile_problems(k, [(p.key, p.params) for p in problems], workers=workers, arch=target, on_step=lambda *a: bar.advance())
-            out_shapes = [{"shape": "x".join(map(str, s)), "candidates": [r for r in rows if r["problem"] == i]} for i, s in enumerate(parsed)]
-            counts = {st: sum(r["status"] == st for r in rows) for st in ("compiled", "loaded", "failed", "invalid")}
-            return {"mode": "compile-only", "kernel": k.name, "arch": target, "dtype": dtype, "shapes": out_shapes, **counts,
-                    "wall_s": round(time.perf_counter() - t0, 2)}
-        results = []
-        for s, p in zip(parsed, problems):
-            label = f"tune {k.name} {'x'.join(map(str, s))} {dtype}"
-            bar.start(label, None)
-            tensors = p.make_tensors()
-            res = tune(k, tensors, p.params, reference=p.reference, workers=workers, force=force, dims=p.dims,
-                       on_step=lambda stage, c, d, label=label: bar.note(f"{label}: {stage} {d}"))
-            results.append({
-                "shape": "x".join(map(str, s)),
-                "problem": res.problem.describe(),
-                "source": res.source,
-                "best": repr(res.best_config),
-                "best_ms": None if res.best_config not in res.times_ms else round(res.best_ms, 5),
-                "runner_up": None if res.runner_up is None else {"config": repr(res.runner_up[0]), "ms": round(res.runner_up[1], 5)},
-                "times_ms": {repr(c): (None if t == float("inf") else round(t, 5)) for c, t in res.times_ms.items()},
-                "errors": {repr(c): e for c, e in res.errors.items()},
-                "compiles": res.compiles,
-                "timings": res.timings,
-                "timer": res.mode,
-                "wall_s": round(res.wall_s, 3),
-                "record": res.path,
-            })
-            del tensors
-    return {"mode": "tune", "kernel": k.name, "arch": target, "gpu": arch_mod.gpu_info().name, "dtype": dtype,  # type: ignore[union-attr]
-            "shapes": results, "wall_s": round(time.perf_counter() - t0, 2)}
+            if compile_only:
+                out_shapes = [{"shape": "x".join(map(str, s)), "candidates": [r for r in rows if r["problem"] == i]} for i, s in enumerate(parsed)]
+                counts = {st: sum(r["status"] == st for r in rows) for st in ("compiled", "loaded", "failed", "invalid")}
+                return {"mode": "compile-only", "kernel": k.name, "arch": target, "dtype": dtype, "shapes": out_shapes, **counts,
+                        "wall_s": round(time.perf_counter() - t0, 2)}
+            bar.start(f"tune {len(parsed)} shapes on {n_gpus} GPUs", None)
+            results = _fan_out(k.name, parsed, dtype, params, force, n_gpus)
+        else:
+            results = []
+            for s, p in zip(parsed, problems):
+                label = f"tune {k.name} {'x'.join(map(str, s))} {dtype}"
+                bar.start(label, None)
+                results.append(_tune_one(k, s, p, workers, force, lambda stage, c, d, label=label: bar.note(f"{label}: {stage} {d}")))
+    return {"mode": "tune", "kernel": k.name, "arch": target, "gpu": arch_mod.gpu_info().name, "gpus": n_gpus,  # type: ignore[union-attr]
+            "dtype": dtype, "shapes": results, "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def _tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | None, force: bool, on_step: Any = None) -> dict[str, Any]:
+    tensors = p.make_tensors()
+    res = tune(k, tensors, p.params, reference=p.reference, workers=workers, force=force, dims=p.dims, on_step=on_step)
+    del tensors
+    return {
+        "shape": "x".join(map(str, shape)),
+        "problem": res.problem.describe(),
+        "source": res.source,
+        "best": repr(res.best_config),
+        "best_ms": None if res.best_config not in res.times_ms else round(res.best_ms, 5),
+        "runner_up": None if res.runner_up is None else {"config": repr(res.runner_up[0]), "ms": round(res.runner_up[1], 5)},
+        "times_ms": {repr(c): (None if t == float("inf") else round(t, 5)) for c, t in res.times_ms.items()},
+        "errors": {repr(c): e for c, e in res.errors.items()},
+        "compiles": res.compiles,
+        "timings": res.timings,
+        "timer": res.mode,
+        "wall_s": round(res.wall_s, 3),
+        "record": res.path,
+    }
+
+
+def _gpu_count(gpus: int | str | None) -> int:
+    if gpus is None:
+        return 1
+    import torch
+
+    have = torch.cuda.device_count()
+    n = have if str(gpus).lower() == "all" else int(gpus)
+    if not 1 <= n <= have:
+        raise ValueError(f"--gpus {gpus}: this machine has {have} GPU(s)")
+    return n
+
+
+def _gpu_main(index: int, queue: Any, kernel: str, shapes: list[tuple[int, ...]], dtype: str, params: dict[str, Any] | None, force: bool) -> None:
+    """One timing process per GPU: sees only its GPU; candidates are already compiled."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    try:
+        k = resolve_kernel(kernel)
+        rows = []
+        for s in shapes:
+            row = _tune_one(k, s, PROBLEMS[k.name](s, dtype, dict(params or {})), 0, force)
+            rows.append({**row, "gpu_index": index})
+        queue.put((index, rows, None))
+    except Exception as e:  # reported to the parent, which raises it
+        queue.put((index, [], f"{type(e).__name__}: {e}"))
+
+
+def _fan_out(kernel: str, shapes: list[tuple[int, ...]], dtype: str, params: dict[str, Any] | None, force: bool, n_gpus: int) -> list[dict[str, Any]]:
+    import queue as queue_mod
+    from multiprocessing import get_context
+
+    from .pool import _plain_main
+
+    ctx = get_context("spawn")  # never fork a parent that may hold a CUDA context
+    results = ctx.Queue()
+    procs = {}
+    with _plain_main():
+        for g in range(n_gpus):
+            mine = shapes[g::n_gpus]
+            if mine:
+                procs[g] = ctx.Process(target=_gpu_main, args=(g, results, kernel, mine, dtype, params, force))
+                procs[g].start()
+    got: dict[int, list[dict[str, Any]]] = {}
+    errors: list[str] = []
+    pending, dead_polls = set(procs), dict.fromkeys(procs, 0)
+    while pending:
+        try:
+            index, rows, err = results.get(timeout=5)
+        except queue_mod.Empty:  # a process that died without a word (a crash) is a failure
+            for g in list(pending):
+                dead_polls[g] += not procs[g].is_alive()
+                if dead_polls[g] >= 2:
+                    pending.discard(g)
+                    errors.append(f"GPU {g}: process exited with code {procs[g].exitcode}")
+            continue
+        pending.discard(index)
+        got[index] = rows
+        if err:
+            errors.append(f"GPU {index}: {err}")
+    for proc in procs.values():
+        proc.join()
+    if errors:
+        raise RuntimeError("tuning failed on " + "; ".join(sorted(errors)))
+    by_shape = {r["shape"]: r for rows in got.values() for r in rows}
+    return [by_shape["x".join(map(str, s))] for s in shapes]
+
+
+class _log_to_stderr:  # noqa: N801 - used as a context manager
+    """Show INFO lines of the 'cuteforge' logger on stderr while active."""
+
+    def __init__(self, enabled: bool) -> None:
+        import logging
+
+        self.enabled, self.log = enabled, logging.getLogger("cuteforge")
+        self.handler = logging.StreamHandler()
+        self.handler.setFormatter(logging.Formatter("%(message)s"))
+        self.level = self.log.level
+
+    def __enter__(self) -> None:
+        import logging
+
+        if self.enabled:
+            self.log.addHandler(self.handler)
+            if self.log.getEffectiveLevel() > logging.INFO:
+                self.log.setLevel(logging.INFO)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self.log.removeHandler(self.handler)
+            self.log.setLevel(self.level)
 
 
 class _Bar:

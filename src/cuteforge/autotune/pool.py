@@ -6,10 +6,12 @@ writes the compiled object into the persistent (L2) cache, and the parent loads 
 there (~ms). A job is a few picklable scalars: the kernel's name, the module that
 registers it, its BoundKey, parameters, config and target arch.
 
-Workers never touch CUDA: they start with `spawn` (or `forkserver`, set by
-CUTEFORGE_COMPILE_START), so a parent holding a CUDA context is safe, and their
-environment pins `CUTEFORGE_ARCH` / `CUTE_DSL_ARCH` to the target and hides every GPU
-(`CUDA_VISIBLE_DEVICES=""`). Worker count: `workers=`, else CUTEFORGE_COMPILE_WORKERS,
+Workers never touch CUDA. They fork from a `forkserver` (where the platform has one,
+else they `spawn`; CUTEFORGE_COMPILE_START overrides): a fresh process, started once per
+parent, that imports torch once and never creates a CUDA context, so a parent holding
+one is safe and a worker starts in well under a second after the first. Each worker
+pins `CUTEFORGE_ARCH` / `CUTE_DSL_ARCH` to the target and hides every GPU
+(`CUDA_VISIBLE_DEVICES=""`) before it imports the DSL. Worker count: `workers=`, else CUTEFORGE_COMPILE_WORKERS,
 else `os.cpu_count()`; processes start on demand, so a pool never runs more workers
 than it has jobs.
 
@@ -125,6 +127,12 @@ def _run_job(job: CompileJob) -> CompileOutcome:
 # --- parent side ----------------------------------------------------------------------
 
 
+def _default_start() -> str:
+    import multiprocessing
+
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 @contextlib.contextmanager
 def _plain_main() -> Iterator[None]:
     """Hide the parent's `__main__` while workers start.
@@ -148,14 +156,16 @@ class CompilePool:
     def __init__(self, workers: int | None = None, arch: str | None = None, start_method: str | None = None) -> None:
         self.workers = workers or default_workers()
         self.arch = arch or target_arch()
-        self.start_method = start_method or os.environ.get("CUTEFORGE_COMPILE_START", "spawn")
+        self.start_method = start_method or os.environ.get("CUTEFORGE_COMPILE_START") or _default_start()
         self._ex: ProcessPoolExecutor | None = None
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._ex is None:
             ctx = get_context(self.start_method)
             if self.start_method == "forkserver":
-                ctx.set_forkserver_preload(["torch", "cutlass.cute", "cuteforge"])
+                # The server imports torch once (most of a worker's start-up) and never
+                # touches CUDA; the DSL is imported per worker, after the arch is pinned.
+                ctx.set_forkserver_preload(["torch"])
             self._ex = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker, initargs=(self.arch,))
         return self._ex
 
@@ -230,19 +240,8 @@ def disk_cache_usable() -> bool:
 
 
 def cached_object(kernel: Any, spec: Any) -> Any:
-    """Path of `spec`'s object in the L2 cache if it is there, else None.
-
-    Mirrors `Kernel.compile`'s entry layout so that a candidate compiled before is loaded
-    without starting a worker; if the layout ever differs, the only cost is a worker
-    that loads the entry itself. (A `Kernel.cache_entry(spec)` would remove the copy.)
-    """
-    from .. import cache
-    from ..kernel import _in_package
-
+    """Path of `spec`'s object in the L2 cache if it is there, else None."""
     if not disk_cache_usable():
         return None
-    src = kernel.source_path
-    extra = cache.source_hash((src,)) if src and not _in_package(src) else ""
-    sub = f"{kernel.name}-{extra[:8]}" if extra else kernel.name
-    obj = cache.cache_root() / cache.fingerprint(spec.arch) / sub / f"{cache.key_hash(spec.key_repr())}.o"
+    obj = kernel.cache_entry(spec)
     return obj if obj.exists() else None

@@ -90,6 +90,23 @@ def config_to_json(config: Any) -> dict[str, Any]:
     return {"type": None, "repr": repr(config)}
 
 
+def config_from_json(d: Mapping[str, Any]) -> Any:
+    """Rebuild a dataclass config written by `config_to_json` (None if it cannot be)."""
+    import importlib
+
+    t = d.get("type") if isinstance(d, Mapping) else None
+    if not t:
+        return None
+    mod, _, qual = t.partition(":")
+    try:
+        obj: Any = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        return obj(**d["fields"])
+    except Exception:
+        return None
+
+
 def _inf_to_none(v: float) -> float | None:
     return None if v == float("inf") else round(float(v), 6)
 
@@ -105,13 +122,11 @@ class TuneStore:
         return self._root if self._root is not None else cache.cache_root() / "autotune"
 
     def identity(self, kernel: Any, problem: Problem, gpu: str | None = None, dsl: str | None = None) -> dict[str, Any]:
-        src = getattr(kernel, "source_path", None)
-        in_pkg = src is not None and Path(src).resolve().is_relative_to(cache.PACKAGE_DIR)
         return {
             "schema": SCHEMA,
             "fingerprint": cache.fingerprint(problem.arch),
             "kernel": problem.kernel,
-            "kernel_source": cache.source_hash((src,))[:16] if src and not in_pkg and os.path.exists(src) else "",
+            "kernel_source": kernel.source_fingerprint()[:16] if hasattr(kernel, "source_fingerprint") else "",
             "arch": problem.arch,
             "key": repr(problem.key),
             "params": repr(problem.params),

@@ -33,7 +33,7 @@ from .. import arch as arch_mod
 from ..cache import STATS
 from ..kernel import CompileSpec, Kernel
 from .candidates import candidates, iter_ready, norm_params, resolve_kernel
-from .store import Bucket, Problem, TuneStore, make_problem, times_from_record
+from .store import Bucket, Problem, TuneStore, config_from_json, make_problem, times_from_record
 from .timer import GraphTimer, Timer, make_input_sets
 
 log = logging.getLogger("cuteforge")
@@ -98,7 +98,7 @@ def _tolerance(dtype: Any) -> tuple[float, float]:
     return (1e-3, 1e-3) if dtype in (torch.float32, torch.float64) else (2e-2, 2e-2)
 
 
-def _check(fn: Any, tensors: Sequence[Any], out_idx: Sequence[int], expected: Any, rtol: float | None, atol: float | None) -> str | None:
+def _check(fn: Any, tensors: Sequence[Any], out_idx: Sequence[int], expected: Any, rtol: float | None, atol: float | None, names: Sequence[str] = ()) -> str | None:
     """Run once on the call's tensors (outputs poisoned first); the mismatch, or None."""
     import torch
 
@@ -113,7 +113,7 @@ def _check(fn: Any, tensors: Sequence[Any], out_idx: Sequence[int], expected: An
         try:
             torch.testing.assert_close(got, e.to(got.dtype), rtol=r if rtol is None else rtol, atol=a if atol is None else atol, equal_nan=True)
         except AssertionError as err:
-            return f"wrong result in {i}: " + " ".join(str(err).split())[:400]
+            return f"wrong result in {names[i] if i < len(names) else i!r}: " + " ".join(str(err).split())[:400]
     return None
 
 
@@ -146,7 +146,7 @@ def tune(
     arguments; default: the last one). `timer(config, fn, input_sets) -> ms` replaces
     the GPU timer (tests). `key`/`dims` give the problem without tensors. `store=False`
     neither reads nor writes results. `workers=0` compiles in this process.
-    `on_step(stage, config, detail)` reports progress ('compiled', 'timed', 'round').
+    `on_step(stage, config, detail)` reports progress ('compiled' per candidate, 'round').
     """
     t_start = time.perf_counter()
     k = resolve_kernel(kernel)
@@ -179,6 +179,32 @@ def tune(
     return _sweep(k, problem, base, cands, errors, tensors, params_t, reference, workers, timer, outputs, rtol, atol, st, rounds, warmup_ms, on_step, t_start)
 
 
+def lookup(
+    kernel: Kernel | str,
+    key: Any,
+    params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    *,
+    arch: str | None = None,
+    bucket: Bucket | None = None,
+    store: TuneStore | None = None,
+) -> Any:
+    """The stored best config for a problem, or None (never tuned here, or
+    CUTEFORGE_AUTOTUNE=off). No compile, no timing: for dispatch paths that should use a
+    tuned config when one exists and the heuristic otherwise."""
+    if mode() == "off":
+        return None
+    k = resolve_kernel(kernel)
+    problem = make_problem(k, key, norm_params(params), dims or {}, arch or arch_mod.target_arch(), bucket)
+    rec = (store or TuneStore()).load(k, problem)
+    if rec is None:
+        return None
+    best = config_from_json(rec.get("best_config", {}))
+    if best is not None:
+        log.info("cuteforge autotune: %s on %s: cache hit, best %r [%s]", problem.describe(), rec["identity"]["gpu"], best, rec["path"])
+    return best
+
+
 def _sweep(k: Kernel, problem: Problem, base: CompileSpec, cands: list[Any], errors: dict[Any, str], tensors: list[Any], params: tuple[tuple[str, Any], ...],
            reference: Callable[..., Any] | None, workers: int | None, timer: Timer | None, outputs: Sequence[str] | None, rtol: float | None, atol: float | None,
            st: TuneStore | None, rounds: int, warmup_ms: float, on_step: Callable[[str, Any, str], None] | None, t_start: float) -> TuneResult:
@@ -208,7 +234,7 @@ def _sweep(k: Kernel, problem: Problem, base: CompileSpec, cands: list[Any], err
             log.info("cuteforge autotune: %s: %r scores inf: %s", k.name, c, errors[c])
             continue
         try:
-            bad = _check(fn, tensors, out_idx, expected, rtol, atol) if expected is not None else None
+            bad = _check(fn, tensors, out_idx, expected, rtol, atol, k.signature.names) if expected is not None else None
             if bad is None:
                 timer(c, fn, input_sets)  # warm-up sample (the default timer captures its graph)
                 n_timed += 1

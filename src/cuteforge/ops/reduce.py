@@ -60,7 +60,9 @@ def _plan(op: str, x: Any, dim: Any) -> _Plan:
     key = row_reduce.signature.bind((xv, out), where)
     launch: Callable[[torch.Tensor, torch.Tensor], Any] = _skip
     if m > 0:
-        cfg = config_for(target_arch(), n, x.element_size() * 8, m)
+        from ..autotune import lookup  # slow path only: a tuned config if one was stored
+
+        cfg = lookup(row_reduce, key, (("op", op),), {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, m)
         launch = row_reduce.get(key, (("op", op),), cfg)
         if restride:
             fn = launch
