@@ -73,10 +73,24 @@ def test_viz_layout_to_svg_and_png(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_show(tmp_path: Path) -> None:
+    r = cli("show", "row_reduce", cache=tmp_path)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["static"] == ["N"] and info["signature"][0]["dims"] == ["M", "N"] and info["example_candidates"]
+    src = cli("show", "row_reduce", "--source", cache=tmp_path)
+    assert src.returncode == 0 and "def row_reduce(spec" in src.stdout
+    ptx = cli("show", "row_reduce", "--ptx", cache=tmp_path)
+    assert ptx.returncode == 0 and ".target sm_90a" in ptx.stdout and "ld.global" in ptx.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
         (("precompile", "--kernel", "no_such_kernel"), "unknown kernel 'no_such_kernel'"),
+        (("show", "no_such_kernel"), "unknown kernel 'no_such_kernel'"),
+        (("tune", "no_such_kernel", "--shapes", "4x4", "--compile-only"), "unknown kernel 'no_such_kernel'"),
+        (("tune", "row_reduce", "--shapes", "4by4", "--compile-only"), "4by4"),
         (("precompile", "--arch", "hopper"), "arch must look like 'sm_90a'"),
         (("viz", "layout", "(4,8):(8"), "(4,8):(8"),
         (("viz", "layout", "(4,8):(1,2,3)"), "(4,8):(1,2,3)"),

@@ -172,6 +172,61 @@ def _print_library(r: dict[str, Any]) -> None:
     print_table(r)
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    """A kernel's signature, source and cache entries; --ptx/--sass compile one specialization."""
+    from pathlib import Path
+
+    from . import compiler
+    from . import kernels as families
+    from .cache import list_entries
+    from .kernel import REGISTRY
+
+    families.load_all()
+    k = REGISTRY.get(args.kernel)
+    if k is None:
+        raise CliError(f"unknown kernel {args.kernel!r}; known: {', '.join(sorted(REGISTRY))}")
+    if args.source:
+        print(f"# {k.source_path}")
+        print(Path(k.source_path).read_text())
+        return 0
+    specs = list(k.specializations()) if k.specializations else []
+    if args.ptx or args.sass:
+        if not specs:
+            raise CliError(f"kernel {k.name!r} declares no standard specializations to compile")
+        key, params = specs[0]
+        spec = k.spec(key, tuple(sorted(params.items())))
+        result = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), spec.arch, keep_artifacts=True)
+        print(f"# {k.name} {spec.key_repr()}")
+        if args.ptx:
+            print(result.ptx or "")
+        else:
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(result.cubin or b"")
+                f.flush()
+                print(compiler.disassemble(f.name))
+        return 0
+    info = {
+        "kernel": k.name,
+        "archs": list(k.archs),
+        "source": k.source_path,
+        "signature": [
+            {"name": a.name, "dims": list(a.dims), "dtypes": [str(d).removeprefix("torch.") for d in a.dtypes], "leading": a.leading}
+            for a in k.signature.args
+        ],
+        "static": list(k.signature.static),
+        "standard_specializations": len(specs),
+        "cached_entries": sum(e["kernel"] == k.name for e in list_entries()),
+    }
+    if specs:
+        spec = k.spec(specs[0][0], tuple(sorted(specs[0][1].items())))
+        info["example_key"] = spec.key_repr()
+        info["example_candidates"] = [repr(c) for c in (k.configs(spec) if k.configs else [])]
+    print(json.dumps(info, indent=1))
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .autotune.cli import print_tune, tune_main
 
@@ -214,6 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "library":
             s.add_argument("--quick", action="store_true", help="fewer shapes")
 
+    s = sub.add_parser("show", help="a kernel's signature and cache entries; its source, PTX or SASS")
+    s.add_argument("kernel")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--source", action="store_true", help="print the kernel's source file")
+    g.add_argument("--ptx", action="store_true", help="compile one standard specialization, print its PTX")
+    g.add_argument("--sass", action="store_true", help="same, SASS (needs nvdisasm or cuobjdump)")
+    s.add_argument("--arch", help="target, e.g. sm_90a")
+
     s = sub.add_parser("tune", help="autotune a kernel for shapes (or compile every candidate, no GPU)")
     s.add_argument("kernel", help="kernel name, e.g. row_reduce")
     s.add_argument("--shapes", required=True, help="comma-separated MxN, e.g. 32768x4096,4096x65536")
@@ -242,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_viz(args)
         if args.command == "tune":
             return cmd_tune(args)
+        if args.command == "show":
+            return cmd_show(args)
         handler, printer = {
             "info": (cmd_info, _print_info),
             "cache": (cmd_cache, None),
