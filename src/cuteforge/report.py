@@ -1,0 +1,436 @@
+"""Benchmark reports: PNG plots per op family and one self-contained HTML page.
+
+Works on results JSON files as written by `benchmarks/bench_sum.py`, `bench_dispatch.py`,
+`bench_autotune.py` or `cuteforge bench --json`, so a machine with no GPU can report on
+recorded runs. A *family* is any top-level list of rows with `M`, `N` and `<impl>_GBps`
+columns (bandwidth, compared with the measured copy bandwidth `copy_GBps`) or
+`<impl>_TFLOPs` columns (compute, compared with a `cublas` implementation); rows that carry
+an `op` are grouped by it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import json
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+Results = dict[str, Any]
+
+_NOT_FAMILIES = {"config_sweep", "tune"}  # lists of rows that are sections of their own
+_METRICS = {"_GBps": "GB/s", "_TFLOPs": "TFLOP/s"}
+_OTHER_SECTIONS = ("host_overhead", "host_us", "compile_cache", "compile", "tune")
+_REDUCTION_OPS = ("sum", "mean", "amax", "amin", "argmax")
+
+
+def _metric(row: dict[str, Any]) -> str | None:
+    """The metric suffix a row reports ('_GBps' or '_TFLOPs'), or None."""
+    for suffix in _METRICS:
+        if any(k.endswith(suffix) and len(k) > len(suffix) for k in row):
+            return suffix
+    return None
+
+
+def _family_lists(r: Results) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, v in r.items():
+        if key.startswith("_") or key in _NOT_FAMILIES or not isinstance(v, list) or not v:
+            continue
+        if all(isinstance(row, dict) for row in v) and _metric(v[0]) is not None:
+            out[key] = v
+    return out
+
+
+def families(r: Results) -> dict[str, list[dict[str, Any]]]:
+    """Family name -> rows of one results dict (rows split by their `op` where they have one)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, rows in _family_lists(r).items():
+        for row in rows:
+            out.setdefault(str(row.get("op", key)), []).append(row)
+    return out
+
+
+def family_names(results: Sequence[Results]) -> list[str]:
+    names: list[str] = []
+    for r in results:
+        names += [f for f in families(r) if f not in names]
+    return names
+
+
+def _impls(rows: Sequence[dict[str, Any]], suffix: str) -> list[str]:
+    names: list[str] = []
+    for row in rows:
+        names += [k[: -len(suffix)] for k in row if k.endswith(suffix) and k[: -len(suffix)] not in names and len(k) > len(suffix)]
+    return names
+
+
+def _when(path: Path, r: Results) -> str:
+    if r.get("date"):
+        return str(r["date"])
+    mtime = datetime.datetime.fromtimestamp(path.stat().st_mtime, tz=datetime.timezone.utc)
+    return f"file modified {mtime:%Y-%m-%d %H:%M} UTC"
+
+
+def _validate(p: Path, r: Any) -> None:
+    if not isinstance(r, dict):
+        raise ValueError(f"{p}: expected a JSON object at the top level, got {type(r).__name__}")
+    if not isinstance(r.get("gpu"), str):
+        raise ValueError(f"{p}: missing key 'gpu' (the GPU name as a string)")
+    fams = _family_lists(r)
+    for key, rows in fams.items():
+        suffix = _metric(rows[0]) or ""
+        for i, row in enumerate(rows):
+            missing = [k for k in ("M", "N", "dtype") if k not in row]
+            if missing:
+                raise ValueError(f"{p}: {key}[{i}] lacks {', '.join(map(repr, missing))}")
+            if not isinstance(row["N"], int) or not isinstance(row["M"], int):
+                raise ValueError(f"{p}: {key}[{i}]: 'M' and 'N' must be integers")
+            bad = [k for k in row if k.endswith(suffix) and not isinstance(row[k], (int, float))]
+            if bad:
+                raise ValueError(f"{p}: {key}[{i}]: {bad[0]!r} is not a number")
+        if suffix == "_GBps" and not isinstance(r.get("copy_GBps"), (int, float)):
+            raise ValueError(f"{p}: missing key 'copy_GBps' (copy bandwidth, needed with the '{key}' rows)")
+    if not fams and not any(k in r for k in _OTHER_SECTIONS):
+        raise ValueError(f"{p}: nothing to report: no rows with *_GBps or *_TFLOPs columns and no "
+                         f"{', '.join(_OTHER_SECTIONS)} section")
+
+
+def load_results(paths: Iterable[str | Path]) -> list[Results]:
+    """Read and check results JSON files; a ValueError names the file and what is wrong.
+
+    Each dict gains `_file` (the path) and `_date` (its `date` key, else the file's mtime).
+    """
+    out = []
+    for path in paths:
+        p = Path(path)
+        try:
+            r = json.loads(p.read_text())
+        except OSError as e:
+            raise ValueError(f"{p}: cannot read: {e.strerror or e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            where = f" (line {e.lineno}: {e.msg})" if isinstance(e, json.JSONDecodeError) else ""
+            raise ValueError(f"{p}: not a results JSON file{where}") from None
+        _validate(p, r)
+        out.append({**r, "_file": str(p), "_date": _when(p, r)})
+    if not out:
+        raise ValueError("no results files given")
+    return out
+
+
+def table_rows(results: Sequence[Results], family: str) -> list[dict[str, Any]]:
+    """One flat dict per measured row of `family`: shape, dtype, correct, per-impl values.
+
+    `values`/`pct` map implementation -> GB/s (or TFLOP/s) and % of copy (or of cuBLAS);
+    `best` is the fastest implementation; `ref` says what the % compares against.
+    """
+    out = []
+    for r in results:
+        rows = families(r).get(family, [])
+        for row in rows:
+            suffix = _metric(row) or "_GBps"
+            names = _impls([row], suffix)
+            values = {n: float(row[n + suffix]) for n in names}
+            cublas = next((n for n in names if n.lower().startswith("cublas")), None)
+            pct: dict[str, float | None] = {}
+            for n in names:
+                if suffix == "_GBps":
+                    pct[n] = row.get(f"{n}_pct_copy", round(100 * values[n] / r["copy_GBps"], 1))
+                else:
+                    pct[n] = round(100 * values[n] / values[cublas], 1) if cublas and values[cublas] else None
+            shape = "x".join(str(row[k]) for k in ("M", "N", "K") if k in row)
+            out.append({"gpu": r["gpu"], "shape": shape, "M": row["M"], "N": row["N"], "dtype": row["dtype"],
+                        "correct": row.get("correct"), "unit": _METRICS[suffix], "ref": "copy" if suffix == "_GBps" else "cuBLAS",
+                        "values": values, "pct": pct, "best": max(values, key=values.__getitem__) if values else None})
+    return out
+
+
+def _plot_png(results: Sequence[Results], family: str) -> bytes:
+    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+
+    per_file = [(r, families(r).get(family, [])) for r in results]
+    per_file = [(r, rows) for r, rows in per_file if rows]
+    if not per_file:
+        raise ValueError(f"no '{family}' rows in the results")
+    suffix = _metric(per_file[0][1][0]) or "_GBps"
+    unit = _METRICS[suffix]
+    several_gpus = len(per_file) > 1
+    fig = Figure(figsize=(9, 5.2), dpi=100)
+    ax = fig.add_subplot()
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
+    styles = ["-", "--", "-.", ":"]
+    markers = ["o", "s", "^", "D", "v"]
+    impls: list[str] = []
+    dtypes: list[str] = []
+    dropped = 0
+    for fi, (r, rows) in enumerate(per_file):
+        # largest-M row (largest M*K for GEMMs) per (dtype, N)
+        pick: dict[tuple[str, int], dict[str, Any]] = {}
+        for row in rows:
+            k = (str(row["dtype"]), row["N"])
+            if k not in pick or row["M"] * row.get("K", 1) > pick[k]["M"] * pick[k].get("K", 1):
+                pick[k] = row
+        dropped += len(rows) - len(pick)
+        for name in _impls(rows, suffix):
+            impls += [name] if name not in impls else []
+            is_ref = suffix == "_TFLOPs" and name.lower().startswith("cublas")
+            for dt in sorted({d for d, _ in pick}):
+                dtypes += [dt] if dt not in dtypes else []
+                pts = sorted((n, row[name + suffix]) for (d, n), row in pick.items() if d == dt and name + suffix in row)
+                if not pts:
+                    continue
+                label = f"{name} {dt}" + (f" ({r['gpu']})" if several_gpus else "")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label,
+                        color="black" if is_ref else colors[impls.index(name) % len(colors)],
+                        linestyle=styles[(dtypes.index(dt) + fi) % len(styles)],
+                        marker=markers[dtypes.index(dt) % len(markers)], linewidth=2.2 if is_ref else 1.6, markersize=5)
+        if suffix == "_GBps":
+            copy = float(r["copy_GBps"])
+            ax.axhline(copy, color="0.35", linestyle=(0, (1, 2)), linewidth=1.4,
+                       label=f"copy {copy:.0f} GB/s" + (f" ({r['gpu']})" if several_gpus else ""))
+            ax.annotate(f"device copy {copy:.0f} GB/s", xy=(0.01, copy), xycoords=("axes fraction", "data"),
+                        xytext=(0, 4), textcoords="offset points", fontsize=8, color="0.3")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("N (row length, log2 scale)" if suffix == "_GBps" else "N (log2 scale)")
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
+    ax.grid(True, which="major", alpha=0.3)
+    gpus = ", ".join(dict.fromkeys(str(r["gpu"]) for r, _ in per_file))
+    note = f"largest M per N ({dropped} smaller-M row{'s' * (dropped != 1)} not plotted)" if dropped else "one M per N"
+    fig.suptitle(f"{family}: {unit} vs N on {gpus}", fontsize=12)
+    ax.set_title(note, fontsize=9, color="0.3")
+    ax.legend(fontsize=8, loc="lower right", ncol=2 if len(ax.get_lines()) > 6 else 1, framealpha=0.9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _safe_name(family: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", family).strip("._") or "family"
+
+
+def plot_family(results: Sequence[Results], family: str, out_png: Path) -> Path:
+    """One PNG for `family`: each implementation and dtype vs N, with the copy (or cuBLAS) line."""
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    out_png.write_bytes(_plot_png(results, family))
+    return out_png
+
+
+def plot_results(results: Sequence[Results], out_dir: Path) -> list[Path]:
+    """`<out_dir>/<family>.png` for every family in `results`."""
+    return [plot_family(results, f, Path(out_dir) / f"{_safe_name(f)}.png") for f in family_names(results)]
+
+
+# ---------------------------------------------------------------- HTML
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
+h3{font-size:15px;margin:16px 0 6px}.sub{color:#555;margin:0 0 12px}
+table{border-collapse:collapse;margin:6px 0 14px;font-size:13px}th,td{border:1px solid #d5d5d5;padding:3px 8px;text-align:right}
+th{background:#f2f4f7;text-align:center}td.l{text-align:left}td.code{text-align:left;font:12px ui-monospace,monospace;word-break:break-all}
+td.best{background:#d9f2dc;font-weight:600}td.bad{background:#f8d7da;color:#8a1c24;font-weight:600}
+img{max-width:100%;border:1px solid #e3e3e3}.note{color:#666;font-size:12px}
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _num(v: Any, nd: int = 1) -> str:
+    return f"{v:,.{nd}f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else ("—" if v is None else str(v))
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[tuple[str, str]]]) -> str:
+    """rows: cells as (text, css class); every text is escaped here."""
+    th = "".join(f"<th>{_e(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f'<td class="{c}">{_e(t)}</td>' if c else f"<td>{_e(t)}</td>" for t, c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _family_section(results: Sequence[Results], family: str) -> str:
+    rows = table_rows(results, family)
+    impls = list(dict.fromkeys(n for row in rows for n in row["values"]))
+    unit, ref = rows[0]["unit"], rows[0]["ref"]
+    several = len({row["gpu"] for row in rows}) > 1
+    head = (["GPU"] if several else []) + ["shape (MxN)", "dtype", "correct"]
+    head += [h for n in impls for h in (f"{n} {unit}", f"{n} % {ref}")]
+    cells = []
+    for row in rows:
+        c: list[tuple[str, str]] = [(row["gpu"], "l")] if several else []
+        ok = row["correct"]
+        c += [(row["shape"], "l"), (row["dtype"], "l"), ("—" if ok is None else "yes" if ok else "NO", "bad" if ok is False else "")]
+        for n in impls:
+            cls = "best" if n == row["best"] else ""
+            c += [(_num(row["values"].get(n)), cls), (_num(row["pct"].get(n)), cls)]
+        cells.append(c)
+    png = base64.b64encode(_plot_png(results, family)).decode()
+    return (f"<h2>{_e(family)}</h2>"
+            f'<img alt="{_e(family)}: {_e(unit)} vs N" src="data:image/png;base64,{png}">'
+            f"{_table(head, cells)}<p class=note>Fastest implementation per row highlighted; % of {_e(ref)} "
+            f"{'is the measured device-to-device copy bandwidth of the same run' if ref == 'copy' else 'is cuBLAS on the same shape'}.</p>")
+
+
+def _host_section(results: Sequence[Results]) -> str:
+    parts = []
+    for r in results:
+        items = [(k.removesuffix("_us").replace("_", " "), v) for k, v in (r.get("host_overhead") or {}).items()]
+        items += list((r.get("host_us") or {}).items())
+        if items:
+            parts.append(f"<h3>{_e(r['gpu'])} · {_e(Path(r['_file']).name)}</h3>"
+                         + _table(["call", "host µs per call"], [[(k, "l"), (_num(v, 2), "")] for k, v in items]))
+    return "<h2>Host overhead</h2>" + "".join(parts) if parts else ""
+
+
+def _cache_section(results: Sequence[Results]) -> str:
+    parts = []
+    for r in results:
+        cc = r.get("compile_cache")
+        if not isinstance(cc, dict):
+            continue
+        cold, warm = cc.get("cold", {}), cc.get("warm", {})
+        rows = [("kernels", _num(cc.get("kernels"), 0)),
+                ("first call, cold cache (compile), median ms", _num(cc.get("cold_first_call_ms_median"), 2)),
+                ("first call, warm cache (disk load), median ms", _num(cc.get("warm_first_call_ms_median"), 2)),
+                ("cold: compiles / total compile ms", f"{_num(cold.get('compiles'), 0)} / {_num(cold.get('compile_ms'), 0)}"),
+                ("warm: cache loads / total load ms", f"{_num(warm.get('l2_loads'), 0)} / {_num(warm.get('load_ms'), 0)}")]
+        parts.append(f"<h3>{_e(r['gpu'])} · {_e(Path(r['_file']).name)}</h3>"
+                     + _table(["", "value"], [[(k, "l"), (v, "")] for k, v in rows]))
+    return "<h2>Compile cache</h2>" + "".join(parts) if parts else ""
+
+
+def _autotune_section(results: Sequence[Results]) -> str:
+    parts = []
+    for r in results:
+        comp, tune = r.get("compile"), r.get("tune")
+        if isinstance(comp, dict):
+            parts.append(f"<h3>Parallel compile ({_e(comp.get('jobs', '?'))} kernels for {_e(comp.get('arch', '?'))}, "
+                         f"serial {_e(_num(comp.get('serial_s'), 2))} s, {_e(comp.get('cpu_count', '?'))} CPUs)</h3>")
+            parts.append(_table(["workers", "startup s", "warm s", "warm speed-up", "cold s", "cold speed-up"],
+                                [[(_num(p.get(k), 0 if k == "workers" else 2), "") for k in
+                                  ("workers", "startup_s", "warm_s", "warm_speedup", "cold_s", "cold_speedup")]
+                                 for p in comp.get("pool", [])]))
+        if isinstance(tune, list) and tune:
+            parts.append("<h3>Tuned shapes</h3>")
+            parts.append(_table(["shape", "dtype", "candidates", "best config", "default config", "tuned GB/s", "speed-up vs default", "second lookup"],
+                                [[(t.get("shape", "?"), "l"), (t.get("dtype", "?"), "l"), (_num(t.get("candidates"), 0), ""),
+                                  (t.get("best", "—"), "code"), (t.get("default", "—"), "code"), (_num(t.get("tuned_GBps")), ""),
+                                  (_num(t.get("speedup_vs_default"), 3), ""),
+                                  (f"{t.get('second_source', '?')}, {_num(t.get('second_s'), 4)} s", "l")] for t in tune]))
+    return "<h2>Autotuning</h2>" + "".join(parts) if parts else ""
+
+
+def html_report(results: Sequence[Results], out_html: Path) -> Path:
+    """Write one self-contained HTML page (plots embedded as data URIs, no JS, no external assets)."""
+    gpus = ", ".join(dict.fromkeys(str(r["gpu"]) for r in results))
+    src_rows = [[(Path(r.get("_file", "?")).name, "l"), (r["gpu"], "l"), (r.get("_date", "—"), "l"),
+                 (r.get("command", "—"), "code"),
+                 (", ".join(f"{k} {r[k]}" for k in ("cuteforge", "torch") if k in r) or "—", "l")] for r in results]
+    body = [f"<h1>cuteforge benchmark report</h1><p class=sub>GPU: <b>{_e(gpus)}</b></p>",
+            "<h2>Results files</h2>", _table(["file", "GPU", "date", "command", "versions"], src_rows)]
+    body += [_family_section(results, f) for f in family_names(results)]
+    body += [_host_section(results), _cache_section(results), _autotune_section(results)]
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body.append(f"<p class=note>Generated by cuteforge on {_e(stamp)}.</p>")
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>cuteforge report: {_e(gpus)}</title>'
+            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    out_html = Path(out_html)
+    out_html.parent.mkdir(parents=True, exist_ok=True)
+    out_html.write_text(page, encoding="utf-8")
+    return out_html
+
+
+# ---------------------------------------------------------------- `cuteforge bench` plumbing
+
+
+def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: str = "float32,bfloat16",
+              quick: bool = False, compiled: bool = True) -> Results:
+    """Measure `ops` on this GPU in the recorded-results format (one family per op).
+
+    Raises RuntimeError when there is no GPU to run on (the CLI turns it into exit 2).
+    """
+    bad = [op for op in ops if op not in _REDUCTION_OPS]
+    if bad:
+        raise ValueError(f"unknown op {bad[0]!r}; bench knows {', '.join(_REDUCTION_OPS)}")
+    from . import arch
+
+    if arch.compile_only():
+        raise RuntimeError("bench needs a CUDA GPU of the target arch (none here); "
+                           "use --from RESULTS.json to report on recorded results")
+    import torch
+
+    import cuteforge
+
+    from . import timing
+    from .autotune.cli import parse_shapes
+    from .library_bench import QUICK_SHAPES, REDUCTION_SHAPES, measure_reduction
+
+    shape_list = [tuple(s) for s in parse_shapes(shapes)] if shapes else (QUICK_SHAPES if quick else REDUCTION_SHAPES)
+    if any(len(s) != 2 for s in shape_list):
+        raise ValueError("row reductions take shapes MxN, e.g. --shapes 32768x4096")
+    dts = []
+    for name in (d.strip() for d in dtypes.split(",") if d.strip()):
+        dt = getattr(torch, name, None)
+        if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+            raise ValueError(f"unknown dtype {name!r}; e.g. float32, bfloat16, float16")
+        dts.append(dt)
+    copy_bps = timing.copy_bandwidth()
+    result: Results = {"command": "cuteforge " + " ".join(sys.argv[1:]), "gpu": torch.cuda.get_device_name(),
+                       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                       "torch": torch.__version__, "cuteforge": cuteforge.__version__,
+                       "copy_GBps": round(copy_bps / 1e9, 1)}
+    for op in ops:
+        result[op] = [row for dt in dts for row in measure_reduction(op, list(shape_list), dt, copy_bps, compiled=compiled and not quick)]
+    return result
+
+
+def bench_main(ops: Sequence[str], shapes: str | None, dtypes: str, from_paths: Sequence[str] | None,
+               json_out: str | None, plot_dir: str | None, report_html: str | None, quick: bool = False) -> list[Results]:
+    """`cuteforge bench`: measure (or load with `from_paths`), then write JSON, plots, report."""
+    if from_paths:
+        if ops or shapes:
+            raise ValueError("OPS and --shapes measure on a GPU; with --from the recorded results are reported as they are")
+        results = load_results(from_paths)
+    else:
+        results = [run_bench(ops or ("sum",), shapes, dtypes, quick=quick)]
+        if json_out:
+            Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+            Path(json_out).write_text(json.dumps(results[0], indent=1))
+            results[0] = {**results[0], "_file": json_out, "_date": results[0]["date"]}
+    if plot_dir:
+        plot_results(results, Path(plot_dir))
+    if report_html:
+        html_report(results, Path(report_html))
+    return results
+
+
+def print_tables(results: Sequence[Results]) -> None:
+    """The family tables on the terminal (rich), best implementation in bold."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for fam in family_names(results):
+        rows = table_rows(results, fam)
+        impls = list(dict.fromkeys(n for row in rows for n in row["values"]))
+        gpus = ", ".join(dict.fromkeys(row["gpu"] for row in rows))
+        copies = ", ".join(f"{r['copy_GBps']:.0f}" for r in results if "copy_GBps" in r and fam in families(r))
+        t = Table(title=f"{fam} on {gpus}" + (f" (copy {copies} GB/s)" if rows[0]["ref"] == "copy" else ""))
+        for col in ["shape", "dtype", "ok"] + [f"{n} {rows[0]['unit']}" for n in impls] + [f"best (% {rows[0]['ref']})"]:
+            t.add_column(col, justify="right")
+        for row in rows:
+            vals = [(f"[bold green]{row['values'][n]:,.0f}[/]" if n == row["best"] else f"{row['values'][n]:,.0f}")
+                    if n in row["values"] else "—" for n in impls]
+            best_pct = row["pct"].get(row["best"])
+            t.add_row(row["shape"], row["dtype"], {True: "yes", False: "[red]NO[/]", None: "—"}[row["correct"]],
+                      *vals, f"{row['best']} {_num(best_pct)}")
+        console.print(t)
