@@ -179,7 +179,7 @@ def _plot_png(results: Sequence[Results], family: str) -> bytes:
         for name in _impls(rows, suffix):
             impls += [name] if name not in impls else []
             is_ref = suffix == "_TFLOPs" and name.lower().startswith("cublas")
-            for dt in sorted({d for d, _ in pick}):
+            for dt in dict.fromkeys(d for d, _ in pick):
                 dtypes += [dt] if dt not in dtypes else []
                 pts = sorted((n, row[name + suffix]) for (d, n), row in pick.items() if d == dt and name + suffix in row)
                 if not pts:
