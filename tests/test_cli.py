@@ -84,11 +84,22 @@ def test_show(tmp_path: Path) -> None:
     assert ptx.returncode == 0 and ".target sm_90a" in ptx.stdout and "ld.global" in ptx.stdout
 
 
+def test_bench_report_from_recorded_results(tmp_path: Path) -> None:
+    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    html = tmp_path / "r.html"
+    r = cli("bench", "--from", str(results / "h200-sum.json"), "--from", str(results / "h200-autotune.json"),
+            "--plot", str(tmp_path / "plots"), "--report", str(html), cache=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "NVIDIA H200" in html.read_text() and list((tmp_path / "plots").glob("*.png"))
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
         (("precompile", "--kernel", "no_such_kernel"), "unknown kernel 'no_such_kernel'"),
         (("show", "no_such_kernel"), "unknown kernel 'no_such_kernel'"),
+        (("bench", "sum"), "--from"),  # no GPU here: measuring is impossible, say how to report
+        (("bench", "--from", "no/such/file.json"), "no/such/file.json"),
         (("tune", "no_such_kernel", "--shapes", "4x4", "--compile-only"), "unknown kernel 'no_such_kernel'"),
         (("tune", "row_reduce", "--shapes", "4by4", "--compile-only"), "4by4"),
         (("precompile", "--arch", "hopper"), "arch must look like 'sm_90a'"),

@@ -172,6 +172,21 @@ def _print_library(r: dict[str, Any]) -> None:
     print_table(r)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import report
+
+    to_file = None if args.json == "-" else args.json
+    results = report.bench_main(args.ops, args.shapes, args.dtype, args.from_, to_file, args.plot, args.report, quick=args.quick)
+    if args.json == "-":
+        print(json.dumps(results if args.from_ else results[0], indent=1, default=str))
+        return 0
+    report.print_tables(results)
+    for what, path in (("results", to_file), ("plots", args.plot), ("report", args.report)):
+        if path:
+            print(f"wrote {what}: {path}")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """A kernel's signature, source and cache entries; --ptx/--sass compile one specialization."""
     from pathlib import Path
@@ -269,6 +284,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "library":
             s.add_argument("--quick", action="store_true", help="fewer shapes")
 
+    s = sub.add_parser("bench", help="benchmark ops against torch (GPU), or report on recorded results (--from)")
+    s.add_argument("ops", nargs="*", help="ops to measure (default: sum); one of sum, mean, amax, amin, argmax")
+    s.add_argument("--shapes", help="comma-separated MxN (default: the standard set)")
+    s.add_argument("--dtype", default="float32,bfloat16", help="comma-separated dtypes")
+    s.add_argument("--quick", action="store_true", help="fewer shapes, no torch.compile")
+    s.add_argument("--from", dest="from_", action="append", metavar="RESULTS.json",
+                   help="report on recorded results instead of measuring (repeatable; no GPU needed)")
+    s.add_argument("--json", metavar="FILE", help="write the measured results to FILE ('-': stdout)")
+    s.add_argument("--plot", metavar="DIR", help="write one PNG per op family into DIR")
+    s.add_argument("--report", metavar="FILE.html", help="write one self-contained HTML page with all plots and tables")
+
     s = sub.add_parser("show", help="a kernel's signature and cache entries; its source, PTX or SASS")
     s.add_argument("kernel")
     g = s.add_mutually_exclusive_group()
@@ -307,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tune(args)
         if args.command == "show":
             return cmd_show(args)
+        if args.command == "bench":
+            return cmd_bench(args)
         handler, printer = {
             "info": (cmd_info, _print_info),
             "cache": (cmd_cache, None),

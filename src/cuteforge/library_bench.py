@@ -31,8 +31,11 @@ def _contenders(op: str, compiled: bool) -> dict[str, Callable[[torch.Tensor], t
 
 def measure_reduction(op: str, shapes: list[tuple[int, int]], dtype: torch.dtype, copy_bps: float, compiled: bool = True) -> list[dict[str, Any]]:
     rows = []
-    contenders = _contenders(op, compiled)
     for m, n in shapes:
+        # A fresh torch.compile per shape, after a reset: dynamo's recompile limit (8 per
+        # function) would otherwise silently run later shapes eagerly.
+        torch._dynamo.reset()
+        contenders = _contenders(op, compiled)
         x = torch.randn(m, n, device="cuda", dtype=dtype)
         ref = contenders["torch"](x)
         got = contenders["cuteforge"](x)

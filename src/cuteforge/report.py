@@ -31,20 +31,12 @@ _REDUCTION_OPS = ("sum", "mean", "amax", "amin", "argmax")
 
 def _metric(row: dict[str, Any]) -> str | None:
     """The metric suffix a row reports ('_GBps' or '_TFLOPs'), or None."""
-    for suffix in _METRICS:
-        if any(k.endswith(suffix) and len(k) > len(suffix) for k in row):
-            return suffix
-    return None
+    return next((s for s in _METRICS if any(k.endswith(s) and len(k) > len(s) for k in row)), None)
 
 
 def _family_lists(r: Results) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for key, v in r.items():
-        if key.startswith("_") or key in _NOT_FAMILIES or not isinstance(v, list) or not v:
-            continue
-        if all(isinstance(row, dict) for row in v) and _metric(v[0]) is not None:
-            out[key] = v
-    return out
+    return {key: v for key, v in r.items() if not key.startswith("_") and key not in _NOT_FAMILIES and isinstance(v, list)
+            and v and all(isinstance(row, dict) for row in v) and _metric(v[0]) is not None}
 
 
 def families(r: Results) -> dict[str, list[dict[str, Any]]]:
@@ -57,24 +49,11 @@ def families(r: Results) -> dict[str, list[dict[str, Any]]]:
 
 
 def family_names(results: Sequence[Results]) -> list[str]:
-    names: list[str] = []
-    for r in results:
-        names += [f for f in families(r) if f not in names]
-    return names
+    return list(dict.fromkeys(f for r in results for f in families(r)))
 
 
 def _impls(rows: Sequence[dict[str, Any]], suffix: str) -> list[str]:
-    names: list[str] = []
-    for row in rows:
-        names += [k[: -len(suffix)] for k in row if k.endswith(suffix) and k[: -len(suffix)] not in names and len(k) > len(suffix)]
-    return names
-
-
-def _when(path: Path, r: Results) -> str:
-    if r.get("date"):
-        return str(r["date"])
-    mtime = datetime.datetime.fromtimestamp(path.stat().st_mtime, tz=datetime.timezone.utc)
-    return f"file modified {mtime:%Y-%m-%d %H:%M} UTC"
+    return list(dict.fromkeys(k[: -len(suffix)] for row in rows for k in row if k.endswith(suffix) and len(k) > len(suffix)))
 
 
 def _validate(p: Path, r: Any) -> None:
@@ -87,10 +66,9 @@ def _validate(p: Path, r: Any) -> None:
         suffix = _metric(rows[0]) or ""
         for i, row in enumerate(rows):
             missing = [k for k in ("M", "N", "dtype") if k not in row]
-            if missing:
-                raise ValueError(f"{p}: {key}[{i}] lacks {', '.join(map(repr, missing))}")
-            if not isinstance(row["N"], int) or not isinstance(row["M"], int):
-                raise ValueError(f"{p}: {key}[{i}]: 'M' and 'N' must be integers")
+            if missing or not isinstance(row["N"], int) or not isinstance(row["M"], int):
+                raise ValueError(f"{p}: {key}[{i}] lacks {', '.join(map(repr, missing))}" if missing
+                                 else f"{p}: {key}[{i}]: 'M' and 'N' must be integers")
             bad = [k for k in row if k.endswith(suffix) and not isinstance(row[k], (int, float))]
             if bad:
                 raise ValueError(f"{p}: {key}[{i}]: {bad[0]!r} is not a number")
@@ -102,10 +80,8 @@ def _validate(p: Path, r: Any) -> None:
 
 
 def load_results(paths: Iterable[str | Path]) -> list[Results]:
-    """Read and check results JSON files; a ValueError names the file and what is wrong.
-
-    Each dict gains `_file` (the path) and `_date` (its `date` key, else the file's mtime).
-    """
+    """Read and check results JSON files (ValueError naming the file and what is wrong); each
+    dict gains `_file` (the path) and `_date` (its `date` key, else the file's mtime)."""
     out = []
     for path in paths:
         p = Path(path)
@@ -117,7 +93,8 @@ def load_results(paths: Iterable[str | Path]) -> list[Results]:
             where = f" (line {e.lineno}: {e.msg})" if isinstance(e, json.JSONDecodeError) else ""
             raise ValueError(f"{p}: not a results JSON file{where}") from None
         _validate(p, r)
-        out.append({**r, "_file": str(p), "_date": _when(p, r)})
+        mtime = datetime.datetime.fromtimestamp(p.stat().st_mtime, tz=datetime.timezone.utc)
+        out.append({**r, "_file": str(p), "_date": str(r.get("date") or f"file modified {mtime:%Y-%m-%d %H:%M} UTC")})
     if not out:
         raise ValueError("no results files given")
     return out
@@ -131,18 +108,13 @@ def table_rows(results: Sequence[Results], family: str) -> list[dict[str, Any]]:
     """
     out = []
     for r in results:
-        rows = families(r).get(family, [])
-        for row in rows:
+        for row in families(r).get(family, []):
             suffix = _metric(row) or "_GBps"
             names = _impls([row], suffix)
             values = {n: float(row[n + suffix]) for n in names}
             cublas = next((n for n in names if n.lower().startswith("cublas")), None)
-            pct: dict[str, float | None] = {}
-            for n in names:
-                if suffix == "_GBps":
-                    pct[n] = row.get(f"{n}_pct_copy", round(100 * values[n] / r["copy_GBps"], 1))
-                else:
-                    pct[n] = round(100 * values[n] / values[cublas], 1) if cublas and values[cublas] else None
+            ref = r.get("copy_GBps") if suffix == "_GBps" else values[cublas] if cublas else None
+            pct = {n: row.get(f"{n}_pct_copy", round(100 * values[n] / ref, 1) if ref else None) for n in names}
             shape = "x".join(str(row[k]) for k in ("M", "N", "K") if k in row)
             out.append({"gpu": r["gpu"], "shape": shape, "M": row["M"], "N": row["N"], "dtype": row["dtype"],
                         "correct": row.get("correct"), "unit": _METRICS[suffix], "ref": "copy" if suffix == "_GBps" else "cuBLAS",
@@ -158,13 +130,10 @@ def _plot_png(results: Sequence[Results], family: str) -> bytes:
     if not per_file:
         raise ValueError(f"no '{family}' rows in the results")
     suffix = _metric(per_file[0][1][0]) or "_GBps"
-    unit = _METRICS[suffix]
-    several_gpus = len(per_file) > 1
+    unit, several_gpus = _METRICS[suffix], len(per_file) > 1
     fig = Figure(figsize=(9, 5.2), dpi=100)
     ax = fig.add_subplot()
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
-    styles = ["-", "--", "-.", ":"]
-    markers = ["o", "s", "^", "D", "v"]
+    colors, styles, markers = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"], ["-", "--", "-.", ":"], "os^Dv"
     impls: list[str] = []
     dtypes: list[str] = []
     dropped = 0
@@ -206,43 +175,40 @@ def _plot_png(results: Sequence[Results], family: str) -> bytes:
     ax.set_title(note, fontsize=9, color="0.3")
     ax.legend(fontsize=8, loc="lower right", ncol=2 if len(ax.get_lines()) > 6 else 1, framealpha=0.9)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf := io.BytesIO(), format="png", dpi=100)
     return buf.getvalue()
-
-
-def _safe_name(family: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", family).strip("._") or "family"
 
 
 def plot_family(results: Sequence[Results], family: str, out_png: Path) -> Path:
     """One PNG for `family`: each implementation and dtype vs N, with the copy (or cuBLAS) line."""
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    out_png.write_bytes(_plot_png(results, family))
-    return out_png
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_png).write_bytes(_plot_png(results, family))
+    return Path(out_png)
 
 
 def plot_results(results: Sequence[Results], out_dir: Path) -> list[Path]:
     """`<out_dir>/<family>.png` for every family in `results`."""
-    return [plot_family(results, f, Path(out_dir) / f"{_safe_name(f)}.png") for f in family_names(results)]
+    safe = {f: re.sub(r"[^A-Za-z0-9_.-]+", "_", f).strip("._") or "family" for f in family_names(results)}
+    return [plot_family(results, f, Path(out_dir) / f"{name}.png") for f, name in safe.items()]
 
-
-# ---------------------------------------------------------------- HTML
 
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
-h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
-h3{font-size:15px;margin:16px 0 6px}.sub{color:#555;margin:0 0 12px}
-table{border-collapse:collapse;margin:6px 0 14px;font-size:13px}th,td{border:1px solid #d5d5d5;padding:3px 8px;text-align:right}
-th{background:#f2f4f7;text-align:center}td.l{text-align:left}td.code{text-align:left;font:12px ui-monospace,monospace;word-break:break-all}
-td.best{background:#d9f2dc;font-weight:600}td.bad{background:#f8d7da;color:#8a1c24;font-weight:600}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}h1{font-size:24px;margin:0 0 4px}
+h2{font-size:19px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}h3{font-size:15px;margin:16px 0 6px}.sub{color:#555;margin:0 0 12px}
+table{border-collapse:collapse;margin:6px 0 14px;font-size:13px}th,td{border:1px solid #d5d5d5;padding:3px 8px;text-align:right}th{background:#f2f4f7;text-align:center}td.l{text-align:left}
+td.code{text-align:left;font:12px ui-monospace,monospace;overflow-wrap:anywhere}td.best{background:#d9f2dc;font-weight:600}td.bad{background:#f8d7da;color:#8a1c24;font-weight:600}
 img{max-width:100%;border:1px solid #e3e3e3}.note{color:#666;font-size:12px}
 """
 
 
 def _e(v: Any) -> str:
     return html.escape(str(v), quote=True)
+
+
+def _cfg(v: Any) -> str:
+    """'RowReduceConfig(threads=512, unroll=4)' -> 'threads=512, unroll=4'."""
+    m = re.fullmatch(r"\w+\((.*)\)", str(v), re.S)
+    return m.group(1) if m else str(v)
 
 
 def _num(v: Any, nd: int = 1) -> str:
@@ -304,7 +270,7 @@ def _cache_section(results: Sequence[Results]) -> str:
                 ("cold: compiles / total compile ms", f"{_num(cold.get('compiles'), 0)} / {_num(cold.get('compile_ms'), 0)}"),
                 ("warm: cache loads / total load ms", f"{_num(warm.get('l2_loads'), 0)} / {_num(warm.get('load_ms'), 0)}")]
         parts.append(f"<h3>{_e(r['gpu'])} · {_e(Path(r['_file']).name)}</h3>"
-                     + _table(["", "value"], [[(k, "l"), (v, "")] for k, v in rows]))
+                     + _table(["measure", "value"], [[(k, "l"), (v, "")] for k, v in rows]))
     return "<h2>Compile cache</h2>" + "".join(parts) if parts else ""
 
 
@@ -323,7 +289,7 @@ def _autotune_section(results: Sequence[Results]) -> str:
             parts.append("<h3>Tuned shapes</h3>")
             parts.append(_table(["shape", "dtype", "candidates", "best config", "default config", "tuned GB/s", "speed-up vs default", "second lookup"],
                                 [[(t.get("shape", "?"), "l"), (t.get("dtype", "?"), "l"), (_num(t.get("candidates"), 0), ""),
-                                  (t.get("best", "—"), "code"), (t.get("default", "—"), "code"), (_num(t.get("tuned_GBps")), ""),
+                                  (_cfg(t.get("best", "—")), "code"), (_cfg(t.get("default", "—")), "code"), (_num(t.get("tuned_GBps")), ""),
                                   (_num(t.get("speedup_vs_default"), 3), ""),
                                   (f"{t.get('second_source', '?')}, {_num(t.get('second_s'), 4)} s", "l")] for t in tune]))
     return "<h2>Autotuning</h2>" + "".join(parts) if parts else ""
@@ -343,24 +309,21 @@ def html_report(results: Sequence[Results], out_html: Path) -> Path:
     body.append(f"<p class=note>Generated by cuteforge on {_e(stamp)}.</p>")
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>cuteforge report: {_e(gpus)}</title>'
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
-    out_html = Path(out_html)
-    out_html.parent.mkdir(parents=True, exist_ok=True)
-    out_html.write_text(page, encoding="utf-8")
-    return out_html
-
-
-# ---------------------------------------------------------------- `cuteforge bench` plumbing
+    Path(out_html).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_html).write_text(page, encoding="utf-8")
+    return Path(out_html)
 
 
 def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: str = "float32,bfloat16",
-              quick: bool = False, compiled: bool = True) -> Results:
+              quick: bool = False, compiled: bool = True, progress: bool = True) -> Results:
     """Measure `ops` on this GPU in the recorded-results format (one family per op).
 
     Raises RuntimeError when there is no GPU to run on (the CLI turns it into exit 2).
+    torch.compile specializes per shape (dynamic=False), so dynamo is reset between shapes.
     """
-    bad = [op for op in ops if op not in _REDUCTION_OPS]
-    if bad:
-        raise ValueError(f"unknown op {bad[0]!r}; bench knows {', '.join(_REDUCTION_OPS)}")
+    bad = next((op for op in ops if op not in _REDUCTION_OPS), None)
+    if bad is not None:
+        raise ValueError(f"unknown op {bad!r}; bench knows {', '.join(_REDUCTION_OPS)}")
     from . import arch
 
     if arch.compile_only():
@@ -368,44 +331,43 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
                            "use --from RESULTS.json to report on recorded results")
     import torch
 
-    import cuteforge
-
-    from . import timing
+    from . import __version__, timing
     from .autotune.cli import parse_shapes
     from .library_bench import QUICK_SHAPES, REDUCTION_SHAPES, measure_reduction
 
     shape_list = [tuple(s) for s in parse_shapes(shapes)] if shapes else (QUICK_SHAPES if quick else REDUCTION_SHAPES)
     if any(len(s) != 2 for s in shape_list):
         raise ValueError("row reductions take shapes MxN, e.g. --shapes 32768x4096")
-    dts = []
-    for name in (d.strip() for d in dtypes.split(",") if d.strip()):
-        dt = getattr(torch, name, None)
-        if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
-            raise ValueError(f"unknown dtype {name!r}; e.g. float32, bfloat16, float16")
-        dts.append(dt)
+    dts = [getattr(torch, d.strip(), None) for d in dtypes.split(",") if d.strip()]
+    if not dts or not all(isinstance(dt, torch.dtype) and dt.is_floating_point for dt in dts):
+        raise ValueError(f"bad --dtype {dtypes!r}: expected e.g. float32,bfloat16,float16")
     copy_bps = timing.copy_bandwidth()
     result: Results = {"command": "cuteforge " + " ".join(sys.argv[1:]), "gpu": torch.cuda.get_device_name(),
                        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                       "torch": torch.__version__, "cuteforge": cuteforge.__version__,
+                       "torch": torch.__version__, "cuteforge": __version__,
                        "copy_GBps": round(copy_bps / 1e9, 1)}
-    for op in ops:
-        result[op] = [row for dt in dts for row in measure_reduction(op, list(shape_list), dt, copy_bps, compiled=compiled and not quick)]
+    from rich.progress import Progress
+
+    jobs = [(op, dt, shape) for op in ops for dt in dts for shape in shape_list]
+    with Progress(transient=True, disable=not (progress and sys.stderr.isatty())) as bar:
+        task = bar.add_task("benchmarking", total=len(jobs))
+        for op, dt, shape in jobs:
+            bar.update(task, description=f"{op} {str(dt)[6:]} {shape[0]}x{shape[1]}")
+            result.setdefault(op, []).extend(measure_reduction(op, [shape], dt, copy_bps, compiled=compiled and not quick))
+            bar.advance(task)
     return result
 
 
 def bench_main(ops: Sequence[str], shapes: str | None, dtypes: str, from_paths: Sequence[str] | None,
                json_out: str | None, plot_dir: str | None, report_html: str | None, quick: bool = False) -> list[Results]:
     """`cuteforge bench`: measure (or load with `from_paths`), then write JSON, plots, report."""
-    if from_paths:
-        if ops or shapes:
-            raise ValueError("OPS and --shapes measure on a GPU; with --from the recorded results are reported as they are")
-        results = load_results(from_paths)
-    else:
-        results = [run_bench(ops or ("sum",), shapes, dtypes, quick=quick)]
-        if json_out:
-            Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-            Path(json_out).write_text(json.dumps(results[0], indent=1))
-            results[0] = {**results[0], "_file": json_out, "_date": results[0]["date"]}
+    if from_paths and (ops or shapes or json_out):
+        raise ValueError("OPS, --shapes and --json measure on a GPU; --from reports recorded results as they are")
+    results = load_results(from_paths) if from_paths else [run_bench(ops or ("sum",), shapes, dtypes, quick=quick)]
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(results[0], indent=1))
+        results[0] = {**results[0], "_file": json_out, "_date": results[0]["date"]}
     if plot_dir:
         plot_results(results, Path(plot_dir))
     if report_html:
@@ -425,12 +387,11 @@ def print_tables(results: Sequence[Results]) -> None:
         gpus = ", ".join(dict.fromkeys(row["gpu"] for row in rows))
         copies = ", ".join(f"{r['copy_GBps']:.0f}" for r in results if "copy_GBps" in r and fam in families(r))
         t = Table(title=f"{fam} on {gpus}" + (f" (copy {copies} GB/s)" if rows[0]["ref"] == "copy" else ""))
-        for col in ["shape", "dtype", "ok"] + [f"{n} {rows[0]['unit']}" for n in impls] + [f"best (% {rows[0]['ref']})"]:
+        for col in ["shape", "dtype", "ok"] + [f"{n} {rows[0]['unit']}" for n in impls] + [f"best, % {rows[0]['ref']}"]:
             t.add_column(col, justify="right")
         for row in rows:
-            vals = [(f"[bold green]{row['values'][n]:,.0f}[/]" if n == row["best"] else f"{row['values'][n]:,.0f}")
-                    if n in row["values"] else "—" for n in impls]
-            best_pct = row["pct"].get(row["best"])
+            vals = [_num(row["values"].get(n), 0) for n in impls]
             t.add_row(row["shape"], row["dtype"], {True: "yes", False: "[red]NO[/]", None: "—"}[row["correct"]],
-                      *vals, f"{row['best']} {_num(best_pct)}")
+                      *[f"[bold green]{v}[/]" if n == row["best"] else v for n, v in zip(impls, vals)],
+                      f"{row['best']} {_num(row['pct'].get(row['best']))}")
         console.print(t)
