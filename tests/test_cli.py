@@ -85,7 +85,7 @@ def test_show(tmp_path: Path) -> None:
 
 
 def test_bench_report_from_recorded_results(tmp_path: Path) -> None:
-    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    results = Path(__file__).parent / "data"
     html = tmp_path / "r.html"
     r = cli("bench", "--from", str(results / "h200-sum.json"), "--from", str(results / "h200-autotune.json"),
             "--plot", str(tmp_path / "plots"), "--report", str(html), cache=tmp_path)
