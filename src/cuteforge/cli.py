@@ -157,9 +157,9 @@ def cmd_library(args: argparse.Namespace) -> dict[str, Any]:
 
     if arch.compile_only():
         return {"mode": "precompile", **cmd_precompile(args)}
-    from .library_bench import run_library_bench
+    from .report import run_bench
 
-    return {"mode": "bench", **run_library_bench(quick=args.quick)}
+    return {"mode": "bench", **run_bench(("sum",), quick=args.quick, compiled=not args.quick, progress=not args.json)}
 
 
 def _print_library(r: dict[str, Any]) -> None:
@@ -167,9 +167,9 @@ def _print_library(r: dict[str, Any]) -> None:
         print("No GPU here: compiling the kernel library ahead of time.")
         _print_precompile(r)
         return
-    from .library_bench import print_table
+    from .report import print_tables
 
-    print_table(r)
+    print_tables([r])
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""The library against torch on the GPU at hand: used by `cuteforge library` and benchmarks/.
+"""Measuring library ops against torch on the GPU at hand (`cuteforge bench`, `cuteforge
+library` and benchmarks/).
 
 Bandwidth counts the bytes a kernel must move (input read once, output written once)
 and is compared with a device-to-device copy measured in the same run.
@@ -51,27 +52,3 @@ def measure_reduction(op: str, shapes: list[tuple[int, int]], dtype: torch.dtype
         rows.append(row)
         del x
     return rows
-
-
-def run_library_bench(quick: bool = False) -> dict[str, Any]:
-    copy_bps = timing.copy_bandwidth()
-    shapes = QUICK_SHAPES if quick else REDUCTION_SHAPES
-    rows = []
-    for op in ("sum",):
-        for dtype in (torch.float32, torch.bfloat16):
-            rows += measure_reduction(op, shapes, dtype, copy_bps, compiled=not quick)
-    return {"gpu": torch.cuda.get_device_name(), "copy_GBps": round(copy_bps / 1e9, 1), "rows": rows}
-
-
-def print_table(r: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"cuteforge vs torch on {r['gpu']} (copy {r['copy_GBps']} GB/s)")
-    names = [k[:-5] for k in r["rows"][0] if k.endswith("_GBps")] if r["rows"] else []
-    for col in ["op", "dtype", "M x N", "ok"] + [f"{n} GB/s" for n in names] + ["cuteforge % copy"]:
-        t.add_column(col)
-    for row in r["rows"]:
-        t.add_row(row["op"], row["dtype"], f"{row['M']} x {row['N']}", "yes" if row["correct"] else "NO",
-                  *[f"{row[n + '_GBps']:.0f}" for n in names], f"{row['cuteforge_pct_copy']:.1f}")
-    Console().print(t)
