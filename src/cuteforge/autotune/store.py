@@ -201,7 +201,7 @@ def times_from_record(rec: Mapping[str, Any], configs: list[Any]) -> dict[Any, f
 
 
 def list_records(root: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-    """Every stored record (for a `cuteforge tune --list` or inspection), newest first."""
+    """Every stored tuning record, newest first (for inspection)."""
     base = Path(root) if root is not None else TuneStore().root
     rows = []
     for p in base.glob("*/*/*.json"):
