@@ -8,6 +8,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +22,8 @@ from cuteforge.viz import (
     make_layout_tv,
     parse_layout,
     render,
+    render_tiled_copy,
+    render_tiled_mma,
     render_tv,
     save,
 )
@@ -415,3 +418,119 @@ def test_against_cute_dsl() -> None:
         assert offsets == [lay(i) for i in range(lay.size)]
         assert cosize == lay.cosize
         assert svg == render(lay)
+
+
+# ------------------------------------------- tiled copies and MMAs (DSL objects, duck-typed)
+def owners(svg: str) -> dict[tuple[int, int], tuple[int, int]]:
+    """(m, n) -> (thread, value) drawn in that cell."""
+    return {(int(r.get("data-m")), int(r.get("data-n"))): (int(r.get("data-tid")), int(r.get("data-vid")))
+            for r in cells(svg) if r.get("data-tid") is not None}
+
+
+def sm80_c(t: int, v: int) -> tuple[int, int]:
+    """PTX mma.m16n8k16 accumulator: lane t holds rows t//4 (+8 for v>=2), cols 2*(t%4) + v%2."""
+    return t // 4 + 8 * (v // 2), 2 * (t % 4) + v % 2
+
+
+def expected(n_thr: int, n_val: int, where: Any) -> dict[tuple[int, int], tuple[int, int]]:
+    """Cell -> lowest (thread, value) mapped there by the hand-written ``where(t, v)``."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    for t in range(n_thr):
+        for v in range(n_val):
+            out.setdefault(where(t, v), (t, v))
+    return out
+
+
+SM80_ATOM = SimpleNamespace(  # the sm80 16x8x16 atom as the DSL prints it (no cutlass needed)
+    shape_mnk=(16, 8, 16), tv_layout_A="((4,8),(2,2,2)):((32,1),(16,8,128))",
+    tv_layout_B="((4,8),(2,2)):((16,1),(8,64))", tv_layout_C="((4,8),(2,2)):((32,1),(16,8))")
+
+
+def test_render_mma_atom_duck_typed() -> None:
+    svg = render_tiled_mma(SM80_ATOM)  # operand C by default
+    assert owners(svg) == {sm80_c(t, v): (t, v) for t in range(32) for v in range(4)}
+    assert len(cells(svg)) == 16 * 8
+    assert "MmaAtom C (MxN 16x8)" in svg
+    # A (M x K 16x16): rows t//4 (+8), cols 2*(t%4) + v%2 (+8 for v>=4); B (N x K 8x16)
+    assert owners(render_tiled_mma(SM80_ATOM, "A")) == {
+        (t // 4 + 8 * (v // 2 % 2), 2 * (t % 4) + v % 2 + 8 * (v // 4)): (t, v) for t in range(32) for v in range(8)}
+    assert owners(render_tiled_mma(SM80_ATOM, "b")) == {
+        (t // 4, 2 * (t % 4) + v % 2 + 8 * (v // 2)): (t, v) for t in range(32) for v in range(4)}
+    with pytest.raises(ValueError, match="operand"):
+        render_tiled_mma(SM80_ATOM, "D")
+    with pytest.raises(TypeError, match="TiledMma or MmaAtom"):
+        render_tiled_mma(SimpleNamespace(tv_layout_C="4:1"))
+    with pytest.raises(TypeError, match="TiledCopy"):
+        render_tiled_copy(SM80_ATOM)
+    with pytest.raises(ValueError, match="which"):
+        render_tiled_copy(SM80_ATOM, "both")
+    bad = SimpleNamespace(layout_src_tv_tiled="(4,2):(2,1)", tiler_mn=(2, 2))
+    with pytest.raises(ValueError, match="outside the 2x2 tile"):
+        render_tiled_copy(bad)
+    basis = SimpleNamespace(layout_src_tv_tiled=SimpleNamespace(shape=(4, 2), stride=("1@0", "1@1")),
+                            tiler_mn=(4, 2))
+    with pytest.raises(ValueError, match="static integer layout"):
+        render_tiled_copy(basis)
+
+
+def test_tiled_copy_and_mma_from_cute_dsl() -> None:
+    """Build the objects with cutlass.cute on the CPU (traced, sm_90a) and check every cell."""
+    cute = pytest.importorskip("cutlass.cute")
+    import cutlass
+    from cutlass.cute.nvgpu import OperandMajorMode, warp, warpgroup
+
+    svgs: dict[str, str] = {}
+
+    @cute.jit
+    def trace() -> None:
+        universal = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=64)
+        tc = cute.make_tiled_copy_tv(universal, cute.make_layout((4, 8), stride=(8, 1)), cute.make_layout((1, 2)))
+        svgs["copy_src"], svgs["copy_dst"] = render_tiled_copy(tc), render_tiled_copy(tc, "dst")
+        op = warp.MmaF16BF16Op(cutlass.Float16, cutlass.Float32, (16, 8, 16))
+        svgs["atom_C"] = render_tiled_mma(cute.make_mma_atom(op))
+        mma = cute.make_tiled_mma(op, (2, 2, 1))
+        for x in "ABC":
+            svgs[f"mma_{x}"] = render_tiled_mma(mma, x)
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), cutlass.Float16)
+        tc_a = cute.make_tiled_copy_A(ldsm, mma)
+        svgs["ldsm_src"], svgs["ldsm_dst"] = render_tiled_copy(tc_a, "src"), render_tiled_copy(tc_a, "dst")
+        wg = cute.make_tiled_mma(warpgroup.MmaF16BF16Op(
+            cutlass.Float16, cutlass.Float32, (64, 64, 16), warpgroup.OperandSource.SMEM,
+            OperandMajorMode.K, OperandMajorMode.K))
+        svgs["wg_A"], svgs["wg_C"] = render_tiled_mma(wg, "A"), render_tiled_mma(wg, "C")
+
+    trace()
+    # universal copy, threads row-major 4x8, 1x2 values each: thread t owns (t//8, 2*(t%8) + v)
+    copy = expected(32, 2, lambda t, v: (t // 8, 2 * (t % 8) + v))
+    assert owners(svgs["copy_src"]) == owners(svgs["copy_dst"]) == copy and len(copy) == 4 * 16
+    assert owners(svgs["atom_C"]) == expected(32, 4, sm80_c)
+    # 2x2 warps over (M, N): warp w = t//32 adds 16 rows for w%2 and 8 columns for w//2
+    def tiled_c(t: int, v: int) -> tuple[int, int]:
+        m, n = sm80_c(t % 32, v)
+        return 16 * (t // 32 % 2) + m, 8 * (t // 64) + n
+
+    assert owners(svgs["mma_C"]) == expected(128, 4, tiled_c) and len(cells(svgs["mma_C"])) == 32 * 16
+    # A (32x16, MxK) is shared by the two N-warps, B (16x16, NxK) by the two M-warps
+    def tiled_a(t: int, v: int) -> tuple[int, int]:
+        lane = t % 32
+        return 16 * (t // 32 % 2) + lane // 4 + 8 * (v // 2 % 2), 2 * (lane % 4) + v % 2 + 8 * (v // 4)
+
+    def tiled_b(t: int, v: int) -> tuple[int, int]:
+        lane = t % 32
+        return 8 * (t // 64) + lane // 4, 2 * (lane % 4) + v % 2 + 8 * (v // 2)
+
+    assert owners(svgs["mma_A"]) == expected(128, 8, tiled_a) and len(owners(svgs["mma_A"])) == 32 * 16
+    assert {t for t, _ in owners(svgs["mma_A"]).values()} == set(range(64))
+    assert owners(svgs["mma_B"]) == expected(128, 4, tiled_b) and len(owners(svgs["mma_B"])) == 16 * 16
+    assert {t for t, _ in owners(svgs["mma_B"]).values()} == set(range(32)) | set(range(64, 96))
+    # ldmatrix.x4 for A: each lane reads 8 contiguous K of row lane%16 (K half lane//16) ...
+    assert owners(svgs["ldsm_src"]) == expected(
+        128, 8, lambda t, v: (16 * (t // 32 % 2) + t % 16, 8 * (t % 32 // 16) + v))
+    # ... and lands them in the MMA's A fragment
+    assert owners(svgs["ldsm_dst"]) == owners(svgs["mma_A"])
+    # sm90 wgmma 64x64x16: warp w holds rows 16w + lane//4 (+8), cols 2*(lane%4) + v%2 + 8*(v//4)
+    assert owners(svgs["wg_C"]) == expected(128, 32, lambda t, v: (
+        16 * (t // 32) + t % 32 // 4 + 8 * (v // 2 % 2), 2 * (t % 4) + v % 2 + 8 * (v // 4)))
+    # shared-memory A: every thread "holds" the whole 64x16 tile (descriptor operand), shown as T0
+    assert owners(svgs["wg_A"]) == {(m, k): (0, m + 64 * k) for m in range(64) for k in range(16)}
+    assert "TiledMma C (MxN 64x64)" in svgs["wg_C"] and "TiledCopy dst (32x16)" in svgs["ldsm_dst"]

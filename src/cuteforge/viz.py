@@ -22,7 +22,7 @@ from xml.sax.saxutils import escape, quoteattr
 IntTuple = Union[int, tuple["IntTuple", ...]]
 
 __all__ = ["SVG", "IntTuple", "Layout", "main_viz", "make_layout_tv", "parse_layout", "render",
-           "render_tv", "save"]
+           "render_tiled_copy", "render_tiled_mma", "render_tv", "save"]
 
 MAX_CELLS = 1 << 16  # refuse to draw more cells than this (the SVG would be huge)
 
@@ -452,6 +452,85 @@ def render_tv(tv_layout: Any, tile_mn: Any, *, title: str | None = None) -> SVG:
             cells.setdefault((m, n), (_thread_color(t), [f"T{t}", f"V{v}"],
                                       {"data-m": m, "data-n": n, "data-tid": t, "data-vid": v}))
     return _grid_svg(rows, cols, cells, f"{tv} on {rows}x{cols}" if title is None else title)
+
+
+# ------------------------------------------------------- DSL tiled copies and MMAs
+# Duck-typed on the attributes of cutlass.cute's TiledCopy / MmaAtom / TiledMma (cute/atom.py),
+# so nothing here imports the DSL. Those objects live only while a @cute.jit function is being
+# traced: call these functions inside it (the SVG returned is a plain str that outlives it).
+_MMA_DIMS = {"A": ((0, 2), "MxK"), "B": ((1, 2), "NxK"), "C": ((0, 1), "MxN")}
+
+
+def _tv_of(obj: Any, attr: str, what: str) -> Layout:
+    try:
+        return _coerce(getattr(obj, attr))
+    except (TypeError, ValueError) as e:  # e.g. basis (non-integer) strides of a TMA atom
+        raise ValueError(f"cannot read {what} TV layout ({attr}) as a static integer layout: "
+                         f"{e}") from e
+
+
+def _mode_size(mode: Any) -> int:
+    """Size of one mode of a tiler: an int or a (DSL) layout such as ``16:1``."""
+    if isinstance(mode, int) and not isinstance(mode, bool):
+        return mode
+    if hasattr(mode, "shape"):
+        return _product(_to_int_tuple(mode.shape))
+    return int(mode)
+
+
+def render_tiled_mma(tiled_mma: Any, operand: str = "C", *, title: str | None = None) -> SVG:
+    """Draw which thread/value of a DSL ``TiledMma`` (or bare ``MmaAtom``) owns each element.
+
+    ``operand`` ``"A"`` draws the M x K tile, ``"B"`` the N x K tile and ``"C"`` the M x N
+    tile, all in CuTe's column-major (M,N)/(M,K)/(N,K) coordinates, using the tiled TV layouts
+    (``tv_layout_X_tiled`` over ``get_tile_size``; an atom's ``tv_layout_X`` over
+    ``shape_mnk``). Thread ids are the tiled MMA's linear thread index. Where several threads
+    hold the same element (A and B are replicated across warps of the other dimension;
+    shared-memory wgmma operands across the whole warpgroup), the lowest thread is shown.
+    Call it while the DSL object exists, i.e. inside the ``@cute.jit`` function being traced.
+    """
+    op = operand.upper() if isinstance(operand, str) else operand
+    if op not in _MMA_DIMS:
+        raise ValueError(f"operand must be 'A', 'B' or 'C', got {operand!r}")
+    (i, j), dims = _MMA_DIMS[op]
+    if hasattr(tiled_mma, f"tv_layout_{op}_tiled"):
+        kind = "TiledMma"
+        tv = _tv_of(tiled_mma, f"tv_layout_{op}_tiled", f"{kind} {op}")
+        tile = (int(tiled_mma.get_tile_size(i)), int(tiled_mma.get_tile_size(j)))
+    elif hasattr(tiled_mma, f"tv_layout_{op}") and hasattr(tiled_mma, "shape_mnk"):
+        kind = "MmaAtom"
+        tv = _tv_of(tiled_mma, f"tv_layout_{op}", f"{kind} {op}")
+        mnk = [_mode_size(x) for x in tiled_mma.shape_mnk]
+        tile = (mnk[i], mnk[j])
+    else:
+        raise TypeError("render_tiled_mma expects a cute TiledMma or MmaAtom, got "
+                        f"{type(tiled_mma).__name__}")
+    if title is None:
+        title = f"{kind} {op} ({dims} {tile[0]}x{tile[1]}): {tv}"
+    return render_tv(tv, tile, title=title)
+
+
+def render_tiled_copy(tiled_copy: Any, which: str = "src", *, title: str | None = None) -> SVG:
+    """Draw which thread/value of a DSL ``TiledCopy`` owns each element of its M x N tile.
+
+    ``which`` is ``"src"`` (``layout_src_tv_tiled``: what each thread reads) or ``"dst"``
+    (``layout_dst_tv_tiled``: what it writes); they differ for e.g. ``ldmatrix``. The tile is
+    ``tiler_mn`` (each mode's size), indexed column-major as CuTe does. Where several threads
+    touch the same element the lowest is shown. Call it inside the ``@cute.jit`` trace.
+    """
+    if which not in ("src", "dst"):
+        raise ValueError(f"which must be 'src' or 'dst', got {which!r}")
+    attr = f"layout_{which}_tv_tiled"
+    if not (hasattr(tiled_copy, attr) and hasattr(tiled_copy, "tiler_mn")):
+        raise TypeError("render_tiled_copy expects a cute TiledCopy (build one from a copy atom "
+                        f"with make_tiled_copy_tv / make_tiled_copy_A...), got "
+                        f"{type(tiled_copy).__name__}")
+    tv = _tv_of(tiled_copy, attr, f"TiledCopy {which}")
+    tiler = tiled_copy.tiler_mn
+    tile = tuple(_mode_size(x) for x in (tiler if isinstance(tiler, (tuple, list)) else (tiler,)))
+    if title is None:
+        title = f"TiledCopy {which} ({'x'.join(map(str, tile))}): {tv}"
+    return render_tv(tv, tile, title=title)
 
 
 # ------------------------------------------------------------------------- output
