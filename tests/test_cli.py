@@ -71,6 +71,9 @@ def test_viz_layout_to_svg_and_png(tmp_path: Path) -> None:
     r = cli("viz", "tv", "(4,32):(32,1)", "(4,4):(4,1)", "-o", str(png), cache=tmp_path)
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = cli("viz", "mma", "sm80_16x8x16", "C", "2x2x1", cache=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.lstrip().startswith("<svg") and "T127" in r.stdout and "TiledMma C" in r.stdout
 
 
 def test_show(tmp_path: Path) -> None:
@@ -104,6 +107,7 @@ def test_bench_report_from_recorded_results(tmp_path: Path) -> None:
         (("tune", "row_reduce", "--shapes", "4by4", "--compile-only"), "4by4"),
         (("precompile", "--arch", "hopper"), "arch must look like 'sm_90a'"),
         (("viz", "layout", "(4,8):(8"), "(4,8):(8"),
+        (("viz", "mma", "sm70_8x8x4"), "unknown MMA preset 'sm70_8x8x4'"),
         (("viz", "layout", "(4,8):(1,2,3)"), "(4,8):(1,2,3)"),
     ],
 )

@@ -315,8 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("viz", help="render a CuTe layout or thread-value layout to SVG/PNG")
-    s.add_argument("kind", choices=("layout", "tv"))
-    s.add_argument("spec", nargs="+", help='layout text, e.g. "(4,8):(8,1)"; for tv: THR VAL')
+    s.add_argument("kind", choices=("layout", "tv", "mma"))
+    s.add_argument("spec", nargs="+", help='layout text, e.g. "(4,8):(8,1)"; for tv: THR VAL; '
+                   "for mma: PRESET [A|B|C] [MxNxK atoms], e.g. sm80_16x8x16 C 2x2x1")
     s.add_argument("-o", "--output", help="write .svg or .png here (default: SVG on stdout)")
     s.add_argument("--format", choices=("auto", "svg", "png"), default="auto")
     return p

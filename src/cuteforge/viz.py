@@ -578,6 +578,46 @@ def save(svg: str, path: str | Path, *, fmt: str | None = None) -> Path:
     return path
 
 
+MMA_PRESETS = ("sm80_16x8x16", "sm90_64x64x16", "sm90_64x128x16", "sm90_64x256x16")
+
+
+def render_mma_preset(preset: str, operand: str = "C", atoms: str = "1x1x1") -> SVG:
+    """An fp16->fp32 tiled MMA built with the DSL on the CPU (no GPU): the warp-level sm80
+    16x8x16 MMA or the sm90 warpgroup MMA (operands from shared memory), tiled `atoms`
+    (MxNxK atoms), and the thread-value layout of `operand` (A, B or C)."""
+    if preset not in MMA_PRESETS:
+        raise ValueError(f"unknown MMA preset {preset!r}; known: {', '.join(MMA_PRESETS)}")
+    if operand not in ("A", "B", "C"):
+        raise ValueError(f"operand must be A, B or C, got {operand!r}")
+    try:
+        grid = tuple(int(v) for v in atoms.lower().split("x"))
+    except ValueError:
+        grid = ()
+    if len(grid) != 3 or min(grid) < 1:
+        raise ValueError(f"atom grid must look like 2x2x1, got {atoms!r}")
+    import os
+
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import OperandMajorMode, warp, warpgroup
+
+    if preset == "sm80_16x8x16":
+        op = warp.MmaF16BF16Op(cutlass.Float16, cutlass.Float32, (16, 8, 16))
+    else:
+        n = int(preset.split("x")[1])
+        op = warpgroup.MmaF16BF16Op(cutlass.Float16, cutlass.Float32, (64, n, 16), warpgroup.OperandSource.SMEM,
+                                    OperandMajorMode.K, OperandMajorMode.K)
+    out: dict[str, SVG] = {}
+
+    @cute.jit
+    def trace() -> None:  # layouts can only be read while the DSL traces
+        out["svg"] = render_tiled_mma(cute.make_tiled_mma(op, grid), operand)
+
+    trace()
+    return out["svg"]
+
+
 def main_viz(kind: str, spec: list[str], out: str | None, fmt: str = "auto") -> int:
     """Backend of ``cuteforge viz layout LAYOUT`` / ``cuteforge viz tv THR VAL``.
 
@@ -600,8 +640,13 @@ def main_viz(kind: str, spec: list[str], out: str | None, fmt: str = "auto") -> 
         thr, val = parse_layout(spec[0]), parse_layout(spec[1])
         tiler, tv = make_layout_tv(thr, val)
         svg = render_tv(tv, tiler, title=f"thr {thr}  val {val}  ->  tv {tv} on {_fmt(tiler)}")
+    elif kind == "mma":
+        if not 1 <= len(spec) <= 3:
+            raise ValueError("viz mma takes a preset and optionally an operand and an atom grid, "
+                             f"e.g. 'sm80_16x8x16' 'C' '2x2x1'; got {len(spec)}")
+        svg = render_mma_preset(*spec)
     else:
-        raise ValueError(f"unknown viz kind {kind!r}: expected 'layout' or 'tv'")
+        raise ValueError(f"unknown viz kind {kind!r}: expected 'layout', 'tv' or 'mma'")
     if out is None:
         sys.stdout.write(svg)
         return 0
