@@ -209,3 +209,20 @@ def test_user_kernel_column_major_input() -> None:
     torch.testing.assert_close(y, x)
     with pytest.raises(ValueError, match="'x' must have unit stride in dim 0"):
         kt.copy2d(torch.randn(37, 45, device="cuda"), y)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tensor_on_another_gpu_than_the_current_one() -> None:
+    x = torch.randn(100, 4096, device="cuda:1")
+    with torch.cuda.device(0):
+        torch.testing.assert_close(ops.sum(x), x.sum(-1), rtol=1e-5, atol=1e-3)
+    with torch.cuda.device(1):  # plan made while device 1 is current ...
+        y = torch.randn(50, 1000, device="cuda:1")
+        ops.sum(y)
+    with torch.cuda.device(0):  # ... reused while device 0 is
+        torch.testing.assert_close(ops.sum(y), y.sum(-1), rtol=1e-5, atol=1e-3)
+    z = torch.randn(30, 777, device="cuda:0")
+    with torch.cuda.device(1):
+        torch.testing.assert_close(ops.sum(z), z.sum(-1), rtol=1e-5, atol=1e-3)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
