@@ -5,7 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if [ ! -x .venv/bin/python ]; then
+  # Some distributions ship python3 without the venv module; virtualenv does the same job.
+  "$PY" -m venv .venv 2>/dev/null || { rm -rf .venv; "$PY" -m pip install -q --user virtualenv && "$PY" -m virtualenv -q .venv; }
+fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q "torch>=2.8"
