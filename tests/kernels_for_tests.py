@@ -10,14 +10,8 @@ import cuteforge
 from cuteforge import Signature, TensorArg
 
 
-@cuteforge.kernel(
-    name="test_scale",
-    signature=Signature(TensorArg("x", ("M",)), TensorArg("y", ("M",), dtype_like="x")),
-    archs=("sm_80+",),
-)
-def scale(spec: cuteforge.CompileSpec):
-    factor = float(spec.param("factor", 2.0))
-    threads = 128
+def scale_jit(threads: int, factor: float):
+    """A @cute.jit host function computing y = x * factor, one element per thread."""
 
     @cute.kernel
     def body(x: cute.Tensor, y: cute.Tensor):
@@ -32,6 +26,15 @@ def scale(spec: cuteforge.CompileSpec):
         body(x, y).launch(grid=(cute.ceil_div(x.shape[0], threads), 1, 1), block=(threads, 1, 1), stream=stream)
 
     return run
+
+
+@cuteforge.kernel(
+    name="test_scale",
+    signature=Signature(TensorArg("x", ("M",)), TensorArg("y", ("M",), dtype_like="x")),
+    archs=("sm_80+",),
+)
+def scale(spec: cuteforge.CompileSpec):
+    return scale_jit(128, float(spec.param("factor", 2.0)))
 
 
 @cuteforge.kernel(

@@ -11,9 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import cutlass
-import cutlass.cute as cute
 import pytest
+from kernels_for_tests import scale_jit
 
 import cuteforge
 from cuteforge import STATS, Signature, TensorArg
@@ -60,21 +59,7 @@ class ProbeConfig:
 def probe(spec: cuteforge.CompileSpec):
     if spec.config.fail:
         raise RuntimeError("probe: this config does not compile")
-    threads = spec.config.threads
-
-    @cute.kernel
-    def body(x: cute.Tensor, y: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        i = bidx * threads + tidx
-        if i < x.shape[0]:
-            y[i] = (x[i].to(cutlass.Float32) * 2.0).to(y.element_type)
-
-    @cute.jit
-    def run(x: cute.Tensor, y: cute.Tensor, stream):
-        body(x, y).launch(grid=(cute.ceil_div(x.shape[0], threads), 1, 1), block=(threads, 1, 1), stream=stream)
-
-    return run
+    return scale_jit(spec.config.threads, 2.0)
 
 
 def _probe_validate(spec, c: ProbeConfig) -> None:

@@ -138,7 +138,7 @@ def test_source_edit_changes_fingerprint_dir(tmp_path: Path) -> None:
     e = dict(os.environ, CUTEFORGE_CACHE_DIR=str(tmp_path / "c"), CUTEFORGE_ARCH="sm_90a", CUTE_DSL_ARCH="sm_90a")
     e["PYTHONPATH"] = os.pathsep.join([str(SRC), e.get("PYTHONPATH", "")])
     subprocess.run([sys.executable, "-c", code], env=e, check=True, timeout=300)
-    mod.write_text(src.replace("threads = 128", "threads = 256"))
+    mod.write_text(src.replace("scale_jit(128,", "scale_jit(256,"))
     subprocess.run([sys.executable, "-c", code], env=e, check=True, timeout=300)
     dirs = {p.parent.name for p in (tmp_path / "c").glob("*/*/*.o")}
     assert len(dirs) == 2 and all(d.startswith("user_scale-") for d in dirs)

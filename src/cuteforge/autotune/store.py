@@ -198,17 +198,3 @@ def times_from_record(rec: Mapping[str, Any], configs: list[Any]) -> dict[Any, f
             return None
         out[c] = float("inf") if stored[r] is None else float(stored[r])
     return out
-
-
-def list_records(root: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
-    """Every stored tuning record, newest first (for inspection)."""
-    base = Path(root) if root is not None else TuneStore().root
-    rows = []
-    for p in base.glob("*/*/*.json"):
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        rows.append({"path": str(p), "problem": rec.get("problem"), "gpu": rec.get("identity", {}).get("gpu"), "best": rec.get("best"), "created": rec.get("created")})
-    rows.sort(key=lambda r: r["created"] or 0, reverse=True)
-    return rows

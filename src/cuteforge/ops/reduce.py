@@ -74,19 +74,16 @@ def _plan(op: str, x: Any, dim: Any) -> _Plan:
     return plan
 
 
-def _launch(plan: _Plan, x: torch.Tensor) -> torch.Tensor:
-    m, launch, odt = plan
-    out = x.new_empty(m) if odt is None else x.new_empty(m, dtype=odt)
-    launch(x, out)
-    return out
-
-
 def _run(op: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The custom op's body (torch.compile, autograd); eager calls take `_entry`'s copy."""
     try:
         plan = _PLANS[_memo_key(op, x, dim)]
     except (AttributeError, KeyError, TypeError):
         plan = _plan(op, x, dim)
-    return _launch(plan, x)
+    m, launch, odt = plan
+    out = x.new_empty(m) if odt is None else x.new_empty(m, dtype=odt)
+    launch(x, out)
+    return out
 
 
 # --- torch.library registration: what torch.compile and CUDA graphs see -------------------
