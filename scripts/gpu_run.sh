@@ -2,8 +2,10 @@
 # Run the GPU tests and benchmarks on a CUDA machine that has torch but no registry
 # access (the H200 lent through the device tool). Writes logs and JSON under $OUT.
 #   source .gpu/env.sh is done here; carry .gpu (see README "GPU runs").
-# Usage: bash scripts/gpu_run.sh [tests|bench|autotune|all] [extra pytest args...]
+# Usage: bash scripts/gpu_run.sh [tests|bench|autotune|all] [pytest paths/args...]
+#        bash scripts/gpu_run.sh cmd COMMAND...   (any command in the same environment)
 #   all = tests + bench; autotune (compile speed-ups and tuning sweeps) runs on its own.
+#   tests with paths runs those instead of all of tests/gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}; shift || true
@@ -15,7 +17,8 @@ export CUTEFORGE_CACHE_DIR=${CUTEFORGE_CACHE_DIR:-/tmp/cuteforge-cache}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/gpu "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
+  [ $# -gt 0 ] || set -- tests/gpu
+  python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -40
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
@@ -26,5 +29,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
 fi
 if [ "$what" = autotune ]; then
   python3 benchmarks/bench_autotune.py --out "$OUT/h200-autotune.json" 2>&1 | tee "$OUT/bench-autotune.log" | tail -60
+fi
+if [ "$what" = cmd ]; then
+  "$@"
+  rc=$?
 fi
 exit $rc
