@@ -1,6 +1,11 @@
-"""Row reductions as torch ops: `cuteforge.ops.sum/mean/amax/amin/argmax(x, dim=-1)`.
+"""Reductions as torch ops: `cuteforge.ops.sum/mean/amax/amin/argmax(x, dim=-1, keepdim=False)`.
 
-The warm path is one dict lookup keyed by (op, dim, dtype, shape, strides, pointer
+Any dim of an N-D tensor: when only size-1 dims follow the reduced one it is a row
+reduction (leading dims flattened into M); otherwise an (outer, R, inner) column
+reduction with the inner dims contiguous. Layouts that no such view expresses are
+copied with `.contiguous()` first (the only copy; ordinary tensors never take it).
+
+The warm path is one dict lookup keyed by (op, dim, keepdim, dtype, shape, strides, pointer
 alignment, device): a hit skips validation and key derivation, which already happened
 for that exact layout. A miss (or anything unusual, including bad input) takes the slow
 path, which validates with clear errors and compiles at most once per key, ever.
@@ -17,71 +22,138 @@ from typing import Any
 import torch
 
 from ..arch import target_arch
-from ..kernels.reduce.spec import OPS, config_for, out_dtype, row_reduce
+from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 
 _MAX_PLANS = 4096
 
 
 # A plan is what the warm path needs, as a plain tuple (attribute access costs):
-# (rows M, launch(x, out), the output dtype or None when it equals x's dtype).
-_Plan = tuple[int, Callable[[torch.Tensor, torch.Tensor], Any], "torch.dtype | None"]
+# (output shape, launch(x, out), the output dtype or None when it equals x's dtype).
+_Plan = tuple[Any, Callable[[torch.Tensor, torch.Tensor], Any], "torch.dtype | None"]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
 
 
 def _skip(x: torch.Tensor, out: torch.Tensor) -> None:
-    """M == 0: nothing to launch."""
+    """Empty output: nothing to launch."""
 
 
-def _memo_key(op: str, x: torch.Tensor, dim: int) -> tuple[Any, ...]:
+def _memo_key(op: str, x: torch.Tensor, dim: int, keepdim: bool) -> tuple[Any, ...]:
     # Everything the plan depends on; the pointer only through its 16-byte alignment.
-    return (op, dim, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())
+    return (op, dim, keepdim, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())
 
 
-def _plan(op: str, x: Any, dim: Any) -> _Plan:
-    """Validate, pick the config, compile or load: once per memo key."""
+def _flat_stride(shape: Any, strides: Any, empty: int) -> int | None:
+    """The one stride of these dims flattened into one (size-1 dims ignored; `empty`
+    when none is left, where any stride is right), None when they need a copy."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    if not dims:
+        return empty
+    for (_, s_outer), (n_inner, s_inner) in zip(dims, dims[1:]):
+        if s_outer != n_inner * s_inner:
+            return None
+    return dims[-1][1]
+
+
+def _prod(xs: Any) -> int:
+    p = 1
+    for v in xs:
+        p *= v
+    return p
+
+
+def _check(op: str, x: Any, dim: Any, keepdim: Any) -> int:
+    """Validate the arguments; returns dim normalized to [0, x.dim())."""
     where = f"cuteforge.ops.{op}"
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{where}: argument 'x' must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"{where}: argument 'x' must be 2-D (M, N), got shape {tuple(x.shape)}")
+    if x.dim() == 0:
+        raise ValueError(f"{where}: argument 'x' must have at least one dim, got a 0-d tensor")
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"{where}: argument 'dim' must be an int, got {type(dim).__name__}")
-    if dim not in (-1, 1):
-        raise ValueError(f"{where}: argument 'dim' must be -1 or 1 (the last dim of a 2-D input), got {dim}")
-    m, n = x.shape
-    if n == 0:
-        raise ValueError(f"{where}: argument 'x' must have N >= 1 columns, got shape {tuple(x.shape)}")
-    # N == 1 with a foreign last stride (a transposed column): any unit stride is right.
-    restride = n == 1 and x.stride(1) != 1
-    xv = x.as_strided(x.shape, (x.stride(0), 1)) if restride else x
-    odt = out_dtype(op, x.dtype)
-    out = torch.empty(m, dtype=odt, device=x.device)
-    # Binding validates device, dtype and row contiguity even when M == 0.
-    key = row_reduce.signature.bind((xv, out), where)
-    launch: Callable[[torch.Tensor, torch.Tensor], Any] = _skip
-    if m > 0:
-        from ..autotune import lookup  # slow path only: a tuned config if one was stored
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"{where}: argument 'dim'={dim} is out of range for x of shape {tuple(x.shape)}")
+    if not isinstance(keepdim, bool):
+        raise TypeError(f"{where}: argument 'keepdim' must be a bool, got {type(keepdim).__name__}")
+    d = dim % x.dim()
+    if x.shape[d] == 0:
+        raise ValueError(f"{where}: argument 'x' has size 0 in the reduced dim {dim} (shape {tuple(x.shape)})")
+    return d
 
-        cfg = lookup(row_reduce, key, (("op", op),), {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, m)
-        launch = row_reduce.get(key, (("op", op),), cfg)
-        if restride:
-            fn = launch
-            launch = lambda t, o: fn(t.as_strided(t.shape, (t.stride(0), 1)), o)  # noqa: E731
-    plan = (m, launch, None if odt == x.dtype else odt)
+
+def _plan(op: str, x: Any, dim: Any, keepdim: Any = False) -> _Plan:
+    """Validate, pick the kernel and its config, compile or load: once per memo key."""
+    where = f"cuteforge.ops.{op}"
+    d = _check(op, x, dim, keepdim)
+    shape, strides = tuple(x.shape), x.stride()
+    odt = out_dtype(op, x.dtype)
+    n = shape[d]
+    o, i = _prod(shape[:d]), _prod(shape[d + 1 :])
+    out_shape: Any = shape[:d] + ((1,) if keepdim else ()) + shape[d + 1 :]
+    if x.dim() == 2 and d == 1 and not keepdim:
+        out_shape = o  # the measured warm path allocates with an int
+    s_outer = _flat_stride(shape[:d], strides[:d], 0)
+    if i == 1:  # nothing but size-1 dims after the reduced one: a row reduction
+        ok = s_outer is not None and (strides[d] == 1 or n == 1)
+        launch = _row_launch(op, x if ok else x.contiguous(), where, d, o, n, ok, isinstance(out_shape, int))
+    else:
+        ok = s_outer is not None and _flat_stride(shape[d + 1 :], strides[d + 1 :], 1) == 1
+        launch = _col_launch(op, x if ok else x.contiguous(), where, d, o, n, i, ok)
+    plan = (out_shape, launch, None if odt == x.dtype else odt)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
-    _PLANS[_memo_key(op, x, dim)] = plan
+    _PLANS[_memo_key(op, x, dim, keepdim)] = plan
     return plan
 
 
-def _run(op: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+def _rows(t: torch.Tensor, d: int, m: int, n: int) -> torch.Tensor:
+    """t (M rows of N elements along dim d, size-1 dims after it) as an (M, N) view."""
+    s_row = _flat_stride(t.shape[:d], t.stride()[:d], n)
+    return t.as_strided((m, n), (s_row, 1))
+
+
+def _row_launch(
+    op: str, x: torch.Tensor, where: str, d: int, m: int, n: int, viewable: bool, flat_out: bool
+) -> Callable[..., Any]:
+    xv = _rows(x, d, m, n)
+    out = torch.empty(m, dtype=out_dtype(op, x.dtype), device=x.device)
+    key = row_reduce.signature.bind((xv, out), where)  # device, dtype checks even when M == 0
+    if m == 0:
+        return _skip
+    from ..autotune import lookup  # slow path only: a tuned config if one was stored
+
+    cfg = lookup(row_reduce, key, (("op", op),), {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, m)
+    fn = row_reduce.get(key, (("op", op),), cfg)
+    if viewable and flat_out and x.stride(1) == 1:
+        return fn  # the plain 2-D case: no views on the warm path
+    if viewable:
+        return lambda t, out: fn(_rows(t, d, m, n), out.view(m))
+    return lambda t, out: fn(_rows(t.contiguous(), d, m, n), out.view(m))  # a layout no view can express
+
+
+def _col_launch(op: str, x: torch.Tensor, where: str, d: int, o: int, r: int, i: int, viewable: bool) -> Callable[..., Any]:
+    st = x.stride()
+    shape3 = (o, r, i)
+    stride3 = (_flat_stride(x.shape[:d], st[:d], r * st[d]), st[d], 1)
+    xv = x.as_strided(shape3, stride3)
+    out = torch.empty(o, i, dtype=out_dtype(op, x.dtype), device=x.device)
+    key = col_reduce.signature.bind((xv, out), where)
+    if o * i == 0:
+        return _skip
+    cfg = col_config_for(target_arch(), o, r, i, x.element_size() * 8, key.vec[0])
+    fn = col_reduce.get(key, (("op", op),), cfg)
+    if viewable:
+        return lambda t, out: fn(t.as_strided(shape3, stride3), out.view(o, i))
+    return lambda t, out: fn(t.contiguous().as_strided(shape3, stride3), out.view(o, i))
+
+
+def _run(op: str, x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     """The custom op's body (torch.compile, autograd); eager calls take `_entry`'s copy."""
     try:
-        plan = _PLANS[_memo_key(op, x, dim)]
+        plan = _PLANS[_memo_key(op, x, dim, keepdim)]
     except (AttributeError, KeyError, TypeError):
-        plan = _plan(op, x, dim)
-    m, launch, odt = plan
-    out = x.new_empty(m) if odt is None else x.new_empty(m, dtype=odt)
+        plan = _plan(op, x, dim, keepdim)
+    shape, launch, odt = plan
+    out = x.new_empty(shape) if odt is None else x.new_empty(shape, dtype=odt)
     launch(x, out)
     return out
 
@@ -89,15 +161,22 @@ def _run(op: str, x: torch.Tensor, dim: int) -> torch.Tensor:
 # --- torch.library registration: what torch.compile and CUDA graphs see -------------------
 
 
+def _out_shape(x: torch.Tensor, dim: int, keepdim: bool) -> list[int]:
+    d = dim % x.dim()
+    shape = list(x.shape)
+    return shape[:d] + ([1] if keepdim else []) + shape[d + 1 :]
+
+
 def _register(op: str) -> Any:
     @torch.library.custom_op(f"cuteforge::{op}", mutates_args=())
-    def custom(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        return _run(op, x, dim)
+    def custom(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+        return _run(op, x, dim, keepdim)
 
     @custom.register_fake
-    def _(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        torch._check(x.dim() == 2, lambda: f"cuteforge.ops.{op}: x must be 2-D")
-        return x.new_empty(x.shape[0], dtype=out_dtype(op, x.dtype))
+    def _(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+        torch._check(x.dim() >= 1, lambda: f"cuteforge.ops.{op}: x must have at least one dim")
+        torch._check(-x.dim() <= dim < x.dim(), lambda: f"cuteforge.ops.{op}: dim={dim} out of range")
+        return x.new_empty(_out_shape(x, dim, keepdim), dtype=out_dtype(op, x.dtype))
 
     return custom
 
@@ -105,28 +184,28 @@ def _register(op: str) -> Any:
 _CUSTOM = {op: _register(op) for op in OPS}
 
 
-def _backward(op: str) -> Callable[..., Any] | None:
+def _grad_in(op: str, x: torch.Tensor, out: torch.Tensor, g: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
+    if not keepdim:
+        g, out = g.unsqueeze(dim), out.unsqueeze(dim)
     if op == "sum":
-        return lambda x, out, g: g.unsqueeze(-1).expand_as(x)
+        return g.expand_as(x)
     if op == "mean":
-        return lambda x, out, g: (g / x.shape[-1]).unsqueeze(-1).expand_as(x)
-    if op in ("amax", "amin"):
-        # torch's convention: the gradient is shared evenly among tied extrema.
-        def grad(x: torch.Tensor, out: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-            mask = (x == out.unsqueeze(-1)).to(g.dtype)
-            return mask * (g / mask.sum(-1)).unsqueeze(-1)
-
-        return grad
-    return None
+        return (g / x.shape[dim]).expand_as(x)
+    # amax/amin, torch's convention: the gradient is shared evenly among tied extrema.
+    mask = (x == out).to(g.dtype)
+    return mask * (g / mask.sum(dim, keepdim=True))
 
 
 def _setup_context(op: str) -> Any:
     def setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        ctx.save_for_backward(inputs[0], output)
+        x = inputs[0]
+        ctx.dim = inputs[1] % x.dim() if len(inputs) > 1 else x.dim() - 1
+        ctx.keepdim = bool(inputs[2]) if len(inputs) > 2 else False
+        ctx.save_for_backward(x, output)
 
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, None]:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, None, None]:
         x, out = ctx.saved_tensors
-        return _backward(op)(x, out, g), None
+        return _grad_in(op, x, out, g, ctx.dim, ctx.keepdim), None, None
 
     return setup, backward
 
@@ -142,28 +221,33 @@ def _entry(op: str) -> Callable[..., torch.Tensor]:
     grad_enabled = torch.is_grad_enabled
     plans = _PLANS
 
-    def fn(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    def fn(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
         # Tracing and autograd need the custom-op boundary; plain eager calls skip it
         # (it costs far more than the launch). The warm path is inlined on purpose:
         # every Python call level here is ~0.1 us of a ~6 us budget.
         if is_compiling():
-            return custom(x, dim)
+            return custom(x, dim, keepdim)
         try:
-            plan = plans[(op, dim, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
+            plan = plans[(op, dim, keepdim, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
         except (AttributeError, KeyError, TypeError):
             plan = None
         if getattr(x, "requires_grad", False) and grad_enabled():
-            return custom(x, dim)
+            if plan is None:
+                _check(op, x, dim, keepdim)  # clear errors before the custom op's schema checks
+            return custom(x, dim, keepdim)
         if plan is None:
-            plan = _plan(op, x, dim)
-        m, launch, odt = plan
-        out = x.new_empty(m) if odt is None else x.new_empty(m, dtype=odt)
+            plan = _plan(op, x, dim, keepdim)
+        shape, launch, odt = plan
+        out = x.new_empty(shape) if odt is None else x.new_empty(shape, dtype=odt)
         launch(x, out)
         return out
 
     fn.__name__ = op
     fn.__qualname__ = op
-    fn.__doc__ = f"Row {op} over the last dim of a 2-D CUDA tensor (fp32/bf16/fp16, fp32 accumulation)."
+    fn.__doc__ = (
+        f"torch.{op}(x, dim, keepdim) for CUDA tensors (fp32/bf16/fp16, fp32 accumulation): the last "
+        "dim through the row kernel, any other dim through the column kernel (no transpose copy)."
+    )
     return fn
 
 

@@ -1,5 +1,6 @@
 """Reduction kernels (CuTe DSL)."""
 
+from .col import ColReduceConfig, candidate_col_configs, default_col_config, make_col_reduce
 from .row import (
     LOAD_HINTS,
     OPS,
@@ -10,6 +11,10 @@ from .row import (
 )
 
 __all__ = [
+    "ColReduceConfig",
+    "candidate_col_configs",
+    "default_col_config",
+    "make_col_reduce",
     "LOAD_HINTS",
     "OPS",
     "RowReduceConfig",

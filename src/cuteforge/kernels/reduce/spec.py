@@ -1,8 +1,13 @@
-"""Row reductions as a cuteforge kernel: signature policy, configs, standard specializations.
+"""Reductions as cuteforge kernels: signature policy, configs, standard specializations.
 
-N (the reduced extent) is static: the row loop's trip count and the vector tail are
-resolved at compile time. M (rows) and the row stride are dynamic, so one compiled
-kernel serves every batch size and every 2-D view of a larger tensor.
+`row_reduce` (the last dim): N (the reduced extent) is static: the row loop's trip count
+and the vector tail are resolved at compile time. M (rows) and the row stride are
+dynamic, so one compiled kernel serves every batch size and every 2-D view of a larger
+tensor.
+
+`col_reduce` (any other dim, as an (O, R, I) view with a unit inner stride): every
+extent and stride is dynamic; the config (threads across the inner dim, cluster split
+of R) is picked from the shape by the op.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
-from . import row
+from . import col, row
 
 OPS = ("sum", "mean", "amax", "amin", "argmax")
 # The N values `cuteforge precompile` builds ahead of time (powers of two seen in models).
@@ -77,3 +82,28 @@ def row_reduce(spec: CompileSpec) -> Any:
     return row.make_row_reduce(
         spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.static("N"), spec.vec("x"), spec.config
     )
+
+
+COL_SIGNATURE = Signature(
+    TensorArg("x", ("O", "R", "I")),
+    TensorArg("out", ("O", "I"), dtypes=(*FLOAT_DTYPES, torch.int64)),
+)
+
+
+def col_config_for(arch: str, o: int, r: int, i: int, dtype_bits: int, vec: int) -> Any:
+    """The heuristic column config; the cluster split of R needs sm_90."""
+    return col.default_col_config(o, r, i, dtype_bits, vec, clusters=parse_arch(arch) >= 90)
+
+
+def _col_default_config(spec: CompileSpec) -> Any:
+    return col.ColReduceConfig()
+
+
+@kernel(
+    name="col_reduce",
+    signature=COL_SIGNATURE,
+    archs=("sm_80+",),
+    default_config=_col_default_config,
+)
+def col_reduce(spec: CompileSpec) -> Any:
+    return col.make_col_reduce(spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.vec("x"), spec.config)

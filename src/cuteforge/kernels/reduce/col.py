@@ -1,0 +1,291 @@
+"""Column reductions: reduce the middle dim of a 3-D view (CuTe DSL, sm_90 first).
+
+``out[o, i] = op(x[o, :, i])`` for x of shape (O, R, I) with strides
+(sO, sR, 1): any reduction over a non-last dim of a contiguous-ish tensor is
+this problem (O = product of the dims before, I = product of the dims after),
+so no transpose copy is ever made. O, R, I and both outer strides are dynamic:
+one compiled kernel per (op, dtypes, alignment, config) serves every shape.
+
+Work decomposition
+------------------
+Each thread owns one ``vec``-element vector of the inner dim (16 bytes at the
+widest) and walks down R, so every load is a 16-byte ``ld.global.v4`` and the
+``threads_x`` (TX) threads of a row segment read TX*16 contiguous bytes. A CTA
+of T threads is TX columns-of-vectors x TY = T/TX row lanes; row lane ``gy``
+takes rows gy, gy + TY*C, ... (C = ``cluster_n`` CTAs split R through an sm_90
+cluster, so narrow problems still fill the GPU). The R loop issues ``unroll``
+independent loads before accumulating them; the last partial round clamps the
+row (every load is in bounds) and only accumulates rows < R.
+
+A partial last vector (I % vec != 0 with a vec-aligned view) falls back to
+scalar loads for that thread only; threads past I only join the barriers.
+
+Combining: ``vec`` fp32 chains per thread -> butterfly shuffles over the lanes
+of a warp that share a column (when TX < 32) -> a shared-memory buffer of one
+row per warp -> thread c < TX*vec folds column c -> with C > 1 that value goes
+to rank 0's buffer through DSMEM and rank 0 stores. Argmax keeps an Int32 row
+index beside each value and merges with torch's rule (first NaN, else first
+maximum), exactly as the row kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from ...arch import DeviceLimits
+from .row import _SENTINEL, OPS, _argmax_take, _is_pow2, _pow2_ceil, _sel
+
+__all__ = ["ColReduceConfig", "default_col_config", "candidate_col_configs", "make_col_reduce"]
+
+_TARGET_CTAS = 132 * 8  # 8 resident 256-thread CTAs per H200 SM
+
+
+@dataclass(frozen=True)
+class ColReduceConfig:
+    """threads: CTA size; threads_x: threads across the inner dim (each owns one
+    vector); unroll: loads in flight per thread; cluster_n: CTAs splitting R."""
+
+    threads: int = 256
+    threads_x: int = 8
+    unroll: int = 4
+    cluster_n: int = 1
+
+    def validate(self, dtype_bits: int, limits: DeviceLimits | None = None) -> None:
+        t, tx = self.threads, self.threads_x
+        if dtype_bits not in (16, 32):
+            raise ValueError(f"dtype_bits must be 16 or 32, got {dtype_bits}")
+        if not isinstance(t, int) or t < 32 or t > 1024 or t % 32 != 0:
+            raise ValueError(f"threads={t}: must be a multiple of 32 in [32, 1024]")
+        if not isinstance(tx, int) or not _is_pow2(tx) or tx * (128 // dtype_bits) > t:
+            raise ValueError(f"threads_x={tx}: must be a power of 2 with threads_x * vec <= threads ({t})")
+        if not isinstance(self.unroll, int) or not 1 <= self.unroll <= 16:
+            raise ValueError(f"unroll={self.unroll}: must be in [1, 16]")
+        if self.cluster_n not in (1, 2, 4, 8):
+            raise ValueError(f"cluster_n={self.cluster_n}: must be 1, 2, 4 or 8")
+        if limits is not None and self.cluster_n > limits.max_cluster_size:
+            raise ValueError(f"cluster_n={self.cluster_n}: sm_{limits.sm} allows clusters of at most {limits.max_cluster_size}")
+
+
+def default_col_config(o: int, r: int, i: int, dtype_bits: int, vec: int, clusters: bool = True) -> ColReduceConfig:
+    """Heuristic: 8 threads (128 B) across the inner dim, 256-thread CTAs, and a
+    cluster split of R when the (outer x inner) tiles alone cannot fill the GPU."""
+    ncv = -(-i // vec)
+    tx = min(8, _pow2_ceil(ncv))
+    t, u = 256, 4
+    ty = t // tx
+    ctas = o * -(-ncv // tx)
+    c = 1
+    if clusters:
+        while c < 8 and ctas * c < _TARGET_CTAS and r >= 4 * u * ty * c:
+            c *= 2
+    cfg = ColReduceConfig(t, tx, u, c)
+    cfg.validate(dtype_bits)
+    return cfg
+
+
+def candidate_col_configs(o: int, r: int, i: int, dtype_bits: int, vec: int) -> list[ColReduceConfig]:
+    base = default_col_config(o, r, i, dtype_bits, vec)
+    out = [base]
+    for c in (
+        ColReduceConfig(256, base.threads_x, 8, base.cluster_n),
+        ColReduceConfig(512, base.threads_x, 4, base.cluster_n),
+        ColReduceConfig(256, min(32, base.threads_x * 2), 4, base.cluster_n),
+        ColReduceConfig(256, base.threads_x, 4, min(8, base.cluster_n * 2)),
+    ):
+        try:
+            c.validate(dtype_bits)
+        except ValueError:
+            continue
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceConfig):
+    """A @cute.jit f(x: (O, R, I) : (sO, sR, 1), out: (O, I) : (sOo, 1), stream)."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
+    if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+        raise ValueError(f"unsupported input dtype {in_dtype}")
+    bits = in_dtype.width
+    if vec not in (1, 2, 4, 8) or vec * bits > 128:
+        raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
+    if op == "argmax" and out_dtype is not Int64:
+        raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
+    config.validate(bits)
+
+    T, TX, U, C = config.threads, config.threads_x, config.unroll, config.cluster_n
+    TY = T // TX
+    PY = TY * C  # row lanes over the whole cluster
+    CW = TX * vec  # inner elements per CTA
+    WX = max(TX, 32)  # threads sharing one shared-memory row
+    SR = T // WX  # shared-memory rows (one per warp, or per TX-wide group)
+    SH = 32 // TX if TX < 32 else 1  # lanes of a warp sharing a column
+    is_arg = op == "argmax"
+    init = 0.0 if op in ("sum", "mean") else (-math.inf if op in ("amax", "argmax") else math.inf)
+    copy_bits = vec * bits
+
+    def combine(a, b):
+        if op in ("sum", "mean"):
+            return a + b
+        if op == "amax":
+            return cute.arch.fmax(a, b, nan=True)
+        return cute.arch.fmin(a, b, nan=True)
+
+    @cute.jit
+    def _accum(acc, aidx, v: cutlass.Constexpr, xv, idx):
+        xf = xv.to(Float32)
+        if cutlass.const_expr(is_arg):
+            old = acc[v]
+            take = (~(xf <= old)) & (old == old)  # rows arrive in increasing order
+            acc[v] = _sel(take, xf, old, Float32)
+            aidx[v] = _sel(take, Int32(idx), aidx[v], Int32)
+        else:
+            acc[v] = combine(acc[v], xf)
+
+    @cute.jit
+    def _merge(val, idx, oval, oidx):
+        if cutlass.const_expr(is_arg):
+            take = _argmax_take(oval, oidx, val, idx)
+            return _sel(take, oval, val, Float32), _sel(take, oidx, idx, Int32)
+        else:
+            return combine(val, oval), idx
+
+    @cute.kernel
+    def _kernel(x: cute.Tensor, out: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cta = cute.arch.block_idx_in_cluster()
+            cb = bidx // C
+        else:
+            cta = 0
+            cb = bidx
+        n_r = x.shape[1]
+        n_i = x.shape[2]
+        ncb_i = (n_i + CW - 1) // CW
+        o = cb // ncb_i
+        ci = cb - o * ncb_i
+        tx = tidx % TX
+        ty = tidx // TX
+        gy = cta * TY + ty
+        cvi = ci * TX + tx  # this thread's vector of the inner dim
+        col0 = cvi * vec
+
+        acc = cute.make_rmem_tensor(cute.make_layout((vec,)), Float32)
+        acc.fill(init)
+        aidx = cute.make_rmem_tensor(cute.make_layout((vec,)), Int32)
+        aidx.fill(_SENTINEL)
+        xo = x[o, None, None]  # (R, I) : (sR, 1)
+
+        if col0 + vec <= n_i:
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=copy_bits)
+            ncv = (n_i + vec - 1) // vec
+            # (vec, vector of the row, row): unit inner stride, vector stride vec -> aligned loads
+            g = cute.make_tensor(
+                xo.iterator, cute.make_layout((vec, ncv, n_r), stride=(1, vec, x.layout.stride[1]))
+            )
+            frag = cute.make_rmem_tensor(cute.make_layout((vec, U)), in_dtype)
+            n_full = n_r // (PY * U)
+            for it in cutlass.range(n_full, unroll=1):
+                rb = it * (PY * U) + gy
+                for u in cutlass.range_constexpr(U):
+                    cute.copy(atom, g[None, cvi, rb + u * PY], frag[None, u])
+                for u in cutlass.range_constexpr(U):
+                    for v in cutlass.range_constexpr(vec):
+                        _accum(acc, aidx, v, frag[v, u], rb + u * PY)
+            rb = n_full * (PY * U) + gy
+            for u in cutlass.range_constexpr(U):
+                # clamped row: every load is in bounds, only rows < R count
+                cute.copy(atom, g[None, cvi, cutlass.min(rb + u * PY, n_r - 1)], frag[None, u])
+            for u in cutlass.range_constexpr(U):
+                if rb + u * PY < n_r:
+                    for v in cutlass.range_constexpr(vec):
+                        _accum(acc, aidx, v, frag[v, u], rb + u * PY)
+        elif col0 < n_i:
+            # partial last vector of a vec-aligned view: scalar loads, this thread only
+            for r in cutlass.range(gy, n_r, PY, unroll=1):
+                for v in cutlass.range_constexpr(vec):
+                    if col0 + v < n_i:
+                        _accum(acc, aidx, v, xo[r, col0 + v], r)
+
+        # ---- lanes of a warp that share this thread's columns
+        if cutlass.const_expr(SH > 1):
+            for step in cutlass.range_constexpr(int(math.log2(SH))):
+                lane_off = TX << step
+                for v in cutlass.range_constexpr(vec):
+                    oval = cute.arch.shuffle_sync_bfly(acc[v], offset=lane_off)
+                    oidx = aidx[v]
+                    if cutlass.const_expr(is_arg):
+                        oidx = cute.arch.shuffle_sync_bfly(aidx[v], offset=lane_off)
+                    nv, ni = _merge(acc[v], aidx[v], oval, oidx)
+                    acc[v] = nv
+                    aidx[v] = ni
+
+        smem = cutlass.memory.SmemAllocator()
+        s_val = smem.allocate_tensor(Float32, cute.make_layout((SR, CW), stride=(CW, 1)), byte_alignment=16)
+        s_idx = smem.allocate_tensor(Int32, cute.make_layout((SR, CW), stride=(CW, 1)), byte_alignment=16)
+        srow = tidx // WX
+        if tidx % WX < TX:
+            for v in cutlass.range_constexpr(vec):
+                s_val[srow, tx * vec + v] = acc[v]
+                if cutlass.const_expr(is_arg):
+                    s_idx[srow, tx * vec + v] = aidx[v]
+        cute.arch.sync_threads()
+
+        val = Float32(init)
+        idx = Int32(_SENTINEL)
+        c = cutlass.min(tidx, CW - 1)
+        for j in cutlass.range_constexpr(SR):
+            oidx = idx
+            if cutlass.const_expr(is_arg):
+                oidx = s_idx[j, c]
+            val, idx = _merge(val, idx, s_val[j, c], oidx)
+
+        if cutlass.const_expr(C > 1):
+            s_cl = smem.allocate_tensor(Float32, cute.make_layout((C, CW), stride=(CW, 1)), byte_alignment=16)
+            s_cli = smem.allocate_tensor(Int32, cute.make_layout((C, CW), stride=(CW, 1)), byte_alignment=16)
+            cute.arch.cluster_wait()  # all peers resident before DSMEM stores
+            if tidx < CW:
+                slot = cta * CW + tidx
+                cute.arch.map_dsmem_ptr(s_cl.iterator + slot, 0).store(val)
+                if cutlass.const_expr(is_arg):
+                    cute.arch.map_dsmem_ptr(s_cli.iterator + slot, 0).store(idx)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            val = Float32(init)
+            idx = Int32(_SENTINEL)
+            for j in cutlass.range_constexpr(C):
+                oidx = idx
+                if cutlass.const_expr(is_arg):
+                    oidx = s_cli[j, c]
+                val, idx = _merge(val, idx, s_cl[j, c], oidx)
+
+        col = ci * CW + tidx
+        store = (tidx < CW) & (col < n_i)
+        if cutlass.const_expr(C > 1):
+            store = store & (cta == 0)
+        if store:
+            if cutlass.const_expr(is_arg):
+                out[o, col] = Int64(_sel(idx == _SENTINEL, Int32(0), idx, Int32))
+            elif cutlass.const_expr(op == "mean"):
+                out[o, col] = (val / Float32(n_r)).to(out_dtype)
+            else:
+                out[o, col] = val.to(out_dtype)
+
+    @cute.jit
+    def col_reduce(x: cute.Tensor, out: cute.Tensor, stream):
+        n_o = x.shape[0]
+        n_blocks = n_o * cute.ceil_div(x.shape[2], CW)
+        if cutlass.const_expr(C > 1):
+            _kernel(x, out).launch(grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+        else:
+            _kernel(x, out).launch(grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream)
+
+    return col_reduce
