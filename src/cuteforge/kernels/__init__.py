@@ -1,6 +1,6 @@
 """Device code, one kernel family per folder. Importing a family registers its kernels."""
 
-FAMILIES = ("reduce",)
+FAMILIES = ("reduce", "softmax")
 
 
 def load_all() -> None:

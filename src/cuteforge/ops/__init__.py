@@ -1,5 +1,6 @@
 """Torch-facing ops. Each is also registered as `torch.ops.cuteforge.<name>`."""
 
 from .reduce import amax, amin, argmax, mean, sum  # noqa: A004
+from .softmax import log_softmax, softmax
 
-__all__ = ["sum", "mean", "amax", "amin", "argmax"]
+__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax"]

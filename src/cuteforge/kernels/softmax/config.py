@@ -1,0 +1,180 @@
+"""Launch/tiling knobs of the softmax kernels and the heuristic that picks them.
+
+The row stays in registers: each of the ``threads_per_row * cluster_n`` threads that
+share a row holds about ``n / (threads_per_row * cluster_n)`` elements of it (of each
+input: one for the forward, two for the backward) as fp32. That count is what a config
+trades: more elements per thread means fewer threads and CTAs per row (cheaper
+reductions, no cluster) but more registers per thread, hence fewer CTAs resident per SM
+to overlap one CTA's reduction with another's loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...arch import DeviceLimits
+
+__all__ = ["MODES", "SoftmaxConfig", "default_config", "candidate_configs", "is_backward"]
+
+MODES = ("softmax", "log_softmax", "softmax_bwd", "log_softmax_bwd")
+CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is non-portable; the DSL marks kernels to allow it
+_REGS_PER_SM = 65536
+_MAX_REGS_PER_THREAD = 255
+_OVERHEAD_REGS = 32  # addressing, reduction temporaries, predicates
+# Elements of one input a thread may hold (fp32 registers): above this ptxas spills.
+MAX_ELEMS = {False: 128, True: 64}
+# What the heuristic aims for (elements per thread per input), forward / backward.
+TARGET_ELEMS = {False: 32, True: 16}
+
+
+def is_backward(mode: str) -> bool:
+    if mode not in MODES:
+        raise ValueError(f"unknown softmax mode {mode!r}; expected one of {MODES}")
+    return mode.endswith("_bwd")
+
+
+def _is_pow2(v: int) -> bool:
+    return isinstance(v, int) and v > 0 and (v & (v - 1)) == 0
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class SoftmaxConfig:
+    """threads:          CTA size (multiple of 32, <= 1024).
+    threads_per_row:  threads of one CTA sharing a row (power of 2 dividing threads);
+                      rows per CTA = threads // threads_per_row.
+    cluster_n:        CTAs sharing a row (1 = none; 2..16 an sm_90 thread-block
+                      cluster, partial reductions exchanged through DSMEM).
+    """
+
+    threads: int = 128
+    threads_per_row: int = 128
+    cluster_n: int = 1
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.threads // self.threads_per_row
+
+    def elems_per_thread(self, n: int) -> int:
+        """Upper bound on one input's elements a thread holds (any vector width)."""
+        return -(-n // (self.threads_per_row * self.cluster_n))
+
+    def est_regs_per_thread(self, n: int, backward: bool) -> int:
+        return self.elems_per_thread(n) * (2 if backward else 1) + _OVERHEAD_REGS
+
+    def smem_bytes(self) -> int:
+        warps_per_row = max(self.threads_per_row // 32, 1)
+        return self.rows_per_cta * warps_per_row * self.cluster_n * 8  # (max, sum) fp32 pairs
+
+    def validate(self, n: int, dtype_bits: int, backward: bool = False, limits: DeviceLimits | None = None) -> None:
+        """Raise ValueError if this config cannot run rows of n elements of dtype_bits bits."""
+        t, p, c = self.threads, self.threads_per_row, self.cluster_n
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        if dtype_bits not in (16, 32):
+            raise ValueError(f"dtype_bits must be 16 or 32, got {dtype_bits}")
+        if not isinstance(t, int) or t < 32 or t > 1024 or t % 32 != 0:
+            raise ValueError(f"threads={t}: must be a multiple of 32 in [32, 1024]")
+        if not _is_pow2(p) or p > t or t % p != 0:
+            raise ValueError(f"threads_per_row={p}: must be a power of 2 dividing threads={t}")
+        if c not in CLUSTER_SIZES:
+            raise ValueError(f"cluster_n={c}: must be one of {CLUSTER_SIZES}")
+        if c > 1:
+            need = c * p * (128 // dtype_bits)
+            if n < need:
+                raise ValueError(
+                    f"cluster_n={c} with threads_per_row={p} needs n >= {need} "
+                    f"(one 16-byte vector per thread of the cluster); got n={n}"
+                )
+        e = self.elems_per_thread(n)
+        if e > MAX_ELEMS[backward]:
+            raise ValueError(
+                f"{e} elements per thread > {MAX_ELEMS[backward]} (registers would spill); "
+                "use more threads_per_row or a larger cluster_n"
+            )
+        regs = self.est_regs_per_thread(n, backward)
+        if regs > _MAX_REGS_PER_THREAD or regs * t > _REGS_PER_SM:
+            raise ValueError(f"~{regs} registers/thread x {t} threads > {_REGS_PER_SM} per SM; use fewer threads")
+        if limits is not None:
+            if t > limits.threads_per_block:
+                raise ValueError(f"threads={t} > {limits.threads_per_block} per block on sm_{limits.sm}")
+            if c > 1 and limits.max_cluster_size <= 1:
+                raise ValueError(f"cluster_n={c}: sm_{limits.sm} has no thread-block clusters")
+            if self.smem_bytes() > limits.smem_per_block:
+                raise ValueError(f"shared memory {self.smem_bytes()} B > {limits.smem_per_block} B on sm_{limits.sm}")
+
+
+def _shape(n: int, dtype_bits: int, elems: int, p_max: int, c_max: int) -> SoftmaxConfig:
+    """Threads per row (over the cluster) for ~`elems` elements per thread; rows up to
+    p_max threads stay in one CTA, longer ones split over up to c_max CTAs."""
+    vec = 128 // dtype_bits
+    total = _pow2_ceil(-(-n // elems))
+    total = max(1, min(total, _pow2_ceil(-(-n // vec))))  # no thread without a vector
+    if total <= p_max:
+        p, c = total, 1
+    else:
+        c = min(c_max, total // p_max)
+        p = min(1024, total // c)
+        while c > 1 and n < c * p * vec:
+            c //= 2
+    return SoftmaxConfig(threads=max(p, 128), threads_per_row=p, cluster_n=c)
+
+
+def default_config(n: int, dtype_bits: int, backward: bool = False, m: int | None = None, cluster: bool = True) -> SoftmaxConfig:
+    """The heuristic config for rows of n elements (``cluster=False`` on pre-sm_90 GPUs).
+
+    ``m`` (rows, optional): few long rows cannot fill the GPU with one CTA (or cluster)
+    per row, so they are split over more CTAs.
+    """
+    elems = TARGET_ELEMS[backward]
+    cfg = _shape(n, dtype_bits, elems, 256, 16 if cluster else 1)
+    if cluster and m is not None and cfg.threads_per_row >= 128:
+        # fewer than ~2 CTAs per SM: halve the work per CTA while that is possible
+        while m * cfg.cluster_n < 264 and cfg.cluster_n < 16 and n >= 2 * cfg.cluster_n * cfg.threads_per_row * (128 // dtype_bits):
+            cfg = SoftmaxConfig(cfg.threads, cfg.threads_per_row, cfg.cluster_n * 2)
+    if not cluster:
+        # no clusters (pre-sm_90): one CTA per row, as wide as the registers need
+        while cfg.threads_per_row < 1024:
+            try:
+                cfg.validate(n, dtype_bits, backward)
+                break
+            except ValueError:
+                p = cfg.threads_per_row * 2
+                cfg = SoftmaxConfig(max(p, 128), p, 1)
+        try:
+            cfg.validate(n, dtype_bits, backward)
+        except ValueError as e:
+            raise ValueError(
+                f"rows of n={n} do not fit the registers of one CTA ({e}); "
+                "longer rows need thread-block clusters (sm_90 or newer)"
+            ) from None
+    cfg.validate(n, dtype_bits, backward)
+    return cfg
+
+
+def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[SoftmaxConfig]:
+    """A few distinct valid configs around the heuristic (the first one) for autotuning."""
+    base = default_config(n, dtype_bits, backward)
+    out = [base]
+    e0 = TARGET_ELEMS[backward]
+    for elems, p_max, c_max in (
+        (e0 * 2, 256, 16),
+        (e0 // 2, 256, 16),
+        (e0, 512, 16),
+        (e0 * 2, 512, 16),
+        (e0, 128, 16),
+        (e0 * 4, 1024, 1),
+        (e0, 256, 8),
+    ):
+        c = _shape(n, dtype_bits, max(1, elems), p_max, c_max)
+        for cand in (c, SoftmaxConfig(max(256, c.threads), c.threads_per_row, c.cluster_n)):
+            try:
+                cand.validate(n, dtype_bits, backward)
+            except ValueError:
+                continue
+            if cand not in out:
+                out.append(cand)
+    return out[:8]

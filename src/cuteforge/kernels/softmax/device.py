@@ -1,0 +1,274 @@
+"""Softmax / log-softmax over the last dim, forward and backward (CuTe DSL, sm_90 first).
+
+One pass over memory each way: the forward reads x once and writes y once, the backward
+reads y and dy once and writes dx once. The whole row stays in registers between the
+read and the write.
+
+Work decomposition (the same tiling as ``kernels/reduce/row.py``)
+-----------------------------------------------------------------
+N, the dtype, the vector width ``vec`` and the :class:`SoftmaxConfig` are compile-time;
+M and every row stride are dynamic (one kernel for every batch size and every 2-D view).
+Row offsets are 64-bit. ``threads_per_row`` (P) threads of a CTA share a row, a CTA
+holds ``threads // P`` rows, and with ``cluster_n`` (C) > 1 a row is split over the C
+CTAs of an sm_90 thread-block cluster: P*C "virtual threads" g = cta_rank*P + t.
+
+The row is NV = N / vec vectors of 16 bytes (or less where alignment forces it; the op
+lowers vec until it divides N, so there is no scalar tail). Vector j belongs to virtual
+thread j % (P*C): every warp load is 32 consecutive vectors, fully coalesced. A thread
+owns K = NV // (P*C) full rounds plus one predicated round when NV % (P*C) != 0; all of
+its loads are issued before any arithmetic, so they are all in flight together.
+
+Math (fp32)
+-----------
+Forward, in the log2 domain (``exp2``, one FMA per element): each thread takes the max
+of its elements m_t (scaled by log2 e), e_i = 2^(x_i log2e - m_t) and s_t = sum e_i.
+The pairs (m_t, s_t) are merged across lanes (butterfly shuffles), warps (shared
+memory) and CTAs (distributed shared memory) with the online-softmax rule
+(m, s) = (max(m1, m2), s1 2^(m1-m) + s2 2^(m2-m)), so the row needs ONE cross-thread
+reduction, not two. Then softmax y_i = e_i * 2^(m_t - M) / S (one multiply per element:
+the exponentials are kept) and log_softmax y_i = x_i - (M + log2 S) ln 2.
+Rows of -inf only give NaN like torch; a thread whose elements are all -inf (padding)
+contributes (-inf, 0) without producing NaN.
+
+Backward: softmax dx = y (dy - sum(dy y)); log_softmax dx = dy - exp(y) sum(dy).
+
+Cross-CTA exchange (cluster_n > 1): a relaxed cluster arrive at kernel start, waited
+on before the first remote store (all peers resident), then each warp leader writes its
+partial into every peer's shared-memory slot (``mapa`` + st.shared::cluster) and a
+cluster barrier (arrive.release / wait.acquire) publishes them. Every CTA then reduces
+the same slots in the same order, so all CTAs of a row agree bit for bit.
+
+Rows past M (last CTA) re-read row M-1 so every lane joins the shuffles and barriers;
+only rows < M store.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .config import SoftmaxConfig, is_backward
+
+__all__ = ["make_softmax"]
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+def _sel(cond, a, b):
+    return Float32(cutlass.select_(cond, a, b))
+
+
+def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
+    """Return a @cute.jit callable: forward f(x, y, stream), backward f(dy, y, dx, stream).
+
+    Every tensor is (M, n) with stride (row_stride, 1) and rows vec-aligned; n % vec == 0.
+    """
+    bwd = is_backward(mode)
+    log = mode.startswith("log")
+    if dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+        raise ValueError(f"unsupported dtype {dtype}")
+    bits = dtype.width
+    if vec not in (1, 2, 4, 8) or vec * bits > 128:
+        raise ValueError(f"vec={vec} invalid for a {bits}-bit dtype (vec*bits must be <= 128)")
+    if n % vec != 0:
+        raise ValueError(f"n={n} must be a multiple of vec={vec}")
+    config.validate(n, bits, bwd)
+
+    T = config.threads
+    P = config.threads_per_row
+    C = config.cluster_n
+    R = T // P  # rows per CTA
+    G = min(P, 32)  # lanes of one row inside a warp
+    W = max(P // 32, 1)  # warps per row
+    S = W * C  # partial slots per row
+    PT = P * C  # virtual threads per row
+    NV = n // vec
+    K = NV // PT  # full rounds
+    REM = NV - K * PT  # virtual threads g < REM own one more vector
+    KT = K + (1 if REM > 0 else 0)
+    if C > 1 and K < 1:
+        raise ValueError(f"cluster_n={C}: n={n} at vec={vec} gives a CTA of the cluster no full round")
+    copy_bits = vec * bits
+    NEG_INF = -math.inf
+
+    def combine(a1, b1, a2, b2):
+        # bwd: plain sum in a1 (b unused); fwd: online-softmax merge of (max, sum) pairs.
+        if bwd:
+            return a1 + a2, b1
+        m = cute.arch.fmax(a1, a2)
+        ms = _sel(m == Float32(NEG_INF), Float32(0.0), m)
+        s = b1 * cute.math.exp2(a1 - ms, fastmath=True) + b2 * cute.math.exp2(a2 - ms, fastmath=True)
+        return m, s
+
+    @cute.jit
+    def _lane_reduce(a, b, group: cutlass.Constexpr):
+        for step in cutlass.range_constexpr(int(math.log2(group))):
+            off = group >> (step + 1)
+            oa = cute.arch.shuffle_sync_bfly(a, offset=off)
+            ob = b
+            if cutlass.const_expr(not bwd):
+                ob = cute.arch.shuffle_sync_bfly(b, offset=off)
+            a, b = combine(a, b, oa, ob)
+        return a, b
+
+    @cute.jit
+    def _row_reduce(a, b, r, t, cta):
+        """Merge every thread's partial of a row; all threads of the row get the result."""
+        a, b = _lane_reduce(a, b, G)
+        if cutlass.const_expr(S > 1):
+            smem = cutlass.memory.SmemAllocator()
+            s_a = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
+            s_b = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
+            slot = cta * W + t // 32
+            writer = t % G == 0
+            if cutlass.const_expr(C > 1):
+                cute.arch.cluster_wait()  # all peers resident before DSMEM stores
+                if writer:
+                    off = r * S + slot
+                    for peer in cutlass.range_constexpr(C):
+                        cute.arch.map_dsmem_ptr(s_a.iterator + off, peer).store(a)
+                        if cutlass.const_expr(not bwd):
+                            cute.arch.map_dsmem_ptr(s_b.iterator + off, peer).store(b)
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+            else:
+                if writer:
+                    s_a[r, slot] = a
+                    if cutlass.const_expr(not bwd):
+                        s_b[r, slot] = b
+                cute.arch.sync_threads()
+            lane_g = t % G
+            a = Float32(0.0 if bwd else NEG_INF)
+            b = Float32(0.0)
+            for i in cutlass.range_constexpr((S + G - 1) // G):
+                if cutlass.const_expr((i + 1) * G <= S):
+                    j = lane_g + i * G
+                    ob = b
+                    if cutlass.const_expr(not bwd):
+                        ob = s_b[r, j]
+                    a, b = combine(a, b, s_a[r, j], ob)
+                else:
+                    j = cutlass.min(lane_g + i * G, S - 1)
+                    ok = lane_g + i * G < S
+                    oa = _sel(ok, s_a[r, j], Float32(0.0 if bwd else NEG_INF))
+                    ob = b
+                    if cutlass.const_expr(not bwd):
+                        ob = _sel(ok, s_b[r, j], Float32(0.0))
+                    a, b = combine(a, b, oa, ob)
+            a, b = _lane_reduce(a, b, min(S, G))
+        return a, b
+
+    @cute.jit
+    def _thread_view(row_t: cute.Tensor, g):
+        # (vec, KT) : (1, vec*PT) slice of the row owned by virtual thread g
+        full = cute.make_tensor(row_t.iterator, cute.make_layout((vec, PT, KT), stride=(1, vec, vec * PT)))
+        return full[None, g, None]
+
+    @cute.jit
+    def _load(atom, src: cute.Tensor, frag: cute.Tensor, g, pad: cutlass.Constexpr):
+        for k in cutlass.range_constexpr(K):
+            cute.copy(atom, src[None, k], frag[None, k])
+        if cutlass.const_expr(REM > 0):
+            for v in cutlass.range_constexpr(vec):
+                frag[v, K] = frag.element_type(pad)
+            if g < REM:
+                cute.copy(atom, src[None, K], frag[None, K])
+
+    @cute.jit
+    def _store(atom, frag: cute.Tensor, dst: cute.Tensor, g):
+        for k in cutlass.range_constexpr(K):
+            cute.copy(atom, frag[None, k], dst[None, k])
+        if cutlass.const_expr(REM > 0):
+            if g < REM:
+                cute.copy(atom, frag[None, K], dst[None, K])
+
+    @cute.jit
+    def _coords():
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        cta = 0
+        row_block = bidx
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cta = cute.arch.block_idx_in_cluster()
+            row_block = bidx // C
+        r = tidx // P
+        t = tidx % P
+        return r, t, cta, row_block * R + r, cta * P + t
+
+    @cute.kernel
+    def _fwd(x: cute.Tensor, y: cute.Tensor):
+        r, t, cta, row, g = _coords()
+        m_rows = x.shape[0]
+        row_c = cutlass.min(row, m_rows - 1)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
+        frag = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        _load(atom, _thread_view(x[row_c, None], g), frag, g, NEG_INF)
+        xs = frag.load().to(Float32) * LOG2E  # log2 domain
+        m_t = xs.reduce(cute.ReductionOp.MAX, NEG_INF, 0)
+        shift = _sel(m_t == Float32(NEG_INF), Float32(0.0), m_t)
+        e = cute.math.exp2(xs - shift, fastmath=True)
+        s_t = e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        m_row, s_row = _row_reduce(m_t, s_t, r, t, cta)
+        out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        if cutlass.const_expr(log):
+            lse = m_row + cute.math.log2(s_row, fastmath=True)
+            out.store(((xs - lse) * LN2).to(dtype))
+        else:
+            ms = _sel(m_row == Float32(NEG_INF), Float32(0.0), m_row)
+            scale = _sel(m_t == Float32(NEG_INF), Float32(0.0), cute.math.exp2(shift - ms, fastmath=True))
+            out.store((e * (scale / s_row)).to(dtype))
+        if row < m_rows:
+            _store(atom, out, _thread_view(y[row, None], g), g)
+
+    @cute.kernel
+    def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
+        r, t, cta, row, g = _coords()
+        m_rows = dy.shape[0]
+        row_c = cutlass.min(row, m_rows - 1)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
+        f_dy = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        f_y = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        _load(atom, _thread_view(dy[row_c, None], g), f_dy, g, 0.0)
+        _load(atom, _thread_view(y[row_c, None], g), f_y, g, 0.0)
+        dyv = f_dy.load().to(Float32)
+        yv = f_y.load().to(Float32)
+        if cutlass.const_expr(log):
+            part = dyv.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        else:
+            part = (dyv * yv).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        tot, _ = _row_reduce(part, Float32(0.0), r, t, cta)
+        out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        if cutlass.const_expr(log):
+            out.store((dyv - cute.math.exp2(yv * LOG2E, fastmath=True) * tot).to(dtype))
+        else:
+            out.store((yv * (dyv - tot)).to(dtype))
+        if row < m_rows:
+            _store(atom, out, _thread_view(dx[row, None], g), g)
+
+    def _grid(m_rows):
+        return (cute.ceil_div(m_rows, R) * C, 1, 1)
+
+    if bwd:
+
+        @cute.jit
+        def softmax_bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor, stream):
+            if cutlass.const_expr(C > 1):
+                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+            else:
+                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), stream=stream)
+
+        return softmax_bwd
+
+    @cute.jit
+    def softmax_fwd(x: cute.Tensor, y: cute.Tensor, stream):
+        if cutlass.const_expr(C > 1):
+            _fwd(x, y).launch(grid=_grid(x.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+        else:
+            _fwd(x, y).launch(grid=_grid(x.shape[0]), block=(T, 1, 1), stream=stream)
+
+    return softmax_fwd

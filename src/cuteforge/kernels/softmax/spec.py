@@ -1,0 +1,113 @@
+"""Softmax kernels as cuteforge kernels: signatures, configs, standard specializations.
+
+N is static (the row lives in registers, so every loop over it is unrolled at compile
+time); M and every row stride are dynamic, so one compiled kernel serves every batch
+size and every 2-D view of a larger tensor. The vector width is the widest one that the
+rows' alignment allows *and* that divides N, so there is never a scalar tail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ...arch import limits_for, parse_arch
+from ...kernel import CompileSpec, kernel
+from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
+from . import config as cfg_mod
+from .device import make_softmax
+
+FWD_MODES = ("softmax", "log_softmax")
+BWD_MODES = ("softmax_bwd", "log_softmax_bwd")
+# The N values `cuteforge precompile` builds ahead of time (powers of two seen in models).
+STANDARD_N = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+
+FWD_SIGNATURE = Signature(
+    TensorArg("x", ("M", "N")),
+    TensorArg("y", ("M", "N"), dtype_like="x"),
+    static=("N",),
+)
+BWD_SIGNATURE = Signature(
+    TensorArg("dy", ("M", "N")),
+    TensorArg("y", ("M", "N"), dtype_like="dy"),
+    TensorArg("dx", ("M", "N"), dtype_like="dy"),
+    static=("N",),
+)
+
+
+def row_vec(key: BoundKey) -> int:
+    """Elements per vector access: every argument's alignment allows it and it divides N."""
+    n = dict(key.static)["N"]
+    v = min(key.vec)
+    while n % v:
+        v //= 2
+    return v
+
+
+def config_for(arch: str, n: int, dtype_bits: int, backward: bool, m: int | None) -> cfg_mod.SoftmaxConfig:
+    """The heuristic config for an (m, n) problem; clusters only on sm_90 and newer."""
+    return cfg_mod.default_config(n, dtype_bits, backward, m, cluster=parse_arch(arch) >= 90)
+
+
+def _default_config(backward: bool):
+    def f(spec: CompileSpec) -> Any:
+        return config_for(spec.arch, spec.static("N"), spec.dtype(spec._signature.names[0]).width, backward, None)
+
+    return f
+
+
+def _configs(backward: bool):
+    def f(spec: CompileSpec) -> list[Any]:
+        n, bits, limits = spec.static("N"), spec.dtype(spec._signature.names[0]).width, limits_for(spec.arch)
+        valid = []
+        for c in cfg_mod.candidate_configs(n, bits, backward):
+            try:
+                c.validate(n, bits, backward, limits)
+            except ValueError:
+                continue
+            valid.append(c)
+        return valid
+
+    return f
+
+
+def _specializations(backward: bool):
+    def f(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+        for mode in BWD_MODES if backward else FWD_MODES:
+            for dt in FLOAT_DTYPES:
+                vec = MAX_VECTOR_BYTES // dt.itemsize
+                nargs = 3 if backward else 2
+                for n in ns:
+                    yield BoundKey((dtype_name(dt),) * nargs, (("N", n),), (vec,) * nargs), {"mode": mode}
+
+    return f
+
+
+@kernel(
+    name="softmax_fwd",
+    signature=FWD_SIGNATURE,
+    archs=("sm_80+",),
+    default_config=_default_config(False),
+    configs=_configs(False),
+    specializations=_specializations(False),
+)
+def softmax_fwd(spec: CompileSpec) -> Any:
+    mode = spec.param("mode")
+    if mode not in FWD_MODES:
+        raise ValueError(f"softmax_fwd: mode must be one of {FWD_MODES}, got {mode!r}")
+    return make_softmax(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config)
+
+
+@kernel(
+    name="softmax_bwd",
+    signature=BWD_SIGNATURE,
+    archs=("sm_80+",),
+    default_config=_default_config(True),
+    configs=_configs(True),
+    specializations=_specializations(True),
+)
+def softmax_bwd(spec: CompileSpec) -> Any:
+    mode = spec.param("mode")
+    if mode not in BWD_MODES:
+        raise ValueError(f"softmax_bwd: mode must be one of {BWD_MODES}, got {mode!r}")
+    return make_softmax(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config)

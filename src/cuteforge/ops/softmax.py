@@ -1,0 +1,245 @@
+"""Softmax and log-softmax over the last dim as torch ops, with autograd.
+
+`cuteforge.ops.softmax(x, dim=-1)` / `log_softmax(x, dim=-1)`: x is a CUDA tensor of
+fp32/bf16/fp16 with any number of dims >= 1; softmax runs over the last one (fp32 math,
+output in x's dtype, contiguous). Leading dims are flattened (a view when they can be;
+a 2-D view with a row stride runs without a copy). A last dim that is not unit-stride
+is copied first.
+
+The warm path is one dict lookup keyed by the call's layout (dtype, shape, strides,
+16-byte pointer alignment, device); a miss validates (errors name the argument), picks
+the config and compiles at most once per key, ever. Under torch.compile and autograd
+the ops go through `torch.ops.cuteforge.{softmax,log_softmax}` and their backward ops
+(custom ops with fake impls); plain eager calls without grad skip that boundary, which
+costs more than the kernel at small sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..arch import target_arch
+from ..kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
+from ..signature import FLOAT_DTYPES, dtype_name
+
+__all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"]
+
+_MAX_PLANS = 4096
+# plan: (view: x -> 2-D (M, N) operand, or None when x already is one; launch or None)
+_Plan = tuple["Callable[[torch.Tensor], torch.Tensor] | None", "Callable[..., Any] | None"]
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+
+
+def _check(where: str, name: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{where}: argument {name!r} must be a CUDA tensor, got one on {t.device}")
+    if t.dtype not in FLOAT_DTYPES:
+        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
+        raise TypeError(f"{where}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: {allowed}")
+    if t.dim() < 1:
+        raise ValueError(f"{where}: argument {name!r} must have at least 1 dim, got a 0-d tensor")
+
+
+def _check_dim(where: str, dim: Any, ndim: int) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{where}: argument 'dim' must be an int, got {type(dim).__name__}")
+    if dim not in (-1, ndim - 1):
+        raise ValueError(
+            f"{where}: argument 'dim' must be the last dim (-1 or {ndim - 1}) of a {ndim}-D input, got {dim}"
+            " (move the softmax dim last, e.g. with movedim)"
+        )
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """(…, N) -> (M, N) with unit last stride: a view when strides allow, else a copy."""
+    n = t.shape[-1]
+    if t.dim() != 2:
+        t = t.reshape(-1, n)
+    if t.stride(1) != 1:
+        t = t.as_strided(t.shape, (t.stride(0), 1)) if n == 1 else t.contiguous()
+    return t
+
+
+def _viewer(t: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """None when t already is an (M, N) operand the kernel takes as is."""
+    if t.dim() == 2 and t.stride(1) == 1:
+        return None
+    return _as_rows
+
+
+def _memo_key(mode: str, dim: int, *ts: torch.Tensor) -> tuple[Any, ...]:
+    return (mode, dim, *[(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in ts])
+
+
+def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _plan_fwd(mode: str, x: Any, dim: Any) -> _Plan:
+    where = f"cuteforge.ops.{mode}"
+    _check(where, "x", x)
+    _check_dim(where, dim, x.dim())
+    view = _viewer(x)
+    x2 = _as_rows(x) if view is not None else x
+    m, n = x2.shape
+    launch = None
+    if m > 0 and n > 0:
+        y2 = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        key = softmax_fwd.signature.bind((x2, y2), where)
+        from ..autotune import lookup  # slow path only: a tuned config if one was stored
+
+        params = (("mode", mode),)
+        cfg = lookup(softmax_fwd, key, params, {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m)
+        launch = softmax_fwd.get(key, params, cfg)
+    return _remember(_memo_key(mode, dim, x), (view, launch))
+
+
+def _fwd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+    try:
+        view, launch = _PLANS[_memo_key(mode, dim, x)]
+    except (AttributeError, KeyError, TypeError):
+        view, launch = _plan_fwd(mode, x, dim)
+    y = x.new_empty(x.shape)
+    if launch is not None:
+        if view is None:
+            launch(x, y)
+        else:
+            launch(view(x), y.view(-1, x.shape[-1]))
+    return y
+
+
+def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
+    where = f"cuteforge.ops.{mode.removesuffix('_bwd')}_backward"
+    _check(where, "grad", dy)
+    _check(where, "y", y)
+    if dy.shape != y.shape:
+        raise ValueError(f"{where}: argument 'grad' has shape {tuple(dy.shape)} but 'y' has {tuple(y.shape)}; they must match")
+    if dy.dtype != y.dtype:
+        raise TypeError(f"{where}: argument 'grad' has dtype {dtype_name(dy.dtype)} but 'y' has {dtype_name(y.dtype)}; they must match")
+    if dy.device != y.device:
+        raise ValueError(f"{where}: argument 'grad' is on {dy.device} but 'y' is on {y.device}")
+    _check_dim(where, dim, y.dim())
+    direct = _viewer(dy) is None and _viewer(y) is None
+    dy2, y2 = _as_rows(dy), _as_rows(y)
+    m, n = y2.shape
+    launch = None
+    if m > 0 and n > 0:
+        dx2 = torch.empty(m, n, dtype=y.dtype, device=y.device)
+        key = softmax_bwd.signature.bind((dy2, y2, dx2), where)
+        from ..autotune import lookup
+
+        params = (("mode", mode),)
+        cfg = lookup(softmax_bwd, key, params, {"M": m}) or config_for(target_arch(), n, y.element_size() * 8, True, m)
+        launch = softmax_bwd.get(key, params, cfg)
+    return _remember(_memo_key(mode, dim, dy, y), (None if direct else _as_rows, launch))
+
+
+def _bwd(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    try:
+        view, launch = _PLANS[_memo_key(mode, dim, dy, y)]
+    except (AttributeError, KeyError, TypeError):
+        view, launch = _plan_bwd(mode, dy, y, dim)
+    dx = y.new_empty(y.shape)
+    if launch is not None:
+        if view is None:
+            launch(dy, y, dx)
+        else:
+            launch(view(dy), view(y), dx.view(-1, y.shape[-1]))
+    return dx
+
+
+# --- torch.library registration: what torch.compile, autograd and CUDA graphs see ----
+
+
+def _register(mode: str) -> tuple[Any, Any]:
+    bwd_mode = f"{mode}_bwd"
+
+    @torch.library.custom_op(f"cuteforge::{mode}_backward", mutates_args=())
+    def backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return _bwd(bwd_mode, grad, y, dim)
+
+    @backward_op.register_fake
+    def _(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        torch._check(grad.shape == y.shape, lambda: f"cuteforge.ops.{mode}_backward: grad and y shapes differ")
+        return y.new_empty(y.shape)
+
+    @torch.library.custom_op(f"cuteforge::{mode}", mutates_args=())
+    def forward_op(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return _fwd(mode, x, dim)
+
+    @forward_op.register_fake
+    def _(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return x.new_empty(x.shape)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        ctx.save_for_backward(output)
+        ctx.dim = inputs[1] if len(inputs) > 1 else -1
+
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None]:
+        (y,) = ctx.saved_tensors
+        return backward_op(grad, y, ctx.dim), None
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    return forward_op, backward_op
+
+
+_softmax_op, _softmax_bwd_op = _register("softmax")
+_log_softmax_op, _log_softmax_bwd_op = _register("log_softmax")
+
+
+def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
+    is_compiling = torch.compiler.is_compiling
+    grad_enabled = torch.is_grad_enabled
+    plans = _PLANS
+
+    def fn(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        # Tracing and autograd need the custom-op boundary; plain eager calls skip it.
+        # The warm path is inlined on purpose: each Python call level costs ~0.1 us.
+        if is_compiling():
+            return custom(x, dim)
+        if getattr(x, "requires_grad", False) and grad_enabled():
+            return custom(x, dim)
+        try:
+            view, launch = plans[(mode, dim, (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device()))]
+        except (AttributeError, KeyError, TypeError):
+            view, launch = _plan_fwd(mode, x, dim)
+        y = x.new_empty(x.shape)
+        if launch is not None:
+            if view is None:
+                launch(x, y)
+            else:
+                launch(view(x), y.view(-1, x.shape[-1]))
+        return y
+
+    fn.__name__ = fn.__qualname__ = mode
+    fn.__doc__ = (
+        f"{mode} over the last dim of a CUDA tensor (fp32/bf16/fp16, fp32 math), with autograd "
+        "and torch.compile support. Returns a contiguous tensor of x's shape and dtype."
+    )
+    return fn
+
+
+softmax = _entry("softmax", _softmax_op)
+log_softmax = _entry("log_softmax", _log_softmax_op)
+
+
+def softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """dx = y * (grad - sum(grad * y)) from y = softmax(x) (the backward kernel alone)."""
+    if torch.compiler.is_compiling():
+        return _softmax_bwd_op(grad, y, dim)
+    return _bwd("softmax_bwd", grad, y, dim)
+
+
+def log_softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """dx = grad - exp(y) * sum(grad) from y = log_softmax(x) (the backward kernel alone)."""
+    if torch.compiler.is_compiling():
+        return _log_softmax_bwd_op(grad, y, dim)
+    return _bwd("log_softmax_bwd", grad, y, dim)

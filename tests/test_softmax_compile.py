@@ -1,0 +1,194 @@
+"""CPU-only checks of the softmax kernels: configs, keys, errors and sm_90a compiles.
+
+``CUTE_DSL_ARCH=sm_90a`` makes ``cute.compile`` emit real sm_90a PTX/CUBIN with no GPU,
+so codegen errors, missing vectorisation and the cluster path are caught here;
+numerics are checked on the GPU (tests/gpu/test_softmax_gpu.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from cuteforge.kernels.softmax import MODES, SoftmaxConfig, candidate_configs, default_config
+from cuteforge.signature import BoundKey
+
+_NS = [1, 7, 32, 256, 1000, 4096, 16384, 65536, 65537, 131072, 262144]
+
+
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (SoftmaxConfig(threads=48, threads_per_row=16), "multiple of 32"),
+        (SoftmaxConfig(threads=2048, threads_per_row=256), "multiple of 32"),
+        (SoftmaxConfig(threads=256, threads_per_row=3), "power of 2"),
+        (SoftmaxConfig(threads=256, threads_per_row=512), "power of 2"),
+        (SoftmaxConfig(threads=256, threads_per_row=256, cluster_n=3), "cluster_n"),
+        (SoftmaxConfig(threads=256, threads_per_row=256, cluster_n=32), "cluster_n"),
+        (SoftmaxConfig(threads=256, threads_per_row=256, cluster_n=8), "needs n >="),
+        (SoftmaxConfig(threads=128, threads_per_row=1), "elements per thread"),
+        (SoftmaxConfig(threads=1024, threads_per_row=32), "registers"),
+    ],
+)
+def test_validate_rejects(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        cfg.validate(4096, 32)
+
+
+def test_validate_backward_holds_two_rows():
+    cfg = SoftmaxConfig(128, 32)  # 128 elements per thread: fine forward, spills backward
+    cfg.validate(4096, 32, backward=False)
+    with pytest.raises(ValueError, match="elements per thread"):
+        cfg.validate(4096, 32, backward=True)
+
+
+def test_validate_rejects_bad_problem():
+    with pytest.raises(ValueError, match="n must be"):
+        SoftmaxConfig().validate(0, 32)
+    with pytest.raises(ValueError, match="dtype_bits"):
+        SoftmaxConfig().validate(4096, 8)
+    with pytest.raises(ValueError, match="unknown softmax mode"):
+        from cuteforge.kernels.softmax import is_backward
+
+        is_backward("softmin")
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("bits", [16, 32])
+@pytest.mark.parametrize("n", _NS)
+def test_default_and_candidates_valid(n, bits, backward):
+    d = default_config(n, bits, backward)
+    d.validate(n, bits, backward)
+    cands = candidate_configs(n, bits, backward)
+    assert 1 <= len(cands) <= 8 and cands[0] == d and len(set(cands)) == len(cands)
+    for c in cands:
+        c.validate(n, bits, backward)
+    try:
+        assert default_config(n, bits, backward, cluster=False).cluster_n == 1
+    except ValueError as e:  # without clusters only rows that fit one CTA's registers
+        assert n > 16384 and "clusters" in str(e)
+
+
+def test_few_rows_split_over_more_ctas():
+    assert default_config(65536, 32, m=4).cluster_n > default_config(65536, 32, m=100000).cluster_n
+
+
+def test_row_vec_divides_n():
+    from cuteforge.kernels.softmax.spec import row_vec
+
+    assert row_vec(BoundKey(("float32", "float32"), (("N", 4096),), (4, 4))) == 4
+    assert row_vec(BoundKey(("bfloat16", "bfloat16"), (("N", 1000),), (8, 8))) == 8
+    assert row_vec(BoundKey(("bfloat16", "bfloat16"), (("N", 1004),), (8, 8))) == 4
+    assert row_vec(BoundKey(("bfloat16", "bfloat16"), (("N", 1004),), (2, 8))) == 2
+    assert row_vec(BoundKey(("float32",) * 3, (("N", 65537),), (4, 4, 4))) == 1
+
+
+# --------------------------------------------------------------------------- compiles
+
+
+@pytest.fixture(scope="module")
+def compiler(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTE_DSL_ARCH", "sm_90a")
+    dump_dir = tmp_path_factory.mktemp("ptx")
+    import cutlass
+    import cutlass.cute as cute
+
+    from cuteforge.kernels.softmax import is_backward, make_softmax
+
+    dtypes = {"f32": cutlass.Float32, "bf16": cutlass.BFloat16, "f16": cutlass.Float16}
+
+    def compile_(mode, dt, n, vec, cfg=None):
+        d = dtypes[dt]
+        bwd = is_backward(mode)
+        cfg = cfg or default_config(n, d.width, bwd)
+        m = cute.sym_int()
+        ts = [
+            cute.runtime.make_fake_tensor(d, (m, n), (cute.sym_int64(divisibility=vec), 1), assumed_align=vec * d.width // 8)
+            for _ in range(3 if bwd else 2)
+        ]
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        fn = make_softmax(mode, d, n, vec, cfg)
+        c = cute.compile(fn, *ts, stream, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump_dir}")
+        ptx = c.__ptx__
+        assert isinstance(ptx, str) and ".entry" in ptx and "sm_90a" in ptx
+        return ptx
+
+    yield compile_
+    mp.undo()
+
+
+# (mode, dtype, n, vec): every mode and dtype, tiny/odd N (vec 1), clusters of 2..16
+_CASES = [
+    ("softmax", "f32", 4096, 4),
+    ("softmax", "bf16", 65536, 8),  # cluster
+    ("log_softmax", "f16", 1000, 8),
+    ("log_softmax", "f32", 7, 1),
+    ("softmax_bwd", "bf16", 262144, 8),  # cluster of 16
+    ("softmax_bwd", "f32", 1, 1),
+    ("log_softmax_bwd", "f32", 65537, 1),  # cluster, scalar accesses
+    ("log_softmax_bwd", "bf16", 256, 8),
+]
+
+
+@pytest.mark.parametrize("mode, dt, n, vec", _CASES)
+def test_compile(compiler, mode, dt, n, vec):
+    ptx = compiler(mode, dt, n, vec)
+    bits = 32 if dt == "f32" else 16
+    if vec * bits == 128:
+        assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx) and re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    if default_config(n, bits, mode.endswith("_bwd")).cluster_n > 1:
+        assert "mapa" in ptx and "barrier.cluster" in ptx
+    if mode in ("softmax", "log_softmax"):
+        assert "ex2.approx" in ptx
+
+
+def test_all_modes_covered():
+    assert {c[0] for c in _CASES} == set(MODES)
+
+
+def test_bad_builder_arguments():
+    import cutlass
+
+    from cuteforge.kernels.softmax import make_softmax
+
+    cfg = SoftmaxConfig()
+    with pytest.raises(ValueError, match="unknown softmax mode"):
+        make_softmax("softmin", cutlass.Float32, 128, 4, cfg)
+    with pytest.raises(ValueError, match="vec"):
+        make_softmax("softmax", cutlass.BFloat16, 128, 16, cfg)
+    with pytest.raises(ValueError, match="multiple of vec"):
+        make_softmax("softmax", cutlass.Float32, 130, 4, cfg)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        make_softmax("softmax", cutlass.Float64, 128, 1, cfg)
+
+
+def test_registry_compile_through_cache(monkeypatch):
+    """The registered kernels build from a BoundKey (what ops and precompile use)."""
+    monkeypatch.setenv("CUTEFORGE_ARCH", "sm_90a")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from cuteforge import cache
+    from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
+
+    before = cache.STATS.compiles + cache.STATS.l2_loads
+    key = BoundKey(("bfloat16", "bfloat16"), (("N", 1004),), (8, 8))  # vec lowered to 4
+    assert callable(softmax_fwd.get(key, (("mode", "log_softmax"),)))
+    key = BoundKey(("float16",) * 3, (("N", 16384),), (8, 8, 8))
+    assert callable(softmax_bwd.get(key, (("mode", "softmax_bwd"),)))
+    assert cache.STATS.compiles + cache.STATS.l2_loads == before + 2
+    with pytest.raises(ValueError, match="mode must be one of"):
+        softmax_fwd.get(BoundKey(("float32",) * 2, (("N", 64),), (4, 4)), (("mode", "softmax_bwd"),))
+
+
+def test_op_errors_without_gpu():
+    import cuteforge.ops.softmax as sm
+
+    with pytest.raises(TypeError, match="'x' must be a torch.Tensor"):
+        sm.softmax([[1.0, 2.0]])
+    with pytest.raises(ValueError, match="'x' must be a CUDA tensor"):
+        sm.log_softmax(torch.randn(3, 4))
+    with pytest.raises(ValueError, match="'grad' must be a CUDA tensor"):
+        sm.softmax_backward(torch.randn(3, 4), torch.randn(3, 4))
+    assert hasattr(torch.ops.cuteforge, "softmax") and hasattr(torch.ops.cuteforge, "log_softmax_backward")
