@@ -1,6 +1,6 @@
 """Device code, one kernel family per folder. Importing a family registers its kernels."""
 
-FAMILIES = ("reduce", "softmax")
+FAMILIES = ("reduce", "softmax", "cross_entropy")
 
 
 def load_all() -> None:

@@ -1,6 +1,7 @@
 """Torch-facing ops. Each is also registered as `torch.ops.cuteforge.<name>`."""
 
+from .cross_entropy import cross_entropy
 from .reduce import amax, amin, argmax, mean, sum  # noqa: A004
 from .softmax import log_softmax, softmax
 
-__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax"]
+__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax", "cross_entropy"]

@@ -1,0 +1,85 @@
+"""Cross-entropy as cuteforge kernels: signatures, configs, standard specializations.
+
+N (classes) is static like the row reduction's: the row loop is resolved at compile
+time. M and the logits row stride are dynamic. The thread layout is the row reduction's
+heuristic (``reduce.row.default_config`` without a cluster). ``ignore_index`` is a
+compile-time parameter (it is almost always -100).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ...kernel import CompileSpec, kernel
+from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg, dtype_name, vector_width
+from ..reduce import row
+from . import kernels
+
+STANDARD_N = (4096, 32000, 32768, 50257, 128256, 131072, 151936, 262144)
+
+FWD_SIGNATURE = Signature(
+    TensorArg("logits", ("M", "N")),
+    TensorArg("target", ("M",), dtypes=(torch.int64,)),
+    TensorArg("loss", ("M",), dtypes=(torch.float32,)),
+    TensorArg("lse", ("M",), dtypes=(torch.float32,)),
+    static=("N",),
+)
+
+BWD_SIGNATURE = Signature(
+    TensorArg("logits", ("M", "N")),
+    TensorArg("target", ("M",), dtypes=(torch.int64,)),
+    TensorArg("lse", ("M",), dtypes=(torch.float32,)),
+    TensorArg("gscale", ("M",), dtypes=(torch.float32,)),
+    TensorArg("dlogits", ("M", "N"), dtype_like="logits"),
+    static=("N",),
+)
+
+
+def config_for(n: int, dtype_bits: int) -> Any:
+    return row.default_config(n, dtype_bits)
+
+
+def _default_config(spec: CompileSpec) -> Any:
+    return row.default_config(spec.static("N"), spec.dtype("logits").width)
+
+
+def _vec(spec: CompileSpec, *args: str) -> int:
+    return min(spec.vec(a) for a in args)
+
+
+def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    for dt in FLOAT_DTYPES:
+        for n in STANDARD_N:
+            v = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) logits
+            names = (dtype_name(dt), "int64", "float32", "float32")
+            if with_grad:
+                yield BoundKey((*names, dtype_name(dt)), (("N", n),), (v, 2, 4, 4, v)), {}
+            else:
+                yield BoundKey(names, (("N", n),), (v, 2, 4, 4)), {"ignore_index": -100}
+
+
+@kernel(
+    name="cross_entropy_fwd",
+    signature=FWD_SIGNATURE,
+    archs=("sm_80+",),
+    default_config=_default_config,
+    specializations=lambda: _specs(False),
+)
+def cross_entropy_fwd(spec: CompileSpec) -> Any:
+    return kernels.make_ce_fwd(
+        spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index")
+    )
+
+
+@kernel(
+    name="cross_entropy_bwd",
+    signature=BWD_SIGNATURE,
+    archs=("sm_80+",),
+    default_config=_default_config,
+    specializations=lambda: _specs(True),
+)
+def cross_entropy_bwd(spec: CompileSpec) -> Any:
+    return kernels.make_ce_bwd(spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config)

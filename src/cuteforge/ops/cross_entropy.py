@@ -1,0 +1,219 @@
+"""`cuteforge.ops.cross_entropy(logits, target, *, reduction="mean", ignore_index=-100)`.
+
+logits (M, N) fp32/bf16/fp16 on CUDA (rows contiguous, any row stride), target (M,) int64
+on the same device. Like `torch.nn.functional.cross_entropy` for class-index targets
+(no weight, no label smoothing); the result has logits' dtype.
+
+Forward: one kernel reads each row once and writes the per-row loss and logsumexp (fp32);
+`mean`/`sum` reduce those M values with torch (mean divides by the number of rows whose
+target is not `ignore_index`, so all-ignored gives NaN like torch). Backward: one kernel
+reads the logits once and writes dlogits = (softmax - onehot) * g, with g the per-row
+gradient (zero on ignored rows). The softmax is never materialized.
+
+Targets outside [0, N) (and not `ignore_index`) are not checked on the host by default
+(that would synchronize): their row's loss is NaN, so `mean`/`sum` are NaN, and their
+gradient row is NaN. Nothing is clamped or read out of bounds. With the environment
+variable `CUTEFORGE_CHECK_TARGETS=1` set at import (or this module's `CHECK_TARGETS` set to
+True) eager calls raise a ValueError on the host instead (one device sync per call).
+
+Under torch.compile and autograd the kernels run as `torch.ops.cuteforge.cross_entropy_fwd`
+/ `cross_entropy_bwd` (custom ops with fake impls); plain eager calls skip that boundary.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..kernels.cross_entropy.spec import config_for, cross_entropy_bwd, cross_entropy_fwd
+from ..signature import FLOAT_DTYPES
+
+__all__ = ["cross_entropy", "CHECK_TARGETS"]
+
+CHECK_TARGETS = os.environ.get("CUTEFORGE_CHECK_TARGETS", "") not in ("", "0")
+_REDUCTIONS = ("mean", "sum", "none")
+_MAX_PLANS = 4096
+_FWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
+_BWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
+_WHERE = "cuteforge.ops.cross_entropy"
+
+
+def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{_WHERE}: argument 'logits' must be a torch.Tensor, got {type(logits).__name__}")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{_WHERE}: argument 'target' must be a torch.Tensor, got {type(target).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"{_WHERE}: argument 'logits' must be 2-D (M, N), got shape {tuple(logits.shape)}")
+    if logits.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{_WHERE}: argument 'logits' has dtype {logits.dtype}; supported: float32, bfloat16, float16")
+    if target.dtype != torch.int64:
+        raise TypeError(f"{_WHERE}: argument 'target' must be int64 class indices, got dtype {target.dtype}")
+    if target.dim() != 1 or target.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"{_WHERE}: argument 'target' must have shape ({logits.shape[0]},) to match logits "
+            f"{tuple(logits.shape)}, got {tuple(target.shape)}"
+        )
+    if target.device != logits.device:
+        raise ValueError(f"{_WHERE}: argument 'target' is on {target.device} but 'logits' is on {logits.device}")
+    if logits.shape[1] == 0:
+        raise ValueError(f"{_WHERE}: argument 'logits' must have N >= 1 classes, got shape {tuple(logits.shape)}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{_WHERE}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{_WHERE}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+
+
+def _check_targets(target: torch.Tensor, n: int, ignore_index: int) -> None:
+    bad = (target != ignore_index) & ((target < 0) | (target >= n))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{_WHERE}: argument 'target' has target[{i}] = {int(target[i])}, outside [0, {n}) "
+            f"and not ignore_index={ignore_index}"
+        )
+
+
+def _key(logits: torch.Tensor, ignore_index: int) -> tuple[Any, ...]:
+    return (logits.dtype, logits.shape, logits.stride(), logits.data_ptr() & 15, logits.get_device(), ignore_index)
+
+
+def _skip(*args: Any) -> None:
+    """M == 0: nothing to launch."""
+
+
+def _fwd_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Callable[..., Any]:
+    m, n = logits.shape
+    loss = torch.empty(m, dtype=torch.float32, device=logits.device)
+    key = cross_entropy_fwd.signature.bind((logits, target, loss, loss), _WHERE)
+    fn: Callable[..., Any] = _skip
+    if m > 0:
+        params = (("ignore_index", ignore_index),)
+        fn = cross_entropy_fwd.get(key, params, config_for(n, logits.element_size() * 8))
+    if len(_FWD) >= _MAX_PLANS:
+        _FWD.clear()
+    _FWD[_key(logits, ignore_index)] = fn
+    return fn
+
+
+def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (loss, lse), fp32. The custom op's body and the eager path."""
+    if target.stride(0) != 1:
+        target = target.contiguous()
+    try:
+        fn = _FWD[_key(logits, ignore_index)]
+    except (AttributeError, KeyError, TypeError):
+        fn = _fwd_launcher(logits, target, ignore_index)
+    m = logits.shape[0]
+    loss = logits.new_empty(m, dtype=torch.float32)
+    lse = logits.new_empty(m, dtype=torch.float32)
+    fn(logits, target, loss, lse)
+    return loss, lse
+
+
+def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor) -> torch.Tensor:
+    m, n = logits.shape
+    dlogits = torch.empty((m, n), dtype=logits.dtype, device=logits.device)
+    if target.stride(0) != 1:
+        target = target.contiguous()
+    if m == 0:
+        return dlogits
+    k = (logits.dtype, logits.shape, logits.stride(), logits.data_ptr() & 15, dlogits.data_ptr() & 15, logits.get_device())
+    fn = _BWD.get(k)
+    if fn is None:
+        key = cross_entropy_bwd.signature.bind((logits, target, lse, gscale, dlogits), _WHERE)
+        fn = cross_entropy_bwd.get(key, (), config_for(n, logits.element_size() * 8))
+        if len(_BWD) >= _MAX_PLANS:
+            _BWD.clear()
+        _BWD[k] = fn
+    fn(logits, target, lse, gscale, dlogits)
+    return dlogits
+
+
+# --- torch.library registration ----------------------------------------------------------
+
+
+@torch.library.custom_op("cuteforge::cross_entropy_fwd", mutates_args=())
+def _fwd_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(logits, target, ignore_index)
+
+
+@_fwd_op.register_fake
+def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    torch._check(logits.dim() == 2, lambda: f"{_WHERE}: logits must be 2-D")
+    m = logits.shape[0]
+    return logits.new_empty(m, dtype=torch.float32), logits.new_empty(m, dtype=torch.float32)
+
+
+@torch.library.custom_op("cuteforge::cross_entropy_bwd", mutates_args=())
+def _bwd_op(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor) -> torch.Tensor:
+    return _bwd(logits, target, lse, gscale)
+
+
+@_bwd_op.register_fake
+def _(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    logits, target, ignore_index = inputs
+    ctx.ignore_index = ignore_index
+    ctx.save_for_backward(logits, target, output[1])
+
+
+def _backward(ctx: Any, g_loss: torch.Tensor, g_lse: Any) -> tuple[Any, None, None]:
+    logits, target, lse = ctx.saved_tensors
+    n = logits.shape[1]
+    valid = target != ctx.ignore_index
+    g = torch.where(valid, g_loss.float(), 0.0)
+    # out-of-range targets: a NaN gradient row, matching their NaN loss
+    g = torch.where(valid & ((target < 0) | (target >= n)), float("nan"), g)
+    dlogits = _bwd_op(logits, target, lse, g.contiguous())
+    if g_lse is not None:  # lse is an internal output; fold its gradient in if someone used it
+        dlogits = dlogits + (torch.softmax(logits.float(), -1) * g_lse.unsqueeze(-1)).to(logits.dtype)
+    return dlogits, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int, dtype: torch.dtype) -> torch.Tensor:
+    if reduction == "none":
+        return loss.to(dtype)
+    total = loss.sum()
+    if reduction == "sum":
+        return total.to(dtype)
+    return (total / (target != ignore_index).sum()).to(dtype)
+
+
+def cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean", ignore_index: int = -100
+) -> torch.Tensor:
+    """torch.nn.functional.cross_entropy(logits, target, reduction=..., ignore_index=...)
+    for (M, N) logits and int64 class targets, in one pass forward and one backward."""
+    if torch.compiler.is_compiling():
+        loss, _ = _fwd_op(logits, target, ignore_index)
+        return _reduce(loss, target, reduction, ignore_index, logits.dtype)
+    _check(logits, target, reduction, ignore_index)
+    if CHECK_TARGETS:
+        _check_targets(target, logits.shape[1], ignore_index)
+    if logits.requires_grad and torch.is_grad_enabled():
+        loss, _ = _fwd_op(logits, target, ignore_index)
+    else:
+        loss, _ = _fwd(logits, target, ignore_index)
+    return _reduce(loss, target, reduction, ignore_index, logits.dtype)
+
+
+# torch.ops.cuteforge.cross_entropy: a composite op (it decomposes into the two custom ops
+# above under autograd and tracing), so the whole loss is reachable through torch.ops too.
+torch.library.define(
+    "cuteforge::cross_entropy", "(Tensor logits, Tensor target, str reduction='mean', int ignore_index=-100) -> Tensor"
+)
+
+
+@torch.library.impl("cuteforge::cross_entropy", "CompositeImplicitAutograd")
+def _composite(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
+    return cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index)
