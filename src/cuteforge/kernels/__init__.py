@@ -1,6 +1,6 @@
 """Device code, one kernel family per folder. Importing a family registers its kernels."""
 
-FAMILIES = ("reduce", "softmax", "cross_entropy")
+FAMILIES = ("reduce", "softmax", "cross_entropy", "gemm")
 
 
 def load_all() -> None:

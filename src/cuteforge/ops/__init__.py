@@ -1,7 +1,8 @@
 """Torch-facing ops. Each is also registered as `torch.ops.cuteforge.<name>`."""
 
 from .cross_entropy import cross_entropy
+from .gemm import gemm
 from .reduce import amax, amin, argmax, mean, sum  # noqa: A004
 from .softmax import log_softmax, softmax
 
-__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax", "cross_entropy"]
+__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax", "cross_entropy", "gemm"]

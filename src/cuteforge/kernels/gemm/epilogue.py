@@ -1,0 +1,136 @@
+"""GEMM epilogues: what is computed on the fp32 accumulator before the store.
+
+A `GemmEpilogue` is hashable text plus its tensor operands' kinds; `fn()` gives the
+elementwise hook the kernel calls on fp32 TensorSSA fragments (accumulator first, then
+one fragment per operand, in the accumulator's thread-value layout). Two sources:
+
+- presets: `GemmEpilogue.preset(act, bias=..., c=..., residual=..., alpha=, beta=)`
+  computes  act(alpha * acc + beta * C + bias) + residual  with act in
+  {none, relu, gelu (tanh form), silu};
+- `cuteforge.fusion.Epilogue` objects: `GemmEpilogue.from_fusion(ep)` (scalar operands
+  bound first with `ep.bind`); builders rebuild the expression from its key, so a
+  compile in another process needs nothing but the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+TENSOR_KINDS = ("row", "col", "full")
+
+_GELU_K0 = 0.7978845608028654  # sqrt(2 / pi)
+_GELU_K1 = 0.044715
+
+
+def activation(name: str, x: Any) -> Any:
+    """`name` applied to an fp32 TensorSSA (inside @cute.jit code)."""
+    import cutlass.cute as cute
+
+    if name == "none":
+        return x
+    if name == "relu":
+        return cute.where(x > 0.0, x, cute.full_like(x, 0.0))
+    if name == "gelu":
+        inner = x * (_GELU_K0 + (_GELU_K0 * _GELU_K1) * (x * x))
+        return 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
+    if name == "silu":
+        return x / (1.0 + cute.math.exp(-x, fastmath=True))
+    raise ValueError(f"unknown activation {name!r}; known: {ACTIVATIONS}")
+
+
+def activation_torch(name: str, x: Any) -> Any:
+    """The same activation in torch (references, fallbacks)."""
+    import torch.nn.functional as F
+
+    if name == "none":
+        return x
+    if name == "relu":
+        return F.relu(x)
+    if name == "gelu":
+        return F.gelu(x, approximate="tanh")
+    if name == "silu":
+        return F.silu(x)
+    raise ValueError(f"unknown activation {name!r}; known: {ACTIVATIONS}")
+
+
+@dataclass(frozen=True)
+class GemmEpilogue:
+    """Canonical text (`key`, goes into compile keys) + the kinds of its tensor operands."""
+
+    key: str
+    kinds: tuple[str, ...]
+
+    @staticmethod
+    def preset(act: str = "none", *, bias: str | None = None, c: bool = False, residual: bool = False,
+               alpha: float = 1.0, beta: float = 1.0) -> GemmEpilogue | None:
+        """None when nothing is fused (the plain GEMM kernel)."""
+        if act not in ACTIVATIONS:
+            raise ValueError(f"epilogue must be one of {ACTIVATIONS} or a cuteforge.fusion.Epilogue, got {act!r}")
+        if bias not in (None, "row", "col"):
+            raise ValueError(f"bias kind must be 'row' or 'col', got {bias!r}")
+        if act == "none" and bias is None and not c and not residual and alpha == 1.0:
+            return None
+        kinds = tuple(k for k, on in ((bias, bias is not None), ("full", c), ("full", residual)) if on)
+        key = f"preset:act={act},bias={bias},c={c},res={residual},alpha={float(alpha)!r},beta={float(beta)!r}"
+        return GemmEpilogue(key, kinds)
+
+    @staticmethod
+    def from_fusion(ep: Any) -> GemmEpilogue:
+        """A fusion Epilogue whose scalar operands are already bound (`ep.bind(name=v)`)."""
+        for name, kind in ep.operands:
+            if kind == "scalar":
+                raise ValueError(f"epilogue scalar operand {name!r} must be bound first: pass its value in epilogue_args")
+            if kind not in TENSOR_KINDS:
+                raise ValueError(f"epilogue operand {name!r}: kind {kind!r} is not supported by the GEMM (row, col, full)")
+        return GemmEpilogue("fusion:" + str(ep.key), tuple(kind for _, kind in ep.operands))
+
+    def _fusion(self) -> Any:
+        from ...fusion import Epilogue
+
+        return Epilogue.from_key(self.key.removeprefix("fusion:"))
+
+    def _preset_fields(self) -> tuple[str, bool, bool, bool, float, float]:
+        f = dict(part.split("=", 1) for part in self.key.removeprefix("preset:").split(","))
+        return f["act"], f["bias"] != "None", f["c"] == "True", f["res"] == "True", float(f["alpha"]), float(f["beta"])
+
+    def reference(self, acc: Any, *ops: Any) -> Any:
+        """The same epilogue in torch on fp32 tensors (operands already broadcastable)."""
+        if self.key.startswith("fusion:"):
+            return self._fusion().reference(acc, *ops)
+        act, bias, c, res, alpha, beta = self._preset_fields()
+        it = iter(ops)
+        x = acc * alpha
+        b = next(it) if bias else None
+        if c:
+            x = x + beta * next(it)
+        if b is not None:
+            x = x + b
+        x = activation_torch(act, x)
+        if res:
+            x = x + next(it)
+        return x
+
+    def fn(self) -> Callable[..., Any]:
+        """The elementwise hook: fn(acc, *tensor_operand_fragments) -> fp32 TensorSSA."""
+        if self.key.startswith("fusion:"):
+            return self._fusion().apply
+        act, bias, c, res, alpha, beta = self._preset_fields()
+
+        def preset(acc: Any, *frags: Any) -> Any:
+            it = iter(frags)
+            x = acc * alpha if alpha != 1.0 else acc
+            if bias:
+                b = next(it)
+            if c:
+                x = x + (next(it) * beta if beta != 1.0 else next(it))
+            if bias:
+                x = x + b
+            x = activation(act, x)
+            if res:
+                x = x + next(it)
+            return x
+
+        return preset

@@ -1,0 +1,1 @@
+"""The sm_90a kernel: config, device code, host entry."""

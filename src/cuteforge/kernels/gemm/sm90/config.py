@@ -1,0 +1,133 @@
+"""Configs of the sm_90a GEMM: what a tile/pipeline choice is, whether the device can run
+it, the heuristic default and the autotuner's candidates.
+
+Shared memory per CTA is `stages * (tile_m + tile_n) * tile_k * in_bytes` for the A/B
+ring, plus `epi_stages * epi_m * epi_n * out_bytes` for the TMA-store staging buffers,
+plus a few hundred bytes of mbarriers. sm_90 lets a block opt in to 227 KiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ....arch import DeviceLimits
+
+RASTER_ORDERS = ("m", "n")
+BARRIER_BYTES = 1024  # mbarriers + alignment slack of the shared-storage struct
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One tile/pipeline choice. `stages=0` takes as many A/B stages as shared memory holds.
+
+    tile_m: 64 (one consumer warpgroup), 128 or 256 (two consumer warpgroups, split
+      along M); tile_n: multiple of 16 up to 256; tile_k: 64 (bf16/fp16: 4 wgmma k-steps).
+    cluster_m/cluster_n: CTAs per cluster along M/N; A is multicast across the N
+      direction, B across M, so a 2x1 cluster halves B's L2->SM traffic.
+    raster: "m" walks down M first inside a group of `swizzle` tile columns, "n" the
+      transpose; grouping keeps a band of A and B tiles hot in L2.
+    """
+
+    tile_m: int = 128
+    tile_n: int = 256
+    tile_k: int = 64
+    stages: int = 0
+    cluster_m: int = 2
+    cluster_n: int = 1
+    raster: str = "m"
+    swizzle: int = 8
+    epi_n: int = 32
+
+    @property
+    def consumer_wgs(self) -> int:
+        return 1 if self.tile_m == 64 else 2
+
+    def epi_tile(self) -> tuple[int, int]:
+        return (min(self.tile_m, 64 * self.consumer_wgs), min(self.epi_n, self.tile_n))
+
+    def epi_stages(self, out_bytes: int) -> int:
+        return 4 if out_bytes <= 2 else 2
+
+    def smem_bytes(self, in_bytes: int, out_bytes: int, stages: int | None = None) -> int:
+        s = self.stages if stages is None else stages
+        em, en = self.epi_tile()
+        ab = s * (self.tile_m + self.tile_n) * self.tile_k * in_bytes
+        return ab + self.epi_stages(out_bytes) * em * en * out_bytes + BARRIER_BYTES
+
+    def resolved_stages(self, in_bytes: int, out_bytes: int, limits: DeviceLimits) -> int:
+        """`stages`, or (0) the most that fit next to the epilogue buffers."""
+        if self.stages:
+            return self.stages
+        per_stage = (self.tile_m + self.tile_n) * self.tile_k * in_bytes
+        rest = self.smem_bytes(in_bytes, out_bytes, stages=0)
+        return max(1, (limits.smem_per_block - rest) // per_stage)
+
+    def validate(self, in_bytes: int, out_bytes: int, limits: DeviceLimits) -> None:
+        """Raise ValueError when this config cannot run on the device described by `limits`."""
+        if limits.sm < 90:
+            raise ValueError(f"GemmConfig needs sm_90 (wgmma/TMA), got sm_{limits.sm}")
+        if self.tile_m not in (64, 128, 256):
+            raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
+        if self.tile_k != 64:
+            raise ValueError(f"tile_k must be 64 for 16-bit inputs (4 wgmma k-steps of 16), got {self.tile_k}")
+        # Accumulator registers per consumer thread; more than 128 fp32 spills under the
+        # 232-register budget that setmaxnreg gives a consumer warpgroup.
+        acc = self.tile_m * self.tile_n // (128 * self.consumer_wgs)
+        if acc > 128:
+            raise ValueError(f"tile {self.tile_m}x{self.tile_n} needs {acc} accumulator registers per thread (max 128)")
+        if self.epi_n not in (16, 32, 64) or self.tile_n % min(self.epi_n, self.tile_n):
+            raise ValueError(f"epi_n must be 16, 32 or 64 and divide tile_n, got {self.epi_n}")
+        for name, c in (("cluster_m", self.cluster_m), ("cluster_n", self.cluster_n)):
+            if c not in (1, 2, 4):
+                raise ValueError(f"{name} must be 1, 2 or 4, got {c}")
+        if self.cluster_m * self.cluster_n > min(4, limits.max_cluster_size):
+            raise ValueError(f"cluster {self.cluster_m}x{self.cluster_n} exceeds 4 CTAs")
+        if self.raster not in RASTER_ORDERS:
+            raise ValueError(f"raster must be one of {RASTER_ORDERS}, got {self.raster!r}")
+        if self.swizzle < 1:
+            raise ValueError(f"swizzle must be >= 1, got {self.swizzle}")
+        stages = self.resolved_stages(in_bytes, out_bytes, limits)
+        if stages < 2:
+            raise ValueError(f"config {self} leaves room for {stages} pipeline stage(s); need >= 2")
+        need = self.smem_bytes(in_bytes, out_bytes, stages)
+        if need > limits.smem_per_block:
+            raise ValueError(f"config {self} needs {need} B of shared memory; sm_{limits.sm} allows {limits.smem_per_block}")
+
+
+def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132) -> GemmConfig:
+    """The untuned heuristic: 128x256 tiles with 2-CTA clusters for large problems; smaller
+    tiles when the output has too few 128x256 tiles to fill the SMs."""
+    if m is None or n is None:
+        return GemmConfig()
+    if m <= 64:
+        # Skinny M (decode): one warpgroup on 64-row tiles, wide N to cut A re-reads.
+        return GemmConfig(tile_m=64, tile_n=256 if n >= 256 * sm_count else 128, cluster_m=1, cluster_n=2 if n >= 4096 else 1)
+    tiles = -(-m // 128) * -(-n // 256)
+    if tiles < sm_count:
+        # Too few big tiles for one wave: 128x128 doubles the tile count.
+        return GemmConfig(tile_n=128, cluster_m=2 if m >= 256 else 1)
+    return GemmConfig()
+
+
+def candidate_configs(m: int | None, n: int | None) -> list[GemmConfig]:
+    """A short list the autotuner times; each is validated against the target first."""
+    out = [
+        GemmConfig(),
+        GemmConfig(cluster_m=1, cluster_n=2),
+        GemmConfig(cluster_m=1, cluster_n=1),
+        GemmConfig(swizzle=4),
+        GemmConfig(raster="n"),
+        GemmConfig(tile_m=256, tile_n=128),
+        GemmConfig(tile_n=128),
+        GemmConfig(tile_n=128, cluster_m=1, cluster_n=2),
+        GemmConfig(tile_n=192),
+    ]
+    if m is not None and m <= 128:
+        out += [GemmConfig(tile_m=64, tile_n=128, cluster_m=1), GemmConfig(tile_m=64, tile_n=256, cluster_m=1, cluster_n=2)]
+    seen: list[GemmConfig] = []
+    for c in out:
+        if c not in seen:
+            seen.append(c)
+    return seen

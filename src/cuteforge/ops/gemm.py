@@ -1,0 +1,294 @@
+"""`cuteforge.ops.gemm(a, b, ...)`: a @ b on Hopper with a fused epilogue.
+
+    gemm(a, b)                                  # (M,K) @ (K,N) or batched (L,M,K) @ (L,K,N)
+    gemm(a, b, bias=bias, epilogue="gelu")      # gelu_tanh(a @ b + bias), one pass
+    gemm(a, b, c=c, alpha=0.5, beta=2.0)        # 0.5 * a @ b + 2 * c
+    gemm(a, b, residual=r, epilogue="silu")     # silu(a @ b) + r
+    gemm(a, b, epilogue=Epilogue.from_fn(lambda acc, s: relu(acc) * s, s="col"),
+         epilogue_args={"s": scale})            # any cuteforge.fusion.Epilogue
+
+Preset order: act(alpha * (a @ b) + beta * c + bias) + residual, act in none/relu/
+gelu (tanh form)/silu. `bias` 1-D of length N is per column (as in nn.Linear); shape
+(M, 1) is per row. bf16/fp16 inputs, fp32 accumulation, output bf16/fp16/fp32.
+
+Every layout runs without a copy when TMA can address it (unit stride in K or in M/N,
+16-byte aligned rows); anything else is copied once into an aligned buffer. Warm calls
+are one dict lookup. Under torch.compile or autograd the call goes through the custom
+op `torch.ops.cuteforge.gemm` (fake impl + a backward that recomputes in torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..arch import gpu_info
+from ..kernels.gemm.epilogue import GemmEpilogue
+from ..kernels.gemm.sm90.config import default_config
+from ..kernels.gemm.spec import AB_DTYPES, gemm_kernel
+from ..signature import FLOAT_DTYPES, dtype_name
+
+_WHERE = "cuteforge.ops.gemm"
+_PLANS: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
+_MAX_PLANS = 4096
+_NONE_KEY = ""
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.device.index)
+
+
+def _aligned(t: torch.Tensor, dim: int) -> bool:
+    """TMA can read `t` with `dim` as its unit-stride dim: every other stride and the base
+    address 16-byte aligned."""
+    if t.stride(dim) != 1 and t.shape[dim] > 1:
+        return False
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    return all(s * es % 16 == 0 for i, s in enumerate(t.stride()) if i != dim % t.dim() and t.shape[i] > 1)
+
+
+def _padded(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """A copy of `t` whose `dim` is unit-stride and whose rows start 16-byte aligned
+    (extent rounded up in storage, the view keeps the logical shape)."""
+    unit = 16 // t.element_size()
+    dim = dim % t.dim()
+    shape = list(t.shape)
+    shape[dim] = -(-shape[dim] // unit) * unit
+    order = [i for i in range(t.dim()) if i != dim] + [dim]
+    buf = torch.zeros([shape[i] for i in order], dtype=t.dtype, device=t.device)
+    view = buf.permute(*[order.index(i) for i in range(t.dim())])
+    view = view.narrow(dim, 0, t.shape[dim])
+    view.copy_(t)
+    return view
+
+
+def _operand_for(t: torch.Tensor, prefer: tuple[int, int]) -> tuple[torch.Tensor, bool]:
+    """`t` as is when TMA-readable with one of the two preferred unit-stride dims, else an
+    aligned copy. Returns (tensor, first preference taken)."""
+    for dim in prefer:
+        if _aligned(t, dim):
+            return t, dim == prefer[0]
+    return _padded(t, prefer[0]), True
+
+
+def _check(a: Any, b: Any, operands: Sequence[Any], names: Sequence[str], out_dtype: Any) -> None:
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in AB_DTYPES:
+            raise TypeError(f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: bfloat16, float16")
+        if t.dim() not in (2, 3):
+            raise ValueError(f"{_WHERE}: argument {name!r} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{_WHERE}: a is {dtype_name(a.dtype)} but b is {dtype_name(b.dtype)}; they must match")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(
+            f"{_WHERE}: a has K={a.shape[-1]} (shape {tuple(a.shape)}) but b has K={b.shape[-2]} "
+            f"(shape {tuple(b.shape)}); a @ b needs a.shape[-1] == b.shape[-2]"
+        )
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"{_WHERE}: batch sizes differ: a has L={a.shape[0]}, b has L={b.shape[0]}")
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{_WHERE}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    for name, t in (("a", a), ("b", b)):
+        if not t.is_cuda:
+            raise ValueError(f"{_WHERE}: argument {name!r} must be a CUDA tensor, got one on {t.device}")
+    if a.device != b.device:
+        raise ValueError(f"{_WHERE}: a is on {a.device} but b is on {b.device}")
+    for name, t in zip(names, operands):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != a.device:
+            raise ValueError(f"{_WHERE}: argument {name!r} is on {t.device} but a is on {a.device}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: float32, bfloat16, float16")
+
+
+def _shape_operand(t: torch.Tensor, kind: str, name: str, L: int, M: int, N: int) -> torch.Tensor:
+    """An epilogue operand in the kernel's form: row (M,), col (N,), full (L, M, N)."""
+    if kind in ("row", "col"):
+        n = M if kind == "row" else N
+        if t.numel() != n:
+            raise ValueError(f"{_WHERE}: argument {name!r} is a per-{kind} operand and needs {n} values, got shape {tuple(t.shape)}")
+        return t.reshape(n).contiguous()
+    try:
+        full = t.expand(L, M, N) if t.dim() <= 3 else None
+    except RuntimeError:
+        full = None
+    if full is None:
+        raise ValueError(f"{_WHERE}: argument {name!r} must broadcast to the output shape {(L, M, N)}, got {tuple(t.shape)}")
+    return full if full.stride(-1) == 1 or N == 1 else full.contiguous()
+
+
+def _reference(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi: GemmEpilogue | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """torch: fp32 accumulate, the same epilogue (K == 0, M/N == 0, and backward)."""
+    acc = torch.matmul(a.float(), b.float())
+    if epi is not None:
+        shaped = []
+        for t, kind in zip(ops, epi.kinds):
+            f = t.float()
+            shaped.append(f.reshape(-1, 1) if kind == "row" else f.reshape(-1) if kind == "col" else f)
+        acc = epi.reference(acc, *shaped)
+    return acc.to(out_dtype)
+
+
+def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtype: Any) -> Callable[..., torch.Tensor]:
+    names = ("bias", "c", "residual") if epi is not None and epi.key.startswith("preset:") else tuple(f"epilogue operand {i}" for i in range(len(ops)))
+    _check(a, b, ops, names, out_dtype)
+    odt = out_dtype or a.dtype
+    batched = a.dim() == 3 or b.dim() == 3
+    L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    out_shape = (L, M, N) if batched else (M, N)
+    kinds = epi.kinds if epi is not None else ()
+    if len(ops) != len(kinds):
+        raise TypeError(f"{_WHERE}: the epilogue takes {len(kinds)} tensor operand(s), got {len(ops)}")
+    if M == 0 or N == 0 or K == 0:
+        return lambda a, b, ops: _reference(a, b, ops, epi, odt).reshape(out_shape)
+
+    info = gpu_info(a.device.index)
+    sms = info.sm_count if info else 132
+
+    def prepare(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
+        a3 = a if a.dim() == 3 else a.unsqueeze(0)
+        b3 = b if b.dim() == 3 else b.unsqueeze(0)
+        if a3.shape[0] != L:
+            a3 = a3.expand(L, M, K)
+        if b3.shape[0] != L:
+            b3 = b3.expand(L, K, N)
+        a3, a_k = _operand_for(a3, (2, 1))
+        b3, b_k = _operand_for(b3, (1, 2))
+        return a3, b3, a_k, b_k
+
+    a3, b3, a_k, b_k = prepare(a, b)
+    kern = gemm_kernel(a_k, b_k, kinds)
+    n_unit = 16 // torch.empty((), dtype=odt).element_size()
+    n_pad = -(-N // n_unit) * n_unit
+    out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)[..., :N]
+    shaped = [_shape_operand(t, k, n, L, M, N) for t, k, n in zip(ops, kinds, names)]
+    key = kern.signature.bind((a3, b3, out, *shaped), _WHERE)
+    params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
+    from ..autotune import lookup  # slow path only: a tuned config if one was stored
+
+    cfg = lookup(kern, key, params, {"M": M, "N": N, "K": K}) or default_config(M, N, K, sms)
+    launch = kern.get(key, tuple(sorted(params)), cfg)
+
+    def run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor]) -> torch.Tensor:
+        a3, b3, _, _ = prepare(a, b)
+        out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)
+        view = out[..., :N] if n_pad != N else out
+        launch(a3, b3, view, *[_shape_operand(t, k, n, L, M, N) for t, k, n in zip(ops, kinds, names)])
+        if n_pad != N:
+            view = view.contiguous()
+        return view if batched else view[0]
+
+    return run
+
+
+def _run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+    epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
+    try:
+        memo: Any = (_layout(a), _layout(b), tuple(_layout(t) for t in ops), epi_key, out_dtype)
+        fn = _PLANS.get(memo)
+    except AttributeError:  # not tensors: _plan raises the clear error
+        memo, fn = None, None
+    if fn is None:
+        fn = _plan(a, b, ops, epi, out_dtype)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[memo] = fn
+    return fn(a, b, ops)
+
+
+# --- torch.library registration -----------------------------------------------------------
+
+
+@torch.library.custom_op("cuteforge::gemm", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+    return _run(a, b, ops, epi_key, kinds, out_dtype)
+
+
+@_gemm_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+    torch._check(a.shape[-1] == b.shape[-2], lambda: f"{_WHERE}: a and b disagree on K")
+    batched = a.dim() == 3 or b.dim() == 3
+    L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
+    shape = (L, a.shape[-2], b.shape[-1]) if batched else (a.shape[-2], b.shape[-1])
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    a, b, ops, epi_key, kinds, out_dtype = inputs
+    ctx.save_for_backward(a, b, *ops)
+    ctx.meta = (epi_key, kinds, out_dtype, len(ops))
+
+
+def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+    """Recompute the forward in torch (fp32) and differentiate it: exact for every epilogue."""
+    epi_key, kinds, out_dtype, n = ctx.meta
+    a, b, *ops = ctx.saved_tensors
+    epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(True) for t in (a, b, *ops)]
+        y = _reference(leaves[0], leaves[1], leaves[2:], epi, torch.float32)
+        grads = torch.autograd.grad(y, leaves, g.float(), allow_unused=True)
+    cast = [None if gr is None else gr.to(t.dtype) for gr, t in zip(grads, (a, b, *ops))]
+    return cast[0], cast[1], cast[2:], None, None, None
+
+
+_gemm_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta: float, epilogue_args: Any) -> tuple[GemmEpilogue | None, list[Any]]:
+    if epilogue is None or isinstance(epilogue, str):
+        if epilogue_args:
+            raise TypeError(f"{_WHERE}: epilogue_args is for a cuteforge.fusion.Epilogue; presets take bias=, c=, residual=")
+        kind = None
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor):
+                raise TypeError(f"{_WHERE}: argument 'bias' must be a torch.Tensor, got {type(bias).__name__}")
+            kind = "row" if bias.dim() == 2 and bias.shape[-1] == 1 and bias.shape[0] != 1 else "col"
+        for name, v in (("alpha", alpha), ("beta", beta)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{_WHERE}: argument {name!r} must be a Python number, got {type(v).__name__}")
+        epi = GemmEpilogue.preset(epilogue or "none", bias=kind, c=c is not None, residual=residual is not None, alpha=alpha, beta=beta)
+        return epi, [t for t in (bias, c, residual) if t is not None]
+    if not hasattr(epilogue, "operands") or not hasattr(epilogue, "bind"):
+        raise TypeError(f"{_WHERE}: epilogue must be None, 'relu', 'gelu', 'silu' or a cuteforge.fusion.Epilogue, got {type(epilogue).__name__}")
+    if bias is not None or residual is not None or c is not None:
+        raise TypeError(f"{_WHERE}: with a fusion Epilogue pass its operands in epilogue_args, not bias=/c=/residual=")
+    args = dict(epilogue_args or {})
+    scalars = {n: args.pop(n) for n, k in epilogue.operands if k == "scalar" and n in args}
+    ep = epilogue.bind(**scalars) if scalars else epilogue
+    missing = [n for n, _ in ep.operands if n not in args]
+    extra = sorted(set(args) - {n for n, _ in ep.operands})
+    if missing or extra:
+        raise TypeError(f"{_WHERE}: epilogue_args must give exactly the operands {[n for n, _ in epilogue.operands]}; missing {missing}, unknown {extra}")
+    return GemmEpilogue.from_fusion(ep), [args[n] for n, _ in ep.operands]
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    epilogue: Any = None,
+    out_dtype: torch.dtype | None = None,
+    residual: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    epilogue_args: dict[str, Any] | None = None,
+) -> torch.Tensor:
+    """a @ b with the epilogue fused before the store (see the module docstring)."""
+    epi, ops = _resolve(bias, epilogue, residual, c, alpha, beta, epilogue_args)
+    epi_key = epi.key if epi is not None else _NONE_KEY
+    kinds = ",".join(epi.kinds) if epi is not None else ""
+    needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops))
+    if torch.compiler.is_compiling() or needs_grad:
+        return _gemm_op(a, b, ops, epi_key, kinds, out_dtype)
+    return _run(a, b, ops, epi_key, kinds, out_dtype)

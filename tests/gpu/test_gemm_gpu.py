@@ -1,0 +1,170 @@
+"""sm_90a GEMM against torch (fp32 reference of the same 16-bit inputs) on the GPU: odd
+shapes, every dtype pair, all four operand majors, batches, misaligned views, fused
+epilogues, every candidate config, gradients, torch.compile, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuteforge.ops.gemm import gemm
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs an sm_90 GPU", allow_module_level=True)
+
+
+def _ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a.float(), b.float())
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, k: int) -> None:
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    if got.dtype == torch.float32:
+        rtol, atol = 1e-4, 1e-4 * max(k, 1) ** 0.5
+    else:
+        rtol, atol = 1.6e-2, 1e-2 * max(k, 1) ** 0.5
+    torch.testing.assert_close(got.float(), ref, rtol=rtol, atol=atol)
+
+
+SHAPES = [(1, 1, 1), (7, 13, 7), (1000, 1000, 1000), (65537, 72, 40), (257, 383, 129), (16, 4096, 4096), (2048, 2048, 2048)]
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mnk", SHAPES)
+def test_matches_torch(mnk: tuple[int, int, int], dtype: torch.dtype, out_dtype: torch.dtype | None) -> None:
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    got = gemm(a, b, out_dtype=out_dtype)
+    assert got.dtype == (out_dtype or dtype) and got.is_contiguous()
+    _close(got, _ref(a, b), k)
+
+
+def test_fp16_out_from_bf16() -> None:
+    a = torch.randn(300, 264, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(264, 520, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a, b, out_dtype=torch.float16), _ref(a, b), 264)
+
+
+@pytest.mark.parametrize("a_t", [False, True])
+@pytest.mark.parametrize("b_t", [False, True])
+def test_operand_majors(a_t: bool, b_t: bool) -> None:
+    m, n, k = 300, 520, 264
+    a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if a_t else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if b_t else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a, b), _ref(a, b), k)
+
+
+def test_batched_and_broadcast_b() -> None:
+    a = torch.randn(3, 100, 200, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, 200, 136, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a, b), _ref(a, b), 200)
+    b2 = torch.randn(200, 136, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a, b2), _ref(a, b2), 200)
+    bt = torch.randn(3, 136, 200, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    _close(gemm(a, bt), _ref(a, bt), 200)
+
+
+def test_misaligned_and_strided_views() -> None:
+    big = torch.randn(512, 1030, device="cuda", dtype=torch.bfloat16)
+    a = big[:300, 3:259]  # pointer 6 bytes off, row stride 1030 elements: copied once
+    b = torch.randn(256, 1000, device="cuda", dtype=torch.bfloat16)[:, 8:392]  # aligned view: no copy
+    _close(gemm(a, b), _ref(a, b), 256)
+    wide = torch.randn(256, 600, device="cuda", dtype=torch.bfloat16)[:, :300]  # row stride 600: no copy
+    _close(gemm(a, wide), _ref(a, wide), 256)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
+@pytest.mark.parametrize("bias_kind", [None, "col", "row"])
+def test_fused_presets(act: str, bias_kind: str | None) -> None:
+    m, n, k = 1000, 1000, 520
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    bias = None if bias_kind is None else torch.randn(n if bias_kind == "col" else m, device="cuda", dtype=torch.bfloat16)
+    if bias_kind == "row":
+        bias = bias[:, None]
+    z = _ref(a, b) + (0 if bias is None else bias.float())
+    ref = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}[act](z)
+    _close(gemm(a, b, bias=bias, epilogue=act), ref, k)
+
+
+def test_alpha_beta_c_and_residual() -> None:
+    m, n, k = 777, 999, 300
+    a = torch.randn(2, m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(2, k, n, device="cuda", dtype=torch.float16)
+    c = torch.randn(2, m, n, device="cuda", dtype=torch.float32)
+    r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)  # broadcast over the batch
+    got = gemm(a, b, c=c, alpha=0.5, beta=-2.0, residual=r, epilogue="silu", out_dtype=torch.float32)
+    ref = F.silu(0.5 * _ref(a, b) - 2.0 * c) + r.float()
+    _close(got, ref, k)
+
+
+def test_fusion_epilogue() -> None:
+    from cuteforge.fusion import Epilogue, relu
+
+    ep = Epilogue.from_fn(lambda acc, s, bias, t: relu(acc * s + bias) * t, s="row", bias="col", t="scalar")
+    m, n, k = 513, 700, 264
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    s = torch.rand(m, device="cuda")
+    bias = torch.randn(n, device="cuda")
+    got = gemm(a, b, epilogue=ep, epilogue_args={"s": s, "bias": bias, "t": 3.0})
+    _close(got, F.relu(_ref(a, b) * s[:, None] + bias) * 3.0, k)
+
+
+def test_every_candidate_config() -> None:
+    """Every config the tuner may pick is correct on ragged M, N, K."""
+    from cuteforge.kernels.gemm.spec import _configs, gemm_kernel
+
+    m, n, k = 777, 1000, 1000
+    a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    kern = gemm_kernel(True, True)
+    out = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
+    key = kern.signature.bind((a, b, out))
+    params = (("sms", torch.cuda.get_device_properties(0).multi_processor_count),)
+    ref = _ref(a, b)
+    from cuteforge.kernels.gemm.sm90.config import candidate_configs
+
+    cfgs = _configs(kern.spec(key, params)) + [c for c in candidate_configs(64, n) if c.tile_m == 64]
+    assert len(cfgs) >= 6
+    for cfg in cfgs:
+        out.fill_(float("nan"))
+        kern.get(key, params, cfg)(a, b, out)
+        torch.cuda.synchronize()
+        try:
+            _close(out, ref, k)
+        except AssertionError as e:
+            raise AssertionError(f"config {cfg}: {e}") from None
+
+
+def test_gradients() -> None:
+    a = torch.randn(96, 136, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(136, 80, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(80, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(96, 80, device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, bias=bias, epilogue="gelu").backward(g)
+    a2, b2, bias2 = (t.detach().float().requires_grad_() for t in (a, b, bias))
+    F.gelu(a2 @ b2 + bias2, approximate="tanh").backward(g.float())
+    for got, want in ((a.grad, a2.grad), (b.grad, b2.grad), (bias.grad, bias2.grad)):
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
+
+
+def test_torch_compile_and_errors() -> None:
+    a = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(96, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda a, b, bias: gemm(a, b, bias=bias, epilogue="relu") * 2, backend="aot_eager", fullgraph=True)
+    _close(f(a, b, bias), F.relu(_ref(a, b) + bias.float()) * 2, 64)
+    with pytest.raises(TypeError, match="a is bfloat16 but b is float16"):
+        gemm(a, b.half())
+    with pytest.raises(ValueError, match="a has K=64"):
+        gemm(a, b[:32])
+    with pytest.raises(ValueError, match="needs 96 values"):
+        gemm(a, b, bias=bias[:50])
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        gemm(a.cpu(), b.cpu())
