@@ -25,7 +25,7 @@ from ..arch import target_arch
 from ..kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
 from ..signature import FLOAT_DTYPES, dtype_name
 
-__all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"]
+__all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
 
 _MAX_PLANS = 4096
 # plan: (view: x -> 2-D (M, N) operand, or None when x already is one; launch or None)
@@ -243,3 +243,26 @@ def log_softmax_backward(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> 
     if torch.compiler.is_compiling():
         return _log_softmax_bwd_op(grad, y, dim)
     return _bwd("log_softmax_bwd", grad, y, dim)
+
+
+def warm(problems: list[tuple[str, torch.dtype, int, int]], workers: int | None = None) -> list[Any]:
+    """Compile, in parallel GPU-blind worker processes, the kernels that calls on
+    contiguous (M, N) tensors will use: `problems` is [(mode, dtype, M, N)], mode one of
+    softmax, log_softmax, softmax_bwd, log_softmax_bwd. Returns the compile outcomes.
+    Later calls load the objects from the disk cache (milliseconds)."""
+    from ..autotune.pool import CompileJob, compile_all
+    from ..signature import BoundKey, vector_width
+
+    arch = target_arch()
+    jobs = {}
+    for mode, dt, m, n in problems:
+        bwd = mode.endswith("_bwd")
+        k = softmax_bwd if bwd else softmax_fwd
+        vec = vector_width(0, (n,), dt.itemsize)  # what binding a fresh contiguous tensor gives
+        nargs = 3 if bwd else 2
+
+        key = BoundKey((dtype_name(dt),) * nargs, (("N", n),), (vec,) * nargs)
+        cfg = config_for(arch, n, dt.itemsize * 8, bwd, m)
+        job = CompileJob.of(k, key, (("mode", mode),), cfg, arch)
+        jobs[job] = None
+    return compile_all(list(jobs), workers=workers, arch=arch)

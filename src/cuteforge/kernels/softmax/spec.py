@@ -71,7 +71,11 @@ def _configs(backward: bool):
     return f
 
 
-def _specializations(backward: bool):
+def standard_specializations(backward: bool):
+    """(key, params) pairs of contiguous rows of the STANDARD_N lengths, every dtype and
+    mode: what an ahead-of-time build would compile. Not registered with the kernels (the
+    CLI's `precompile` covers the reduction family only for now): call it explicitly."""
+
     def f(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
         for mode in BWD_MODES if backward else FWD_MODES:
             for dt in FLOAT_DTYPES:
@@ -89,7 +93,6 @@ def _specializations(backward: bool):
     archs=("sm_80+",),
     default_config=_default_config(False),
     configs=_configs(False),
-    specializations=_specializations(False),
 )
 def softmax_fwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
@@ -104,7 +107,6 @@ def softmax_fwd(spec: CompileSpec) -> Any:
     archs=("sm_80+",),
     default_config=_default_config(True),
     configs=_configs(True),
-    specializations=_specializations(True),
 )
 def softmax_bwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")

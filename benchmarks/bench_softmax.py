@@ -1,0 +1,236 @@
+"""Softmax / log_softmax, forward and backward: cuteforge vs torch eager vs torch.compile
+vs quack, one process, same inputs, bf16 and fp32.
+
+Bandwidth counts the bytes each kernel must move (forward: read x, write y; backward:
+read y and dy, write dx) and is compared with a device-to-device copy measured in the
+same run (cuteforge.timing.copy_bandwidth). Times are medians of L2-flushed CUDA-event
+timings (cuteforge.timing.bench). quack is timed through its kernels' entry points
+(quack.softmax.softmax_fwd / softmax_bwd; quack has no log_softmax).
+
+Writes benchmarks/results/<gpu>-softmax.json (or --out) with the command line, the
+per-shape figures, the bar checks and (with --sweep) every candidate config's bandwidth.
+
+Run on a GPU machine:  python benchmarks/bench_softmax.py [--quick] [--sweep] [--no-compile] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import cuteforge
+import cuteforge.ops as ops
+from cuteforge import timing
+from cuteforge.ops import softmax as sm
+
+NS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+QUICK_NS = [256, 1024, 4096, 16384, 65536, 262144]
+MAX_TENSOR_BYTES = 1 << 30  # rows = min(32768, what keeps one tensor <= 1 GiB)
+BAR_SHAPES = [(32768, 4096), (16384, 16384), (4096, 65536)]  # the anchors' shapes
+
+
+def rows_for(n: int, dtype: torch.dtype) -> int:
+    return max(1, min(32768, MAX_TENSOR_BYTES // (n * dtype.itemsize)))
+
+
+def _quack() -> Any:
+    try:
+        import quack.softmax as qs  # imported after cuteforge's kernels are built
+
+        return qs
+    except Exception as e:  # reported in the JSON, never fatal
+        print("quack unavailable:", e)
+        return None
+
+
+def _time(fn, nbytes: int, copy_bps: float) -> dict[str, float]:
+    try:
+        ms = timing.bench(fn)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    bps = nbytes / (ms * 1e-3)
+    return {"us": round(ms * 1e3, 2), "GBps": round(bps / 1e9, 1), "pct_copy": round(100 * bps / copy_bps, 1)}
+
+
+def _compiled(fn):
+    torch._dynamo.reset()  # per shape: dynamo's recompile limit would silently fall back to eager
+    return torch.compile(fn, dynamic=False)
+
+
+def measure(mode: str, m: int, n: int, dtype: torch.dtype, copy_bps: float, qs: Any, compiled: bool) -> dict[str, Any]:
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    ref_fn = getattr(torch, mode)
+    ours = getattr(ops, mode)
+    row: dict[str, Any] = {"mode": mode, "M": m, "N": n, "dtype": str(dtype).removeprefix("torch.")}
+    y_ref = ref_fn(x.float(), dim=-1)
+    y = ours(x)
+    row["max_abs_err"] = float((y.float() - y_ref).abs().amax())
+    fwd_bytes = 2 * x.numel() * x.element_size()
+    bwd_bytes = 3 * x.numel() * x.element_size()
+    fwd = {"cuteforge": lambda: ours(x), "torch": lambda: ref_fn(x, dim=-1)}
+    bwd_torch = torch._softmax_backward_data if mode == "softmax" else torch._log_softmax_backward_data
+    ours_bwd = sm.softmax_backward if mode == "softmax" else sm.log_softmax_backward
+    bwd = {"cuteforge": lambda: ours_bwd(dy, y), "torch": lambda: bwd_torch(dy, y, -1, dtype)}
+    if compiled:
+        tc = time.time()
+        cf = _compiled(lambda t: ref_fn(t, dim=-1))
+        cf(x)
+        cb = _compiled(lambda g, t: bwd_torch(g, t, -1, dtype))
+        cb(dy, y)
+        torch.cuda.synchronize()
+        row["torch.compile_first_calls_s"] = round(time.time() - tc, 1)
+        fwd["torch.compile"] = lambda: cf(x)
+        bwd["torch.compile"] = lambda: cb(dy, y)
+    if qs is not None and mode == "softmax":
+        fwd["quack"] = lambda: qs.softmax_fwd(x)
+        bwd["quack"] = lambda: qs.softmax_bwd(dy, y)
+        try:
+            row["quack_max_abs_err"] = float((qs.softmax_fwd(x).float() - y_ref).abs().amax())
+        except Exception as e:
+            row["quack_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    dx_ref = bwd_torch(dy.float(), y.float(), -1, torch.float32)
+    row["bwd_max_abs_err"] = float((ours_bwd(dy, y).float() - dx_ref).abs().amax())
+    for name, fn in fwd.items():
+        row["fwd_" + name] = _time(fn, fwd_bytes, copy_bps)
+    for name, fn in bwd.items():
+        row["bwd_" + name] = _time(fn, bwd_bytes, copy_bps)
+    return row
+
+
+def config_sweep(shapes: list[tuple[str, torch.dtype, int, int]], copy_bps: float) -> list[dict[str, Any]]:
+    """Every candidate config of the forward/backward kernel at a few shapes."""
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
+
+    arch = target_arch()
+    plans = []
+    for mode, dtype, m, n in shapes:
+        bwd = mode.endswith("_bwd")
+        k = softmax_bwd if bwd else softmax_fwd
+        ts = [torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(3 if bwd else 2)]
+        key = k.signature.bind(tuple(ts))
+        spec = k.spec(key, (("mode", mode),))
+        for cfg in k.configs(spec):
+            plans.append((mode, dtype, m, n, k, key, cfg, ts))
+    compile_all([CompileJob.of(p[4], p[5], (("mode", p[0]),), p[6], arch) for p in plans])
+    rows = []
+    for mode, dtype, m, n, k, key, cfg, ts in plans:
+        default = cfg == sm.config_for(arch, n, dtype.itemsize * 8, mode.endswith("_bwd"), m)
+        r = {"mode": mode, "dtype": str(dtype).removeprefix("torch."), "M": m, "N": n, "config": repr(cfg), "default": default}
+        try:
+            fn = k.get(key, (("mode", mode),), cfg)
+            r.update(_time(lambda fn=fn, ts=ts: fn(*ts), len(ts) * ts[0].numel() * ts[0].element_size(), copy_bps))
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(r)
+        print("sweep", r, flush=True)
+    return rows
+
+
+def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's bars, checked on this run's figures."""
+    out: dict[str, list] = {"fwd_below_90pct_copy": [], "fwd_below_quack": [], "bwd_below_85pct_copy": [], "small_n_slower_than_torch": []}
+    for r in rows:
+        if r["mode"] != "softmax":
+            continue
+        tag = f"{r['dtype']} {r['M']}x{r['N']}"
+        f, b = r["fwd_cuteforge"], r["bwd_cuteforge"]
+        if "pct_copy" not in f or "pct_copy" not in b:
+            out["fwd_below_90pct_copy"].append(tag + " (error)")
+            continue
+        if r["N"] >= 4096:
+            if f["pct_copy"] < 90:
+                out["fwd_below_90pct_copy"].append(f"{tag}: {f['pct_copy']}%")
+            if b["pct_copy"] < 85:
+                out["bwd_below_85pct_copy"].append(f"{tag}: {b['pct_copy']}%")
+        q = r.get("fwd_quack", {})
+        if "GBps" in q and f["GBps"] / q["GBps"] < 0.98:
+            out["fwd_below_quack"].append(f"{tag}: {f['GBps'] / q['GBps']:.3f}")
+        if r["N"] <= 2048:
+            for d in ("fwd", "bwd"):
+                t = r[f"{d}_torch"]
+                if "GBps" in t and r[f"{d}_cuteforge"]["GBps"] < t["GBps"]:
+                    out["small_n_slower_than_torch"].append(f"{d} {tag}")
+    return {**out, "all_met": not any(out.values())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="fewer N")
+    p.add_argument("--sweep", action="store_true", help="time every candidate config at a few shapes")
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--compile-ns", help="comma-separated N at which to run torch.compile (default: all)")
+    p.add_argument("--out")
+    args = p.parse_args()
+    t0 = time.time()
+    gpu = torch.cuda.get_device_name()
+    ns = QUICK_NS if args.quick else NS
+    dtypes = (torch.bfloat16, torch.float32)
+    problems = []
+    for dt in dtypes:
+        for n in ns:
+            m = rows_for(n, dt)
+            for mode in ("softmax", "softmax_bwd", "log_softmax", "log_softmax_bwd"):
+                problems.append((mode, dt, m, n))
+    t_warm = time.time()
+    failed = [o for o in sm.warm(problems) if not o.ok]
+    warm_s = time.time() - t_warm
+    if failed:
+        print("compile failures:", [f.error for f in failed][:3])
+    copy_bps = timing.copy_bandwidth()
+    result: dict[str, Any] = {
+        "command": "python benchmarks/bench_softmax.py " + " ".join(sys.argv[1:]),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuteforge": cuteforge.__version__,
+        "copy_GBps": round(copy_bps / 1e9, 1),
+        "parallel_compile_s": round(warm_s, 1),
+        "bytes": "fwd 2*M*N*size (read x, write y); bwd 3*M*N*size (read y, dy; write dx)",
+    }
+    qs = _quack()
+    result["quack"] = getattr(sys.modules.get("quack"), "__version__", None)
+    rows = []
+    for dt in dtypes:
+        for n in ns:
+            for mode in ("softmax", "log_softmax"):
+                if mode == "log_softmax" and (n, dt) not in {(b[1], torch.bfloat16) for b in BAR_SHAPES} | {(4096, torch.float32)}:
+                    continue
+                use_compile = not args.no_compile and (not args.compile_ns or str(n) in args.compile_ns.split(","))
+                r = measure(mode, rows_for(n, dt), n, dt, copy_bps, qs, use_compile)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    result["rows"] = rows
+    result["bars"] = bars(rows)
+    if args.sweep:
+        sh = []
+        for dt in dtypes:
+            for n in (4096, 16384, 65536, 262144):
+                sh += [("softmax", dt, rows_for(n, dt), n), ("softmax_bwd", dt, rows_for(n, dt), n)]
+        result["config_sweep"] = config_sweep(sh, copy_bps)
+    result["seconds"] = round(time.time() - t0, 1)
+    name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    out = Path(args.out or Path(__file__).parent / "results" / f"{name}-softmax.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    for r in rows:
+        line = f"{r['mode']:11s} {r['dtype']:8s} {r['M']:6d} x {r['N']:6d}"
+        for d in ("fwd", "bwd"):
+            for c in ("cuteforge", "torch", "torch.compile", "quack"):
+                v = r.get(f"{d}_{c}", {})
+                if "GBps" in v:
+                    line += f" | {d} {c} {v['GBps']:6.0f}"
+        print(line)
+    print(json.dumps(result["bars"], indent=1))
+    print("wrote", out, "in", result["seconds"], "s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Softmax / log_softmax against torch on the GPU: odd shapes, all dtypes, views, N-D,
+gradients, torch.compile, CUDA graphs, errors, and a hypothesis property test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuteforge
+import cuteforge.ops as ops
+from cuteforge.ops import softmax as sm
+
+pytestmark = pytest.mark.gpu
+
+NS = [1, 7, 32, 1000, 4096, 65537, 262144]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+MODES = ["softmax", "log_softmax"]
+
+
+def _large_m(n: int) -> int:
+    return max(4, min(32768, (1 << 24) // n))  # "large": up to 16M elements
+
+
+MS = [0, 1, 3, "large"]
+
+
+def _rows(m, n):
+    return _large_m(n) if m == "large" else m
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_kernels():
+    """Compile this module's kernels in parallel worker processes before the tests load them."""
+    probs = []
+    for mode in MODES:
+        for dt in DTYPES:
+            for n in NS:
+                for m in (1, 3, 37, _large_m(n)):
+                    probs.append((mode, dt, m, n))
+                    probs.append((mode + "_bwd", dt, m, n))
+    outcomes = sm.warm(probs)
+    failed = [o for o in outcomes if not o.ok]
+    assert not failed, failed[0].error
+    yield
+
+
+def _ref(mode: str, x: torch.Tensor) -> torch.Tensor:
+    return getattr(torch, mode)(x.float(), dim=-1)
+
+
+def _assert_matches(got: torch.Tensor, x: torch.Tensor, mode: str) -> None:
+    ref = _ref(mode, x)
+    assert got.dtype == x.dtype and got.shape == x.shape and got.is_contiguous()
+    if x.dtype == torch.float32:
+        rtol, atol = 2e-5, (1e-6 if mode == "softmax" else 2e-5)
+    else:  # one rounding of the result to 8 (bf16) / 11 (fp16) mantissa bits, plus ours
+        rtol, atol = 1.6e-2, (1e-6 if mode == "softmax" else 1e-2)
+        ref = ref.to(x.dtype).float()
+    torch.testing.assert_close(got.float(), ref, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("mode", MODES)
+def test_forward_matches_torch(mode: str, m, n: int, dtype: torch.dtype) -> None:
+    m = _rows(m, n)
+    x = 3 * torch.randn(m, n, device="cuda", dtype=dtype)
+    got = getattr(ops, mode)(x)
+    _assert_matches(got, x, mode)
+    if mode == "softmax" and m > 0:
+        torch.testing.assert_close(got.float().sum(-1), torch.ones(m, device="cuda"), rtol=0, atol=1e-3 if dtype == torch.float32 else 0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", [1, 3, "large"])
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_kernel_matches_formula(mode: str, m, n: int, dtype: torch.dtype) -> None:
+    m = _rows(m, n)
+    x = 2 * torch.randn(m, n, device="cuda", dtype=torch.float32)
+    y = _ref(mode, x).to(dtype)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    yd, dyd = y.double(), dy.double()
+    if mode == "softmax":
+        ref = yd * (dyd - (dyd * yd).sum(-1, keepdim=True))
+        got = sm.softmax_backward(dy, y)
+    else:
+        ref = dyd - yd.exp() * dyd.sum(-1, keepdim=True)
+        got = sm.log_softmax_backward(dy, y)
+    assert got.dtype == dtype and got.shape == (m, n)
+    scale = ref.abs().amax().item()
+    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [7, 1000, 4096, 65537])
+@pytest.mark.parametrize("mode", MODES)
+def test_autograd_matches_torch(mode: str, n: int, dtype: torch.dtype) -> None:
+    x = torch.randn(37, n, device="cuda", dtype=dtype, requires_grad=True)
+    g = torch.randn(37, n, device="cuda", dtype=dtype)
+    y = getattr(ops, mode)(x)
+    (y.float() * g.float()).sum().backward()
+    xr = x.detach().float().requires_grad_(True)
+    yr = getattr(torch, mode)(xr, dim=-1)
+    (yr * g.float()).sum().backward()
+    ref = xr.grad
+    scale = ref.abs().amax().item()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(x.grad.float(), ref, rtol=tol, atol=tol * scale)
+
+
+def test_grad_through_sum_expanded_dy() -> None:
+    # y.sum().backward() hands the backward an expanded (stride 0) gradient
+    x = torch.randn(5, 300, device="cuda", requires_grad=True)
+    ops.log_softmax(x).sum().backward()
+    xr = x.detach().clone().requires_grad_(True)
+    torch.log_softmax(xr, -1).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_row_strided_views_nd_and_transposed(mode: str) -> None:
+    f = getattr(ops, mode)
+    big = torch.randn(64, 1030, device="cuda", dtype=torch.bfloat16)
+    for view in (big[:, :1000], big[:, 3:1003], big[::2, :512], big[5:6, :7], big[:, :1024]):
+        _assert_matches(f(view), view, mode)
+    x3 = torch.randn(4, 6, 1000, device="cuda")
+    _assert_matches(f(x3), x3, mode)
+    _assert_matches(f(x3, dim=2), x3, mode)
+    perm = x3.permute(1, 0, 2)  # leading dims not collapsible: reshaped (copied)
+    _assert_matches(f(perm), perm, mode)
+    t = torch.randn(300, 50, device="cuda").t()  # last dim not unit stride: copied
+    _assert_matches(f(t), t, mode)
+    rows = torch.randn(1, 777, device="cuda").expand(9, 777)  # row stride 0
+    _assert_matches(f(rows), rows, mode)
+    col = torch.randn(1, 50, device="cuda").t()  # (50, 1), last stride 50
+    _assert_matches(f(col), col, mode)
+    v1 = torch.randn(333, device="cuda", dtype=torch.float16)  # 1-D
+    _assert_matches(f(v1), v1, mode)
+    e = torch.randn(3, 0, device="cuda")
+    assert f(e).shape == (3, 0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inf_nan_rows(mode: str) -> None:
+    x = torch.randn(6, 3000, device="cuda")
+    x[0] = float("-inf")  # all -inf: NaN like torch
+    x[1, 100] = float("nan")
+    x[2, :2999] = float("-inf")  # one finite element
+    x[3, 5] = float("inf")
+    x[4, 10:] = -1e30
+    got = getattr(ops, mode)(x)
+    torch.testing.assert_close(got, getattr(torch, mode)(x, -1), rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_every_element_written() -> None:
+    junk = torch.full((1 << 22,), float("nan"), device="cuda")
+    del junk
+    x = torch.randn(4099, 129, device="cuda")
+    assert not ops.softmax(x).isnan().any()
+
+
+def test_under_torch_compile_and_cuda_graph() -> None:
+    x = torch.randn(128, 4096, device="cuda", requires_grad=True)
+
+    @torch.compile(fullgraph=True)
+    def f(t):
+        return ops.softmax(t * 2, dim=-1) + ops.log_softmax(t, -1)
+
+    out = f(x)
+    xr = x.detach().clone().requires_grad_(True)
+    ref = torch.softmax(xr * 2, -1) + torch.log_softmax(xr, -1)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
+
+    xs = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    ops.softmax(xs)  # warm (compile) outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = ops.softmax(xs)
+    xs.copy_(torch.randn_like(xs))
+    graph.replay()
+    _assert_matches(ys, xs, "softmax")
+
+
+def test_new_batch_sizes_do_not_recompile() -> None:
+    x = torch.randn(100, 777, device="cuda")
+    ops.softmax(x)
+    before = dict(cuteforge.STATS.as_dict())
+    for m in (1, 5, 100, 3000):  # M is dynamic: new batch sizes reuse the kernel
+        ops.softmax(torch.randn(m, 777, device="cuda"))
+    after = cuteforge.STATS.as_dict()
+    assert after["compiles"] == before["compiles"] and after["l2_loads"] == before["l2_loads"]
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda: ops.softmax(torch.randn(4, 4)), ValueError, "'x' must be a CUDA tensor"),
+        (lambda: ops.softmax(torch.randn(4, 4, device="cuda", dtype=torch.float64)), TypeError, "'x' has dtype float64"),
+        (lambda: ops.log_softmax(torch.randint(0, 5, (4, 4), device="cuda")), TypeError, "'x' has dtype int64"),
+        (lambda: ops.softmax(torch.tensor(1.0, device="cuda")), ValueError, "'x' must have at least 1 dim"),
+        (lambda: ops.softmax(torch.randn(4, 4, device="cuda"), dim=0), ValueError, "'dim' must be the last dim"),
+        (lambda: ops.softmax(torch.randn(2, 4, 4, device="cuda"), dim=1), ValueError, "'dim' must be the last dim"),
+        (lambda: ops.softmax(torch.randn(4, 4, device="cuda"), dim=5), ValueError, "'dim' must be the last dim"),
+        (lambda: ops.softmax(torch.randn(4, 4, device="cuda"), dim=1.0), TypeError, "'dim' must be an int"),
+        (lambda: ops.softmax([[1.0]]), TypeError, "'x' must be a torch.Tensor"),
+        (lambda: sm.softmax_backward(torch.randn(4, 4, device="cuda"), torch.randn(4, 5, device="cuda")), ValueError, "'grad' has shape"),
+        (
+            lambda: sm.softmax_backward(torch.randn(4, 4, device="cuda"), torch.randn(4, 4, device="cuda", dtype=torch.bfloat16)),
+            TypeError,
+            "'grad' has dtype float32 but 'y' has bfloat16",
+        ),
+    ],
+)
+def test_bad_input_errors(call, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        call()
+    torch.cuda.synchronize()
+
+
+def test_property_random_shapes() -> None:
+    hyp = pytest.importorskip("hypothesis")
+    st = hyp.strategies
+
+    @hyp.settings(max_examples=10, deadline=None, derandomize=True)
+    @hyp.given(
+        m=st.integers(0, 40),
+        n=st.sampled_from([1, 2, 3, 5, 8, 31, 64, 100, 127, 256, 1000, 1024, 2048, 4096]),
+        dtype=st.sampled_from(DTYPES),
+        mode=st.sampled_from(MODES),
+        scale=st.floats(0.01, 30.0),
+        offset=st.integers(0, 7),
+    )
+    def check(m, n, dtype, mode, scale, offset):
+        flat = scale * torch.randn(m * (n + 8) + 8, device="cuda", dtype=dtype)
+        x = flat[offset : offset + m * (n + 8)].view(m, n + 8)[:, :n]  # misaligned, strided rows
+        _assert_matches(getattr(ops, mode)(x), x, mode)
+        if m > 0 and n > 1:
+            xg = x.detach().clone().requires_grad_(True)
+            gy = torch.randn(m, n, device="cuda", dtype=dtype)
+            getattr(ops, mode)(xg).backward(gy)
+            xr = x.detach().float().requires_grad_(True)
+            getattr(torch, mode)(xr, -1).backward(gy.float())
+            scale_g = xr.grad.abs().amax().item()
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(xg.grad.float(), xr.grad, rtol=tol, atol=tol * scale_g + 1e-6)
+
+    check()
