@@ -30,6 +30,7 @@ __all__ = [
     "STATS",
     "Signature",
     "TensorArg",
+    "Template",
     "cache_stats",
     "end_warmup",
     "kernel",
@@ -48,4 +49,8 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(".ops", __name__)
+    if name == "Template":
+        from .templates import Template
+
+        return Template
     raise AttributeError(f"module 'cuteforge' has no attribute {name!r}")
