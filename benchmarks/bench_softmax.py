@@ -195,6 +195,14 @@ def main() -> None:
         "parallel_compile_s": round(warm_s, 1),
         "bytes": "fwd 2*M*N*size (read x, write y); bwd 3*M*N*size (read y, dy; write dx)",
     }
+    name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    out = Path(args.out or Path(__file__).parent / "results" / f"{name}-softmax.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every row: a run cut short still leaves its figures
+        result["seconds"] = round(time.time() - t0, 1)
+        out.write_text(json.dumps(result, indent=1))
+
     qs = _quack()
     result["quack"] = getattr(sys.modules.get("quack"), "__version__", None)
     rows = []
@@ -207,6 +215,8 @@ def main() -> None:
                 r = measure(mode, rows_for(n, dt), n, dt, copy_bps, qs, use_compile)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
+                result["rows"] = rows
+                save()
     result["rows"] = rows
     result["bars"] = bars(rows)
     if args.sweep:
@@ -215,11 +225,7 @@ def main() -> None:
             for n in (4096, 16384, 65536, 262144):
                 sh += [("softmax", dt, rows_for(n, dt), n), ("softmax_bwd", dt, rows_for(n, dt), n)]
         result["config_sweep"] = config_sweep(sh, copy_bps)
-    result["seconds"] = round(time.time() - t0, 1)
-    name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
-    out = Path(args.out or Path(__file__).parent / "results" / f"{name}-softmax.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    save()
     for r in rows:
         line = f"{r['mode']:11s} {r['dtype']:8s} {r['M']:6d} x {r['N']:6d}"
         for d in ("fwd", "bwd"):
