@@ -1,0 +1,230 @@
+"""RMSNorm / LayerNorm backward: dx in one pass over (x, dy), dweight/dbias partials.
+
+With xhat = (x - mean) * rstd (mean = 0 for rms) and g = dy * w:
+
+    dx = rstd * (g - xhat * mean(g * xhat) - mean(g))       (the mean(g) term: ln only)
+    dx += dsum                    (fused residual: the gradient of the returned x + res)
+    dweight = sum_rows dy * xhat;  dbias = sum_rows dy
+
+Persistent: the grid is Q CTA groups (Q = dwp.shape[0], chosen by the caller as
+sm_count * ctas_per_sm / cluster_n, at most the number of row blocks); group q visits
+row blocks q, q + Q, ... and keeps dweight/dbias sums for the columns its threads own
+in fp32 registers. At the end each group writes one fp32 partial row, so
+dweight = dwp.sum(0) (a small torch.sum over Q x N, done by the caller). With several
+rows per CTA (short rows) the R row-slots are first folded through shared memory.
+
+``reload`` re-reads x and dy after the row reduction instead of holding them in
+registers across it (they come from L2: the CTA group read them microseconds before),
+leaving the register file to the accumulators at huge N.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .common import Tile, column_of, make_allreduce, make_row_io, reduce_smem_elems
+from .config import NormConfig
+from .fwd import KINDS
+
+
+def make_norm_bwd(
+    kind: str,
+    x_dtype,
+    w_dtype,
+    n: int,
+    vec: int,
+    config: NormConfig,
+    has_bias: bool,
+    has_dsum: bool,
+):
+    """@cute.jit f(x, weight, dy, dsum, mean, rstd, dx, dwp, dbp, stream).
+
+    x is the normalised input (x + residual when fused); dy and dsum have x's dtype.
+    dwp/dbp: (Q, N) fp32 partials. Stand-ins: dsum -> dy, mean -> rstd (rms), dbp -> dwp.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
+    if vec * max(x_dtype.width, w_dtype.width) > 128:
+        raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
+    config.validate(n, x_dtype.width, backward=True)
+    tile = Tile.of(n, vec, config)
+    load, store, store_scalar = make_row_io(tile)
+    allreduce = make_allreduce(tile)
+    T, P, C, R, KT1, V = tile.T, tile.P, tile.C, tile.R, tile.KT1, tile.vec
+    is_ln = kind == "layer"
+    inv_n = 1.0 / n
+    reload = config.reload
+    n_smem = reduce_smem_elems(tile, 2)
+    n_acc = 2 if has_bias else 1
+    # The persistent grid assumes ctas_per_sm CTAs fit on an SM: make ptxas honour it
+    # (minctasm caps registers). A carveout given explicitly keeps the DSL from asking
+    # a device for its smem size, so this compiles without a GPU.
+    _bounds: dict = {"max_number_threads": [T, 1, 1]}
+    if config.ctas_per_sm > 1:
+        _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
+    fold = R > 1  # several rows per CTA: fold the row-slots' partials in smem
+    n_fold = n_acc * R * n if fold else 1
+
+    @cute.kernel
+    def _kernel(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        dy: cute.Tensor,
+        dsum: cute.Tensor,
+        mean_in: cute.Tensor,
+        rstd_in: cute.Tensor,
+        dx: cute.Tensor,
+        dwp: cute.Tensor,
+        dbp: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cta = cute.arch.block_idx_in_cluster()
+            q = bidx // C
+            n_q = gdim // C
+        else:
+            cta = 0
+            q = bidx
+            n_q = gdim
+        r = tidx // P
+        t = tidx % P
+        g = cta * P + t
+        m = x.shape[0]
+        n_blocks = (m + R - 1) // R
+
+        smem = cutlass.memory.SmemAllocator()
+        buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
+        sfold = smem.allocate_tensor(Float32, cute.make_layout((n_fold,)), byte_alignment=16)
+
+        dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dwa.fill(0.0)
+        dba = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dba.fill(0.0)
+        xr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        dyr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
+        acc1 = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
+        acc2 = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
+
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_wait()  # every peer resident before the first DSMEM store
+
+        for blk in cutlass.range(q, n_blocks, n_q, unroll=1):
+            row = blk * R + r
+            row_c = cutlass.min(row, m - 1)
+            ok = row < m
+            live = Float32(cutlass.select_(ok, Float32(1.0), Float32(0.0)))
+            slot = ((blk - q) // n_q) % 2
+            load(x[row_c, None], xr, g)
+            load(dy[row_c, None], dyr, g)
+            load(w, wr, g)
+            rstd = rstd_in[row_c]
+            mean = Float32(0.0)
+            if cutlass.const_expr(is_ln):
+                mean = mean_in[row_c]
+            # padded slots: dy = 0, so g = 0 and they add nothing to either sum
+            acc1.fill(0.0)
+            acc2.fill(0.0)
+            for k in cutlass.range_constexpr(KT1):
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    xh = (xr[v, k].to(Float32) - mean) * rstd
+                    gv = dyr[v, k].to(Float32) * wr[v, k].to(Float32)
+                    acc1[v] = acc1[v] + gv * xh
+                    if cutlass.const_expr(is_ln):
+                        acc2[v] = acc2[v] + gv
+            s1 = acc1[0]
+            s2 = acc2[0]
+            for v in cutlass.range_constexpr(1, V):
+                s1 = s1 + acc1[v]
+                if cutlass.const_expr(is_ln):
+                    s2 = s2 + acc2[v]
+            s1, s2 = allreduce(s1, s2, 2 if is_ln else 1, buf, slot, r, t, cta)
+            c1 = s1 * Float32(inv_n)
+            c2 = Float32(0.0)
+            if cutlass.const_expr(is_ln):
+                c2 = s2 * Float32(inv_n)
+            if cutlass.const_expr(reload):
+                load(x[row_c, None], xr, g)
+                load(dy[row_c, None], dyr, g)
+                load(w, wr, g)
+            if cutlass.const_expr(has_dsum):
+                dsr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+                load(dsum[row_c, None], dsr, g)
+            for k in cutlass.range_constexpr(KT1):
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    xh = (xr[v, k].to(Float32) - mean) * rstd
+                    dyv = dyr[v, k].to(Float32)
+                    gv = dyv * wr[v, k].to(Float32)
+                    dxv = (gv - xh * c1 - c2) * rstd
+                    if cutlass.const_expr(has_dsum):
+                        dxv = dxv + dsr[v, k].to(Float32)
+                    dyl = dyv * live
+                    dwa[v, k] = dwa[v, k] + dyl * xh
+                    if cutlass.const_expr(has_bias):
+                        dba[v, k] = dba[v, k] + dyl
+                    xr[v, k] = dxv.to(x_dtype)
+            if ok:
+                store(xr, dx[row, None], g)
+
+        # ---- one fp32 partial row per CTA group
+        if cutlass.const_expr(fold):
+            for a in cutlass.range_constexpr(n_acc):
+                src = dwa if a == 0 else dba
+                for k in cutlass.range_constexpr(KT1):
+                    for v in cutlass.range_constexpr(tile.width(k)):
+                        col = column_of(tile, g, k, v)
+                        kind_k = tile.kind(k)
+                        if cutlass.const_expr(kind_k == "full"):
+                            sfold[(a * R + r) * n + col] = src[v, k]
+                        elif cutlass.const_expr(kind_k == "partial"):
+                            if g < tile.REM:
+                                sfold[(a * R + r) * n + col] = src[v, k]
+                        else:
+                            if g < tile.TAIL:
+                                sfold[(a * R + r) * n + col] = src[v, k]
+            cute.arch.sync_threads()
+            for a in cutlass.range_constexpr(n_acc):
+                out = dwp if a == 0 else dbp
+                for i in cutlass.range_constexpr((n + T - 1) // T):
+                    col = tidx + i * T
+                    if col < n:
+                        tot = sfold[(a * R) * n + col]
+                        for rr in cutlass.range_constexpr(1, R):
+                            tot = tot + sfold[(a * R + rr) * n + col]
+                        out[q, col] = tot
+        else:
+            store_scalar(dwa, dwp[q, None], g)
+            if cutlass.const_expr(has_bias):
+                store_scalar(dba, dbp[q, None], g)
+
+    @cute.jit
+    def norm_bwd(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        dy: cute.Tensor,
+        dsum: cute.Tensor,
+        mean_in: cute.Tensor,
+        rstd_in: cute.Tensor,
+        dx: cute.Tensor,
+        dwp: cute.Tensor,
+        dbp: cute.Tensor,
+        stream,
+    ):
+        n_q = dwp.shape[0]
+        if cutlass.const_expr(C > 1):
+            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
+                grid=(n_q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream,
+                **_bounds,
+            )
+        else:
+            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
+                grid=(n_q, 1, 1), block=(T, 1, 1), stream=stream, **_bounds
+            )
+
+    return norm_bwd
+

@@ -1,0 +1,241 @@
+"""Row tiling shared by the norm kernels: which elements of a row a thread holds, the
+predicated vector loads/stores that move them, and the row-wide all-reduce.
+
+Tiling (all of it resolved in Python while tracing; N is static)
+---------------------------------------------------------------
+A row of N elements is NV = N // vec vectors of ``vec`` elements plus TAIL = N % vec
+trailing scalars. PT = threads_per_row * cluster_n "virtual threads" share a row;
+virtual thread g = cta_rank * P + t owns vectors g, g + PT, g + 2 PT, ... (so a warp's
+32 loads of one round are 32 consecutive vectors: fully coalesced 16-byte accesses).
+That is K = NV // PT full rounds, one partial round when REM = NV % PT > 0 (threads
+g < REM), and one tail scalar for threads g < TAIL (configs keep PT >= 8 >= vec).
+
+A thread's share lives in a register fragment of shape (vec, KT1): column k < K is a
+full round, column K the partial one, the last column the tail scalar (element 0).
+Slots a thread does not own hold zero, which every sum the kernels form tolerates
+(except LayerNorm's centred sum of squares, which masks them with ``valid``).
+
+All-reduce
+----------
+Butterfly shuffles over the G = min(P, 32) lanes of a row, then -- when the row spans
+W warps or C CTAs -- one partial per (warp, CTA) into a small shared buffer (for a
+cluster: stored straight into every peer CTA's buffer, DSMEM), one barrier, and each
+lane folds the S = W * C partials. Every thread of the row ends with the total.
+Buffers are indexed by a ``slot`` so that back-to-back reductions never overwrite a
+partial a slower thread (or peer CTA) has yet to read: a slot is reused only after a
+later barrier, which every reader passes only after reading.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .config import NormConfig
+
+
+@dataclass(frozen=True)
+class Tile:
+    n: int
+    vec: int
+    P: int  # threads per row (in one CTA)
+    C: int  # CTAs per row (cluster)
+    T: int  # CTA size
+
+    @classmethod
+    def of(cls, n: int, vec: int, cfg: NormConfig) -> Tile:
+        return cls(n, vec, cfg.threads_per_row, cfg.cluster_n, cfg.threads)
+
+    @property
+    def R(self) -> int:
+        return self.T // self.P
+
+    @property
+    def G(self) -> int:
+        return min(self.P, 32)
+
+    @property
+    def W(self) -> int:
+        return max(self.P // 32, 1)
+
+    @property
+    def S(self) -> int:
+        return self.W * self.C
+
+    @property
+    def PT(self) -> int:
+        return self.P * self.C
+
+    @property
+    def NV(self) -> int:
+        return self.n // self.vec
+
+    @property
+    def TAIL(self) -> int:
+        return self.n - self.NV * self.vec
+
+    @property
+    def K(self) -> int:
+        return self.NV // self.PT
+
+    @property
+    def REM(self) -> int:
+        return self.NV - self.K * self.PT
+
+    @property
+    def KT(self) -> int:
+        return self.K + (1 if self.REM else 0)
+
+    @property
+    def KT1(self) -> int:
+        return self.KT + (1 if self.TAIL else 0)
+
+    def width(self, k: int) -> int:
+        """Elements used in fragment column k (the tail column holds one)."""
+        return 1 if (self.TAIL and k == self.KT) else self.vec
+
+    def kind(self, k: int) -> str:
+        if k < self.K:
+            return "full"
+        if self.REM and k == self.K:
+            return "partial"
+        return "tail"
+
+
+def make_row_io(tile: Tile):
+    """@cute.jit helpers (load, store, store_f32, column) for one Tile."""
+    vec, PT, K, REM, KT, TAIL, NV = tile.vec, tile.PT, tile.K, tile.REM, tile.KT, tile.TAIL, tile.NV
+    padded = bool(REM or TAIL)
+
+    def _view(row: cute.Tensor) -> cute.Tensor:
+        # (vec, virtual thread, round) view of the vectorised part of a row
+        return cute.make_tensor(row.iterator, cute.make_layout((vec, PT, KT), stride=(1, vec, vec * PT)))
+
+    @cute.jit
+    def load(row: cute.Tensor, frag: cute.Tensor, g):
+        """frag (vec, KT1) <- this thread's share of `row` (zeros where it owns none)."""
+        dt = row.element_type
+        if cutlass.const_expr(padded):
+            frag.fill(0.0)
+        if cutlass.const_expr(KT > 0):
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
+            thr = _view(row)[None, g, None]
+            for k in cutlass.range_constexpr(K):
+                cute.copy(atom, thr[None, k], frag[None, k])
+            if cutlass.const_expr(REM > 0):
+                if g < REM:
+                    cute.copy(atom, thr[None, K], frag[None, K])
+        if cutlass.const_expr(TAIL > 0):
+            if g < TAIL:
+                frag[0, KT] = row[NV * vec + g]
+
+    @cute.jit
+    def store(frag: cute.Tensor, row: cute.Tensor, g):
+        """row <- frag (same dtype), only the elements this thread owns."""
+        dt = row.element_type
+        if cutlass.const_expr(KT > 0):
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
+            thr = _view(row)[None, g, None]
+            for k in cutlass.range_constexpr(K):
+                cute.copy(atom, frag[None, k], thr[None, k])
+            if cutlass.const_expr(REM > 0):
+                if g < REM:
+                    cute.copy(atom, frag[None, K], thr[None, K])
+        if cutlass.const_expr(TAIL > 0):
+            if g < TAIL:
+                row[NV * vec + g] = frag[0, KT]
+
+    @cute.jit
+    def store_scalar(frag: cute.Tensor, row: cute.Tensor, g):
+        """Like store, element by element (fp32 partial rows whose vec*32 may exceed 128 bits)."""
+        if cutlass.const_expr(KT > 0):
+            thr = _view(row)[None, g, None]
+            for k in cutlass.range_constexpr(K):
+                for v in cutlass.range_constexpr(vec):
+                    thr[v, k] = frag[v, k]
+            if cutlass.const_expr(REM > 0):
+                if g < REM:
+                    for v in cutlass.range_constexpr(vec):
+                        thr[v, K] = frag[v, K]
+        if cutlass.const_expr(TAIL > 0):
+            if g < TAIL:
+                row[NV * vec + g] = frag[0, KT]
+
+    return load, store, store_scalar
+
+
+def column_of(tile: Tile, g, k: int, v: int):
+    """Row index of fragment element (v, k) of virtual thread g."""
+    if tile.TAIL and k == tile.KT:
+        return tile.NV * tile.vec + g
+    return (g + k * tile.PT) * tile.vec + v
+
+
+def make_allreduce(tile: Tile):
+    """@cute.jit allreduce(a, b, buf, slot, r, t, cta) -> (sum a, sum b) over the row.
+
+    ``nval`` (1 or 2, Constexpr) says whether b takes part. ``buf`` is a flat fp32
+    smem tensor of n_slots * 2 * R * S elements (see ``reduce_smem_elems``); ``slot``
+    may be dynamic. Must be reached by every thread of the CTA (and cluster).
+    """
+    G, W, S, C, R = tile.G, tile.W, tile.S, tile.C, tile.R
+
+    @cute.jit
+    def _bfly(val, group: cutlass.Constexpr):
+        for step in cutlass.range_constexpr(int(math.log2(group))):
+            val = val + cute.arch.shuffle_sync_bfly(val, offset=group >> (step + 1))
+        return val
+
+    @cute.jit
+    def allreduce(a, b, nval: cutlass.Constexpr, buf: cute.Tensor, slot, r, t, cta):
+        a = _bfly(a, G)
+        if cutlass.const_expr(nval > 1):
+            b = _bfly(b, G)
+        if cutlass.const_expr(S > 1):
+            base_a = ((slot * 2) * R + r) * S
+            base_b = ((slot * 2 + 1) * R + r) * S
+            mine = cta * W + t // 32
+            if t % G == 0:
+                if cutlass.const_expr(C > 1):
+                    for peer in cutlass.range_constexpr(C):
+                        cute.arch.map_dsmem_ptr(buf.iterator + (base_a + mine), peer).store(a)
+                        if cutlass.const_expr(nval > 1):
+                            cute.arch.map_dsmem_ptr(buf.iterator + (base_b + mine), peer).store(b)
+                else:
+                    buf[base_a + mine] = a
+                    if cutlass.const_expr(nval > 1):
+                        buf[base_b + mine] = b
+            if cutlass.const_expr(C > 1):
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+            else:
+                cute.arch.sync_threads()
+            lane = t % G
+            a = Float32(0.0)
+            b2 = Float32(0.0)
+            for i in cutlass.range_constexpr((S + G - 1) // G):
+                if cutlass.const_expr((i + 1) * G <= S):
+                    a = a + buf[base_a + lane + i * G]
+                    if cutlass.const_expr(nval > 1):
+                        b2 = b2 + buf[base_b + lane + i * G]
+                else:
+                    j = cutlass.min(lane + i * G, S - 1)
+                    ok = lane + i * G < S
+                    a = a + Float32(cutlass.select_(ok, buf[base_a + j], Float32(0.0)))
+                    if cutlass.const_expr(nval > 1):
+                        b2 = b2 + Float32(cutlass.select_(ok, buf[base_b + j], Float32(0.0)))
+            # lanes past S hold zeros: a butterfly over all G lanes hands every lane the total
+            a = _bfly(a, G)
+            if cutlass.const_expr(nval > 1):
+                b = _bfly(b2, G)
+        return a, b
+
+    return allreduce
+
+
+def reduce_smem_elems(tile: Tile, n_slots: int) -> int:
+    return max(1, n_slots * 2 * tile.R * tile.S)

@@ -1,0 +1,170 @@
+"""Launch configs of the RMSNorm / LayerNorm kernels (forward and backward).
+
+Both kernels keep a row on chip: every thread holds its share of the row in
+registers, E = ceil(N / (threads_per_row * cluster_n)) elements (see common.py
+for the exact tiling). The knobs trade that per-thread share (registers, bytes in
+flight) against the number of threads that must agree on a row's statistics
+(shuffle / shared-memory / cluster reductions):
+
+threads:          CTA size (multiple of 32, <= 1024).
+threads_per_row:  P, threads of one CTA that share a row (power of 2, >= 8 so that
+                  the < 16-byte tail of any row fits one scalar per thread);
+                  rows per CTA R = threads // P.
+cluster_n:        CTAs of an sm_90 cluster that split one row (1, 2, 4, 8, 16; 16 is a
+                  non-portable size that sm_90 allows and the DSL's launch opts into);
+                  their partial sums meet in distributed shared memory.
+ctas_per_sm:      backward only: the persistent grid is sm_count * ctas_per_sm / cluster_n
+                  CTA groups, each accumulating dweight/dbias partials over the rows it
+                  visits. It must not exceed the real occupancy (else waves).
+reload:           backward only: do not keep x and dy in registers across the row
+                  reduction; read them again (from L2: the cluster just read them) for
+                  dx. Frees registers for the dweight/dbias accumulators at huge N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...arch import DeviceLimits
+
+__all__ = ["NormConfig", "default_config", "candidate_configs", "elems_per_thread"]
+
+_REGS_PER_SM = 65536
+_MAX_REGS = 255
+# fp32 registers of row data a thread should hold: forward (x, plus transient weight)
+# and backward (x, dy, dweight and dbias accumulators) differ by ~4x in live arrays.
+_TARGET_E = {False: 32, True: 16}
+_MAX_P = 512
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+def _is_pow2(v: int) -> bool:
+    return isinstance(v, int) and v > 0 and (v & (v - 1)) == 0
+
+
+def elems_per_thread(n: int, threads_per_row: int, cluster_n: int) -> int:
+    return -(-n // (threads_per_row * cluster_n))
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    threads: int = 256
+    threads_per_row: int = 128
+    cluster_n: int = 1
+    ctas_per_sm: int = 2
+    reload: bool = False
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.threads // self.threads_per_row
+
+    def est_regs_per_thread(self, n: int, dtype_bits: int, backward: bool) -> int:
+        """Rough registers per thread (checked against ptxas -v on sm_90a builds)."""
+        e = elems_per_thread(n, self.threads_per_row, self.cluster_n)
+        held = -(-e * dtype_bits // 32)  # registers of one row share in the input dtype
+        if not backward:
+            # the input-dtype row, one round of weight/output, addressing
+            return 40 + held + e // 2
+        if self.reload:
+            # dweight + dbias accumulators, one round of x/dy/weight in flight
+            return 48 + 2 * e
+        # x, dy and weight widened to fp32 across the reduction, two accumulators
+        return 40 + 5 * e
+
+    def smem_bytes(self, n: int, backward: bool) -> int:
+        slots = max(self.threads_per_row // 32, 1) * self.cluster_n
+        red = 2 * 2 * self.rows_per_cta * slots * 4
+        acc = 2 * self.rows_per_cta * n * 4 if backward and self.rows_per_cta > 1 else 0
+        return red + acc
+
+    def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None, backward: bool = False) -> None:
+        """Raise ValueError if this config cannot run rows of n elements."""
+        t, p, c = self.threads, self.threads_per_row, self.cluster_n
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        if dtype_bits not in (16, 32):
+            raise ValueError(f"dtype_bits must be 16 or 32, got {dtype_bits}")
+        if not isinstance(t, int) or t < 32 or t > 1024 or t % 32:
+            raise ValueError(f"threads={t}: must be a multiple of 32 in [32, 1024]")
+        if not _is_pow2(p) or p < 8 or p > t:
+            raise ValueError(f"threads_per_row={p}: must be a power of 2 in [8, threads={t}]")
+        if c not in (1, 2, 4, 8, 16):
+            raise ValueError(f"cluster_n={c}: must be 1, 2, 4, 8 or 16")
+        if c > 1 and p != t:
+            raise ValueError(f"cluster_n={c} needs one row per CTA (threads_per_row == threads), got {p} != {t}")
+        if self.reload and not backward:
+            raise ValueError("reload is a backward-only knob")
+        if not isinstance(self.ctas_per_sm, int) or not 1 <= self.ctas_per_sm <= 32:
+            raise ValueError(f"ctas_per_sm={self.ctas_per_sm}: must be in [1, 32]")
+        if c > 1 and n < p * c * (128 // dtype_bits):
+            raise ValueError(f"cluster_n={c} with threads_per_row={p} needs n >= {p * c * (128 // dtype_bits)}, got {n}")
+        regs = self.est_regs_per_thread(n, dtype_bits, backward)
+        if regs > _MAX_REGS or regs * t > _REGS_PER_SM:
+            raise ValueError(
+                f"~{regs} registers/thread x {t} threads exceed the register file "
+                f"({elems_per_thread(n, p, c)} elements of the row per thread); use more threads per row or a cluster"
+            )
+        if limits is not None:
+            if t > limits.threads_per_block:
+                raise ValueError(f"threads={t} > {limits.threads_per_block} per block on sm_{limits.sm}")
+            if c > (16 if limits.sm in (90, 100) else limits.max_cluster_size):
+                raise ValueError(f"cluster_n={c}: sm_{limits.sm} allows clusters of at most {limits.max_cluster_size}")
+            if self.smem_bytes(n, backward) > limits.smem_per_block:
+                raise ValueError(f"shared memory {self.smem_bytes(n, backward)} B > {limits.smem_per_block} B")
+        elif self.smem_bytes(n, backward) > 48 * 1024:
+            raise ValueError(f"shared memory {self.smem_bytes(n, backward)} B > 48 KiB")
+
+
+def default_config(n: int, dtype_bits: int, backward: bool = False) -> NormConfig:
+    """Heuristic: ~_TARGET_E elements per thread; rows longer than 512 threads' worth
+    split over a cluster (up to 16 CTAs); then, if the registers do not fit, the
+    backward reloads x/dy and finally gives each thread a larger share."""
+    e = _TARGET_E[backward]
+    p = max(8, _pow2_ceil(-(-n // e)))
+    c = 1
+    while p > _MAX_P and c < 16:
+        c *= 2
+        p = max(8, _pow2_ceil(-(-n // (e * c))))
+    p = min(p, 1024)
+    tries = [(p, False), (p, True), (p // 2, True), (p // 4, True)] if backward else [(p, False), (p // 2, False)]
+    err: ValueError | None = None
+    for pt, reload in tries:
+        if pt < 8:
+            continue
+        t = pt if (pt >= 256 or c > 1) else 256
+        probe = NormConfig(t, pt, c, 1, reload)
+        regs = probe.est_regs_per_thread(n, dtype_bits, backward)
+        occ = max(1, min(4, _REGS_PER_SM // (regs * t), 2048 // t))
+        cfg = NormConfig(t, pt, c, occ, reload)
+        try:
+            cfg.validate(n, dtype_bits, backward=backward)
+            return cfg
+        except ValueError as exc:
+            err = exc
+    raise ValueError(f"no norm config fits n={n}, {dtype_bits}-bit: {err}")
+
+
+def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[NormConfig]:
+    """A few (<= 8) distinct valid configs around the heuristic; the first is the default."""
+    base = default_config(n, dtype_bits, backward)
+    out = [base]
+    p, c, t, o, rl = base.threads_per_row, base.cluster_n, base.threads, base.ctas_per_sm, base.reload
+    trial = [
+        NormConfig(max(t, 2 * p), 2 * p, c, o, rl) if c == 1 else NormConfig(2 * t, 2 * p, c, 1, rl),
+        NormConfig(max(256, p // 2) if c == 1 else p // 2, p // 2, c, o, rl),
+        NormConfig(p // 2, p // 2, 2 * c, o, rl) if p >= 256 else NormConfig(512, p, 1, o, rl),
+        NormConfig(128, p, 1, o, rl) if c == 1 and p <= 128 else NormConfig(p // 2 if c > 1 else t, p // 2 if c > 1 else p, c, o, rl),
+    ]
+    if backward:
+        trial += [NormConfig(t, p, c, max(1, o // 2), rl), NormConfig(t, p, c, o * 2, rl), NormConfig(t, p, c, o, not rl)]
+    for cfg in trial:
+        try:
+            cfg.validate(n, dtype_bits, backward=backward)
+        except ValueError:
+            continue
+        if cfg not in out:
+            out.append(cfg)
+    return out[:8]

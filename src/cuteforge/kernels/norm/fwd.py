@@ -1,0 +1,181 @@
+"""RMSNorm / LayerNorm forward over the last dim, optional fused residual add.
+
+    s    = x + residual            (rounded to x's dtype, stored when has_residual)
+    rms:  rstd = 1 / sqrt(mean(s^2) + eps);             y = s * rstd * w (+ b)
+    ln:   mean = mean(s); rstd = 1 / sqrt(mean((s - mean)^2) + eps)
+                                                        y = (s - mean) * rstd * w (+ b)
+
+One CTA (or one cluster, cluster_n > 1) per R rows; the row stays in registers in x's
+dtype (common.py), so x (and residual) are read once and y (and s) written once. The
+statistics are fp32; LayerNorm's variance is the exact two-pass form over registers
+(no E[x^2] - E[x]^2 cancellation). rstd (and mean) are stored per row for the backward.
+Rows past M (last CTA) re-read row M-1 so every lane joins the shuffles; they store
+nothing.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .common import Tile, make_allreduce, make_row_io, reduce_smem_elems
+from .config import NormConfig
+
+KINDS = ("rms", "layer")
+
+
+def make_norm_fwd(
+    kind: str,
+    x_dtype,
+    w_dtype,
+    n: int,
+    vec: int,
+    config: NormConfig,
+    eps: float,
+    has_bias: bool,
+    has_residual: bool,
+):
+    """@cute.jit f(x, weight, bias, residual, y, residual_out, mean, rstd, stream).
+
+    Absent operands are passed as stand-ins and never touched: bias -> weight,
+    residual -> x, residual_out -> y, mean -> rstd (rms).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
+    if vec * max(x_dtype.width, w_dtype.width) > 128:
+        raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
+    config.validate(n, x_dtype.width)
+    tile = Tile.of(n, vec, config)
+    load, store, _ = make_row_io(tile)
+    allreduce = make_allreduce(tile)
+    T, P, C, R, KT1 = tile.T, tile.P, tile.C, tile.R, tile.KT1
+    is_ln = kind == "layer"
+    inv_n = 1.0 / n
+    n_smem = reduce_smem_elems(tile, 2)
+
+    @cute.kernel
+    def _kernel(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        b: cute.Tensor,
+        res: cute.Tensor,
+        y: cute.Tensor,
+        res_out: cute.Tensor,
+        mean_out: cute.Tensor,
+        rstd_out: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cta = cute.arch.block_idx_in_cluster()
+            row_block = bidx // C
+        else:
+            cta = 0
+            row_block = bidx
+        r = tidx // P
+        t = tidx % P
+        g = cta * P + t
+        m = x.shape[0]
+        row = row_block * R + r
+        row_c = cutlass.min(row, m - 1)
+        ok = row < m
+
+        smem = cutlass.memory.SmemAllocator()
+        buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
+
+        xr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
+        load(x[row_c, None], xr, g)
+        if cutlass.const_expr(has_residual):
+            rr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
+            load(res[row_c, None], rr, g)
+            for k in cutlass.range_constexpr(KT1):
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    xr[v, k] = (xr[v, k].to(Float32) + rr[v, k].to(Float32)).to(x_dtype)
+            if ok:
+                store(xr, res_out[row, None], g)
+
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_wait()  # every peer resident before the first DSMEM store
+
+        # ---- statistics: vec independent fp32 chains per thread, then the row all-reduce
+        acc = cute.make_rmem_tensor(cute.make_layout((tile.vec,)), Float32)
+        acc.fill(0.0)
+        for k in cutlass.range_constexpr(KT1):
+            for v in cutlass.range_constexpr(tile.width(k)):
+                xv = xr[v, k].to(Float32)
+                if cutlass.const_expr(is_ln):
+                    acc[v] = acc[v] + xv
+                else:
+                    acc[v] = acc[v] + xv * xv
+        tot = acc[0]
+        for v in cutlass.range_constexpr(1, tile.vec):
+            tot = tot + acc[v]
+        tot, _unused = allreduce(tot, tot, 1, buf, 0, r, t, cta)
+        mean = Float32(0.0)
+        if cutlass.const_expr(is_ln):
+            mean = tot * Float32(inv_n)
+            acc.fill(0.0)
+            for k in cutlass.range_constexpr(KT1):
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    d = xr[v, k].to(Float32) - mean
+                    kind_k = tile.kind(k)
+                    if cutlass.const_expr(kind_k == "partial"):
+                        d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
+                    elif cutlass.const_expr(kind_k == "tail"):
+                        d = Float32(cutlass.select_(g < tile.TAIL, d, Float32(0.0)))
+                    acc[v] = acc[v] + d * d
+            tot = acc[0]
+            for v in cutlass.range_constexpr(1, tile.vec):
+                tot = tot + acc[v]
+            tot, _unused = allreduce(tot, tot, 1, buf, 1, r, t, cta)
+        rstd = cute.math.rsqrt(tot * Float32(inv_n) + Float32(eps))
+
+        leader = ok & (t == 0)
+        if cutlass.const_expr(C > 1):
+            leader = leader & (cta == 0)
+        if leader:
+            rstd_out[row] = rstd
+            if cutlass.const_expr(is_ln):
+                mean_out[row] = mean
+
+        # ---- y = (s - mean) * rstd * w (+ b), written back over the row fragment
+        wr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
+        load(w, wr, g)
+        if cutlass.const_expr(has_bias):
+            br = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
+            load(b, br, g)
+        for k in cutlass.range_constexpr(KT1):
+            for v in cutlass.range_constexpr(tile.width(k)):
+                yv = (xr[v, k].to(Float32) - mean) * rstd * wr[v, k].to(Float32)
+                if cutlass.const_expr(has_bias):
+                    yv = yv + br[v, k].to(Float32)
+                xr[v, k] = yv.to(x_dtype)
+        if ok:
+            store(xr, y[row, None], g)
+
+    @cute.jit
+    def norm_fwd(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        b: cute.Tensor,
+        res: cute.Tensor,
+        y: cute.Tensor,
+        res_out: cute.Tensor,
+        mean_out: cute.Tensor,
+        rstd_out: cute.Tensor,
+        stream,
+    ):
+        n_blocks = cute.ceil_div(x.shape[0], R)
+        if cutlass.const_expr(C > 1):
+            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream,
+                max_number_threads=[T, 1, 1],
+            )
+        else:
+            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream, max_number_threads=[T, 1, 1]
+            )
+
+    return norm_fwd

@@ -1,0 +1,109 @@
+"""RMSNorm / LayerNorm as cuteforge kernels: signatures, configs, specializations.
+
+N is static (tiling, tails and the 1/N factor are compile-time); M, every row stride
+and the backward's number of persistent CTA groups Q are dynamic. eps, the norm kind
+and which optional operands exist are compile-time parameters. Absent operands are
+passed as stand-ins of the right shape (see fwd.py / bwd.py), so one signature per
+direction covers every variant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ...arch import limits_for
+from ...kernel import CompileSpec, kernel
+from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
+from . import bwd, config, fwd
+
+F32 = (torch.float32,)
+STANDARD_N = (1024, 2048, 4096, 8192, 16384)
+
+FWD_SIGNATURE = Signature(
+    TensorArg("x", ("M", "N")),
+    TensorArg("weight", ("N",)),
+    TensorArg("bias", ("N",), dtype_like="weight"),
+    TensorArg("residual", ("M", "N"), dtype_like="x"),
+    TensorArg("y", ("M", "N"), dtype_like="x"),
+    TensorArg("residual_out", ("M", "N"), dtype_like="x"),
+    TensorArg("mean", ("M",), dtypes=F32),
+    TensorArg("rstd", ("M",), dtypes=F32),
+    static=("N",),
+)
+
+BWD_SIGNATURE = Signature(
+    TensorArg("x", ("M", "N")),
+    TensorArg("weight", ("N",)),
+    TensorArg("dy", ("M", "N"), dtype_like="x"),
+    TensorArg("dsum", ("M", "N"), dtype_like="x"),
+    TensorArg("mean", ("M",), dtypes=F32),
+    TensorArg("rstd", ("M",), dtypes=F32),
+    TensorArg("dx", ("M", "N"), dtype_like="x"),
+    TensorArg("dweight_partial", ("Q", "N"), dtypes=F32),
+    TensorArg("dbias_partial", ("Q", "N"), dtypes=F32),
+    static=("N",),
+)
+
+_FWD_ROWS = ("x", "weight", "bias", "residual", "y", "residual_out")
+_BWD_ROWS = ("x", "weight", "dy", "dsum", "dx")
+
+
+def _vec(spec: CompileSpec, names: tuple[str, ...]) -> int:
+    """One element count per vector access for every row operand: the smallest
+    alignment, and no access wider than 16 bytes for the widest dtype."""
+    widest = max(spec.dtype(a).width for a in names)
+    return min(min(spec.vec(a) for a in names), 128 // widest)
+
+
+def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
+    n, bits, limits = spec.static("N"), spec.dtype("x").width, limits_for(spec.arch)
+    out = []
+    for c in config.candidate_configs(n, bits, backward):
+        try:
+            c.validate(n, bits, limits, backward)
+        except ValueError:
+            continue
+        out.append(c)
+    return out
+
+
+def _specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """rms_norm forward, weight in x's dtype, no bias/residual, eps=1e-6."""
+    for dt in FLOAT_DTYPES:
+        v = MAX_VECTOR_BYTES // dt.itemsize
+        d, f = dtype_name(dt), "float32"
+        for n in STANDARD_N:
+            key = BoundKey((d, d, d, d, d, d, f, f), (("N", n),), (v, v, v, v, v, v, 4, 4))
+            yield key, {"kind": "rms", "eps": 1e-6, "has_bias": False, "has_residual": False}
+
+
+@kernel(
+    name="norm_fwd",
+    signature=FWD_SIGNATURE,
+    archs=("sm_90+",),
+    default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, False),
+    configs=lambda s: _configs(s, False),
+    specializations=_specializations,
+)
+def norm_fwd(spec: CompileSpec) -> Any:
+    return fwd.make_norm_fwd(
+        spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _FWD_ROWS),
+        spec.config, float(spec.param("eps")), bool(spec.param("has_bias")), bool(spec.param("has_residual")),
+    )
+
+
+@kernel(
+    name="norm_bwd",
+    signature=BWD_SIGNATURE,
+    archs=("sm_90+",),
+    default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, True),
+    configs=lambda s: _configs(s, True),
+)
+def norm_bwd(spec: CompileSpec) -> Any:
+    return bwd.make_norm_bwd(
+        spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _BWD_ROWS),
+        spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
+    )

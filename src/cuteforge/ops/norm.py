@@ -1,0 +1,341 @@
+"""RMSNorm and LayerNorm over the last dim as torch ops, with autograd.
+
+    y = cuteforge.ops.rms_norm(x, weight, eps=1e-6)
+    y, s = cuteforge.ops.layer_norm(x, weight, bias, eps=1e-5, residual=r)   # s = x + r
+
+With ``residual`` the sum is normalised and returned too (pre-norm transformer
+blocks: the next residual branch adds onto it); its gradient flows back into x and
+residual. x may be N-D (flattened over leading dims, a reshape that copies only when
+those dims cannot be merged) or a 2-D view with a row stride (no copy).
+
+Registered ops (what torch.compile and CUDA graphs see): ``cuteforge::rms_norm``,
+``cuteforge::layer_norm`` (forward, always on 2-D x) and ``cuteforge::rms_norm_backward``,
+``cuteforge::layer_norm_backward``. Eager calls that need no gradient skip that
+boundary: a memo keyed by the call's layout (dtypes, shapes, strides, 16-byte
+alignment of every operand, eps) goes straight to the compiled launcher.
+Backward dweight/dbias: the kernel writes fp32 partials (Q, N), one per persistent
+CTA group, summed here by ``torch.sum`` (Q is about 132-528 rows).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..kernels.norm import config as norm_config
+from ..kernels.norm.spec import norm_bwd, norm_fwd
+
+MAX_N = 262144
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_PLANS = 4096
+_PLANS: dict[tuple[Any, ...], Any] = {}
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> None:
+    """Clear errors naming the argument; nothing is launched on bad input."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where}: argument 'x' must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"{where}: argument 'x' has dtype {x.dtype}; supported: float32, bfloat16, float16")
+    if x.dim() < 1:
+        raise ValueError(f"{where}: argument 'x' must have at least 1 dim, got a scalar")
+    if not x.is_cuda:
+        raise ValueError(f"{where}: argument 'x' must be a CUDA tensor, got one on {x.device}")
+    n = x.shape[-1]
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"{where}: argument 'x' must have a last dim in [1, {MAX_N}], got shape {tuple(x.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != x.device:
+            raise ValueError(f"{where}: argument '{name}' is on {t.device} but 'x' is on {x.device}")
+        if t.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"{where}: argument '{name}' has dtype {t.dtype}; it must be x's dtype ({x.dtype}) or float32")
+        if tuple(t.shape) != (n,):
+            raise ValueError(f"{where}: argument '{name}' must have shape ({n},) (x's last dim), got {tuple(t.shape)}")
+    if bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"{where}: argument 'bias' has dtype {bias.dtype} but 'weight' has {weight.dtype}; they must match")
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"{where}: argument 'residual' must be a torch.Tensor, got {type(residual).__name__}")
+        if residual.device != x.device:
+            raise ValueError(f"{where}: argument 'residual' is on {residual.device} but 'x' is on {x.device}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"{where}: argument 'residual' has dtype {residual.dtype} but 'x' has {x.dtype}; they must match")
+        if residual.shape != x.shape:
+            raise ValueError(f"{where}: argument 'residual' has shape {tuple(residual.shape)} but 'x' has {tuple(x.shape)}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"{where}: argument 'eps' must be a float, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{where}: argument 'eps' must be finite and >= 0, got {eps}")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """2-D (M, N) with unit last stride: a view where possible."""
+    t2 = t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
+    if t2.stride(-1) != 1:
+        t2 = t2.as_strided(t2.shape, (t2.stride(0), 1)) if t2.shape[-1] == 1 else t2.contiguous()
+    return t2
+
+
+def _unit_rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else (t.as_strided(t.shape, (t.stride(0), 1)) if t.shape[-1] == 1 else t.contiguous())
+
+
+def _vec_of(w: torch.Tensor) -> torch.Tensor:
+    return w if w.stride(0) == 1 else w.contiguous()
+
+
+# --------------------------------------------------------------------------- forward
+
+
+def _fwd_plan(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, r2: torch.Tensor | None, eps: float) -> Callable[..., Any] | None:
+    m, n = x2.shape
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
+    tensors = (x2, w, w if b is None else b, x2 if r2 is None else r2, y, y, rstd, rstd)
+    key = norm_fwd.signature.bind(tensors, f"cuteforge.ops.{kind}_norm")
+    if m == 0:
+        return None
+    params = (("eps", float(eps)), ("has_bias", b is not None), ("has_residual", r2 is not None), ("kind", kind))
+    return norm_fwd.get(key, params)
+
+
+def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, r2: torch.Tensor | None, eps: float):
+    """(y, residual_out or None, mean or None, rstd) for 2-D x; the custom ops' body."""
+    x2 = _unit_rows(x2)
+    r2 = None if r2 is None else _unit_rows(r2)
+    w = _vec_of(w)
+    b = None if b is None else _vec_of(b)
+    memo = ("f", kind, eps, x2.dtype, x2.shape, x2.stride(), x2.data_ptr() & 15, x2.get_device(),
+            w.dtype, w.data_ptr() & 15, None if b is None else b.data_ptr() & 15,
+            None if r2 is None else (r2.stride(), r2.data_ptr() & 15))
+    try:
+        launch = _PLANS[memo]
+    except KeyError:
+        launch = _fwd_plan(kind, x2, w, b, r2, eps)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[memo] = launch
+    m, n = x2.shape
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
+    mean = torch.empty(m, dtype=torch.float32, device=x2.device) if kind == "layer" else None
+    ro = torch.empty((m, n), dtype=x2.dtype, device=x2.device) if r2 is not None else None
+    if launch is not None:
+        launch(x2, w, w if b is None else b, x2 if r2 is None else r2, y, y if ro is None else ro,
+               rstd if mean is None else mean, rstd)
+    return y, ro, mean, rstd
+
+
+# --------------------------------------------------------------------------- backward
+
+
+def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, mean: torch.Tensor | None,
+              rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool):
+    """(dx, dweight, dbias or None); xs is the normalised input (x + residual if fused)."""
+    m, n = xs.shape
+    dy = _unit_rows(dy.to(xs.dtype))
+    dsum = None if dsum is None else _unit_rows(dsum.to(xs.dtype))
+    w = _vec_of(w)
+    dx = torch.empty((m, n), dtype=xs.dtype, device=xs.device)
+    if m == 0:
+        z = torch.zeros(n, dtype=w.dtype, device=w.device)
+        return dx, z, (z.clone() if has_bias else None)
+    memo = ("b", kind, has_bias, xs.dtype, xs.shape, xs.stride(), xs.data_ptr() & 15, xs.get_device(),
+            w.dtype, w.data_ptr() & 15, dy.stride(), dy.data_ptr() & 15,
+            None if dsum is None else (dsum.stride(), dsum.data_ptr() & 15))
+    plan = _PLANS.get(memo)
+    if plan is None:
+        cfg = norm_config.default_config(n, xs.element_size() * 8, backward=True)
+        blocks = -(-m // cfg.rows_per_cta)
+        q = max(1, min(blocks, _sm_count(xs.device) * cfg.ctas_per_sm // cfg.cluster_n))
+        probe = torch.empty((q, n), dtype=torch.float32, device=xs.device)
+        st = rstd if mean is None else mean
+        key = norm_bwd.signature.bind((xs, w, dy, dy if dsum is None else dsum, st, rstd, dx, probe, probe),
+                                      f"cuteforge.ops.{kind}_norm backward")
+        launch = norm_bwd.get(key, (("has_bias", has_bias), ("has_dsum", dsum is not None), ("kind", kind)), cfg)
+        plan = (q, launch)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[memo] = plan
+    q, launch = plan
+    dwp = torch.empty((q, n), dtype=torch.float32, device=xs.device)
+    dbp = torch.empty((q, n), dtype=torch.float32, device=xs.device) if has_bias else dwp
+    launch(xs, w, dy, dy if dsum is None else dsum, rstd if mean is None else mean, rstd, dx, dwp, dbp)
+    dw = dwp.sum(0).to(w.dtype)
+    db = dbp.sum(0).to(w.dtype) if has_bias else None
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------- torch.library
+
+
+def _empty(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0)
+
+
+@torch.library.custom_op("cuteforge::rms_norm", mutates_args=())
+def _rms_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, ro, _, rstd = _forward("rms", x, weight, None, residual, eps)
+    return y, (ro if ro is not None else _empty(x)), rstd
+
+
+@_rms_op.register_fake
+def _(x, weight, residual, eps):
+    ro = x.new_empty(x.shape) if residual is not None else _empty(x)
+    return x.new_empty(x.shape), ro, x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("cuteforge::layer_norm", mutates_args=())
+def _ln_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+           eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, ro, mean, rstd = _forward("layer", x, weight, bias, residual, eps)
+    return y, (ro if ro is not None else _empty(x)), mean, rstd
+
+
+@_ln_op.register_fake
+def _(x, weight, bias, residual, eps):
+    ro = x.new_empty(x.shape) if residual is not None else _empty(x)
+    st = x.new_empty(x.shape[0], dtype=torch.float32)
+    return x.new_empty(x.shape), ro, st, st.new_empty(st.shape)
+
+
+@torch.library.custom_op("cuteforge::rms_norm_backward", mutates_args=())
+def _rms_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                dsum: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    dx, dw, _ = _backward("rms", dy, x, weight, None, rstd, dsum, False)
+    return dx, dw
+
+
+@_rms_bwd_op.register_fake
+def _(dy, x, weight, rstd, dsum):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+@torch.library.custom_op("cuteforge::layer_norm_backward", mutates_args=())
+def _ln_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+               dsum: torch.Tensor | None, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dw, db = _backward("layer", dy, x, weight, mean, rstd, dsum, has_bias)
+    return dx, dw, (db if db is not None else _empty(weight))
+
+
+@_ln_bwd_op.register_fake
+def _(dy, x, weight, mean, rstd, dsum, has_bias):
+    db = weight.new_empty(weight.shape) if has_bias else _empty(weight)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), db
+
+
+def _rms_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+    x, weight, residual, _eps = inputs
+    _y, ro, rstd = output
+    ctx.has_res = residual is not None
+    ctx.save_for_backward(ro if ctx.has_res else x, weight, rstd)
+
+
+def _rms_grad(ctx: Any, dy: torch.Tensor, dro: torch.Tensor, _drstd: Any) -> tuple[Any, ...]:
+    xs, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.cuteforge.rms_norm_backward(dy, xs, weight, rstd, dro if ctx.has_res else None)
+    return dx, dw, (dx if ctx.has_res else None), None
+
+
+def _ln_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+    x, weight, bias, residual, _eps = inputs
+    _y, ro, mean, rstd = output
+    ctx.has_res = residual is not None
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(ro if ctx.has_res else x, weight, mean, rstd)
+
+
+def _ln_grad(ctx: Any, dy: torch.Tensor, dro: torch.Tensor, _dm: Any, _dr: Any) -> tuple[Any, ...]:
+    xs, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.cuteforge.layer_norm_backward(dy, xs, weight, mean, rstd, dro if ctx.has_res else None, ctx.has_bias)
+    return dx, dw, (db if ctx.has_bias else None), (dx if ctx.has_res else None), None
+
+
+_rms_op.register_autograd(_rms_grad, setup_context=_rms_setup)
+_ln_op.register_autograd(_ln_grad, setup_context=_ln_setup)
+
+
+# --------------------------------------------------------------------------- public entry points
+
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
+def _wants_grad(*ts: Any) -> bool:
+    return _grad_enabled() and any(getattr(t, "requires_grad", False) for t in ts)
+
+
+_CHECKED: set[tuple[Any, ...]] = set()
+
+
+def _part(t: torch.Tensor | None) -> Any:
+    # everything _check and the plans read from an operand, cheap to gather
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.device)
+
+
+def _eager(kind: str, where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> Any:
+    """No-grad eager call: skip the custom-op boundary; validate once per layout."""
+    try:
+        key = (kind, eps, _part(x), _part(weight), _part(bias), _part(residual))
+        hit = key in _CHECKED
+    except (AttributeError, TypeError):
+        key, hit = None, False
+    if not hit:
+        _check(where, x, weight, bias, residual, eps)
+        if key is not None:
+            if len(_CHECKED) >= _MAX_PLANS:
+                _CHECKED.clear()
+            _CHECKED.add(key)
+    shape = x.shape
+    y, ro, _, _ = _forward(kind, _rows(x), weight, bias, None if residual is None else _rows(residual), float(eps))
+    return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residual: torch.Tensor | None = None) -> Any:
+    """RMSNorm over the last dim: ``x * rsqrt(mean(x^2) + eps) * weight`` (fp32 math).
+
+    With ``residual`` returns ``(y, x + residual)`` and normalises the sum.
+    x: fp32/bf16/fp16 CUDA tensor; weight: (N,) in x's dtype or fp32.
+    """
+    where = "cuteforge.ops.rms_norm"
+    if not (_is_compiling() or _wants_grad(x, weight, residual)):
+        return _eager("rms", where, x, weight, None, residual, eps)
+    _check(where, x, weight, None, residual, eps)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    r2 = None if residual is None else residual.reshape(-1, shape[-1])
+    y, ro, _ = _rms_op(x2, weight, r2, float(eps))
+    return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, *,
+               residual: torch.Tensor | None = None) -> Any:
+    """LayerNorm over the last dim: ``(x - mean) * rsqrt(var + eps) * weight + bias`` (fp32 math,
+    biased variance like torch). With ``residual`` returns ``(y, x + residual)``."""
+    where = "cuteforge.ops.layer_norm"
+    if not (_is_compiling() or _wants_grad(x, weight, bias, residual)):
+        return _eager("layer", where, x, weight, bias, residual, eps)
+    _check(where, x, weight, bias, residual, eps)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    r2 = None if residual is None else residual.reshape(-1, shape[-1])
+    y, ro, _, _ = _ln_op(x2, weight, bias, r2, float(eps))
+    return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))

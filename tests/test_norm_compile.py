@@ -1,0 +1,145 @@
+"""CPU-only checks of the norm kernels: config validation and sm_90a compiles of a few
+representative specializations (numerics are checked on the GPU, tests/gpu/test_norm_gpu.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from cuteforge.kernels.norm import NormConfig, candidate_configs, default_config
+
+_NS = [1, 7, 32, 256, 1000, 2048, 4096, 8192, 16384, 65536, 65537, 131072, 262144]
+
+
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (NormConfig(48, 16), "multiple of 32"),
+        (NormConfig(256, 4), "power of 2 in \\[8"),
+        (NormConfig(256, 512), "power of 2 in \\[8"),
+        (NormConfig(256, 96), "power of 2"),
+        (NormConfig(256, 128, cluster_n=3), "cluster_n"),
+        (NormConfig(256, 128, cluster_n=2), "one row per CTA"),
+        (NormConfig(256, 256, ctas_per_sm=0), "ctas_per_sm"),
+        (NormConfig(256, 8), "register file"),  # 4096 elements over 8 threads
+    ],
+)
+def test_validate_rejects(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        cfg.validate(4096, 32)
+
+
+def test_validate_rejects_bad_problem():
+    with pytest.raises(ValueError, match="n must be"):
+        NormConfig().validate(0, 16)
+    with pytest.raises(ValueError, match="dtype_bits"):
+        NormConfig().validate(4096, 8)
+    with pytest.raises(ValueError, match="backward-only"):
+        NormConfig(reload=True).validate(4096, 16)
+    with pytest.raises(ValueError, match="needs n >="):
+        NormConfig(256, 256, cluster_n=4).validate(1024, 16)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("bits", [16, 32])
+@pytest.mark.parametrize("n", _NS)
+def test_default_and_candidates_valid(n, bits, backward):
+    d = default_config(n, bits, backward)
+    cands = candidate_configs(n, bits, backward)
+    assert cands[0] == d and 1 <= len(cands) <= 8 and len(set(cands)) == len(cands)
+    for c in cands:
+        c.validate(n, bits, backward=backward)
+
+
+def test_large_rows_use_clusters_and_reload():
+    assert default_config(65536, 16).cluster_n > 1
+    b = default_config(262144, 32, backward=True)
+    assert b.cluster_n == 16 and b.reload
+
+
+# --------------------------------------------------------------------------- compiles
+
+
+def _compile(kernel, dtypes, n, vecs, params, cfg=None):
+    import torch  # noqa: F401
+
+    from cuteforge import compiler
+    from cuteforge.signature import BoundKey
+
+    key = BoundKey(dtypes, (("N", n),), vecs)
+    spec = kernel.spec(key, tuple(sorted(params.items())), cfg, arch="sm_90a")
+    res = compiler.compile_jit(kernel.builder(spec), kernel.signature.fake_args(key), "sm_90a", keep_artifacts=True)
+    ptx = res.ptx
+    assert isinstance(ptx, str) and ".entry" in ptx
+    return spec, ptx
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from cuteforge.kernels.norm.spec import norm_bwd, norm_fwd
+
+    yield norm_fwd, norm_bwd
+    mp.undo()
+
+
+# (kind, x dtype, weight dtype, n, has_bias, has_residual): odd N, cluster rows, mixed weight
+_FWD = [
+    ("rms", "bfloat16", "bfloat16", 4096, False, False),
+    ("rms", "float16", "float32", 1000, False, True),
+    ("layer", "float32", "float32", 7, True, True),
+    ("layer", "bfloat16", "bfloat16", 65536, True, False),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, res", _FWD)
+def test_compile_fwd(kernels, kind, xd, wd, n, bias, res):
+    fwd, _ = kernels
+    vx = 16 // (4 if xd == "float32" else 2)
+    vw = 16 // (4 if wd == "float32" else 2)
+    dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
+    spec, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
+                         {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res})
+    if n % 8 == 0:
+        assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v[24]\.", ptx)
+    if spec.config.cluster_n > 1:
+        assert "mapa" in ptx and "barrier.cluster" in ptx
+
+
+_BWD = [
+    ("rms", "bfloat16", "bfloat16", 4096, False, False),
+    ("layer", "float32", "float32", 1000, True, True),
+    ("layer", "bfloat16", "float32", 262144, True, False),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, dsum", _BWD)
+def test_compile_bwd(kernels, kind, xd, wd, n, bias, dsum):
+    _, bwd = kernels
+    vx = 16 // (4 if xd == "float32" else 2)
+    vw = 16 // (4 if wd == "float32" else 2)
+    dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
+    spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4),
+                         {"kind": kind, "has_bias": bias, "has_dsum": dsum})
+    if spec.config.cluster_n > 1:
+        assert "st.shared::cluster" in ptx
+
+
+def test_bad_builder_arguments():
+    import cutlass
+
+    from cuteforge.kernels.norm.bwd import make_norm_bwd
+    from cuteforge.kernels.norm.fwd import make_norm_fwd
+
+    cfg = NormConfig()
+    with pytest.raises(ValueError, match="unknown norm kind"):
+        make_norm_fwd("group", cutlass.Float32, cutlass.Float32, 128, 4, cfg, 1e-5, False, False)
+    with pytest.raises(ValueError, match="too wide"):
+        make_norm_bwd("rms", cutlass.BFloat16, cutlass.Float32, 4096, 8, cfg, False, False)
+
+
+if os.environ.get("CUTEFORGE_SKIP_COMPILE_TESTS"):  # pragma: no cover
+    pytestmark = pytest.mark.skip("compile tests disabled")
