@@ -1,6 +1,6 @@
 """Device code, one kernel family per folder. Importing a family registers its kernels."""
 
-FAMILIES = ("reduce", "softmax", "cross_entropy", "gemm")
+FAMILIES = ("reduce", "softmax", "cross_entropy", "gemm", "norm")
 
 
 def load_all() -> None:

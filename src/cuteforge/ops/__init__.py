@@ -2,7 +2,8 @@
 
 from .cross_entropy import cross_entropy
 from .gemm import gemm
+from .norm import layer_norm, rms_norm
 from .reduce import amax, amin, argmax, mean, sum  # noqa: A004
 from .softmax import log_softmax, softmax
 
-__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax", "cross_entropy", "gemm"]
+__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax", "cross_entropy", "gemm", "rms_norm", "layer_norm"]
