@@ -199,6 +199,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     families.load_all()
     k = REGISTRY.get(args.kernel)
     if k is None:
+        from .templates.show import show_generated  # template kernels: their generated sources
+
+        if show_generated(args.kernel, source=args.source, ptx=args.ptx, sass=args.sass):
+            return 0
         raise CliError(f"unknown kernel {args.kernel!r}; known: {', '.join(sorted(REGISTRY))}")
     if args.source:
         print(f"# {k.source_path}")

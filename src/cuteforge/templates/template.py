@@ -249,6 +249,8 @@ class Template:
             def ref(*ts: Any) -> Any:
                 return reference(*ts[:-1])
         opts = dict(options)
+        opts.setdefault("key", chs[0].key)  # also for CPU tensors (compile-only problems)
+        opts.setdefault("outputs", [call.kernel.signature.names[-1]])
         if not ok:
             raise TemplateError(f"template {self.name!r}: every choice failed to render: " + "; ".join(f"{c.config!r}: {c.error}" for c in chs[:3]))
         res = autotune(call.kernel, call.tensors, configs=ok, reference=ref, **opts)
