@@ -193,5 +193,59 @@ def test_bad_arguments():
         make_row_reduce("argmax", cutlass.Float32, cutlass.Float32, 128, 4, cfg)
 
 
+# --------------------------------------------------------------------------- column kernel
+
+
+def _compile_col(op, dt, vec, cfg):
+    import cutlass
+    import cutlass.cute as cute
+
+    from cuteforge.kernels.reduce import make_col_reduce
+
+    in_dtype = {"f32": cutlass.Float32, "bf16": cutlass.BFloat16, "f16": cutlass.Float16}[dt]
+    out_dtype = cutlass.Int64 if op == "argmax" else in_dtype
+    o, r, i = cute.sym_int(), cute.sym_int(), cute.sym_int()
+    x = cute.runtime.make_fake_tensor(
+        in_dtype, (o, r, i), (cute.sym_int64(divisibility=vec), cute.sym_int64(divisibility=vec), 1),
+        assumed_align=vec * in_dtype.width // 8,
+    )
+    out = cute.runtime.make_fake_tensor(out_dtype, (o, i), (cute.sym_int64(divisibility=1), 1), assumed_align=out_dtype.width // 8)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(make_col_reduce(op, in_dtype, out_dtype, vec, cfg), x, out, stream, options="--enable-tvm-ffi --keep-ptx")
+
+
+@pytest.mark.parametrize(
+    "op, dt, vec, tx, cluster",
+    [("sum", "f32", 4, 8, 1), ("argmax", "bf16", 8, 8, 4), ("mean", "f16", 1, 1, 8), ("amax", "f32", 4, 32, 2), ("amin", "bf16", 2, 2, 1)],
+)
+def test_compile_col(monkeypatch, op, dt, vec, tx, cluster):
+    from cuteforge.kernels.reduce import ColReduceConfig
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    ptx = _compile_col(op, dt, vec, ColReduceConfig(256, tx, 4, cluster)).__ptx__
+    assert ".entry" in ptx and "sm_90a" in ptx
+    if vec * (32 if dt == "f32" else 16) == 128:
+        assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    assert ("mapa" in ptx) == (cluster > 1)
+
+
+def test_col_configs():
+    from cuteforge.kernels.reduce import ColReduceConfig, candidate_col_configs, default_col_config
+
+    many_tiles = default_col_config(8, 4096, 4096, 32, 4)  # 1024 CTAs: no split of R
+    assert many_tiles.cluster_n == 1 and many_tiles.threads_x == 8
+    assert default_col_config(1, 32768, 4096, 32, 4).cluster_n == 8  # 128 tiles: split R
+    narrow = default_col_config(1, 1 << 20, 32, 32, 4)
+    assert narrow.cluster_n == 8 and narrow.threads_x == 8
+    assert default_col_config(1, 1 << 20, 32, 32, 4, clusters=False).cluster_n == 1
+    assert default_col_config(1, 1000, 4, 32, 4).threads_x == 1
+    cands = candidate_col_configs(3, 1000, 7, 16, 1)
+    assert cands[0] == default_col_config(3, 1000, 7, 16, 1) and len(set(cands)) == len(cands)
+    for bad, match in ((ColReduceConfig(256, 64, 4, 1), "threads_x"), (ColReduceConfig(256, 8, 0, 1), "unroll"),
+                       (ColReduceConfig(256, 8, 4, 3), "cluster_n"), (ColReduceConfig(100, 8, 4, 1), "multiple of 32")):
+        with pytest.raises(ValueError, match=match):
+            bad.validate(32)
+
+
 if os.environ.get("CUTEFORGE_SKIP_COMPILE_TESTS"):  # pragma: no cover
     pytestmark = pytest.mark.skip("compile tests disabled")

@@ -1,0 +1,133 @@
+"""Cross-entropy: cuteforge vs torch eager, torch.compile and quack, same run, same inputs.
+
+Per shape (M x N, bf16 and fp32, tensors <= 4 GiB) and contender:
+  fwd        per-row loss (reduction="none", no grad): bytes = logits + target + loss
+  bwd        the backward kernel alone (cuteforge, quack): bytes = logits read + dlogits written
+  fwd+bwd    a training step: loss = ce(x, t) (mean), loss.backward(); ideal bytes = 3 x logits
+% of copy is against a device-to-device copy measured in the same run (L2 flushed).
+
+Run on a GPU machine:  python benchmarks/bench_cross_entropy.py [--out FILE] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import cuteforge
+import cuteforge.ops as ops
+from cuteforge import timing
+
+NS = [4096, 16384, 65536, 262144]
+MAX_BYTES = 4 << 30
+
+
+def _quack() -> dict:
+    try:
+        from quack.cross_entropy import cross_entropy, cross_entropy_bwd, cross_entropy_fwd
+    except Exception as e:  # not installed: say so in the JSON
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"ce": cross_entropy, "fwd": cross_entropy_fwd, "bwd": cross_entropy_bwd}
+
+
+def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool, quack: dict) -> dict:
+    import importlib
+
+    ce_mod = importlib.import_module("cuteforge.ops.cross_entropy")
+    torch._dynamo.reset()
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    t = torch.randint(0, n, (m,), device="cuda")
+    e = x.element_size()
+    row: dict = {"M": m, "N": n, "dtype": str(dtype).removeprefix("torch.")}
+    loss, lse = ce_mod._fwd(x, t, -100)
+    ref = F.cross_entropy(x.float() if m * n < 2**30 else x, t, reduction="none").float()
+    row["fwd_correct"] = bool(torch.allclose(loss, ref, rtol=1e-2, atol=2e-2))
+    gscale = torch.full((m,), 1.0 / m, device="cuda")
+    dx = ce_mod._bwd(x, t, lse, gscale)
+    p = torch.softmax(x[:64].float(), -1)
+    p[torch.arange(64, device="cuda"), t[:64]] -= 1
+    row["bwd_correct"] = bool(torch.allclose(dx[:64].float(), p / m, rtol=2e-2, atol=1e-3 / m))
+    del dx, p, ref
+
+    fwd = {"cuteforge": lambda: ce_mod._fwd(x, t, -100), "torch": lambda: F.cross_entropy(x, t, reduction="none")}
+    bwd = {"cuteforge": lambda: ce_mod._bwd(x, t, lse, gscale)}
+    xg = x.clone().requires_grad_(True)
+
+    def step(fn):
+        def run():
+            xg.grad = None
+            fn(xg, t).backward()
+        return run
+
+    train = {"cuteforge": step(lambda a, b: ops.cross_entropy(a, b)), "torch": step(lambda a, b: F.cross_entropy(a, b))}
+    if compiled:
+        c_fwd = torch.compile(lambda a, b: F.cross_entropy(a, b, reduction="none"), dynamic=False)
+        c_train = torch.compile(lambda a, b: F.cross_entropy(a, b), dynamic=False)
+
+        def c_fwd_call():
+            with torch.no_grad():
+                return c_fwd(x, t)
+
+        fwd["torch.compile"] = c_fwd_call
+        train["torch.compile"] = step(c_train)
+    if "fwd" in quack:
+        fwd["quack"] = lambda: quack["fwd"](x, t, return_lse=True)
+        q_loss, q_lse = quack["fwd"](x, t, return_lse=True)
+        bwd["quack"] = lambda: quack["bwd"](x, t, gscale, q_lse)
+        train["quack"] = step(lambda a, b: quack["ce"](a, b, reduction="mean"))
+    nb = {"fwd": m * n * e + m * 16, "bwd": 2 * m * n * e + m * 16, "fwd+bwd": 3 * m * n * e}
+    for phase, group in (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", train)):
+        for name, fn in group.items():
+            try:
+                with torch.no_grad() if phase != "fwd+bwd" else torch.enable_grad():
+                    ms = timing.bench(fn)
+            except Exception as ex:  # a contender failing is a finding, not a crash
+                row[f"{phase}_{name}_error"] = f"{type(ex).__name__}: {str(ex)[:200]}"
+                continue
+            bps = nb[phase] / (ms * 1e-3)
+            row[f"{phase}_{name}_us"] = round(ms * 1e3, 1)
+            row[f"{phase}_{name}_GBps"] = round(bps / 1e9, 1)
+            row[f"{phase}_{name}_pct_copy"] = round(100 * bps / copy_bps, 1)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--ns", default=",".join(map(str, NS)))
+    args = p.parse_args()
+    t0 = time.time()
+    copy_bps = timing.copy_bandwidth()
+    quack = _quack()
+    result = {
+        "command": "python benchmarks/bench_cross_entropy.py " + " ".join(sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuteforge": cuteforge.__version__,
+        "quack": quack.get("error", "quack-kernels (../shared/gpu/wheels)"),
+        "copy_GBps": round(copy_bps / 1e9, 1),
+        "rows": [],
+    }
+    for dtype in (torch.bfloat16, torch.float32):
+        for n in map(int, args.ns.split(",")):
+            m = min(32768, MAX_BYTES // (n * torch.tensor([], dtype=dtype).element_size()))
+            row = measure(m, n, dtype, copy_bps, not args.no_compile, quack)
+            result["rows"].append(row)
+            print(row, flush=True)
+            torch.cuda.empty_cache()
+    result["seconds"] = round(time.time() - t0, 1)
+    out = Path(args.out or Path(__file__).parent / "results" / "h200-cross-entropy.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print("wrote", out, "in", result["seconds"], "s")
+
+
+if __name__ == "__main__":
+    main()

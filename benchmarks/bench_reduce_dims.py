@@ -1,0 +1,103 @@
+"""Reductions over a non-last dim: cuteforge's column kernel vs torch.sum(dim) and
+torch.compile, same run, same inputs, plus the host time of the warm 2-D last-dim call.
+
+Bandwidth counts the input read once and the output written once, and is compared with
+a device-to-device copy measured in the same run (L2 flushed between timings).
+
+Run on a GPU machine:  python benchmarks/bench_reduce_dims.py [--out FILE] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import cuteforge
+import cuteforge.ops as ops
+from cuteforge import timing
+
+# (shape, dim): large column reductions (the bar), batched middle-dim, and narrow ones
+# (few output columns, long R: the cluster split of R).
+SHAPES = [
+    ((32768, 4096), 0),
+    ((4096, 32768), 0),
+    ((16384, 16384), 0),
+    ((8, 4096, 4096), 1),
+    ((64, 2048, 512), 1),
+    ((262144, 256), 0),
+    ((1048576, 32), 0),
+    ((4096, 4096), 0),
+]
+
+
+def measure(op: str, shape: tuple, dim: int, dtype: torch.dtype, copy_bps: float, compiled: bool) -> dict:
+    torch._dynamo.reset()
+    x = torch.randn(*shape, device="cuda", dtype=dtype)
+    ref_fn = getattr(torch, op)
+    contenders = {"cuteforge": lambda: getattr(ops, op)(x, dim), "torch": lambda: ref_fn(x, dim=dim)}
+    if compiled:
+        cf = torch.compile(lambda t: ref_fn(t, dim=dim), dynamic=False)
+        contenders["torch.compile"] = lambda: cf(x)
+    got, ref = contenders["cuteforge"](), contenders["torch"]()
+    if op == "argmax":
+        correct = bool((got == ref).all())
+    else:
+        r = shape[dim]
+        correct = bool(torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=(1e-3 if dtype == torch.float32 else 1e-2) * r**0.5))
+    nbytes = x.numel() * x.element_size() + ref.numel() * ref.element_size()
+    row = {"op": op, "shape": list(shape), "dim": dim, "dtype": str(dtype).removeprefix("torch."), "correct": correct}
+    for name, fn in contenders.items():
+        ms = timing.bench(fn)
+        row[f"{name}_us"] = round(ms * 1e3, 2)
+        row[f"{name}_GBps"] = round(nbytes / (ms * 1e-3) / 1e9, 1)
+        row[f"{name}_pct_copy"] = round(100 * nbytes / (ms * 1e-3) / copy_bps, 1)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--no-compile", action="store_true")
+    args = p.parse_args()
+    t0 = time.time()
+    copy_bps = timing.copy_bandwidth()
+    x1 = torch.randn(1, 1024, device="cuda")
+    result = {
+        "command": "python benchmarks/bench_reduce_dims.py " + " ".join(sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuteforge": cuteforge.__version__,
+        "copy_GBps": round(copy_bps / 1e9, 1),
+        # the warm 2-D last-dim path (same measurement as bench_sum.py's host_overhead)
+        "host_overhead": {
+            "cuteforge_sum_us": round(timing.host_us(lambda: ops.sum(x1)), 2),
+            "torch_sum_us": round(timing.host_us(lambda: torch.sum(x1, dim=-1)), 2),
+            "cuteforge_sum_dim0_us": round(timing.host_us(lambda: ops.sum(x1, 0)), 2),
+        },
+        "rows": [],
+    }
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape, dim in SHAPES:
+            row = measure("sum", shape, dim, dtype, copy_bps, not args.no_compile)
+            result["rows"].append(row)
+            print(row, flush=True)
+            torch.cuda.empty_cache()
+    for op in ("amax", "argmax", "mean"):
+        row = measure(op, (32768, 4096), 0, torch.bfloat16, copy_bps, not args.no_compile)
+        result["rows"].append(row)
+        print(row, flush=True)
+    result["seconds"] = round(time.time() - t0, 1)
+    out = Path(args.out or Path(__file__).parent / "results" / "h200-reduce-dims.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("gpu", "copy_GBps", "host_overhead", "seconds")}))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""cuteforge.ops.cross_entropy against torch on the GPU: shapes, dtypes, reductions,
+ignore_index, gradients, out-of-range targets, torch.compile, errors."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuteforge.ops as ops
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+NS = [1, 7, 1000, 4096, 65537]
+
+
+def _tol(dtype: torch.dtype) -> dict:
+    return {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+
+
+def _ref(x: torch.Tensor, t: torch.Tensor, reduction: str, ignore_index: int = -100) -> torch.Tensor:
+    return F.cross_entropy(x.float(), t, reduction=reduction, ignore_index=ignore_index)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", [1, 37])
+def test_forward_backward_match_torch(m: int, n: int, dtype: torch.dtype) -> None:
+    x = (torch.randn(m, n, device="cuda") * 3).to(dtype)
+    t = torch.randint(0, n, (m,), device="cuda")
+    if m > 1:
+        t[3] = -100  # ignored row
+    for reduction in ("none", "mean", "sum"):
+        xg = x.clone().requires_grad_(True)
+        got = ops.cross_entropy(xg, t, reduction=reduction)
+        ref_x = x.float().clone().requires_grad_(True)
+        ref = _ref(ref_x, t, reduction)
+        assert got.dtype == dtype and got.shape == ref.shape
+        torch.testing.assert_close(got.float(), ref, **_tol(dtype))
+        g = torch.randn_like(ref)
+        (got.float() * g).sum().backward()
+        (ref * g).sum().backward()
+        assert xg.grad.dtype == dtype
+        torch.testing.assert_close(xg.grad.float(), ref_x.grad, **_tol(dtype))
+    # no-grad eager path (skips the custom-op boundary) gives the same numbers
+    torch.testing.assert_close(ops.cross_entropy(x, t).float(), _ref(x, t, "mean"), **_tol(dtype))
+
+
+def test_large_rows_and_many_rows() -> None:
+    for m, n, dtype in ((4, 262144, torch.bfloat16), (8192, 4096, torch.float32), (3000, 50257, torch.bfloat16)):
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        t = torch.randint(0, n, (m,), device="cuda")
+        xg = x.clone().requires_grad_(True)
+        loss = ops.cross_entropy(xg, t)
+        loss.backward()
+        ref_x = x.float().clone().requires_grad_(True)
+        ref = _ref(ref_x, t, "mean")
+        ref.backward()
+        torch.testing.assert_close(loss.float(), ref, **_tol(dtype))
+        torch.testing.assert_close(xg.grad.float(), ref_x.grad, rtol=2e-2, atol=1e-6 if dtype == torch.float32 else 1e-4)
+
+
+def test_ignore_index_custom_and_all_ignored() -> None:
+    x = torch.randn(64, 1000, device="cuda")
+    t = torch.randint(0, 1000, (64,), device="cuda")
+    t[::3] = 5
+    for reduction in ("none", "mean", "sum"):
+        torch.testing.assert_close(ops.cross_entropy(x, t, reduction=reduction, ignore_index=5),
+                                   _ref(x, t, reduction, ignore_index=5), rtol=1e-5, atol=1e-5)
+    xg = x.clone().requires_grad_(True)
+    ops.cross_entropy(xg, t, ignore_index=5).backward()
+    assert torch.all(xg.grad[::3] == 0)
+    t_all = torch.full((64,), -100, device="cuda")
+    assert ops.cross_entropy(x, t_all).isnan() and F.cross_entropy(x, t_all).isnan()  # 0 / 0 like torch
+    assert ops.cross_entropy(x, t_all, reduction="sum") == 0
+
+
+def test_out_of_range_targets_give_nan_not_garbage() -> None:
+    x = torch.randn(8, 100, device="cuda", requires_grad=True)
+    t = torch.randint(0, 100, (8,), device="cuda")
+    t[2], t[5] = 100, -7
+    loss = ops.cross_entropy(x, t, reduction="none")
+    assert loss[2].isnan() and loss[5].isnan() and loss[[0, 1, 3, 4, 6, 7]].isfinite().all()
+    assert ops.cross_entropy(x, t).isnan()
+    loss.sum().backward()
+    assert x.grad[2].isnan().all() and x.grad[5].isnan().all() and x.grad[0].isfinite().all()
+    mod = importlib.import_module("cuteforge.ops.cross_entropy")
+    old = mod.CHECK_TARGETS
+    mod.CHECK_TARGETS = True
+    try:
+        with pytest.raises(ValueError, match=r"'target' has target\[2\] = 100, outside \[0, 100\)"):
+            ops.cross_entropy(x.detach(), t)
+    finally:
+        mod.CHECK_TARGETS = old
+
+
+def test_special_values_and_views() -> None:
+    x = torch.randn(6, 300, device="cuda")
+    x[1, 7] = float("nan")
+    x[2] = float("-inf")
+    x[2, 9] = 0.0
+    x[3, :] = 1e4  # large logits: no overflow in the online logsumexp
+    t = torch.tensor([0, 1, 9, 299, 5, 6], device="cuda")
+    torch.testing.assert_close(ops.cross_entropy(x, t, reduction="none"), _ref(x, t, "none"), equal_nan=True, rtol=1e-5, atol=1e-4)
+    big = torch.randn(50, 1030, device="cuda")
+    view = big[:, 3:1003]  # row stride 1030, misaligned start: no copy
+    tv = torch.randint(0, 1000, (50,), device="cuda")
+    torch.testing.assert_close(ops.cross_entropy(view, tv), _ref(view, tv, "mean"), rtol=1e-5, atol=1e-5)
+    tt = torch.randint(0, 1000, (100,), device="cuda")[::2]  # strided target
+    torch.testing.assert_close(ops.cross_entropy(view, tt), _ref(view, tt, "mean"), rtol=1e-5, atol=1e-5)
+    e = ops.cross_entropy(torch.randn(0, 10, device="cuda"), torch.zeros(0, dtype=torch.long, device="cuda"), reduction="none")
+    assert e.shape == (0,)
+
+
+def test_under_torch_compile_and_torch_ops() -> None:
+    x = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, 4096, (512,), device="cuda")
+    t[::7] = -100
+
+    @torch.compile(fullgraph=True)
+    def f(a, b):
+        return ops.cross_entropy(a * 2, b)
+
+    loss = f(x, t)
+    loss.backward()
+    ref_x = x.detach().float().clone().requires_grad_(True)
+    ref = F.cross_entropy(ref_x * 2, t)
+    ref.backward()
+    torch.testing.assert_close(loss.float(), ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(x.grad.float(), ref_x.grad, rtol=2e-2, atol=1e-4)
+    got = torch.ops.cuteforge.cross_entropy(x.detach(), t, "sum")
+    torch.testing.assert_close(got.float(), F.cross_entropy(x.detach().float(), t, reduction="sum"), rtol=2e-2, atol=0.5)
+
+
+def test_cuda_graph_capture() -> None:
+    x = torch.randn(256, 4096, device="cuda")
+    t = torch.randint(0, 4096, (256,), device="cuda")
+    ops.cross_entropy(x, t)  # compile outside capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.cross_entropy(x, t, reduction="none")
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.testing.assert_close(out, _ref(x, t, "none"), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda: ops.cross_entropy(torch.randn(4, 5), torch.zeros(4, dtype=torch.long)), ValueError, "'logits' must be a CUDA tensor"),
+        (lambda: ops.cross_entropy(torch.randn(4, 5, device="cuda"), torch.zeros(4, dtype=torch.long)), ValueError, "'target' is on cpu"),
+        (lambda: ops.cross_entropy(torch.randn(4, 5, device="cuda"), torch.zeros(4, device="cuda", dtype=torch.int32)), TypeError, "'target' must be int64"),
+        (lambda: ops.cross_entropy(torch.randn(4, 5, device="cuda"), torch.zeros(3, device="cuda", dtype=torch.long)), ValueError, "'target' must have shape"),
+        (lambda: ops.cross_entropy(torch.randn(4, 5, 2, device="cuda"), torch.zeros(4, device="cuda", dtype=torch.long)), ValueError, "'logits' must be 2-D"),
+        (lambda: ops.cross_entropy(torch.randn(4, 5, device="cuda", dtype=torch.float64), torch.zeros(4, device="cuda", dtype=torch.long)), TypeError, "'logits' has dtype"),
+        (lambda: ops.cross_entropy(torch.randn(4, 0, device="cuda"), torch.zeros(4, device="cuda", dtype=torch.long)), ValueError, "N >= 1"),
+        (lambda: ops.cross_entropy(torch.randn(4, 5, device="cuda"), torch.zeros(4, device="cuda", dtype=torch.long), reduction="avg"), ValueError, "'reduction'"),
+        (lambda: ops.cross_entropy(torch.randn(4, 5, device="cuda"), torch.zeros(4, device="cuda", dtype=torch.long), ignore_index=1.5), TypeError, "'ignore_index'"),
+        (lambda: ops.cross_entropy([1.0], torch.zeros(4, dtype=torch.long)), TypeError, "'logits' must be a torch.Tensor"),
+    ],
+)
+def test_bad_input_errors(call, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        call()
+    torch.cuda.synchronize()
