@@ -241,7 +241,7 @@ def test_col_configs():
     assert default_col_config(1, 1000, 4, 32, 4).threads_x == 1
     cands = candidate_col_configs(3, 1000, 7, 16, 1)
     assert cands[0] == default_col_config(3, 1000, 7, 16, 1) and len(set(cands)) == len(cands)
-    for bad, match in ((ColReduceConfig(256, 64, 4, 1), "threads_x"), (ColReduceConfig(256, 8, 0, 1), "unroll"),
+    for bad, match in ((ColReduceConfig(256, 128, 4, 1), "threads_x"), (ColReduceConfig(256, 8, 0, 1), "unroll"),
                        (ColReduceConfig(256, 8, 4, 3), "cluster_n"), (ColReduceConfig(100, 8, 4, 1), "multiple of 32")):
         with pytest.raises(ValueError, match=match):
             bad.validate(32)
