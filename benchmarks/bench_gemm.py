@@ -42,6 +42,21 @@ def _quack() -> Any:
         return None
 
 
+ROUNDS = 3
+
+
+def measure(fns: dict[str, Any]) -> dict[str, float]:
+    """Median ms of each contender over ROUNDS interleaved rounds (each round is a
+    `timing.bench` median): clock and power drift hit every contender alike."""
+    import statistics
+
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            times[name].append(timing.bench(fn, warmup_ms=10.0, rep_ms=60.0))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return round(2 * m * n * k / (ms * 1e-3) / 1e12, 1)
 
@@ -65,18 +80,17 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
     a, b = _inputs(m, n, k)
     ref = torch.matmul(a, b)
     row: dict[str, Any] = {"set": tag, "M": m, "N": n, "K": k}
-    try:
-        row["cuteforge_rel_err"] = _err(gemm(a, b), ref)
-        row["cuteforge_TFLOPs"] = tflops(m, n, k, timing.bench(lambda: gemm(a, b)))
-    except Exception as e:  # noqa: BLE001 - a failure is a finding, recorded
-        row["cuteforge_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    row["cublas_TFLOPs"] = tflops(m, n, k, timing.bench(lambda: torch.matmul(a, b)))
-    if q is not None:
+    fns: dict[str, Any] = {"cublas": lambda: torch.matmul(a, b)}
+    for name, fn in (("cuteforge", lambda: gemm(a, b)), ("quack", lambda: q.gemm(a, b, tuned=False))):
+        if name == "quack" and q is None:
+            continue
         try:
-            row["quack_rel_err"] = _err(q.gemm(a, b, tuned=False), ref)
-            row["quack_TFLOPs"] = tflops(m, n, k, timing.bench(lambda: q.gemm(a, b, tuned=False)))
-        except Exception as e:  # noqa: BLE001
-            row["quack_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            row[f"{name}_rel_err"] = _err(fn(), ref)
+            fns[name] = fn
+        except Exception as e:  # noqa: BLE001 - a failure is a finding, recorded
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    for name, ms in measure(fns).items():
+        row[f"{name}_TFLOPs"] = tflops(m, n, k, ms)
     if "cuteforge_TFLOPs" in row:
         row["vs_cublas"] = round(row["cuteforge_TFLOPs"] / row["cublas_TFLOPs"], 3)
         if "quack_TFLOPs" in row:
@@ -103,20 +117,22 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
         else:
             eager = lambda tf=tf: tf(torch.matmul(a, b))  # noqa: E731
             ours = lambda act=act: gemm(a, b, epilogue=act)  # noqa: E731
+        fns: dict[str, Any] = {"cublas_eager": eager}
         try:
             row["cuteforge_rel_err"] = _err(ours(), eager())
-            row["cuteforge_TFLOPs"] = tflops(m, n, k, timing.bench(ours))
+            fns["cuteforge"] = ours
         except Exception as e:  # noqa: BLE001
             row["cuteforge_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        row["cublas_eager_TFLOPs"] = tflops(m, n, k, timing.bench(eager))
-        if q is not None and act in ("gelu", "silu", "relu"):
+        if q is not None:
             qa = {"gelu": "gelu_tanh_approx", "silu": "silu", "relu": "relu"}[act]
+            fq = lambda qb=(bias if use_bias else None), qa=qa: q.gemm_act(a, b, bias=qb, activation=qa, store_preact=False, tuned=False)[1]  # noqa: E731
             try:
-                fq = lambda qb=(bias if use_bias else None), qa=qa: q.gemm_act(a, b, bias=qb, activation=qa, store_preact=False, tuned=False)[1]  # noqa: E731
                 row["quack_rel_err"] = _err(fq(), eager())
-                row["quack_TFLOPs"] = tflops(m, n, k, timing.bench(fq))
+                fns["quack"] = fq
             except Exception as e:  # noqa: BLE001
                 row["quack_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        for name, ms in measure(fns).items():
+            row[f"{name}_TFLOPs"] = tflops(m, n, k, ms)
         if "cuteforge_TFLOPs" in row:
             row["vs_cublas_eager"] = round(row["cuteforge_TFLOPs"] / row["cublas_eager_TFLOPs"], 3)
         print(json.dumps(row), flush=True)
@@ -124,38 +140,69 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
     return rows
 
 
-def sweep(shapes: list[tuple[int, int, int]]) -> list[dict]:
+def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any) -> list[dict]:
     """Every candidate config at a few shapes: what the default and the tuner should pick."""
     from cuteforge.kernels.gemm.sm90.config import candidate_configs
     from cuteforge.kernels.gemm.spec import gemm_kernel
 
     kern = gemm_kernel(True, True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = []
     for m, n, k in shapes:
         a, b = _inputs(m, n, k)
         a3, b3 = a.unsqueeze(0), b.unsqueeze(0)
         out = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
         key = kern.signature.bind((a3, b3, out))
         ref = torch.matmul(a, b)
-        for cfg in candidate_configs(m, n):
-            row: dict[str, Any] = {"M": m, "N": n, "K": k, "config": repr(cfg)}
+        fns: dict[str, Any] = {"cublas": lambda a=a, b=b: torch.matmul(a, b)}
+        errs: dict[str, Any] = {}
+        for cfg in candidate_configs(m, n) + EXTRA_CONFIGS:
             try:
                 fn = kern.get(key, (("sms", sms),), cfg)
                 fn(a3, b3, out)
-                row["rel_err"] = _err(out[0], ref)
-                row["TFLOPs"] = tflops(m, n, k, timing.bench(lambda fn=fn, a3=a3, b3=b3, out=out: fn(a3, b3, out)))
+                errs[repr(cfg)] = _err(out[0], ref)
+                fns[repr(cfg)] = lambda fn=fn, a3=a3, b3=b3, out=out: fn(a3, b3, out)
             except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                errs[repr(cfg)] = f"{type(e).__name__}: {str(e)[:300]}"
+        ms = measure(fns)
+        for name in [*fns, *[c for c in errs if c not in fns]]:
+            row: dict[str, Any] = {"M": m, "N": n, "K": k, "config": name}
+            if name in ms:
+                row["TFLOPs"] = tflops(m, n, k, ms[name])
+                row["vs_cublas"] = round(ms["cublas"] / ms[name], 3)
+            if name in errs:
+                row["rel_err" if isinstance(errs[name], float) else "error"] = errs[name]
             print(json.dumps(row), flush=True)
             rows.append(row)
+        save()
     return rows
+
+
+def _extra_configs() -> list[Any]:
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    return [
+        GemmConfig(raster="n", swizzle=4),
+        GemmConfig(raster="n", swizzle=16),
+        GemmConfig(raster="n", cluster_m=1, cluster_n=2),
+        GemmConfig(tile_n=64),
+        GemmConfig(tile_n=128, raster="n"),
+        GemmConfig(tile_n=128, cluster_m=1, cluster_n=1),
+        GemmConfig(tile_m=64, tile_n=256, cluster_m=1, cluster_n=1),
+    ]
+
+
+EXTRA_CONFIGS: list[Any] = []
+
+
+def _shapes(text: str) -> list[tuple[int, int, int]]:
+    return [(int(m), int(n), int(k)) for m, n, k in (s.split("x") for s in text.split(",") if s)]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--set", default="bar,square,skinny,epilogue")
     p.add_argument("--sweep-shapes", default="8192x8192x8192,4096x4096x4096,16384x16384x1024,2048x8192x28672")
+    p.add_argument("--epilogue-shapes", default=",".join("x".join(map(str, s)) for s in EPILOGUE))
     p.add_argument("--out")
     args = p.parse_args()
     gpu = torch.cuda.get_device_name()
@@ -163,6 +210,7 @@ def main() -> None:
     out = Path(args.out or Path(__file__).parent / "results" / f"{name}-gemm.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     q = _quack()
+    EXTRA_CONFIGS[:] = _extra_configs()
     result: dict[str, Any] = {
         "command": "python benchmarks/bench_gemm.py " + " ".join(sys.argv[1:]),
         "gpu": gpu,
@@ -179,11 +227,11 @@ def main() -> None:
             result.setdefault("plain", []).extend(plain([s for s in shapes if tag == "bar" or s not in BAR], q, tag))
             out.write_text(json.dumps(result, indent=1))
     if "epilogue" in sets:
-        result["epilogue"] = epilogues(EPILOGUE, q)
+        result["epilogue"] = epilogues(_shapes(args.epilogue_shapes), q)
         out.write_text(json.dumps(result, indent=1))
     if "sweep" in sets:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.sweep_shapes.split(",")]
-        result["config_sweep"] = sweep(shapes)  # type: ignore[arg-type]
+        result["config_sweep"] = []
+        sweep(_shapes(args.sweep_shapes), result["config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)))
     result["seconds"] = round(time.time() - t0, 1)
     out.write_text(json.dumps(result, indent=1))
     print("wrote", out)

@@ -41,7 +41,7 @@ def test_fused_bias_gelu_and_fusion_epilogue() -> None:
 
     ep = Epilogue.from_fn(lambda acc, s, r: silu(acc * s) + r, s="row", r="full")
     ptx = _ptx(False, False, ("float16", "float16", "float32", "float32", "bfloat16"), GemmEpilogue.from_fusion(ep))
-    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx and "ex2.approx" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx and ("ex2.approx" in ptx or "tanh.approx" in ptx)
 
 
 def test_other_tiles_compile() -> None:
