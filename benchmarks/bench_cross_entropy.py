@@ -102,6 +102,7 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--ns", default=",".join(map(str, NS)))
+    p.add_argument("--compile-ns", default="", help="N values that get the torch.compile contender (default: all)")
     args = p.parse_args()
     t0 = time.time()
     copy_bps = timing.copy_bandwidth()
@@ -118,7 +119,8 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         for n in map(int, args.ns.split(",")):
             m = min(32768, MAX_BYTES // (n * torch.tensor([], dtype=dtype).element_size()))
-            row = measure(m, n, dtype, copy_bps, not args.no_compile, quack)
+            with_compile = not args.no_compile and (not args.compile_ns or str(n) in args.compile_ns.split(","))
+            row = measure(m, n, dtype, copy_bps, with_compile, quack)
             result["rows"].append(row)
             print(row, flush=True)
             torch.cuda.empty_cache()
