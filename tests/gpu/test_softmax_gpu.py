@@ -3,12 +3,15 @@ gradients, torch.compile, CUDA graphs, errors, and a hypothesis property test.""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
 import cuteforge
 import cuteforge.ops as ops
-from cuteforge.ops import softmax as sm
+
+sm = importlib.import_module("cuteforge.ops.softmax")  # ops.softmax is the function
 
 pytestmark = pytest.mark.gpu
 
@@ -38,9 +41,7 @@ def _warm_kernels():
                 for m in (1, 3, 37, _large_m(n)):
                     probs.append((mode, dt, m, n))
                     probs.append((mode + "_bwd", dt, m, n))
-    outcomes = sm.warm(probs)
-    failed = [o for o in outcomes if not o.ok]
-    assert not failed, failed[0].error
+    sm.warm(probs)  # a kernel that fails to build fails its own tests below, with its error
     yield
 
 
