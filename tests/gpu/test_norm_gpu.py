@@ -1,0 +1,268 @@
+"""RMSNorm / LayerNorm against torch on the GPU: odd N, every dtype, M in {0, 1, 3, large},
+bias / fused residual, gradients of x, weight, bias, residual (fp64 reference), strided
+views, N-D input, torch.compile(fullgraph=True), CUDA graphs, errors, a property test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuteforge.ops as ops
+
+pytestmark = pytest.mark.gpu
+
+NS = [1, 7, 32, 1000, 4096, 65537, 262144]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+KINDS = ["rms", "layer"]
+
+
+def _ref(kind, x, w, b, r, eps):
+    """fp64 reference on the same (rounded) inputs; the residual sum is rounded to x's
+    dtype first, as the kernel (and torch in x's dtype) does."""
+    s = x if r is None else (x + r)
+    sd = s.double()
+    if kind == "rms":
+        y = sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+    else:
+        mu = sd.mean(-1, keepdim=True)
+        y = (sd - mu) * torch.rsqrt((sd - mu).pow(2).mean(-1, keepdim=True) + eps) * w.double()
+        if b is not None:
+            y = y + b.double()
+    return y, s
+
+
+def _call(kind, x, w, b, r, eps):
+    if kind == "rms":
+        return ops.rms_norm(x, w, eps, residual=r)
+    return ops.layer_norm(x, w, b, eps, residual=r)
+
+
+def _close(got, ref, dtype, what, scale=None):
+    got = got.double()
+    tol = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
+    mag = ref.abs().max().item() if ref.numel() else 0.0
+    atol = tol * max(1.0, mag) * (scale or 1.0)
+    torch.testing.assert_close(got, ref, rtol=tol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _inputs(m, n, dtype, w_dtype=None, bias=False, res=False, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    wd = w_dtype or dtype
+    w = (1 + 0.5 * torch.randn(n, device="cuda", generator=g)).to(wd)
+    b = (0.5 * torch.randn(n, device="cuda", generator=g)).to(wd) if bias else None
+    r = torch.randn(m, n, device="cuda", dtype=dtype, generator=g) if res else None
+    return x, w, b, r
+
+
+def _rows_for(n):
+    return 3 if n >= 65537 else 37
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+def test_forward(kind, dtype, n):
+    i = NS.index(n)
+    bias, res = kind == "layer" and i % 2 == 0, i % 2 == 1
+    x, w, b, r = _inputs(_rows_for(n), n, dtype, bias=bias, res=res)
+    eps = 1e-6 if kind == "rms" else 1e-5
+    out = _call(kind, x, w, b, r, eps)
+    y = out[0] if res else out
+    ref_y, ref_s = _ref(kind, x, w, b, r, eps)
+    assert y.dtype == dtype and y.shape == x.shape
+    _close(y, ref_y, dtype, "y")
+    if res:
+        torch.testing.assert_close(out[1], ref_s, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("m", [0, 1, 3, 32768])
+def test_rows(kind, m):
+    x, w, b, r = _inputs(m, 1000 if m < 32768 else 4096, torch.bfloat16, bias=True, res=True)
+    y, s = _call(kind, x, w, b, r, 1e-5)
+    ref_y, ref_s = _ref(kind, x, w, b if kind == "layer" else None, r, 1e-5)
+    assert y.shape == x.shape and s.shape == x.shape
+    _close(y, ref_y, torch.bfloat16, "y")
+    torch.testing.assert_close(s, ref_s, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp32_weight_with_half_x(kind):
+    x, w, b, _ = _inputs(64, 4096, torch.bfloat16, w_dtype=torch.float32, bias=True)
+    y = _call(kind, x, w, b, None, 1e-5)
+    _close(y, _ref(kind, x, w, b if kind == "layer" else None, None, 1e-5)[0], torch.bfloat16, "y")
+
+
+def _grad_case(kind, m, n, dtype, bias, res, w_dtype=None):
+    x, w, b, r = _inputs(m, n, dtype, w_dtype=w_dtype, bias=bias and kind == "layer", res=res, seed=1)
+    leaves = [t.requires_grad_() for t in (x, w, b, r) if t is not None]
+    eps = 1e-5
+    out = _call(kind, x, w, b, r, eps)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    dy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+    loss = (out[0] if res else out).float().mul(dy.float()).sum()
+    if res:
+        ds = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+        loss = loss + out[1].float().mul(ds.float()).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    # fp64 reference on the same inputs
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    it = iter(ref_leaves)
+    xd = next(it)
+    wd = next(it)
+    bd = next(it) if b is not None else None
+    rd = next(it) if r is not None else None
+    s = xd if rd is None else (xd + rd)
+    if kind == "rms":
+        yd = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * wd
+    else:
+        mu = s.mean(-1, keepdim=True)
+        yd = (s - mu) * torch.rsqrt((s - mu).pow(2).mean(-1, keepdim=True) + eps) * wd
+        if bd is not None:
+            yd = yd + bd
+    ref_loss = (yd * dy.double()).sum()
+    if res:
+        ref_loss = ref_loss + (s * ds.double()).sum()
+    ref_grads = torch.autograd.grad(ref_loss, ref_leaves)
+    names = ["x", "weight"] + (["bias"] if b is not None else []) + (["residual"] if r is not None else [])
+    for name, got, ref, leaf in zip(names, grads, ref_grads, leaves):
+        assert got.dtype == leaf.dtype and got.shape == leaf.shape, name
+        # dweight/dbias sum over M rows of products rounded in x's dtype
+        scale = None if name in ("x", "residual") else max(1.0, m ** 0.5)
+        _close(got, ref, dtype if name in ("x", "residual") else leaf.dtype if dtype == torch.float32 else dtype,
+               f"d{name}", scale)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", NS)
+def test_backward(kind, dtype, n):
+    i = NS.index(n)
+    _grad_case(kind, _rows_for(n), n, dtype, bias=i % 2 == 0, res=i % 2 == 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("m", [1, 3, 4099])
+def test_backward_rows_fp16(kind, m):
+    _grad_case(kind, m, 1000, torch.float16, bias=True, res=True)
+    _grad_case(kind, m, 4096, torch.float16, bias=True, res=False, w_dtype=torch.float32)
+
+
+def test_backward_zero_rows():
+    x = torch.randn(0, 64, device="cuda", requires_grad=True)
+    w = torch.ones(64, device="cuda", requires_grad=True)
+    ops.rms_norm(x, w).sum().backward()
+    assert x.grad.shape == (0, 64) and torch.equal(w.grad, torch.zeros(64, device="cuda"))
+
+
+def test_strided_views_and_nd():
+    big = torch.randn(64, 1030, device="cuda")
+    w = torch.randn(1000, device="cuda")
+    for view in (big[:, :1000], big[:, 3:1003], big[::2, 10:1010]):
+        assert view.stride(-1) == 1
+        _close(ops.rms_norm(view, w), _ref("rms", view, w, None, None, 1e-6)[0], torch.float32, "view")
+    x3 = torch.randn(4, 5, 1000, device="cuda", dtype=torch.bfloat16)
+    y3 = ops.layer_norm(x3, w.bfloat16())
+    assert y3.shape == x3.shape
+    _close(y3, _ref("layer", x3, w.bfloat16(), None, None, 1e-5)[0], torch.bfloat16, "3-D")
+    xt = torch.randn(1000, 8, device="cuda").t()  # last-dim stride 8: copied, still right
+    _close(ops.rms_norm(xt, w), _ref("rms", xt, w, None, None, 1e-6)[0], torch.float32, "transposed")
+
+
+def test_torch_compile_fullgraph():
+    x, w, b, r = _inputs(128, 2048, torch.bfloat16, bias=True, res=True, seed=3)
+
+    def f(x, w, b, r):
+        y, s = ops.layer_norm(x, w, b, 1e-5, residual=r)
+        z = ops.rms_norm(s, w, 1e-6)
+        return (y.float().sum() + z.float().square().sum())
+
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, r)]
+    eager = f(*leaves)
+    eg = torch.autograd.grad(eager, leaves)
+    leaves2 = [t.clone().requires_grad_() for t in (x, w, b, r)]
+    cf = torch.compile(f, fullgraph=True)
+    comp = cf(*leaves2)
+    cg = torch.autograd.grad(comp, leaves2)
+    torch.testing.assert_close(comp, eager, rtol=1e-3, atol=1e-2)
+    for a, e in zip(cg, eg):
+        torch.testing.assert_close(a.float(), e.float(), rtol=2e-2, atol=2e-2 * e.float().abs().max().item())
+
+
+def test_cuda_graph_capture():
+    x, w, b, _ = _inputs(256, 4096, torch.bfloat16, bias=True)
+    y0 = ops.layer_norm(x, w, b)  # warm: compile outside the capture
+    z0 = ops.rms_norm(x, w)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.layer_norm(x, w, b)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.layer_norm(x, w, b)
+        z = ops.rms_norm(x, w)
+    x.copy_(torch.randn_like(x))  # new data in the captured input buffer
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, ops.layer_norm(x, w, b))
+    torch.testing.assert_close(z, ops.rms_norm(x, w))
+    assert not torch.equal(y, y0) and not torch.equal(z, z0)
+
+
+def test_errors():
+    x = torch.randn(4, 8, device="cuda")
+    w = torch.randn(8, device="cuda")
+    with pytest.raises(ValueError, match="'weight' is on cpu"):
+        ops.rms_norm(x, w.cpu())
+    with pytest.raises(ValueError, match="'x' must be a CUDA"):
+        ops.rms_norm(x.cpu(), w.cpu())
+    with pytest.raises(TypeError, match="'weight' has dtype"):
+        ops.rms_norm(x.bfloat16(), w.half())
+    with pytest.raises(TypeError, match="'x' has dtype"):
+        ops.layer_norm(x.double(), w.double())
+    with pytest.raises(ValueError, match="'weight' must have shape \\(8,\\)"):
+        ops.rms_norm(x, torch.randn(9, device="cuda"))
+    with pytest.raises(ValueError, match="'bias' must have shape"):
+        ops.layer_norm(x, w, torch.randn(7, device="cuda"))
+    with pytest.raises(TypeError, match="'bias' has dtype"):
+        ops.layer_norm(x.bfloat16(), w.bfloat16(), w.float())
+    with pytest.raises(ValueError, match="'residual' has shape"):
+        ops.rms_norm(x, w, residual=torch.randn(4, 9, device="cuda"))
+    with pytest.raises(TypeError, match="'residual' has dtype"):
+        ops.layer_norm(x, w, residual=x.half())
+    with pytest.raises(ValueError, match="'eps' must be finite and >= 0"):
+        ops.rms_norm(x, w, -1e-6)
+    with pytest.raises(ValueError, match="last dim in"):
+        ops.rms_norm(torch.randn(2, 0, device="cuda"), torch.randn(0, device="cuda"))
+    with pytest.raises(ValueError, match="'eps'"):
+        x.requires_grad_()
+        ops.layer_norm(x, w, None, float("nan"))
+
+
+def test_property():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=25, deadline=None, derandomize=True)
+    @hypothesis.given(
+        kind=st.sampled_from(KINDS),
+        m=st.integers(0, 40),
+        n=st.sampled_from([1, 3, 8, 100, 1000, 1024]),
+        dtype=st.sampled_from(DTYPES),
+        bias=st.booleans(),
+        res=st.booleans(),
+        scale=st.sampled_from([1e-3, 1.0, 300.0]),
+    )
+    def check(kind, m, n, dtype, bias, res, scale):
+        x, w, b, r = _inputs(m, n, dtype, bias=bias and kind == "layer", res=res, seed=m * 7 + n)
+        x = (x.float() * scale).to(dtype)
+        out = _call(kind, x, w, b, r, 1e-5)
+        y = out[0] if res else out
+        ref_y, ref_s = _ref(kind, x, w, b, r, 1e-5)
+        _close(y, ref_y, dtype, "y")
+        if res:
+            torch.testing.assert_close(out[1], ref_s, rtol=0, atol=0)
+
+    check()
