@@ -193,7 +193,7 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="fewer N")
-    p.add_argument("--sweep", action="store_true", help="time every candidate config at N >= 4096")
+    p.add_argument("--sweep", action="store_true", help="time every candidate config at every shape")
     p.add_argument("--compile-ns", default="4096,16384,65536", help="N at which to run torch.compile ('' = none, 'all')")
     p.add_argument("--out")
     args = p.parse_args()
@@ -203,7 +203,7 @@ def main() -> None:
     dtypes = (torch.bfloat16, torch.float32)
     shapes = [(rows_for(n, dt), n, dt) for dt in dtypes for n in ns]
     problems = [(mode, dt, m, n) for m, n, dt in shapes for mode in ("softmax", "softmax_bwd", "log_softmax", "log_softmax_bwd")]
-    plans = sweep_plans([(mo, dt, m, n) for m, n, dt in shapes if n >= 4096 for mo in ("softmax", "softmax_bwd")]) if args.sweep else []
+    plans = sweep_plans([(mo, dt, m, n) for m, n, dt in shapes for mo in ("softmax", "softmax_bwd")]) if args.sweep else []
     t_warm = time.time()
     from cuteforge.arch import target_arch
     from cuteforge.autotune.pool import CompileJob, compile_all
