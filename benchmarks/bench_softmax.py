@@ -51,9 +51,9 @@ def _quack() -> Any:
         return None
 
 
-def _time(fn, nbytes: int, copy_bps: float) -> dict[str, float]:
+def _time(fn, nbytes: int, copy_bps: float, rep_ms: float = 50.0) -> dict[str, float]:
     try:
-        ms = timing.bench(fn, warmup_ms=10, rep_ms=60)
+        ms = timing.bench(fn, warmup_ms=10, rep_ms=rep_ms)
     except Exception as e:
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     bps = nbytes / (ms * 1e-3)
@@ -155,7 +155,7 @@ def config_sweep(plans: list[tuple[Any, ...]], copy_bps: float) -> list[dict[str
         r = {"mode": mode, "dtype": str(dtype).removeprefix("torch."), "M": m, "N": n, "config": repr(cfg), "default": default}
         try:
             fn = k.get(key, (("mode", mode),), cfg)
-            r.update(_time(lambda fn=fn, ts=ts: fn(*ts), len(ts) * ts[0].numel() * ts[0].element_size(), copy_bps))
+            r.update(_time(lambda fn=fn, ts=ts: fn(*ts), len(ts) * ts[0].numel() * ts[0].element_size(), copy_bps, rep_ms=30.0))
         except Exception as e:
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(r)
