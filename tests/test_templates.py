@@ -194,7 +194,7 @@ def test_choice_failures_are_isolated_and_tune_integrates(caplog):
     by_p = {c.get("P"): v for c, v in res.times_ms.items()}
     assert by_p[1] == 2.0 and by_p[2] == 1.0 and math.isinf(by_p[3]) and math.isinf(by_p[5])
     errs = {c.get("P"): e for c, e in res.errors.items()}
-    assert errs[3].startswith("render failed") and "compile failed" in errs[5] and "undefined_name_in_generated_code" in errs[5]
+    assert errs[3].startswith("rejected before compiling") and "compile failed" in errs[5] and "undefined_name_in_generated_code" in errs[5]
 
 
 def test_compile_through_kernel_cache_and_log_source(caplog, monkeypatch):
@@ -275,3 +275,15 @@ def test_cli_show_generated(capsys):
     assert c.kernel_name in capsys.readouterr().out
     assert main(["show", c.kernel_name, "--ptx"]) == 0
     assert ".target sm_90a" in capsys.readouterr().out
+
+
+def test_tuning_off_picks_the_first_valid_choice(monkeypatch):
+    monkeypatch.setenv("CUTEFORGE_AUTOTUNE", "off")
+    t = scale_template(validate=lambda spec, cfg: None if cfg.get("THREADS_PER_BLOCK") % 32 == 0 else (_ for _ in ()).throw(ValueError("bad")))
+    x, y = xs(8)
+    res = t.tune([x], y, THREADS_PER_BLOCK=[48, 64, 128])
+    assert res.source == "off" and res.best_config.get("THREADS_PER_BLOCK") == 64
+    assert "rejected before compiling: ValueError: bad" in res.errors[t.config(THREADS_PER_BLOCK=48)]
+    # the variant memo: the same call structure gives the same kernel object
+    assert t.bind([x], y).kernel is t.bind([torch.empty(3)], torch.empty(3)).kernel
+    assert t.bind([x], y).kernel is not t.bind([torch.empty(3)], torch.empty(4)).kernel

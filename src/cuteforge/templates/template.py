@@ -110,7 +110,7 @@ class Template:
         self.epilogue_kinds = tuple(epilogue_kinds)
         self.prologue_kinds = tuple(prologue_kinds)
         self.validate = validate
-        self._variants: dict[str, TemplateKernel] = {}
+        self._variants: dict[tuple[Any, ...], TemplateKernel] = {}
         TEMPLATES[name] = self
 
     def __repr__(self) -> str:
@@ -159,13 +159,17 @@ class Template:
             pro_tensors += ts
         all_t = [*tensors, *ep_tensors, *pro_tensors, output]
         arg_names = [*names, *(f"epi_{n}" for n in ep_names), *(f"pro_{i}_{n}" for i, (_, ns) in pro_defs.items() for n in ns), "out"]
-        d = VariantDef(self.name, self.source, self.entry, list(self.archs), arg_names, _dim_symbols(all_t), len(tensors), ep_key, ep_names, pro_defs)
-        k = self._variants.get(d.digest)
+        dims = _dim_symbols(all_t)
+        # The variant is a function of these (cheap) facts: skip building its definition
+        # and hashing the template source on every call.
+        memo = (tuple(arg_names), tuple(map(tuple, dims)), ep_key, tuple((i, p[0]) for i, p in pro_defs.items()))
+        k = self._variants.get(memo)
         if k is None:
+            d = VariantDef(self.name, self.source, self.entry, list(self.archs), arg_names, dims, len(tensors), ep_key, ep_names, pro_defs)
             k = variant_kernel(d)
             if self.validate is not None and self.validate not in k.validators:
                 k.validators.append(self.validate)
-            self._variants[d.digest] = k
+            self._variants[memo] = k
         return BoundCall(k, tuple(all_t), len(tensors))
 
     def _bind_operands(self, role: str, fn: Any, args: Mapping[str, Any], shape: tuple[int, ...], allowed: tuple[str, ...]) -> tuple[Any, list[Any]]:
@@ -254,10 +258,12 @@ class Template:
         if not ok:
             raise TemplateError(f"template {self.name!r}: every choice failed to render: " + "; ".join(f"{c.config!r}: {c.error}" for c in chs[:3]))
         res = autotune(call.kernel, call.tensors, configs=ok, reference=ref, **opts)
+        if res.best_config not in ok:  # CUTEFORGE_AUTOTUNE=off or every choice failed
+            res.best_config = ok[0]
         for c in chs:
             if not c.ok:
                 res.times_ms[c.config] = math.inf
-                res.errors[c.config] = f"render failed: {c.error}"
+                res.errors[c.config] = f"rejected before compiling: {c.error}"
         return res
 
     def run(self, inputs: Sequence[Any] | Mapping[str, Any], output: Any, *, epilogue: Epilogue | None = None,
