@@ -97,18 +97,24 @@ class GemmConfig:
 
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132) -> GemmConfig:
-    """The untuned heuristic: 128x256 tiles with 2-CTA clusters for large problems; smaller
-    tiles when the output has too few 128x256 tiles to fill the SMs."""
+    """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
+
+    Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
+    the most efficient per byte of shared memory; smaller tiles only buy parallelism),
+    skinny M (<= 64) on one-warpgroup 64-row tiles. Cluster pairs go along M when there
+    are two M tiles to pair (B multicast), else along N (A multicast).
+    """
     if m is None or n is None:
         return GemmConfig()
-    if m <= 64:
-        # Skinny M (decode): one warpgroup on 64-row tiles, wide N to cut A re-reads.
-        return GemmConfig(tile_m=64, tile_n=256 if n >= 256 * sm_count else 128, cluster_m=1, cluster_n=2 if n >= 4096 else 1)
-    tiles = -(-m // 128) * -(-n // 256)
-    if tiles < sm_count:
-        # Too few big tiles for one wave: 128x128 doubles the tile count.
-        return GemmConfig(tile_n=128, cluster_m=2 if m >= 256 else 1)
-    return GemmConfig()
+    shapes = ((64, 256), (64, 128), (64, 64)) if m <= 64 else ((128, 256), (128, 128), (128, 64))
+    tm, tn = shapes[-1]
+    for tm_, tn_ in shapes:
+        if -(-m // tm_) * -(-n // tn_) >= 0.75 * sm_count:
+            tm, tn = tm_, tn_
+            break
+    m_tiles, n_tiles = -(-m // tm), -(-n // tn)
+    cm, cn = (2, 1) if m_tiles >= 2 else ((1, 2) if n_tiles >= 2 else (1, 1))
+    return GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn)
 
 
 def candidate_configs(m: int | None, n: int | None) -> list[GemmConfig]:
@@ -122,10 +128,17 @@ def candidate_configs(m: int | None, n: int | None) -> list[GemmConfig]:
         GemmConfig(tile_m=256, tile_n=128),
         GemmConfig(tile_n=128),
         GemmConfig(tile_n=128, cluster_m=1, cluster_n=2),
-        GemmConfig(tile_n=192),
+        GemmConfig(tile_n=64),
+        GemmConfig(raster="n", swizzle=4),
     ]
     if m is not None and m <= 128:
-        out += [GemmConfig(tile_m=64, tile_n=128, cluster_m=1), GemmConfig(tile_m=64, tile_n=256, cluster_m=1, cluster_n=2)]
+        out += [
+            GemmConfig(tile_m=64, tile_n=128, cluster_m=1),
+            GemmConfig(tile_m=64, tile_n=256, cluster_m=1, cluster_n=2),
+            GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=2),
+            GemmConfig(tile_m=64, tile_n=64, cluster_m=2),
+            GemmConfig(tile_n=64, cluster_m=1, cluster_n=2),
+        ]
     seen: list[GemmConfig] = []
     for c in out:
         if c not in seen:

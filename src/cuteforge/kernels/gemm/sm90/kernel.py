@@ -266,9 +266,11 @@ class Sm90Gemm:
             # ---- mainloop: keep one wgmma batch in flight ----
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.fence()
             for k in cutlass.range(k_tiles, unroll=1):
                 ab_pipe.consumer_wait(read)
+                # Order this batch after the register writes before it (fill, previous
+                # batch): without the fence ptxas injects its own and serializes wgmma.
+                warpgroup.fence()
                 for kb in cutlass.range_constexpr(k_blocks):
                     coord = (None, None, kb, read.index)
                     cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
@@ -278,28 +280,32 @@ class Sm90Gemm:
                     ab_pipe.consumer_release(release)
                     release.advance()
                 read.advance()
+            # ---- epilogue ----
+            gD_tile = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile)
+            epi_shape = gD_tile.shape[1]
+            epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+            n_epi = cute.size(epi_shape)
+            # Epilogue operands are prefetched one subtile ahead (the first while the last
+            # wgmma batch drains), so their global-load latency hides behind other work.
+            nxt = []
+            if cutlass.const_expr(self.epi_fn is not None):
+                nxt = self.subtile_operands(mD, tRS_cD, epi_order, 0, tile_m, tile_n, tile_l, e0, e1, e2)
             warpgroup.wait_group(0)
             if k_tiles > 0:
                 ab_pipe.consumer_release(release)
                 release.advance()
-
-            # ---- epilogue ----
-            gD_tile = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile)
             bSG_sD, bSG_gD = cpasync.tma_partition(
                 tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_tile
             )
-            epi_shape = gD_tile.shape[1]
-            epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-            n_epi = cute.size(epi_shape)
             done = sched.num_tiles_executed * n_epi
             for e in cutlass.range_constexpr(n_epi):
                 for v in cutlass.range_constexpr(frag):
                     rD[v] = tRS_acc[e * frag + v]
                 epi_coord = epi_order.get_hier_coord(e)
                 if cutlass.const_expr(self.epi_fn is not None):
-                    row0 = tile_m * self.tile[0] + epi_coord[0] * self.epi_tile[0]
-                    col0 = tile_n * self.tile[1] + epi_coord[1] * self.epi_tile[1]
-                    ops = self.load_operands(mD, tRS_cD, row0, col0, tile_l, e0, e1, e2)
+                    ops = nxt
+                    if cutlass.const_expr(e + 1 < n_epi):
+                        nxt = self.subtile_operands(mD, tRS_cD, epi_order, e + 1, tile_m, tile_n, tile_l, e0, e1, e2)
                     rD.store(self.epi_fn(rD.load(), *ops))
                 rOut.store(rD.load().to(self.d_dtype))
                 buf = (done + e) % n_bufs
@@ -315,6 +321,13 @@ class Sm90Gemm:
             sched.advance_to_next_work()
             work = sched.get_current_work()
         store_pipe.producer_tail()
+
+    @cute.jit
+    def subtile_operands(self, mD, tRS_cD, epi_order, e, tile_m, tile_n, batch, e0, e1, e2) -> list:  # noqa: ANN001
+        coord = epi_order.get_hier_coord(e)
+        row0 = tile_m * self.tile[0] + coord[0] * self.epi_tile[0]
+        col0 = tile_n * self.tile[1] + coord[1] * self.epi_tile[1]
+        return self.load_operands(mD, tRS_cD, row0, col0, batch, e0, e1, e2)
 
     @cute.jit
     def load_operands(self, mD, tRS_cD, row0, col0, batch, e0, e1, e2) -> list:  # noqa: ANN001
