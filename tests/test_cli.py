@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,12 +38,13 @@ def test_info_json(cache: Path) -> None:
 
 
 def test_precompile_twice_second_compiles_nothing(cache: Path) -> None:
-    first = cli("precompile", "--arch", "sm_90a", "--json", cache=cache)
+    # One family keeps this test short; `library` below builds every family's set.
+    first = cli("precompile", "--arch", "sm_90a", "--json", "--kernel", "row_reduce", cache=cache)
     assert first.returncode == 0, first.stderr
     r1 = json.loads(first.stdout)
     assert r1["arch"] == "sm_90a" and r1["compiled"] == len(r1["kernels"]) > 0 and r1["loaded"] == 0
     assert {k["kernel"] for k in r1["kernels"]} == {"row_reduce"}
-    second = cli("precompile", "--arch", "sm_90a", "--json", cache=cache)
+    second = cli("precompile", "--arch", "sm_90a", "--json", "--kernel", "row_reduce", cache=cache)
     r2 = json.loads(second.stdout)
     assert r2["compiled"] == 0 and r2["loaded"] == len(r1["kernels"])
     # Loads are far cheaper than the compiles they replace.
@@ -54,9 +56,11 @@ def test_precompile_twice_second_compiles_nothing(cache: Path) -> None:
     ls = json.loads(cli("cache", "ls", "--json", cache=cache).stdout)
     assert len(ls) == len(r1["kernels"]) and all(Path(e["path"]).exists() for e in ls)
 
-    lib = cli("library", cache=cache)  # the main job, no GPU: an AOT build, all from cache
+    lib = cli("library", cache=cache)  # the main job, no GPU: an AOT build of every family
     assert lib.returncode == 0, lib.stderr
-    assert "ahead of time" in lib.stdout and f"0 compiled, {len(r1['kernels'])} loaded" in lib.stdout
+    assert "ahead of time" in lib.stdout
+    m = re.search(r"(\d+) compiled, (\d+) loaded", lib.stdout)
+    assert m and int(m[2]) == len(r1["kernels"]) and int(m[1]) > 0, lib.stdout[-2000:]
 
 
 def test_cache_clear(tmp_path: Path) -> None:
