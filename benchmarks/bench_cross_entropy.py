@@ -49,14 +49,14 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
     ref = F.cross_entropy(x.float() if m * n < 2**30 else x, t, reduction="none").float()
     row["fwd_correct"] = bool(torch.allclose(loss, ref, rtol=1e-2, atol=2e-2))
     gscale = torch.full((m,), 1.0 / m, device="cuda")
-    dx = ce_mod._bwd(x, t, lse, gscale)
+    dx = ce_mod._bwd(x, t, lse, gscale, -100)
     p = torch.softmax(x[:64].float(), -1)
     p[torch.arange(64, device="cuda"), t[:64]] -= 1
     row["bwd_correct"] = bool(torch.allclose(dx[:64].float(), p / m, rtol=2e-2, atol=1e-3 / m))
     del dx, p, ref
 
     fwd = {"cuteforge": lambda: ce_mod._fwd(x, t, -100), "torch": lambda: F.cross_entropy(x, t, reduction="none")}
-    bwd = {"cuteforge": lambda: ce_mod._bwd(x, t, lse, gscale)}
+    bwd = {"cuteforge": lambda: ce_mod._bwd(x, t, lse, gscale, -100)}
     xg = x.clone().requires_grad_(True)
 
     def step(fn):
@@ -97,12 +97,43 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
     return row
 
 
+def config_sweep(n: int, dtype: torch.dtype, copy_bps: float) -> list[dict]:
+    """Forward and backward kernel bandwidth of every candidate config at one shape."""
+    from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd, cross_entropy_fwd
+
+    m = min(32768, MAX_BYTES // (n * torch.tensor([], dtype=dtype).element_size()))
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    t = torch.randint(0, n, (m,), device="cuda")
+    loss = torch.empty(m, device="cuda")
+    lse = torch.empty(m, device="cuda")
+    g = torch.full((m,), 1.0 / m, device="cuda")
+    dx = torch.empty_like(x)
+    e = x.element_size()
+    rows = []
+    params = (("ignore_index", -100),)
+    for phase, k, args, nbytes in (("fwd", cross_entropy_fwd, (x, t, loss, lse), m * n * e),
+                                   ("bwd", cross_entropy_bwd, (x, t, lse, g, dx), 2 * m * n * e)):
+        key = k.signature.bind(args)
+        spec = k.spec(key, params)
+        for cfg in k.configs(spec):
+            try:
+                fn = k.get(key, params, cfg)
+                ms = timing.bench(lambda fn=fn, args=args: fn(*args))
+                rows.append({"phase": phase, "M": m, "N": n, "dtype": str(dtype)[6:], "config": repr(cfg),
+                             "default": cfg == spec.config, "us": round(ms * 1e3, 1),
+                             "pct_copy": round(100 * nbytes / (ms * 1e-3) / copy_bps, 1)})
+            except Exception as ex:  # a failing config is a finding, not a crash
+                rows.append({"phase": phase, "N": n, "config": repr(cfg), "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--ns", default=",".join(map(str, NS)))
     p.add_argument("--compile-ns", default="", help="N values that get the torch.compile contender (default: all)")
+    p.add_argument("--sweep-ns", default="", help="N values (bf16) whose kernel configs are swept")
     args = p.parse_args()
     t0 = time.time()
     copy_bps = timing.copy_bandwidth()
@@ -124,6 +155,11 @@ def main() -> None:
             result["rows"].append(row)
             print(row, flush=True)
             torch.cuda.empty_cache()
+    result["config_sweep"] = []
+    for n in [int(v) for v in args.sweep_ns.split(",") if v]:
+        result["config_sweep"] += config_sweep(n, torch.bfloat16, copy_bps)
+    for r in result["config_sweep"]:
+        print("sweep", r, flush=True)
     result["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out or Path(__file__).parent / "results" / "h200-cross-entropy.json")
     out.parent.mkdir(parents=True, exist_ok=True)

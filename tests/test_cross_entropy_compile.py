@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from cuteforge.kernels.cross_entropy.kernels import ce_config
 from cuteforge.kernels.reduce.row import RowReduceConfig, default_config
 
 
@@ -17,7 +18,7 @@ def _compile(which, dt, n, vec, cfg=None):
     from cuteforge.kernels.cross_entropy import make_ce_bwd, make_ce_fwd
 
     d = {"f32": cutlass.Float32, "bf16": cutlass.BFloat16, "f16": cutlass.Float16}[dt]
-    cfg = cfg or default_config(n, d.width)
+    cfg = cfg or ce_config(n, d.width)
     m = cute.sym_int()
 
     def rows():
@@ -30,7 +31,7 @@ def _compile(which, dt, n, vec, cfg=None):
     opts = "--enable-tvm-ffi --keep-ptx"
     if which == "fwd":
         return cute.compile(make_ce_fwd(d, n, vec, cfg, -100), rows(), tgt, f1, f2, stream, options=opts).__ptx__
-    return cute.compile(make_ce_bwd(d, n, vec, cfg), rows(), tgt, f1, f2, rows(), stream, options=opts).__ptx__
+    return cute.compile(make_ce_bwd(d, n, vec, cfg, -100), rows(), tgt, f1, f2, rows(), stream, options=opts).__ptx__
 
 
 @pytest.mark.parametrize(
@@ -56,6 +57,14 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="cluster"):
         make_ce_fwd(cutlass.Float32, 262144, 4, RowReduceConfig(1024, 1024, 4, cluster_n=2), -100)
     with pytest.raises(ValueError, match="vec"):
-        make_ce_bwd(cutlass.BFloat16, 4096, 16, default_config(4096, 16))
+        make_ce_bwd(cutlass.BFloat16, 4096, 16, default_config(4096, 16), -100)
     with pytest.raises(ValueError, match="dtype"):
-        make_ce_bwd(cutlass.Int32, 4096, 4, default_config(4096, 32))
+        make_ce_bwd(cutlass.Int32, 4096, 4, default_config(4096, 32), -100)
+
+
+@pytest.mark.parametrize("bits", [16, 32])
+@pytest.mark.parametrize("n", [1, 7, 1000, 4096, 16384, 32768, 65537, 262144])
+def test_ce_config_valid(n, bits):
+    cfg = ce_config(n, bits)
+    cfg.validate(n, bits)
+    assert cfg.cluster_n == 1

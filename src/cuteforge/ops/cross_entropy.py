@@ -16,8 +16,9 @@ gradient row is NaN. Nothing is clamped or read out of bounds. With the environm
 variable `CUTEFORGE_CHECK_TARGETS=1` set at import (or this module's `CHECK_TARGETS` set to
 True) eager calls raise a ValueError on the host instead (one device sync per call).
 
-Under torch.compile and autograd the kernels run as `torch.ops.cuteforge.cross_entropy_fwd`
-/ `cross_entropy_bwd` (custom ops with fake impls); plain eager calls skip that boundary.
+Under torch.compile the kernels run as `torch.ops.cuteforge.cross_entropy_fwd` /
+`cross_entropy_bwd` (custom ops with fake impls and autograd); eager calls skip that
+boundary (an autograd.Function when logits require grad).
 """
 
 from __future__ import annotations
@@ -116,26 +117,29 @@ def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple
     return loss, lse
 
 
-def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor) -> torch.Tensor:
+def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """dlogits for a per-row loss gradient `dloss` (ignored rows get zeros in the kernel)."""
     m, n = logits.shape
     dlogits = torch.empty((m, n), dtype=logits.dtype, device=logits.device)
-    if target.stride(0) != 1:
-        target = target.contiguous()
     if m == 0:
         return dlogits
-    k = (*_key(logits, target, 0), dlogits.data_ptr() & 15)
+    if target.stride(0) != 1:
+        target = target.contiguous()
+    if dloss.dtype != torch.float32 or dloss.stride(0) != 1:
+        dloss = dloss.float().contiguous()  # the mean/sum backward hands in an expanded scalar
+    k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15)
     fn = _BWD.get(k)
     if fn is None:
-        key = cross_entropy_bwd.signature.bind((logits, target, lse, gscale, dlogits), _WHERE)
-        fn = cross_entropy_bwd.get(key, (), config_for(n, logits.element_size() * 8))
+        key = cross_entropy_bwd.signature.bind((logits, target, lse, dloss, dlogits), _WHERE)
+        fn = cross_entropy_bwd.get(key, (("ignore_index", ignore_index),), config_for(n, logits.element_size() * 8))
         if len(_BWD) >= _MAX_PLANS:
             _BWD.clear()
         _BWD[k] = fn
-    fn(logits, target, lse, gscale, dlogits)
+    fn(logits, target, lse, dloss, dlogits)
     return dlogits
 
 
-# --- torch.library registration ----------------------------------------------------------
+# --- torch.library registration (torch.compile) and the eager autograd path --------------
 
 
 @torch.library.custom_op("cuteforge::cross_entropy_fwd", mutates_args=())
@@ -151,12 +155,12 @@ def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[to
 
 
 @torch.library.custom_op("cuteforge::cross_entropy_bwd", mutates_args=())
-def _bwd_op(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor) -> torch.Tensor:
-    return _bwd(logits, target, lse, gscale)
+def _bwd_op(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    return _bwd(logits, target, lse, dloss, ignore_index)
 
 
 @_bwd_op.register_fake
-def _(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, gscale: torch.Tensor) -> torch.Tensor:
+def _(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
@@ -167,19 +171,31 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.
 
 
 def _backward(ctx: Any, g_loss: torch.Tensor, g_lse: Any) -> tuple[Any, None, None]:
-    logits, target, lse = ctx.saved_tensors
-    n = logits.shape[1]
-    valid = target != ctx.ignore_index
-    g = torch.where(valid, g_loss.float(), 0.0)
-    # out-of-range targets: a NaN gradient row, matching their NaN loss
-    g = torch.where(valid & ((target < 0) | (target >= n)), float("nan"), g)
     # lse is an auxiliary output for the backward: its gradient (zeros, autograd
     # materializes it) is ignored, so torch.ops.cuteforge.cross_entropy_fwd's lse is not
     # differentiable.
-    return _bwd_op(logits, target, lse, g.contiguous()), None, None
+    logits, target, lse = ctx.saved_tensors
+    return _bwd_op(logits, target, lse, g_loss.float().contiguous(), ctx.ignore_index), None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+class _Eager(torch.autograd.Function):
+    """The same forward/backward for eager autograd without the custom-op dispatch
+    (which costs more host time than a small step's kernels)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+        loss, lse = _fwd(logits, target, ignore_index)
+        ctx.ignore_index = ignore_index
+        ctx.save_for_backward(logits, target, lse)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, g_loss: torch.Tensor) -> tuple[Any, None, None]:
+        logits, target, lse = ctx.saved_tensors
+        return _bwd(logits, target, lse, g_loss, ctx.ignore_index), None, None
 
 
 def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int, dtype: torch.dtype) -> torch.Tensor:
@@ -203,7 +219,7 @@ def cross_entropy(
     if CHECK_TARGETS:
         _check_targets(target, logits.shape[1], ignore_index)
     if logits.requires_grad and torch.is_grad_enabled():
-        loss, _ = _fwd_op(logits, target, ignore_index)
+        loss = _Eager.apply(logits, target, ignore_index)
     else:
         loss, _ = _fwd(logits, target, ignore_index)
     return _reduce(loss, target, reduction, ignore_index, logits.dtype)

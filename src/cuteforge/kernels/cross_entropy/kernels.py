@@ -17,9 +17,13 @@ then warps (shared memory), merge their (m, s) pairs the same way. A max of -inf
 inputs -inf so far) is replaced by 0 in the exponents so that no inf - inf appears; NaN
 inputs propagate to the row's lse and loss.
 
-Targets: ``t == ignore_index`` gives loss 0 (its lse is still written). A target outside
-[0, N) gives loss NaN (and the op turns its gradient row into NaN): nothing is clamped or
+Targets: ``t == ignore_index`` gives loss 0 (its lse is still written) and a zero gradient
+row. A target outside [0, N) gives loss NaN and a NaN gradient row: nothing is clamped or
 silently read out of bounds; the ops layer can also check targets on the host.
+
+Configs: :func:`ce_config` gives each thread about 8 vectors of a row (8 loads in flight)
+while a row needs at most 256 threads, else 512-1024 threads per row with 4 loads per
+iteration (larger fragments would not fit the register file at that CTA size).
 """
 
 from __future__ import annotations
@@ -30,12 +34,28 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from ..reduce.row import RowReduceConfig
+from ..reduce.row import RowReduceConfig, _pow2_ceil
 
-__all__ = ["make_ce_fwd", "make_ce_bwd"]
+__all__ = ["ce_config", "make_ce_fwd", "make_ce_bwd"]
 
 _LOG2E = math.log2(math.e)
 _FLOATS = (Float32, cutlass.BFloat16, cutlass.Float16)
+
+
+def ce_config(n: int, dtype_bits: int) -> RowReduceConfig:
+    """About 8 16-byte vectors per thread: with the exp work per element, more loads in
+    flight per thread (and fewer threads per row to merge) than the row reduction's 4."""
+    nv = -(-n // (128 // dtype_bits))
+    p = min(1024, _pow2_ceil(max(1, -(-nv // 8))))
+    if p >= 512:
+        # 8 x 16 B fragments (x2 in the backward) would exceed the register file at
+        # 512-1024 threads: 4 loads per iteration, several iterations
+        p = min(1024, _pow2_ceil(max(1, -(-nv // 4))))
+        cfg = RowReduceConfig(p, p, 4)
+    else:
+        cfg = RowReduceConfig(256, p, max(1, min(8, -(-nv // p))))
+    cfg.validate(n, dtype_bits)
+    return cfg
 
 
 def _plan(n: int, vec: int, config: RowReduceConfig) -> dict:
@@ -131,6 +151,8 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
         row = bidx * R + r
         row_c = cutlass.min(row, m_rows - 1)
         g_row = x[row_c, None]
+        # issued first, needed last: its latency hides behind the row's loads
+        tgt = target[row_c]
         m = Float32(-math.inf)
         s = Float32(0.0)
         if cutlass.const_expr(K + (1 if REM else 0) > 0):
@@ -157,6 +179,11 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
             if t < TAIL:
                 m, s = _fold(m, s, [g_row[NV * vec + t].to(Float32)])
 
+        # the target logit (a scalar load, usually an L2 hit by now) overlaps the merges below
+        in_range = (tgt >= Int64(0)) & (tgt < Int64(n))
+        tc = Int32(cutlass.min(cutlass.max(tgt, Int64(0)), Int64(n - 1)))
+        xt = g_row[tc].to(Float32)
+
         m, s = _group(m, s, G)
         if cutlass.const_expr(W > 1):
             smem = cutlass.memory.SmemAllocator()
@@ -173,12 +200,10 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
             m, s = _group(m, s, min(W, 32))
 
         if (t == 0) & (row < m_rows):
-            lse_v = m + cute.math.log(s)
-            tgt = target[row]
-            in_range = (tgt >= Int64(0)) & (tgt < Int64(n))
-            tc = Int32(cutlass.min(cutlass.max(tgt, Int64(0)), Int64(n - 1)))
-            xt = g_row[tc].to(Float32)
-            lv = Float32(cutlass.select_(in_range, lse_v - xt, Float32(math.nan)))
+            log_s = cute.math.log(s)
+            lse_v = m + log_s
+            # log(s) + (m - x_t): exact when x_t is the max, unlike (m + log s) - x_t
+            lv = Float32(cutlass.select_(in_range, log_s + (m - xt), Float32(math.nan)))
             loss[row] = Float32(cutlass.select_(tgt == Int64(ignore_index), Float32(0.0), lv))
             lse[row] = lse_v
 
@@ -191,9 +216,10 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
     return ce_fwd
 
 
-def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig):
-    """@cute.jit f(logits (M, n), target (M,) i64, lse (M,) f32, gscale (M,) f32,
-    dlogits (M, n), stream): dlogits = (softmax - onehot) * gscale per row."""
+def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
+    """@cute.jit f(logits (M, n), target (M,) i64, lse (M,) f32, dloss (M,) f32,
+    dlogits (M, n), stream): dlogits = (softmax - onehot) * dloss per row; rows whose
+    target is ignore_index get zeros, rows whose target is outside [0, n) NaN."""
     _check(in_dtype, n, vec, config)
     p = _plan(n, vec, config)
     T, P, R = p["T"], p["P"], p["R"]
@@ -218,10 +244,12 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig):
             g_row = x[row, None]
             d_row = dx[row, None]
             ml = lse[row] * Float32(L)
-            g = gs[row]
             tgt64 = target[row]
-            # out-of-range targets match no column (their gscale is NaN, set by the op)
-            tgt = Int32(Int64(cutlass.select_((tgt64 >= Int64(0)) & (tgt64 < Int64(n)), tgt64, Int64(-1))))
+            in_range = (tgt64 >= Int64(0)) & (tgt64 < Int64(n))
+            g = Float32(cutlass.select_(in_range, gs[row], Float32(math.nan)))
+            g = Float32(cutlass.select_(tgt64 == Int64(ignore_index), Float32(0.0), g))
+            # an out-of-range target matches no column (and its row is NaN through g)
+            tgt = Int32(Int64(cutlass.select_(in_range, tgt64, Int64(-1))))
             if cutlass.const_expr(K + (1 if REM else 0) > 0):
                 ld = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=bits)
                 st = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=bits)

@@ -2,8 +2,8 @@
 
 N (classes) is static like the row reduction's: the row loop is resolved at compile
 time. M and the logits row stride are dynamic. The thread layout is the row reduction's
-heuristic (``reduce.row.default_config`` without a cluster). ``ignore_index`` is a
-compile-time parameter (it is almost always -100).
+heuristic shape (``kernels.ce_config``, no cluster). ``ignore_index`` is a compile-time
+parameter of both kernels (it is almost always -100).
 """
 
 from __future__ import annotations
@@ -32,18 +32,28 @@ BWD_SIGNATURE = Signature(
     TensorArg("logits", ("M", "N")),
     TensorArg("target", ("M",), dtypes=(torch.int64,)),
     TensorArg("lse", ("M",), dtypes=(torch.float32,)),
-    TensorArg("gscale", ("M",), dtypes=(torch.float32,)),
+    TensorArg("dloss", ("M",), dtypes=(torch.float32,)),
     TensorArg("dlogits", ("M", "N"), dtype_like="logits"),
     static=("N",),
 )
 
 
 def config_for(n: int, dtype_bits: int) -> Any:
-    return row.default_config(n, dtype_bits)
+    return kernels.ce_config(n, dtype_bits)
 
 
 def _default_config(spec: CompileSpec) -> Any:
-    return row.default_config(spec.static("N"), spec.dtype("logits").width)
+    return kernels.ce_config(spec.static("N"), spec.dtype("logits").width)
+
+
+def _configs(spec: CompileSpec) -> list[Any]:
+    """The heuristic, then the row reduction's candidates (none with a cluster)."""
+    n, bits = spec.static("N"), spec.dtype("logits").width
+    out = [kernels.ce_config(n, bits)]
+    for c in row.candidate_configs(n, bits):
+        if c.cluster_n == 1 and c not in out:
+            out.append(c)
+    return out[:8]
 
 
 def _vec(spec: CompileSpec, *args: str) -> int:
@@ -56,7 +66,7 @@ def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
             v = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) logits
             names = (dtype_name(dt), "int64", "float32", "float32")
             if with_grad:
-                yield BoundKey((*names, dtype_name(dt)), (("N", n),), (v, 2, 4, 4, v)), {}
+                yield BoundKey((*names, dtype_name(dt)), (("N", n),), (v, 2, 4, 4, v)), {"ignore_index": -100}
             else:
                 yield BoundKey(names, (("N", n),), (v, 2, 4, 4)), {"ignore_index": -100}
 
@@ -66,6 +76,7 @@ def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     signature=FWD_SIGNATURE,
     archs=("sm_80+",),
     default_config=_default_config,
+    configs=_configs,
     specializations=lambda: _specs(False),
 )
 def cross_entropy_fwd(spec: CompileSpec) -> Any:
@@ -79,7 +90,10 @@ def cross_entropy_fwd(spec: CompileSpec) -> Any:
     signature=BWD_SIGNATURE,
     archs=("sm_80+",),
     default_config=_default_config,
+    configs=_configs,
     specializations=lambda: _specs(True),
 )
 def cross_entropy_bwd(spec: CompileSpec) -> Any:
-    return kernels.make_ce_bwd(spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config)
+    return kernels.make_ce_bwd(
+        spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config, spec.param("ignore_index")
+    )
