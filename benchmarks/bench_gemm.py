@@ -81,7 +81,13 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
     ref = torch.matmul(a, b)
     row: dict[str, Any] = {"set": tag, "M": m, "N": n, "K": k}
     fns: dict[str, Any] = {"cublas": lambda: torch.matmul(a, b)}
-    for name, fn in (("cuteforge", lambda: gemm(a, b)), ("quack", lambda: q.gemm(a, b, tuned=False))):
+    row["cuteforge_config"] = repr(_default(m, n, k))
+    contenders = (
+        ("cuteforge", lambda: gemm(a, b)),
+        ("cuteforge_pingpong", lambda: gemm(a, b, config=PINGPONG[0])),
+        ("quack", lambda: q.gemm(a, b, tuned=False)),
+    )
+    for name, fn in contenders:
         if name == "quack" and q is None:
             continue
         try:
@@ -95,6 +101,8 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
         row["vs_cublas"] = round(row["cuteforge_TFLOPs"] / row["cublas_TFLOPs"], 3)
         if "quack_TFLOPs" in row:
             row["vs_quack"] = round(row["cuteforge_TFLOPs"] / row["quack_TFLOPs"], 3)
+    if "cuteforge_pingpong_TFLOPs" in row:
+        row["pingpong_vs_cublas"] = round(row["cuteforge_pingpong_TFLOPs"] / row["cublas_TFLOPs"], 3)
     print(json.dumps(row), flush=True)
     return row
 
@@ -118,11 +126,13 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
             eager = lambda tf=tf: tf(torch.matmul(a, b))  # noqa: E731
             ours = lambda act=act: gemm(a, b, epilogue=act)  # noqa: E731
         fns: dict[str, Any] = {"cublas_eager": eager}
-        try:
-            row["cuteforge_rel_err"] = _err(ours(), eager())
-            fns["cuteforge"] = ours
-        except Exception as e:  # noqa: BLE001
-            row["cuteforge_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        pp = lambda act=act, ub=use_bias: gemm(a, b, bias=bias if ub else None, epilogue=act, config=PINGPONG[0])  # noqa: E731
+        for name, fn in (("cuteforge", ours), ("cuteforge_pingpong", pp)):
+            try:
+                row[f"{name}_rel_err"] = _err(fn(), eager())
+                fns[name] = fn
+            except Exception as e:  # noqa: BLE001
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         if q is not None:
             qa = {"gelu": "gelu_tanh_approx", "silu": "silu", "relu": "relu"}[act]
             fq = lambda qb=(bias if use_bias else None), qa=qa: q.gemm_act(a, b, bias=qb, activation=qa, store_preact=False, tuned=False)[1]  # noqa: E731
@@ -133,8 +143,9 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
                 row["quack_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         for name, ms in measure(fns).items():
             row[f"{name}_TFLOPs"] = tflops(m, n, k, ms)
-        if "cuteforge_TFLOPs" in row:
-            row["vs_cublas_eager"] = round(row["cuteforge_TFLOPs"] / row["cublas_eager_TFLOPs"], 3)
+        for name in ("cuteforge", "cuteforge_pingpong"):
+            if f"{name}_TFLOPs" in row:
+                row[f"{name}_vs_cublas_eager"] = round(row[f"{name}_TFLOPs"] / row["cublas_eager_TFLOPs"], 3)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -181,17 +192,21 @@ def _extra_configs() -> list[Any]:
     from cuteforge.kernels.gemm.sm90.config import GemmConfig
 
     return [
-        GemmConfig(raster="n", swizzle=4),
-        GemmConfig(raster="n", swizzle=16),
-        GemmConfig(raster="n", cluster_m=1, cluster_n=2),
-        GemmConfig(tile_n=64),
-        GemmConfig(tile_n=128, raster="n"),
-        GemmConfig(tile_n=128, cluster_m=1, cluster_n=1),
-        GemmConfig(tile_m=64, tile_n=256, cluster_m=1, cluster_n=1),
+        GemmConfig(cluster_m=1, cluster_n=2, raster="n"),
+        GemmConfig(tile_n=128, pingpong=True, raster="n"),
+        GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=1),
+        GemmConfig(tile_n=64, pingpong=True),
     ]
 
 
 EXTRA_CONFIGS: list[Any] = []
+PINGPONG: list[Any] = []  # the pingpong config measured next to the default
+
+
+def _default(m: int, n: int, k: int) -> Any:
+    from cuteforge.kernels.gemm.sm90.config import default_config
+
+    return default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
 
 
 def _shapes(text: str) -> list[tuple[int, int, int]]:
@@ -211,6 +226,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     q = _quack()
     EXTRA_CONFIGS[:] = _extra_configs()
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    PINGPONG[:] = [GemmConfig(tile_n=128, pingpong=True)]
     result: dict[str, Any] = {
         "command": "python benchmarks/bench_gemm.py " + " ".join(sys.argv[1:]),
         "gpu": gpu,

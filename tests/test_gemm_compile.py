@@ -49,13 +49,17 @@ def test_other_tiles_compile() -> None:
     assert "m64n128k16" in ptx
     ptx = _ptx(False, True, ("bfloat16",) * 3, cfg=GemmConfig(tile_m=64, tile_n=128, cluster_m=1, cluster_n=2))
     assert "m64n128k16" in ptx
+    # Pingpong: the mainloop turn passes between warpgroups through named barriers 3/4.
+    ptx = _ptx(True, True, ("bfloat16",) * 4, GemmEpilogue.preset("silu", bias="col"), GemmConfig(tile_n=128, pingpong=True))
+    assert "m64n128k16" in ptx and "bar.arrive" in ptx
 
 
 def test_config_validation() -> None:
     GemmConfig().validate(2, 2, H100)
     assert GemmConfig().resolved_stages(2, 2, H100) == 4
     for bad in (GemmConfig(tile_m=96), GemmConfig(tile_n=264), GemmConfig(tile_m=256, tile_n=256),
-                GemmConfig(cluster_m=4, cluster_n=2), GemmConfig(stages=6), GemmConfig(raster="x")):
+                GemmConfig(cluster_m=4, cluster_n=2), GemmConfig(stages=6), GemmConfig(raster="x"),
+                GemmConfig(tile_m=256, tile_n=128, pingpong=True), GemmConfig(tile_n=256, pingpong=True)):
         with pytest.raises(ValueError):
             bad.validate(2, 2, H100)
     with pytest.raises(ValueError, match="sm_90"):

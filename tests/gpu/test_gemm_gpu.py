@@ -142,6 +142,23 @@ def test_every_candidate_config() -> None:
             raise AssertionError(f"config {cfg}: {e}") from None
 
 
+@pytest.mark.parametrize("tm,tn", [(128, 128), (64, 256)])
+def test_pingpong_batched_fused(tm: int, tn: int) -> None:
+    """Pingpong warpgroups (alternate tiles, own epilogue buffers) on ragged batched
+    shapes with a fused epilogue; small N-tiles make each CTA run several tiles."""
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    cfg = GemmConfig(tile_m=tm, tile_n=tn, pingpong=True)
+    a = torch.randn(3, 1000, 520, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, 520, 1500, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1500, device="cuda", dtype=torch.bfloat16)
+    got = gemm(a, b, bias=bias, epilogue="gelu", config=cfg)
+    _close(got, F.gelu(_ref(a, b) + bias.float(), approximate="tanh"), 520)
+    a = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a, b, config=cfg, out_dtype=torch.float32), _ref(a, b), 2048)
+
+
 def test_gradients() -> None:
     a = torch.randn(96, 136, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(136, 80, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -136,7 +136,7 @@ def _reference(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], ep
     return acc.to(out_dtype)
 
 
-def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtype: Any) -> Callable[..., torch.Tensor]:
+def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtype: Any, config: Any = None) -> Callable[..., torch.Tensor]:
     names = ("bias", "c", "residual") if epi is not None and epi.key.startswith("preset:") else tuple(f"epilogue operand {i}" for i in range(len(ops)))
     _check(a, b, ops, names, out_dtype)
     odt = out_dtype or a.dtype
@@ -174,7 +174,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtyp
     params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
-    cfg = lookup(kern, key, params, {"M": M, "N": N, "K": K}) or default_config(M, N, K, sms)
+    cfg = config or lookup(kern, key, params, {"M": M, "N": N, "K": K}) or default_config(M, N, K, sms)
     launch = kern.get(key, tuple(sorted(params)), cfg)
 
     def run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -189,15 +189,16 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtyp
     return run
 
 
-def _run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+def _run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None,
+         config: Any = None) -> torch.Tensor:
     epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
     try:
-        memo: Any = (_layout(a), _layout(b), tuple(_layout(t) for t in ops), epi_key, out_dtype)
+        memo: Any = (_layout(a), _layout(b), tuple(_layout(t) for t in ops), epi_key, out_dtype, config)
         fn = _PLANS.get(memo)
     except AttributeError:  # not tensors: _plan raises the clear error
         memo, fn = None, None
     if fn is None:
-        fn = _plan(a, b, ops, epi, out_dtype)
+        fn = _plan(a, b, ops, epi, out_dtype, config)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[memo] = fn
@@ -283,12 +284,16 @@ def gemm(
     alpha: float = 1.0,
     beta: float = 1.0,
     epilogue_args: dict[str, Any] | None = None,
+    config: Any = None,
 ) -> torch.Tensor:
-    """a @ b with the epilogue fused before the store (see the module docstring)."""
+    """a @ b with the epilogue fused before the store (see the module docstring).
+
+    `config` (a `GemmConfig`) pins the kernel config for eager calls, bypassing tuned
+    results and the heuristic (benchmarks, experiments); traced calls ignore it."""
     epi, ops = _resolve(bias, epilogue, residual, c, alpha, beta, epilogue_args)
     epi_key = epi.key if epi is not None else _NONE_KEY
     kinds = ",".join(epi.kinds) if epi is not None else ""
     needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops))
     if torch.compiler.is_compiling() or needs_grad:
         return _gemm_op(a, b, ops, epi_key, kinds, out_dtype)
-    return _run(a, b, ops, epi_key, kinds, out_dtype)
+    return _run(a, b, ops, epi_key, kinds, out_dtype, config)

@@ -26,6 +26,9 @@ class GemmConfig:
       direction, B across M, so a 2x1 cluster halves B's L2->SM traffic.
     raster: "m" walks down M first inside a group of `swizzle` tile columns, "n" the
       transpose; grouping keeps a band of A and B tiles hot in L2.
+    pingpong: two consumer warpgroups own alternate tiles (tile_m 64 or 128, one
+      warpgroup's MMA each); their mainloops take turns, so one's epilogue runs under
+      the other's mainloop. Default (False) is cooperative: both split one tile.
     """
 
     tile_m: int = 128
@@ -37,13 +40,24 @@ class GemmConfig:
     raster: str = "m"
     swizzle: int = 8
     epi_n: int = 32
+    pingpong: bool = False
+
+    @property
+    def mma_wgs(self) -> int:
+        """Warpgroups that share one tile's MMA (split along M)."""
+        return 1 if self.tile_m == 64 or self.pingpong else 2
 
     @property
     def consumer_wgs(self) -> int:
-        return 1 if self.tile_m == 64 else 2
+        return 2 if self.pingpong else self.mma_wgs
+
+    @property
+    def epi_groups(self) -> int:
+        """Independent epilogues (each with its own staging buffers)."""
+        return 2 if self.pingpong else 1
 
     def epi_tile(self) -> tuple[int, int]:
-        return (min(self.tile_m, 64 * self.consumer_wgs), min(self.epi_n, self.tile_n))
+        return (min(self.tile_m, 64 * self.mma_wgs), min(self.epi_n, self.tile_n))
 
     def epi_stages(self, out_bytes: int) -> int:
         return 4 if out_bytes <= 2 else 2
@@ -52,7 +66,7 @@ class GemmConfig:
         s = self.stages if stages is None else stages
         em, en = self.epi_tile()
         ab = s * (self.tile_m + self.tile_n) * self.tile_k * in_bytes
-        return ab + self.epi_stages(out_bytes) * em * en * out_bytes + BARRIER_BYTES
+        return ab + self.epi_groups * self.epi_stages(out_bytes) * em * en * out_bytes + BARRIER_BYTES
 
     def resolved_stages(self, in_bytes: int, out_bytes: int, limits: DeviceLimits) -> int:
         """`stages`, or (0) the most that fit next to the epilogue buffers."""
@@ -74,7 +88,9 @@ class GemmConfig:
             raise ValueError(f"tile_k must be 64 for 16-bit inputs (4 wgmma k-steps of 16), got {self.tile_k}")
         # Accumulator registers per consumer thread; more than 128 fp32 spills under the
         # 232-register budget that setmaxnreg gives a consumer warpgroup.
-        acc = self.tile_m * self.tile_n // (128 * self.consumer_wgs)
+        if self.pingpong and self.tile_m not in (64, 128):
+            raise ValueError(f"pingpong needs tile_m 64 or 128 (one warpgroup per tile), got {self.tile_m}")
+        acc = self.tile_m * self.tile_n // (128 * self.mma_wgs)
         if acc > 128:
             raise ValueError(f"tile {self.tile_m}x{self.tile_n} needs {acc} accumulator registers per thread (max 128)")
         if self.epi_n not in (16, 32, 64) or self.tile_n % min(self.epi_n, self.tile_n):
@@ -130,6 +146,9 @@ def candidate_configs(m: int | None, n: int | None) -> list[GemmConfig]:
         GemmConfig(tile_n=128, cluster_m=1, cluster_n=2),
         GemmConfig(tile_n=64),
         GemmConfig(raster="n", swizzle=4),
+        GemmConfig(tile_n=128, pingpong=True),
+        GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2),
+        GemmConfig(tile_m=64, tile_n=256, pingpong=True),
     ]
     if m is not None and m <= 128:
         out += [

@@ -5,7 +5,10 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
   with TMA into a `stages`-deep shared-memory ring guarded by mbarriers
   (`PipelineTmaAsync`: full barriers count TMA bytes, empty barriers count consumer
   warps of every CTA that received the multicast). It gives up registers (setmaxnreg).
-- consumer warpgroups: same schedule; WGMMA from shared memory into fp32 registers
+- consumer warpgroups (cooperative: both on one tile, split along M; pingpong: each
+  owns alternate tiles and the two take turns in the mainloop, handing over through
+  named barriers, so one's epilogue overlaps the other's MMA): same schedule; WGMMA
+  from shared memory into fp32 registers
   (one wgmma batch in flight while the next stage's barrier is awaited), then the
   epilogue: per (epi_m x epi_n) subtile, copy the accumulator fragment, apply the fused
   elementwise epilogue in fp32, convert, st.matrix into a staged smem buffer, one
@@ -67,10 +70,13 @@ class Sm90Gemm:
         self.tile = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
         self.cluster = (cfg.cluster_m, cfg.cluster_n)
         self.n_consumers = cfg.consumer_wgs
+        self.mma_wgs = cfg.mma_wgs
+        self.pingpong = cfg.pingpong
         self.threads = WG * (1 + self.n_consumers)
         self.epi_tile = cfg.epi_tile()
-        # Named barrier 0 is __syncthreads; the consumers' epilogue uses barrier 1.
-        self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=WG * self.n_consumers)
+        # Named barriers: 0 is __syncthreads; 1 (+1 for the second pingpong warpgroup) the
+        # epilogue's; 3 and 4 hand the mainloop turn between pingpong warpgroups.
+        self.epi_threads = WG * self.mma_wgs
 
     # ---- host side -----------------------------------------------------------------------
     @cute.jit
@@ -84,12 +90,12 @@ class Sm90Gemm:
             self.a_layout.sm90_mma_major_mode(),
             self.b_layout.sm90_mma_major_mode(),
             cutlass.Float32,
-            (self.n_consumers, 1, 1),
+            (self.mma_wgs, 1, 1),
             tiler_mn=(64, self.cfg.tile_n),
         )
         a_layout = sm90_utils.make_smem_layout_a(self.a_layout, self.tile, self.ab_dtype, self.stages)
         b_layout = sm90_utils.make_smem_layout_b(self.b_layout, self.tile, self.ab_dtype, self.stages)
-        epi_stages = self.cfg.epi_stages(self.d_dtype.width // 8)
+        epi_stages = self.cfg.epi_stages(self.d_dtype.width // 8) * self.cfg.epi_groups
         d_layout = sm90_utils.make_smem_layout_epi(self.d_dtype, self.c_layout, self.epi_tile, epi_stages)
 
         # A is shared by the CTAs of a cluster row (same M, different N): multicast along N.
@@ -168,7 +174,7 @@ class Sm90Gemm:
             barrier_storage=st.ab_barriers.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, n_mcast * self.n_consumers * 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, n_mcast * self.mma_wgs * 4),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, *cta_layout.shape)),
             defer_sync=True,
@@ -231,7 +237,13 @@ class Sm90Gemm:
 
     @cute.jit
     def consume(self, tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, e0, e1, e2, ctidx, warp, k_tiles) -> None:  # noqa: ANN001
-        thr_mma = tiled_mma.get_slice(ctidx)
+        # grp: which epilogue group (pingpong warpgroup) this thread belongs to.
+        grp = cutlass.Int32(0)
+        if cutlass.const_expr(self.pingpong):
+            grp = cute.arch.make_warp_uniform(ctidx // WG)
+        mtidx = ctidx - grp * WG if self.pingpong else ctidx
+        epi_bar = pipeline.NamedBarrier(barrier_id=1 + grp if self.pingpong else 1, num_threads=self.epi_threads)
+        thr_mma = tiled_mma.get_slice(mtidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], cutlass.Float32)
@@ -241,7 +253,7 @@ class Sm90Gemm:
         store_atom = sm90_utils.get_smem_store_op(self.c_layout, self.d_dtype, cutlass.Float32)
         c_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), cutlass.Float16)  # source layout only
         r2s = cute.make_tiled_copy_S(store_atom, cute.make_tiled_copy_C_atom(c_atom, tiled_mma))
-        thr_r2s = r2s.get_slice(ctidx)
+        thr_r2s = r2s.get_slice(mtidx)
         tRS_sD = thr_r2s.partition_D(sD)
         tRS_acc = r2s.retile(acc)
         # Coordinates (within one epilogue subtile) of each value a thread holds.
@@ -250,22 +262,35 @@ class Sm90Gemm:
         rD = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
         rOut = cute.make_rmem_tensor(frag_shape, self.d_dtype)
         frag = cute.size(rD)
+        n_bufs = cute.size(tRS_sD, mode=[3]) // self.cfg.epi_groups  # staging buffers per group
+        # Bulk-store groups are per thread: each group's store warp tracks its own buffers.
         store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=cute.size(tRS_sD, mode=[3]),
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WG * self.n_consumers),
+            num_stages=n_bufs,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
         )
-        n_bufs = cute.size(tRS_sD, mode=[3])
-        store_warp = 4  # first consumer warp issues the TMA stores
+        store_warp = 4 + 4 * grp  # the group's first warp issues its TMA stores
 
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if cutlass.const_expr(self.pingpong):
+            # Tiles alternate between the warpgroups: the second starts one tile (and that
+            # tile's k-blocks in the ring) later; the first may start its mainloop at once.
+            if grp == 1:
+                sched.advance_to_next_work()
+                work = sched.get_current_work()
+                read.advance(cutlass.Int32(k_tiles))
+                release.advance(cutlass.Int32(k_tiles))
+            else:
+                cute.arch.barrier_arrive(barrier_id=3, number_of_threads=2 * WG)
         while work.is_valid_tile:
             tile_m, tile_n, tile_l = work.tile_idx
             # ---- mainloop: keep one wgmma batch in flight ----
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier(barrier_id=3 + grp, number_of_threads=2 * WG)  # our turn
             for k in cutlass.range(k_tiles, unroll=1):
                 ab_pipe.consumer_wait(read)
                 # Order this batch after the register writes before it (fill, previous
@@ -280,6 +305,8 @@ class Sm90Gemm:
                     ab_pipe.consumer_release(release)
                     release.advance()
                 read.advance()
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier_arrive(barrier_id=4 - grp, number_of_threads=2 * WG)  # their turn
             # ---- epilogue ----
             gD_tile = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile)
             epi_shape = gD_tile.shape[1]
@@ -308,17 +335,23 @@ class Sm90Gemm:
                         nxt = self.subtile_operands(mD, tRS_cD, epi_order, e + 1, tile_m, tile_n, tile_l, e0, e1, e2)
                     rD.store(self.epi_fn(rD.load(), *ops))
                 rOut.store(rD.load().to(self.d_dtype))
-                buf = (done + e) % n_bufs
+                buf = (done + e) % n_bufs + grp * n_bufs
                 cute.copy(r2s, rOut, tRS_sD[(None, None, None, buf)])
                 # Make the generic-proxy smem writes visible to the TMA (async proxy).
                 cute.arch.fence_proxy("async.shared", space="cta")
-                self.epi_barrier.arrive_and_wait()
+                epi_bar.arrive_and_wait()
                 if warp == store_warp:
                     cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_coord)])
                     store_pipe.producer_commit()
                     store_pipe.producer_acquire()
-                self.epi_barrier.arrive_and_wait()
-            sched.advance_to_next_work()
+                epi_bar.arrive_and_wait()
+            if cutlass.const_expr(self.pingpong):
+                # Skip the other warpgroup's next tile and its k-blocks in the ring.
+                sched.advance_to_next_work(advance_count=2)
+                read.advance(cutlass.Int32(k_tiles))
+                release.advance(cutlass.Int32(k_tiles))
+            else:
+                sched.advance_to_next_work()
             work = sched.get_current_work()
         store_pipe.producer_tail()
 
