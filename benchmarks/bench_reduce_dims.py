@@ -59,10 +59,58 @@ def measure(op: str, shape: tuple, dim: int, dtype: torch.dtype, copy_bps: float
     return row
 
 
+def col_sweep(shape: tuple, dtype: torch.dtype, copy_bps: float) -> list[dict]:
+    """Column-kernel variants at one (R, I) shape, dim 0: configs (cluster split of R)
+    and two-stage splits of R, each checked against torch.sum."""
+    from cuteforge.kernels.reduce import ColReduceConfig, default_col_config
+    from cuteforge.kernels.reduce.spec import col_reduce
+    from cuteforge.ops import reduce as red
+
+    r, i = shape
+    x = torch.randn(r, i, device="cuda", dtype=dtype)
+    xv = x.view(1, r, i)
+    out = torch.empty(1, i, device="cuda", dtype=dtype)
+    vec = col_reduce.signature.bind((xv, out)).vec[0]
+    base = default_col_config(1, r, i, x.element_size() * 8, vec)
+    ref = x.double().sum(0)
+    variants: list[tuple[str, int, object]] = [("default (op)", 0, None)]
+    c = base.cluster_n
+    for cfg in (base, ColReduceConfig(256, 8, 8, c), ColReduceConfig(256, 16, 4, c), ColReduceConfig(256, 32, 8, 8),
+                ColReduceConfig(512, 8, 4, c), ColReduceConfig(256, 8, 4, max(1, c // 2))):
+        variants.append((repr(cfg), 1, cfg))
+    for split in (16, 64):
+        variants.append((f"split={split}", split, None))
+    variants.append(("split=32 " + repr(ColReduceConfig(256, 32, 8, 1)), 32, ColReduceConfig(256, 32, 8, 1)))
+    rows = []
+    seen = set()
+    for name, split, cfg in variants:
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            if split == 0:
+                fn = lambda: red.sum(x, 0)  # noqa: E731
+            else:
+                run = red._col_runner("sum", xv, out, vec, split=split, cfg=cfg)
+                fn = lambda run=run: run(xv, out)  # noqa: E731
+            got = fn()
+            got = (got if got is not None else out).reshape(i)
+            ok = bool(torch.allclose(got.double(), ref, rtol=1e-2, atol=(1e-3 if dtype == torch.float32 else 1e-2) * r**0.5))
+            ms = timing.bench(fn)
+            nbytes = x.numel() * x.element_size() + i * x.element_size()
+            rows.append({"shape": list(shape), "dtype": str(dtype)[6:], "variant": name, "correct": ok,
+                         "us": round(ms * 1e3, 2), "pct_copy": round(100 * nbytes / (ms * 1e-3) / copy_bps, 1)})
+        except Exception as ex:  # a failing variant is a finding, not a crash
+            rows.append({"shape": list(shape), "variant": name, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
+        print("sweep", rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--no-sweep", action="store_true")
     args = p.parse_args()
     t0 = time.time()
     copy_bps = timing.copy_bandwidth()
@@ -91,6 +139,11 @@ def main() -> None:
         row = measure(op, (32768, 4096), 0, torch.bfloat16, copy_bps, not args.no_compile)
         result["rows"].append(row)
         print(row, flush=True)
+    result["col_sweep"] = []
+    if not args.no_sweep:
+        for shape, dtype in (((32768, 4096), torch.float32), ((32768, 4096), torch.bfloat16), ((16384, 16384), torch.float32),
+                             ((262144, 256), torch.float32)):
+            result["col_sweep"] += col_sweep(shape, dtype, copy_bps)
     result["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out or Path(__file__).parent / "results" / "h200-reduce-dims.json")
     out.parent.mkdir(parents=True, exist_ok=True)

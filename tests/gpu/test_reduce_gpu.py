@@ -262,11 +262,15 @@ def test_any_dim_matches_torch(op: str, dtype: torch.dtype, shape: tuple, dim: i
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_column_sum_large_and_narrow(dtype: torch.dtype) -> None:
-    # big tiles (no cluster), few tiles with a long R (cluster split), a partial last vector
+    # many tiles (cluster split of R), few tiles with a long R (two-stage split; argmax:
+    # cluster), a partial last vector
     for shape in ((32768, 4096), (262144, 16), (100000, 3), (4096, 1001)):
         x = torch.randn(*shape, device="cuda", dtype=dtype)
-        _close("sum", ops.sum(x, 0), x, 0, False)
-        _close("argmax", ops.argmax(x, 0), x, 0, False)
+        for op in ("sum", "argmax", "mean", "amax", "amin"):
+            _close(op, getattr(ops, op)(x, 0), x, 0, False)
+    x = torch.randn(3, 65536, 5, device="cuda", dtype=dtype)[1:]  # O > 1, long R: two-stage split
+    for op in ("sum", "mean", "amin"):
+        _close(op, getattr(ops, op)(x, 1, True), x, 1, True)
 
 
 def test_column_views_and_fallback_copy() -> None:

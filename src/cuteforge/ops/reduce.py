@@ -139,11 +139,59 @@ def _col_launch(op: str, x: torch.Tensor, where: str, d: int, o: int, r: int, i:
     key = col_reduce.signature.bind((xv, out), where)
     if o * i == 0:
         return _skip
-    cfg = col_config_for(target_arch(), o, r, i, x.element_size() * 8, key.vec[0])
-    fn = col_reduce.get(key, (("op", op),), cfg)
+    run = _col_runner(op, xv, out, key.vec[0])
     if viewable:
-        return lambda t, out: fn(t.as_strided(shape3, stride3), out.view(o, i))
-    return lambda t, out: fn(t.contiguous().as_strided(shape3, stride3), out.view(o, i))
+        return lambda t, out: run(t.as_strided(shape3, stride3), out.view(o, i))
+    return lambda t, out: run(t.contiguous().as_strided(shape3, stride3), out.view(o, i))
+
+
+_SPLIT_CTAS = 1056  # stage-1 CTAs a split of R aims for (8 per H200 SM)
+
+
+def _pick_split(op: str, xv: torch.Tensor, vec: int) -> int:
+    """Chunks of R for a two-stage reduction, 1 for none. Only when even a cluster of 8
+    per tile gives under 2 CTAs per SM, R splits into equal chunks (so a mean of chunk means is
+    the mean), and (O, chunks) flatten into one stride. Argmax keeps the cluster."""
+    o, r, i = xv.shape
+    s_o, s_r = xv.stride()[:2]
+    ncv = -(-i // vec)
+    tiles = o * -(-ncv // min(8, 1 << max(0, (ncv - 1).bit_length())))
+    if op == "argmax" or tiles * 8 >= 264 or not (o == 1 or s_o == r * s_r):
+        return 1
+    s = 16
+    while s < 1024 and tiles * s < _SPLIT_CTAS:
+        s *= 2
+    while s >= 16 and (r % s or r // s < 256):
+        s //= 2
+    return s if s >= 16 else 1
+
+
+def _col_runner(op: str, xv: torch.Tensor, out: torch.Tensor, vec: int, split: int | None = None, cfg: Any = None) -> Callable[..., Any]:
+    """f(x3, out2) for x3 laid out like xv (O, R, I): one column kernel, or two: R in
+    `split` equal chunks reduced into an fp32 workspace (O, split, I), then across chunks."""
+    o, r, i = xv.shape
+    arch, bits = target_arch(), xv.element_size() * 8
+    split = _pick_split(op, xv, vec) if split is None else split
+    params = (("op", op),)
+    if split <= 1:
+        key = col_reduce.signature.bind((xv, out))
+        return col_reduce.get(key, params, cfg or col_config_for(arch, o, r, i, bits, vec))
+    rc = r // split
+    shape1, stride1 = (o * split, rc, i), (rc * xv.stride(1), xv.stride(1), 1)
+    x1 = xv.as_strided(shape1, stride1)
+    ws = torch.empty(o * split, i, dtype=torch.float32, device=xv.device)
+    key1 = col_reduce.signature.bind((x1, ws))
+    fn1 = col_reduce.get(key1, params, cfg or col_config_for(arch, o * split, rc, i, bits, key1.vec[0]))
+    w3 = ws.view(o, split, i)
+    key2 = col_reduce.signature.bind((w3, out))
+    fn2 = col_reduce.get(key2, params, col_config_for(arch, o, split, i, 32, key2.vec[0]))
+
+    def run(x3: torch.Tensor, out2: torch.Tensor) -> None:
+        w = torch.empty(o * split, i, dtype=torch.float32, device=x3.device)
+        fn1(x3.as_strided(shape1, stride1), w)
+        fn2(w.view(o, split, i), out2)
+
+    return run
 
 
 def _run(op: str, x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:

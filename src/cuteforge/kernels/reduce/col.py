@@ -200,14 +200,15 @@ def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceCon
                 for u in cutlass.range_constexpr(U):
                     for v in cutlass.range_constexpr(vec):
                         _accum(acc, aidx, v, frag[v, u], rb + u * PY)
-            rb = n_full * (PY * U) + gy
-            for u in cutlass.range_constexpr(U):
-                # clamped row: every load is in bounds, only rows < R count
-                cute.copy(atom, g[None, cvi, cutlass.min(rb + u * PY, n_r - 1)], frag[None, u])
-            for u in cutlass.range_constexpr(U):
-                if rb + u * PY < n_r:
-                    for v in cutlass.range_constexpr(vec):
-                        _accum(acc, aidx, v, frag[v, u], rb + u * PY)
+            if n_full * (PY * U) < n_r:  # uniform: a partial round is left
+                rb = n_full * (PY * U) + gy
+                for u in cutlass.range_constexpr(U):
+                    # clamped row: every load is in bounds, only rows < R count
+                    cute.copy(atom, g[None, cvi, cutlass.min(rb + u * PY, n_r - 1)], frag[None, u])
+                for u in cutlass.range_constexpr(U):
+                    if rb + u * PY < n_r:
+                        for v in cutlass.range_constexpr(vec):
+                            _accum(acc, aidx, v, frag[v, u], rb + u * PY)
         elif col0 < n_i:
             # partial last vector of a vec-aligned view: scalar loads, this thread only
             for r in cutlass.range(gy, n_r, PY, unroll=1):
