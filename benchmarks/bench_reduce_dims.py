@@ -122,14 +122,16 @@ def main() -> None:
     old_plans = {("sum", -1, x1.dtype, x1.shape, x1.stride(), x1.data_ptr() & 15, x1.get_device()):
                  red._PLANS[red._memo_key("sum", x1, -1, False)]}
 
+    is_compiling, grad_enabled = torch.compiler.is_compiling, torch.is_grad_enabled
+
     def old_sum(x, dim=-1):
-        if torch.compiler.is_compiling():
+        if is_compiling():
             return None
         try:
             plan = old_plans[("sum", dim, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
         except (AttributeError, KeyError, TypeError):
             plan = None
-        if getattr(x, "requires_grad", False) and torch.is_grad_enabled():
+        if getattr(x, "requires_grad", False) and grad_enabled():
             return None
         m, launch, odt = plan
         out = x.new_empty(m) if odt is None else x.new_empty(m, dtype=odt)
