@@ -36,9 +36,10 @@ QUICK_NS = [256, 1024, 4096, 16384, 65536, 262144]
 
 def _quack():
     try:
-        from quack import rmsnorm as q
+        import importlib
 
-        return q
+        # `quack.rmsnorm` the attribute is a function (quack/__init__ re-exports it): import the module
+        return importlib.import_module("quack.rmsnorm")
     except Exception as e:  # reported in the JSON, not fatal
         print("quack unavailable:", e)
         return None
@@ -150,20 +151,65 @@ def measure(kind: str, dtype: torch.dtype, n: int, copy_bps: float, q, use_compi
     return out
 
 
+def config_sweep(kind: str, dtype: torch.dtype, n: int, copy_bps: float, args) -> list[dict]:
+    """Every candidate config of the forward and backward kernels at one shape (what the
+    defaults should be); correctness against the default config's output."""
+    from cuteforge.kernels.norm.config import candidate_configs
+
+    m = _rows_for(n, torch.empty((), dtype=dtype).element_size())
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype)
+    b = (0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype) if kind == "layer" else None
+    dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    es, bits = x.element_size(), x.element_size() * 8
+    y0, _, mean, rstd = cf_norm._forward(kind, x, w, b, None, 1e-5)
+    dx0, dw0, _ = cf_norm._backward(kind, dy, x, w, mean, rstd, None, b is not None)
+    rows = []
+    for direction, cands in (("fwd", candidate_configs(n, bits, False)), ("bwd", candidate_configs(n, bits, True))):
+        for i, cfg in enumerate(cands):
+            row = {"op": f"{kind}_norm", "dir": direction, "dtype": str(dtype).removeprefix("torch."), "M": m, "N": n,
+                   "config": repr(cfg), "default": i == 0}
+            try:
+                if direction == "fwd":
+                    def fn(cfg=cfg):
+                        return cf_norm._forward(kind, x, w, b, None, 1e-5, cfg)
+                    y = fn()[0]
+                    row["correct"] = bool(torch.allclose(y.float(), y0.float(), rtol=2e-2, atol=2e-2))
+                    nbytes = 2 * m * n * es
+                else:
+                    def fn(cfg=cfg):
+                        return cf_norm._backward(kind, dy, x, w, mean, rstd, None, b is not None, cfg)
+                    dx, dw, _ = fn()
+                    row["correct"] = bool(torch.allclose(dx.float(), dx0.float(), rtol=2e-2, atol=2e-2)
+                                          and torch.allclose(dw.float(), dw0.float(), rtol=2e-2, atol=2e-2 * max(1.0, dw0.float().abs().max().item())))
+                    nbytes = 3 * m * n * es
+                row.update(_bench(fn, nbytes, copy_bps, args))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+            print("sweep", row, flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help=f"N in {QUICK_NS}")
     p.add_argument("--ns", help="comma-separated N list (overrides --quick)")
     p.add_argument("--compile-ns", default="", help="N values that also get a torch.compile contender ('all' for every N)")
+    p.add_argument("--compile-dtypes", default="bfloat16", help="dtypes that get the torch.compile contender")
     p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--fp32-ns", default="", help="N list for float32 (default: the same as bf16)")
     p.add_argument("--kinds", default="rms,layer")
     p.add_argument("--no-bwd", action="store_true")
     p.add_argument("--warmup-ms", type=float, default=10.0)
     p.add_argument("--rep-ms", type=float, default=50.0)
+    p.add_argument("--sweep-ns", default="", help="N values (bf16 rms_norm) whose candidate configs are all measured, after the main rows")
     p.add_argument("--out")
     args = p.parse_args()
     ns = [int(v) for v in args.ns.split(",")] if args.ns else (QUICK_NS if args.quick else ALL_NS)
-    cns = set(ns) if args.compile_ns == "all" else {int(v) for v in args.compile_ns.split(",") if v}
+    cns = set(ALL_NS) if args.compile_ns == "all" else {int(v) for v in args.compile_ns.split(",") if v}
+    cdt = set(args.compile_dtypes.split(","))
     gpu = torch.cuda.get_device_name()
     t0 = time.time()
     copy_bps = timing.copy_bandwidth()
@@ -179,12 +225,12 @@ def main() -> None:
     name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
     path = Path(args.out or Path(__file__).parent / "results" / f"{name}-norm.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    for kind in args.kinds.split(","):
-        for dname in args.dtypes.split(","):
+    for dname in args.dtypes.split(","):
+        for kind in args.kinds.split(","):
             dtype = getattr(torch, dname)
-            for n in ns:
+            for n in (ns if dtype != torch.float32 or not args.fp32_ns else [int(v) for v in args.fp32_ns.split(",")]):
                 try:
-                    rows = measure(kind, dtype, n, copy_bps, q, n in cns, args)
+                    rows = measure(kind, dtype, n, copy_bps, q, n in cns and dname in cdt, args)
                 except Exception as e:
                     rows = [{"op": f"{kind}_norm", "dtype": dname, "N": n, "error": f"{type(e).__name__}: {str(e)[:300]}"}]
                 torch.cuda.empty_cache()
@@ -195,6 +241,15 @@ def main() -> None:
                           f"{msg}  cf%copy={r.get('cuteforge_pct_copy')} vs quack={r.get('speedup_vs_quack')} {r.get('error', '')}", flush=True)
                 result["seconds"] = round(time.time() - t0, 1)
                 path.write_text(json.dumps(result, indent=1))
+    result["config_sweep"] = []
+    for n in [int(v) for v in args.sweep_ns.split(",") if v]:
+        try:
+            result["config_sweep"] += config_sweep("rms", torch.bfloat16, n, copy_bps, args)
+        except Exception as e:
+            result["config_sweep"].append({"N": n, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        torch.cuda.empty_cache()
+        result["seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(result, indent=1))
     print("copy GB/s", result["copy_GBps"], "wrote", path)
 
 

@@ -56,6 +56,7 @@ def make_norm_bwd(
     is_ln = kind == "layer"
     inv_n = 1.0 / n
     reload = config.reload
+    prefetch = config.prefetch
     n_smem = reduce_smem_elems(tile, 2)
     n_acc = 2 if has_bias else 1
     # The persistent grid assumes ctas_per_sm CTAs fit on an SM: make ptxas honour it
@@ -111,6 +112,14 @@ def make_norm_bwd(
         acc1 = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
         acc2 = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
 
+        if cutlass.const_expr(prefetch):
+            # the next row block's x/dy land here while the current one is worked on
+            xn = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+            dyn = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+            row0 = cutlass.min(q * R + r, m - 1)
+            load(x[row0, None], xr, g)
+            load(dy[row0, None], dyr, g)
+
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident before the first DSMEM store
 
@@ -120,8 +129,15 @@ def make_norm_bwd(
             ok = row < m
             live = Float32(cutlass.select_(ok, Float32(1.0), Float32(0.0)))
             slot = ((blk - q) // n_q) % 2
-            load(x[row_c, None], xr, g)
-            load(dy[row_c, None], dyr, g)
+            if cutlass.const_expr(prefetch):
+                nb = blk + n_q
+                if nb < n_blocks:
+                    nrow = cutlass.min(nb * R + r, m - 1)
+                    load(x[nrow, None], xn, g)
+                    load(dy[nrow, None], dyn, g)
+            else:
+                load(x[row_c, None], xr, g)
+                load(dy[row_c, None], dyr, g)
             load(w, wr, g)
             rstd = rstd_in[row_c]
             mean = Float32(0.0)
@@ -170,6 +186,11 @@ def make_norm_bwd(
                     xr[v, k] = dxv.to(x_dtype)
             if ok:
                 store(xr, dx[row, None], g)
+            if cutlass.const_expr(prefetch):
+                for k in cutlass.range_constexpr(KT1):
+                    for v in cutlass.range_constexpr(tile.width(k)):
+                        xr[v, k] = xn[v, k]
+                        dyr[v, k] = dyn[v, k]
 
         # ---- one fp32 partial row per CTA group
         if cutlass.const_expr(fold):

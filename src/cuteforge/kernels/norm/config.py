@@ -19,6 +19,9 @@ ctas_per_sm:      backward only: the persistent grid is sm_count * ctas_per_sm /
 reload:           backward only: do not keep x and dy in registers across the row
                   reduction; read them again (from L2: the cluster just read them) for
                   dx. Frees registers for the dweight/dbias accumulators at huge N.
+prefetch:         backward only: issue the loads of the CTA group's next row block
+                  before working on the current one (a second register set for x and
+                  dy), so loads stay in flight across the reduction and the dx stores.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class NormConfig:
     cluster_n: int = 1
     ctas_per_sm: int = 2
     reload: bool = False
+    prefetch: bool = False
 
     @property
     def rows_per_cta(self) -> int:
@@ -71,8 +75,8 @@ class NormConfig:
         if self.reload:
             # dweight + dbias accumulators, one round of x/dy/weight in flight
             return 48 + 2 * e
-        # x, dy and weight widened to fp32 across the reduction, two accumulators
-        return 40 + 5 * e
+        # x, dy, weight across the reduction, two fp32 accumulators (+ the next x, dy)
+        return 40 + 4 * e + (2 * held if self.prefetch else 0)
 
     def smem_bytes(self, n: int, backward: bool) -> int:
         slots = max(self.threads_per_row // 32, 1) * self.cluster_n
@@ -95,8 +99,10 @@ class NormConfig:
             raise ValueError(f"cluster_n={c}: must be 1, 2, 4, 8 or 16")
         if c > 1 and p != t:
             raise ValueError(f"cluster_n={c} needs one row per CTA (threads_per_row == threads), got {p} != {t}")
-        if self.reload and not backward:
-            raise ValueError("reload is a backward-only knob")
+        if (self.reload or self.prefetch) and not backward:
+            raise ValueError("reload and prefetch are backward-only knobs")
+        if self.reload and self.prefetch:
+            raise ValueError("prefetch keeps the next rows in registers; reload is for when they do not fit")
         if not isinstance(self.ctas_per_sm, int) or not 1 <= self.ctas_per_sm <= 32:
             raise ValueError(f"ctas_per_sm={self.ctas_per_sm}: must be in [1, 32]")
         if c > 1 and n < p * c * (128 // dtype_bits):
@@ -159,6 +165,8 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
         NormConfig(128, p, 1, o, rl) if c == 1 and p <= 128 else NormConfig(p // 2 if c > 1 else t, p // 2 if c > 1 else p, c, o, rl),
     ]
     if backward:
+        # fp32 rows double the prefetch registers: halve the occupancy target there
+        trial.insert(0, NormConfig(t, p, c, o if dtype_bits == 16 else max(1, o // 2), False, True))
         trial += [NormConfig(t, p, c, max(1, o // 2), rl), NormConfig(t, p, c, o * 2, rl), NormConfig(t, p, c, o, not rl)]
     for cfg in trial:
         try:
