@@ -59,6 +59,31 @@ def _rows_for(n):
     return 3 if n >= 65537 else 37
 
 
+@pytest.mark.parametrize("kind, dtype, n", [("rms", torch.bfloat16, 4096), ("layer", torch.float32, 1000)])
+def test_every_candidate_config(kind, dtype, n):
+    """Every config the autotuner may pick (incl. backward prefetch/reload, clusters)
+    computes the same thing as the default."""
+    from cuteforge.kernels.norm.config import candidate_configs
+    from cuteforge.ops import norm as impl
+
+    m = 515
+    x, w, b, _ = _inputs(m, n, dtype, bias=kind == "layer", seed=5)
+    dy = torch.randn_like(x)
+    bits = x.element_size() * 8
+    y0, _, mean0, rstd0 = impl._forward(kind, x, w, b, None, 1e-5)
+    dx0, dw0, db0 = impl._backward(kind, dy, x, w, mean0, rstd0, None, b is not None)
+    for cfg in candidate_configs(n, bits, False):
+        y, _, _, rstd = impl._forward(kind, x, w, b, None, 1e-5, cfg)
+        _close(y, y0.double(), dtype, f"y {cfg}")
+        _close(rstd, rstd0.double(), torch.float32, f"rstd {cfg}")
+    for cfg in candidate_configs(n, bits, True):
+        dx, dw, db = impl._backward(kind, dy, x, w, mean0, rstd0, None, b is not None, cfg)
+        _close(dx, dx0.double(), dtype, f"dx {cfg}")
+        _close(dw, dw0.double(), dtype, f"dw {cfg}", scale=m ** 0.5)
+        if b is not None:
+            _close(db, db0.double(), dtype, f"db {cfg}", scale=m ** 0.5)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", NS)
@@ -267,27 +292,3 @@ def test_property():
 
     check()
 
-
-@pytest.mark.parametrize("kind, dtype, n", [("rms", torch.bfloat16, 4096), ("layer", torch.float32, 1000)])
-def test_every_candidate_config(kind, dtype, n):
-    """Every config the autotuner may pick (incl. backward prefetch/reload, clusters)
-    computes the same thing as the default."""
-    from cuteforge.kernels.norm.config import candidate_configs
-    from cuteforge.ops import norm as impl
-
-    m = 515
-    x, w, b, _ = _inputs(m, n, dtype, bias=kind == "layer", seed=5)
-    dy = torch.randn_like(x)
-    bits = x.element_size() * 8
-    y0, _, mean0, rstd0 = impl._forward(kind, x, w, b, None, 1e-5)
-    dx0, dw0, db0 = impl._backward(kind, dy, x, w, mean0, rstd0, None, b is not None)
-    for cfg in candidate_configs(n, bits, False):
-        y, _, _, rstd = impl._forward(kind, x, w, b, None, 1e-5, cfg)
-        _close(y, y0.double(), dtype, f"y {cfg}")
-        _close(rstd, rstd0.double(), torch.float32, f"rstd {cfg}")
-    for cfg in candidate_configs(n, bits, True):
-        dx, dw, db = impl._backward(kind, dy, x, w, mean0, rstd0, None, b is not None, cfg)
-        _close(dx, dx0.double(), dtype, f"dx {cfg}")
-        _close(dw, dw0.double(), dtype, f"dw {cfg}", scale=m ** 0.5)
-        if b is not None:
-            _close(db, db0.double(), dtype, f"db {cfg}", scale=m ** 0.5)
