@@ -19,6 +19,8 @@ ctas_per_sm:      backward only: the persistent grid is sm_count * ctas_per_sm /
 reload:           backward only: do not keep x and dy in registers across the row
                   reduction; read them again (from L2: the cluster just read them) for
                   dx. Frees registers for the dweight/dbias accumulators at huge N.
+early_weight:     forward only: load weight (and bias) together with x, before the row
+                  reduction, instead of after it (shorter critical path, more registers).
 prefetch:         backward only: issue the loads of the CTA group's next row block
                   before working on the current one (a second register set for x and
                   dy), so loads stay in flight across the reduction and the dx stores.
@@ -60,6 +62,7 @@ class NormConfig:
     ctas_per_sm: int = 2
     reload: bool = False
     prefetch: bool = False
+    early_weight: bool = False
 
     @property
     def rows_per_cta(self) -> int:
@@ -70,8 +73,8 @@ class NormConfig:
         e = elems_per_thread(n, self.threads_per_row, self.cluster_n)
         held = -(-e * dtype_bits // 32)  # registers of one row share in the input dtype
         if not backward:
-            # the input-dtype row, one round of weight/output, addressing
-            return 40 + held + e // 2
+            # the input-dtype row, one round of weight/output (or all of it), addressing
+            return 40 + held + (held if self.early_weight else e // 2)
         if self.reload:
             # dweight + dbias accumulators, one round of x/dy/weight in flight
             return 48 + 2 * e
@@ -101,6 +104,8 @@ class NormConfig:
             raise ValueError(f"cluster_n={c} needs one row per CTA (threads_per_row == threads), got {p} != {t}")
         if (self.reload or self.prefetch) and not backward:
             raise ValueError("reload and prefetch are backward-only knobs")
+        if self.early_weight and backward:
+            raise ValueError("early_weight is a forward-only knob")
         if self.reload and self.prefetch:
             raise ValueError("prefetch keeps the next rows in registers; reload is for when they do not fit")
         if not isinstance(self.ctas_per_sm, int) or not 1 <= self.ctas_per_sm <= 32:
@@ -164,6 +169,8 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
         NormConfig(p // 2, p // 2, 2 * c, o, rl) if p >= 256 else NormConfig(512, p, 1, o, rl),
         NormConfig(128, p, 1, o, rl) if c == 1 and p <= 128 else NormConfig(p // 2 if c > 1 else t, p // 2 if c > 1 else p, c, o, rl),
     ]
+    if not backward:
+        trial.insert(0, NormConfig(t, p, c, o, early_weight=True))
     if backward:
         # fp32 rows double the prefetch registers: halve the occupancy target there
         trial.insert(0, NormConfig(t, p, c, o if dtype_bits == 16 else max(1, o // 2), False, True))

@@ -96,6 +96,13 @@ def make_norm_fwd(
             if ok:
                 store(xr, res_out[row, None], g)
 
+        wr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
+        br = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
+        if cutlass.const_expr(config.early_weight):
+            load(w, wr, g)
+            if cutlass.const_expr(has_bias):
+                load(b, br, g)
+
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident before the first DSMEM store
 
@@ -141,11 +148,10 @@ def make_norm_fwd(
                 mean_out[row] = mean
 
         # ---- y = (s - mean) * rstd * w (+ b), written back over the row fragment
-        wr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
-        load(w, wr, g)
-        if cutlass.const_expr(has_bias):
-            br = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
-            load(b, br, g)
+        if cutlass.const_expr(not config.early_weight):
+            load(w, wr, g)
+            if cutlass.const_expr(has_bias):
+                load(b, br, g)
         for k in cutlass.range_constexpr(KT1):
             for v in cutlass.range_constexpr(tile.width(k)):
                 yv = (xr[v, k].to(Float32) - mean) * rstd * wr[v, k].to(Float32)
