@@ -123,14 +123,40 @@ def _shape(n: int, dtype_bits: int, elems: int, p_max: int, c_max: int) -> Softm
     return SoftmaxConfig(threads=max(p, 128), threads_per_row=p, cluster_n=c)
 
 
+def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
+    """What the H200 sweep (docs/kernels/softmax.md) favours: one CTA per row as long as
+    it can hold the row (32 elements per thread up to 512 threads, then up to 64 forward;
+    16 per input for short rows backward), and only then a cluster, of CTAs that each
+    hold as much of the row as the registers allow (64 elements per thread forward, 32
+    per input backward). Cluster barriers and small per-CTA chunks cost more than fewer
+    resident CTAs."""
+    vec = 128 // dtype_bits
+    cap = _pow2_ceil(-(-n // vec))  # no thread without a vector
+    if backward and _pow2_ceil(-(-n // 16)) <= 256:  # short rows: 16 per input measured best
+        p = max(1, min(_pow2_ceil(-(-n // 16)), cap))
+        return SoftmaxConfig(threads=max(p, 128), threads_per_row=p, cluster_n=1)
+    total = max(1, min(_pow2_ceil(-(-n // 32)), cap))
+    p_max = 256 if backward and dtype_bits == 16 else 512
+    if total <= p_max:
+        return SoftmaxConfig(threads=max(total, 128), threads_per_row=total, cluster_n=1)
+    e_max = 32 if backward else 64
+    p = p_max
+    c = _pow2_ceil(-(-n // (p * e_max)))
+    if c > 16:
+        c = 16
+        p = min(1024, _pow2_ceil(-(-n // (c * e_max))))
+    while c > 1 and n < c * p * vec:
+        c //= 2
+    return SoftmaxConfig(threads=p, threads_per_row=p, cluster_n=c)
+
+
 def default_config(n: int, dtype_bits: int, backward: bool = False, m: int | None = None, cluster: bool = True) -> SoftmaxConfig:
     """The heuristic config for rows of n elements (``cluster=False`` on pre-sm_90 GPUs).
 
     ``m`` (rows, optional): few long rows cannot fill the GPU with one CTA (or cluster)
     per row, so they are split over more CTAs.
     """
-    elems = TARGET_ELEMS[backward]
-    cfg = _shape(n, dtype_bits, elems, 256, 16 if cluster else 1)
+    cfg = _heuristic(n, dtype_bits, backward) if cluster else _shape(n, dtype_bits, TARGET_ELEMS[backward], 256, 1)
     if cluster and m is not None and cfg.threads_per_row >= 128:
         # fewer than ~2 CTAs per SM: halve the work per CTA while that is possible
         while m * cfg.cluster_n < 264 and cfg.cluster_n < 16 and n >= 2 * cfg.cluster_n * cfg.threads_per_row * (128 // dtype_bits):

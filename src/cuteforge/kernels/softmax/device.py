@@ -159,7 +159,9 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
                     if cutlass.const_expr(not bwd):
                         ob = _sel(ok, s_b[r, j], Float32(0.0))
                     a, b = combine(a, b, oa, ob)
-            a, b = _lane_reduce(a, b, min(S, G))
+            # every lane needs the total (unlike a plain reduction, where one writer
+            # does): fold all G lanes; lanes >= S hold the identity
+            a, b = _lane_reduce(a, b, G)
         return a, b
 
     @cute.jit
