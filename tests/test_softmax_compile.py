@@ -193,3 +193,15 @@ def test_op_errors_without_gpu():
     with pytest.raises(ValueError, match="'grad' must be a CUDA tensor"):
         sm.softmax_backward(torch.randn(3, 4), torch.randn(3, 4))
     assert hasattr(torch.ops.cuteforge, "softmax") and hasattr(torch.ops.cuteforge, "log_softmax_backward")
+
+
+def test_every_lane_gets_the_row_result(compiler):
+    """Regression (found on the H200): with 1 < partial slots < 32 the final fold must span
+    the whole warp, since every thread scales its own elements by the row's (max, sum).
+    fp32 N=4096: 4 warps per row, so 4 slots; 5 butterfly steps before the shared-memory
+    exchange and 5 after, each shuffling the pair (max, sum)."""
+    cfg = SoftmaxConfig(128, 128, 1)
+    ptx = compiler("softmax", "f32", 4096, 4, cfg)
+    assert ptx.count("shfl.sync.bfly") == 2 * (5 + 5)
+    ptx = compiler("softmax_bwd", "f32", 4096, 4, cfg)
+    assert ptx.count("shfl.sync.bfly") == 5 + 5  # one value backward
