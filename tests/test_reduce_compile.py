@@ -234,7 +234,7 @@ def test_col_configs():
 
     many_tiles = default_col_config(8, 4096, 4096, 32, 4)  # 1024 CTAs: no split of R
     assert many_tiles.cluster_n == 1 and many_tiles.threads_x == 8
-    assert default_col_config(1, 32768, 4096, 32, 4).cluster_n == 8  # 128 tiles: split R
+    assert default_col_config(1, 32768, 4096, 32, 4).cluster_n == 4  # 128 tiles: split R within one wave
     narrow = default_col_config(1, 1 << 20, 32, 32, 4)
     assert narrow.cluster_n == 8 and narrow.threads_x == 8
     assert default_col_config(1, 1 << 20, 32, 32, 4, clusters=False).cluster_n == 1

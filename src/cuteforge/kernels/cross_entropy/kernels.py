@@ -21,9 +21,8 @@ Targets: ``t == ignore_index`` gives loss 0 (its lse is still written) and a zer
 row. A target outside [0, N) gives loss NaN and a NaN gradient row: nothing is clamped or
 silently read out of bounds; the ops layer can also check targets on the host.
 
-Configs: :func:`ce_config` gives each thread about 8 vectors of a row (8 loads in flight)
-while a row needs at most 256 threads, else 512-1024 threads per row with 4 loads per
-iteration (larger fragments would not fit the register file at that CTA size).
+Configs: :func:`ce_config`: one row per CTA (unless a row takes under a warp), about 4
+vectors per thread (8 for rows of 1025-2048 vectors), at most 1024 threads per row.
 """
 
 from __future__ import annotations
@@ -43,17 +42,14 @@ _FLOATS = (Float32, cutlass.BFloat16, cutlass.Float16)
 
 
 def ce_config(n: int, dtype_bits: int) -> RowReduceConfig:
-    """About 8 16-byte vectors per thread: with the exp work per element, more loads in
-    flight per thread (and fewer threads per row to merge) than the row reduction's 4."""
+    """One row per CTA from 64 threads per row up (a CTA holding several long rows makes
+    each wait for the others at the cross-warp merge: the forward lost 10-30 % that way
+    on the H200), 4 vectors per thread, 8 for rows of 1025-2048 vectors (measured:
+    docs/kernels/cross_entropy.md), at most 1024 threads looping over longer rows."""
     nv = -(-n // (128 // dtype_bits))
-    p = min(1024, _pow2_ceil(max(1, -(-nv // 8))))
-    if p >= 512:
-        # 8 x 16 B fragments (x2 in the backward) would exceed the register file at
-        # 512-1024 threads: 4 loads per iteration, several iterations
-        p = min(1024, _pow2_ceil(max(1, -(-nv // 4))))
-        cfg = RowReduceConfig(p, p, 4)
-    else:
-        cfg = RowReduceConfig(256, p, max(1, min(8, -(-nv // p))))
+    per = 8 if 1024 < nv <= 2048 else 4
+    p = min(1024, _pow2_ceil(max(1, -(-nv // per))))
+    cfg = RowReduceConfig(256 if p <= 32 else p, p, max(1, min(per, -(-nv // p))))
     cfg.validate(n, dtype_bits)
     return cfg
 
