@@ -249,3 +249,96 @@ def test_col_configs():
 
 if os.environ.get("CUTEFORGE_SKIP_COMPILE_TESTS"):  # pragma: no cover
     pytestmark = pytest.mark.skip("compile tests disabled")
+
+
+# --------------------------------------------------------------------------- op-level views (no GPU)
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """The ops' planning with the kernels replaced by torch on CPU: checks the views
+    (row vs column routing, flattened strides, the two-stage split) against torch."""
+    import torch
+
+    from cuteforge.ops import reduce as red
+    from cuteforge.signature import BoundKey
+
+    def get_for(kind):
+        def get(key, params, cfg=None):
+            op = dict(params)["op"]
+
+            def fn(xv, out):
+                assert out.is_contiguous()
+                assert xv.stride(-1) == 1 or xv.shape[-1] == 1
+                assert xv.dim() == (2 if kind == "row" else 3)
+                out.copy_(getattr(torch, op)(xv, dim=1))
+
+            return fn
+
+        return get
+
+    class FakeSig:
+        def bind(self, tensors, where=""):
+            return BoundKey(("float32", "float32"), (), (4, 4))
+
+    for kernel, kind in ((red.row_reduce, "row"), (red.col_reduce, "col")):
+        monkeypatch.setattr(kernel, "signature", FakeSig())
+        monkeypatch.setattr(kernel, "get", get_for(kind))
+    monkeypatch.setattr(red, "config_for", lambda *a: None)
+    monkeypatch.setattr(red, "col_config_for", lambda *a: None)
+    import cuteforge.autotune
+
+    monkeypatch.setattr(cuteforge.autotune, "lookup", lambda *a, **k: None)
+    red._PLANS.clear()
+    yield red
+    red._PLANS.clear()  # plans made with fake kernels must not outlive the test
+
+
+def _views():
+    import torch
+    from hypothesis import strategies as st
+
+    @st.composite
+    def view(draw):
+        nd = draw(st.integers(1, 4))
+        shape = [draw(st.integers(1, 9)) for _ in range(nd)]
+        x = torch.randn(*shape)
+        if draw(st.booleans()) and nd > 1:
+            perm = draw(st.permutations(range(nd)))
+            x = x.permute(*perm)
+        if draw(st.booleans()):
+            d = draw(st.integers(0, x.dim() - 1))
+            if x.shape[d] > 1:
+                x = x.narrow(d, 1, x.shape[d] - 1)
+        dim = draw(st.integers(-x.dim(), x.dim() - 1))
+        return x, dim, draw(st.booleans()), draw(st.sampled_from(["sum", "mean", "amax", "amin", "argmax"]))
+
+    return view()
+
+
+def test_plan_views_match_torch(fake_kernels):
+    import torch
+    from hypothesis import given, settings
+
+    red = fake_kernels
+
+    @settings(max_examples=300, deadline=None)
+    @given(_views())
+    def check(case):
+        x, dim, keepdim, op = case
+        got = getattr(red, op)(x, dim, keepdim)
+        ref = getattr(torch, op)(x, dim=dim, keepdim=keepdim)
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref)
+
+    check()
+
+
+def test_plan_two_stage_split(fake_kernels):
+    import torch
+
+    red = fake_kernels
+    for x, dim in ((torch.randn(70000, 3), 0), (torch.randn(3, 65536, 5)[1:], 1), (torch.randn(262144, 2), 0)):
+        assert red._pick_split("sum", x.unsqueeze(0) if x.dim() == 2 else x, 1) > 1
+        for op in ("sum", "mean", "amax", "amin", "argmax"):
+            torch.testing.assert_close(getattr(red, op)(x, dim), getattr(torch, op)(x, dim=dim), rtol=1e-5, atol=1e-3)
