@@ -8,6 +8,7 @@ torch.compile max-autotune is not a contender here: its per-shape autotuning tak
 minutes, more than the GPU time this benchmark gets.
 
     python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,sweep] [--out FILE]
+    python benchmarks/bench_gemm.py --out benchmarks/results/h200-gemm.json --plot benchmarks/results/h200-gemm.png
 """
 
 from __future__ import annotations
@@ -213,13 +214,50 @@ def _shapes(text: str) -> list[tuple[int, int, int]]:
     return [(int(m), int(n), int(k)) for m, n, k in (s.split("x") for s in text.split(",") if s)]
 
 
+def plot(result: dict, path: Path) -> None:
+    """Throughput relative to cuBLAS per shape, and fused epilogues vs cuBLAS + eager."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, ep = result.get("plain", []), result.get("epilogue", [])
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    ax = axes[0]
+    names = (("cuteforge_TFLOPs", "cuteforge (default)"), ("cuteforge_pingpong_TFLOPs", "cuteforge pingpong 128x128"), ("quack_TFLOPs", "quack"))
+    for i, (key, name) in enumerate(names):
+        ax.bar([j + (i - 1) * 0.27 for j in range(len(rows))], [r.get(key, 0) / r["cublas_TFLOPs"] for r in rows], 0.27, label=name)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(0.95, color="gray", lw=0.6, ls="--")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r['M']}x{r['N']}x{r['K']}" for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("throughput / cuBLAS (same run)")
+    ax.set_ylim(0.4, 1.15)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"bf16 GEMM on {result.get('gpu')} (TN), vs torch.matmul", fontsize=9)
+    ax = axes[1]
+    ax.bar(range(len(ep)), [r.get("cuteforge_vs_cublas_eager", 0) for r in ep], 0.6)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(1.05, color="gray", lw=0.6, ls="--")
+    ax.set_xticks(range(len(ep)))
+    ax.set_xticklabels([f"{r['M']}x{r['N']}x{r['K']}\n{r['epilogue']}" for r in ep], rotation=70, ha="right", fontsize=5.5)
+    ax.set_ylim(0.8, 1.4)
+    ax.set_title("fused epilogue vs cuBLAS + eager epilogue", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--set", default="bar,square,skinny,epilogue")
     p.add_argument("--sweep-shapes", default="8192x8192x8192,4096x4096x4096,16384x16384x1024,2048x8192x28672")
     p.add_argument("--epilogue-shapes", default=",".join("x".join(map(str, s)) for s in EPILOGUE))
     p.add_argument("--out")
+    p.add_argument("--plot", help="write a PNG of a results JSON (given as --out) and exit; no GPU needed")
     args = p.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.out).read_text()), Path(args.plot))
+        return
     gpu = torch.cuda.get_device_name()
     name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
     out = Path(args.out or Path(__file__).parent / "results" / f"{name}-gemm.json")
