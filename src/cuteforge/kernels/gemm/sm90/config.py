@@ -117,7 +117,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
     the most efficient per byte of shared memory; smaller tiles only buy parallelism),
-    skinny M (<= 64) on one-warpgroup 64-row tiles. Cluster pairs go along M when there
+    skinny M (<= 64, or <= 128 when 128-row tiles are too few) on one-warpgroup 64-row
+    tiles. Cluster pairs go along M when there
     are two M tiles to pair (B multicast), else along N (A multicast). Short K (<= 1024)
     with many tiles goes pingpong: each tile's mainloop is short, so hiding its epilogue
     under the other warpgroup's mainloop pays (16384x16384x1024: 635 vs 611 TFLOP/s).
@@ -126,7 +127,14 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
         return GemmConfig(tile_n=128, pingpong=True, raster="n")
-    shapes = ((64, 256), (64, 128), (64, 64)) if m <= 64 else ((128, 256), (128, 128), (128, 64))
+    if m <= 64:
+        shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
+    elif m <= 128:
+        # Two 64-row tiles share each B tile through a 2x1 cluster (128x4096x4096: 64x64
+        # c2x1 230 TFLOP/s vs 128x64 c1x2 183 in the sweep).
+        shapes = ((128, 256), (128, 128), (64, 128), (64, 64))
+    else:
+        shapes = ((128, 256), (128, 128), (128, 64))
     tm, tn = shapes[-1]
     for tm_, tn_ in shapes:
         if -(-m // tm_) * -(-n // tn_) >= 0.75 * sm_count:
