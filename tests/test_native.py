@@ -10,7 +10,10 @@ import torch
 
 from cuteforge import native
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="needs a C++ compiler")
+pytestmark = pytest.mark.skipif(
+    shutil.which("ninja") is None or (shutil.which("c++") is None and shutil.which("g++") is None),
+    reason="native dispatch builds with a C++ compiler and ninja",
+)
 
 
 def _recorder():

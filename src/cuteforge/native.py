@@ -9,13 +9,16 @@ TVM-FFI function) with the same environment stream, and returns the output as a
 `torch.Tensor`.
 
 Where no C++ compiler is available the build fails once, is reported once, and the ops
-keep their Python allocation path: `launcher()` returns None.
+keep their Python allocation path: `launcher()` returns None. The same happens where
+torch tensors lack the DLPack C exchange API (torch < 2.10 without torch-c-dlpack-ext):
+tvm-ffi then installs no allocator for the call. `CUTEFORGE_NATIVE=0` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -79,14 +82,28 @@ def _module() -> Any:
 
 
 def launcher(kind: str) -> Callable[..., Any] | None:
-    """`new_rows(fn, x, m, dtype)` or `new_like(fn, x, dtype)`, or None without a compiler.
+    """`new_rows(fn, x, m, dtype)` or `new_like(fn, x, dtype)`, or None where native
+    dispatch is off or unavailable.
 
     `dtype` is a `tvm_ffi.dtype` (see `ffi_dtype`); `fn` a compiled kernel's function.
     """
     if kind not in _FUNCTIONS:
         raise ValueError(f"unknown native launcher {kind!r}; have {_FUNCTIONS}")
+    if os.environ.get("CUTEFORGE_NATIVE", "1") == "0" or not _torch_exchange_api():
+        return None
     mod = _module()
     return None if mod is None else getattr(mod, kind)
+
+
+@functools.cache
+def _torch_exchange_api() -> bool:
+    import torch
+
+    try:  # torch-c-dlpack-ext adds the API to older torch when installed
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
 
 
 @functools.cache
