@@ -73,8 +73,7 @@ def _configs(backward: bool):
 
 def standard_specializations(backward: bool):
     """(key, params) pairs of contiguous rows of the STANDARD_N lengths, every dtype and
-    mode: what an ahead-of-time build would compile. Not registered with the kernels (the
-    CLI's `precompile` covers the reduction family only for now): call it explicitly."""
+    mode: what `cuteforge precompile` builds ahead of time."""
 
     def f(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
         for mode in BWD_MODES if backward else FWD_MODES:
@@ -93,6 +92,7 @@ def standard_specializations(backward: bool):
     archs=("sm_80+",),
     default_config=_default_config(False),
     configs=_configs(False),
+    specializations=standard_specializations(False),
 )
 def softmax_fwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
@@ -107,6 +107,7 @@ def softmax_fwd(spec: CompileSpec) -> Any:
     archs=("sm_80+",),
     default_config=_default_config(True),
     configs=_configs(True),
+    specializations=standard_specializations(True),
 )
 def softmax_bwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
