@@ -12,7 +12,8 @@ Writes benchmarks/results/<gpu>-membound.json (or --out) and a PNG of GB/s vs N 
 
 Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
-                                      [--ns 256,4096,...] [--no-compile] [--no-quack] [--out F]
+                                      [--ns 256,4096,...] [--no-compile | --compile-ns 4096,65536]
+                                      [--no-quack] [--out F]
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def main() -> None:
     p.add_argument("--ns", default=",".join(map(str, NS)))
     p.add_argument("--no-backward", action="store_true")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--compile-ns", help="run torch.compile only at these N (each shape is a fresh compile: seconds)")
     p.add_argument("--no-quack", action="store_true")
     p.add_argument("--out")
     args = p.parse_args()
@@ -183,7 +185,8 @@ def main() -> None:
                 for backward in (False,) if args.no_backward or op == "sum" else (False, True):
                     torch._dynamo.reset()  # a fresh compile per shape (dynamo's recompile limit)
                     contenders: dict[str, Callable[..., torch.Tensor]] = {"torch": _torch_fn(op), "cuteforge": cf}
-                    if not args.no_compile:
+                    compile_ns = {int(v) for v in args.compile_ns.split(",")} if args.compile_ns else None
+                    if not args.no_compile and (compile_ns is None or n in compile_ns):
                         contenders["torch.compile"] = torch.compile(_torch_fn(op), dynamic=False)
                     q = None if args.no_quack else _quack_fn(op)
                     if q is not None:
