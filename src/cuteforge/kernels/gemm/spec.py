@@ -10,18 +10,23 @@ compiled kernel serves every M, N, K and batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from ...arch import limits_for
 from ...kernel import REGISTRY, CompileSpec, Kernel, kernel
-from ...signature import FLOAT_DTYPES, Signature, TensorArg
+from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
 from .epilogue import GemmEpilogue
 from .sm90.config import GemmConfig, candidate_configs, default_config
 
 AB_DTYPES = (torch.bfloat16, torch.float16)
 OPERAND_DIMS = {"row": ("M",), "col": ("N",), "full": ("L", "M", "N")}
+# What `cuteforge precompile` builds for each plain layout (any shape: all dims dynamic),
+# for a 132-SM part (H100 SXM / H200); `ops.gemm` passes the live SM count.
+STANDARD_DTYPES = (("bfloat16",) * 3, ("float16",) * 3, ("bfloat16", "bfloat16", "float32"))
+STANDARD_SMS = 132
 
 
 def kernel_name(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = ()) -> str:
@@ -82,6 +87,17 @@ def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...]) -> Any:
     return build
 
 
+def _specializations(kinds: tuple[str, ...]) -> Callable[[], Iterable[tuple[BoundKey, dict[str, Any]]]] | None:
+    if kinds:
+        return None  # epilogue kernels are compiled on first use (or by the tuner)
+
+    def specs() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+        for dts in STANDARD_DTYPES:
+            yield BoundKey(dts, (), tuple(4 if d == "float32" else 8 for d in dts)), {"sms": STANDARD_SMS}
+
+    return specs
+
+
 def gemm_kernel(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = ()) -> Kernel:
     """The registered kernel for these operand majors and epilogue operand kinds."""
     name = kernel_name(a_k_major, b_k_major, kinds)
@@ -93,12 +109,22 @@ def gemm_kernel(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = ()) -
             archs=("sm_90a",),
             default_config=_default_config,
             configs=_configs,
+            specializations=_specializations(kinds),
         )(_builder(a_k_major, b_k_major, kinds))
         k.validate_config = _validate  # type: ignore[attr-defined]  # the autotuner's hook
     return k
 
 
-# The four plain layouts are registered on import (the CLI and `precompile` list them).
-for _a in (True, False):
-    for _b in (True, False):
-        gemm_kernel(_a, _b)
+# Registered on import: the four layouts with every operand-kind set the presets use, so
+# that autotuner workers (which import this module and look kernels up by name) find
+# them. A fusion Epilogue with another kind set registers on first use in the process.
+PRESET_KINDS = tuple(
+    tuple(k for k in (bias, "full" if c else None, "full" if res else None) if k)
+    for bias in (None, "row", "col")
+    for c in (False, True)
+    for res in (False, True)
+)
+for _kinds in dict.fromkeys(PRESET_KINDS):
+    for _a in (True, False):
+        for _b in (True, False):
+            gemm_kernel(_a, _b, _kinds)
