@@ -64,7 +64,7 @@ def _torch_fn(op: str) -> Callable[..., torch.Tensor]:
         "log_softmax": lambda x: torch.log_softmax(x, -1),
         "rms_norm": lambda x, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
         "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
-        "cross_entropy": lambda x, t: F.cross_entropy(x.float() if x.dtype != torch.float32 else x, t),
+        "cross_entropy": lambda x, t: F.cross_entropy(x, t),
     }[op]
 
 
