@@ -4,6 +4,8 @@
 #   source .gpu/env.sh is done here; carry .gpu (see README "GPU runs").
 # Usage: bash scripts/gpu_run.sh [tests|bench|autotune|all] [pytest paths/args...]
 #        bash scripts/gpu_run.sh cmd COMMAND...   (any command in the same environment)
+#        bash scripts/gpu_run.sh ptests [JOBS]     (tests/gpu files spread over JOBS pytest
+#                                                   processes sharing the GPU: compile-bound)
 #   all = tests + bench; autotune (compile speed-ups and tuning sweeps) runs on its own.
 #   tests with paths runs those instead of all of tests/gpu.
 set -uo pipefail
@@ -29,6 +31,21 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
 fi
 if [ "$what" = autotune ]; then
   python3 benchmarks/bench_autotune.py --out "$OUT/h200-autotune.json" 2>&1 | tee "$OUT/bench-autotune.log" | tail -60
+fi
+if [ "$what" = ptests ]; then
+  jobs=${1:-4}
+  mapfile -t files < <(ls tests/gpu/test_*.py)
+  pids=()
+  for ((j = 0; j < jobs; j++)); do
+    group=()
+    for ((k = j; k < ${#files[@]}; k += jobs)); do group+=("${files[k]}"); done
+    [ ${#group[@]} -gt 0 ] || continue
+    python3 -m pytest -q -p no:cacheprovider -rfE "${group[@]}" > "$OUT/ptests-$j.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  cat "$OUT"/ptests-*.log > "$OUT/gpu-tests.log"; rm -f "$OUT"/ptests-*.log
+  grep -E "passed|failed|error|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -60
 fi
 if [ "$what" = cmd ]; then
   "$@"
