@@ -79,9 +79,9 @@ def test_every_candidate_config(kind, dtype, n):
     for cfg in candidate_configs(n, bits, True):
         dx, dw, db = impl._backward(kind, dy, x, w, mean0, rstd0, None, b is not None, cfg)
         _close(dx, dx0.double(), dtype, f"dx {cfg}")
-        _close(dw, dw0.double(), dtype, f"dw {cfg}", scale=m ** 0.5)
+        _close(dw, dw0.double(), dtype, f"dw {cfg}")
         if b is not None:
-            _close(db, db0.double(), dtype, f"db {cfg}", scale=m ** 0.5)
+            _close(db, db0.double(), dtype, f"db {cfg}")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -153,10 +153,11 @@ def _grad_case(kind, m, n, dtype, bias, res, w_dtype=None):
     names = ["x", "weight"] + (["bias"] if b is not None else []) + (["residual"] if r is not None else [])
     for name, got, ref, leaf in zip(names, grads, ref_grads, leaves):
         assert got.dtype == leaf.dtype and got.shape == leaf.shape, name
-        # dweight/dbias sum over M rows of products rounded in x's dtype
-        scale = None if name in ("x", "residual") else max(1.0, m ** 0.5)
+        # dweight/dbias sum M rows of products rounded in x's dtype: their rounding errors
+        # grow like sqrt(M), and so does the largest |dweight| that _close's atol scales
+        # with already (another sqrt(M) factor would let a dropped partial pass)
         _close(got, ref, dtype if name in ("x", "residual") else leaf.dtype if dtype == torch.float32 else dtype,
-               f"d{name}", scale)
+               f"d{name}")
 
 
 @pytest.mark.parametrize("kind", KINDS)
