@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import cuteforge.ops as ops
-from cuteforge import native, timing
+from cuteforge import timing
 from cuteforge.kernels.reduce.spec import row_reduce
 
 
@@ -30,8 +30,6 @@ def main() -> None:
     out = torch.empty(1, device="cuda")
     dev = x.device
     fn = row_reduce.launcher((x, out), op="sum")
-    new_rows = native.launcher("new_rows")
-    f32 = native.ffi_dtype(torch.float32)
 
     cases = {
         "torch.mul(y, y)": lambda: torch.mul(y, y),
@@ -42,7 +40,6 @@ def main() -> None:
         "memo key only": lambda: (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device()),
         "tvm-ffi call, preallocated out": lambda: fn(x, out),
         "tvm-ffi call, x.new_empty out": lambda: fn(x, x.new_empty(1)),
-        "native new_rows (alloc + launch in one call)": lambda: new_rows(fn, x, 1, f32),
         "Kernel.__call__ (memoized, preallocated out)": lambda: row_reduce(x, out, op="sum"),
         "Kernel.launcher (full bind + L1 lookup)": lambda: row_reduce.launcher((x, out), op="sum"),
         "cuteforge.ops.sum(x)": lambda: ops.sum(x),

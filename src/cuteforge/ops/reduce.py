@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from .. import native
 from ..arch import target_arch
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 
@@ -29,10 +28,8 @@ _MAX_PLANS = 4096
 
 
 # A plan is what the warm path needs, as a plain tuple (attribute access costs):
-# (output shape, launch(x, out), the output dtype or None when it equals x's dtype,
-#  native new_rows or None, the output's tvm-ffi dtype). With native dispatch the plain
-# 2-D case allocates and launches in one C++ call: `new_rows(launch, x, shape, dtype)`.
-_Plan = tuple[Any, Callable[[torch.Tensor, torch.Tensor], Any], "torch.dtype | None", Any, Any]
+# (output shape, launch(x, out), the output dtype or None when it equals x's dtype).
+_Plan = tuple[Any, Callable[[torch.Tensor, torch.Tensor], Any], "torch.dtype | None"]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
 
 
@@ -101,21 +98,11 @@ def _plan(op: str, x: Any, dim: Any, keepdim: Any = False) -> _Plan:
     else:
         ok = s_outer is not None and _flat_stride(shape[d + 1 :], strides[d + 1 :], 1) == 1
         launch = _col_launch(op, x if ok else x.contiguous(), where, d, o, n, i, ok)
-    new_rows = native.launcher("new_rows") if isinstance(out_shape, int) and _is_ffi_function(launch) else None
-    plan = (out_shape, launch, None if odt == x.dtype else odt, new_rows, native.ffi_dtype(odt) if new_rows else None)
+    plan = (out_shape, launch, None if odt == x.dtype else odt)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[_memo_key(op, x, dim, keepdim)] = plan
     return plan
-
-
-def _is_ffi_function(launch: Any) -> bool:
-    """A compiled kernel itself (not a Python wrapper): what native dispatch can call."""
-    try:
-        import tvm_ffi
-    except ImportError:
-        return False
-    return isinstance(launch, tvm_ffi.Function)
 
 
 def _rows(t: torch.Tensor, d: int, m: int, n: int) -> torch.Tensor:
@@ -213,7 +200,7 @@ def _run(op: str, x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Ten
         plan = _PLANS[_memo_key(op, x, dim, keepdim)]
     except (AttributeError, KeyError, TypeError):
         plan = _plan(op, x, dim, keepdim)
-    shape, launch, odt = plan[:3]
+    shape, launch, odt = plan
     out = x.new_empty(shape) if odt is None else x.new_empty(shape, dtype=odt)
     launch(x, out)
     return out
@@ -298,9 +285,7 @@ def _entry(op: str) -> Callable[..., torch.Tensor]:
             return custom(x, dim, keepdim)
         if plan is None:
             plan = _plan(op, x, dim, keepdim)
-        shape, launch, odt, new_rows, ffi_odt = plan
-        if new_rows is not None:
-            return new_rows(launch, x, shape, ffi_odt)
+        shape, launch, odt = plan
         out = x.new_empty(shape) if odt is None else x.new_empty(shape, dtype=odt)
         launch(x, out)
         return out
