@@ -68,3 +68,33 @@ def test_ce_config_valid(n, bits):
     cfg = ce_config(n, bits)
     cfg.validate(n, bits)
     assert cfg.cluster_n == 1
+
+
+def test_op_errors_without_gpu():
+    import torch
+
+    import cuteforge.ops as ops
+
+    x, t = torch.randn(4, 5), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="'logits' must be a CUDA tensor"):
+        ops.cross_entropy(x, t)
+    with pytest.raises(ValueError, match="'ignore_index'=9223372036854775808 does not fit in int64"):
+        ops.cross_entropy(x, t, ignore_index=2**63)
+    with pytest.raises(TypeError, match="'target' must be int64"):
+        ops.cross_entropy(x, t.int())
+
+
+def test_compiled_call_checks_its_arguments():
+    """Under torch.compile the arguments are checked while tracing: an unknown reduction
+    must raise, not reduce as "mean" (the custom op never sees `reduction`)."""
+    import torch
+
+    import cuteforge.ops as ops
+
+    x, t = torch.randn(4, 5), torch.zeros(4, dtype=torch.long)
+    f = torch.compile(lambda a, b: ops.cross_entropy(a, b, reduction="avg"), backend="eager")
+    with pytest.raises(ValueError, match="'reduction' must be one of"):
+        f(x, t)
+    g = torch.compile(lambda a, b: ops.cross_entropy(a, b), backend="eager", fullgraph=True)
+    with pytest.raises(ValueError, match="'logits' must be a CUDA tensor"):  # traced whole; fails when it runs
+        g(x, t)

@@ -66,6 +66,8 @@ def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
         raise ValueError(f"{_WHERE}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{_WHERE}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+    if not -(2**63) <= ignore_index < 2**63:  # compared with int64 targets in the kernel
+        raise ValueError(f"{_WHERE}: argument 'ignore_index'={ignore_index} does not fit in int64")
 
 
 def _check_targets(target: torch.Tensor, n: int, ignore_index: int) -> None:
@@ -80,7 +82,7 @@ def _check_targets(target: torch.Tensor, n: int, ignore_index: int) -> None:
 
 def _key(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[Any, ...]:
     # pointers only through their 16-byte alignment (it decides the compiled variant)
-    return (logits.dtype, logits.shape, logits.stride(), logits.data_ptr() & 15, target.data_ptr() & 15,
+    return (logits.dtype, logits.shape, logits.stride(), logits.data_ptr() & 15, target.dtype, target.data_ptr() & 15,
             logits.get_device(), ignore_index)
 
 
@@ -127,7 +129,7 @@ def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: t
         target = target.contiguous()
     if dloss.dtype != torch.float32 or dloss.stride(0) != 1:
         dloss = dloss.float().contiguous()  # the mean/sum backward hands in an expanded scalar
-    k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15)
+    k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15, lse.data_ptr() & 15, dloss.data_ptr() & 15)
     fn = _BWD.get(k)
     if fn is None:
         key = cross_entropy_bwd.signature.bind((logits, target, lse, dloss, dlogits), _WHERE)
@@ -213,6 +215,9 @@ def cross_entropy(
     """torch.nn.functional.cross_entropy(logits, target, reduction=..., ignore_index=...)
     for (M, N) logits and int64 class targets, in one pass forward and one backward."""
     if torch.compiler.is_compiling():
+        # checked at trace time too: the custom op validates tensors only when it runs,
+        # and an unknown reduction would otherwise silently reduce as "mean"
+        _check(logits, target, reduction, ignore_index)
         loss, _ = _fwd_op(logits, target, ignore_index)
         return _reduce(loss, target, reduction, ignore_index, logits.dtype)
     _check(logits, target, reduction, ignore_index)
