@@ -196,6 +196,22 @@ def test_strided_views_and_nd():
     _close(ops.rms_norm(xt, w), _ref("rms", xt, w, None, None, 1e-6)[0], torch.float32, "transposed")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_of_transposed_input(kind):
+    # x whose last dim is not unit-stride: the forward copies it, and the backward must
+    # take the saved (strided) x as well
+    x = torch.randn(1000, 8, device="cuda", requires_grad=True)
+    w = torch.randn(1000, device="cuda", requires_grad=True)
+    out = _call(kind, x.t(), w, None, None, 1e-5)
+    g = torch.randn_like(out)
+    gx, gw = torch.autograd.grad((out * g).sum(), (x, w))
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = _ref(kind, xr.t(), wr, None, None, 1e-5)[0]
+    rgx, rgw = torch.autograd.grad((ref * g.double()).sum(), (xr, wr))
+    _close(gx, rgx, torch.float32, "dx")
+    _close(gw, rgw, torch.float32, "dweight")
+
+
 def test_torch_compile_fullgraph():
     x, w, b, r = _inputs(128, 2048, torch.bfloat16, bias=True, res=True, seed=3)
 

@@ -154,6 +154,7 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
               rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None):
     """(dx, dweight, dbias or None); xs is the normalised input (x + residual if fused)."""
     m, n = xs.shape
+    xs = _unit_rows(xs)  # the saved x of a forward on a column-major view has last stride != 1
     dy = _unit_rows(dy.to(xs.dtype))
     dsum = None if dsum is None else _unit_rows(dsum.to(xs.dtype))
     w = _vec_of(w)
@@ -163,7 +164,8 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
         return dx, z, (z.clone() if has_bias else None)
     memo = ("b", kind, has_bias, xs.dtype, xs.shape, xs.stride(), xs.data_ptr() & 15, xs.get_device(),
             w.dtype, w.data_ptr() & 15, dy.stride(), dy.data_ptr() & 15,
-            None if dsum is None else (dsum.stride(), dsum.data_ptr() & 15), config)
+            None if dsum is None else (dsum.stride(), dsum.data_ptr() & 15),
+            rstd.data_ptr() & 15, None if mean is None else mean.data_ptr() & 15, config)
     plan = _PLANS.get(memo)
     if plan is None:
         cfg = config or norm_config.default_config(n, xs.element_size() * 8, backward=True)
