@@ -27,7 +27,7 @@ import cuteforge
 import cuteforge.ops as ops
 from cuteforge import timing
 from cuteforge.kernels.reduce.spec import row_reduce
-from cuteforge.library_bench import measure_reduction
+from cuteforge.library_bench import measure_shapes
 
 BAR_SHAPES = [(32768, 4096), (16384, 16384), (4096, 65536)]
 EXTRA_SHAPES = [(32768, 256), (32768, 1024), (65536, 2048), (1024, 262144), (8, 262144), (1, 4096)]
@@ -119,7 +119,7 @@ def main() -> None:
     shapes = BAR_SHAPES + ([] if args.quick else EXTRA_SHAPES)
     result["sum"] = []
     for dtype in (torch.float32, torch.bfloat16):
-        result["sum"] += measure_reduction("sum", shapes, dtype, copy_bps, compiled=True)
+        result["sum"] += measure_shapes("sum", shapes, dtype, copy_bps, compiled=True)
     if not args.skip_sweep:
         result["config_sweep"] = config_sweep(BAR_SHAPES + [(8, 262144), (256, 65536)], torch.float32, copy_bps)
     result["compile_cache"] = cold_vs_warm()

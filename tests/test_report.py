@@ -158,8 +158,8 @@ def test_bench_main_from_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_run_bench_input_errors() -> None:
-    with pytest.raises(ValueError, match="unknown op 'softmax'"):
-        report.run_bench(["softmax"])
+    with pytest.raises(ValueError, match="unknown op 'softmx'"):
+        report.run_bench(["softmx"])
     from cuteforge import arch
 
     if arch.compile_only():

@@ -157,9 +157,10 @@ def cmd_library(args: argparse.Namespace) -> dict[str, Any]:
 
     if arch.compile_only():
         return {"mode": "precompile", **cmd_precompile(args)}
+    from .library_bench import OPS
     from .report import run_bench
 
-    return {"mode": "bench", **run_bench(("sum",), quick=args.quick, compiled=not args.quick, progress=not args.json)}
+    return {"mode": "bench", **run_bench(OPS, quick=args.quick, compiled=not args.quick, progress=not args.json)}
 
 
 def _print_library(r: dict[str, Any]) -> None:
@@ -289,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--quick", action="store_true", help="fewer shapes")
 
     s = sub.add_parser("bench", help="benchmark ops against torch (GPU), or report on recorded results (--from)")
-    s.add_argument("ops", nargs="*", help="ops to measure (default: sum); one of sum, mean, amax, amin, argmax")
+    s.add_argument("ops", nargs="*", help="ops to measure (default: sum): sum, mean, amax, amin, argmax, softmax, log_softmax, rms_norm, layer_norm, cross_entropy")
     s.add_argument("--shapes", help="comma-separated MxN (default: the standard set)")
     s.add_argument("--dtype", default="float32,bfloat16", help="comma-separated dtypes")
     s.add_argument("--quick", action="store_true", help="fewer shapes, no torch.compile")

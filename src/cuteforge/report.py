@@ -26,7 +26,6 @@ Results = dict[str, Any]
 _NOT_FAMILIES = {"config_sweep", "tune"}  # lists of rows that are sections of their own
 _METRICS = {"_GBps": "GB/s", "_TFLOPs": "TFLOP/s"}
 _OTHER_SECTIONS = ("host_overhead", "host_us", "compile_cache", "compile", "tune")
-_REDUCTION_OPS = ("sum", "mean", "amax", "amin", "argmax")
 
 
 def _metric(row: dict[str, Any]) -> str | None:
@@ -321,10 +320,17 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
     Raises RuntimeError when there is no GPU to run on (the CLI turns it into exit 2).
     torch.compile specializes per shape (dynamic=False), so dynamo is reset between shapes.
     """
-    bad = next((op for op in ops if op not in _REDUCTION_OPS), None)
-    if bad is not None:
-        raise ValueError(f"unknown op {bad!r}; bench knows {', '.join(_REDUCTION_OPS)}")
     from . import arch
+    from .library_bench import (
+        QUICK_SHAPES,
+        REDUCTION_SHAPES,
+        WITH_BACKWARD,
+        check_op,
+        measure_shapes,
+    )
+
+    for op in ops:
+        check_op(op)
 
     if arch.compile_only():
         raise RuntimeError("bench needs a CUDA GPU of the target arch (none here); "
@@ -333,11 +339,10 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
 
     from . import __version__, timing
     from .autotune.cli import parse_shapes
-    from .library_bench import QUICK_SHAPES, REDUCTION_SHAPES, measure_reduction
 
     shape_list = [tuple(s) for s in parse_shapes(shapes)] if shapes else (QUICK_SHAPES if quick else REDUCTION_SHAPES)
     if any(len(s) != 2 for s in shape_list):
-        raise ValueError("row reductions take shapes MxN, e.g. --shapes 32768x4096")
+        raise ValueError("row ops take shapes MxN, e.g. --shapes 32768x4096")
     dts = [getattr(torch, d.strip(), None) for d in dtypes.split(",") if d.strip()]
     if not dts or not all(isinstance(dt, torch.dtype) and dt.is_floating_point for dt in dts):
         raise ValueError(f"bad --dtype {dtypes!r}: expected e.g. float32,bfloat16,float16")
@@ -353,7 +358,9 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
         task = bar.add_task("benchmarking", total=len(jobs))
         for op, dt, shape in jobs:
             bar.update(task, description=f"{op} {str(dt)[6:]} {shape[0]}x{shape[1]}")
-            result.setdefault(op, []).extend(measure_reduction(op, [shape], dt, copy_bps, compiled=compiled and not quick))
+            for backward in (False, True) if op in WITH_BACKWARD else (False,):
+                rows = measure_shapes(op, [shape], dt, copy_bps, compiled=compiled and not quick, backward=backward)
+                result.setdefault(rows[0]["op"], []).extend(rows)
             bar.advance(task)
     return result
 
