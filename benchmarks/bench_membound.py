@@ -8,7 +8,8 @@ bytes a kernel must move once (inputs read, outputs written) and is compared wit
 device-to-device copy measured in the same run. Backward is timed through autograd
 (`torch.autograd.grad` of a saved forward), the way training calls it.
 
-Writes benchmarks/results/<gpu>-membound.json (or --out) and a PNG of GB/s vs N per op.
+Writes benchmarks/results/<gpu>-membound.json (or --out), after every row; the PNGs of GB/s
+vs N per op come from it on any machine: `cuteforge bench --from FILE --plot DIR`.
 
 Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
@@ -51,7 +52,22 @@ def main() -> None:
     args = p.parse_args()
     copy_bps = timing.copy_bandwidth()
     print(f"copy: {copy_bps / 1e9:.0f} GB/s", flush=True)
+    name = torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-")
+    path = Path(args.out or Path(__file__).parent / "results" / f"{name}-membound.json")
     rows: list[dict[str, Any]] = []
+
+    def save(complete: bool) -> None:  # after every row: a run cut short keeps what it measured
+        result = {
+            "command": "python benchmarks/bench_membound.py " + " ".join(sys.argv[1:]),
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "copy_GBps": round(copy_bps / 1e9, 1),
+            "complete": complete,
+            "summary": _summary(rows),
+            "membound": rows,
+        }
+        path.write_text(json.dumps(result, indent=1))
+
     compile_ns = {int(v) for v in args.compile_ns.split(",")} if args.compile_ns else None
     for op in args.ops.split(","):
         for dt_name in args.dtypes.split(","):
@@ -65,27 +81,11 @@ def main() -> None:
                     row = measure(op, m, n, dtype, fns, copy_bps, backward, warmup_ms=10, rep_ms=40)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                    save(False)
                     torch.cuda.empty_cache()
-    summary = _summary(rows)
-    result = {
-        "command": "python benchmarks/bench_membound.py " + " ".join(sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "copy_GBps": round(copy_bps / 1e9, 1),
-        "summary": summary,
-        "membound": rows,
-    }
-    print(json.dumps(summary, indent=1))
-    name = torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-")
-    path = Path(args.out or Path(__file__).parent / "results" / f"{name}-membound.json")
-    path.write_text(json.dumps(result, indent=1))
-    try:
-        from cuteforge.report import plot_results
-
-        for png in plot_results([result], path.parent):
-            print("plot:", png)
-    except Exception as e:  # plots are a convenience; the JSON is the record
-        print(f"no plot: {e}")
+    save(True)
+    print(json.dumps(_summary(rows), indent=1))
+    print(f"wrote {path}; plots from it, on any machine: cuteforge bench --from {path} --plot DIR")
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
