@@ -226,6 +226,7 @@ def test_new_batch_sizes_do_not_recompile() -> None:
         (lambda: ops.softmax(torch.randn(4, 4, device="cuda"), dim=5), ValueError, "'dim' must be the last dim"),
         (lambda: ops.softmax(torch.randn(4, 4, device="cuda"), dim=1.0), TypeError, "'dim' must be an int"),
         (lambda: ops.softmax([[1.0]]), TypeError, "'x' must be a torch.Tensor"),
+        (lambda: ops.softmax(torch.randn(2, 262145, device="cuda")), ValueError, "'x' has a last dim of 262145; at most 262144"),
         (lambda: sm.softmax_backward(torch.randn(4, 4, device="cuda"), torch.randn(4, 5, device="cuda")), ValueError, "'grad' has shape"),
         (
             lambda: sm.softmax_backward(torch.randn(4, 4, device="cuda"), torch.randn(4, 4, device="cuda", dtype=torch.bfloat16)),

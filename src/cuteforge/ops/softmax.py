@@ -28,6 +28,9 @@ from ..signature import FLOAT_DTYPES, dtype_name
 __all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
 
 _MAX_PLANS = 4096
+# Longest row the configs hold (backward: 16 CTAs x 512 threads x 32 elements); the
+# tested range. Longer rows would fail in the config heuristic without naming x.
+MAX_N = 262144
 # plan: (view: x -> 2-D (M, N) operand, or None when x already is one; launch or None)
 _Plan = tuple["Callable[[torch.Tensor], torch.Tensor] | None", "Callable[..., Any] | None"]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
@@ -43,6 +46,8 @@ def _check(where: str, name: str, t: Any) -> None:
         raise TypeError(f"{where}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: {allowed}")
     if t.dim() < 1:
         raise ValueError(f"{where}: argument {name!r} must have at least 1 dim, got a 0-d tensor")
+    if t.shape[-1] > MAX_N:
+        raise ValueError(f"{where}: argument {name!r} has a last dim of {t.shape[-1]}; at most {MAX_N} is supported")
 
 
 def _check_dim(where: str, dim: Any, ndim: int) -> None:
