@@ -124,14 +124,40 @@ def table_rows(results: Sequence[Results], family: str) -> list[dict[str, Any]]:
 def _plot_png(results: Sequence[Results], family: str) -> bytes:
     from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
 
+    fig = Figure(figsize=(9, 5.2), dpi=100)
+    title = _draw_family(fig.add_subplot(), results, family)
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    fig.savefig(buf := io.BytesIO(), format="png", dpi=100)
+    return buf.getvalue()
+
+
+def plot_grid(results: Sequence[Results], out_png: Path, columns: int = 2) -> Path:
+    """Every family of `results` in one PNG, one panel each (what a report page shows)."""
+    from matplotlib.figure import Figure
+
+    fams = family_names(results)
+    if not fams:
+        raise ValueError("no families to plot in the results")
+    rows = -(-len(fams) // columns)
+    fig = Figure(figsize=(7 * columns, 4.2 * rows), dpi=50)
+    for i, fam in enumerate(fams):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        ax.set_title(_draw_family(ax, results, fam), fontsize=10)
+    fig.tight_layout()
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(str(out_png), format="png", dpi=50)
+    return Path(out_png)
+
+
+def _draw_family(ax: Any, results: Sequence[Results], family: str) -> str:
+    """Draw `family` on `ax`; returns its title."""
     per_file = [(r, families(r).get(family, [])) for r in results]
     per_file = [(r, rows) for r, rows in per_file if rows]
     if not per_file:
         raise ValueError(f"no '{family}' rows in the results")
     suffix = _metric(per_file[0][1][0]) or "_GBps"
     unit, several_gpus = _METRICS[suffix], len(per_file) > 1
-    fig = Figure(figsize=(9, 5.2), dpi=100)
-    ax = fig.add_subplot()
     colors, styles, markers = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"], ["-", "--", "-.", ":"], "os^Dv"
     impls: list[str] = []
     dtypes: list[str] = []
@@ -169,13 +195,9 @@ def _plot_png(results: Sequence[Results], family: str) -> bytes:
     ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
     ax.grid(True, which="major", alpha=0.3)
     gpus = ", ".join(dict.fromkeys(str(r["gpu"]) for r, _ in per_file))
-    note = f"largest M per N ({dropped} smaller-M row{'s' * (dropped != 1)} not plotted)" if dropped else "one M per N"
-    fig.suptitle(f"{family}: {unit} vs N on {gpus}", fontsize=12)
-    ax.set_title(note, fontsize=9, color="0.3")
+    note = f"largest M per N; {dropped} smaller-M row{'s' * (dropped != 1)} not plotted" if dropped else "one M per N"
     ax.legend(fontsize=8, loc="lower right", ncol=2 if len(ax.get_lines()) > 6 else 1, framealpha=0.9)
-    fig.tight_layout()
-    fig.savefig(buf := io.BytesIO(), format="png", dpi=100)
-    return buf.getvalue()
+    return f"{family}: {unit} vs N on {gpus} ({note})"
 
 
 def plot_family(results: Sequence[Results], family: str, out_png: Path) -> Path:
