@@ -98,3 +98,22 @@ def test_compiled_call_checks_its_arguments():
     g = torch.compile(lambda a, b: ops.cross_entropy(a, b), backend="eager", fullgraph=True)
     with pytest.raises(ValueError, match="'logits' must be a CUDA tensor"):  # traced whole; fails when it runs
         g(x, t)
+
+
+def test_autotune_candidates_validate():
+    """The autotuner validates each candidate through the kernel's hook: every config the
+    kernel offers passes; a cluster config is dropped with its reason."""
+    from cuteforge.autotune.candidates import candidates
+    from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd, cross_entropy_fwd
+    from cuteforge.signature import BoundKey
+
+    for k, key in (
+        (cross_entropy_fwd, BoundKey(("bfloat16", "int64", "float32", "float32"), (("N", 4096),), (8, 2, 4, 4))),
+        (cross_entropy_bwd, BoundKey(("bfloat16", "int64", "float32", "float32", "bfloat16"), (("N", 4096),), (8, 2, 4, 4, 8))),
+    ):
+        spec = k.spec(key, (("ignore_index", -100),), None, arch="sm_90a")
+        valid, invalid = candidates(k, spec)
+        assert invalid == {} and valid == k.configs(spec) and len(valid) > 1
+        bad = RowReduceConfig(1024, 1024, 4, cluster_n=2)
+        valid, invalid = candidates(k, spec, [bad])
+        assert valid == [] and "cluster" in invalid[bad]

@@ -143,3 +143,25 @@ def test_bad_builder_arguments():
 
 if os.environ.get("CUTEFORGE_SKIP_COMPILE_TESTS"):  # pragma: no cover
     pytestmark = pytest.mark.skip("compile tests disabled")
+
+
+def test_autotune_candidates_validate(kernels):
+    """The autotuner validates each candidate through the kernel's hook: every config the
+    kernel offers passes, a bad one is dropped with its reason."""
+    from cuteforge.autotune.candidates import candidates
+    from cuteforge.signature import BoundKey
+
+    fwd, bwd = kernels
+    d, f = "bfloat16", "float32"
+    cases = (
+        (fwd, BoundKey((d,) * 6 + (f, f), (("N", 4096),), (8,) * 6 + (4, 4)),
+         {"kind": "rms", "eps": 1e-6, "has_bias": False, "has_residual": False}),
+        (bwd, BoundKey((d, d, d, d, f, f, d, f, f), (("N", 4096),), (8, 8, 8, 8, 4, 4, 8, 4, 4)),
+         {"kind": "layer", "has_bias": True, "has_dsum": False}),
+    )
+    for k, key, params in cases:
+        spec = k.spec(key, tuple(sorted(params.items())), None, arch="sm_90a")
+        valid, invalid = candidates(k, spec)
+        assert invalid == {} and valid == k.configs(spec) and len(valid) > 1
+        valid, invalid = candidates(k, spec, [NormConfig(48, 16)])
+        assert valid == [] and "multiple of 32" in invalid[NormConfig(48, 16)]

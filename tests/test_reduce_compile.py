@@ -247,6 +247,20 @@ def test_col_configs():
             bad.validate(32)
 
 
+def test_col_autotune_candidates_validate():
+    """The autotuner validates column configs through the kernel's hook (its fallback
+    would call ColReduceConfig.validate(spec, limits))."""
+    from cuteforge.autotune.candidates import candidates
+    from cuteforge.kernels.reduce import ColReduceConfig
+    from cuteforge.kernels.reduce.spec import col_reduce
+    from cuteforge.signature import BoundKey
+
+    spec = col_reduce.spec(BoundKey(("float32", "float32"), (), (4, 4)), (("op", "sum"),), ColReduceConfig(), arch="sm_90a")
+    valid, invalid = candidates(col_reduce, spec, [ColReduceConfig(), ColReduceConfig(256, 8, 4, 8), ColReduceConfig(100, 8, 4, 1)])
+    assert valid == [ColReduceConfig(), ColReduceConfig(256, 8, 4, 8)]
+    assert "multiple of 32" in invalid[ColReduceConfig(100, 8, 4, 1)]
+
+
 if os.environ.get("CUTEFORGE_SKIP_COMPILE_TESTS"):  # pragma: no cover
     pytestmark = pytest.mark.skip("compile tests disabled")
 

@@ -205,3 +205,17 @@ def test_every_lane_gets_the_row_result(compiler):
     assert ptx.count("shfl.sync.bfly") == 2 * (5 + 5)
     ptx = compiler("softmax_bwd", "f32", 4096, 4, cfg)
     assert ptx.count("shfl.sync.bfly") == 5 + 5  # one value backward
+
+
+def test_autotune_candidates_validate():
+    """The autotuner validates each candidate through the kernel's hook: every config the
+    kernel offers passes, a bad one is dropped with its reason."""
+    from cuteforge.autotune.candidates import candidates
+    from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
+
+    for k, mode, nargs in ((softmax_fwd, "softmax", 2), (softmax_bwd, "softmax_bwd", 3)):
+        spec = k.spec(BoundKey(("bfloat16",) * nargs, (("N", 4096),), (8,) * nargs), (("mode", mode),), None, arch="sm_90a")
+        valid, invalid = candidates(k, spec)
+        assert invalid == {} and valid == k.configs(spec) and len(valid) > 1
+        valid, invalid = candidates(k, spec, [SoftmaxConfig(48, 16)])
+        assert valid == [] and "multiple of 32" in invalid[SoftmaxConfig(48, 16)]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ...arch import limits_for
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg, dtype_name, vector_width
 from ..reduce import row
@@ -57,6 +58,14 @@ def _configs(spec: CompileSpec) -> list[Any]:
     return out[:8]
 
 
+def _validate(spec: CompileSpec, config: Any) -> None:
+    """The autotuner's `validate_config` hook (its fallback would call
+    `config.validate(spec, limits)`, which RowReduceConfig.validate does not take)."""
+    if config.cluster_n != 1:
+        raise ValueError("cross-entropy kernels do not split rows over clusters (cluster_n must be 1)")
+    config.validate(spec.static("N"), spec.dtype("logits").width, limits_for(spec.arch))
+
+
 def _vec(spec: CompileSpec, *args: str) -> int:
     return min(spec.vec(a) for a in args)
 
@@ -98,3 +107,7 @@ def cross_entropy_bwd(spec: CompileSpec) -> Any:
     return kernels.make_ce_bwd(
         spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config, spec.param("ignore_index")
     )
+
+
+cross_entropy_fwd.validate_config = _validate  # type: ignore[attr-defined]  # the autotuner's hook
+cross_entropy_bwd.validate_config = _validate  # type: ignore[attr-defined]

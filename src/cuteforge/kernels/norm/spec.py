@@ -58,12 +58,17 @@ def _vec(spec: CompileSpec, names: tuple[str, ...]) -> int:
     return min(min(spec.vec(a) for a in names), 128 // widest)
 
 
+def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
+    """The autotuner's `validate_config` hook (its fallback would call
+    `config.validate(spec, limits)`, which NormConfig.validate does not take)."""
+    cfg.validate(spec.static("N"), spec.dtype("x").width, limits_for(spec.arch), backward)
+
+
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
-    n, bits, limits = spec.static("N"), spec.dtype("x").width, limits_for(spec.arch)
     out = []
-    for c in config.candidate_configs(n, bits, backward):
+    for c in config.candidate_configs(spec.static("N"), spec.dtype("x").width, backward):
         try:
-            c.validate(n, bits, limits, backward)
+            _validate(spec, c, backward)
         except ValueError:
             continue
         out.append(c)
@@ -107,3 +112,7 @@ def norm_bwd(spec: CompileSpec) -> Any:
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _BWD_ROWS),
         spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
     )
+
+
+norm_fwd.validate_config = lambda spec, cfg: _validate(spec, cfg, False)  # type: ignore[attr-defined]  # the autotuner's hook
+norm_bwd.validate_config = lambda spec, cfg: _validate(spec, cfg, True)  # type: ignore[attr-defined]

@@ -107,3 +107,12 @@ def _col_default_config(spec: CompileSpec) -> Any:
 )
 def col_reduce(spec: CompileSpec) -> Any:
     return col.make_col_reduce(spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.vec("x"), spec.config)
+
+
+def _col_validate(spec: CompileSpec, config: Any) -> None:
+    """The autotuner's `validate_config` hook (its fallback would call
+    `config.validate(spec, limits)`, which ColReduceConfig.validate does not take)."""
+    config.validate(spec.dtype("x").width, limits_for(spec.arch))
+
+
+col_reduce.validate_config = _col_validate  # type: ignore[attr-defined]

@@ -56,13 +56,26 @@ def _default_config(backward: bool):
     return f
 
 
+def _validator(backward: bool):
+    """`f(spec, config)` raising ValueError when config cannot run spec's problem: the
+    autotuner's `validate_config` hook (its fallback would call `config.validate(spec,
+    limits)`, which SoftmaxConfig.validate does not take)."""
+
+    def f(spec: CompileSpec, config: Any) -> None:
+        config.validate(spec.static("N"), spec.dtype(spec._signature.names[0]).width, backward, limits_for(spec.arch))
+
+    return f
+
+
 def _configs(backward: bool):
+    check = _validator(backward)
+
     def f(spec: CompileSpec) -> list[Any]:
-        n, bits, limits = spec.static("N"), spec.dtype(spec._signature.names[0]).width, limits_for(spec.arch)
+        n, bits = spec.static("N"), spec.dtype(spec._signature.names[0]).width
         valid = []
         for c in cfg_mod.candidate_configs(n, bits, backward):
             try:
-                c.validate(n, bits, backward, limits)
+                check(spec, c)
             except ValueError:
                 continue
             valid.append(c)
@@ -114,3 +127,7 @@ def softmax_bwd(spec: CompileSpec) -> Any:
     if mode not in BWD_MODES:
         raise ValueError(f"softmax_bwd: mode must be one of {BWD_MODES}, got {mode!r}")
     return make_softmax(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config)
+
+
+softmax_fwd.validate_config = _validator(False)  # type: ignore[attr-defined]  # the autotuner's hook
+softmax_bwd.validate_config = _validator(True)  # type: ignore[attr-defined]
