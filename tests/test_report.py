@@ -73,6 +73,17 @@ def test_plots(results: list[dict], tmp_path: Path) -> None:
     assert data[:8] == PNG_MAGIC and 10_000 < len(data) < 200_000
 
 
+def test_plot_grid_one_panel_per_family(tmp_path: Path) -> None:
+    rows = [{"op": op, "M": 1024, "N": n, "dtype": "float32", "cuteforge_GBps": 100.0 * n, "torch_GBps": 50.0 * n}
+            for op in ("softmax", "softmax_bwd", "rms_norm") for n in (256, 4096)]
+    res = [{"gpu": "NVIDIA H200", "copy_GBps": 4000.0, "membound": rows}]
+    png = report.plot_grid(res, tmp_path / "grid.png", columns=2)
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="no families"):
+        report.plot_grid([{"gpu": "x", "host_us": {}}], tmp_path / "none.png")
+
+
 def test_gemm_family_plots_against_cublas(tmp_path: Path) -> None:
     rows = [{"op": "gemm", "M": n, "N": n, "K": n, "dtype": "bfloat16", "correct": True,
              "cuteforge_TFLOPs": 0.8 * n / 16, "cublas_TFLOPs": n / 16} for n in (1024, 2048, 4096, 8192)]
