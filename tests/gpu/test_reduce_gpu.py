@@ -69,9 +69,10 @@ def test_n1_with_foreign_last_stride() -> None:
 
 
 def test_every_element_written() -> None:
-    # The output comes from the caching allocator: free a NaN block of the output's exact
-    # size (small pool, like the output; x is allocated first so it cannot take the block)
-    # right before the call, so the output reuses it and an unwritten row stays NaN.
+    # The output comes from the caching allocator: freeing a NaN block of the output's
+    # exact size (small pool, like the output; x is allocated first) right before the call
+    # restores the allocator's state, so the output (same size, same best fit) lands on the
+    # NaN bytes and an unwritten row stays NaN.
     x = torch.randn(4099, 129, device="cuda")
     for op in ("sum", "amax"):
         junk = torch.full((4099,), float("nan"), device="cuda")
