@@ -42,3 +42,36 @@ def test_config_for_uses_clusters_only_for_few_long_rows_on_sm90() -> None:
     assert config_for("sm_90a", 262144, 32, 8).cluster_n > 1
     assert config_for("sm_90a", 262144, 32, 32768).cluster_n == 1
     assert config_for("sm_80", 262144, 32, 8).cluster_n == 1
+
+
+def test_every_library_kernel_with_configs_validates_its_own_candidates() -> None:
+    """Each family declares a `validate` hook that accepts its own candidates for a standard
+    problem: a hook with the wrong signature would drop every candidate (or none)."""
+    from cuteforge import kernels
+    from cuteforge.autotune.candidates import candidates
+    from cuteforge.kernel import REGISTRY
+
+    kernels.load_all()
+    checked = 0
+    for k in list(REGISTRY.values()):
+        if k.configs is None or k.specializations is None or k.validate_config is None:
+            continue
+        key, params = next(iter(k.specializations()))
+        spec = k.spec(key, tuple(sorted(params.items())), arch="sm_90a")
+        valid, invalid = candidates(k, spec)
+        assert valid, f"{k.name}: every candidate rejected: {list(invalid.values())[:3]}"
+        checked += 1
+    assert checked >= 3
+
+
+def test_validate_hook_drops_bad_configs_before_compiling() -> None:
+    from cuteforge.autotune.candidates import candidates
+    from cuteforge.kernels.reduce.row import RowReduceConfig
+    from cuteforge.kernels.reduce.spec import row_reduce
+    from cuteforge.signature import BoundKey
+
+    key = BoundKey(("float32", "float32"), (("N", 64),), (4, 4))
+    spec = row_reduce.spec(key, (("op", "sum"),), arch="sm_90a")
+    good, bad = RowReduceConfig(threads=64, threads_per_row=64), RowReduceConfig(threads=64, threads_per_row=48)
+    valid, invalid = candidates(row_reduce, spec, [good, bad])
+    assert valid == [good] and "power of 2" in invalid[bad]

@@ -95,6 +95,7 @@ class Kernel:
         default_config: Callable[[CompileSpec], Any] | None = None,
         configs: Callable[[CompileSpec], list[Any]] | None = None,
         specializations: Callable[[], Iterable[tuple[BoundKey, dict[str, Any]]]] | None = None,
+        validate: Callable[[CompileSpec, Any], None] | None = None,
         cache: KernelCache = DEFAULT_CACHE,
     ) -> None:
         self.builder = builder
@@ -104,6 +105,9 @@ class Kernel:
         self.default_config = default_config
         self.configs = configs
         self.specializations = specializations
+        # validate_config(spec, config) raises ValueError when the config cannot run the
+        # spec's problem on its target: the autotuner drops such candidates before compiling.
+        self.validate_config = validate
         self.cache = cache
         self.source_path = inspect.getsourcefile(builder)
         self._l1: dict[tuple[Any, ...], Callable[..., Any]] = {}  # compile key -> function
@@ -204,6 +208,7 @@ def kernel(
     default_config: Callable[[CompileSpec], Any] | None = None,
     configs: Callable[[CompileSpec], list[Any]] | None = None,
     specializations: Callable[[], Iterable[tuple[BoundKey, dict[str, Any]]]] | None = None,
+    validate: Callable[[CompileSpec, Any], None] | None = None,
 ) -> Callable[[Builder], Kernel]:
     """Decorator: register a builder as a cuteforge kernel. Names must be unique."""
 
@@ -219,6 +224,7 @@ def kernel(
             default_config=default_config,
             configs=configs,
             specializations=specializations,
+            validate=validate,
         )
         REGISTRY[kname] = k
         return k

@@ -10,7 +10,6 @@ what lets the tuner time one candidate while the others still compile.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,24 +31,15 @@ def register_validator(kernel_name: str, fn: Validator) -> None:
     VALIDATORS[kernel_name] = fn
 
 
-def _row_reduce_validator(spec: CompileSpec, config: Any) -> None:
-    n, bits = spec.static("N"), spec.dtype("x").width
-    if len(inspect.signature(config.validate).parameters) >= 3:
-        config.validate(n, bits, arch_mod.limits_for(spec.arch))
-    else:
-        config.validate(n, bits)
-
-
-register_validator("row_reduce", _row_reduce_validator)
-
-
 def validate_config(kernel: Kernel, spec: CompileSpec, config: Any) -> None:
-    """Raise ValueError/AssertionError if `config` is invalid for `spec` on its target."""
-    fn = getattr(kernel, "validate_config", None) or VALIDATORS.get(kernel.name)
+    """Raise ValueError/AssertionError if `config` is invalid for `spec` on its target.
+
+    The kernel's own `validate=` hook, else one registered with `register_validator`; a
+    kernel with neither gets no pre-check (a bad config then fails its compile, and only
+    that candidate is dropped)."""
+    fn = kernel.validate_config or VALIDATORS.get(kernel.name)
     if fn is not None:
         fn(spec, config)
-    elif callable(getattr(config, "validate", None)):
-        config.validate(spec, arch_mod.limits_for(spec.arch))
 
 
 def resolve_kernel(kernel: Kernel | str) -> Kernel:

@@ -115,7 +115,8 @@ class TemplateKernel(Kernel):
 
         build.__module__ = module  # compile workers import this module to get the kernel
         build.__qualname__ = build.__name__ = d.kernel_name
-        super().__init__(build, name=d.kernel_name, signature=sig, archs=tuple(d.archs), default_config=lambda spec: TemplateConfig())
+        super().__init__(build, name=d.kernel_name, signature=sig, archs=tuple(d.archs), default_config=lambda spec: TemplateConfig(),
+                         validate=self._run_validators)
         self.source_path = None
         self._rendered: dict[tuple[Any, ...], Rendered] = {}
         self._fingerprint = hashlib.sha256(f"{d.digest}\0{_jinja_version()}".encode()).hexdigest()
@@ -126,7 +127,7 @@ class TemplateKernel(Kernel):
         # directory changes, exactly as a user kernel's source file hash does.
         return self._fingerprint
 
-    def validate_config(self, spec: CompileSpec, config: Any) -> None:
+    def _run_validators(self, spec: CompileSpec, config: Any) -> None:
         for fn in self.validators:
             fn(spec, config)
 

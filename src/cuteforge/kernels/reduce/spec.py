@@ -70,6 +70,11 @@ def _specializations(ops: Iterable[str] = ("sum",), ns: Iterable[int] = STANDARD
                 yield BoundKey((dtype_name(dt), dtype_name(o)), (("N", n),), (vec_x, vec_o)), {"op": op}
 
 
+def _row_validate(spec: CompileSpec, config: Any) -> None:
+    """The autotuner's pre-compile check of a candidate for this spec's N, dtype, target."""
+    config.validate(spec.static("N"), spec.dtype("x").width, limits_for(spec.arch))
+
+
 @kernel(
     name="row_reduce",
     signature=SIGNATURE,
@@ -77,6 +82,7 @@ def _specializations(ops: Iterable[str] = ("sum",), ns: Iterable[int] = STANDARD
     default_config=_default_config,
     configs=_configs,
     specializations=_specializations,
+    validate=_row_validate,
 )
 def row_reduce(spec: CompileSpec) -> Any:
     return row.make_row_reduce(
@@ -99,20 +105,17 @@ def _col_default_config(spec: CompileSpec) -> Any:
     return col.ColReduceConfig()
 
 
+def _col_validate(spec: CompileSpec, config: Any) -> None:
+    """The autotuner's pre-compile check of a candidate on this spec's target."""
+    config.validate(spec.dtype("x").width, limits_for(spec.arch))
+
+
 @kernel(
     name="col_reduce",
     signature=COL_SIGNATURE,
     archs=("sm_80+",),
     default_config=_col_default_config,
+    validate=_col_validate,
 )
 def col_reduce(spec: CompileSpec) -> Any:
     return col.make_col_reduce(spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.vec("x"), spec.config)
-
-
-def _col_validate(spec: CompileSpec, config: Any) -> None:
-    """The autotuner's `validate_config` hook (its fallback would call
-    `config.validate(spec, limits)`, which ColReduceConfig.validate does not take)."""
-    config.validate(spec.dtype("x").width, limits_for(spec.arch))
-
-
-col_reduce.validate_config = _col_validate  # type: ignore[attr-defined]
