@@ -212,6 +212,28 @@ def test_backward_of_transposed_input(kind):
     _close(gw, rgw, torch.float32, "dweight")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_grad_of_x_only_and_custom_op_autograd(kind):
+    # weight/bias without grad: the eager autograd.Function skips the dweight sums; the
+    # custom ops' register_autograd (what torch.compile uses) gives the same dx in eager
+    x, w, b, r = _inputs(300, 1000, torch.float32, bias=kind == "layer", res=True, seed=5)
+    g = torch.randn_like(x)
+    xg = x.clone().requires_grad_()
+    out = _call(kind, xg, w, b, r, 1e-5)
+    (gx,) = torch.autograd.grad(out[0], xg, g)
+    xr = x.double().requires_grad_()
+    ref = _ref(kind, xr, w, b, r, 1e-5)[0]
+    (rgx,) = torch.autograd.grad(ref, xr, g.double())
+    _close(gx, rgx, torch.float32, "dx (eager)")
+    xc = x.clone().requires_grad_()
+    if kind == "rms":
+        yc = torch.ops.cuteforge.rms_norm(xc, w, r, 1e-5)[0]
+    else:
+        yc = torch.ops.cuteforge.layer_norm(xc, w, b, r, 1e-5)[0]
+    (gc,) = torch.autograd.grad(yc, xc, g)
+    _close(gc, rgx, torch.float32, "dx (custom op)")
+
+
 def test_torch_compile_fullgraph():
     x, w, b, r = _inputs(128, 2048, torch.bfloat16, bias=True, res=True, seed=3)
 

@@ -18,7 +18,8 @@ True) eager calls raise a ValueError on the host instead (one device sync per ca
 
 Under torch.compile the kernels run as `torch.ops.cuteforge.cross_entropy_fwd` /
 `cross_entropy_bwd` (custom ops with fake impls and autograd); eager calls skip that
-boundary (an autograd.Function when logits require grad).
+boundary (an autograd.Function when logits require grad; with mean/sum reduction one
+that holds the reduction too).
 """
 
 from __future__ import annotations
@@ -200,6 +201,35 @@ class _Eager(torch.autograd.Function):
         return _bwd(logits, target, lse, g_loss, ctx.ignore_index), None, None
 
 
+class _EagerReduced(torch.autograd.Function):
+    """mean/sum with grad: the loss kernel and the reduction as one autograd node. The
+    chain _Eager -> sum -> div -> to(dtype) cost four nodes of host time in the
+    backward, more than the kernel at small sizes (docs/kernels/cross_entropy.md, v3)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
+                dtype: torch.dtype) -> torch.Tensor:
+        loss, lse = _fwd(logits, target, ignore_index)
+        total = loss.sum()
+        ctx.ignore_index, ctx.mean = ignore_index, mean
+        if mean:
+            count = (target != ignore_index).sum()
+            total = total / count
+            ctx.save_for_backward(logits, target, lse, count)
+        else:
+            ctx.save_for_backward(logits, target, lse)
+        return total.to(dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, None, None, None, None]:
+        logits, target, lse, *count = ctx.saved_tensors
+        scale = g.float()
+        if ctx.mean:
+            scale = scale / count[0]
+        # a stride-0 (M,) view: _bwd materializes it as the kernel's contiguous dloss
+        return _bwd(logits, target, lse, scale.expand(logits.shape[0]), ctx.ignore_index), None, None, None, None
+
+
 def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int, dtype: torch.dtype) -> torch.Tensor:
     if reduction == "none":
         return loss.to(dtype)
@@ -224,6 +254,8 @@ def cross_entropy(
     if CHECK_TARGETS:
         _check_targets(target, logits.shape[1], ignore_index)
     if logits.requires_grad and torch.is_grad_enabled():
+        if reduction != "none":
+            return _EagerReduced.apply(logits, target, ignore_index, reduction == "mean", logits.dtype)
         loss = _Eager.apply(logits, target, ignore_index)
     else:
         loss, _ = _fwd(logits, target, ignore_index)

@@ -8,11 +8,12 @@ blocks: the next residual branch adds onto it); its gradient flows back into x a
 residual. x may be N-D (flattened over leading dims, a reshape that copies only when
 those dims cannot be merged) or a 2-D view with a row stride (no copy).
 
-Registered ops (what torch.compile and CUDA graphs see): ``cuteforge::rms_norm``,
+Registered ops (what torch.compile sees): ``cuteforge::rms_norm``,
 ``cuteforge::layer_norm`` (forward, always on 2-D x) and ``cuteforge::rms_norm_backward``,
-``cuteforge::layer_norm_backward``. Eager calls that need no gradient skip that
-boundary: a memo keyed by the call's layout (dtypes, shapes, strides, 16-byte
-alignment of every operand, eps) goes straight to the compiled launcher.
+``cuteforge::layer_norm_backward``. Eager calls skip that boundary: a memo keyed by the
+call's layout (dtypes, shapes, strides, 16-byte alignment of every operand, eps) goes
+straight to the compiled launcher; with grad, through a plain torch.autograd.Function
+whose backward calls the backward launcher the same way.
 Backward dweight/dbias: the kernel writes fp32 partials (Q, N), one per persistent
 CTA group, summed here by ``torch.sum`` (Q is about 132-528 rows).
 """
@@ -151,8 +152,11 @@ def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
 
 
 def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, mean: torch.Tensor | None,
-              rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None):
-    """(dx, dweight, dbias or None); xs is the normalised input (x + residual if fused)."""
+              rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None,
+              need_dw: bool = True):
+    """(dx, dweight, dbias or None); xs is the normalised input (x + residual if fused).
+    ``need_dw=False`` (eager autograd when weight and bias need no gradient) skips the
+    torch sums of the partials and returns None for both."""
     m, n = xs.shape
     xs = _unit_rows(xs)  # the saved x of a forward on a column-major view has last stride != 1
     dy = _unit_rows(dy.to(xs.dtype))
@@ -184,6 +188,8 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
     dwp = torch.empty((q, n), dtype=torch.float32, device=xs.device)
     dbp = torch.empty((q, n), dtype=torch.float32, device=xs.device) if has_bias else dwp
     launch(xs, w, dy, dy if dsum is None else dsum, rstd if mean is None else mean, rstd, dx, dwp, dbp)
+    if not need_dw:
+        return dx, None, None
     dw = dwp.sum(0).to(w.dtype)
     db = dbp.sum(0).to(w.dtype) if has_bias else None
     return dx, dw, db
@@ -278,6 +284,47 @@ _rms_op.register_autograd(_rms_grad, setup_context=_rms_setup)
 _ln_op.register_autograd(_ln_grad, setup_context=_ln_setup)
 
 
+# --------------------------------------------------------------------------- eager autograd
+# Eager calls with grad skip the custom-op boundary too: its dispatch (forward, and the
+# backward op called from register_autograd) cost more host time than the kernels take
+# at small sizes (docs/kernels/norm.md, v3).
+
+
+class _RmsFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x2: torch.Tensor, weight: torch.Tensor, r2: torch.Tensor | None, eps: float) -> Any:
+        y, ro, _, rstd = _forward("rms", x2, weight, None, r2, eps)
+        ctx.has_res = r2 is not None
+        ctx.save_for_backward(ro if ctx.has_res else x2, weight, rstd)
+        return y if ro is None else (y, ro)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor, dro: torch.Tensor | None = None) -> tuple[Any, ...]:
+        xs, weight, rstd = ctx.saved_tensors
+        need_dw = ctx.needs_input_grad[1]
+        dx, dw, _ = _backward("rms", dy, xs, weight, None, rstd, dro if ctx.has_res else None, False, need_dw=need_dw)
+        return dx, dw, (dx if ctx.has_res else None), None
+
+
+class _LayerFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, r2: torch.Tensor | None,
+                eps: float) -> Any:
+        y, ro, mean, rstd = _forward("layer", x2, weight, bias, r2, eps)
+        ctx.has_res = r2 is not None
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(ro if ctx.has_res else x2, weight, mean, rstd)
+        return y if ro is None else (y, ro)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor, dro: torch.Tensor | None = None) -> tuple[Any, ...]:
+        xs, weight, mean, rstd = ctx.saved_tensors
+        need_dw = ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2])
+        dx, dw, db = _backward("layer", dy, xs, weight, mean, rstd, dro if ctx.has_res else None, ctx.has_bias,
+                               need_dw=need_dw)
+        return dx, dw, (db if ctx.has_bias else None), (dx if ctx.has_res else None), None
+
+
 # --------------------------------------------------------------------------- public entry points
 
 _is_compiling = torch.compiler.is_compiling
@@ -296,10 +343,10 @@ def _part(t: torch.Tensor | None) -> Any:
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.device)
 
 
-def _eager(kind: str, where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> Any:
-    """No-grad eager call: skip the custom-op boundary; validate once per layout."""
+def _check_once(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> None:
+    """_check, once per layout (eager calls: the checks cost more host time than a lookup)."""
     try:
-        key = (kind, eps, _part(x), _part(weight), _part(bias), _part(residual))
+        key = (where, eps, _part(x), _part(weight), _part(bias), _part(residual))
         hit = key in _CHECKED
     except (AttributeError, TypeError):
         key, hit = None, False
@@ -309,6 +356,11 @@ def _eager(kind: str, where: str, x: Any, weight: Any, bias: Any, residual: Any,
             if len(_CHECKED) >= _MAX_PLANS:
                 _CHECKED.clear()
             _CHECKED.add(key)
+
+
+def _eager(kind: str, where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> Any:
+    """No-grad eager call: skip the custom-op boundary; validate once per layout."""
+    _check_once(where, x, weight, bias, residual, eps)
     shape = x.shape
     y, ro, _, _ = _forward(kind, _rows(x), weight, bias, None if residual is None else _rows(residual), float(eps))
     return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
@@ -323,6 +375,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residu
     where = "cuteforge.ops.rms_norm"
     if not (_is_compiling() or _wants_grad(x, weight, residual)):
         return _eager("rms", where, x, weight, None, residual, eps)
+    if not _is_compiling():
+        _check_once(where, x, weight, None, residual, eps)
+        if x.dim() == 2:  # no reshape/view nodes in the autograd graph
+            return _RmsFn.apply(x, weight, residual, float(eps))
+        shape = x.shape
+        r2 = None if residual is None else residual.reshape(-1, shape[-1])
+        out = _RmsFn.apply(x.reshape(-1, shape[-1]), weight, r2, float(eps))
+        return out.view(shape) if residual is None else (out[0].view(shape), out[1].view(shape))
     _check(where, x, weight, None, residual, eps)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
@@ -338,6 +398,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     where = "cuteforge.ops.layer_norm"
     if not (_is_compiling() or _wants_grad(x, weight, bias, residual)):
         return _eager("layer", where, x, weight, bias, residual, eps)
+    if not _is_compiling():
+        _check_once(where, x, weight, bias, residual, eps)
+        if x.dim() == 2:
+            return _LayerFn.apply(x, weight, bias, residual, float(eps))
+        shape = x.shape
+        r2 = None if residual is None else residual.reshape(-1, shape[-1])
+        out = _LayerFn.apply(x.reshape(-1, shape[-1]), weight, bias, r2, float(eps))
+        return out.view(shape) if residual is None else (out[0].view(shape), out[1].view(shape))
     _check(where, x, weight, bias, residual, eps)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])

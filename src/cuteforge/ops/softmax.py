@@ -8,10 +8,11 @@ is copied first.
 
 The warm path is one dict lookup keyed by the call's layout (dtype, shape, strides,
 16-byte pointer alignment, device); a miss validates (errors name the argument), picks
-the config and compiles at most once per key, ever. Under torch.compile and autograd
-the ops go through `torch.ops.cuteforge.{softmax,log_softmax}` and their backward ops
-(custom ops with fake impls); plain eager calls without grad skip that boundary, which
-costs more than the kernel at small sizes.
+the config and compiles at most once per key, ever. Under torch.compile the ops go
+through `torch.ops.cuteforge.{softmax,log_softmax}` and their backward ops (custom ops
+with fake impls and autograd). Eager calls skip that boundary, which costs more than the
+kernel at small sizes: with grad they run through a plain torch.autograd.Function whose
+forward and backward call the warm paths.
 """
 
 from __future__ import annotations
@@ -200,18 +201,43 @@ _softmax_op, _softmax_bwd_op = _register("softmax")
 _log_softmax_op, _log_softmax_bwd_op = _register("log_softmax")
 
 
+def _eager_function(mode: str) -> Any:
+    """Eager autograd without the custom-op boundary: forward and backward call the
+    warm paths directly. Through the custom ops, an autograd.grad of a small softmax
+    cost several times the kernel's time in host dispatch (docs/kernels/softmax.md, v3)."""
+    bwd_mode = f"{mode}_bwd"
+
+    class _Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
+            y = _fwd(mode, x, dim)
+            ctx.save_for_backward(y)
+            ctx.dim = dim
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None]:
+            (y,) = ctx.saved_tensors
+            return _bwd(bwd_mode, grad, y, ctx.dim), None
+
+    _Fn.__name__ = _Fn.__qualname__ = f"_{mode.title().replace('_', '')}Function"
+    return _Fn
+
+
 def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
     plans = _PLANS
+    apply = _eager_function(mode).apply
 
     def fn(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        # Tracing and autograd need the custom-op boundary; plain eager calls skip it.
+        # Tracing needs the custom-op boundary; eager autograd goes through a plain
+        # autograd.Function and no-grad calls skip both.
         # The warm path is inlined on purpose: each Python call level costs ~0.1 us.
         if is_compiling():
             return custom(x, dim)
         if getattr(x, "requires_grad", False) and grad_enabled():
-            return custom(x, dim)
+            return apply(x, dim)
         try:
             view, launch = plans[(mode, dim, (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device()))]
         except (AttributeError, KeyError, TypeError):

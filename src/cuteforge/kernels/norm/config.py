@@ -24,6 +24,7 @@ early_weight:     forward only: load weight (and bias) together with x, before t
 prefetch:         backward only: issue the loads of the CTA group's next row block
                   before working on the current one (a second register set for x and
                   dy), so loads stay in flight across the reduction and the dx stores.
+                  The default for 16-bit rows of 1024..16384 (where it measured faster).
 """
 
 from __future__ import annotations
@@ -152,10 +153,31 @@ def default_config(n: int, dtype_bits: int, backward: bool = False) -> NormConfi
         cfg = NormConfig(t, pt, c, occ, reload)
         try:
             cfg.validate(n, dtype_bits, backward=backward)
-            return cfg
         except ValueError as exc:
             err = exc
+            continue
+        return _with_prefetch(cfg, n, dtype_bits) if backward else cfg
     raise ValueError(f"no norm config fits n={n}, {dtype_bits}-bit: {err}")
+
+
+# Backward prefetch measured on the H200 (M = 32768, kernel alone; docs/kernels/norm.md v3):
+# 16-bit rows gain 6-9 % at N = 1024..16384, lose 4-13 % at N = 256; fp32 rows lose up
+# to 13 % at N = 1024 (fewer resident CTAs or a second register set that does not pay).
+_PREFETCH_N = (1024, 16384)
+
+
+def _with_prefetch(cfg: NormConfig, n: int, dtype_bits: int) -> NormConfig:
+    """The backward default with `prefetch` where it measured faster, if it fits."""
+    if dtype_bits != 16 or cfg.reload or not _PREFETCH_N[0] <= n <= _PREFETCH_N[1]:
+        return cfg
+    pf = NormConfig(cfg.threads, cfg.threads_per_row, cfg.cluster_n, cfg.ctas_per_sm, False, True)
+    if pf.est_regs_per_thread(n, dtype_bits, True) * pf.threads * pf.ctas_per_sm > _REGS_PER_SM:
+        return cfg  # the second register set would cost resident CTAs
+    try:
+        pf.validate(n, dtype_bits, backward=True)
+    except ValueError:
+        return cfg
+    return pf
 
 
 def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[NormConfig]:
@@ -171,9 +193,12 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
     ]
     if not backward:
         trial.insert(0, NormConfig(t, p, c, o, early_weight=True))
-    if backward:
+    if backward and base.prefetch:
+        trial.insert(0, NormConfig(t, p, c, o, False, False))  # the same without prefetch
+    elif backward:
         # fp32 rows double the prefetch registers: halve the occupancy target there
         trial.insert(0, NormConfig(t, p, c, o if dtype_bits == 16 else max(1, o // 2), False, True))
+    if backward:
         trial += [NormConfig(t, p, c, max(1, o // 2), rl), NormConfig(t, p, c, o * 2, rl), NormConfig(t, p, c, o, not rl)]
     for cfg in trial:
         try:
