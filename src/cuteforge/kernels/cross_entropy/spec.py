@@ -59,8 +59,7 @@ def _configs(spec: CompileSpec) -> list[Any]:
 
 
 def _validate(spec: CompileSpec, config: Any) -> None:
-    """The autotuner's `validate_config` hook (its fallback would call
-    `config.validate(spec, limits)`, which RowReduceConfig.validate does not take)."""
+    """The kernels' `validate=` hook: the autotuner's check before compiling a candidate."""
     if config.cluster_n != 1:
         raise ValueError("cross-entropy kernels do not split rows over clusters (cluster_n must be 1)")
     config.validate(spec.static("N"), spec.dtype("logits").width, limits_for(spec.arch))
@@ -88,6 +87,7 @@ def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     default_config=_default_config,
     configs=_configs,
     specializations=lambda: _specs(False),
+    validate=_validate,
 )
 def cross_entropy_fwd(spec: CompileSpec) -> Any:
     return kernels.make_ce_fwd(
@@ -102,12 +102,9 @@ def cross_entropy_fwd(spec: CompileSpec) -> Any:
     default_config=_default_config,
     configs=_configs,
     specializations=lambda: _specs(True),
+    validate=_validate,
 )
 def cross_entropy_bwd(spec: CompileSpec) -> Any:
     return kernels.make_ce_bwd(
         spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config, spec.param("ignore_index")
     )
-
-
-cross_entropy_fwd.validate_config = _validate  # type: ignore[attr-defined]  # the autotuner's hook
-cross_entropy_bwd.validate_config = _validate  # type: ignore[attr-defined]

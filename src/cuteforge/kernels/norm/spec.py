@@ -59,8 +59,7 @@ def _vec(spec: CompileSpec, names: tuple[str, ...]) -> int:
 
 
 def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
-    """The autotuner's `validate_config` hook (its fallback would call
-    `config.validate(spec, limits)`, which NormConfig.validate does not take)."""
+    """The kernels' `validate=` hook: the autotuner's check before compiling a candidate."""
     cfg.validate(spec.static("N"), spec.dtype("x").width, limits_for(spec.arch), backward)
 
 
@@ -92,6 +91,7 @@ def _specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, False),
     configs=lambda s: _configs(s, False),
     specializations=_specializations,
+    validate=lambda spec, cfg: _validate(spec, cfg, False),
 )
 def norm_fwd(spec: CompileSpec) -> Any:
     return fwd.make_norm_fwd(
@@ -106,13 +106,10 @@ def norm_fwd(spec: CompileSpec) -> Any:
     archs=("sm_90+",),
     default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, True),
     configs=lambda s: _configs(s, True),
+    validate=lambda spec, cfg: _validate(spec, cfg, True),
 )
 def norm_bwd(spec: CompileSpec) -> Any:
     return bwd.make_norm_bwd(
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _BWD_ROWS),
         spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
     )
-
-
-norm_fwd.validate_config = lambda spec, cfg: _validate(spec, cfg, False)  # type: ignore[attr-defined]  # the autotuner's hook
-norm_bwd.validate_config = lambda spec, cfg: _validate(spec, cfg, True)  # type: ignore[attr-defined]

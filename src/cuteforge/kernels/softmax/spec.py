@@ -58,8 +58,7 @@ def _default_config(backward: bool):
 
 def _validator(backward: bool):
     """`f(spec, config)` raising ValueError when config cannot run spec's problem: the
-    autotuner's `validate_config` hook (its fallback would call `config.validate(spec,
-    limits)`, which SoftmaxConfig.validate does not take)."""
+    kernels' `validate=` hook, which the autotuner calls before compiling a candidate."""
 
     def f(spec: CompileSpec, config: Any) -> None:
         config.validate(spec.static("N"), spec.dtype(spec._signature.names[0]).width, backward, limits_for(spec.arch))
@@ -106,6 +105,7 @@ def standard_specializations(backward: bool):
     default_config=_default_config(False),
     configs=_configs(False),
     specializations=standard_specializations(False),
+    validate=_validator(False),
 )
 def softmax_fwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
@@ -121,13 +121,10 @@ def softmax_fwd(spec: CompileSpec) -> Any:
     default_config=_default_config(True),
     configs=_configs(True),
     specializations=standard_specializations(True),
+    validate=_validator(True),
 )
 def softmax_bwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
     if mode not in BWD_MODES:
         raise ValueError(f"softmax_bwd: mode must be one of {BWD_MODES}, got {mode!r}")
     return make_softmax(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config)
-
-
-softmax_fwd.validate_config = _validator(False)  # type: ignore[attr-defined]  # the autotuner's hook
-softmax_bwd.validate_config = _validator(True)  # type: ignore[attr-defined]
