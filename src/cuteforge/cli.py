@@ -217,15 +217,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         spec = k.spec(key, tuple(sorted(params.items())))
         result = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), spec.arch, keep_artifacts=True)
         print(f"# {k.name} {spec.key_repr()}")
-        if args.ptx:
-            print(result.ptx or "")
-        else:
-            import tempfile
-
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(result.cubin or b"")
-                f.flush()
-                print(compiler.disassemble(f.name))
+        print((result.ptx or "") if args.ptx else compiler.sass(result.cubin or b""))
         return 0
     info = {
         "kernel": k.name,

@@ -71,6 +71,16 @@ def load_object(path: str) -> Callable[..., Any]:
     return cute.runtime.load_module(path, enable_tvm_ffi=True)[ENTRY]
 
 
+def sass(cubin: bytes) -> str:
+    """SASS for cubin bytes (see `disassemble`)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return disassemble(f.name)
+
+
 def disassemble(cubin_path: str) -> str:
     """SASS for a cubin, through nvdisasm or cuobjdump where the machine has one."""
     for tool, argv in (("nvdisasm", ["-c"]), ("cuobjdump", ["-sass"])):

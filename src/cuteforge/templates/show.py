@@ -68,17 +68,9 @@ def show_generated(name: str, *, source: bool = False, ptx: bool = False, sass: 
         p, meta = found[0]
         result = compile_artifacts(meta)
         print(f"# {meta['kernel_name']} ({p})")
-        if ptx:
-            print(result.ptx or "")
-        else:
-            import tempfile
+        from .. import compiler
 
-            from .. import compiler
-
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(result.cubin or b"")
-                f.flush()
-                print(compiler.disassemble(f.name))
+        print((result.ptx or "") if ptx else compiler.sass(result.cubin or b""))
         return True
     rows = [{"kernel": m["kernel_name"], "template": m["template"], "variant": m["variant"], "params": dict(m["config"]),
              "dtypes": m["key"]["dtypes"], "source": str(p)} for p, m in found]
