@@ -120,3 +120,13 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str, tm
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_show_sass_is_sass_or_one_clear_line(cache: Path) -> None:
+    import shutil
+
+    r = cli("show", "row_reduce", "--sass", cache=cache)
+    if shutil.which("nvdisasm") or shutil.which("cuobjdump"):
+        assert r.returncode == 0 and "Function" in r.stdout, r.stderr[-800:]
+    else:  # no CUDA toolkit here: a one-line error, exit 2, never a traceback
+        assert r.returncode == 2 and "nvdisasm or cuobjdump" in r.stderr and "Traceback" not in r.stderr
