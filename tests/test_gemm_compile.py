@@ -88,3 +88,120 @@ def test_op_argument_errors() -> None:
         gemm(a, torch.randn(32, 16, dtype=torch.bfloat16), epilogue="tanh")
     with pytest.raises(TypeError, match="'b' must be a torch.Tensor"):
         gemm(a, [1, 2])
+
+
+def _cpu(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype)
+
+
+def test_op_operand_shapes_checked_before_devices() -> None:
+    """Every operand's shape is checked (naming it) before the CUDA check, so these run
+    on CPU tensors; a shape the op accepts reaches the device check."""
+    from cuteforge.ops.gemm import gemm
+
+    a, b = _cpu(6, 32), _cpu(32, 8)
+    for ok in (_cpu(8), _cpu(1, 8), _cpu(6, 1)):  # per column, per column, per row
+        with pytest.raises(ValueError, match="'a' must be a CUDA tensor"):
+            gemm(a, b, bias=ok)
+    # numel == N but not a per-column shape: reshaping it would be a silent wrong answer
+    for bad in (_cpu(2, 4), _cpu(6), _cpu(3, 6, 1), _cpu(1, 1, 8)):
+        with pytest.raises(ValueError, match="argument 'bias' must be a per-(column|row) operand"):
+            gemm(a, b, bias=bad)
+    # the error names the argument that is wrong (not the first preset slot)
+    with pytest.raises(ValueError, match="argument 'residual' must be an operand that broadcasts to the output shape \\(6, 8\\)"):
+        gemm(a, b, residual=_cpu(6, 7))
+    with pytest.raises(ValueError, match="argument 'c' must be an operand that broadcasts"):
+        gemm(a, b, c=_cpu(2, 6, 8))  # would make torch's result 3-D
+    with pytest.raises(TypeError, match="argument 'c' must be a torch.Tensor"):
+        gemm(a, b, c=1.0)
+    with pytest.raises(TypeError, match="argument 'residual' has dtype float64"):
+        gemm(a, b, residual=_cpu(6, 8, dtype=torch.float64))
+    a3 = _cpu(3, 6, 32)
+    with pytest.raises(ValueError, match="'a' must be a CUDA tensor"):
+        gemm(a3, b, bias=_cpu(6, 1), residual=_cpu(3, 1, 8))
+    with pytest.raises(ValueError, match="argument 'bias' must be a per-row operand"):
+        gemm(a3, b, bias=_cpu(3, 6, 1))  # a per-batch row bias is not supported
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        gemm(a3, _cpu(2, 32, 8))
+    with pytest.raises(TypeError, match="out_dtype must be"):
+        gemm(a, b, out_dtype=torch.float64)
+
+
+def test_op_epilogue_and_config_errors() -> None:
+    from cuteforge.fusion import Epilogue, Prologue, relu
+    from cuteforge.ops.gemm import gemm
+
+    a, b = _cpu(6, 32), _cpu(32, 8)
+    ep = Epilogue.from_fn(lambda acc, s, t: relu(acc * s) * t, s="row", t="scalar")
+    with pytest.raises(TypeError, match="alpha/beta belong to the preset"):
+        gemm(a, b, epilogue=ep, epilogue_args={"s": _cpu(6), "t": 2.0}, alpha=2.0)  # was silently ignored
+    with pytest.raises(ValueError, match="argument \"epilogue_args\\['s'\\]\" must be a per-row operand of shape \\(6,\\)"):
+        gemm(a, b, epilogue=ep, epilogue_args={"s": _cpu(8), "t": 2.0})
+    with pytest.raises(ValueError, match="'a' must be a CUDA tensor"):
+        gemm(a, b, epilogue=ep, epilogue_args={"s": _cpu(6, 1), "t": 2.0})
+    with pytest.raises(TypeError, match="missing \\['t'\\]"):
+        gemm(a, b, epilogue=ep, epilogue_args={"s": _cpu(6)})
+    with pytest.raises(TypeError, match="epilogue must be None, 'relu', 'gelu', 'silu' or a cuteforge.fusion.Epilogue, got Prologue"):
+        gemm(a, b, epilogue=Prologue.from_fn(lambda x: relu(x)))
+    four = Epilogue.from_fn(lambda acc, p, q, r, s: acc + p + q + r + s, p="col", q="col", r="col", s="col")
+    with pytest.raises(ValueError, match="at most 3 tensor operands"):
+        gemm(a, b, epilogue=four, epilogue_args={n: _cpu(8) for n in "pqrs"})
+    with pytest.raises(TypeError, match="'alpha' must be a Python number"):
+        gemm(a, b, alpha=torch.tensor(2.0))
+    with pytest.raises(TypeError, match="config must be a GemmConfig"):
+        gemm(a, b, config={"tile_m": 128})
+    with pytest.raises(ValueError, match="config .* cannot run: tile_m must be 64, 128 or 256"):
+        gemm(a, b, config=GemmConfig(tile_m=96))
+    with pytest.raises(ValueError, match="cannot run: .*shared memory"):
+        gemm(a, b, out_dtype=torch.float32, config=GemmConfig(stages=5))
+
+
+def test_op_empty_dims_give_torchs_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """M, N, K or L == 0 never launches: the torch reference of the same epilogue. Run on
+    CPU tensors by skipping the device check (and with a private plan memo, so no CPU
+    plan outlives the test)."""
+    import importlib
+
+    import torch.nn.functional as F
+
+    mod = importlib.import_module("cuteforge.ops.gemm")  # the package attribute is the function
+    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(mod, "_PLANS", {})
+    bias, c = _cpu(7), _cpu(5, 7, dtype=torch.float32)
+    got = mod.gemm(_cpu(5, 0), _cpu(0, 7), bias=bias, c=c, beta=2.0, epilogue="relu")
+    assert got.shape == (5, 7) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.relu(2.0 * c + bias.float()).bfloat16())
+    got = mod.gemm(_cpu(5, 0), _cpu(0, 7), out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, torch.zeros(5, 7))
+    for a, b, shape in (((0, 4), (4, 7), (0, 7)), ((5, 4), (4, 0), (5, 0)), ((0, 5, 4), (0, 4, 7), (0, 5, 7)), ((5, 4), (0, 4, 7), (0, 5, 7))):
+        assert mod.gemm(_cpu(*a), _cpu(*b)).shape == shape
+    # the memo keys on every operand's layout: a bad bias after a good one is still caught
+    mod.gemm(_cpu(0, 4), _cpu(4, 7), bias=_cpu(7))
+    with pytest.raises(ValueError, match="argument 'bias'"):
+        mod.gemm(_cpu(0, 4), _cpu(4, 7), bias=_cpu(8))
+
+
+def test_arch_and_builder_checks() -> None:
+    """Another SM is refused naming sm_90a; a builder refuses an impossible config
+    before tracing (precompile/show/direct Kernel.get take no other check)."""
+    from cuteforge.arch import ArchError
+
+    k = gemm_kernel(True, True)
+    key = BoundKey(("bfloat16",) * 3, (), (8, 8, 8))
+    for arch in ("sm_80", "sm_100a"):
+        with pytest.raises(ArchError, match="requires sm_90a"):
+            k.spec(key, (("sms", 132),), arch=arch)
+    spec = k.spec(key, (("sms", 132),), GemmConfig(tile_m=96), arch="sm_90a")
+    with pytest.raises(ValueError, match="tile_m must be"):
+        k.builder(spec)
+
+
+def test_default_configs_valid_and_operand_names() -> None:
+    dims = (1, 7, 64, 65, 128, 129, 1000, 8192, 65537)
+    for m in dims:
+        for n in dims:
+            for kk in (1, 1024, 4096):
+                for out_b in (2, 4):
+                    default_config(m, n, kk).validate(2, out_b, H100)
+    assert GemmEpilogue.preset("relu", bias="row", residual=True).operand_names() == ("bias", "residual")
+    assert GemmEpilogue.preset("none", c=True, alpha=2.0).operand_names() == ("c",)

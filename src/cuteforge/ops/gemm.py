@@ -8,8 +8,11 @@
          epilogue_args={"s": scale})            # any cuteforge.fusion.Epilogue
 
 Preset order: act(alpha * (a @ b) + beta * c + bias) + residual, act in none/relu/
-gelu (tanh form)/silu. `bias` 1-D of length N is per column (as in nn.Linear); shape
-(M, 1) is per row. bf16/fp16 inputs, fp32 accumulation, output bf16/fp16/fp32.
+gelu (tanh form)/silu. `bias` (N,) or (1, N) is per column (as in nn.Linear); (M, 1) is
+per row; any other shape is an error (never reshaped). `c`/`residual` broadcast to the
+output without adding dims. bf16/fp16 inputs, fp32 accumulation, output bf16/fp16/fp32.
+Every shape, dtype and config error is raised before the device checks; an empty M, N,
+K or batch gives torch's answer without a launch.
 
 Every layout runs without a copy when TMA can address it (unit stride in K or in M/N,
 16-byte aligned rows); anything else is copied once into an aligned buffer. Warm calls
@@ -19,14 +22,14 @@ op `torch.ops.cuteforge.gemm` (fake impl + a backward that recomputes in torch).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..arch import gpu_info
-from ..kernels.gemm.epilogue import GemmEpilogue
-from ..kernels.gemm.sm90.config import default_config
+from ..arch import gpu_info, limits_for
+from ..kernels.gemm.epilogue import ACTIVATIONS, GemmEpilogue
+from ..kernels.gemm.sm90.config import GemmConfig, default_config
 from ..kernels.gemm.spec import AB_DTYPES, gemm_kernel
 from ..signature import FLOAT_DTYPES, dtype_name
 
@@ -75,7 +78,9 @@ def _operand_for(t: torch.Tensor, prefer: tuple[int, int]) -> tuple[torch.Tensor
     return _padded(t, prefer[0]), True
 
 
-def _check(a: Any, b: Any, operands: Sequence[Any], names: Sequence[str], out_dtype: Any) -> None:
+def _check_ab(a: Any, b: Any, out_dtype: Any) -> None:
+    """Types, dtypes and shapes of a and b (devices come later: every shape error is
+    raised the same way for CPU and CUDA tensors)."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
@@ -94,33 +99,55 @@ def _check(a: Any, b: Any, operands: Sequence[Any], names: Sequence[str], out_dt
         raise ValueError(f"{_WHERE}: batch sizes differ: a has L={a.shape[0]}, b has L={b.shape[0]}")
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"{_WHERE}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+
+
+def _check_operand(t: Any, kind: str, name: str, out_shape: tuple[int, ...]) -> None:
+    """An epilogue operand's type, dtype and shape against the output shape (M, N) or
+    (L, M, N). row: (M,) or (M, 1); col: (N,) or (1, N); full: broadcastable to the
+    output; none may have more dims than the output (torch would grow the result)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: float32, bfloat16, float16")
+    shape, M, N = tuple(t.shape), out_shape[-2], out_shape[-1]
+    fits = len(shape) <= len(out_shape)
+    if kind == "col":
+        ok = fits and len(shape) >= 1 and shape[-1] == N and all(s == 1 for s in shape[:-1])
+        want = f"a per-column operand of shape ({N},) or (1, {N})"
+    elif kind == "row":
+        ok = fits and (shape == (M,) or (len(shape) >= 2 and shape[-2:] == (M, 1) and all(s == 1 for s in shape[:-2])))
+        want = f"a per-row operand of shape ({M},) or ({M}, 1)"
+    else:
+        ok = fits and all(s in (1, o) for s, o in zip(reversed(shape), reversed(out_shape)))
+        want = f"an operand that broadcasts to the output shape {out_shape}"
+    if not ok:
+        raise ValueError(f"{_WHERE}: argument {name!r} must be {want}, got shape {shape}")
+
+
+def _check_devices(a: torch.Tensor, b: torch.Tensor, operands: Sequence[torch.Tensor], names: Sequence[str]) -> None:
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
             raise ValueError(f"{_WHERE}: argument {name!r} must be a CUDA tensor, got one on {t.device}")
     if a.device != b.device:
         raise ValueError(f"{_WHERE}: a is on {a.device} but b is on {b.device}")
     for name, t in zip(names, operands):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
         if t.device != a.device:
             raise ValueError(f"{_WHERE}: argument {name!r} is on {t.device} but a is on {a.device}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: float32, bfloat16, float16")
 
 
-def _shape_operand(t: torch.Tensor, kind: str, name: str, L: int, M: int, N: int) -> torch.Tensor:
-    """An epilogue operand in the kernel's form: row (M,), col (N,), full (L, M, N)."""
-    if kind in ("row", "col"):
-        n = M if kind == "row" else N
-        if t.numel() != n:
-            raise ValueError(f"{_WHERE}: argument {name!r} is a per-{kind} operand and needs {n} values, got shape {tuple(t.shape)}")
-        return t.reshape(n).contiguous()
+def _check_config(config: GemmConfig, in_bytes: int, out_bytes: int) -> None:
+    """A pinned config must run on sm_90 (the builder would trace an impossible one)."""
     try:
-        full = t.expand(L, M, N) if t.dim() <= 3 else None
-    except RuntimeError:
-        full = None
-    if full is None:
-        raise ValueError(f"{_WHERE}: argument {name!r} must broadcast to the output shape {(L, M, N)}, got {tuple(t.shape)}")
+        config.validate(in_bytes, out_bytes, limits_for("sm_90a"))
+    except ValueError as e:
+        raise ValueError(f"{_WHERE}: config {config} cannot run: {e}") from None
+
+
+def _shape_operand(t: torch.Tensor, kind: str, L: int, M: int, N: int) -> torch.Tensor:
+    """A checked epilogue operand in the kernel's form: row (M,), col (N,), full (L, M, N)."""
+    if kind in ("row", "col"):
+        return t.reshape(M if kind == "row" else N).contiguous()
+    full = t.expand(L, M, N)
     return full if full.stride(-1) == 1 or N == 1 else full.contiguous()
 
 
@@ -136,9 +163,9 @@ def _reference(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], ep
     return acc.to(out_dtype)
 
 
-def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtype: Any, config: Any = None) -> Callable[..., torch.Tensor]:
-    names = ("bias", "c", "residual") if epi is not None and epi.key.startswith("preset:") else tuple(f"epilogue operand {i}" for i in range(len(ops)))
-    _check(a, b, ops, names, out_dtype)
+def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpilogue | None, out_dtype: Any,
+          config: GemmConfig | None = None) -> Callable[..., torch.Tensor]:
+    _check_ab(a, b, out_dtype)
     odt = out_dtype or a.dtype
     batched = a.dim() == 3 or b.dim() == 3
     L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
@@ -147,7 +174,14 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtyp
     kinds = epi.kinds if epi is not None else ()
     if len(ops) != len(kinds):
         raise TypeError(f"{_WHERE}: the epilogue takes {len(kinds)} tensor operand(s), got {len(ops)}")
-    if M == 0 or N == 0 or K == 0:
+    for t, k, n in zip(ops, kinds, names):
+        _check_operand(t, k, n, out_shape)
+    if config is not None:
+        _check_config(config, a.element_size(), torch.empty((), dtype=odt).element_size())
+    _check_devices(a, b, ops, names)
+    if L == 0 or M == 0 or N == 0 or K == 0:
+        # No launch: an empty grid or a K loop of zero k-blocks. torch's answer (with the
+        # epilogue: alpha * 0 + beta * c + bias ... when K == 0).
         return lambda a, b, ops: _reference(a, b, ops, epi, odt).reshape(out_shape)
 
     info = gpu_info(a.device.index)
@@ -169,7 +203,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtyp
     n_unit = 16 // torch.empty((), dtype=odt).element_size()
     n_pad = -(-N // n_unit) * n_unit
     out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)[..., :N]
-    shaped = [_shape_operand(t, k, n, L, M, N) for t, k, n in zip(ops, kinds, names)]
+    shaped = [_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)]
     key = kern.signature.bind((a3, b3, out, *shaped), _WHERE)
     params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
@@ -181,7 +215,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtyp
         a3, b3, _, _ = prepare(a, b)
         out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)
         view = out[..., :N] if n_pad != N else out
-        launch(a3, b3, view, *[_shape_operand(t, k, n, L, M, N) for t, k, n in zip(ops, kinds, names)])
+        launch(a3, b3, view, *[_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)])
         if n_pad != N:
             view = view.contiguous()
         return view if batched else view[0]
@@ -190,7 +224,8 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], epi: GemmEpilogue | None, out_dtyp
 
 
 def _run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None,
-         config: Any = None) -> torch.Tensor:
+         config: GemmConfig | None = None, names: Sequence[str] | None = None) -> torch.Tensor:
+    """The memo in front of `_plan`. `names` only label errors (the custom op has none)."""
     epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
     try:
         memo: Any = (_layout(a), _layout(b), tuple(_layout(t) for t in ops), epi_key, out_dtype, config)
@@ -198,7 +233,7 @@ def _run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_key:
     except AttributeError:  # not tensors: _plan raises the clear error
         memo, fn = None, None
     if fn is None:
-        fn = _plan(a, b, ops, epi, out_dtype, config)
+        fn = _plan(a, b, ops, names or (epi.operand_names() if epi is not None else ()), epi, out_dtype, config)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[memo] = fn
@@ -244,7 +279,14 @@ def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
 _gemm_op.register_autograd(_backward, setup_context=_setup)
 
 
-def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta: float, epilogue_args: Any) -> tuple[GemmEpilogue | None, list[Any]]:
+def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta: float,
+             epilogue_args: Any) -> tuple[GemmEpilogue | None, list[Any], tuple[str, ...]]:
+    """(epilogue, its tensor operands in kernel order, their names for errors)."""
+    from ..fusion import Epilogue
+
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{_WHERE}: argument {name!r} must be a Python number, got {type(v).__name__}")
     if epilogue is None or isinstance(epilogue, str):
         if epilogue_args:
             raise TypeError(f"{_WHERE}: epilogue_args is for a cuteforge.fusion.Epilogue; presets take bias=, c=, residual=")
@@ -252,16 +294,22 @@ def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta
         if bias is not None:
             if not isinstance(bias, torch.Tensor):
                 raise TypeError(f"{_WHERE}: argument 'bias' must be a torch.Tensor, got {type(bias).__name__}")
-            kind = "row" if bias.dim() == 2 and bias.shape[-1] == 1 and bias.shape[0] != 1 else "col"
-        for name, v in (("alpha", alpha), ("beta", beta)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise TypeError(f"{_WHERE}: argument {name!r} must be a Python number, got {type(v).__name__}")
-        epi = GemmEpilogue.preset(epilogue or "none", bias=kind, c=c is not None, residual=residual is not None, alpha=alpha, beta=beta)
-        return epi, [t for t in (bias, c, residual) if t is not None]
-    if not hasattr(epilogue, "operands") or not hasattr(epilogue, "bind"):
+            # (M, 1) is per row; (N,) / (1, N) per column, as torch broadcasting reads them.
+            kind = "row" if bias.dim() >= 2 and bias.shape[-1] == 1 and bias.shape[-2] != 1 else "col"
+        act = epilogue or "none"
+        if act not in ACTIVATIONS:
+            raise ValueError(f"{_WHERE}: epilogue must be one of {ACTIVATIONS} or a cuteforge.fusion.Epilogue, got {epilogue!r}")
+        epi = GemmEpilogue.preset(act, bias=kind, c=c is not None, residual=residual is not None, alpha=alpha, beta=beta)
+        present = [(n, t) for n, t in (("bias", bias), ("c", c), ("residual", residual)) if t is not None]
+        return epi, [t for _, t in present], tuple(n for n, _ in present)
+    if not isinstance(epilogue, Epilogue):
         raise TypeError(f"{_WHERE}: epilogue must be None, 'relu', 'gelu', 'silu' or a cuteforge.fusion.Epilogue, got {type(epilogue).__name__}")
     if bias is not None or residual is not None or c is not None:
         raise TypeError(f"{_WHERE}: with a fusion Epilogue pass its operands in epilogue_args, not bias=/c=/residual=")
+    if alpha != 1.0 or beta != 1.0:
+        raise TypeError(f"{_WHERE}: alpha/beta belong to the preset epilogues; write them into the fusion Epilogue's function")
+    if epilogue_args is not None and not isinstance(epilogue_args, Mapping):
+        raise TypeError(f"{_WHERE}: epilogue_args must be a dict of operand name -> value, got {type(epilogue_args).__name__}")
     args = dict(epilogue_args or {})
     scalars = {n: args.pop(n) for n, k in epilogue.operands if k == "scalar" and n in args}
     ep = epilogue.bind(**scalars) if scalars else epilogue
@@ -269,7 +317,9 @@ def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta
     extra = sorted(set(args) - {n for n, _ in ep.operands})
     if missing or extra:
         raise TypeError(f"{_WHERE}: epilogue_args must give exactly the operands {[n for n, _ in epilogue.operands]}; missing {missing}, unknown {extra}")
-    return GemmEpilogue.from_fusion(ep), [args[n] for n, _ in ep.operands]
+    if len(ep.operands) > 3:
+        raise ValueError(f"{_WHERE}: the GEMM epilogue takes at most 3 tensor operands, got {[n for n, _ in ep.operands]}")
+    return GemmEpilogue.from_fusion(ep), [args[n] for n, _ in ep.operands], tuple(f"epilogue_args[{n!r}]" for n, _ in ep.operands)
 
 
 def gemm(
@@ -284,16 +334,19 @@ def gemm(
     alpha: float = 1.0,
     beta: float = 1.0,
     epilogue_args: dict[str, Any] | None = None,
-    config: Any = None,
+    config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """a @ b with the epilogue fused before the store (see the module docstring).
 
-    `config` (a `GemmConfig`) pins the kernel config for eager calls, bypassing tuned
-    results and the heuristic (benchmarks, experiments); traced calls ignore it."""
-    epi, ops = _resolve(bias, epilogue, residual, c, alpha, beta, epilogue_args)
+    `config` (a `GemmConfig`) pins the kernel config for eager calls without grad,
+    bypassing tuned results and the heuristic (benchmarks, experiments); calls through
+    the custom op (torch.compile, or an input that requires grad) ignore it."""
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"{_WHERE}: config must be a GemmConfig or None, got {type(config).__name__}")
+    epi, ops, names = _resolve(bias, epilogue, residual, c, alpha, beta, epilogue_args)
     epi_key = epi.key if epi is not None else _NONE_KEY
     kinds = ",".join(epi.kinds) if epi is not None else ""
     needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops))
     if torch.compiler.is_compiling() or needs_grad:
         return _gemm_op(a, b, ops, epi_key, kinds, out_dtype)
-    return _run(a, b, ops, epi_key, kinds, out_dtype, config)
+    return _run(a, b, ops, epi_key, kinds, out_dtype, config, names)

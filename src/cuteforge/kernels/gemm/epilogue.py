@@ -99,6 +99,14 @@ class GemmEpilogue:
         f = dict(part.split("=", 1) for part in self.key.removeprefix("preset:").split(","))
         return f["act"], f["bias"] != "None", f["c"] == "True", f["res"] == "True", float(f["alpha"]), float(f["beta"])
 
+    def operand_names(self) -> tuple[str, ...]:
+        """Names of the tensor operands for error messages: bias/c/residual for a preset,
+        op0, op1, ... for a fusion Epilogue (its names are not part of the key)."""
+        if self.key.startswith("fusion:"):
+            return tuple(f"epilogue operand {i}" for i in range(len(self.kinds)))
+        _, bias, c, res, _, _ = self._preset_fields()
+        return tuple(n for n, on in (("bias", bias), ("c", c), ("residual", res)) if on)
+
     def reference(self, acc: Any, *ops: Any) -> Any:
         """The same epilogue in torch on fp32 tensors (operands already broadcastable)."""
         if self.key.startswith("fusion:"):

@@ -77,6 +77,9 @@ def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...]) -> Any:
 
         cfg = spec.config or GemmConfig()
         in_b, out_b = _sizes(spec)
+        # Every compile path (ops.gemm config=, precompile, show, direct Kernel.get) gets
+        # the same check as the tuner: an impossible tile must not reach the tracer.
+        cfg.validate(in_b, out_b, limits_for(spec.arch))
         stages = cfg.resolved_stages(in_b, out_b, limits_for(spec.arch))
         epi_key = spec.param("epilogue", None)
         epi_fn = GemmEpilogue(epi_key, kinds).fn() if epi_key else None
