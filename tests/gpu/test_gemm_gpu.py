@@ -128,9 +128,12 @@ def test_every_candidate_config() -> None:
     key = kern.signature.bind((a, b, out))
     params = (("sms", torch.cuda.get_device_properties(0).multi_processor_count),)
     ref = _ref(a, b)
-    from cuteforge.kernels.gemm.sm90.config import candidate_configs
+    from cuteforge.kernels.gemm.sm90.config import candidate_configs, default_config
 
-    cfgs = list(dict.fromkeys(_configs(kern.spec(key, params)) + candidate_configs(64, n)))
+    # ... and every config the untuned heuristic picks (64x128 c2x1 / c1x2 are in no
+    # candidate list), each run on this ragged shape.
+    defaults = [default_config(m_, n_, k_, params[0][1]) for m_ in (1, 65, 129) for n_ in (1, 8192, 14336, 65537) for k_ in (64, 4096)]
+    cfgs = list(dict.fromkeys(_configs(kern.spec(key, params)) + candidate_configs(64, n) + defaults))
     assert len(cfgs) >= 6
     for cfg in cfgs:
         out.fill_(float("nan"))
@@ -159,6 +162,18 @@ def test_pingpong_batched_fused(tm: int, tn: int) -> None:
     _close(gemm(a, b, config=cfg, out_dtype=torch.float32), _ref(a, b), 2048)
 
 
+@pytest.mark.parametrize("a_shape,b_shape", [((0, 64), (64, 24)), ((16, 64), (64, 0)), ((16, 0), (0, 24)), ((0, 16, 64), (0, 64, 24))])
+def test_empty_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    """M, N, K or L == 0: torch's answer (K == 0: the epilogue of a zero accumulator)."""
+    a = torch.randn(a_shape, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(b_shape, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(b_shape[-1], device="cuda", dtype=torch.bfloat16)
+    got = gemm(a, b, bias=bias, epilogue="gelu")
+    ref = F.gelu(_ref(a, b) + bias.float(), approximate="tanh")
+    assert got.shape == ref.shape and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), ref.bfloat16().float())
+
+
 def test_gradients() -> None:
     a = torch.randn(96, 136, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(136, 80, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -181,7 +196,7 @@ def test_torch_compile_and_errors() -> None:
         gemm(a, b.half())
     with pytest.raises(ValueError, match="a has K=64"):
         gemm(a, b[:32])
-    with pytest.raises(ValueError, match="needs 96 values"):
+    with pytest.raises(ValueError, match=r"argument 'bias' must be a per-column operand of shape \(96,\)"):
         gemm(a, b, bias=bias[:50])
     with pytest.raises(ValueError, match="CUDA tensor"):
         gemm(a.cpu(), b.cpu())
