@@ -205,3 +205,15 @@ def test_default_configs_valid_and_operand_names() -> None:
                     default_config(m, n, kk).validate(2, out_b, H100)
     assert GemmEpilogue.preset("relu", bias="row", residual=True).operand_names() == ("bias", "residual")
     assert GemmEpilogue.preset("none", c=True, alpha=2.0).operand_names() == ("c",)
+
+
+def test_stale_tuned_config_falls_back() -> None:
+    """A stored tuning result that this code cannot run (another version's store) gives
+    way to the heuristic instead of failing the build."""
+    import importlib
+
+    mod = importlib.import_module("cuteforge.ops.gemm")
+    assert mod._usable(GemmConfig(), 2, 2) == GemmConfig()
+    assert mod._usable(GemmConfig(tile_m=96), 2, 2) is None
+    assert mod._usable(GemmConfig(stages=5), 2, 4) is None
+    assert mod._usable({"tile_m": 128}, 2, 2) is None and mod._usable(None, 2, 2) is None

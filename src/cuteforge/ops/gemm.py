@@ -124,6 +124,18 @@ def _check_operand(t: Any, kind: str, name: str, out_shape: tuple[int, ...]) -> 
         raise ValueError(f"{_WHERE}: argument {name!r} must be {want}, got shape {shape}")
 
 
+def _usable(tuned: Any, in_bytes: int, out_bytes: int) -> GemmConfig | None:
+    """A stored tuning result, or None when it is not a config this code can run (a store
+    written by another version): the heuristic then decides instead of a failed build."""
+    if not isinstance(tuned, GemmConfig):
+        return None
+    try:
+        tuned.validate(in_bytes, out_bytes, limits_for("sm_90a"))
+    except ValueError:
+        return None
+    return tuned
+
+
 def _check_devices(a: torch.Tensor, b: torch.Tensor, operands: Sequence[torch.Tensor], names: Sequence[str]) -> None:
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
@@ -208,7 +220,8 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
-    cfg = config or lookup(kern, key, params, {"M": M, "N": N, "K": K}) or default_config(M, N, K, sms)
+    cfg = config or _usable(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size()) \
+        or default_config(M, N, K, sms)
     launch = kern.get(key, tuple(sorted(params)), cfg)
 
     def run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor]) -> torch.Tensor:
