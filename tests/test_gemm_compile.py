@@ -175,6 +175,12 @@ def test_op_empty_dims_give_torchs_answer(monkeypatch: pytest.MonkeyPatch) -> No
     assert got.dtype == torch.float32 and torch.equal(got, torch.zeros(5, 7))
     for a, b, shape in (((0, 4), (4, 7), (0, 7)), ((5, 4), (4, 0), (5, 0)), ((0, 5, 4), (0, 4, 7), (0, 5, 7)), ((5, 4), (0, 4, 7), (0, 5, 7))):
         assert mod.gemm(_cpu(*a), _cpu(*b)).shape == shape
+    # with grad: through the custom op (operand names from the epilogue key) and its backward
+    a, b, bias = (t.requires_grad_() for t in (_cpu(5, 0), _cpu(0, 7), _cpu(7)))
+    mod.gemm(a, b, bias=bias, epilogue="relu").sum().backward()
+    assert torch.equal(bias.grad, (bias.detach() > 0).to(torch.bfloat16) * 5) and a.grad.shape == (5, 0)
+    with pytest.raises(ValueError, match="argument 'bias' must be a per-column operand"):
+        mod.gemm(a, b, bias=_cpu(2, 7))
     # the memo keys on every operand's layout: a bad bias after a good one is still caught
     mod.gemm(_cpu(0, 4), _cpu(4, 7), bias=_cpu(7))
     with pytest.raises(ValueError, match="argument 'bias'"):

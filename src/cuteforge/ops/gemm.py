@@ -186,6 +186,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     kinds = epi.kinds if epi is not None else ()
     if len(ops) != len(kinds):
         raise TypeError(f"{_WHERE}: the epilogue takes {len(kinds)} tensor operand(s), got {len(ops)}")
+    names = tuple(names) + tuple(f"epilogue operand {i}" for i in range(len(names), len(ops)))
     for t, k, n in zip(ops, kinds, names):
         _check_operand(t, k, n, out_shape)
     if config is not None:
@@ -273,12 +274,12 @@ def _(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, k
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     a, b, ops, epi_key, kinds, out_dtype = inputs
     ctx.save_for_backward(a, b, *ops)
-    ctx.meta = (epi_key, kinds, out_dtype, len(ops))
+    ctx.meta = (epi_key, kinds)
 
 
 def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
     """Recompute the forward in torch (fp32) and differentiate it: exact for every epilogue."""
-    epi_key, kinds, out_dtype, n = ctx.meta
+    epi_key, kinds = ctx.meta
     a, b, *ops = ctx.saved_tensors
     epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
     with torch.enable_grad():

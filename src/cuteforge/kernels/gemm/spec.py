@@ -113,8 +113,8 @@ def gemm_kernel(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = ()) -
             default_config=_default_config,
             configs=_configs,
             specializations=_specializations(kinds),
+            validate=_validate,  # the autotuner's pre-compile check
         )(_builder(a_k_major, b_k_major, kinds))
-        k.validate_config = _validate  # type: ignore[attr-defined]  # the autotuner's hook
     return k
 
 
