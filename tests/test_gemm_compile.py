@@ -181,6 +181,10 @@ def test_op_empty_dims_give_torchs_answer(monkeypatch: pytest.MonkeyPatch) -> No
     assert torch.equal(bias.grad, (bias.detach() > 0).to(torch.bfloat16) * 5) and a.grad.shape == (5, 0)
     with pytest.raises(ValueError, match="argument 'bias' must be a per-column operand"):
         mod.gemm(a, b, bias=_cpu(2, 7))
+    # torch.compile(fullgraph): the argument handling traces without a graph break
+    f = torch.compile(lambda a, b, bias: mod.gemm(a, b, bias=bias, epilogue="relu") * 2, backend="aot_eager", fullgraph=True)
+    bias = _cpu(7)
+    torch.testing.assert_close(f(_cpu(5, 0), _cpu(0, 7), bias), F.relu(bias.float()).bfloat16().expand(5, 7) * 2)
     # the memo keys on every operand's layout: a bad bias after a good one is still caught
     mod.gemm(_cpu(0, 4), _cpu(4, 7), bias=_cpu(7))
     with pytest.raises(ValueError, match="argument 'bias'"):
