@@ -175,6 +175,9 @@ def test_op_empty_dims_give_torchs_answer(monkeypatch: pytest.MonkeyPatch) -> No
     assert got.dtype == torch.float32 and torch.equal(got, torch.zeros(5, 7))
     for a, b, shape in (((0, 4), (4, 7), (0, 7)), ((5, 4), (4, 0), (5, 0)), ((0, 5, 4), (0, 4, 7), (0, 5, 7)), ((5, 4), (0, 4, 7), (0, 5, 7))):
         assert mod.gemm(_cpu(*a), _cpu(*b)).shape == shape
+    # beta=0 ignores c as torch.addmm does (an uninitialized c must not leak NaN into the result)
+    got = mod.gemm(_cpu(5, 0), _cpu(0, 7), c=torch.full((5, 7), float("nan")), beta=0.0)
+    assert torch.equal(got, torch.zeros(5, 7, dtype=torch.bfloat16))
     # with grad: through the custom op (operand names from the epilogue key) and its backward
     a, b, bias = (t.requires_grad_() for t in (_cpu(5, 0), _cpu(0, 7), _cpu(7)))
     mod.gemm(a, b, bias=bias, epilogue="relu").sum().backward()

@@ -310,6 +310,10 @@ def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta
                 raise TypeError(f"{_WHERE}: argument 'bias' must be a torch.Tensor, got {type(bias).__name__}")
             # (M, 1) is per row; (N,) / (1, N) per column, as torch broadcasting reads them.
             kind = "row" if bias.dim() >= 2 and bias.shape[-1] == 1 and bias.shape[-2] != 1 else "col"
+        if beta == 0 and c is not None:
+            if not isinstance(c, torch.Tensor):
+                raise TypeError(f"{_WHERE}: argument 'c' must be a torch.Tensor, got {type(c).__name__}")
+            c = None  # as torch.addmm: beta=0 ignores c, so NaN/inf in it do not propagate
         act = epilogue or "none"
         if act not in ACTIVATIONS:
             raise ValueError(f"{_WHERE}: epilogue must be one of {ACTIVATIONS} or a cuteforge.fusion.Epilogue, got {epilogue!r}")
