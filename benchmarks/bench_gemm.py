@@ -170,6 +170,7 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any) -> li
         for cfg in candidate_configs(m, n) + EXTRA_CONFIGS:
             try:
                 fn = kern.get(key, (("sms", sms),), cfg)
+                out.fill_(float("nan"))  # `out` is shared: a config that skips tiles must not inherit the last one's
                 fn(a3, b3, out)
                 errs[repr(cfg)] = _err(out[0], ref)
                 fns[repr(cfg)] = lambda fn=fn, a3=a3, b3=b3, out=out: fn(a3, b3, out)
