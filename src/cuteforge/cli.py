@@ -157,10 +157,12 @@ def cmd_library(args: argparse.Namespace) -> dict[str, Any]:
 
     if arch.compile_only():
         return {"mode": "precompile", **cmd_precompile(args)}
-    from .library_bench import OPS
+    from .library_bench import OPS, QUICK_SHAPES
     from .report import run_bench
 
-    return {"mode": "bench", **run_bench(OPS, quick=args.quick, compiled=not args.quick, progress=not args.json)}
+    # Every op (and backward) at the three bar shapes; --quick leaves out torch.compile.
+    shapes = ",".join(f"{m}x{n}" for m, n in QUICK_SHAPES)
+    return {"mode": "bench", **run_bench(OPS, shapes, quick=args.quick, compiled=not args.quick, progress=not args.json)}
 
 
 def _print_library(r: dict[str, Any]) -> None:
