@@ -103,11 +103,12 @@ class Kernel:
         self.signature = signature
         self.archs = tuple(archs)
         self.default_config = default_config
-        self.configs = configs
         self.specializations = specializations
         # validate_config(spec, config) raises ValueError when the config cannot run the
         # spec's problem on its target: the autotuner drops such candidates before compiling.
         self.validate_config = validate
+        # configs(spec): the candidates for spec's problem, those `validate` rejects left out.
+        self.configs = _validated(configs, validate) if configs is not None and validate is not None else configs
         self.cache = cache
         self.source_path = inspect.getsourcefile(builder)
         self._l1: dict[tuple[Any, ...], Callable[..., Any]] = {}  # compile key -> function
@@ -193,6 +194,22 @@ class Kernel:
         ).obj
 
 
+def _validated(
+    configs: Callable[[CompileSpec], list[Any]], validate: Callable[[CompileSpec, Any], None]
+) -> Callable[[CompileSpec], list[Any]]:
+    def valid(spec: CompileSpec) -> list[Any]:
+        out = []
+        for c in configs(spec):
+            try:
+                validate(spec, c)
+            except ValueError:
+                continue
+            out.append(c)
+        return out
+
+    return valid
+
+
 def _in_package(path: str) -> bool:
     """Library kernels are covered by the package hash; user kernels add their file's."""
     from .cache import PACKAGE_DIR
@@ -210,7 +227,10 @@ def kernel(
     specializations: Callable[[], Iterable[tuple[BoundKey, dict[str, Any]]]] | None = None,
     validate: Callable[[CompileSpec, Any], None] | None = None,
 ) -> Callable[[Builder], Kernel]:
-    """Decorator: register a builder as a cuteforge kernel. Names must be unique."""
+    """Decorator: register a builder as a cuteforge kernel. Names must be unique.
+
+    `configs(spec)` lists candidate configs for a problem; with `validate(spec, config)`
+    (raising ValueError) the kernel's `configs` keeps only the ones that pass."""
 
     def wrap(builder: Builder) -> Kernel:
         kname = name or builder.__name__
