@@ -28,6 +28,7 @@ import torch
 
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
+from .layout import as_rows
 
 MAX_N = 262144
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -87,18 +88,6 @@ def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) 
         raise ValueError(f"{where}: argument 'eps' must be finite and >= 0, got {eps}")
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """2-D (M, N) with unit last stride: a view where possible."""
-    t2 = t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
-    if t2.stride(-1) != 1:
-        t2 = t2.as_strided(t2.shape, (t2.stride(0), 1)) if t2.shape[-1] == 1 else t2.contiguous()
-    return t2
-
-
-def _unit_rows(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else (t.as_strided(t.shape, (t.stride(0), 1)) if t.shape[-1] == 1 else t.contiguous())
-
-
 def _vec_of(w: torch.Tensor) -> torch.Tensor:
     return w if w.stride(0) == 1 else w.contiguous()
 
@@ -123,8 +112,8 @@ def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
              config: Any = None):
     """(y, residual_out or None, mean or None, rstd) for 2-D x; the custom ops' body.
     ``config`` (tests, benchmarks) overrides the heuristic."""
-    x2 = _unit_rows(x2)
-    r2 = None if r2 is None else _unit_rows(r2)
+    x2 = as_rows(x2)
+    r2 = None if r2 is None else as_rows(r2)
     w = _vec_of(w)
     b = None if b is None else _vec_of(b)
     memo = ("f", kind, eps, x2.dtype, x2.shape, x2.stride(), x2.data_ptr() & 15, x2.get_device(),
@@ -158,9 +147,9 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
     ``need_dw=False`` (eager autograd when weight and bias need no gradient) skips the
     torch sums of the partials and returns None for both."""
     m, n = xs.shape
-    xs = _unit_rows(xs)  # the saved x of a forward on a column-major view has last stride != 1
-    dy = _unit_rows(dy.to(xs.dtype))
-    dsum = None if dsum is None else _unit_rows(dsum.to(xs.dtype))
+    xs = as_rows(xs)  # the saved x of a forward on a column-major view has last stride != 1
+    dy = as_rows(dy.to(xs.dtype))
+    dsum = None if dsum is None else as_rows(dsum.to(xs.dtype))
     w = _vec_of(w)
     dx = torch.empty((m, n), dtype=xs.dtype, device=xs.device)
     if m == 0:
@@ -362,7 +351,7 @@ def _eager(kind: str, where: str, x: Any, weight: Any, bias: Any, residual: Any,
     """No-grad eager call: skip the custom-op boundary; validate once per layout."""
     _check_once(where, x, weight, bias, residual, eps)
     shape = x.shape
-    y, ro, _, _ = _forward(kind, _rows(x), weight, bias, None if residual is None else _rows(residual), float(eps))
+    y, ro, _, _ = _forward(kind, as_rows(x), weight, bias, None if residual is None else as_rows(residual), float(eps))
     return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
 
 

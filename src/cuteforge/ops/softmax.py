@@ -25,6 +25,7 @@ import torch
 from ..arch import target_arch
 from ..kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
 from ..signature import FLOAT_DTYPES, dtype_name
+from .layout import as_rows
 
 __all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
 
@@ -61,21 +62,11 @@ def _check_dim(where: str, dim: Any, ndim: int) -> None:
         )
 
 
-def _as_rows(t: torch.Tensor) -> torch.Tensor:
-    """(…, N) -> (M, N) with unit last stride: a view when strides allow, else a copy."""
-    n = t.shape[-1]
-    if t.dim() != 2:
-        t = t.reshape(-1, n)
-    if t.stride(1) != 1:
-        t = t.as_strided(t.shape, (t.stride(0), 1)) if n == 1 else t.contiguous()
-    return t
-
-
 def _viewer(t: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """None when t already is an (M, N) operand the kernel takes as is."""
     if t.dim() == 2 and t.stride(1) == 1:
         return None
-    return _as_rows
+    return as_rows
 
 
 def _memo_key(mode: str, dim: int, *ts: torch.Tensor) -> tuple[Any, ...]:
@@ -94,7 +85,7 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Plan:
     _check(where, "x", x)
     _check_dim(where, dim, x.dim())
     view = _viewer(x)
-    x2 = _as_rows(x) if view is not None else x
+    x2 = as_rows(x) if view is not None else x
     m, n = x2.shape
     launch = None
     if m > 0 and n > 0:
@@ -134,7 +125,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
         raise ValueError(f"{where}: argument 'grad' is on {dy.device} but 'y' is on {y.device}")
     _check_dim(where, dim, y.dim())
     direct = _viewer(dy) is None and _viewer(y) is None
-    dy2, y2 = _as_rows(dy), _as_rows(y)
+    dy2, y2 = as_rows(dy), as_rows(y)
     m, n = y2.shape
     launch = None
     if m > 0 and n > 0:
@@ -145,7 +136,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
         params = (("mode", mode),)
         cfg = lookup(softmax_bwd, key, params, {"M": m}) or config_for(target_arch(), n, y.element_size() * 8, True, m)
         launch = softmax_bwd.get(key, params, cfg)
-    return _remember(_memo_key(mode, dim, dy, y), (None if direct else _as_rows, launch))
+    return _remember(_memo_key(mode, dim, dy, y), (None if direct else as_rows, launch))
 
 
 def _bwd(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:

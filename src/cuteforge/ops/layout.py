@@ -1,0 +1,17 @@
+"""Operand layouts the row kernels take: (M, N) with a unit last stride."""
+
+from __future__ import annotations
+
+import torch
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., N) -> (M, N) with unit last stride: a view where the strides allow, else a copy.
+
+    N == 1 with a foreign last stride (a transposed column) only needs its stride relabelled."""
+    n = t.shape[-1]
+    if t.dim() != 2:
+        t = t.reshape(-1, n)
+    if t.stride(1) != 1:
+        t = t.as_strided(t.shape, (t.stride(0), 1)) if n == 1 else t.contiguous()
+    return t
