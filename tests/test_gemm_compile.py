@@ -3,6 +3,8 @@ specializations (PTX must hold wgmma, TMA and the fused math), argument errors."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -230,3 +232,69 @@ def test_stale_tuned_config_falls_back() -> None:
     assert mod._usable(GemmConfig(tile_m=96), 2, 2) is None
     assert mod._usable(GemmConfig(stages=5), 2, 4) is None
     assert mod._usable({"tile_m": 128}, 2, 2) is None and mod._usable(None, 2, 2) is None
+
+
+def _dsl_cluster_counts(cases: list[tuple[GemmConfig, int, int, int]]) -> list[int]:
+    """The work count of the DSL's own scheduler params for each (config, M, N, L): traced
+    (no GPU needed) with static tile counts, so `cute.size` is a Python int."""
+    import cutlass.cute as cute
+    import cutlass.utils as utils
+
+    got: list[int] = []
+
+    @cute.jit
+    def trace() -> None:
+        for cfg, m, n, batch in cases:
+            tiles = (-(-m // cfg.tile_m), -(-n // cfg.tile_n), batch)
+            p = utils.PersistentTileSchedulerParams(tiles, (cfg.cluster_m, cfg.cluster_n, 1), cfg.swizzle, cfg.raster == "m")
+            got.append(int(cute.size(p.problem_layout_ncluster_mnl)))
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cute.compile(trace)
+    return got
+
+
+def test_narrow_problems_schedule_no_padding_clusters() -> None:
+    """Narrow N (raster m) / narrow M (raster n): the swizzle group is fitted to the
+    clusters that exist, so the schedule's work count is the real cluster grid (the only
+    rounding left is a cluster's partly-outside CTA), not up to `swizzle` x that."""
+    from cuteforge.kernels.gemm.sm90.config import cluster_grid, fit_swizzle, scheduled_clusters
+
+    narrow = [(65537, 72, 40), (65536, 64, 4096), (32768, 128, 4096), (32768, 192, 4096), (8192, 256, 8192), (8192, 384, 8192),
+              (8192, 1000, 8192), (16384, 16384, 1024), (64, 65536, 1024), (200, 50000, 512)]
+    cases = []
+    for m, n, k in narrow:
+        cfg = default_config(m, n, k)
+        cm, cn = cluster_grid(cfg, m, n)
+        real = cm * cn
+        assert scheduled_clusters(cfg, m, n) == real, (m, n, cfg)
+        raw = replace(cfg, swizzle=8)  # what the heuristic returned before the fit
+        cases += [(cfg, m, n, 3), (raw, m, n, 3)]
+    # The fit for a tuned / wide config: fewer than `groups` padding clusters.
+    for count in range(1, 70):
+        for raster in ("m", "n"):
+            base = GemmConfig(tile_m=128, tile_n=128, cluster_m=1, cluster_n=1, raster=raster)
+            m, n = (count * 128, 4096) if raster == "n" else (4096, count * 128)
+            fit = fit_swizzle(base, m, n)
+            groups = -(-count // 8)
+            assert 1 <= fit.swizzle <= 8 and scheduled_clusters(fit, m, n) < (count + groups) * 32, (count, raster, fit)
+            if count <= 8:
+                assert fit.swizzle == count and scheduled_clusters(fit, m, n) == count * 32
+    cases += [(fit_swizzle(GemmConfig(tile_n=128, raster=r), 4096, 13 * 128), 4096, 13 * 128, 1) for r in ("m", "n")]
+    # The Python model of the schedule is the DSL's arithmetic (before and after the fit).
+    assert _dsl_cluster_counts(cases) == [scheduled_clusters(c, m, n, b) for c, m, n, b in cases]
+    # The padding it removes: 65537x72 on 128x256 c2x1 tiles was 8x the real work.
+    raw = replace(default_config(65537, 72, 40), swizzle=8)
+    assert scheduled_clusters(raw, 65537, 72) == 8 * scheduled_clusters(default_config(65537, 72, 40), 65537, 72)
+
+
+def test_fitted_swizzle_compiles() -> None:
+    """Swizzle 1 (the scheduler's FastDivmod decode, what narrow N now gets) and an odd
+    group size trace and compile."""
+    cfg = default_config(65537, 72, 40)
+    assert cfg.swizzle == 1
+    assert "m64n256k16" in _ptx(True, True, ("bfloat16",) * 3, cfg=cfg)
+    assert "m64n128k16" in _ptx(True, True, ("bfloat16",) * 3, cfg=GemmConfig(tile_n=128, swizzle=3, raster="n"))

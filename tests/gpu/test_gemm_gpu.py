@@ -200,3 +200,32 @@ def test_torch_compile_and_errors() -> None:
         gemm(a, b, bias=bias[:50])
     with pytest.raises(ValueError, match="CUDA tensor"):
         gemm(a.cpu(), b.cpu())
+
+
+@pytest.mark.parametrize("n", [64, 128, 192, 384])
+def test_narrow_n_fitted_swizzle(n: int) -> None:
+    """Narrow N with large M: the heuristic's swizzle group is fitted to the 1-2 cluster
+    columns that exist (no padding clusters); swizzle 1 is the scheduler's FastDivmod path."""
+    from cuteforge.kernels.gemm.sm90.config import cluster_grid, default_config, scheduled_clusters
+
+    m, k = 20000, 1040
+    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    cm, cn = cluster_grid(cfg, m, n)
+    assert cfg.swizzle <= max(cn, 1) and scheduled_clusters(cfg, m, n) == cm * cn, cfg
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a, b, bias=bias, epilogue="relu"), F.relu(_ref(a, b) + bias.float()), k)
+
+
+@pytest.mark.parametrize("swizzle,raster", [(1, "m"), (2, "m"), (3, "m"), (1, "n"), (3, "n")])
+def test_fitted_swizzle_values(swizzle: int, raster: str) -> None:
+    """Swizzle sizes the fit can produce (1: FastDivmod decode; 2, 3: non-power-of-two
+    groups), for both raster orders, on shapes where they leave no padding."""
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    cfg = GemmConfig(tile_n=128, swizzle=swizzle, raster=raster)
+    for m, n in ((1000, 300), (777, 1000), (3 * 256, 3 * 128)):
+        a = torch.randn(2, m, 264, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(2, 264, n, device="cuda", dtype=torch.bfloat16)
+        _close(gemm(a, b, config=cfg), _ref(a, b), 264)

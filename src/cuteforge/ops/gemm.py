@@ -29,7 +29,7 @@ import torch
 
 from ..arch import gpu_info, limits_for
 from ..kernels.gemm.epilogue import ACTIVATIONS, GemmEpilogue
-from ..kernels.gemm.sm90.config import GemmConfig, default_config
+from ..kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle
 from ..kernels.gemm.spec import AB_DTYPES, gemm_kernel
 from ..signature import FLOAT_DTYPES, dtype_name
 
@@ -221,8 +221,10 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
-    cfg = config or _usable(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size()) \
-        or default_config(M, N, K, sms)
+    tuned = _usable(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size())
+    # A pinned config runs as given; a tuned one (stored for a bucket of shapes) gets its
+    # swizzle group fitted to this problem, as the heuristic's does (no padding work).
+    cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms))
     launch = kern.get(key, tuple(sorted(params)), cfg)
 
     def run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor]) -> torch.Tensor:

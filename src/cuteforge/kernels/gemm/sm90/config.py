@@ -8,7 +8,7 @@ plus a few hundred bytes of mbarriers. sm_90 lets a block opt in to 227 KiB.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ....arch import DeviceLimits
 
@@ -112,6 +112,41 @@ class GemmConfig:
             raise ValueError(f"config {self} needs {need} B of shared memory; sm_{limits.sm} allows {limits.smem_per_block}")
 
 
+def cluster_grid(cfg: GemmConfig, m: int, n: int) -> tuple[int, int]:
+    """Clusters along (M, N) that hold real tiles (the last one may be partly outside)."""
+    m_tiles, n_tiles = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
+    return -(-m_tiles // cfg.cluster_m), -(-n_tiles // cfg.cluster_n)
+
+
+def scheduled_clusters(cfg: GemmConfig, m: int, n: int, batch: int = 1) -> int:
+    """Clusters the persistent schedule counts as work, as the DSL's
+    `PersistentTileSchedulerParams` computes it: with `swizzle` > 1 the cluster count
+    along the swizzled dim (N for raster "m", M for "n") is rounded up to a multiple of
+    `swizzle`, and every padding cluster runs a whole mainloop on zero-filled loads."""
+    cm, cn = cluster_grid(cfg, m, n)
+    if cfg.swizzle > 1:
+        if cfg.raster == "m":
+            cn = -(-cn // cfg.swizzle) * cfg.swizzle
+        else:
+            cm = -(-cm // cfg.swizzle) * cfg.swizzle
+    return cm * cn * batch
+
+
+def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
+    """`cfg` with its swizzle group no wider than the problem: the clusters along the
+    swizzled dim split into the fewest groups of at most `swizzle`, all of one size
+    (g = ceil(count / swizzle) groups of ceil(count / g)). The schedule then pads that
+    dim by fewer than g clusters instead of up to swizzle - 1 (N <= 256 with 128x256
+    tiles and swizzle 8 was 8x the MMA work; now exact whenever count <= swizzle)."""
+    if cfg.swizzle <= 1 or m <= 0 or n <= 0:
+        return cfg
+    cm, cn = cluster_grid(cfg, m, n)
+    count = cn if cfg.raster == "m" else cm
+    groups = -(-count // cfg.swizzle)
+    size = -(-count // groups)
+    return cfg if size == cfg.swizzle else replace(cfg, swizzle=size)
+
+
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
@@ -126,7 +161,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     if m is None or n is None:
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
-        return GemmConfig(tile_n=128, pingpong=True, raster="n")
+        return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, raster="n"), m, n)
     if m <= 64:
         shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
     elif m <= 128:
@@ -142,7 +177,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             break
     m_tiles, n_tiles = -(-m // tm), -(-n // tn)
     cm, cn = (2, 1) if m_tiles >= 2 else ((1, 2) if n_tiles >= 2 else (1, 1))
-    return GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn)
+    return fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn), m, n)
 
 
 def candidate_configs(m: int | None, n: int | None) -> list[GemmConfig]:
