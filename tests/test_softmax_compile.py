@@ -219,3 +219,117 @@ def test_autotune_candidates_validate():
         assert invalid == {} and valid == k.configs(spec) and len(valid) > 1
         valid, invalid = candidates(k, spec, [SoftmaxConfig(48, 16)])
         assert valid == [] and "multiple of 32" in invalid[SoftmaxConfig(48, 16)]
+
+
+# --------------------------------------------------------------------------- v2 forward paths (chunked.py)
+
+
+@pytest.mark.parametrize(
+    "cfg, backward, match",
+    [
+        (SoftmaxConfig(256, 256, 4, "fast"), False, "path="),
+        (SoftmaxConfig(256, 256, 4, "mbar"), True, "forward-only"),
+        (SoftmaxConfig(256, 256, 1, "smem"), False, "shared memory"),  # 128 KiB of bf16 row per CTA... x2 rows
+    ],
+)
+def test_v2_validate_rejects(cfg, backward, match):
+    n = 131072 if match == "shared memory" else 65536
+    with pytest.raises(ValueError, match=match):
+        cfg.validate(n, 16, backward)
+
+
+def test_v2_paths_need_sm90():
+    from cuteforge.arch import limits_for
+
+    with pytest.raises(ValueError, match="sm_90"):
+        SoftmaxConfig(256, 256, 1, "async").validate(16384, 16, False, limits_for("sm_80"))
+
+
+@pytest.mark.parametrize("bits", [16, 32])
+@pytest.mark.parametrize("n", [32768, 65536, 65537, 131072, 262144])
+def test_longrow_candidates_valid(n, bits):
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.softmax import longrow_candidates
+
+    cands = longrow_candidates(n, bits)
+    assert len(cands) >= 4 and len(set(cands)) == len(cands)
+    assert {c.path for c in cands} >= {"mbar", "async", "smem"}
+    for c in cands:
+        c.validate(n, bits, False, limits_for("sm_90a"))
+    assert default_config(n, bits).path == "regs"  # defaults unchanged until measured
+
+
+@pytest.fixture(scope="module")
+def compiler_v2(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUTE_DSL_ARCH", "sm_90a")
+    dump_dir = tmp_path_factory.mktemp("ptx_v2")
+    import cutlass
+    import cutlass.cute as cute
+
+    from cuteforge.kernels.softmax.chunked import make_softmax_chunked
+
+    dtypes = {"f32": cutlass.Float32, "bf16": cutlass.BFloat16, "f16": cutlass.Float16}
+
+    def compile_(mode, dt, n, vec, cfg):
+        d = dtypes[dt]
+        m = cute.sym_int()
+        ts = [
+            cute.runtime.make_fake_tensor(d, (m, n), (cute.sym_int64(divisibility=vec), 1), assumed_align=vec * d.width // 8)
+            for _ in range(2)
+        ]
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        c = cute.compile(make_softmax_chunked(mode, d, n, vec, cfg), *ts, stream, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump_dir}")
+        ptx = c.__ptx__
+        assert isinstance(ptx, str) and ".entry" in ptx and "sm_90a" in ptx
+        return ptx
+
+    yield compile_
+    mp.undo()
+
+
+# (mode, dtype, n, vec, config): every path and dtype, clusters of 1..16, odd N (vec 1:
+# the staged paths fall back to register loads), N not a multiple of the cluster's round
+_V2_CASES = [
+    ("softmax", "bf16", 65536, 8, SoftmaxConfig(256, 256, 4, "mbar")),
+    ("softmax", "bf16", 65536, 8, SoftmaxConfig(256, 256, 4, "async")),
+    ("softmax", "bf16", 65536, 8, SoftmaxConfig(256, 256, 2, "smem")),
+    ("log_softmax", "f16", 262144, 8, SoftmaxConfig(512, 512, 16, "smem")),
+    ("log_softmax", "bf16", 32768, 8, SoftmaxConfig(256, 256, 1, "async")),
+    ("softmax", "f32", 131072, 4, SoftmaxConfig(256, 256, 8, "async")),
+    ("log_softmax", "f32", 65536, 4, SoftmaxConfig(256, 256, 4, "smem")),
+    ("softmax", "f16", 65537, 1, SoftmaxConfig(512, 512, 2, "async")),
+    ("softmax", "bf16", 65537, 1, SoftmaxConfig(256, 256, 4, "mbar")),
+    ("softmax", "bf16", 100000, 8, SoftmaxConfig(256, 256, 8, "smem")),
+    ("softmax", "f32", 1000, 4, SoftmaxConfig(128, 32, 1, "smem")),
+]
+
+
+@pytest.mark.parametrize("mode, dt, n, vec, cfg", _V2_CASES)
+def test_v2_compile(compiler_v2, mode, dt, n, vec, cfg):
+    ptx = compiler_v2(mode, dt, n, vec, cfg)
+    bits = 32 if dt == "f32" else 16
+    staged = cfg.path in ("async", "smem") and vec * bits == 128
+    assert ("cp.async.cg.shared.global" in ptx) == staged
+    if vec * bits == 128:
+        assert re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+        if not staged:
+            assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    if cfg.cluster_n > 1:
+        # the exchange: st.async counted on an mbarrier, no full release/acquire barrier
+        assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx
+        assert "mbarrier.try_wait" in ptx and "barrier.cluster.arrive.relaxed" in ptx
+        assert not re.search(r"barrier\.cluster\.arrive(\.release)?;", ptx)
+    assert "ex2.approx" in ptx
+
+
+def test_v2_registry_build(monkeypatch):
+    """The registered forward kernel builds a v2 config from a BoundKey (the bench path)."""
+    monkeypatch.setenv("CUTEFORGE_ARCH", "sm_90a")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
+
+    key = BoundKey(("bfloat16", "bfloat16"), (("N", 65536),), (8, 8))
+    assert callable(softmax_fwd.get(key, (("mode", "softmax"),), SoftmaxConfig(256, 256, 4, "smem")))
+    with pytest.raises(ValueError, match="forward-only"):
+        softmax_bwd.get(BoundKey(("bfloat16",) * 3, (("N", 65536),), (8,) * 3), (("mode", "softmax_bwd"),), SoftmaxConfig(256, 256, 4, "mbar"))

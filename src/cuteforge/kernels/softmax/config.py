@@ -14,9 +14,22 @@ from dataclasses import dataclass
 
 from ...arch import DeviceLimits
 
-__all__ = ["MODES", "SoftmaxConfig", "default_config", "candidate_configs", "is_backward"]
+__all__ = ["MODES", "PATHS", "SoftmaxConfig", "default_config", "candidate_configs", "longrow_candidates", "is_backward"]
 
 MODES = ("softmax", "log_softmax", "softmax_bwd", "log_softmax_bwd")
+# Forward kernel variants (docs/kernels/softmax.md, v2):
+#   regs   the v1 kernel (device.py): rows interleaved over the cluster, loads straight
+#          into registers, full cluster barrier for the DSMEM exchange
+#   mbar   chunked.py: each CTA owns a contiguous chunk of the row, loads into registers,
+#          the (max, sum) exchange is st.async + an mbarrier's transaction count
+#   async  as mbar, but the chunk arrives through cp.async into shared memory (quack's
+#          scheme) and is then converted into registers
+#   smem   as async, but the row is never held in registers: max, sum and the output
+#          are three passes over shared memory (exponentials recomputed), so registers
+#          stay free and the CTAs per SM are limited by shared memory instead
+PATHS = ("regs", "mbar", "async", "smem")
+STAGED_PATHS = ("async", "smem")
+_SMEM_PER_SM = 227 * 1024
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is non-portable; the DSL marks kernels to allow it
 _REGS_PER_SM = 65536
 _MAX_REGS_PER_THREAD = 255
@@ -48,11 +61,14 @@ class SoftmaxConfig:
                       rows per CTA = threads // threads_per_row.
     cluster_n:        CTAs sharing a row (1 = none; 2..16 an sm_90 thread-block
                       cluster, partial reductions exchanged through DSMEM).
+    path:             forward kernel variant, one of PATHS (module comment above);
+                      anything but "regs" is forward-only and sm_90+ with clusters.
     """
 
     threads: int = 128
     threads_per_row: int = 128
     cluster_n: int = 1
+    path: str = "regs"
 
     @property
     def rows_per_cta(self) -> int:
@@ -63,11 +79,23 @@ class SoftmaxConfig:
         return -(-n // (self.threads_per_row * self.cluster_n))
 
     def est_regs_per_thread(self, n: int, backward: bool) -> int:
+        if self.path == "smem":
+            return _OVERHEAD_REGS + 16  # one 16-byte vector at a time, converted
         return self.elems_per_thread(n) * (2 if backward else 1) + _OVERHEAD_REGS
 
-    def smem_bytes(self) -> int:
+    def stage_bytes(self, n: int, dtype_bits: int) -> int:
+        """Shared memory of the staged paths: each CTA's rows chunk (at 16-byte vectors)."""
+        if self.path not in STAGED_PATHS:
+            return 0
+        vec = 128 // dtype_bits
+        nv = -(-n // vec)
+        rounds = -(-nv // (self.threads_per_row * self.cluster_n))
+        return self.rows_per_cta * rounds * self.threads_per_row * 16
+
+    def smem_bytes(self, n: int = 0, dtype_bits: int = 32) -> int:
         warps_per_row = max(self.threads_per_row // 32, 1)
-        return self.rows_per_cta * warps_per_row * self.cluster_n * 8  # (max, sum) fp32 pairs
+        red = self.rows_per_cta * warps_per_row * self.cluster_n * 8  # (max, sum) fp32 pairs
+        return red + 16 + (self.stage_bytes(n, dtype_bits) if n else 0)
 
     def validate(self, n: int, dtype_bits: int, backward: bool = False, limits: DeviceLimits | None = None) -> None:
         """Raise ValueError if this config cannot run rows of n elements of dtype_bits bits."""
@@ -82,6 +110,18 @@ class SoftmaxConfig:
             raise ValueError(f"threads_per_row={p}: must be a power of 2 dividing threads={t}")
         if c not in CLUSTER_SIZES:
             raise ValueError(f"cluster_n={c}: must be one of {CLUSTER_SIZES}")
+        if self.path not in PATHS:
+            raise ValueError(f"path={self.path!r}: must be one of {PATHS}")
+        if self.path != "regs":
+            if backward:
+                raise ValueError(f"path={self.path!r} is forward-only; the backward kernel has path='regs'")
+            if c > 1 and p % 32:
+                raise ValueError(f"path={self.path!r} with a cluster needs threads_per_row a multiple of 32, got {p}")
+            if self.path in STAGED_PATHS and self.smem_bytes(n, dtype_bits) > _SMEM_PER_SM:
+                raise ValueError(
+                    f"path={self.path!r}: {self.smem_bytes(n, dtype_bits)} B of shared memory per CTA > {_SMEM_PER_SM} B; "
+                    "use a larger cluster_n or fewer rows per CTA"
+                )
         if c > 1:
             need = c * p * (128 // dtype_bits)
             if n < need:
@@ -90,7 +130,7 @@ class SoftmaxConfig:
                     f"(one 16-byte vector per thread of the cluster); got n={n}"
                 )
         e = self.elems_per_thread(n)
-        if e > MAX_ELEMS[backward]:
+        if e > MAX_ELEMS[backward] and self.path != "smem":
             raise ValueError(
                 f"{e} elements per thread > {MAX_ELEMS[backward]} (registers would spill); "
                 "use more threads_per_row or a larger cluster_n"
@@ -103,8 +143,10 @@ class SoftmaxConfig:
                 raise ValueError(f"threads={t} > {limits.threads_per_block} per block on sm_{limits.sm}")
             if c > 1 and limits.max_cluster_size <= 1:
                 raise ValueError(f"cluster_n={c}: sm_{limits.sm} has no thread-block clusters")
-            if self.smem_bytes() > limits.smem_per_block:
-                raise ValueError(f"shared memory {self.smem_bytes()} B > {limits.smem_per_block} B on sm_{limits.sm}")
+            if self.path != "regs" and limits.sm < 90:
+                raise ValueError(f"path={self.path!r} needs sm_90 (mbarrier transaction counts, st.async); got sm_{limits.sm}")
+            if self.smem_bytes(n, dtype_bits) > limits.smem_per_block:
+                raise ValueError(f"shared memory {self.smem_bytes(n, dtype_bits)} B > {limits.smem_per_block} B on sm_{limits.sm}")
 
 
 def _shape(n: int, dtype_bits: int, elems: int, p_max: int, c_max: int) -> SoftmaxConfig:
@@ -204,3 +246,34 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[S
             if cand not in out:
                 out.append(cand)
     return out[:8]
+
+
+def longrow_candidates(n: int, dtype_bits: int) -> list[SoftmaxConfig]:
+    """Forward configs of the v2 paths for long rows (benchmarks/bench_longrow.py sweeps
+    them against the default): for each CTA size, the cluster sizes that give a thread
+    16..128 elements (mbar / async: 32..64, the register budget; smem: up to 256, as
+    far as shared memory allows), all valid for (n, dtype_bits) on sm_90."""
+    from ...arch import limits_for
+
+    lim = limits_for("sm_90a")
+    out: list[SoftmaxConfig] = []
+    for path, threads, elems in (
+        ("mbar", 256, (64, 32)),
+        ("mbar", 512, (64,)),
+        ("async", 256, (64, 32)),
+        ("async", 512, (64,)),
+        ("smem", 256, (128, 64, 32)),
+        ("smem", 512, (64,)),
+    ):
+        for e in elems:
+            c = _pow2_ceil(-(-n // (threads * e)))
+            if c > 16:
+                continue
+            cfg = SoftmaxConfig(threads, threads, max(1, c), path)
+            try:
+                cfg.validate(n, dtype_bits, False, lim)
+            except ValueError:
+                continue
+            if cfg not in out:
+                out.append(cfg)
+    return out

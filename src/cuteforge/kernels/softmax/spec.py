@@ -15,6 +15,7 @@ from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
 from . import config as cfg_mod
+from .chunked import make_softmax_chunked
 from .device import make_softmax
 
 FWD_MODES = ("softmax", "log_softmax")
@@ -101,6 +102,8 @@ def softmax_fwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
     if mode not in FWD_MODES:
         raise ValueError(f"softmax_fwd: mode must be one of {FWD_MODES}, got {mode!r}")
+    if getattr(spec.config, "path", "regs") != "regs":  # v2 forward paths (chunked.py)
+        return make_softmax_chunked(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config)
     return make_softmax(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config)
 
 

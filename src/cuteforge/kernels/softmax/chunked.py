@@ -1,0 +1,269 @@
+"""Forward softmax / log-softmax for long rows, v2 (``SoftmaxConfig.path`` != "regs").
+
+What differs from the v1 kernel (device.py), all aimed at 16-bit rows of N >= 32768,
+where v1 reaches only 67-82 % of copy bandwidth on the H200:
+
+* **Contiguous chunks.** CTA c of a cluster of C owns the vectors
+  [c*CV, (c+1)*CV) of the row (CV = KT*P vectors, KT rounds of its P threads); thread t
+  owns vectors c*CV + k*P + t. Every warp access is still 32 consecutive 16-byte
+  vectors; rounds whose last vector may pass N are predicated (runtime, per CTA).
+* **mbarrier exchange.** Thread 0 initialises one mbarrier per CTA and arms it with the
+  bytes every CTA of the cluster will send (R rows x W warps x C CTAs x 8 bytes); the
+  relaxed cluster arrive after ``fence.mbarrier_init`` is waited on only right before
+  the first remote store, so it overlaps the loads. Lanes l < C of each warp then write
+  the warp's (max, sum) pair into CTA l's slot with ``st.async`` (transaction bytes
+  counted on CTA l's mbarrier), and each CTA waits on its own mbarrier only: no full
+  cluster barrier, no release/acquire round over every thread of the cluster.
+  A CTA leaves only after its mbarrier saw every peer's bytes, so no remote store can
+  reach a CTA that has exited.
+* **Staging** (path async / smem, 16-byte vectors only; narrower vectors, e.g. odd N,
+  fall back to register loads): the chunk arrives through ``cp.async.cg`` into shared
+  memory, so the loads hold no registers. Each thread reads back only the vectors it
+  copied itself, so ``cp.async.wait_group 0`` suffices (no CTA barrier).
+  ``async`` converts the chunk into registers once and keeps the exponentials there
+  (v1's arithmetic); ``smem`` never holds the row: one pass for the max, one for the sum
+  of exponentials, one for the output (exponentials recomputed), a 16-byte vector at a
+  time, so a CTA needs few registers and shared memory bounds the CTAs per SM.
+
+Math as in device.py (log2 domain, online (max, sum) merge, torch's -inf / NaN rules).
+Rows past M (last CTA) re-read row M-1 and store nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from .config import STAGED_PATHS, SoftmaxConfig
+
+__all__ = ["make_softmax_chunked"]
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+NEG_INF = -math.inf
+
+
+def _sel(cond, a, b):
+    return Float32(cutlass.select_(cond, a, b))
+
+
+def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
+    """@cute.jit f(x, y, stream) for mode "softmax" / "log_softmax" and a v2 path."""
+    if mode not in ("softmax", "log_softmax"):
+        raise ValueError(f"path={config.path!r} is forward-only; got mode {mode!r}")
+    log = mode == "log_softmax"
+    bits = dtype.width
+    config.validate(n, bits, False)
+    T, P, C = config.threads, config.threads_per_row, config.cluster_n
+    R = T // P
+    G = min(P, 32)
+    W = max(P // 32, 1)
+    S = W * C
+    NV = n // vec
+    KT = -(-NV // (C * P))  # rounds per thread
+    CV = KT * P  # vectors per CTA chunk
+    last = NV - (C - 1) * CV  # vectors of the last CTA's chunk (may be <= 0)
+    KF = max(0, min(KT, last // P))  # rounds full in every CTA: no predicate
+    if C > 1 and KT < 1:
+        raise ValueError(f"cluster_n={C}: n={n} gives a CTA no vector")
+    staged = config.path in STAGED_PATHS and vec * bits == 128
+    recompute = staged and config.path == "smem"
+    copy_bits = vec * bits
+    CHUNK = CV * vec  # elements of a CTA's chunk of one row
+    TX_BYTES = R * S * 8
+
+    def combine(a1, b1, a2, b2):
+        m = cute.arch.fmax(a1, a2)
+        ms = _sel(m == Float32(NEG_INF), Float32(0.0), m)
+        s = b1 * cute.math.exp2(a1 - ms, fastmath=True) + b2 * cute.math.exp2(a2 - ms, fastmath=True)
+        return m, s
+
+    @cute.jit
+    def _lane_reduce(a, b, group: cutlass.Constexpr):
+        for step in cutlass.range_constexpr(int(math.log2(group))):
+            off = group >> (step + 1)
+            a, b = combine(a, b, cute.arch.shuffle_sync_bfly(a, offset=off), cute.arch.shuffle_sync_bfly(b, offset=off))
+        return a, b
+
+    @cute.jit
+    def _fold(red_f: cute.Tensor, r, lane_g):
+        """Every lane of the row: merge of the S (max, sum) slots of row r."""
+        a = Float32(NEG_INF)
+        b = Float32(0.0)
+        for i in cutlass.range_constexpr((S + G - 1) // G):
+            if cutlass.const_expr((i + 1) * G <= S):
+                j = lane_g + i * G
+                a, b = combine(a, b, red_f[r, j, 0], red_f[r, j, 1])
+            else:
+                j = cutlass.min(lane_g + i * G, S - 1)
+                ok = lane_g + i * G < S
+                a, b = combine(a, b, _sel(ok, red_f[r, j, 0], Float32(NEG_INF)), _sel(ok, red_f[r, j, 1], Float32(0.0)))
+        return _lane_reduce(a, b, G)
+
+    def _chunk_view(row_t: cute.Tensor, t, cta):
+        # (vec, KT) slice of the row owned by thread t of CTA cta
+        full = cute.make_tensor(row_t.iterator, cute.make_layout((vec, P, KT, C), stride=(1, vec, vec * P, CHUNK)))
+        return full[None, t, None, cta]
+
+    def _smem_view(srow: cute.Tensor, t):
+        full = cute.make_tensor(srow.iterator, cute.make_layout((vec, P, KT), stride=(1, vec, vec * P)))
+        return full[None, t, None]
+
+    @cute.kernel
+    def _fwd(x: cute.Tensor, y: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        cta = 0
+        row_block = bidx
+        if cutlass.const_expr(C > 1):
+            cta = cute.arch.block_idx_in_cluster()
+            row_block = bidx // C
+        r = tidx // P
+        t = tidx % P
+        row = row_block * R + r
+        m_rows = x.shape[0]
+        row_c = cutlass.min(row, m_rows - 1)
+
+        smem = cutlass.memory.SmemAllocator()
+        red = smem.allocate_tensor(Int64, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
+        red_f = cute.make_tensor(cute.recast_ptr(red.iterator, dtype=Float32), cute.make_layout((R, S, 2), stride=(2 * S, 2, 1)))
+        mbar = smem.allocate_array(Int64, 1, byte_alignment=8)
+        if cutlass.const_expr(C > 1):
+            if tidx == 0:
+                cute.arch.mbarrier_init(mbar, 1)
+            cute.arch.mbarrier_init_fence()
+            if tidx == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, TX_BYTES)
+            cute.arch.cluster_arrive_relaxed()
+
+        gx = _chunk_view(x[row_c, None], t, cta)
+        base = cta * CV + t  # vector index of round 0
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
+        frag = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        sxv = gx  # replaced below when staged
+        if cutlass.const_expr(staged):
+            sx = smem.allocate_tensor(dtype, cute.make_layout((R, CHUNK), stride=(CHUNK, 1)), byte_alignment=128)
+            sxv = _smem_view(sx[r, None], t)
+            g2s = cute.make_copy_atom(
+                cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128
+            )
+            for k in cutlass.range_constexpr(KT):
+                if cutlass.const_expr(k < KF):
+                    cute.copy(g2s, gx[None, k], sxv[None, k])
+                else:
+                    if base + k * P < NV:
+                        cute.copy(g2s, gx[None, k], sxv[None, k])
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            # the thread's own slots past N read as -inf in every pass below
+            for k in cutlass.range_constexpr(KF, KT):
+                if base + k * P >= NV:
+                    for v in cutlass.range_constexpr(vec):
+                        sxv[v, k] = dtype(NEG_INF)
+            if cutlass.const_expr(not recompute):
+                for k in cutlass.range_constexpr(KT):
+                    cute.autovec_copy(sxv[None, k], frag[None, k])
+        else:
+            for k in cutlass.range_constexpr(KT):
+                if cutlass.const_expr(k < KF):
+                    cute.copy(atom, gx[None, k], frag[None, k])
+                else:
+                    for v in cutlass.range_constexpr(vec):
+                        frag[v, k] = dtype(NEG_INF)
+                    if base + k * P < NV:
+                        cute.copy(atom, gx[None, k], frag[None, k])
+
+        # ---- thread partial (m_t, s_t), log2 domain
+        m_t = Float32(NEG_INF)
+        s_t = Float32(0.0)
+        xs = None
+        e = None
+        shift = Float32(0.0)
+        if cutlass.const_expr(recompute):
+            vr = cute.make_rmem_tensor(cute.make_layout((vec,)), dtype)
+            for k in cutlass.range_constexpr(KT):
+                cute.autovec_copy(sxv[None, k], vr)
+                m_t = cute.arch.fmax(m_t, (vr.load().to(Float32) * LOG2E).reduce(cute.ReductionOp.MAX, NEG_INF, 0))
+            shift = _sel(m_t == Float32(NEG_INF), Float32(0.0), m_t)
+            for k in cutlass.range_constexpr(KT):
+                cute.autovec_copy(sxv[None, k], vr)
+                ek = cute.math.exp2(vr.load().to(Float32) * LOG2E - shift, fastmath=True)
+                s_t = s_t + ek.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        else:
+            xs = frag.load().to(Float32) * LOG2E
+            m_t = xs.reduce(cute.ReductionOp.MAX, NEG_INF, 0)
+            shift = _sel(m_t == Float32(NEG_INF), Float32(0.0), m_t)
+            e = cute.math.exp2(xs - shift, fastmath=True)
+            s_t = e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+
+        # ---- row merge: lanes, then warps / CTAs through the (max, sum) slots
+        m_row, s_row = _lane_reduce(m_t, s_t, G)
+        if cutlass.const_expr(C > 1):
+            lane = tidx % 32
+            slot = r * S + cta * W + t // 32
+            pair = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+            pair[0] = m_row
+            pair[1] = s_row
+            bits_ = cute.recast_tensor(pair, Int32)
+            cute.arch.cluster_wait()  # every peer's mbarrier initialised and armed
+            if lane < C:
+                cute.arch.store_async_dsmem(red.iterator + slot, (bits_[0], bits_[1]), mbar, lane)
+            cute.arch.mbarrier_wait(mbar, 0)
+            m_row, s_row = _fold(red_f, r, tidx % G)
+        elif cutlass.const_expr(S > 1):
+            if t % G == 0:
+                red_f[r, t // 32, 0] = m_row
+                red_f[r, t // 32, 1] = s_row
+            cute.arch.sync_threads()
+            m_row, s_row = _fold(red_f, r, tidx % G)
+
+        # ---- output
+        ok = row < m_rows
+        gy = _chunk_view(y[row, None], t, cta)
+        if cutlass.const_expr(recompute):
+            vr2 = cute.make_rmem_tensor(cute.make_layout((vec,)), dtype)
+            vo = cute.make_rmem_tensor(cute.make_layout((vec,)), dtype)
+            lse = m_row + cute.math.log2(s_row, fastmath=True)
+            inv = Float32(1.0) / s_row
+            for k in cutlass.range_constexpr(KT):
+                cute.autovec_copy(sxv[None, k], vr2)
+                xk = vr2.load().to(Float32) * LOG2E
+                if cutlass.const_expr(log):
+                    vo.store(((xk - lse) * LN2).to(dtype))
+                else:
+                    vo.store((cute.math.exp2(xk - m_row, fastmath=True) * inv).to(dtype))
+                if cutlass.const_expr(k < KF):
+                    if ok:
+                        cute.copy(atom, vo, gy[None, k])
+                else:
+                    if ok & (base + k * P < NV):
+                        cute.copy(atom, vo, gy[None, k])
+        else:
+            out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+            if cutlass.const_expr(log):
+                lse = m_row + cute.math.log2(s_row, fastmath=True)
+                out.store(((xs - lse) * LN2).to(dtype))
+            else:
+                ms = _sel(m_row == Float32(NEG_INF), Float32(0.0), m_row)
+                scale = _sel(m_t == Float32(NEG_INF), Float32(0.0), cute.math.exp2(shift - ms, fastmath=True))
+                out.store((e * (scale / s_row)).to(dtype))
+            if ok:
+                for k in cutlass.range_constexpr(KT):
+                    if cutlass.const_expr(k < KF):
+                        cute.copy(atom, out[None, k], gy[None, k])
+                    else:
+                        if base + k * P < NV:
+                            cute.copy(atom, out[None, k], gy[None, k])
+
+    @cute.jit
+    def softmax_fwd_v2(x: cute.Tensor, y: cute.Tensor, stream):
+        grid = (cute.ceil_div(x.shape[0], R) * C, 1, 1)
+        if cutlass.const_expr(C > 1):
+            _fwd(x, y).launch(grid=grid, block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+        else:
+            _fwd(x, y).launch(grid=grid, block=(T, 1, 1), stream=stream)
+
+    return softmax_fwd_v2
