@@ -1,0 +1,812 @@
+"""cuteforge kernels as autotuning candidates inside torch.compile(mode="max-autotune").
+
+    import cuteforge.inductor
+    cuteforge.inductor.enable()      # opt-in; returns False (with one warning) on an unsupported torch
+    torch.compile(model, mode="max-autotune")(x)
+    cuteforge.inductor.choices_log() # which cuteforge candidates won or lost, with timings
+    cuteforge.inductor.disable()     # puts back exactly what enable() changed
+
+Every coupling to Inductor internals lives in this module. Three seams, each checked on
+torch 2.11 and 2.13 (both read from source):
+
+1. mm / addmm / bmm: `InductorChoices.get_template_configs` (torch/_inductor/choices.py)
+   is what `tuned_mm`, `tuned_addmm` and `tuned_bmm` (torch/_inductor/kernel/mm.py,
+   bmm.py) call to turn their template lists into `ChoiceCaller`s before
+   `autotune_select_algorithm`. enable() wraps that method on the class: when the list
+   holds Inductor's own ATen choice ("mm", "addmm", "bmm"), one more choice is appended:
+   an `ExternKernelChoice` (select_algorithm.py) whose kernel is a cuteforge custom op,
+   lowered as an `ir.FallbackKernel` when it wins. It is timed next to cuBLAS and every
+   Triton template in the same selection, so it only wins when it is faster.
+2. softmax / log_softmax / rms_norm / layer_norm and Linear + relu/gelu(tanh)/silu: a
+   pre-grad graph pass (`config.pre_grad_custom_pass`, run by
+   torch/_inductor/fx_passes/pre_grad.py on the Dynamo graph, where these are still
+   single `F.*` calls) rewrites them into single-output custom ops `cuteforge_inductor::*`
+   (inference graphs only: outputs that do not require grad). Each op is registered with
+   `register_custom_op_autotuning` (torch/_inductor/kernel/custom_op.py) with two
+   decompositions: `cuteforge_*` (the cuteforge kernel, with the GEMM epilogue fused by
+   cuteforge's own epilogue mechanism) and `inductor_*` (the plain torch expression, which
+   Inductor compiles and, when it wins, inlines so its own fusion applies). Inductor times
+   both (and, on 2.13, the op's eager impl, also cuteforge) and keeps the fastest.
+3. Logging: a feedback saver (`select_algorithm.add_feedback_saver`) sees every selection's
+   timings; those with a cuteforge candidate are logged (logger `cuteforge.inductor`) and
+   kept for `choices_log()`.
+
+The FX graph cache key follows the switch: a `CustomGraphPass` with a `uuid()` goes into
+`config.post_grad_custom_post_pass` (part of `FxGraphHashDetails` on both versions), so
+a graph compiled with cuteforge is never served to a run without it, and the reverse.
+
+Candidates are offered only where they can run: a CUDA device of compute capability 9.0,
+static shapes, bf16/fp16 GEMM operands (fp32 too for softmax/norms), max-autotune on.
+Every candidate calls the ordinary cuteforge ops, so their plan memo, on-disk compile
+cache and stored tuning results serve Inductor's benchmarking and the compiled graph alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import logging
+import re
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["enable", "disable", "is_enabled", "choices_log", "clear_choices_log", "unsupported_reason", "SUPPORTED_TORCH"]
+
+log = logging.getLogger("cuteforge.inductor")
+
+# Inclusive (major, minor) range this module was written and read against.
+SUPPORTED_TORCH = ((2, 11), (2, 13))
+
+_LOCK = threading.RLock()
+_WARNED = False
+_STATE: dict[str, Any] | None = None  # what enable() changed, for disable()
+_LOG: list[dict[str, Any]] = []
+_MISSING = object()
+_GEMM_DTYPES = (torch.bfloat16, torch.float16)
+_ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_N = 262144  # longest row the softmax / norm kernels take (ops/softmax.py, ops/norm.py)
+
+
+# --------------------------------------------------------------------------- custom ops
+# Single-output ops the pre-grad pass rewrites into, and the kernels of the GEMM choices.
+# Their eager impls are the cuteforge ops (warm path: one dict lookup).
+
+
+def _act(act: str) -> str | None:
+    return None if act == "none" else act
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor, **kw: Any) -> torch.Tensor:
+    from .ops.gemm import gemm
+
+    return gemm(a, b, **kw)
+
+
+@torch.library.custom_op("cuteforge_inductor::mm", mutates_args=())
+def _mm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _gemm(a, b)
+
+
+@_mm_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+@torch.library.custom_op("cuteforge_inductor::bmm", mutates_args=())
+def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _gemm(a, b)
+
+
+@_bmm_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+
+
+@torch.library.custom_op("cuteforge_inductor::addmm", mutates_args=())
+def _addmm_op(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    M, N = a.shape[0], b.shape[1]
+    if inp.dim() == 1 or (inp.dim() == 2 and inp.shape[0] == 1):
+        return _gemm(a, b, bias=inp.reshape(N))
+    if inp.dim() == 2 and inp.shape == (M, N) and inp.stride(0) == 0:  # an expanded bias row
+        return _gemm(a, b, bias=inp[0])
+    return _gemm(a, b, c=inp)
+
+
+@_addmm_op.register_fake
+def _(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    y = _gemm(x2, w.t(), bias=b, epilogue=_act(act))
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+@torch.library.custom_op("cuteforge_inductor::linear_act", mutates_args=())
+def _linear_act_op(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
+    return _linear(x, w, None, act)
+
+
+@_linear_act_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+@torch.library.custom_op("cuteforge_inductor::linear_bias_act", mutates_args=())
+def _linear_bias_act_op(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
+    return _linear(x, w, b, act)
+
+
+@_linear_bias_act_op.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+def _row_op(name: str, impl: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
+    op = torch.library.custom_op(f"cuteforge_inductor::{name}", mutates_args=())(impl)
+    op.register_fake(fake)
+    return op
+
+
+def _softmax_impl(x: torch.Tensor, dim: int) -> torch.Tensor:
+    from .ops import softmax as sm
+
+    return sm.softmax(x, dim)
+
+
+def _log_softmax_impl(x: torch.Tensor, dim: int) -> torch.Tensor:
+    from .ops import softmax as sm
+
+    return sm.log_softmax(x, dim)
+
+
+def _rms_norm_impl(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    from .ops.norm import rms_norm
+
+    return rms_norm(x, w, eps)
+
+
+def _layer_norm_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    from .ops.norm import layer_norm
+
+    return layer_norm(x, w, b, eps)
+
+
+def _layer_norm_nb_impl(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    from .ops.norm import layer_norm
+
+    return layer_norm(x, w, None, eps)
+
+
+def _like_x(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+_softmax_op = _row_op("softmax", _softmax_impl, _like_x)
+_log_softmax_op = _row_op("log_softmax", _log_softmax_impl, _like_x)
+_rms_norm_op = _row_op("rms_norm", _rms_norm_impl, _like_x)
+_layer_norm_op = _row_op("layer_norm", _layer_norm_impl, _like_x)
+_layer_norm_nb_op = _row_op("layer_norm_nobias", _layer_norm_nb_impl, _like_x)
+
+
+# --------------------------------------------------------------------------- decompositions
+# For register_custom_op_autotuning: called as decomp(*tensors, **scalars) with the op's
+# schema names. `cuteforge_*` call the cuteforge:: ops (never the op being lowered, which
+# would recurse into this lowering on 2.11); `inductor_*` are what Inductor compiles itself.
+# The names matter: choice names contain them, and the log classifies by them.
+
+_ACT_TORCH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda t: t,
+    "relu": torch.relu,
+    "gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+}
+
+
+def _preset_key(act: str, bias: bool) -> tuple[str, str]:
+    from .kernels.gemm.epilogue import GemmEpilogue
+
+    epi = GemmEpilogue.preset(act, bias="col" if bias else None)
+    return (epi.key, ",".join(epi.kinds)) if epi is not None else ("", "")
+
+
+def cuteforge_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
+    key, kinds = _preset_key(act, False)
+    y = torch.ops.cuteforge.gemm(x.reshape(-1, x.shape[-1]), w.t(), [], key, kinds, None)
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def inductor_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
+    return _ACT_TORCH[act](torch.nn.functional.linear(x, w))
+
+
+def cuteforge_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
+    key, kinds = _preset_key(act, True)
+    y = torch.ops.cuteforge.gemm(x.reshape(-1, x.shape[-1]), w.t(), [b], key, kinds, None)
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def inductor_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
+    return _ACT_TORCH[act](torch.nn.functional.linear(x, w, b))
+
+
+def cuteforge_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.ops.cuteforge.softmax(x, dim)
+
+
+def inductor_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.softmax(x, dim)
+
+
+def cuteforge_log_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.ops.cuteforge.log_softmax(x, dim)
+
+
+def inductor_log_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.log_softmax(x, dim)
+
+
+def cuteforge_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    y = torch.ops.cuteforge.rms_norm(x.reshape(-1, x.shape[-1]), w, None, eps)[0]
+    return y.view(x.shape)
+
+
+def inductor_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def cuteforge_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, b, None, eps)[0]
+    return y.view(x.shape)
+
+
+def inductor_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def cuteforge_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, None, None, eps)[0]
+    return y.view(x.shape)
+
+
+def inductor_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, None, eps)
+
+
+# op, autotune name (no "cuteforge" in it: the log tells candidates apart by name), decomps
+_AUTOTUNED: list[tuple[Any, str, tuple[Callable[..., Any], ...]]] = [
+    (_linear_act_op, "cfi_linear_act", (inductor_linear_act, cuteforge_linear_act)),
+    (_linear_bias_act_op, "cfi_linear_bias_act", (inductor_linear_bias_act, cuteforge_linear_bias_act)),
+    (_softmax_op, "cfi_softmax", (inductor_softmax, cuteforge_softmax)),
+    (_log_softmax_op, "cfi_log_softmax", (inductor_log_softmax, cuteforge_log_softmax)),
+    (_rms_norm_op, "cfi_rms_norm", (inductor_rms_norm, cuteforge_rms_norm)),
+    (_layer_norm_op, "cfi_layer_norm", (inductor_layer_norm, cuteforge_layer_norm)),
+    (_layer_norm_nb_op, "cfi_layer_norm_nobias", (inductor_layer_norm_nobias, cuteforge_layer_norm_nobias)),
+]
+
+
+# --------------------------------------------------------------------------- version gate
+
+
+def _parse(version: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def unsupported_reason(version: str | None = None) -> str | None:
+    """None when this torch offers every hook enable() uses, else why not."""
+    v = _parse(version if version is not None else str(torch.__version__))
+    if v is None or not (SUPPORTED_TORCH[0] <= v <= SUPPORTED_TORCH[1]):
+        lo, hi = (".".join(map(str, p)) for p in SUPPORTED_TORCH)
+        return f"torch {version or torch.__version__} is outside the supported range {lo} to {hi}"
+    try:
+        from torch._inductor import config, lowering, select_algorithm
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.custom_graph_pass import CustomGraphPass  # noqa: F401
+        from torch._inductor.kernel import custom_op
+    except ImportError as e:
+        return f"torch {torch.__version__}: Inductor module missing ({e})"
+    needed = [
+        (custom_op, "register_custom_op_autotuning"), (custom_op, "CustomOpConfig"),
+        (InductorChoices, "get_template_configs"), (select_algorithm, "ExternKernelChoice"),
+        (select_algorithm, "add_feedback_saver"), (select_algorithm, "get_algorithm_selector_cache"),
+        (lowering, "lowerings"), (config, "pre_grad_custom_pass"), (config, "post_grad_custom_post_pass"),
+        (config, "max_autotune"),
+    ]
+    missing = [f"{getattr(o, '__name__', o)}.{a}" for o, a in needed if not hasattr(o, a)]
+    if missing:
+        return f"torch {torch.__version__} lacks {', '.join(missing)}"
+    return None
+
+
+# --------------------------------------------------------------------------- candidate checks
+
+
+def _sm90(device: torch.device) -> bool:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    try:
+        return torch.cuda.get_device_capability(device) == (9, 0)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _autotuning() -> bool:
+    from torch._inductor import config
+
+    return bool(config.max_autotune or config.max_autotune_gemm)
+
+
+def _static(shape: Any) -> bool:
+    return all(isinstance(s, int) for s in shape)
+
+
+# --------------------------------------------------------------------------- seam 1: GEMM choices
+
+_EXTERN: dict[str, Any] = {}  # op name -> ExternKernelChoice (registered once per process)
+_GEMM_OPS = {"mm": "mm", "addmm": "addmm", "bmm": "bmm"}
+
+
+def _extern_choice(op_name: str) -> Any:
+    from torch._inductor.select_algorithm import ExternKernelChoice
+
+    if op_name not in _EXTERN:
+        name = f"cuteforge_{op_name}"
+        overload = getattr(torch.ops.cuteforge_inductor, op_name).default
+        # lookup() exists on 2.13 only; the registry name is what the assert guards.
+        existing = getattr(ExternKernelChoice, "lookup", lambda n: None)(name)
+        _EXTERN[op_name] = existing or ExternKernelChoice(
+            overload, name=name, has_out_variant=False, op_overload=overload, use_fallback_kernel=True)
+    return _EXTERN[op_name]
+
+
+def _node_static(node: Any) -> bool:
+    try:
+        return all(getattr(s, "is_number", isinstance(s, int)) for s in node.get_size())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def gemm_choice(kernel_inputs: Any, templates: Any, op_name: str) -> Any:
+    """The cuteforge ChoiceCaller for this tuned_mm/addmm/bmm selection, or None."""
+    if op_name not in _GEMM_OPS or not _autotuning():
+        return None
+    # Only the call that carries Inductor's ATen choice of this op (2.13's addmm asks twice;
+    # Triton's mm_template is also named "mm", hence the type check).
+    from torch._inductor.select_algorithm import ExternKernelChoice
+
+    if not any(isinstance(t, ExternKernelChoice) and t.name == op_name for t in templates):
+        return None
+    nodes = kernel_inputs.nodes()
+    if not _sm90(kernel_inputs.device()):
+        return None
+    dts = kernel_inputs.dtypes()
+    if dts[-1] not in _GEMM_DTYPES or dts[-2] != dts[-1] or kernel_inputs.out_dtype() != dts[-1]:
+        return None
+    if not all(_node_static(n) for n in nodes):
+        return None
+    if op_name == "addmm":
+        if kernel_inputs.get_scalar("alpha") != 1 or kernel_inputs.get_scalar("beta") != 1:
+            return None
+        if dts[0] not in _ROW_DTYPES:
+            return None
+    m, n, k = kernel_inputs.mnk_hinted()
+    if min(m, n, k) <= 0:
+        return None
+    return _extern_choice(op_name).bind(nodes, kernel_inputs.output_layout(flexible=False))
+
+
+def _wrap_get_template_configs(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def get_template_configs(self: Any, kernel_inputs: Any, templates: Any, op_name: str, *args: Any, **kwargs: Any) -> Any:
+        choices = orig(self, kernel_inputs, templates, op_name, *args, **kwargs)
+        try:
+            extra = gemm_choice(kernel_inputs, templates, op_name)
+        except Exception as e:  # noqa: BLE001 - never break Inductor's own selection
+            log.debug("cuteforge %s choice not offered: %r", op_name, e)
+            extra = None
+        if extra is not None:
+            _ensure_feedback()
+            choices = [*choices, extra]
+        return choices
+
+    get_template_configs.__wrapped__ = orig  # type: ignore[attr-defined]
+    get_template_configs._cuteforge = True  # type: ignore[attr-defined]
+    return get_template_configs
+
+
+# --------------------------------------------------------------------------- seam 2: graph passes
+
+
+def _module_uuid() -> str:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    from . import __version__
+
+    h.update(__version__.encode())
+    return h.hexdigest()
+
+
+def _arg(node: torch.fx.Node, i: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def _ev(node: Any) -> Any:
+    return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+
+
+_CHECK_DEVICE = [True]  # rewrite_graph(require_gpu=False) turns the sm_90 check off (CPU tests)
+
+
+def _inference_tensor(t: Any) -> bool:
+    # contiguous: the inductor_* and cuteforge_* decompositions must give the same layout
+    # (register_custom_op_autotuning checks it), and the cuteforge ops return contiguous
+    return (isinstance(t, torch.Tensor) and not t.requires_grad and _static(t.shape) and t.numel() > 0
+            and t.is_contiguous() and (not _CHECK_DEVICE[-1] or _sm90(t.device)))
+
+
+_SOFTMAX = {torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax}
+_LOG_SOFTMAX = {torch.log_softmax, torch.nn.functional.log_softmax, torch.Tensor.log_softmax}
+_RMS = {torch.rms_norm, torch.nn.functional.rms_norm}
+_LAYER = {torch.nn.functional.layer_norm, torch.layer_norm}
+_LINEAR = {torch._C._nn.linear, torch.nn.functional.linear}
+_RELU = {torch.relu, torch.nn.functional.relu, torch.Tensor.relu}
+_SILU = {torch.nn.functional.silu}
+_GELU = {torch._C._nn.gelu, torch.nn.functional.gelu}
+
+
+def _is(node: torch.fx.Node, fns: set[Any], method: str | None = None) -> bool:
+    if node.op == "call_function":
+        return node.target in fns
+    return method is not None and node.op == "call_method" and node.target == method
+
+
+def _row_ok(x: Any, dim: Any, out: Any) -> bool:
+    return (_inference_tensor(x) and _inference_tensor(out) and x.dtype in _ROW_DTYPES and x.dim() >= 1
+            and isinstance(dim, int) and dim in (-1, x.dim() - 1) and x.shape[-1] <= _MAX_N)
+
+
+def _norm_ok(x: Any, shape: Any, ws: list[Any], out: Any) -> bool:
+    if not (_inference_tensor(x) and _inference_tensor(out) and x.dtype in _ROW_DTYPES and x.shape[-1] <= _MAX_N):
+        return False
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 1 and shape[0] == x.shape[-1]):
+        return False
+    return all(isinstance(w, torch.Tensor) and w.shape == (x.shape[-1],) and w.dtype == x.dtype
+               and w.device == x.device for w in ws)
+
+
+def _act_of(node: torch.fx.Node) -> str | None:
+    if _is(node, _RELU, "relu") and not _arg(node, 1, "inplace", False):
+        return "relu"
+    if _is(node, _SILU) and not _arg(node, 1, "inplace", False):
+        return "silu"
+    if _is(node, _GELU) and _arg(node, 1, "approximate", "none") == "tanh":
+        return "gelu"
+    return None
+
+
+def rewrite_graph(graph: torch.fx.Graph, *, require_gpu: bool = True) -> dict[str, int]:
+    """Rewrite supported patterns of a Dynamo (pre-grad) graph into cuteforge_inductor ops.
+
+    Returns counts per op. `require_gpu=False` skips the device check (CPU tests of the
+    rewrite itself); everything else (no grad, static shapes, dtypes, last dim) still holds."""
+    counts: dict[str, int] = {}
+    _CHECK_DEVICE.append(require_gpu)
+    try:
+        for node in list(graph.nodes):
+            if node.op not in ("call_function", "call_method"):
+                continue
+            new = _rewrite_node(graph, node)
+            if new is not None:
+                counts[new] = counts.get(new, 0) + 1
+    finally:
+        _CHECK_DEVICE.pop()
+    if counts:
+        graph.lint()
+    return counts
+
+
+def _replace(graph: torch.fx.Graph, old: torch.fx.Node, target: Any, args: tuple[Any, ...]) -> None:
+    with graph.inserting_before(old):
+        new = graph.call_function(target, args)
+    new.meta.update(old.meta)
+    old.replace_all_uses_with(new)
+    graph.erase_node(old)
+
+
+def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
+    out = _ev(node)
+    if _is(node, _SOFTMAX, "softmax") or _is(node, _LOG_SOFTMAX, "log_softmax"):
+        x, dim = node.args[0], _arg(node, 1, "dim")
+        if _arg(node, 3, "dtype") is not None or not _row_ok(_ev(x), dim, out):
+            return None
+        log_ = _is(node, _LOG_SOFTMAX, "log_softmax")
+        _replace(graph, node, (_log_softmax_op if log_ else _softmax_op)._opoverload, (x, -1))
+        return "log_softmax" if log_ else "softmax"
+    if _is(node, _RMS):
+        x, shape, w, eps = node.args[0], _arg(node, 1, "normalized_shape"), _arg(node, 2, "weight"), _arg(node, 3, "eps")
+        xv = _ev(x)
+        if w is None or not _norm_ok(xv, shape, [_ev(w)], out):
+            return None
+        eps = float(torch.finfo(xv.dtype).eps) if eps is None else eps
+        if not isinstance(eps, (int, float)):
+            return None
+        _replace(graph, node, _rms_norm_op._opoverload, (x, w, float(eps)))
+        return "rms_norm"
+    if _is(node, _LAYER):
+        x, shape, w, b, eps = (node.args[0], _arg(node, 1, "normalized_shape"), _arg(node, 2, "weight"),
+                               _arg(node, 3, "bias"), _arg(node, 4, "eps", 1e-5))
+        ws = [_ev(w)] + ([_ev(b)] if b is not None else [])
+        if w is None or not isinstance(eps, (int, float)) or not _norm_ok(_ev(x), shape, ws, out):
+            return None
+        if b is None:
+            _replace(graph, node, _layer_norm_nb_op._opoverload, (x, w, float(eps)))
+        else:
+            _replace(graph, node, _layer_norm_op._opoverload, (x, w, b, float(eps)))
+        return "layer_norm"
+    act = _act_of(node)
+    if act is not None:
+        lin = node.args[0]
+        if not (isinstance(lin, torch.fx.Node) and _is(lin, _LINEAR) and len(lin.users) == 1):
+            return None
+        x, w, b = lin.args[0], _arg(lin, 1, "weight"), _arg(lin, 2, "bias")
+        xv, wv, bv = _ev(x), _ev(w), _ev(b)
+        if not (_inference_tensor(out) and _inference_tensor(xv) and isinstance(wv, torch.Tensor)):
+            return None
+        if xv.dtype not in _GEMM_DTYPES or wv.dtype != xv.dtype or wv.dim() != 2 or xv.dim() < 2 or not _static(xv.shape):
+            return None
+        if b is not None and not (isinstance(bv, torch.Tensor) and bv.shape == (wv.shape[0],) and bv.dtype == xv.dtype):
+            return None
+        if b is None:
+            _replace(graph, node, _linear_act_op._opoverload, (x, w, act))
+        else:
+            _replace(graph, node, _linear_bias_act_op._opoverload, (x, w, b, act))
+        graph.erase_node(lin)
+        return f"linear_{act}"
+    return None
+
+
+def _pass_base() -> type:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    return CustomGraphPass
+
+
+class _Passes:
+    """Built lazily (CustomGraphPass imports Inductor)."""
+
+    pre: type | None = None
+    key: type | None = None
+
+
+def _pass_classes() -> tuple[type, type]:
+    if _Passes.pre is None:
+        base = _pass_base()
+
+        class CuteforgePreGradPass(base):  # type: ignore[misc, valid-type]
+            """config.pre_grad_custom_pass: the rewrite, then whatever pass was there before."""
+
+            def __init__(self, prior: Any) -> None:
+                self.prior = prior
+
+            def __call__(self, graph: torch.fx.Graph) -> None:
+                if _autotuning():
+                    counts = rewrite_graph(graph)
+                    if counts:
+                        _ensure_feedback()
+                        log.info("cuteforge.inductor: rewrote %s", counts)
+                _run_prior(self.prior, graph)
+
+            def uuid(self) -> Any:
+                return ("cuteforge-pre", _module_uuid(), _prior_uuid(self.prior))
+
+        class CuteforgeKeyPass(base):  # type: ignore[misc, valid-type]
+            """config.post_grad_custom_post_pass: changes no graph (runs the prior pass);
+            its uuid puts 'cuteforge enabled' into the FX graph cache key."""
+
+            def __init__(self, prior: Any) -> None:
+                self.prior = prior
+
+            def __call__(self, graph: torch.fx.Graph) -> None:
+                _run_prior(self.prior, graph)
+
+            def uuid(self) -> Any:
+                return ("cuteforge-key", _module_uuid(), _prior_uuid(self.prior))
+
+        _Passes.pre, _Passes.key = CuteforgePreGradPass, CuteforgeKeyPass
+    return _Passes.pre, _Passes.key  # type: ignore[return-value]
+
+
+def _run_prior(prior: Any, graph: torch.fx.Graph) -> None:
+    for p in prior if isinstance(prior, (list, tuple)) else ([prior] if prior is not None else []):
+        p(graph)
+
+
+def _prior_uuid(prior: Any) -> Any:
+    ps = prior if isinstance(prior, (list, tuple)) else ([prior] if prior is not None else [])
+    return tuple(p.uuid() if hasattr(p, "uuid") else repr(p) for p in ps)
+
+
+# --------------------------------------------------------------------------- seam 3: the log
+
+
+def _is_cuteforge(sel: str, choice: Any) -> bool:
+    name = str(getattr(choice, "name", ""))
+    if sel.startswith("cfi_"):
+        # custom-op selections: every choice but the inductor_* decomposition runs cuteforge
+        # (the cuteforge_* decomposition, and the op's eager impl as the fallback)
+        return "inductor_" not in name
+    return name.startswith("cuteforge")
+
+
+def _feedback(timings: dict[Any, float], name: str, input_nodes: Any, choices: Any, *rest: Any) -> None:
+    try:
+        if not timings or not any(_is_cuteforge(name, c) for c in timings):
+            return
+        ranked = sorted(timings.items(), key=lambda kv: kv[1])
+        win, win_t = ranked[0]
+        cf = [(c, t) for c, t in ranked if _is_cuteforge(name, c)]
+        other = [(c, t) for c, t in ranked if not _is_cuteforge(name, c)]
+        try:
+            shapes = [list(map(int, n.get_size())) for n in input_nodes]
+        except Exception:  # noqa: BLE001
+            shapes = []
+        entry = {
+            "op": name,
+            "shapes": shapes,
+            "winner": str(win.name),
+            "cuteforge_won": _is_cuteforge(name, win),
+            "winner_ms": float(win_t),
+            "cuteforge_best": str(cf[0][0].name),
+            "cuteforge_best_ms": float(cf[0][1]),
+            "inductor_best": str(other[0][0].name) if other else None,
+            "inductor_best_ms": float(other[0][1]) if other else None,
+            "timings_ms": {str(c.name): float(t) for c, t in ranked},
+        }
+        _LOG.append(entry)
+        log.info("cuteforge.inductor %s %s: winner %s (%.4f ms; %s); cuteforge best %s %.4f ms, inductor best %s %s ms",
+                 name, shapes, entry["winner"], win_t, "cuteforge WON" if entry["cuteforge_won"] else "cuteforge lost",
+                 entry["cuteforge_best"], entry["cuteforge_best_ms"], entry["inductor_best"], entry["inductor_best_ms"])
+    except Exception as e:  # noqa: BLE001 - logging must never fail a compile
+        log.debug("cuteforge.inductor feedback failed: %r", e)
+
+
+def _selector_cache() -> Any:
+    from torch._inductor import select_algorithm
+
+    return select_algorithm.get_algorithm_selector_cache()
+
+
+def _ensure_feedback() -> None:
+    """The selector cache can be rebuilt (cache clears); keep our saver on the live one."""
+    if _STATE is None:
+        return
+    fns = getattr(_selector_cache(), "feedback_saver_fns", None)
+    if fns is not None and _feedback not in fns:
+        fns.append(_feedback)
+
+
+def choices_log() -> list[dict[str, Any]]:
+    """Every autotuning selection that had a cuteforge candidate, oldest first: op, input
+    shapes, winner, whether cuteforge won, best cuteforge and best Inductor choice, all
+    timings (ms)."""
+    return [dict(e) for e in _LOG]
+
+
+def clear_choices_log() -> None:
+    _LOG.clear()
+
+
+# --------------------------------------------------------------------------- switch
+
+
+def _no_fallback(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("cuteforge.inductor: placeholder for a disabled torch 2.11 fallback choice")
+
+
+def is_enabled() -> bool:
+    return _STATE is not None
+
+
+def enable() -> bool:
+    """Offer cuteforge kernels to torch.compile(mode="max-autotune"). Idempotent. On a torch
+    this module does not support: warns once, changes nothing, returns False."""
+    global _STATE, _WARNED
+    with _LOCK:
+        if _STATE is not None:
+            return True
+        reason = unsupported_reason()
+        if reason is not None:
+            if not _WARNED:
+                warnings.warn(f"cuteforge.inductor.enable(): disabled: {reason}", RuntimeWarning, stacklevel=2)
+                _WARNED = True
+            return False
+        from torch._inductor import config, lowering
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.kernel import custom_op
+        from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+        from torch._inductor.select_algorithm import extern_kernels
+
+        for mod in ("gemm", "norm", "softmax"):  # registers torch.ops.cuteforge.*, traced by the decompositions
+            importlib.import_module(f"{__package__}.ops.{mod}")
+
+        pre_cls, key_cls = _pass_classes()
+        user = getattr(lowering, "user_lowerings", None)  # 2.13: register_* writes here; 2.11: lowerings
+        state: dict[str, Any] = {
+            "get_template_configs": InductorChoices.__dict__["get_template_configs"],
+            "pre_grad_custom_pass": config.pre_grad_custom_pass,
+            "post_grad_custom_post_pass": config.post_grad_custom_post_pass,
+            "lowerings": {op._opoverload: lowering.lowerings.get(op._opoverload, _MISSING) for op, _, _ in _AUTOTUNED},
+            "user_lowerings": ({op._opoverload: user.get(op._opoverload, _MISSING) for op, _, _ in _AUTOTUNED}
+                               if user is not None else None),
+            "extern_names": [],
+        }
+        # torch 2.11's autotune_custom_op adds the op's eager impl as a fallback choice only
+        # while extern_kernels has no "<name>_fallback_default", and binds it without the
+        # op's scalar arguments (a winning fallback would lower to a call missing them).
+        # The cuteforge_* decomposition is the cuteforge candidate there, so the fallback
+        # is switched off by taking its name. 2.13 (`_create_fallback_choice(op_overload)`)
+        # binds the scalars and needs nothing.
+        if "name" in inspect.signature(custom_op._create_fallback_choice).parameters:
+            for _, name, _ in _AUTOTUNED:
+                fb = f"{name}_fallback_default"
+                if not hasattr(extern_kernels, fb):
+                    setattr(extern_kernels, fb, _no_fallback)
+                    state["extern_names"].append(fb)
+        try:
+            InductorChoices.get_template_configs = _wrap_get_template_configs(state["get_template_configs"])
+            config.pre_grad_custom_pass = pre_cls(state["pre_grad_custom_pass"])
+            config.post_grad_custom_post_pass = key_cls(state["post_grad_custom_post_pass"])
+            for op, name, decomps in _AUTOTUNED:
+                register_custom_op_autotuning(op, configs=[CustomOpConfig(d) for d in decomps], name=name)
+            _STATE = state
+            _ensure_feedback()
+        except Exception:
+            _STATE = state
+            disable()
+            raise
+        log.info("cuteforge.inductor enabled (torch %s)", torch.__version__)
+        return True
+
+
+def disable() -> None:
+    """Undo enable(): every object and config value it replaced is put back. Idempotent."""
+    global _STATE
+    with _LOCK:
+        state = _STATE
+        if state is None:
+            return
+        from torch._inductor import config, lowering
+        from torch._inductor.choices import InductorChoices
+
+        InductorChoices.get_template_configs = state["get_template_configs"]
+        config.pre_grad_custom_pass = state["pre_grad_custom_pass"]
+        config.post_grad_custom_post_pass = state["post_grad_custom_post_pass"]
+        for table, saved in ((lowering.lowerings, state["lowerings"]), (getattr(lowering, "user_lowerings", None), state["user_lowerings"])):
+            if table is None or saved is None:
+                continue
+            for op, prior in saved.items():
+                if prior is _MISSING:
+                    table.pop(op, None)
+                else:
+                    table[op] = prior
+        from torch._inductor.select_algorithm import extern_kernels
+
+        for fb in state["extern_names"]:
+            if getattr(extern_kernels, fb, None) is _no_fallback:
+                delattr(extern_kernels, fb)
+        try:
+            fns = _selector_cache().feedback_saver_fns
+            while _feedback in fns:
+                fns.remove(_feedback)
+        except Exception:  # noqa: BLE001
+            pass
+        _STATE = None
+        log.info("cuteforge.inductor disabled")
