@@ -1,0 +1,191 @@
+"""Long-row forward softmax: the v1 default config against the v2 paths (SoftmaxConfig.path
+= mbar / async / smem, kernels/softmax/chunked.py) and quack, one process, one GPU.
+
+For every dtype and N: M = min(32768, 2^28 // N) rows of randn; each config's kernel is
+launched directly (no op overhead), timed with cuteforge.timing.bench (L2 flushed before
+each call, median of CUDA events) and checked against torch.softmax in fp32 (max abs
+error, max error relative to the reference element, NaN count), so a fast wrong config
+is flagged (`correct`: false). Copy bandwidth is measured in the same run. All configs
+compile first, in parallel worker processes (cuteforge.autotune.pool).
+
+Writes JSON to --out: command, gpu, copy_GBps, and per (dtype, N): rows of
+{config, path, default, us, GBps, pct_copy, max_abs_err, max_rel_err, nan, correct},
+the quack figure and ratio (ours / quack) for each, and `best` (fastest correct config).
+
+    python benchmarks/bench_longrow.py --out $OUT/h200-longrow.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuteforge import timing
+
+MAX_ELEMS = 1 << 28
+NS = [32768, 65536, 131072, 262144]
+DTYPES = ["bfloat16", "float16", "float32"]
+TOL = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 1e-4}  # max error relative to the element
+
+
+def rows_for(n: int) -> int:
+    return max(1, min(32768, MAX_ELEMS // n))
+
+
+def _key(n: int, dtype: torch.dtype):
+    from cuteforge.signature import BoundKey, dtype_name, vector_width
+
+    vec = vector_width(0, (n,), dtype.itemsize)
+    return BoundKey((dtype_name(dtype),) * 2, (("N", n),), (vec, vec))
+
+
+def plans(dtypes: list[str], ns: list[int], max_per: int) -> list[tuple[str, int, Any, bool]]:
+    from cuteforge.arch import target_arch
+    from cuteforge.kernels.softmax import longrow_candidates
+    from cuteforge.kernels.softmax.spec import config_for
+
+    arch = target_arch()
+    out = []
+    for dt in dtypes:
+        bits = getattr(torch, dt).itemsize * 8
+        for n in ns:
+            d = config_for(arch, n, bits, False, rows_for(n))
+            out.append((dt, n, d, True))
+            for c in longrow_candidates(n, bits)[:max_per]:
+                if c != d:
+                    out.append((dt, n, c, False))
+    return out
+
+
+def _quack_softmax():
+    try:
+        return importlib.import_module("quack.softmax").softmax_fwd
+    except Exception as e:  # reported, never fatal
+        print("quack unavailable:", e)
+        return None
+
+
+def _check(y: torch.Tensor, ref: torch.Tensor, dt: str) -> dict[str, Any]:
+    yf = y.float()
+    nan = int(yf.isnan().sum())
+    diff = (yf - ref).abs_()
+    mae = float(diff.amax())
+    rel = float((diff / ref.abs().clamp_min(1e-30)).amax())
+    return {"max_abs_err": mae, "max_rel_err": rel, "nan": nan, "correct": nan == 0 and rel <= TOL[dt]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--ns", default=",".join(map(str, NS)))
+    p.add_argument("--max-per", type=int, default=12, help="v2 candidates per (dtype, N)")
+    p.add_argument("--rep-ms", type=float, default=30.0)
+    p.add_argument("--no-quack", action="store_true")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    t0 = time.time()
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    ns = [int(v) for v in args.ns.split(",") if v]
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.softmax.spec import softmax_fwd
+
+    arch = target_arch()
+    todo = plans(dtypes, ns, args.max_per)
+    params = (("mode", "softmax"),)
+    tc = time.time()
+    outcomes = compile_all([CompileJob.of(softmax_fwd, _key(n, getattr(torch, dt)), params, c, arch) for dt, n, c, _ in todo])
+    failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
+    result: dict[str, Any] = {
+        "command": "python benchmarks/bench_longrow.py " + " ".join(sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "arch": arch,
+        "compile_s": round(time.time() - tc, 1),
+        "configs": len(todo),
+        "compile_failures": len(failed),
+        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; bytes = 2*M*N*size",
+        "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
+        "shapes": [],
+    }
+    copy_bps = result["copy_GBps"] * 1e9
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every shape: a run cut short still leaves its figures
+        result["seconds"] = round(time.time() - t0, 1)
+        out.write_text(json.dumps(result, indent=1))
+
+    qfwd = None if args.no_quack else _quack_softmax()
+    result["quack"] = getattr(sys.modules.get("quack"), "__version__", None) if qfwd else None
+    save()
+
+    def _time(fn, nbytes: int) -> dict[str, Any]:
+        ms = timing.bench(fn, warmup_ms=5, rep_ms=args.rep_ms)
+        bps = nbytes / (ms * 1e-3)
+        return {"us": round(ms * 1e3, 2), "GBps": round(bps / 1e9, 1), "pct_copy": round(100 * bps / copy_bps, 1)}
+
+    groups: dict[tuple[str, int], list[tuple[int, Any, bool]]] = {}
+    for i, (dt, n, c, d) in enumerate(todo):
+        groups.setdefault((dt, n), []).append((i, c, d))
+    for (dt, n), cfgs in groups.items():
+        dtype = getattr(torch, dt)
+        m = rows_for(n)
+        torch.cuda.empty_cache()
+        torch.manual_seed(0)
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        y = torch.empty_like(x)
+        ref = torch.softmax(x.float(), dim=-1)
+        nbytes = 2 * x.numel() * x.element_size()
+        shape: dict[str, Any] = {"dtype": dt, "M": m, "N": n, "rows": []}
+        result["shapes"].append(shape)
+        if qfwd is not None:
+            try:
+                shape["quack"] = {**_time(lambda x=x: qfwd(x), nbytes), **_check(qfwd(x), ref, dt)}
+            except Exception as e:
+                shape["quack"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        for i, c, d in cfgs:
+            r: dict[str, Any] = {"config": repr(c), "path": c.path, "threads": c.threads, "cluster_n": c.cluster_n, "default": d}
+            if i in failed:
+                r["error"] = "compile: " + failed[i]
+            else:
+                try:
+                    fn = softmax_fwd.get(_key(n, dtype), params, c)
+                    y.fill_(float("nan"))
+                    fn(x, y)
+                    torch.cuda.synchronize()
+                    r.update(_check(y, ref, dt))
+                    r.update(_time(lambda fn=fn, x=x, y=y: fn(x, y), nbytes))
+                    q = shape.get("quack", {})
+                    if "GBps" in q:
+                        r["vs_quack"] = round(r["GBps"] / q["GBps"], 3)
+                except Exception as e:
+                    r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            shape["rows"].append(r)
+            print(dt, m, n, json.dumps(r), flush=True)
+        ok = [r for r in shape["rows"] if r.get("correct") and "GBps" in r]
+        if ok:
+            b = max(ok, key=lambda r: r["GBps"])
+            shape["best"] = {k: b[k] for k in ("config", "GBps", "pct_copy") if k in b} | {"vs_quack": b.get("vs_quack")}
+        save()
+    print(f"copy {result['copy_GBps']} GB/s")
+    for s in result["shapes"]:
+        d = next((r for r in s["rows"] if r["default"]), {})
+        print(
+            f"{s['dtype']:9s} {s['M']:6d} x {s['N']:6d}  default {d.get('pct_copy', '-')}%  "
+            f"best {s.get('best', {}).get('pct_copy', '-')}% {s.get('best', {}).get('config', '')}  "
+            f"quack {s.get('quack', {}).get('pct_copy', '-')}%"
+        )
+    save()
+    print("wrote", out, "in", result["seconds"], "s")
+
+
+if __name__ == "__main__":
+    main()
