@@ -1,0 +1,267 @@
+"""cuteforge.inductor on the CPU: the version gate, enable()/disable() restoring exactly what
+they change, idempotence, the pre-grad rewrite of a real Dynamo graph, the GEMM-choice gate
+and the choice log (no CUDA run)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._inductor import config, lowering
+from torch._inductor.choices import InductorChoices
+
+import cuteforge.inductor as ci
+
+OPS = [op._opoverload for op, _, _ in ci._AUTOTUNED]
+
+
+def _snapshot() -> dict[str, Any]:
+    user = getattr(lowering, "user_lowerings", {})
+    return {
+        "gtc": InductorChoices.__dict__["get_template_configs"],
+        "pre": config.pre_grad_custom_pass,
+        "post": config.post_grad_custom_post_pass,
+        "low": [lowering.lowerings.get(op) for op in OPS],
+        "user": [user.get(op) for op in OPS],
+        "savers": list(ci._selector_cache().feedback_saver_fns),
+    }
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (a["gtc"] is b["gtc"] and a["pre"] is b["pre"] and a["post"] is b["post"]
+            and all(x is y for x, y in zip(a["low"], b["low"])) and all(x is y for x, y in zip(a["user"], b["user"]))
+            and a["savers"] == b["savers"])
+
+
+@pytest.fixture(autouse=True)
+def _off(monkeypatch: pytest.MonkeyPatch):
+    ci.disable()
+    monkeypatch.setattr(ci, "_WARNED", False)
+    yield
+    ci.disable()
+    ci.clear_choices_log()
+
+
+def test_installed_torch_is_supported() -> None:
+    assert ci.unsupported_reason() is None, ci.unsupported_reason()
+
+
+@pytest.mark.parametrize("version", ["2.10.0", "2.14.0+cu130", "3.0.0", "garbage"])
+def test_version_gate_rejects(version: str) -> None:
+    assert ci.unsupported_reason(version) is not None
+
+
+@pytest.mark.parametrize("version", ["2.11.0+cu130", "2.12.1", "2.13.0+cpu"])
+def test_version_gate_accepts(version: str) -> None:
+    assert ci.unsupported_reason(version) is None
+
+
+def test_unsupported_torch_warns_once_and_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.9.1")
+    before = _snapshot()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert ci.enable() is False
+        assert ci.enable() is False
+    msgs = [str(x.message) for x in w if "cuteforge.inductor" in str(x.message)]
+    assert len(msgs) == 1 and "2.9.1" in msgs[0], msgs
+    assert not ci.is_enabled()
+    assert _same(before, _snapshot())
+
+
+def test_missing_api_is_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor.kernel import custom_op
+
+    monkeypatch.delattr(custom_op, "register_custom_op_autotuning")
+    reason = ci.unsupported_reason()
+    assert reason is not None and "register_custom_op_autotuning" in reason
+    with pytest.warns(RuntimeWarning):
+        assert ci.enable() is False
+
+
+def test_enable_disable_restore_exactly() -> None:
+    before = _snapshot()
+    assert ci.enable() is True and ci.is_enabled()
+    on = _snapshot()
+    assert on["gtc"] is not before["gtc"] and getattr(on["gtc"], "_cuteforge", False)
+    assert on["pre"] is not before["pre"] and on["post"] is not before["post"]
+    table = getattr(lowering, "user_lowerings", lowering.lowerings)
+    assert all(op in table for op in OPS)
+    assert ci._feedback in ci._selector_cache().feedback_saver_fns
+    assert ci.enable() is True  # idempotent: nothing re-wrapped
+    assert _same(on, _snapshot())
+    ci.disable()
+    assert not ci.is_enabled()
+    assert _same(before, _snapshot())
+    ci.disable()  # idempotent
+    assert _same(before, _snapshot())
+
+
+def test_enable_keeps_and_chains_a_prior_pass() -> None:
+    seen: list[str] = []
+
+    def prior(graph: torch.fx.Graph) -> None:
+        seen.append("prior")
+
+    # config.patch, not monkeypatch: monkeypatch's undo deletes Inductor config entries
+    with config.patch(pre_grad_custom_pass=prior):
+        ci.enable()
+        config.pre_grad_custom_pass(torch.fx.Graph())  # not autotuning: no rewrite, prior still runs
+        assert seen == ["prior"]
+        ci.disable()
+        assert config.pre_grad_custom_pass is prior
+
+
+def test_cache_key_pass_has_uuid() -> None:
+    ci.enable()
+    u = config.post_grad_custom_post_pass.uuid()
+    assert u and "cuteforge-key" in u[0]
+    assert config.pre_grad_custom_pass.uuid() != u
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(64)
+        self.rn = nn.RMSNorm(64, eps=1e-6)
+        self.up = nn.Linear(64, 128)
+        self.down = nn.Linear(128, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x)
+        a = torch.softmax(h @ h.transpose(-1, -2), dim=-1) @ h
+        y = self.down(F.gelu(self.up(self.rn(a)), approximate="tanh"))
+        return y + F.log_softmax(a, -1) + F.silu(self.up(x))[..., :64] + F.gelu(self.up(x))[..., :64]
+
+
+def _dynamo_graph(fn: Any, *args: Any) -> torch.fx.GraphModule:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def _targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def test_rewrite_of_a_dynamo_graph() -> None:
+    m = _Block().to(torch.bfloat16)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        gm = _dynamo_graph(m, x)
+        counts = ci.rewrite_graph(gm.graph, require_gpu=False)
+    # exact gelu (approximate="none") is not the kernel's tanh form: left alone
+    assert counts == {"layer_norm": 1, "softmax": 1, "rms_norm": 1, "linear_gelu": 1, "log_softmax": 1,
+                      "linear_silu": 1}, counts
+    t = _targets(gm)
+    assert "cuteforge_inductor.linear_bias_act.default" in t and "cuteforge_inductor.layer_norm.default" in t
+    # the down-proj (no activation) and the exact-gelu Linear stay Linear (Inductor's addmm)
+    assert sum(n.op == "call_function" and n.target in ci._LINEAR for n in gm.graph.nodes) == 2
+    gm.recompile()  # well formed
+
+
+def test_rewrite_leaves_training_graphs_and_gpu_check() -> None:
+    m = _Block().to(torch.bfloat16)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    gm = _dynamo_graph(m, x)  # grad enabled, parameters require grad
+    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {}
+    with torch.no_grad():
+        gm = _dynamo_graph(m, x)
+    assert ci.rewrite_graph(gm.graph) == {}  # CPU tensors: no sm_90 device, nothing offered
+
+
+def test_rewrite_conditions() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> Any:
+        return (torch.softmax(x, dim=0), torch.softmax(x.t(), -1), torch.softmax(x, -1, dtype=torch.float32),
+                F.layer_norm(x, (64,), w.float(), None, 1e-5), F.relu(F.linear(x.float(), w.float().expand(8, 64))))
+
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        gm = _dynamo_graph(f, x, w)
+    # not the last dim, non-contiguous, dtype=, fp32 weight on bf16 x, fp32 GEMM: none rewritten
+    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {}
+
+
+def test_pass_rewrites_only_under_max_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
+    ci.enable()
+    calls: list[bool] = []
+    monkeypatch.setattr(ci, "rewrite_graph", lambda g, **k: calls.append(True) or {})
+    config.pre_grad_custom_pass(torch.fx.Graph())
+    assert calls == []
+    with config.patch(max_autotune=True):
+        config.pre_grad_custom_pass(torch.fx.Graph())
+    assert calls == [True]
+
+
+class _FakeInputs:
+    def __init__(self, device: str, dtype: torch.dtype) -> None:
+        self._device, self._dtype = torch.device(device), dtype
+
+    def nodes(self) -> list[Any]:
+        return []
+
+    def device(self) -> torch.device:
+        return self._device
+
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        return (self._dtype, self._dtype)
+
+    def out_dtype(self) -> torch.dtype:
+        return self._dtype
+
+
+def test_gemm_choice_gate() -> None:
+    from torch._inductor.kernel.mm import aten_mm
+
+    with config.patch(max_autotune=True):
+        # CPU device: nothing offered; a template list without the ATen mm: nothing offered
+        assert ci.gemm_choice(_FakeInputs("cpu", torch.bfloat16), [aten_mm], "mm") is None
+        assert ci.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [], "mm") is None
+        assert ci.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [aten_mm], "mm_plus_mm") is None
+    assert ci.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [aten_mm], "mm") is None  # not autotuning
+
+
+class _C:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_choice_log_classifies_winners() -> None:
+    ci.enable()
+    cf, tri, aten = _C("cuteforge_mm"), _C("triton_mm_3"), _C("mm")
+    ci._feedback({cf: 0.5, tri: 0.7, aten: 0.6}, "mm", [], [])
+    ci._feedback({cf: 0.9, aten: 0.6}, "addmm", [], [])
+    ci._feedback({tri: 0.1, aten: 0.2}, "bmm", [], [])  # no cuteforge candidate: not logged
+    dec, fb, ind = _C("cfi_softmax_cuteforge_softmax"), _C("cfi_softmax_fallback_default"), _C("cfi_softmax_inductor_softmax")
+    ci._feedback({dec: 0.3, fb: 0.31, ind: 0.2}, "cfi_softmax", [], [])
+    log = ci.choices_log()
+    assert [e["op"] for e in log] == ["mm", "addmm", "cfi_softmax"]
+    assert [e["cuteforge_won"] for e in log] == [True, False, False]
+    assert log[0]["inductor_best"] == "mm" and log[0]["cuteforge_best_ms"] == 0.5
+    assert log[2]["cuteforge_best"] == "cfi_softmax_cuteforge_softmax" and log[2]["winner"] == "cfi_softmax_inductor_softmax"
+    ci.clear_choices_log()
+    assert ci.choices_log() == []
+
+
+def test_decompositions_match_torch_on_cpu() -> None:
+    """The inductor_* decompositions are the torch expressions the patterns came from."""
+    x = torch.randn(3, 5, 64)
+    w, b = torch.randn(64), torch.randn(64)
+    lw, lb = torch.randn(32, 64), torch.randn(32)
+    torch.testing.assert_close(ci.inductor_layer_norm(x, w, b, 1e-5), F.layer_norm(x, (64,), w, b, 1e-5))
+    torch.testing.assert_close(ci.inductor_rms_norm(x, w, 1e-6), F.rms_norm(x, (64,), w, 1e-6))
+    torch.testing.assert_close(ci.inductor_linear_bias_act(x, lw, lb, "gelu"), F.gelu(F.linear(x, lw, lb), approximate="tanh"))
+    torch.testing.assert_close(ci.inductor_linear_act(x, lw, "silu"), F.silu(F.linear(x, lw)))
+    torch.testing.assert_close(ci.inductor_softmax(x, -1), torch.softmax(x, -1))
