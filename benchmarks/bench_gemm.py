@@ -8,7 +8,14 @@ torch.compile max-autotune is not a contender here: its per-shape autotuning tak
 minutes, more than the GPU time this benchmark gets.
 
     python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,sweep] [--out FILE]
+    python benchmarks/bench_gemm.py --set fp8,fp8sweep --fp8-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --out benchmarks/results/h200-gemm.json --plot benchmarks/results/h200-gemm.png
+
+fp8 (not in the default sets): e4m3 x e4m3 with per-tensor scales, bf16 out, against
+torch._scaled_mm (cuBLASLt fp8) with and without use_fast_accum (this kernel accumulates
+like use_fast_accum=True: no periodic promotion out of the tensor core), plain and with
+a fused bias + gelu (torch: _scaled_mm with its bias, then eager gelu). "fp8sweep" times
+every fp8 candidate config at --fp8-shapes.
 """
 
 from __future__ import annotations
@@ -108,6 +115,73 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
     return row
 
 
+def _fp8_inputs(m: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
+    """a (M, K) row-major, b = W.t() of an (N, K) weight, e4m3 with per-tensor amax scales."""
+    fp8 = torch.float8_e4m3fn
+    out = []
+    for rows in (m, n):
+        x = torch.randn(rows, k, device="cuda")
+        s = (x.abs().amax() / torch.finfo(fp8).max).float().reshape(1)
+        out += [(x / s).to(fp8), s]
+    a, sa, w, sb = out
+    return a, w.t(), sa, sb
+
+
+def _fp8_contenders(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias: torch.Tensor | None) -> tuple[dict, Any]:
+    """torch._scaled_mm (default and fast accumulation; + eager gelu with a bias) and ours."""
+    bf = torch.bfloat16
+
+    def scaled(fast: bool) -> Any:
+        if bias is None:
+            return lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=bf, use_fast_accum=fast)
+        return lambda: F.gelu(torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=bf, use_fast_accum=fast), approximate="tanh")
+
+    if bias is None:
+        ours = lambda: gemm(a, b, scale_a=sa, scale_b=sb)  # noqa: E731
+    else:
+        ours = lambda: gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, epilogue="gelu")  # noqa: E731
+    return {"scaled_mm": scaled(False), "scaled_mm_fast": scaled(True)}, ours
+
+
+def fp8_rows(shapes: list[tuple[int, int, int]]) -> list[dict]:
+    """cuteforge fp8 vs torch._scaled_mm (cuBLASLt), plain and bias + gelu."""
+    if not hasattr(torch, "_scaled_mm"):
+        print("torch._scaled_mm unavailable: no fp8 rows")
+        return []
+    rows = []
+    for m, n, k in shapes:
+        a, b, sa, sb = _fp8_inputs(m, n, k)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        for ep in ("none", "bias+gelu"):
+            row: dict[str, Any] = {"M": m, "N": n, "K": k, "dtype": "e4m3 x e4m3 -> bf16", "epilogue": ep}
+            torch_fns, ours = _fp8_contenders(a, b, sa, sb, None if ep == "none" else bias)
+            fns: dict[str, Any] = {}
+            ref = None
+            for name, fn in torch_fns.items():
+                try:
+                    got = fn()
+                    ref = got if ref is None else ref
+                    fns[name] = fn
+                except Exception as e:  # noqa: BLE001 - recorded
+                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            try:
+                got = ours()
+                if ref is not None:
+                    row["cuteforge_rel_err"] = _err(got, ref)
+                fns["cuteforge"] = ours
+                row["cuteforge_config"] = repr(_default(m, n, k, in_bytes=1))
+            except Exception as e:  # noqa: BLE001
+                row["cuteforge_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            for name, ms in measure(fns).items():
+                row[f"{name}_TFLOPs"] = tflops(m, n, k, ms)
+            for name in torch_fns:
+                if "cuteforge_TFLOPs" in row and f"{name}_TFLOPs" in row:
+                    row[f"vs_{name}"] = round(row["cuteforge_TFLOPs"] / row[f"{name}_TFLOPs"], 3)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def epilogues(shapes: list[tuple[int, int, int]], q: Any) -> list[dict]:
     return [r for m, n, k in shapes for r in epilogue_one(m, n, k, q)]
 
@@ -152,33 +226,45 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
     return rows
 
 
-def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any) -> list[dict]:
-    """Every candidate config at a few shapes: what the default and the tuner should pick."""
-    from cuteforge.kernels.gemm.sm90.config import candidate_configs
-    from cuteforge.kernels.gemm.spec import gemm_kernel
+def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: bool = False) -> list[dict]:
+    """Every candidate config at a few shapes: what the default and the tuner should pick.
+    fp8: e4m3 inputs with per-tensor scales, against torch._scaled_mm(use_fast_accum=True)."""
+    from dataclasses import replace
 
-    kern = gemm_kernel(True, True)
+    from cuteforge.kernels.gemm.sm90.config import candidate_configs
+    from cuteforge.kernels.gemm.spec import gemm_fp8_kernel, gemm_kernel
+
+    kern = gemm_fp8_kernel() if fp8 else gemm_kernel(True, True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m, n, k in shapes:
-        a, b = _inputs(m, n, k)
+        extra: tuple[torch.Tensor, ...] = ()
+        if fp8:
+            a, b, sa, sb = _fp8_inputs(m, n, k)
+            extra = (sa, sb)
+            cublas = lambda a=a, b=b, sa=sa, sb=sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)  # noqa: E731
+            cfgs = candidate_configs(m, n, in_bytes=1) + [replace(c, tile_k=128) for c in EXTRA_CONFIGS]
+        else:
+            a, b = _inputs(m, n, k)
+            cublas = lambda a=a, b=b: torch.matmul(a, b)  # noqa: E731
+            cfgs = candidate_configs(m, n) + EXTRA_CONFIGS
         a3, b3 = a.unsqueeze(0), b.unsqueeze(0)
         out = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-        key = kern.signature.bind((a3, b3, out))
-        ref = torch.matmul(a, b)
-        fns: dict[str, Any] = {"cublas": lambda a=a, b=b: torch.matmul(a, b)}
+        key = kern.signature.bind((a3, b3, out, *extra))
+        ref = cublas()
+        fns: dict[str, Any] = {"cublas": cublas}
         errs: dict[str, Any] = {}
-        for cfg in candidate_configs(m, n) + EXTRA_CONFIGS:
+        for cfg in cfgs:
             try:
                 fn = kern.get(key, (("sms", sms),), cfg)
                 out.fill_(float("nan"))  # `out` is shared: a config that skips tiles must not inherit the last one's
-                fn(a3, b3, out)
+                fn(a3, b3, out, *extra)
                 errs[repr(cfg)] = _err(out[0], ref)
-                fns[repr(cfg)] = lambda fn=fn, a3=a3, b3=b3, out=out: fn(a3, b3, out)
+                fns[repr(cfg)] = lambda fn=fn, a3=a3, b3=b3, out=out, extra=extra: fn(a3, b3, out, *extra)
             except Exception as e:  # noqa: BLE001
                 errs[repr(cfg)] = f"{type(e).__name__}: {str(e)[:300]}"
         ms = measure(fns)
         for name in [*fns, *[c for c in errs if c not in fns]]:
-            row: dict[str, Any] = {"M": m, "N": n, "K": k, "config": name}
+            row: dict[str, Any] = {"M": m, "N": n, "K": k, "config": name, "dtype": "e4m3" if fp8 else "bfloat16"}
             if name in ms:
                 row["TFLOPs"] = tflops(m, n, k, ms[name])
                 row["vs_cublas"] = round(ms["cublas"] / ms[name], 3)
@@ -205,10 +291,10 @@ EXTRA_CONFIGS: list[Any] = []
 PINGPONG: list[Any] = []  # the pingpong config measured next to the default
 
 
-def _default(m: int, n: int, k: int) -> Any:
+def _default(m: int, n: int, k: int, in_bytes: int = 2) -> Any:
     from cuteforge.kernels.gemm.sm90.config import default_config
 
-    return default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    return default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, in_bytes)
 
 
 def _shapes(text: str) -> list[tuple[int, int, int]]:
@@ -253,6 +339,7 @@ def main() -> None:
     p.add_argument("--set", default="bar,square,skinny,epilogue")
     p.add_argument("--sweep-shapes", default="8192x8192x8192,4096x4096x4096,16384x16384x1024,2048x8192x28672")
     p.add_argument("--epilogue-shapes", default=",".join("x".join(map(str, s)) for s in EPILOGUE))
+    p.add_argument("--fp8-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the fp8 and fp8sweep sets")
     p.add_argument("--out")
     p.add_argument("--plot", help="write a PNG of a results JSON (given as --out) and exit; no GPU needed")
     args = p.parse_args()
@@ -289,6 +376,12 @@ def main() -> None:
     if "sweep" in sets:
         result["config_sweep"] = []
         sweep(_shapes(args.sweep_shapes), result["config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)))
+    if "fp8" in sets:
+        result["fp8"] = fp8_rows(_shapes(args.fp8_shapes))
+        out.write_text(json.dumps(result, indent=1))
+    if "fp8sweep" in sets and hasattr(torch, "_scaled_mm"):
+        result["fp8_config_sweep"] = []
+        sweep(_shapes(args.fp8_shapes), result["fp8_config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)), fp8=True)
     result["seconds"] = round(time.time() - t0, 1)
     out.write_text(json.dumps(result, indent=1))
     print("wrote", out)

@@ -298,3 +298,133 @@ def test_fitted_swizzle_compiles() -> None:
     assert cfg.swizzle == 1
     assert "m64n256k16" in _ptx(True, True, ("bfloat16",) * 3, cfg=cfg)
     assert "m64n128k16" in _ptx(True, True, ("bfloat16",) * 3, cfg=GemmConfig(tile_n=128, swizzle=3, raster="n"))
+
+
+def _ptx_fp8(dtypes: tuple[str, ...], epi: GemmEpilogue | None = None, cfg: GemmConfig | None = None) -> str:
+    """dtypes: a, b, out, then the epilogue operands (the two fp32 scales are added)."""
+    from cuteforge.kernels.gemm.spec import gemm_fp8_kernel
+
+    k = gemm_fp8_kernel(epi.kinds if epi else ())
+    full = (*dtypes[:3], "float32", "float32", *dtypes[3:])
+    vec = tuple(16 if d.startswith("float8") else 1 if i in (3, 4) else 4 if d == "float32" else 8 for i, d in enumerate(full))
+    params = (("sms", 132),) + ((("epilogue", epi.key),) if epi else ())
+    key = BoundKey(full, (), vec)
+    spec = k.spec(key, tuple(sorted(params)), cfg, arch="sm_90a")
+    res = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), "sm_90a", keep_artifacts=True)
+    assert res.ptx
+    return res.ptx
+
+
+def test_fp8_compiles() -> None:
+    """fp8 WGMMA (k32, both operands K-major) for e4m3, e5m2 and a mix, with and without a
+    fused bias epilogue; the per-tensor scales multiply the accumulator (one fp32 multiply
+    per accumulator register, which the 16-bit kernel does not have)."""
+    import re
+
+    ptx = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16"))
+    assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3" in ptx and "multicast" in ptx
+    assert len(re.findall(r"\bmul(\.rn)?\.f32", ptx)) >= 128
+    ptx = _ptx_fp8(("float8_e5m2", "float8_e4m3fn", "float16", "bfloat16"), GemmEpilogue.preset("gelu", bias="col"))
+    assert "m64n256k32.f32.e5m2.e4m3" in ptx and "tanh.approx.f32" in ptx
+    cfg = default_config(8192, 8192, 1024, in_bytes=1)
+    assert cfg.pingpong and cfg.tile_k == 128
+    ptx = _ptx_fp8(("float8_e5m2", "float8_e5m2", "float32", "float32"), GemmEpilogue.preset("relu", bias="row"), cfg)
+    assert "m64n128k32.f32.e5m2.e5m2" in ptx and "bar.arrive" in ptx
+
+
+def test_fp8_configs() -> None:
+    """fp8 k-blocks are 128 deep (one 128-byte swizzle row): the heuristic and the tuner's
+    candidates give tile_k 128, and a 64-deep config is refused for fp8 (and vice versa)."""
+    dims = (1, 7, 128, 129, 1000, 8192, 65537)
+    for m in dims:
+        for n in dims:
+            for out_b in (2, 4):
+                c = default_config(m, n, 4096, in_bytes=1)
+                assert c.tile_k == 128 and c == replace(default_config(m, n, 4096), tile_k=128)
+                c.validate(1, out_b, H100)
+    for c in candidate_configs(128, 4096, in_bytes=1):
+        c.validate(1, 2, H100)
+    assert GemmConfig(tile_k=128).resolved_stages(1, 2, H100) == GemmConfig().resolved_stages(2, 2, H100)
+    with pytest.raises(ValueError, match="tile_k must be 128 for fp8"):
+        GemmConfig().validate(1, 2, H100)
+    with pytest.raises(ValueError, match="tile_k must be 64 for 16-bit"):
+        GemmConfig(tile_k=128).validate(2, 2, H100)
+    # The kernel's own hooks (tuner list, default) give fp8 configs for an fp8 spec.
+    from cuteforge.autotune.candidates import candidates
+    from cuteforge.kernels.gemm.spec import gemm_fp8_kernel
+
+    k = gemm_fp8_kernel(("col",))
+    key = BoundKey(("float8_e4m3fn", "float8_e5m2", "bfloat16", "float32", "float32", "bfloat16"), (), (16, 16, 8, 1, 1, 8))
+    spec = k.spec(key, (("sms", 132),), arch="sm_90a")
+    valid, invalid = candidates(k, spec)
+    assert len(valid) >= 10 and not invalid and all(c.tile_k == 128 for c in valid)
+    assert spec.config.tile_k == 128  # the kernel's default for an fp8 spec
+
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _fp8(*shape: int, dtype: torch.dtype = E4M3) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+def test_fp8_argument_errors() -> None:
+    """Layout, K, scale and dtype errors name the argument and what is needed; all raised
+    before the device check (CPU tensors)."""
+    from cuteforge.ops.gemm import gemm
+
+    a, b = _fp8(64, 32), _fp8(16, 32).t()  # a row-major (M, K); b = (N, K) weight .t()
+    one = torch.ones(())
+    for sa, sb in ((1.0, 2.0), (one, torch.ones(1)), (torch.ones(1, 1), 0.5)):
+        with pytest.raises(ValueError, match="'a' must be a CUDA tensor"):
+            gemm(a, b, scale_a=sa, scale_b=sb)
+    with pytest.raises(ValueError, match="'a' must be a CUDA tensor"):
+        gemm(a, _fp8(16, 32, dtype=E5M2).t(), scale_a=1.0, scale_b=1.0, bias=_cpu(16), epilogue="gelu")
+    with pytest.raises(TypeError, match="fp8 inputs need scale_a and scale_b .*missing scale_b"):
+        gemm(a, b, scale_a=one)
+    with pytest.raises(TypeError, match="missing scale_a, scale_b"):
+        gemm(a, b)
+    with pytest.raises(TypeError, match="scale_a applies to float8 inputs only"):
+        gemm(_cpu(64, 32), _cpu(32, 16), scale_a=one, scale_b=one)
+    with pytest.raises(TypeError, match="a is float8_e4m3fn but b is bfloat16; an fp8 GEMM needs both operands fp8"):
+        gemm(a, _cpu(32, 16), scale_a=one, scale_b=one)
+    with pytest.raises(TypeError, match="a is bfloat16 but b is float8_e5m2; an fp8 GEMM needs both"):
+        gemm(_cpu(64, 32), _fp8(16, 32, dtype=E5M2).t())
+    with pytest.raises(ValueError, match="fp8 GEMM needs 'a' row-major .*Pass a.contiguous"):
+        gemm(_fp8(32, 64).t(), b, scale_a=one, scale_b=one)
+    with pytest.raises(ValueError, match="fp8 GEMM needs 'b' column-major in its \\(K, N\\) view"):
+        gemm(a, _fp8(32, 16), scale_a=one, scale_b=one)
+    with pytest.raises(ValueError, match="K to be a multiple of 16 .* got K=40"):
+        gemm(_fp8(64, 40), _fp8(16, 40).t(), scale_a=one, scale_b=one)
+    with pytest.raises(ValueError, match="argument 'scale_b' must be a per-tensor scale \\(one element\\), got shape \\(16,\\)"):
+        gemm(a, b, scale_a=one, scale_b=torch.ones(16))
+    with pytest.raises(TypeError, match="argument 'scale_a' must be float32"):
+        gemm(a, b, scale_a=one.bfloat16(), scale_b=one)
+    with pytest.raises(TypeError, match="argument 'scale_a' must be a float or a one-element float32 tensor"):
+        gemm(a, b, scale_a="1", scale_b=one)
+    with pytest.raises(TypeError, match="out_dtype must be"):
+        gemm(a, b, scale_a=one, scale_b=one, out_dtype=E4M3)
+    with pytest.raises(TypeError, match="fp8 GEMM has no backward"):
+        gemm(a, b, scale_a=one, scale_b=one, bias=_cpu(16).requires_grad_())
+    with pytest.raises(ValueError, match="cannot run: tile_k must be 128 for fp8"):
+        gemm(a, b, scale_a=one, scale_b=one, config=GemmConfig())
+
+
+def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty problems give torch's answer with the scales applied; torch.compile goes
+    through the fp8 custom op (fake impl: bf16 output by default)."""
+    import importlib
+
+    import torch.nn.functional as F
+
+    mod = importlib.import_module("cuteforge.ops.gemm")
+    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(mod, "_PLANS", {})
+    bias = _cpu(7)
+    got = mod.gemm(_fp8(5, 0), _fp8(7, 0).t(), scale_a=2.0, scale_b=torch.ones(1), bias=bias, epilogue="relu")
+    assert got.shape == (5, 7) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.relu(bias.float()).bfloat16().expand(5, 7))
+    assert mod.gemm(_fp8(0, 16), _fp8(7, 16).t(), scale_a=1.0, scale_b=1.0, out_dtype=torch.float32).dtype == torch.float32
+    f = torch.compile(lambda a, b, s: mod.gemm(a, b, scale_a=s, scale_b=3.0, c=torch.ones(5, 7), epilogue="relu"),
+                      backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(f(_fp8(5, 0), _fp8(7, 0).t(), torch.ones(1)), torch.ones(5, 7, dtype=torch.bfloat16))

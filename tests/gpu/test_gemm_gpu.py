@@ -4,6 +4,8 @@ epilogues, every candidate config, gradients, torch.compile, errors."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -229,3 +231,126 @@ def test_fitted_swizzle_values(swizzle: int, raster: str) -> None:
         a = torch.randn(2, m, 264, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(2, 264, n, device="cuda", dtype=torch.bfloat16)
         _close(gemm(a, b, config=cfg), _ref(a, b), 264)
+
+
+# ---- fp8 (e4m3 / e5m2, per-tensor scales) ------------------------------------------------
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor amax quantization: (q, s) with q * s ~ x; s is a one-element fp32 tensor."""
+    s = (x.abs().amax().float() / torch.finfo(dtype).max).clamp_min(1e-12).reshape(1)
+    return (x / s).to(dtype), s
+
+
+def _fp8_inputs(m: int, n: int, k: int, da: torch.dtype, db: torch.dtype, batch: int = 0) -> tuple[torch.Tensor, ...]:
+    """a row-major (M, K), b = the .t() of an (N, K) weight (K-major), as torch._scaled_mm."""
+    lead = (batch,) if batch else ()
+    a, sa = _quant(torch.randn(*lead, m, k, device="cuda"), da)
+    w, sb = _quant(torch.randn(*lead, n, k, device="cuda"), db)
+    return a, w.mT, sa, sb
+
+
+def _fp8_ref(a: torch.Tensor, b: torch.Tensor, sa: Any, sb: Any) -> torch.Tensor:
+    """Dequantized fp32 matmul of the same fp8 values: only accumulation error remains."""
+    return torch.matmul(a.float() * sa, b.float() * sb)
+
+
+def _close_fp8(got: torch.Tensor, ref: torch.Tensor, k: int) -> None:
+    """The fp8 WGMMA adds its products into the fp32 accumulator with reduced precision
+    (the DeepSeek-V3 report measured ~14 retained bits on H800; cuBLAS's
+    use_fast_accum=True path has the same property), so the bound is the 16-bit one for
+    every output dtype, plus a normwise bound that any layout/scale bug exceeds by 100x."""
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2 * max(k, 1) ** 0.5)
+    if ref.numel():
+        rel = float((got.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+        assert rel < 1e-2, rel
+
+
+FP8_SHAPES = [(1, 1, 16), (7, 13, 32), (1000, 1000, 1008), (257, 383, 144), (65537, 72, 48), (2048, 2048, 2048)]
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+@pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("mnk", FP8_SHAPES)
+def test_fp8_matches_torch(mnk: tuple[int, int, int], dtype: torch.dtype, out_dtype: torch.dtype | None) -> None:
+    m, n, k = mnk
+    a, b, sa, sb = _fp8_inputs(m, n, k, dtype, dtype)
+    got = gemm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    assert got.dtype == (out_dtype or torch.bfloat16) and got.is_contiguous()
+    _close_fp8(got, _fp8_ref(a, b, sa, sb), k)
+
+
+def test_fp8_mixed_formats_scales_and_epilogues() -> None:
+    m, n, k = 1000, 700, 1024
+    a, b, sa, sb = _fp8_inputs(m, n, k, torch.float8_e5m2, torch.float8_e4m3fn)
+    ref = _fp8_ref(a, b, sa, sb)
+    _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb), ref, k)
+    _close_fp8(gemm(a, b, scale_a=float(sa), scale_b=sb.reshape(())), ref, k)  # Python float, 0-dim tensor
+    # Scales are read at run time: new values reuse the kernel and change the result.
+    _close_fp8(gemm(a, b, scale_a=sa * 4, scale_b=sb, out_dtype=torch.float32), ref * 4, k)
+    _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb * 0.5, out_dtype=torch.float32), ref * 0.5, k)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", dtype=torch.float16)
+    got = gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, epilogue="gelu", residual=r, out_dtype=torch.float16)
+    _close_fp8(got, F.gelu(ref + bias.float(), approximate="tanh") + r.float(), k)
+    rb = torch.randn(m, 1, device="cuda")
+    got = gemm(a, b, scale_a=sa, scale_b=sb, bias=rb, epilogue="relu", alpha=2.0)
+    _close_fp8(got, F.relu(2.0 * ref + rb), k)
+
+
+def test_fp8_batched_and_views() -> None:
+    a, b, sa, sb = _fp8_inputs(300, 264, 528, torch.float8_e4m3fn, torch.float8_e4m3fn, batch=3)
+    _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb), _fp8_ref(a, b, sa, sb), 528)
+    _close_fp8(gemm(a, b[0], scale_a=sa, scale_b=sb), _fp8_ref(a, b[0], sa, sb), 528)  # broadcast B
+    big, s = _quant(torch.randn(300, 544, device="cuda"), torch.float8_e4m3fn)
+    av = big[:, 8:536]  # K-major but 8 bytes off 16-byte alignment: copied once
+    _close_fp8(gemm(av, b[1], scale_a=s, scale_b=sb), _fp8_ref(av, b[1], s, sb), 528)
+    aw = big[:, 16:528]  # aligned K-major view with a wider row stride: no copy
+    bw = b[2][:512]
+    _close_fp8(gemm(aw, bw, scale_a=s, scale_b=sb), _fp8_ref(aw, bw, s, sb), 512)
+
+
+def test_fp8_every_default_and_candidate_config() -> None:
+    """Every config the fp8 heuristic picks over a grid of shapes, and every candidate,
+    on one ragged shape (tile_k 128: K=1008 ends in a partial k-block)."""
+    from cuteforge.kernels.gemm.sm90.config import candidate_configs, default_config
+    from cuteforge.kernels.gemm.spec import gemm_fp8_kernel
+
+    m, n, k = 777, 1000, 1008
+    a, b, sa, sb = _fp8_inputs(m, n, k, torch.float8_e4m3fn, torch.float8_e5m2)
+    a, b = a[None], b[None]
+    kern = gemm_fp8_kernel()
+    out = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
+    key = kern.signature.bind((a, b, out, sa, sb))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    defaults = [default_config(m_, n_, k_, sms, in_bytes=1) for m_ in (1, 65, 129, 8192) for n_ in (1, 8192, 14336, 65537)
+                for k_ in (64, 4096)]
+    cfgs = list(dict.fromkeys(defaults + candidate_configs(64, n, in_bytes=1)))
+    assert len(cfgs) >= 10 and all(c.tile_k == 128 for c in cfgs)
+    ref = _fp8_ref(a, b, sa, sb)
+    for cfg in cfgs:
+        out.fill_(float("nan"))
+        kern.get(key, (("sms", sms),), cfg)(a, b, out, sa, sb)
+        torch.cuda.synchronize()
+        try:
+            _close_fp8(out, ref, k)
+        except AssertionError as e:
+            raise AssertionError(f"config {cfg}: {e}") from None
+
+
+def test_fp8_torch_compile_and_errors() -> None:
+    a, b, sa, sb = _fp8_inputs(128, 96, 64, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    bias = torch.randn(96, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda a, b, sa, sb, bias: gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, epilogue="relu") * 2,
+                      backend="aot_eager", fullgraph=True)
+    _close_fp8(f(a, b, sa, sb, bias), F.relu(_fp8_ref(a, b, sa, sb) + bias.float()) * 2, 64)
+    with pytest.raises(ValueError, match="fp8 GEMM needs 'b' column-major"):
+        gemm(a, b.contiguous(), scale_a=sa, scale_b=sb)
+    with pytest.raises(ValueError, match="K to be a multiple of 16"):
+        gemm(a[:, :40], b[:40], scale_a=sa, scale_b=sb)
+    with pytest.raises(TypeError, match="missing scale_b"):
+        gemm(a, b, scale_a=sa)
+    with pytest.raises(ValueError, match="'scale_a' is on cpu"):
+        gemm(a, b, scale_a=sa.cpu(), scale_b=sb)

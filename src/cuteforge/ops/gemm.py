@@ -14,6 +14,11 @@ output without adding dims. bf16/fp16 inputs, fp32 accumulation, output bf16/fp1
 Every shape, dtype and config error is raised before the device checks; an empty M, N,
 K or batch gives torch's answer without a launch.
 
+fp8: `gemm(a, b, scale_a=sa, scale_b=sb, ...)` with float8_e4m3fn / float8_e5m2 a and b
+(mixed allowed) computes (a * sa) @ (b * sb) as torch._scaled_mm does, per-tensor scales
+read at run time, then the same epilogues; a row-major (M, K), b column-major (K, N)
+(WGMMA reads fp8 only K-major), K a multiple of 16, output bf16 unless out_dtype says.
+
 Every layout runs without a copy when TMA can address it (unit stride in K or in M/N,
 16-byte aligned rows); anything else is copied once into an aligned buffer. Warm calls
 are one dict lookup. Under torch.compile or autograd the call goes through the custom
@@ -30,7 +35,7 @@ import torch
 from ..arch import gpu_info, limits_for
 from ..kernels.gemm.epilogue import ACTIVATIONS, GemmEpilogue
 from ..kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle
-from ..kernels.gemm.spec import AB_DTYPES, gemm_kernel
+from ..kernels.gemm.spec import AB_DTYPES, FP8_DTYPES, gemm_fp8_kernel, gemm_kernel
 from ..signature import FLOAT_DTYPES, dtype_name
 
 _WHERE = "cuteforge.ops.gemm"
@@ -78,17 +83,29 @@ def _operand_for(t: torch.Tensor, prefer: tuple[int, int]) -> tuple[torch.Tensor
     return _padded(t, prefer[0]), True
 
 
+def _is_fp8(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES
+
+
 def _check_ab(a: Any, b: Any, out_dtype: Any) -> None:
     """Types, dtypes and shapes of a and b (devices come later: every shape error is
     raised the same way for CPU and CUDA tensors)."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in AB_DTYPES:
-            raise TypeError(f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: bfloat16, float16")
+        if t.dtype not in AB_DTYPES + FP8_DTYPES:
+            raise TypeError(
+                f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: bfloat16, float16, "
+                "float8_e4m3fn, float8_e5m2 (with scale_a/scale_b)"
+            )
         if t.dim() not in (2, 3):
             raise ValueError(f"{_WHERE}: argument {name!r} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
-    if a.dtype != b.dtype:
+    if _is_fp8(a) != _is_fp8(b):
+        raise TypeError(
+            f"{_WHERE}: a is {dtype_name(a.dtype)} but b is {dtype_name(b.dtype)}; an fp8 GEMM needs both operands fp8 "
+            "(float8_e4m3fn / float8_e5m2, mixed allowed)"
+        )
+    if not _is_fp8(a) and a.dtype != b.dtype:
         raise TypeError(f"{_WHERE}: a is {dtype_name(a.dtype)} but b is {dtype_name(b.dtype)}; they must match")
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(
@@ -99,6 +116,41 @@ def _check_ab(a: Any, b: Any, out_dtype: Any) -> None:
         raise ValueError(f"{_WHERE}: batch sizes differ: a has L={a.shape[0]}, b has L={b.shape[0]}")
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"{_WHERE}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+
+
+def _check_fp8_layout(a: torch.Tensor, b: torch.Tensor) -> None:
+    """WGMMA reads fp8 operands only K-major, and TMA needs 16-byte rows: K a multiple of
+    16, a row-major (M, K), b column-major in its (K, N) view (an (N, K) weight's .t())."""
+    K = a.shape[-1]
+    if K % 16:
+        raise ValueError(
+            f"{_WHERE}: fp8 GEMM needs K to be a multiple of 16 (TMA reads 16-byte rows of fp8), got K={K}; "
+            "zero-pad K on both operands"
+        )
+    if K > 1 and a.stride(-1) != 1:
+        raise ValueError(
+            f"{_WHERE}: fp8 GEMM needs 'a' row-major (K-major, a.stride(-1) == 1): WGMMA reads fp8 operands only "
+            f"K-major; got a of shape {tuple(a.shape)} with strides {tuple(a.stride())}. Pass a.contiguous()"
+        )
+    if K > 1 and b.stride(-2) != 1:
+        raise ValueError(
+            f"{_WHERE}: fp8 GEMM needs 'b' column-major in its (K, N) view (K-major, b.stride(-2) == 1), e.g. w.t() "
+            f"of a row-major (N, K) weight, as torch._scaled_mm; got b of shape {tuple(b.shape)} with strides "
+            f"{tuple(b.stride())}. Pass b.mT.contiguous().mT"
+        )
+
+
+def _check_scale(t: Any, name: str) -> None:
+    """A per-tensor dequantization scale: a Python number or a one-element fp32 tensor."""
+    if isinstance(t, torch.Tensor):
+        if t.numel() != 1:
+            raise ValueError(
+                f"{_WHERE}: argument {name!r} must be a per-tensor scale (one element), got shape {tuple(t.shape)}"
+            )
+        if t.dtype != torch.float32:
+            raise TypeError(f"{_WHERE}: argument {name!r} must be float32 (as torch._scaled_mm), got {dtype_name(t.dtype)}")
+    elif isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"{_WHERE}: argument {name!r} must be a float or a one-element float32 tensor, got {type(t).__name__}")
 
 
 def _check_operand(t: Any, kind: str, name: str, out_shape: tuple[int, ...]) -> None:
@@ -163,9 +215,12 @@ def _shape_operand(t: torch.Tensor, kind: str, L: int, M: int, N: int) -> torch.
     return full if full.stride(-1) == 1 or N == 1 else full.contiguous()
 
 
-def _reference(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi: GemmEpilogue | None, out_dtype: torch.dtype) -> torch.Tensor:
+def _reference(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi: GemmEpilogue | None, out_dtype: torch.dtype,
+               scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """torch: fp32 accumulate, the same epilogue (K == 0, M/N == 0, and backward)."""
     acc = torch.matmul(a.float(), b.float())
+    if scales:
+        acc = acc * (scales[0].float().reshape(()) * scales[1].float().reshape(()))
     if epi is not None:
         shaped = []
         for t, kind in zip(ops, epi.kinds):
@@ -176,9 +231,22 @@ def _reference(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], ep
 
 
 def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpilogue | None, out_dtype: Any,
-          config: GemmConfig | None = None) -> Callable[..., torch.Tensor]:
+          config: GemmConfig | None = None, scales: Sequence[Any] = ()) -> Callable[..., torch.Tensor]:
     _check_ab(a, b, out_dtype)
-    odt = out_dtype or a.dtype
+    fp8 = _is_fp8(a)
+    if fp8:
+        if len(scales) != 2:
+            raise TypeError(
+                f"{_WHERE}: fp8 inputs need scale_a and scale_b (dequantization scales: out = (a * scale_a) @ "
+                "(b * scale_b), as torch._scaled_mm); pass 1.0 for unscaled data"
+            )
+        _check_scale(scales[0], "scale_a")
+        _check_scale(scales[1], "scale_b")
+        _check_fp8_layout(a, b)
+    elif scales:
+        raise TypeError(f"{_WHERE}: scale_a/scale_b apply to float8 inputs only; use alpha= with bf16/fp16")
+    # fp8 has no fp8 output here: bf16 unless asked (torch._scaled_mm users pass out_dtype).
+    odt = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
     batched = a.dim() == 3 or b.dim() == 3
     L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -191,11 +259,11 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
         _check_operand(t, k, n, out_shape)
     if config is not None:
         _check_config(config, a.element_size(), torch.empty((), dtype=odt).element_size())
-    _check_devices(a, b, ops, names)
+    _check_devices(a, b, [*ops, *scales], [*names, "scale_a", "scale_b"][: len(ops) + len(scales)])
     if L == 0 or M == 0 or N == 0 or K == 0:
         # No launch: an empty grid or a K loop of zero k-blocks. torch's answer (with the
         # epilogue: alpha * 0 + beta * c + bias ... when K == 0).
-        return lambda a, b, ops: _reference(a, b, ops, epi, odt).reshape(out_shape)
+        return lambda a, b, ops, scales=(): _reference(a, b, ops, epi, odt, scales).reshape(out_shape)
 
     info = gpu_info(a.device.index)
     sms = info.sm_count if info else 132
@@ -207,31 +275,33 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
             a3 = a3.expand(L, M, K)
         if b3.shape[0] != L:
             b3 = b3.expand(L, K, N)
-        a3, a_k = _operand_for(a3, (2, 1))
-        b3, b_k = _operand_for(b3, (1, 2))
+        # fp8: K-major only (checked above); a misaligned K-major view is copied.
+        a3, a_k = _operand_for(a3, (2,) if fp8 else (2, 1))
+        b3, b_k = _operand_for(b3, (1,) if fp8 else (1, 2))
         return a3, b3, a_k, b_k
 
     a3, b3, a_k, b_k = prepare(a, b)
-    kern = gemm_kernel(a_k, b_k, kinds)
+    kern = gemm_fp8_kernel(kinds) if fp8 else gemm_kernel(a_k, b_k, kinds)
     n_unit = 16 // torch.empty((), dtype=odt).element_size()
     n_pad = -(-N // n_unit) * n_unit
     out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)[..., :N]
     shaped = [_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)]
-    key = kern.signature.bind((a3, b3, out, *shaped), _WHERE)
+    scale_args = [t.reshape(1) for t in scales]
+    key = kern.signature.bind((a3, b3, out, *scale_args, *shaped), _WHERE)
     params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
     tuned = _usable(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size())
     # A pinned config runs as given; a tuned one (stored for a bucket of shapes) gets its
     # swizzle group fitted to this problem, as the heuristic's does (no padding work).
-    cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms))
+    cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms, a.element_size()))
     launch = kern.get(key, tuple(sorted(params)), cfg)
 
-    def run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor]) -> torch.Tensor:
+    def run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         a3, b3, _, _ = prepare(a, b)
         out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)
         view = out[..., :N] if n_pad != N else out
-        launch(a3, b3, view, *[_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)])
+        launch(a3, b3, view, *[t.reshape(1) for t in scales], *[_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)])
         if n_pad != N:
             view = view.contiguous()
         return view if batched else view[0]
@@ -240,20 +310,22 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
 
 
 def _run(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None,
-         config: GemmConfig | None = None, names: Sequence[str] | None = None) -> torch.Tensor:
-    """The memo in front of `_plan`. `names` only label errors (the custom op has none)."""
+         config: GemmConfig | None = None, names: Sequence[str] | None = None, scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    """The memo in front of `_plan`. `names` only label errors (the custom op has none).
+    `scales`: () or fp8's (scale_a, scale_b) tensors."""
     epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
     try:
-        memo: Any = (_layout(a), _layout(b), tuple(_layout(t) for t in ops), epi_key, out_dtype, config)
+        memo: Any = (_layout(a), _layout(b), tuple(_layout(t) for t in ops), epi_key, out_dtype, config,
+                     tuple(_layout(t) for t in scales))
         fn = _PLANS.get(memo)
     except AttributeError:  # not tensors: _plan raises the clear error
         memo, fn = None, None
     if fn is None:
-        fn = _plan(a, b, ops, names or (epi.operand_names() if epi is not None else ()), epi, out_dtype, config)
+        fn = _plan(a, b, ops, names or (epi.operand_names() if epi is not None else ()), epi, out_dtype, config, scales)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[memo] = fn
-    return fn(a, b, ops)
+    return fn(a, b, ops, scales)
 
 
 # --- torch.library registration -----------------------------------------------------------
@@ -293,6 +365,22 @@ def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
 
 
 _gemm_op.register_autograd(_backward, setup_context=_setup)
+
+
+@torch.library.custom_op("cuteforge::gemm_fp8", mutates_args=())
+def _gemm_fp8_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, ops: list[torch.Tensor],
+                 epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+    return _run(a, b, ops, epi_key, kinds, out_dtype, scales=(scale_a, scale_b))
+
+
+@_gemm_fp8_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, ops: list[torch.Tensor],
+      epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+    torch._check(a.shape[-1] == b.shape[-2], lambda: f"{_WHERE}: a and b disagree on K")
+    batched = a.dim() == 3 or b.dim() == 3
+    L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
+    shape = (L, a.shape[-2], b.shape[-1]) if batched else (a.shape[-2], b.shape[-1])
+    return a.new_empty(shape, dtype=out_dtype or torch.bfloat16)
 
 
 def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta: float,
@@ -355,8 +443,17 @@ def gemm(
     beta: float = 1.0,
     epilogue_args: dict[str, Any] | None = None,
     config: GemmConfig | None = None,
+    scale_a: torch.Tensor | float | None = None,
+    scale_b: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """a @ b with the epilogue fused before the store (see the module docstring).
+
+    fp8 (`float8_e4m3fn` / `float8_e5m2`, mixed allowed): `scale_a` and `scale_b` are
+    required per-tensor dequantization scales (a float or a one-element fp32 tensor), so
+    the product is (a * scale_a) @ (b * scale_b) as in `torch._scaled_mm`, and the
+    epilogue (alpha, c, bias, activation, residual) applies to it. a must be row-major
+    (M, K) and b column-major (K, N) (e.g. `w.t()` of an (N, K) weight), K a multiple of
+    16; the output defaults to bfloat16. No backward.
 
     `config` (a `GemmConfig`) pins the kernel config for eager calls without grad,
     bypassing tuned results and the heuristic (benchmarks, experiments); calls through
@@ -364,9 +461,36 @@ def gemm(
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"{_WHERE}: config must be a GemmConfig or None, got {type(config).__name__}")
     epi, ops, names = _resolve(bias, epilogue, residual, c, alpha, beta, epilogue_args)
+    scales = _scales(a, b, scale_a, scale_b)
     epi_key = epi.key if epi is not None else _NONE_KEY
     kinds = ",".join(epi.kinds) if epi is not None else ""
-    needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops))
+    needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops, *scales))
+    if scales and needs_grad:
+        raise TypeError(f"{_WHERE}: the fp8 GEMM has no backward (as torch._scaled_mm); call it under torch.no_grad()")
     if torch.compiler.is_compiling() or needs_grad:
+        if scales:
+            return _gemm_fp8_op(a, b, scales[0], scales[1], ops, epi_key, kinds, out_dtype)
         return _gemm_op(a, b, ops, epi_key, kinds, out_dtype)
-    return _run(a, b, ops, epi_key, kinds, out_dtype, config, names)
+    return _run(a, b, ops, epi_key, kinds, out_dtype, config, names, scales)
+
+
+def _scales(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[torch.Tensor, ...]:
+    """() for a 16-bit GEMM; for fp8 the two scales as one-element fp32 tensors (a float
+    becomes one on a's device). Missing or misplaced scales raise, naming the argument."""
+    given = [(n, t) for n, t in (("scale_a", scale_a), ("scale_b", scale_b)) if t is not None]
+    if not (_is_fp8(a) and _is_fp8(b)):
+        if not given:
+            return ()
+        if _is_fp8(a) or _is_fp8(b):
+            _check_ab(a, b, None)  # raises: one operand fp8, the other not
+        raise TypeError(f"{_WHERE}: {given[0][0]} applies to float8 inputs only; use alpha= with bf16/fp16")
+    if len(given) != 2:
+        missing = [n for n, t in (("scale_a", scale_a), ("scale_b", scale_b)) if t is None]
+        raise TypeError(
+            f"{_WHERE}: fp8 inputs need scale_a and scale_b (dequantization scales: out = (a * scale_a) @ (b * scale_b), "
+            f"as torch._scaled_mm; pass 1.0 for unscaled data); missing {', '.join(missing)}"
+        )
+    for n, t in given:
+        _check_scale(t, n)
+    return tuple(t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), dtype=torch.float32, device=a.device)
+                 for _, t in given)

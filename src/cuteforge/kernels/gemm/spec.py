@@ -22,6 +22,8 @@ from .epilogue import GemmEpilogue
 from .sm90.config import GemmConfig, candidate_configs, default_config
 
 AB_DTYPES = (torch.bfloat16, torch.float16)
+# fp8 (WGMMA reads both operands K-major only; A and B may be different fp8 formats).
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OPERAND_DIMS = {"row": ("M",), "col": ("N",), "full": ("L", "M", "N")}
 # What `cuteforge precompile` builds for each plain layout (any shape: all dims dynamic),
 # for a 132-SM part (H100 SXM / H200); `ops.gemm` passes the live SM count.
@@ -29,18 +31,29 @@ STANDARD_DTYPES = (("bfloat16",) * 3, ("float16",) * 3, ("bfloat16", "bfloat16",
 STANDARD_SMS = 132
 
 
-def kernel_name(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = ()) -> str:
+def kernel_name(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = (), fp8: bool = False) -> str:
     # t/n as in BLAS: A "t" = K-major rows (row-major), B "n" = K-major (nn.Linear weight.T).
-    base = f"gemm_sm90_{'t' if a_k_major else 'n'}{'n' if b_k_major else 't'}"
+    base = f"gemm_sm90_{'fp8_' if fp8 else ''}{'t' if a_k_major else 'n'}{'n' if b_k_major else 't'}"
     return base + ("_" + "_".join(kinds) if kinds else "")
 
 
-def signature(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...]) -> Signature:
-    args = [
-        TensorArg("a", ("L", "M", "K"), dtypes=AB_DTYPES, leading=2 if a_k_major else 1),
-        TensorArg("b", ("L", "K", "N"), dtypes=AB_DTYPES, dtype_like="a", leading=1 if b_k_major else 2),
-        TensorArg("out", ("L", "M", "N"), dtypes=FLOAT_DTYPES),
-    ]
+def signature(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool = False) -> Signature:
+    """a, b, out, then (fp8) the fp32 per-tensor scales scale_a, scale_b of one element
+    each, then the epilogue operands e0.. ."""
+    if fp8:
+        args = [
+            TensorArg("a", ("L", "M", "K"), dtypes=FP8_DTYPES, leading=2),
+            TensorArg("b", ("L", "K", "N"), dtypes=FP8_DTYPES, leading=1),
+            TensorArg("out", ("L", "M", "N"), dtypes=FLOAT_DTYPES),
+            TensorArg("scale_a", ("SA",), dtypes=(torch.float32,)),
+            TensorArg("scale_b", ("SB",), dtypes=(torch.float32,)),
+        ]
+    else:
+        args = [
+            TensorArg("a", ("L", "M", "K"), dtypes=AB_DTYPES, leading=2 if a_k_major else 1),
+            TensorArg("b", ("L", "K", "N"), dtypes=AB_DTYPES, dtype_like="a", leading=1 if b_k_major else 2),
+            TensorArg("out", ("L", "M", "N"), dtypes=FLOAT_DTYPES),
+        ]
     args += [TensorArg(f"e{i}", OPERAND_DIMS[k], dtypes=FLOAT_DTYPES) for i, k in enumerate(kinds)]
     return Signature(*args)
 
@@ -50,11 +63,12 @@ def _sizes(spec: CompileSpec) -> tuple[int, int]:
 
 
 def _default_config(spec: CompileSpec) -> GemmConfig:
-    return default_config(None, None, None)
+    return default_config(None, None, None, in_bytes=_sizes(spec)[0])
 
 
 def _configs(spec: CompileSpec) -> list[GemmConfig]:
-    return candidate_configs(None, None)  # `validate` drops what spec's dtypes and target cannot run
+    # `validate` drops what spec's dtypes and target cannot run
+    return candidate_configs(None, None, in_bytes=_sizes(spec)[0])
 
 
 def _validate(spec: CompileSpec, config: Any) -> None:
@@ -62,12 +76,12 @@ def _validate(spec: CompileSpec, config: Any) -> None:
     config.validate(in_b, out_b, limits_for(spec.arch))
 
 
-def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...]) -> Any:
+def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool = False) -> Any:
     def build(spec: CompileSpec) -> Any:
         from .sm90.host import make_gemm
 
-        cfg = spec.config or GemmConfig()
         in_b, out_b = _sizes(spec)
+        cfg = spec.config or default_config(None, None, None, in_bytes=in_b)
         # Every compile path (ops.gemm config=, precompile, show, direct Kernel.get) gets
         # the same check as the tuner: an impossible tile must not reach the tracer.
         cfg.validate(in_b, out_b, limits_for(spec.arch))
@@ -75,9 +89,10 @@ def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...]) -> Any:
         epi_key = spec.param("epilogue", None)
         epi_fn = GemmEpilogue(epi_key, kinds).fn() if epi_key else None
         sms = int(spec.param("sms", limits_for(spec.arch).sm_count))
-        return make_gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, sms // (cfg.cluster_m * cfg.cluster_n))
+        clusters = sms // (cfg.cluster_m * cfg.cluster_n)
+        return make_gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, clusters, scaled=fp8)
 
-    build.__name__ = kernel_name(a_k_major, b_k_major, kinds)
+    build.__name__ = kernel_name(a_k_major, b_k_major, kinds, fp8)
     return build
 
 
@@ -109,6 +124,23 @@ def gemm_kernel(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = ()) -
     return k
 
 
+def gemm_fp8_kernel(kinds: tuple[str, ...] = ()) -> Kernel:
+    """The fp8 kernel (A and B K-major, per-tensor scales) for these epilogue operand kinds.
+    No standard specializations: compiled on first use (or by the tuner)."""
+    name = kernel_name(True, True, kinds, fp8=True)
+    k = REGISTRY.get(name)
+    if k is None:
+        k = kernel(
+            name=name,
+            signature=signature(True, True, kinds, fp8=True),
+            archs=("sm_90a",),
+            default_config=_default_config,
+            configs=_configs,
+            validate=_validate,
+        )(_builder(True, True, kinds, fp8=True))
+    return k
+
+
 # Registered on import: the four layouts with every operand-kind set the presets use, so
 # that autotuner workers (which import this module and look kernels up by name) find
 # them. A fusion Epilogue with another kind set registers on first use in the process.
@@ -119,6 +151,7 @@ PRESET_KINDS = tuple(
     for res in (False, True)
 )
 for _kinds in dict.fromkeys(PRESET_KINDS):
+    gemm_fp8_kernel(_kinds)
     for _a in (True, False):
         for _b in (True, False):
             gemm_kernel(_a, _b, _kinds)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from ....arch import DeviceLimits
 
 RASTER_ORDERS = ("m", "n")
+K_BLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row: 64 bf16/fp16, 128 fp8
 BARRIER_BYTES = 1024  # mbarriers + alignment slack of the shared-storage struct
 
 
@@ -21,7 +22,8 @@ class GemmConfig:
     """One tile/pipeline choice. `stages=0` takes as many A/B stages as shared memory holds.
 
     tile_m: 64 (one consumer warpgroup), 128 or 256 (two consumer warpgroups, split
-      along M); tile_n: multiple of 16 up to 256; tile_k: 64 (bf16/fp16: 4 wgmma k-steps).
+      along M); tile_n: multiple of 16 up to 256; tile_k: one 128-byte swizzle row of K,
+      64 for bf16/fp16 and 128 for fp8 (4 wgmma k-steps either way).
     cluster_m/cluster_n: CTAs per cluster along M/N; A is multicast across the N
       direction, B across M, so a 2x1 cluster halves B's L2->SM traffic.
     raster: "m" walks down M first inside a group of `swizzle` tile columns, "n" the
@@ -84,8 +86,9 @@ class GemmConfig:
             raise ValueError(f"tile_m must be 64, 128 or 256, got {self.tile_m}")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {self.tile_n}")
-        if self.tile_k != 64:
-            raise ValueError(f"tile_k must be 64 for 16-bit inputs (4 wgmma k-steps of 16), got {self.tile_k}")
+        if self.tile_k != k_block(in_bytes):
+            what = "16-bit inputs (4 wgmma k-steps of 16)" if in_bytes == 2 else "fp8 inputs (4 wgmma k-steps of 32)"
+            raise ValueError(f"tile_k must be {k_block(in_bytes)} for {what}: one 128-byte swizzled K row, got {self.tile_k}")
         # Accumulator registers per consumer thread; more than 128 fp32 spills under the
         # 232-register budget that setmaxnreg gives a consumer warpgroup.
         if self.pingpong and self.tile_m not in (64, 128):
@@ -110,6 +113,11 @@ class GemmConfig:
         need = self.smem_bytes(in_bytes, out_bytes, stages)
         if need > limits.smem_per_block:
             raise ValueError(f"config {self} needs {need} B of shared memory; sm_{limits.sm} allows {limits.smem_per_block}")
+
+
+def k_block(in_bytes: int) -> int:
+    """tile_k for inputs of `in_bytes` bytes (64 for 16-bit, 128 for fp8)."""
+    return K_BLOCK_BYTES // in_bytes
 
 
 def cluster_grid(cfg: GemmConfig, m: int, n: int) -> tuple[int, int]:
@@ -147,7 +155,7 @@ def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
     return cfg if size == cfg.swizzle else replace(cfg, swizzle=size)
 
 
-def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132) -> GemmConfig:
+def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -158,6 +166,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     with many tiles goes pingpong: each tile's mainloop is short, so hiding its epilogue
     under the other warpgroup's mainloop pays (16384x16384x1024: 635 vs 611 TFLOP/s).
     """
+    if in_bytes != 2:
+        # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks.
+        return replace(default_config(m, n, k, sm_count), tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
@@ -180,8 +191,10 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     return fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn), m, n)
 
 
-def candidate_configs(m: int | None, n: int | None) -> list[GemmConfig]:
+def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[GemmConfig]:
     """A short list the autotuner times; each is validated against the target first."""
+    if in_bytes != 2:
+        return [replace(c, tile_k=k_block(in_bytes)) for c in candidate_configs(m, n)]
     out = [
         GemmConfig(),
         GemmConfig(cluster_m=1, cluster_n=2),

@@ -1,5 +1,8 @@
 """Host entry points: views the signature's torch-order tensors in the kernel's order
-((M, K, L), (N, K, L), (M, N, L)) without copies and launches the persistent kernel."""
+((M, K, L), (N, K, L), (M, N, L)) without copies and launches the persistent kernel.
+
+Arguments after `out` ("extras"): the fp8 kernels' two per-tensor scales (when
+`scaled`), then the epilogue operands."""
 
 from __future__ import annotations
 
@@ -25,50 +28,67 @@ def make_gemm(
     kinds: tuple[str, ...],
     epi_fn: Callable[..., Any] | None,
     max_clusters: int,
+    scaled: bool = False,
 ) -> Any:
-    g = Sm90Gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, max_clusters)
+    if len(kinds) > 3:
+        raise ValueError(f"the GEMM epilogue takes at most 3 tensor operands, got {len(kinds)}")
+    g = Sm90Gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, max_clusters, scaled)
+    n_scales = 2 if scaled else 0
 
-    def operand(t: cute.Tensor, kind: str) -> cute.Tensor:
-        return _perm(t, [1, 2, 0]) if kind == "full" else t
+    def launch(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, extras: tuple[Any, ...], stream: CUstream) -> None:
+        scales = extras[:n_scales] if scaled else (None, None)
+        ops = [_perm(t, [1, 2, 0]) if kind == "full" else t for t, kind in zip(extras[n_scales:], kinds)]
+        ops += [None] * (3 - len(ops))
+        g(_perm(a, [1, 2, 0]), _perm(b, [2, 1, 0]), _perm(out, [1, 2, 0]), *scales, *ops, stream)
 
-    # The DSL traces fixed argument lists, so one wrapper per operand count.
-    n = len(kinds)
+    # The DSL traces fixed argument lists: one wrapper per count of tensors after `out`.
+    n = n_scales + len(kinds)
     if n == 0:
 
         @cute.jit
         def run0(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, stream: CUstream) -> None:
-            g(_perm(a, [1, 2, 0]), _perm(b, [2, 1, 0]), _perm(out, [1, 2, 0]), None, None, None, stream)
+            launch(a, b, out, (), stream)
 
         return run0
     if n == 1:
 
         @cute.jit
-        def run1(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, e0: cute.Tensor, stream: CUstream) -> None:
-            g(_perm(a, [1, 2, 0]), _perm(b, [2, 1, 0]), _perm(out, [1, 2, 0]), operand(e0, kinds[0]), None, None, stream)
+        def run1(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, x0: cute.Tensor, stream: CUstream) -> None:
+            launch(a, b, out, (x0,), stream)
 
         return run1
     if n == 2:
 
         @cute.jit
-        def run2(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, e0: cute.Tensor, e1: cute.Tensor, stream: CUstream) -> None:
-            g(_perm(a, [1, 2, 0]), _perm(b, [2, 1, 0]), _perm(out, [1, 2, 0]), operand(e0, kinds[0]), operand(e1, kinds[1]), None, stream)
+        def run2(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, x0: cute.Tensor, x1: cute.Tensor, stream: CUstream) -> None:
+            launch(a, b, out, (x0, x1), stream)
 
         return run2
     if n == 3:
 
         @cute.jit
         def run3(
-            a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, e0: cute.Tensor, e1: cute.Tensor, e2: cute.Tensor, stream: CUstream
+            a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, x0: cute.Tensor, x1: cute.Tensor, x2: cute.Tensor, stream: CUstream
         ) -> None:
-            g(
-                _perm(a, [1, 2, 0]),
-                _perm(b, [2, 1, 0]),
-                _perm(out, [1, 2, 0]),
-                operand(e0, kinds[0]),
-                operand(e1, kinds[1]),
-                operand(e2, kinds[2]),
-                stream,
-            )
+            launch(a, b, out, (x0, x1, x2), stream)
 
         return run3
-    raise ValueError(f"the GEMM epilogue takes at most 3 tensor operands, got {n}")
+    if n == 4:
+
+        @cute.jit
+        def run4(
+            a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, x0: cute.Tensor, x1: cute.Tensor, x2: cute.Tensor, x3: cute.Tensor,
+            stream: CUstream,
+        ) -> None:
+            launch(a, b, out, (x0, x1, x2, x3), stream)
+
+        return run4
+
+    @cute.jit
+    def run5(
+        a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, x0: cute.Tensor, x1: cute.Tensor, x2: cute.Tensor, x3: cute.Tensor,
+        x4: cute.Tensor, stream: CUstream,
+    ) -> None:
+        launch(a, b, out, (x0, x1, x2, x3, x4), stream)
+
+    return run5

@@ -17,6 +17,10 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
 - schedule: `StaticPersistentTileScheduler` over (M-tiles, N-tiles, L) in clusters,
   grouped ("swizzled") rasterization so a band of A and B stays in L2.
 
+fp8 (`scaled`): A and B are e4m3/e5m2 (K-major only, 128-deep k-blocks, wgmma k32) and
+the accumulator is multiplied by scale_a[0] * scale_b[0] (read once per CTA) before the
+epilogue hook.
+
 Out-of-range rows/columns/K need no code: TMA loads zero-fill outside the tensor and
 TMA stores clip, so M, N, K need not be multiples of the tile.
 
@@ -58,8 +62,10 @@ class Sm90Gemm:
         operand_kinds: tuple[str, ...],
         epi_fn: Callable[..., Any] | None,
         max_clusters: int,
+        scaled: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.scaled = scaled  # fp8: acc * scale_a[0] * scale_b[0] before the epilogue
         self.stages = stages
         self.a_layout = LayoutEnum.ROW_MAJOR if a_k_major else LayoutEnum.COL_MAJOR
         self.b_layout = LayoutEnum.ROW_MAJOR if b_k_major else LayoutEnum.COL_MAJOR
@@ -80,13 +86,17 @@ class Sm90Gemm:
 
     # ---- host side -----------------------------------------------------------------------
     @cute.jit
-    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor, e0: Any, e1: Any, e2: Any, stream: Any) -> None:
-        """mA (M, K, L), mB (N, K, L), mD (M, N, L); e*: epilogue operands or None."""
+    def __call__(
+        self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor, sa: Any, sb: Any, e0: Any, e1: Any, e2: Any, stream: Any
+    ) -> None:
+        """mA (M, K, L), mB (N, K, L), mD (M, N, L); sa/sb: fp32 per-tensor scales (1,) or
+        None; e*: epilogue operands or None. fp8 A and B may differ (e4m3 x e5m2)."""
         self.ab_dtype = mA.element_type
+        self.b_dtype = mB.element_type
         self.d_dtype = mD.element_type
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
-            self.ab_dtype,
+            self.b_dtype,
             self.a_layout.sm90_mma_major_mode(),
             self.b_layout.sm90_mma_major_mode(),
             cutlass.Float32,
@@ -94,7 +104,7 @@ class Sm90Gemm:
             tiler_mn=(64, self.cfg.tile_n),
         )
         a_layout = sm90_utils.make_smem_layout_a(self.a_layout, self.tile, self.ab_dtype, self.stages)
-        b_layout = sm90_utils.make_smem_layout_b(self.b_layout, self.tile, self.ab_dtype, self.stages)
+        b_layout = sm90_utils.make_smem_layout_b(self.b_layout, self.tile, self.b_dtype, self.stages)
         epi_stages = self.cfg.epi_stages(self.d_dtype.width // 8) * self.cfg.epi_groups
         d_layout = sm90_utils.make_smem_layout_epi(self.d_dtype, self.c_layout, self.epi_tile, epi_stages)
 
@@ -121,11 +131,13 @@ class Sm90Gemm:
         class Storage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(b_layout)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(d_layout)], 1024]
 
         self.storage = Storage
-        self.kernel(self.tiled_mma, tma_a, tA, tma_b, tB, tma_d, tD, mD, e0, e1, e2, a_layout, b_layout, d_layout, sched).launch(
+        self.kernel(
+            self.tiled_mma, tma_a, tA, tma_b, tB, tma_d, tD, mD, sa, sb, e0, e1, e2, a_layout, b_layout, d_layout, sched
+        ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1), min_blocks_per_mp=1, stream=stream
         )
 
@@ -141,6 +153,8 @@ class Sm90Gemm:
         tma_d: cute.CopyAtom,
         mD_tma: cute.Tensor,
         mD: cute.Tensor,
+        sa: Any,
+        sb: Any,
         e0: Any,
         e1: Any,
         e2: Any,
@@ -166,7 +180,7 @@ class Sm90Gemm:
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(self.storage)
         stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_layout, (None, None, 0))) + cute.size_in_bytes(
-            self.ab_dtype, cute.slice_(b_layout, (None, None, 0))
+            self.b_dtype, cute.slice_(b_layout, (None, None, 0))
         )
         # Every consumer warp of every CTA that a stage was multicast into releases it.
         n_mcast = self.cluster[0] + self.cluster[1] - 1
@@ -213,7 +227,7 @@ class Sm90Gemm:
                 self.produce(ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self.consume(tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, e0, e1, e2, tidx - WG, warp, k_tiles)
+            self.consume(tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, sa, sb, e0, e1, e2, tidx - WG, warp, k_tiles)
 
     @cute.jit
     def produce(self, ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles) -> None:  # noqa: ANN001
@@ -236,7 +250,7 @@ class Sm90Gemm:
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, e0, e1, e2, ctidx, warp, k_tiles) -> None:  # noqa: ANN001
+    def consume(self, tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, sa, sb, e0, e1, e2, ctidx, warp, k_tiles) -> None:  # noqa: ANN001
         # grp: which epilogue group (pingpong warpgroup) this thread belongs to.
         grp = cutlass.Int32(0)
         if cutlass.const_expr(self.pingpong):
@@ -269,6 +283,10 @@ class Sm90Gemm:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
         )
         store_warp = 4 + 4 * grp  # the group's first warp issues its TMA stores
+        # Per-tensor dequantization scales (fp8): one product, read once per CTA.
+        scale = cutlass.Float32(1.0)
+        if cutlass.const_expr(self.scaled):
+            scale = sa[0] * sb[0]
 
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
@@ -327,7 +345,10 @@ class Sm90Gemm:
             done = sched.num_tiles_executed * n_epi
             for e in cutlass.range_constexpr(n_epi):
                 for v in cutlass.range_constexpr(frag):
-                    rD[v] = tRS_acc[e * frag + v]
+                    if cutlass.const_expr(self.scaled):
+                        rD[v] = tRS_acc[e * frag + v] * scale
+                    else:
+                        rD[v] = tRS_acc[e * frag + v]
                 epi_coord = epi_order.get_hier_coord(e)
                 if cutlass.const_expr(self.epi_fn is not None):
                     ops = nxt
