@@ -13,12 +13,38 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import cuteforge.ops as ops
 from cuteforge import timing
 from cuteforge.kernels.reduce.spec import row_reduce
+
+
+def _library_pairs() -> dict[str, tuple[Any, Any]]:
+    """(cuteforge call, torch call) per library op on a small warm input (host-bound)."""
+    import torch.nn.functional as F
+
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, 1024, (4,), device="cuda")
+    a = torch.randn(128, 128, device="cuda", dtype=torch.bfloat16)
+    pairs: dict[str, tuple[Any, Any]] = {
+        "sum bf16 (4,1024)": (lambda: ops.sum(x), lambda: torch.sum(x, -1)),
+        "amax bf16 (4,1024)": (lambda: ops.amax(x), lambda: torch.amax(x, -1)),
+        "softmax bf16 (4,1024)": (lambda: ops.softmax(x), lambda: torch.softmax(x, -1)),
+        "log_softmax bf16 (4,1024)": (lambda: ops.log_softmax(x), lambda: torch.log_softmax(x, -1)),
+        "rms_norm bf16 (4,1024)": (lambda: ops.rms_norm(x, w, 1e-6), lambda: F.rms_norm(x, (1024,), w, 1e-6)),
+        "layer_norm bf16 (4,1024)": (lambda: ops.layer_norm(x, w, w, 1e-5), lambda: F.layer_norm(x, (1024,), w, w, 1e-5)),
+        "cross_entropy bf16 (4,1024)": (lambda: ops.cross_entropy(x, t), lambda: F.cross_entropy(x, t)),
+    }
+    if torch.cuda.get_device_capability() == (9, 0):
+        pairs["gemm bf16 128^3"] = (lambda: ops.gemm(a, a), lambda: torch.matmul(a, a))
+    for ours, _ in pairs.values():
+        ours()  # compile or load outside the timed loops
+    torch.cuda.synchronize()
+    return pairs
 
 
 def main() -> None:
@@ -45,6 +71,7 @@ def main() -> None:
         "cuteforge.ops.sum(x)": lambda: ops.sum(x),
     }
     rows = {name: round(timing.host_us(f), 2) for name, f in cases.items()}
+    pairs = {name: (round(timing.host_us(ours), 2), round(timing.host_us(theirs), 2)) for name, (ours, theirs) in _library_pairs().items()}
     result = {
         "command": "python benchmarks/bench_dispatch.py " + " ".join(sys.argv[1:]),
         "gpu": torch.cuda.get_device_name(),
@@ -52,6 +79,8 @@ def main() -> None:
         "dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
         "host_us": rows,
         "ratio_ops_sum_to_torch_mul": round(rows["cuteforge.ops.sum(x)"] / rows["torch.mul(y, y)"], 3),
+        # Each library op against the torch op it replaces, same small input, warm: (cuteforge, torch) us.
+        "library_host_us": {name: {"cuteforge": a, "torch": b, "ratio": round(a / b, 3)} for name, (a, b) in pairs.items()},
     }
     print(json.dumps(result, indent=1))
     name = torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-")
