@@ -244,13 +244,16 @@ def test_choice_log_classifies_winners() -> None:
     ci._feedback({cf: 0.5, tri: 0.7, aten: 0.6}, "mm", [], [])
     ci._feedback({cf: 0.9, aten: 0.6}, "addmm", [], [])
     ci._feedback({tri: 0.1, aten: 0.2}, "bmm", [], [])  # no cuteforge candidate: not logged
-    dec, fb, ind = _C("cfi_softmax_cuteforge_softmax"), _C("cfi_softmax_fallback_default"), _C("cfi_softmax_inductor_softmax")
+    dec, ind = _C("cfi_softmax_cuteforge_softmax_dim__1"), _C("cfi_softmax_inductor_softmax_dim__1_1")
+    fb = _C("cuteforge_inductor_softmax_fallback")  # 2.13's name for the op's eager impl
     ci._feedback({dec: 0.3, fb: 0.31, ind: 0.2}, "cfi_softmax", [], [])
+    ci._feedback({fb: 0.1, ind: 0.2}, "cfi_softmax", [], [])
     log = ci.choices_log()
-    assert [e["op"] for e in log] == ["mm", "addmm", "cfi_softmax"]
-    assert [e["cuteforge_won"] for e in log] == [True, False, False]
+    assert [e["op"] for e in log] == ["mm", "addmm", "cfi_softmax", "cfi_softmax"]
+    assert [e["cuteforge_won"] for e in log] == [True, False, False, True]
     assert log[0]["inductor_best"] == "mm" and log[0]["cuteforge_best_ms"] == 0.5
-    assert log[2]["cuteforge_best"] == "cfi_softmax_cuteforge_softmax" and log[2]["winner"] == "cfi_softmax_inductor_softmax"
+    assert log[2]["cuteforge_best"] == "cfi_softmax_cuteforge_softmax_dim__1"
+    assert log[2]["winner"] == "cfi_softmax_inductor_softmax_dim__1_1" and log[3]["inductor_best"] == ind.name
     ci.clear_choices_log()
     assert ci.choices_log() == []
 
@@ -265,3 +268,28 @@ def test_decompositions_match_torch_on_cpu() -> None:
     torch.testing.assert_close(ci.inductor_linear_bias_act(x, lw, lb, "gelu"), F.gelu(F.linear(x, lw, lb), approximate="tanh"))
     torch.testing.assert_close(ci.inductor_linear_act(x, lw, "silu"), F.silu(F.linear(x, lw)))
     torch.testing.assert_close(ci.inductor_softmax(x, -1), torch.softmax(x, -1))
+
+
+def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole path through a real torch.compile(max-autotune) on the CPU: the pre-grad
+    rewrite, register_custom_op_autotuning's selection between the inductor_* decomposition
+    and the op's eager impl (which, with no CUDA, falls back to torch), and the choice log.
+    The device gate and the cuteforge_* decompositions (CUDA-only ops) are patched out."""
+    monkeypatch.setattr(ci, "_sm90", lambda device: True)
+    monkeypatch.setattr(ci, "_AUTOTUNED", [(op, n, d[:1]) for op, n, d in ci._AUTOTUNED])
+    assert ci.enable()
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(F.layer_norm(x, (64,), w, b, 1e-5), -1)
+
+    x, w, b = torch.randn(4, 64), torch.randn(64), torch.randn(64)
+    torch._dynamo.reset()
+    with torch.no_grad(), config.patch(fx_graph_cache=False):
+        got = torch.compile(f, mode="max-autotune")(x, w, b)
+    torch.testing.assert_close(got, f(x, w, b))
+    log = ci.choices_log()
+    assert sorted(e["op"] for e in log) == ["cfi_layer_norm", "cfi_softmax"], log
+    for e in log:
+        assert e["inductor_best"].startswith(e["op"] + "_inductor_")
+        assert e["cuteforge_best"] == f"cuteforge_inductor_{e['op'][4:]}_fallback" or "fallback" in e["cuteforge_best"]
+    torch._dynamo.reset()

@@ -150,21 +150,34 @@ def _(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tens
 
 
 def _row_op(name: str, impl: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
-    op = torch.library.custom_op(f"cuteforge_inductor::{name}", mutates_args=())(impl)
+    torch_impl = globals()[f"inductor_{name}"]
+
+    def guarded(*args: Any) -> torch.Tensor:
+        # The rewrite only offers what the kernels take; should one still refuse (a bad
+        # input cuteforge checks and this module did not), compute it with torch rather
+        # than fail the compile or the graph.
+        try:
+            return impl(*args)
+        except (TypeError, ValueError) as e:
+            log.warning("cuteforge.inductor: %s fell back to torch: %s", name, e)
+            return torch_impl(*args)
+
+    schema = torch.library.infer_schema(impl, mutates_args=())
+    op = torch.library.custom_op(f"cuteforge_inductor::{name}", guarded, mutates_args=(), schema=schema)
     op.register_fake(fake)
     return op
 
 
 def _softmax_impl(x: torch.Tensor, dim: int) -> torch.Tensor:
-    from .ops import softmax as sm
+    from .ops.softmax import softmax  # (cuteforge.ops.softmax the attribute is the function)
 
-    return sm.softmax(x, dim)
+    return softmax(x, dim)
 
 
 def _log_softmax_impl(x: torch.Tensor, dim: int) -> torch.Tensor:
-    from .ops import softmax as sm
+    from .ops.softmax import log_softmax
 
-    return sm.log_softmax(x, dim)
+    return log_softmax(x, dim)
 
 
 def _rms_norm_impl(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -188,12 +201,6 @@ def _layer_norm_nb_impl(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.T
 def _like_x(x: torch.Tensor, *_: Any) -> torch.Tensor:
     return x.new_empty(x.shape)
 
-
-_softmax_op = _row_op("softmax", _softmax_impl, _like_x)
-_log_softmax_op = _row_op("log_softmax", _log_softmax_impl, _like_x)
-_rms_norm_op = _row_op("rms_norm", _rms_norm_impl, _like_x)
-_layer_norm_op = _row_op("layer_norm", _layer_norm_impl, _like_x)
-_layer_norm_nb_op = _row_op("layer_norm_nobias", _layer_norm_nb_impl, _like_x)
 
 
 # --------------------------------------------------------------------------- decompositions
@@ -278,6 +285,13 @@ def cuteforge_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps: float) ->
 
 def inductor_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, None, eps)
+
+
+_softmax_op = _row_op("softmax", _softmax_impl, _like_x)
+_log_softmax_op = _row_op("log_softmax", _log_softmax_impl, _like_x)
+_rms_norm_op = _row_op("rms_norm", _rms_norm_impl, _like_x)
+_layer_norm_op = _row_op("layer_norm", _layer_norm_impl, _like_x)
+_layer_norm_nb_op = _row_op("layer_norm_nobias", _layer_norm_nb_impl, _like_x)
 
 
 # op, autotune name (no "cuteforge" in it: the log tells candidates apart by name), decomps
@@ -640,9 +654,10 @@ def _prior_uuid(prior: Any) -> Any:
 def _is_cuteforge(sel: str, choice: Any) -> bool:
     name = str(getattr(choice, "name", ""))
     if sel.startswith("cfi_"):
-        # custom-op selections: every choice but the inductor_* decomposition runs cuteforge
-        # (the cuteforge_* decomposition, and the op's eager impl as the fallback)
-        return "inductor_" not in name
+        # custom-op selections: every choice but the inductor_* decomposition (named
+        # "<sel>_inductor_...") runs cuteforge: the cuteforge_* decomposition, and the op's
+        # eager impl as the fallback ("cuteforge_inductor_<op>_fallback" on 2.13)
+        return not name.startswith(f"{sel}_inductor_")
     return name.startswith("cuteforge")
 
 
