@@ -71,6 +71,7 @@ def test_config_validation() -> None:
     assert default_config(16, 4096, 4096).tile_m == 64
     assert default_config(8192, 8192, 8192) == GemmConfig()
     assert default_config(16384, 16384, 1024).pingpong and default_config(1024, 1024, 1024).tile_n == 64
+    assert default_config(1024, 1024, 1024).pingpong and not default_config(128, 4096, 4096).pingpong
     assert kernel_name(True, False, ("col",)) == "gemm_sm90_tt_col"
 
 

@@ -188,7 +188,11 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             break
     m_tiles, n_tiles = -(-m // tm), -(-n // tn)
     cm, cn = (2, 1) if m_tiles >= 2 else ((1, 2) if n_tiles >= 2 else (1, 1))
-    return fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn), m, n)
+    # 128x64 (sub-wave problems with M > 128) runs pingpong: in the H200 sweep
+    # (h200-gemm.json) 128x64 c2x1 pingpong was >= cooperative at all 5 shapes measured
+    # both ways in one run (1024^3: 213.7 vs 209.1 TFLOP/s; 2048x14336x4096 +2.2%).
+    pingpong = (tm, tn) == (128, 64)
+    return fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong), m, n)
 
 
 def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[GemmConfig]:
