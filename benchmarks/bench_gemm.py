@@ -9,6 +9,7 @@ minutes, more than the GPU time this benchmark gets.
 
     python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,sweep] [--out FILE]
     python benchmarks/bench_gemm.py --set fp8,fp8sweep --fp8-shapes 8192x8192x8192,4096x4096x4096
+    python benchmarks/bench_gemm.py --set custom --shapes 65536x128x4096,1024x1024x1024
     python benchmarks/bench_gemm.py --out benchmarks/results/h200-gemm.json --plot benchmarks/results/h200-gemm.png
 
 fp8 (not in the default sets): e4m3 x e4m3 with per-tensor scales, bf16 out, against
@@ -89,12 +90,18 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
     ref = torch.matmul(a, b)
     row: dict[str, Any] = {"set": tag, "M": m, "N": n, "K": k}
     fns: dict[str, Any] = {"cublas": lambda: torch.matmul(a, b)}
-    row["cuteforge_config"] = repr(_default(m, n, k))
-    contenders = (
+    cfg = _default(m, n, k)
+    row["cuteforge_config"] = repr(cfg)
+    contenders: tuple[tuple[str, Any], ...] = (
         ("cuteforge", lambda: gemm(a, b)),
         ("cuteforge_pingpong", lambda: gemm(a, b, config=PINGPONG[0])),
         ("quack", lambda: q.gemm(a, b, tuned=False)),
     )
+    if cfg.swizzle != 8:
+        # The default before its swizzle group was fitted to the problem (padding clusters).
+        from dataclasses import replace
+
+        contenders += (("cuteforge_swizzle8", lambda: gemm(a, b, config=replace(cfg, swizzle=8))),)
     for name, fn in contenders:
         if name == "quack" and q is None:
             continue
@@ -339,6 +346,7 @@ def main() -> None:
     p.add_argument("--set", default="bar,square,skinny,epilogue")
     p.add_argument("--sweep-shapes", default="8192x8192x8192,4096x4096x4096,16384x16384x1024,2048x8192x28672")
     p.add_argument("--epilogue-shapes", default=",".join("x".join(map(str, s)) for s in EPILOGUE))
+    p.add_argument("--shapes", default="", help="shapes of the 'custom' set (plain rows), e.g. 65536x128x4096")
     p.add_argument("--fp8-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the fp8 and fp8sweep sets")
     p.add_argument("--out")
     p.add_argument("--plot", help="write a PNG of a results JSON (given as --out) and exit; no GPU needed")
@@ -366,9 +374,9 @@ def main() -> None:
     }
     t0 = time.time()
     sets = args.set.split(",")
-    for tag, shapes in (("bar", BAR), ("square", SQUARE), ("skinny", SKINNY)):
+    for tag, shapes in (("bar", BAR), ("square", SQUARE), ("skinny", SKINNY), ("custom", _shapes(args.shapes))):
         if tag in sets:
-            result.setdefault("plain", []).extend(plain([s for s in shapes if tag == "bar" or s not in BAR], q, tag))
+            result.setdefault("plain", []).extend(plain([s for s in shapes if tag in ("bar", "custom") or s not in BAR], q, tag))
             out.write_text(json.dumps(result, indent=1))
     if "epilogue" in sets:
         result["epilogue"] = epilogues(_shapes(args.epilogue_shapes), q)
