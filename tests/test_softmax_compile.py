@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cuteforge.kernels.softmax import MODES, SoftmaxConfig, candidate_configs, default_config
+from cuteforge.kernels.softmax.config import V2_FWD_MIN_N
 from cuteforge.signature import BoundKey
 
 _NS = [1, 7, 32, 256, 1000, 4096, 16384, 65536, 65537, 131072, 262144]
@@ -111,7 +112,12 @@ def compiler(tmp_path_factory):
             for _ in range(3 if bwd else 2)
         ]
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-        fn = make_softmax(mode, d, n, vec, cfg)
+        if cfg.path != "regs":  # v2 forward paths (the long-row forward default)
+            from cuteforge.kernels.softmax.chunked import make_softmax_chunked
+
+            fn = make_softmax_chunked(mode, d, n, vec, cfg)
+        else:
+            fn = make_softmax(mode, d, n, vec, cfg)
         c = cute.compile(fn, *ts, stream, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump_dir}")
         ptx = c.__ptx__
         assert isinstance(ptx, str) and ".entry" in ptx and "sm_90a" in ptx
@@ -138,10 +144,14 @@ _CASES = [
 def test_compile(compiler, mode, dt, n, vec):
     ptx = compiler(mode, dt, n, vec)
     bits = 32 if dt == "f32" else 16
+    d = default_config(n, bits, mode.endswith("_bwd"))
     if vec * bits == 128:
-        assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx) and re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
-    if default_config(n, bits, mode.endswith("_bwd")).cluster_n > 1:
+        load = r"cp\.async\.cg\.shared\.global" if d.path == "async" else r"ld\.global[.a-zA-Z0-9:_]*\.v4\."
+        assert re.search(load, ptx) and re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    if d.cluster_n > 1 and d.path == "regs":
         assert "mapa" in ptx and "barrier.cluster" in ptx
+    elif d.cluster_n > 1:
+        assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx
     if mode in ("softmax", "log_softmax"):
         assert "ex2.approx" in ptx
 
@@ -256,7 +266,32 @@ def test_longrow_candidates_valid(n, bits):
     assert {c.path for c in cands} >= {"mbar", "async", "smem"}
     for c in cands:
         c.validate(n, bits, False, limits_for("sm_90a"))
-    assert default_config(n, bits).path == "regs"  # defaults unchanged until measured
+    d = default_config(n, bits)
+    assert d.path == ("async" if n >= V2_FWD_MIN_N[bits] else "regs")
+    assert default_config(n, bits, backward=True).path == "regs"
+
+
+# 16-bit forward from 16385 and fp32 from 131073 default to the v2 async path: the
+# default must validate (sm_90a limits) for every N, odd ones included, and any M.
+_DENSE_NS = sorted({*range(1, 262145, 331), *(2**k + e for k in range(1, 19) for e in (-1, 0, 1)), 24577, 100000, 262144} - {262145})
+
+
+@pytest.mark.parametrize("bits", [16, 32])
+def test_default_validates_for_every_n(bits):
+    from cuteforge.arch import limits_for
+
+    lim = limits_for("sm_90a")
+    for n in _DENSE_NS:
+        for m in (None, 1, 7, 1000, 32768):
+            d = default_config(n, bits, m=m)
+            d.validate(n, bits, False, lim)
+            assert (d.path == "async") == (n >= V2_FWD_MIN_N[bits])
+            if d.path == "async":
+                assert d.threads == d.threads_per_row == 256 and d.elems_per_thread(n) <= 64
+    want = {(16, 32768): 4, (16, 65536): 8, (16, 131072): 8, (16, 262144): 16, (32, 262144): 16}
+    for (b, n), c in want.items():
+        if b == bits:
+            assert default_config(n, bits) == SoftmaxConfig(256, 256, c, "async")
 
 
 @pytest.fixture(scope="module")
@@ -301,6 +336,10 @@ _V2_CASES = [
     ("softmax", "f16", 65537, 1, SoftmaxConfig(512, 512, 2, "async")),
     ("softmax", "bf16", 65537, 1, SoftmaxConfig(256, 256, 4, "mbar")),
     ("softmax", "bf16", 100000, 8, SoftmaxConfig(256, 256, 8, "smem")),
+    # the forward defaults between and beyond the measured N (odd N: vec 1)
+    ("softmax", "bf16", 24577, 1, default_config(24577, 16)),
+    ("log_softmax", "f16", 49152, 8, default_config(49152, 16, m=1)),
+    ("softmax", "f32", 200000, 4, default_config(200000, 32)),
     ("softmax", "f32", 1000, 4, SoftmaxConfig(128, 32, 1, "smem")),
 ]
 

@@ -384,3 +384,20 @@ def test_v2_views_and_special_rows(path: str) -> None:
     x = torch.randn(37, 1000, device="cuda")
     for mode in MODES:
         _assert_matches(_run_v2(x, mode, short), x, mode)
+
+
+@pytest.mark.parametrize(
+    "n, dtype",
+    [(16385, torch.bfloat16), (24577, torch.float16), (49152, torch.bfloat16), (131073, torch.bfloat16), (200000, torch.float32)],
+)
+def test_v2_defaults_between_measured_points(n: int, dtype: torch.dtype) -> None:
+    """The ops' long-row forward default (config._v2_forward: async path, cluster from the
+    elements per thread) at N between and beside the benchmarked ones, odd N included,
+    through the op (few rows: the cluster doubles; many rows: as the heuristic)."""
+    from cuteforge.kernels.softmax.config import default_config
+
+    assert default_config(n, dtype.itemsize * 8).path == "async"
+    for mode in MODES:
+        for m in (1, 300):
+            x = 3 * torch.randn(m, n, device="cuda", dtype=dtype)
+            _assert_matches(getattr(ops, mode)(x), x, mode)

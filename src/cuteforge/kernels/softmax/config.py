@@ -10,7 +10,7 @@ to overlap one CTA's reduction with another's loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...arch import DeviceLimits
 
@@ -165,13 +165,39 @@ def _shape(n: int, dtype_bits: int, elems: int, p_max: int, c_max: int) -> Softm
     return SoftmaxConfig(threads=max(p, 128), threads_per_row=p, cluster_n=c)
 
 
+# Forward rows longer than this go to the v2 "async" path (h200-longrow.json: bf16
+# regs 84.7 / 77.2 / 70.9 / 68.0 % of copy at N = 32768..262144, async 256-thread CTAs
+# 96.6 / 96.9 / 96.3 / 91.4; fp32 regs 93.6 vs async 96.2 only at 262144).
+V2_FWD_MIN_N = {16: 16385, 32: 131073}
+_V2_THREADS = 256
+_V2_ELEMS = 48  # aim: <= this many elements per thread ...
+_V2_CLUSTER_CAP = 8  # ... but no cluster over 8 CTAs unless a thread would hold > 64
+
+
+def _v2_forward(n: int) -> SoftmaxConfig:
+    """The v2 forward default for a long row: `async`, 256-thread CTAs, the smallest
+    cluster that leaves a thread <= 48 elements, capped at 8 CTAs while a thread holds
+    <= 64 (then 16). Measured (bf16, elements per thread): 32768 c4 (32) 96.6 % > c2 (64)
+    95.1; 65536 c8 (32) 96.9 > c4 (64) 95.7; 131072 c8 (64) 96.3 > c16 (32) 93.4;
+    262144 c16 (64) 91.4; fp32 262144 c16 (64) 96.2."""
+    c = 1
+    while c < _V2_CLUSTER_CAP and -(-n // (_V2_THREADS * c)) > _V2_ELEMS:
+        c *= 2
+    if -(-n // (_V2_THREADS * c)) > 64:
+        c = 16
+    return SoftmaxConfig(_V2_THREADS, _V2_THREADS, c, "async")
+
+
 def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     """What the H200 sweep (docs/kernels/softmax.md) favours: one CTA per row as long as
     it can hold the row (32 elements per thread up to 512 threads, then up to 64 forward;
     16 per input for short rows backward), and only then a cluster, of CTAs that each
     hold as much of the row as the registers allow (64 elements per thread forward, 32
     per input backward). Cluster barriers and small per-CTA chunks cost more than fewer
-    resident CTAs."""
+    resident CTAs. Long forward rows (n >= V2_FWD_MIN_N: 16-bit past 16384, fp32 past
+    131072) take the v2 `async` path instead (`_v2_forward`)."""
+    if not backward and n >= V2_FWD_MIN_N[dtype_bits]:
+        return _v2_forward(n)
     vec = 128 // dtype_bits
     cap = _pow2_ceil(-(-n // vec))  # no thread without a vector
     if backward and _pow2_ceil(-(-n // 16)) <= 256:  # short rows: 16 per input measured best
@@ -202,7 +228,7 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, m: int | Non
     if cluster and m is not None and cfg.threads_per_row >= 128:
         # fewer than ~2 CTAs per SM: halve the work per CTA while that is possible
         while m * cfg.cluster_n < 264 and cfg.cluster_n < 16 and n >= 2 * cfg.cluster_n * cfg.threads_per_row * (128 // dtype_bits):
-            cfg = SoftmaxConfig(cfg.threads, cfg.threads_per_row, cfg.cluster_n * 2)
+            cfg = replace(cfg, cluster_n=cfg.cluster_n * 2)
     if not cluster:
         # no clusters (pre-sm_90): one CTA per row, as wide as the registers need
         while cfg.threads_per_row < 1024:
@@ -227,6 +253,8 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[S
     """A few distinct valid configs around the heuristic (the first one) for autotuning."""
     base = default_config(n, dtype_bits, backward)
     out = [base]
+    if base.path != "regs":  # long forward rows: the other v2 paths / cluster sizes first
+        out += [c for c in longrow_candidates(n, dtype_bits) if c != base][:4]
     e0 = TARGET_ELEMS[backward]
     for elems, p_max, c_max in (
         (e0 * 2, 256, 16),
