@@ -1,5 +1,7 @@
-"""Long-row forward softmax: the v1 default config against the v2 paths (SoftmaxConfig.path
-= mbar / async / smem, kernels/softmax/chunked.py) and quack, one process, one GPU.
+"""Long-row forwards: softmax (the default config against the v2 paths, SoftmaxConfig.path
+= mbar / async / smem, kernels/softmax/chunked.py) and, with --ops, rms_norm / layer_norm
+(the default against NormConfig.exchange = "mbar" and 256-thread cluster configs,
+kernels/norm/config.longrow_candidates), each beside quack, one process, one GPU.
 
 For every dtype and N: M = min(32768, 2^28 // N) rows of randn; each config's kernel is
 launched directly (no op overhead), timed with cuteforge.timing.bench (L2 flushed before
@@ -8,11 +10,13 @@ error, max error relative to the reference element, NaN count), so a fast wrong 
 is flagged (`correct`: false). Copy bandwidth is measured in the same run. All configs
 compile first, in parallel worker processes (cuteforge.autotune.pool).
 
-Writes JSON to --out: command, gpu, copy_GBps, and per (dtype, N): rows of
-{config, path, default, us, GBps, pct_copy, max_abs_err, max_rel_err, nan, correct},
-the quack figure and ratio (ours / quack) for each, and `best` (fastest correct config).
+Writes JSON to --out: command, gpu, copy_GBps, and per (op, dtype, N) a `shapes` entry:
+rows of {config, path, default, us, GBps, pct_copy, max_abs_err, max_rel_err, tol_ratio,
+nan, correct}, the quack figure and ratio (ours / quack) for each, and `best` (fastest
+correct config). Norm shapes: rms_norm without bias, layer_norm with bias, weights in
+x's dtype, no residual; checked against torch in fp32 (tolerance scaled by max |y|).
 
-    python benchmarks/bench_longrow.py --out $OUT/h200-longrow.json
+    python benchmarks/bench_longrow.py --ops softmax,rms_norm,layer_norm --out $OUT/h200-longrow.json
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ import torch
 from cuteforge import timing
 
 MAX_ELEMS = 1 << 28
+OPS = ["softmax", "rms_norm", "layer_norm"]
 NS = [16384, 24576, 32768, 65536, 131072, 262144]
+NORM_NS = [32768, 65536, 131072, 262144]
+NORM_TOL = {"bfloat16": 1.6e-2, "float16": 2e-3, "float32": 1e-4}
 DTYPES = ["bfloat16", "float16", "float32"]
 # |y - ref| <= atol + rtol |ref| (ref: torch in fp32, rounded to the output dtype for
 # 16-bit), as tests/gpu/test_softmax_gpu.py: softmax outputs of long rows are ~1/N, fp16
@@ -90,27 +97,97 @@ def _check(y: torch.Tensor, ref: torch.Tensor, dt: str) -> dict[str, Any]:
     return {"max_abs_err": mae, "max_rel_err": rel, "tol_ratio": round(ratio, 4), "nan": nan, "correct": nan == 0 and ratio <= 1.0}
 
 
+def norm_plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
+    """(op, dtype, n, config, is_default): the current default and every long-row candidate."""
+    from cuteforge.kernels.norm.config import default_config, longrow_candidates
+
+    out = []
+    for op in ops:
+        for dt in dtypes:
+            bits = getattr(torch, dt).itemsize * 8
+            for n in ns:
+                d = default_config(n, bits)
+                out.append((op, dt, n, d, True))
+                out += [(op, dt, n, c, False) for c in longrow_candidates(n, bits) if c != d]
+    return out
+
+
+def _norm_case(op: str, dt: str, n: int, m: int) -> dict[str, Any]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dtype = getattr(torch, dt)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype)
+    b = (0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype) if op == "layer_norm" else None
+    stats = torch.empty(m, device="cuda")
+    return {"x": x, "w": w, "b": b, "y": torch.empty_like(x), "mean": torch.empty_like(stats), "rstd": stats}
+
+
+def _norm_key_params(op: str, case: dict[str, Any]) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    from cuteforge.kernels.norm.spec import norm_fwd
+
+    x, w, b, y, r = case["x"], case["w"], case["b"], case["y"], case["rstd"]
+    key = norm_fwd.signature.bind((x[:1], w, w if b is None else b, x[:1], y[:1], y[:1], r[:1], r[:1]), "bench_longrow")
+    kind = "rms" if op == "rms_norm" else "layer"
+    eps = 1e-6 if kind == "rms" else 1e-5
+    return key, (("eps", eps), ("has_bias", b is not None), ("has_residual", False), ("kind", kind))
+
+
+def _norm_check(y: torch.Tensor, ref: torch.Tensor, dt: str) -> dict[str, Any]:
+    """As tests/gpu/test_norm_gpu.py: |y - r| <= tol max(1, max|r|) + tol |r|."""
+    yf = y.float()
+    nan = int(yf.isnan().sum())
+    diff = (yf - ref).abs_()
+    tol = NORM_TOL[dt]
+    ratio = float((diff / (tol * max(1.0, float(ref.abs().amax())) + tol * ref.abs())).amax())
+    return {"max_abs_err": float(diff.amax()), "tol_ratio": round(ratio, 4), "nan": nan, "correct": nan == 0 and ratio <= 1.0}
+
+
+def _quack_norm(op: str):
+    try:
+        q = importlib.import_module("quack.rmsnorm")
+    except Exception as e:  # reported, never fatal
+        print("quack norms unavailable:", e)
+        return None
+    if op == "rms_norm":
+        return lambda c: q.rmsnorm_fwd(c["x"], c["w"], eps=1e-6)
+    if hasattr(q, "layernorm_fwd"):  # takes fp32 weight / bias
+        return lambda c: q.layernorm_fwd(c["x"], c["w"].float(), c["b"].float(), eps=1e-5)
+    return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma list of {OPS}")
     p.add_argument("--dtypes", default=",".join(DTYPES))
-    p.add_argument("--ns", default=",".join(map(str, NS)))
+    p.add_argument("--ns", default=",".join(map(str, NS)), help="softmax N")
+    p.add_argument("--norm-ns", default=",".join(map(str, NORM_NS)), help="rms_norm / layer_norm N")
     p.add_argument("--max-per", type=int, default=12, help="v2 candidates per (dtype, N)")
     p.add_argument("--rep-ms", type=float, default=30.0)
     p.add_argument("--no-quack", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     t0 = time.time()
+    ops = [o for o in args.ops.split(",") if o]
+    if set(ops) - set(OPS):
+        p.error(f"--ops: unknown {sorted(set(ops) - set(OPS))}; choose from {OPS}")
     dtypes = [d for d in args.dtypes.split(",") if d]
     ns = [int(v) for v in args.ns.split(",") if v]
+    norm_ns = [int(v) for v in args.norm_ns.split(",") if v]
     from cuteforge.arch import target_arch
     from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.spec import norm_fwd
     from cuteforge.kernels.softmax.spec import softmax_fwd
 
     arch = target_arch()
-    todo = plans(dtypes, ns, args.max_per)
+    todo = plans(dtypes, ns, args.max_per) if "softmax" in ops else []
+    ntodo = norm_plans([o for o in ops if o != "softmax"], dtypes, norm_ns)
     params = (("mode", "softmax"),)
     tc = time.time()
-    outcomes = compile_all([CompileJob.of(softmax_fwd, _key(n, getattr(torch, dt)), params, c, arch) for dt, n, c, _ in todo])
+    jobs = [CompileJob.of(softmax_fwd, _key(n, getattr(torch, dt)), params, c, arch) for dt, n, c, _ in todo]
+    for op, dt, n, c, _ in ntodo:
+        key, nparams = _norm_key_params(op, _norm_case(op, dt, n, 1))
+        jobs.append(CompileJob.of(norm_fwd, key, nparams, c, arch))
+    outcomes = compile_all(jobs)
     failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
     result: dict[str, Any] = {
         "command": "python benchmarks/bench_longrow.py " + " ".join(sys.argv[1:]),
@@ -118,7 +195,7 @@ def main() -> None:
         "torch": torch.__version__,
         "arch": arch,
         "compile_s": round(time.time() - tc, 1),
-        "configs": len(todo),
+        "configs": len(jobs),
         "compile_failures": len(failed),
         "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; bytes = 2*M*N*size",
         "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
@@ -132,14 +209,20 @@ def main() -> None:
         result["seconds"] = round(time.time() - t0, 1)
         out.write_text(json.dumps(result, indent=1))
 
-    qfwd = None if args.no_quack else _quack_softmax()
-    result["quack"] = getattr(sys.modules.get("quack"), "__version__", None) if qfwd else None
+    qfwd = None if args.no_quack or "softmax" not in ops else _quack_softmax()
+    result["quack"] = None if args.no_quack else getattr(sys.modules.get("quack"), "__version__", None)
     save()
 
     def _time(fn, nbytes: int) -> dict[str, Any]:
         ms = timing.bench(fn, warmup_ms=5, rep_ms=args.rep_ms)
         bps = nbytes / (ms * 1e-3)
         return {"us": round(ms * 1e3, 2), "GBps": round(bps / 1e9, 1), "pct_copy": round(100 * bps / copy_bps, 1)}
+
+    def _best(shape: dict[str, Any]) -> None:
+        ok = [r for r in shape["rows"] if r.get("correct") and "GBps" in r]
+        if ok:
+            b = max(ok, key=lambda r: r["GBps"])
+            shape["best"] = {k: b[k] for k in ("config", "GBps", "pct_copy") if k in b} | {"vs_quack": b.get("vs_quack")}
 
     groups: dict[tuple[str, int], list[tuple[int, Any, bool]]] = {}
     for i, (dt, n, c, d) in enumerate(todo):
@@ -153,7 +236,7 @@ def main() -> None:
         y = torch.empty_like(x)
         ref = torch.softmax(x.float(), dim=-1)
         nbytes = 2 * x.numel() * x.element_size()
-        shape: dict[str, Any] = {"dtype": dt, "M": m, "N": n, "rows": []}
+        shape: dict[str, Any] = {"op": "softmax", "dtype": dt, "M": m, "N": n, "rows": []}
         result["shapes"].append(shape)
         if qfwd is not None:
             try:
@@ -178,17 +261,67 @@ def main() -> None:
                 except Exception as e:
                     r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             shape["rows"].append(r)
-            print(dt, m, n, json.dumps(r), flush=True)
-        ok = [r for r in shape["rows"] if r.get("correct") and "GBps" in r]
-        if ok:
-            b = max(ok, key=lambda r: r["GBps"])
-            shape["best"] = {k: b[k] for k in ("config", "GBps", "pct_copy") if k in b} | {"vs_quack": b.get("vs_quack")}
+            print("softmax", dt, m, n, json.dumps(r), flush=True)
+        del x, y, ref
+        _best(shape)
         save()
+
+    ngroups: dict[tuple[str, str, int], list[tuple[int, Any, bool]]] = {}
+    for j, (op, dt, n, c, d) in enumerate(ntodo):
+        ngroups.setdefault((op, dt, n), []).append((len(todo) + j, c, d))
+    for (op, dt, n), cfgs in ngroups.items():
+        m = rows_for(n)
+        torch.cuda.empty_cache()
+        case = _norm_case(op, dt, n, m)
+        x, w, b, y = case["x"], case["w"], case["b"], case["y"]
+        xf = x.float()
+        if op == "rms_norm":
+            ref = torch.nn.functional.rms_norm(xf, (n,), w.float(), 1e-6)
+        else:
+            ref = torch.nn.functional.layer_norm(xf, (n,), w.float(), b.float(), 1e-5)
+        del xf
+        nbytes = 2 * x.numel() * x.element_size()
+        shape = {"op": op, "dtype": dt, "M": m, "N": n, "rows": []}
+        result["shapes"].append(shape)
+        qn = None if args.no_quack else _quack_norm(op)
+        if qn is not None:
+            try:
+                qy = qn(case)
+                qy = qy[0] if isinstance(qy, tuple) else qy
+                shape["quack"] = {**_time(lambda qn=qn, c=case: qn(c), nbytes), **_norm_check(qy, ref, dt)}
+            except Exception as e:
+                shape["quack"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        key, nparams = _norm_key_params(op, case)
+        bb = w if b is None else b
+        for i, c, d in cfgs:
+            r = {"config": repr(c), "exchange": c.exchange, "threads": c.threads, "cluster_n": c.cluster_n, "default": d}
+            if i in failed:
+                r["error"] = "compile: " + failed[i]
+            else:
+                try:
+                    fn = norm_fwd.get(key, nparams, c)
+                    args_ = (x, w, bb, x, y, y, case["mean"] if b is not None else case["rstd"], case["rstd"])
+                    y.fill_(float("nan"))
+                    fn(*args_)
+                    torch.cuda.synchronize()
+                    r.update(_norm_check(y, ref, dt))
+                    r.update(_time(lambda fn=fn, a=args_: fn(*a), nbytes))
+                    q = shape.get("quack", {})
+                    if "GBps" in q:
+                        r["vs_quack"] = round(r["GBps"] / q["GBps"], 3)
+                except Exception as e:
+                    r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            shape["rows"].append(r)
+            print(op, dt, m, n, json.dumps(r), flush=True)
+        del case, x, y, ref
+        _best(shape)
+        save()
+
     print(f"copy {result['copy_GBps']} GB/s")
     for s in result["shapes"]:
         d = next((r for r in s["rows"] if r["default"]), {})
         print(
-            f"{s['dtype']:9s} {s['M']:6d} x {s['N']:6d}  default {d.get('pct_copy', '-')}%  "
+            f"{s['op']:10s} {s['dtype']:9s} {s['M']:6d} x {s['N']:6d}  default {d.get('pct_copy', '-')}%  "
             f"best {s.get('best', {}).get('pct_copy', '-')}% {s.get('best', {}).get('config', '')}  "
             f"quack {s.get('quack', {}).get('pct_copy', '-')}%"
         )

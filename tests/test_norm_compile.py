@@ -165,3 +165,51 @@ def test_autotune_candidates_validate(kernels):
         assert invalid == {} and valid == k.configs(spec) and len(valid) > 1
         valid, invalid = candidates(k, spec, [NormConfig(48, 16)])
         assert valid == [] and "multiple of 32" in invalid[NormConfig(48, 16)]
+
+
+# --------------------------------------------------------------------------- v2: mbarrier exchange (forward)
+
+
+def test_mbar_exchange_validate_and_candidates():
+    from cuteforge.kernels.norm.config import V2_FWD_MIN_N, longrow_candidates, v2_forward_config
+
+    with pytest.raises(ValueError, match="exchange="):
+        NormConfig(256, 256, 4, exchange="fast").validate(65536, 16)
+    with pytest.raises(ValueError, match="cluster_n > 1"):
+        NormConfig(256, 256, 1, exchange="mbar").validate(4096, 16)
+    with pytest.raises(ValueError, match="cluster_n > 1"):
+        NormConfig(256, 256, 4, exchange="mbar").validate(65536, 16, backward=True)
+    assert v2_forward_config(65536, 16) == NormConfig(256, 256, 8, 1, exchange="mbar")
+    assert v2_forward_config(262144, 32).cluster_n == 16
+    for bits in (16, 32):
+        for n in (16384, 32768, 65536, 65537, 100000, 131072, 262144):
+            cands = longrow_candidates(n, bits)
+            assert len(cands) >= 3 and len(set(cands)) == len(cands)
+            assert any(c.exchange == "mbar" for c in cands) and any(c.exchange == "barrier" for c in cands)
+            for c in cands:
+                c.validate(n, bits)
+        if V2_FWD_MIN_N[bits] is None:  # defaults unchanged until measured
+            assert default_config(262144, bits).exchange == "barrier"
+
+
+# (kind, x dtype, weight dtype, n, bias, residual, cluster_n): rms / layer (two
+# exchanges), odd N (scalar accesses), fp32 weight with 16-bit x, cluster of 16
+_FWD_MBAR = [
+    ("rms", "bfloat16", "bfloat16", 65536, False, True, 8),
+    ("layer", "float16", "float32", 65537, True, False, 16),
+    ("layer", "float32", "float32", 131072, False, True, 16),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, res, c", _FWD_MBAR)
+def test_compile_fwd_mbar(kernels, kind, xd, wd, n, bias, res, c):
+    fwd, _ = kernels
+    vx = 1 if n % 2 else 16 // (4 if xd == "float32" else 2)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
+    cfg = NormConfig(256, 256, c, 1, exchange="mbar")
+    _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
+                      {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
+    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx
+    assert len(re.findall(r"mbarrier\.init", ptx)) >= 1 and "mbarrier.try_wait" in ptx
+    assert not re.search(r"barrier\.cluster\.arrive(\.release)?;", ptx)  # no full cluster barrier

@@ -24,6 +24,12 @@ lane folds the S = W * C partials. Every thread of the row ends with the total.
 Buffers are indexed by a ``slot`` so that back-to-back reductions never overwrite a
 partial a slower thread (or peer CTA) has yet to read: a slot is reused only after a
 later barrier, which every reader passes only after reading.
+
+With ``NormConfig.exchange == "mbar"`` (forward, cluster_n > 1; ``make_allreduce_mbar``)
+the cluster step has no barrier: lanes l < C of each warp ``st.async`` the warp's partial
+into CTA l's slot, the bytes counted on CTA l's mbarrier for that reduction, and each CTA
+waits on its own mbarrier (armed once per launch with R * S * 4 bytes). Each reduction of
+a launch has its own slot and mbarrier (phase 0), so nothing is reused.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 from .config import NormConfig
 
@@ -235,6 +241,50 @@ def make_allreduce(tile: Tile):
         return a, b
 
     return allreduce
+
+
+def make_allreduce_mbar(tile: Tile):
+    """@cute.jit allreduce(a, buf, mbar, slot, r, t, cta) -> sum of a over the row, for
+    a cluster (C > 1, P a multiple of 32). ``buf``: flat fp32 smem of n_slots * R * S
+    elements; ``mbar``: n_slots mbarriers, slot's initialised with count 1 and armed
+    with R * S * 4 transaction bytes (``mbar_tx_bytes``), followed by a cluster
+    arrive whose wait precedes the first call. ``slot`` is a compile-time constant."""
+    G, W, S, C, R = tile.G, tile.W, tile.S, tile.C, tile.R
+    if C < 2 or G != 32:
+        raise ValueError(f"the mbarrier exchange needs a cluster and whole warps per row (C={C}, P={tile.P})")
+
+    @cute.jit
+    def _bfly(val, group: cutlass.Constexpr):
+        for step in cutlass.range_constexpr(int(math.log2(group))):
+            val = val + cute.arch.shuffle_sync_bfly(val, offset=group >> (step + 1))
+        return val
+
+    @cute.jit
+    def allreduce(a, buf: cute.Tensor, mbar, slot: cutlass.Constexpr, r, t, cta):
+        a = _bfly(a, G)
+        base = (slot * R + r) * S
+        one = cute.make_rmem_tensor(cute.make_layout((1,)), Float32)
+        one[0] = a
+        word = cute.recast_tensor(one, Int32)
+        if t % 32 < C:  # lane l sends the warp's partial to CTA l
+            cute.arch.store_async_dsmem(buf.iterator + (base + cta * W + t // 32), word[0], mbar + slot, t % 32)
+        cute.arch.mbarrier_wait(mbar + slot, 0)
+        lane = t % G
+        tot = Float32(0.0)
+        for i in cutlass.range_constexpr((S + G - 1) // G):
+            if cutlass.const_expr((i + 1) * G <= S):
+                tot = tot + buf[base + lane + i * G]
+            else:
+                j = cutlass.min(lane + i * G, S - 1)
+                tot = tot + Float32(cutlass.select_(lane + i * G < S, buf[base + j], Float32(0.0)))
+        return _bfly(tot, G)
+
+    return allreduce
+
+
+def mbar_tx_bytes(tile: Tile) -> int:
+    """Bytes every CTA of the cluster receives per mbarrier reduction."""
+    return tile.R * tile.S * 4
 
 
 def reduce_smem_elems(tile: Tile, n_slots: int) -> int:

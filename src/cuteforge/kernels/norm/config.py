@@ -25,6 +25,12 @@ prefetch:         backward only: issue the loads of the CTA group's next row blo
                   before working on the current one (a second register set for x and
                   dy), so loads stay in flight across the reduction and the dx stores.
                   The default for 16-bit rows of 1024..16384 (where it measured faster).
+exchange:         forward with a cluster: how the CTAs of a row exchange partial sums.
+                  "barrier" (v1): st.shared::cluster into every peer, then a full
+                  cluster barrier (arrive.release / wait.acquire) per reduction;
+                  "mbar": each warp's lanes l < cluster_n st.async the partial into CTA
+                  l, counted on CTA l's mbarrier (one per reduction), and each CTA waits
+                  on its own mbarrier only (softmax's v2 exchange, docs/kernels/softmax.md).
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from dataclasses import dataclass
 
 from ...arch import DeviceLimits
 
-__all__ = ["NormConfig", "default_config", "candidate_configs", "elems_per_thread"]
+__all__ = ["NormConfig", "default_config", "candidate_configs", "elems_per_thread", "longrow_candidates", "EXCHANGES"]
+
+EXCHANGES = ("barrier", "mbar")
 
 _REGS_PER_SM = 65536
 _MAX_REGS = 255
@@ -64,6 +72,7 @@ class NormConfig:
     reload: bool = False
     prefetch: bool = False
     early_weight: bool = False
+    exchange: str = "barrier"
 
     @property
     def rows_per_cta(self) -> int:
@@ -86,7 +95,7 @@ class NormConfig:
         slots = max(self.threads_per_row // 32, 1) * self.cluster_n
         red = 2 * 2 * self.rows_per_cta * slots * 4
         acc = 2 * self.rows_per_cta * n * 4 if backward and self.rows_per_cta > 1 else 0
-        return red + acc
+        return red + acc + (16 if self.exchange == "mbar" else 0)
 
     def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None, backward: bool = False) -> None:
         """Raise ValueError if this config cannot run rows of n elements."""
@@ -105,6 +114,10 @@ class NormConfig:
             raise ValueError(f"cluster_n={c} needs one row per CTA (threads_per_row == threads), got {p} != {t}")
         if (self.reload or self.prefetch) and not backward:
             raise ValueError("reload and prefetch are backward-only knobs")
+        if self.exchange not in EXCHANGES:
+            raise ValueError(f"exchange={self.exchange!r}: must be one of {EXCHANGES}")
+        if self.exchange == "mbar" and (backward or c == 1):
+            raise ValueError("exchange='mbar' is for the forward with a cluster (cluster_n > 1)")
         if self.early_weight and backward:
             raise ValueError("early_weight is a forward-only knob")
         if self.reload and self.prefetch:
@@ -130,10 +143,57 @@ class NormConfig:
             raise ValueError(f"shared memory {self.smem_bytes(n, backward)} B > 48 KiB")
 
 
+# Long-row forward with the mbarrier exchange (v2, docs/kernels/norm.md): which N take
+# it by default, per dtype bits (None: not yet; set from benchmarks/bench_longrow.py
+# --ops rms_norm,layer_norm once measured), and the elements per thread it aims for.
+V2_FWD_MIN_N: dict[int, int | None] = {16: None, 32: None}
+V2_FWD_THREADS = 256
+V2_FWD_ELEMS = 32
+
+
+def v2_forward_config(n: int, dtype_bits: int, threads: int = V2_FWD_THREADS, elems: int = V2_FWD_ELEMS) -> NormConfig | None:
+    """The mbar-exchange forward config for a long row: `threads`-thread CTAs (one row
+    each), the smallest cluster (2..16) that leaves a thread <= `elems` elements (or 16
+    CTAs), None when no cluster config is valid for n."""
+    c = 2
+    while c < 16 and elems_per_thread(n, threads, c) > elems:
+        c *= 2
+    while c >= 2:
+        cfg = NormConfig(threads, threads, c, 1, exchange="mbar")
+        try:
+            cfg.validate(n, dtype_bits)
+            return cfg
+        except ValueError:
+            c //= 2  # too short for this many CTAs (or too long for the registers: then none fits)
+    return None
+
+
+def longrow_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
+    """Forward configs worth timing against the default at long N (bench_longrow.py):
+    the mbar exchange with 256-thread CTAs at 16 / 32 / 64 elements per thread and with
+    512-thread CTAs at 32, plus the v1 barrier exchange with 256-thread CTAs at 32 (what
+    the CTA shape alone changes)."""
+    out: list[NormConfig] = []
+    for threads, elems, ex in ((256, 32, "mbar"), (256, 16, "mbar"), (256, 64, "mbar"), (512, 32, "mbar"), (256, 32, "barrier")):
+        cfg = v2_forward_config(n, dtype_bits, threads, elems)
+        if cfg is None:
+            continue
+        if ex == "barrier":
+            cfg = NormConfig(cfg.threads, cfg.threads_per_row, cfg.cluster_n, 1)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def default_config(n: int, dtype_bits: int, backward: bool = False) -> NormConfig:
     """Heuristic: ~_TARGET_E elements per thread; rows longer than 512 threads' worth
     split over a cluster (up to 16 CTAs); then, if the registers do not fit, the
     backward reloads x/dy and finally gives each thread a larger share."""
+    lo = V2_FWD_MIN_N.get(dtype_bits)
+    if not backward and lo is not None and n >= lo:
+        v2 = v2_forward_config(n, dtype_bits)
+        if v2 is not None:
+            return v2
     e = _TARGET_E[backward]
     p = max(8, _pow2_ceil(-(-n // e)))
     c = 1

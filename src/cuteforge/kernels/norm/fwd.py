@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int64
 
-from .common import Tile, make_allreduce, make_row_io, reduce_smem_elems
+from .common import (
+    Tile,
+    make_allreduce,
+    make_allreduce_mbar,
+    make_row_io,
+    mbar_tx_bytes,
+    reduce_smem_elems,
+)
 from .config import NormConfig
 
 KINDS = ("rms", "layer")
@@ -53,6 +60,10 @@ def make_norm_fwd(
     is_ln = kind == "layer"
     inv_n = 1.0 / n
     n_smem = reduce_smem_elems(tile, 2)
+    use_mbar = config.exchange == "mbar" and C > 1
+    n_red = 2 if is_ln else 1  # reductions per launch (mbar: one slot and mbarrier each)
+    allreduce_m = make_allreduce_mbar(tile) if use_mbar else None
+    tx_bytes = mbar_tx_bytes(tile)
 
     @cute.kernel
     def _kernel(
@@ -68,7 +79,8 @@ def make_norm_fwd(
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         if cutlass.const_expr(C > 1):
-            cute.arch.cluster_arrive_relaxed()
+            if cutlass.const_expr(not use_mbar):
+                cute.arch.cluster_arrive_relaxed()
             cta = cute.arch.block_idx_in_cluster()
             row_block = bidx // C
         else:
@@ -84,6 +96,17 @@ def make_norm_fwd(
 
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
+        mbar = None
+        if cutlass.const_expr(use_mbar):
+            mbar = smem.allocate_array(Int64, n_red, byte_alignment=8)
+            if tidx == 0:
+                for i in cutlass.range_constexpr(n_red):
+                    cute.arch.mbarrier_init(mbar + i, 1)
+            cute.arch.mbarrier_init_fence()
+            if tidx == 0:
+                for i in cutlass.range_constexpr(n_red):
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar + i, tx_bytes)
+            cute.arch.cluster_arrive_relaxed()  # its wait (below) precedes the first st.async
 
         xr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
         load(x[row_c, None], xr, g)
@@ -119,7 +142,10 @@ def make_norm_fwd(
         tot = acc[0]
         for v in cutlass.range_constexpr(1, tile.vec):
             tot = tot + acc[v]
-        tot, _unused = allreduce(tot, tot, 1, buf, 0, r, t, cta)
+        if cutlass.const_expr(use_mbar):
+            tot = allreduce_m(tot, buf, mbar, 0, r, t, cta)
+        else:
+            tot, _unused = allreduce(tot, tot, 1, buf, 0, r, t, cta)
         mean = Float32(0.0)
         if cutlass.const_expr(is_ln):
             mean = tot * Float32(inv_n)
@@ -136,7 +162,10 @@ def make_norm_fwd(
             tot = acc[0]
             for v in cutlass.range_constexpr(1, tile.vec):
                 tot = tot + acc[v]
-            tot, _unused = allreduce(tot, tot, 1, buf, 1, r, t, cta)
+            if cutlass.const_expr(use_mbar):
+                tot = allreduce_m(tot, buf, mbar, 1, r, t, cta)
+            else:
+                tot, _unused = allreduce(tot, tot, 1, buf, 1, r, t, cta)
         rstd = cute.math.rsqrt(tot * Float32(inv_n) + Float32(eps))
 
         leader = ok & (t == 0)
