@@ -188,8 +188,27 @@ def test_mbar_exchange_validate_and_candidates():
             assert any(c.exchange == "mbar" for c in cands) and any(c.exchange == "barrier" for c in cands)
             for c in cands:
                 c.validate(n, bits)
-        if V2_FWD_MIN_N[bits] is None:  # defaults unchanged until measured
-            assert default_config(262144, bits).exchange == "barrier"
+        assert default_config(262144, bits).exchange == ("barrier" if V2_FWD_MIN_N[bits] is None else "mbar")
+
+
+def test_long_row_forward_defaults_follow_the_sweep():
+    """The measured winners (h200-longrow-v2.json) per kind and dtype class; every
+    forward default from N = 1 to 262144 (odd N included) validates for sm_90a."""
+    from cuteforge.arch import limits_for
+
+    want = {("rms", 16, 32768): (256, 4), ("rms", 16, 65536): (256, 8), ("rms", 16, 131072): (256, 16),
+            ("rms", 32, 65536): (256, 4), ("rms", 32, 131072): (256, 8), ("rms", 32, 262144): (256, 16),
+            ("layer", 16, 32768): (512, 2), ("layer", 16, 65536): (512, 4), ("layer", 16, 131072): (512, 8),
+            ("layer", 32, 32768): (256, 4)}
+    for (kind, bits, n), (threads, cluster) in want.items():
+        d = default_config(n, bits, kind=kind)
+        assert (d.exchange, d.threads, d.cluster_n) == ("mbar", threads, cluster), (kind, bits, n, d)
+    assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row
+    limits = limits_for("sm_90a")
+    for kind in ("rms", "layer"):
+        for bits in (16, 32):
+            for n in list(range(1, 300, 7)) + [4095, 16383, 16385, 24577, 32767, 65537, 100003, 131073, 262143, 262144]:
+                default_config(n, bits, kind=kind).validate(n, bits, limits)
 
 
 # (kind, x dtype, weight dtype, n, bias, residual, cluster_n): rms / layer (two

@@ -144,11 +144,19 @@ class NormConfig:
 
 
 # Long-row forward with the mbarrier exchange (v2, docs/kernels/norm.md): which N take
-# it by default, per dtype bits (None: not yet; set from benchmarks/bench_longrow.py
-# --ops rms_norm,layer_norm once measured), and the elements per thread it aims for.
-V2_FWD_MIN_N: dict[int, int | None] = {16: None, 32: None}
+# it by default, per dtype bits, and the CTA size and elements per thread it aims for,
+# per (kind, dtype bits). From the H200 sweep (benchmarks/results/h200-longrow-v2.json,
+# N = 32768..262144): mbar beat the barrier exchange at every shape; the shapes below
+# were best or within ~1 % of best across N for each kind and dtype class.
+V2_FWD_MIN_N: dict[int, int | None] = {16: 16385, 32: 16385}
 V2_FWD_THREADS = 256
 V2_FWD_ELEMS = 32
+V2_FWD_SHAPE: dict[tuple[str, int], tuple[int, int]] = {
+    ("rms", 16): (256, 32),
+    ("rms", 32): (256, 64),
+    ("layer", 16): (512, 32),
+    ("layer", 32): (256, 32),
+}
 
 
 def v2_forward_config(n: int, dtype_bits: int, threads: int = V2_FWD_THREADS, elems: int = V2_FWD_ELEMS) -> NormConfig | None:
@@ -185,13 +193,15 @@ def longrow_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     return out
 
 
-def default_config(n: int, dtype_bits: int, backward: bool = False) -> NormConfig:
-    """Heuristic: ~_TARGET_E elements per thread; rows longer than 512 threads' worth
-    split over a cluster (up to 16 CTAs); then, if the registers do not fit, the
+def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms") -> NormConfig:
+    """Heuristic: long forward rows (V2_FWD_MIN_N) take the mbar exchange shaped by
+    V2_FWD_SHAPE; otherwise ~_TARGET_E elements per thread; rows longer than 512 threads'
+    worth split over a cluster (up to 16 CTAs); then, if the registers do not fit, the
     backward reloads x/dy and finally gives each thread a larger share."""
     lo = V2_FWD_MIN_N.get(dtype_bits)
     if not backward and lo is not None and n >= lo:
-        v2 = v2_forward_config(n, dtype_bits)
+        threads, elems = V2_FWD_SHAPE.get((kind, dtype_bits), (V2_FWD_THREADS, V2_FWD_ELEMS))
+        v2 = v2_forward_config(n, dtype_bits, threads, elems)
         if v2 is not None:
             return v2
     e = _TARGET_E[backward]

@@ -81,7 +81,7 @@ def _specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     name="norm_fwd",
     signature=FWD_SIGNATURE,
     archs=("sm_90+",),
-    default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, False),
+    default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, False, s.param("kind")),
     configs=lambda s: _configs(s, False),
     specializations=_specializations,
     validate=lambda spec, cfg: _validate(spec, cfg, False),
