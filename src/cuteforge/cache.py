@@ -201,6 +201,34 @@ def entry_for(root: Path, *, kernel: str, key_repr: str, arch: str, extra_finger
     return Entry.at(root / fingerprint(arch) / sub, key_hash(key_repr))
 
 
+@dataclass(frozen=True)
+class _Codec:
+    """How an entry's payload is written and read back. `fresh(result, written)` is the
+    value of a compile (`written`: the entry holds it)."""
+
+    export: Callable[[compiler.CompileResult, str], None]
+    load: Callable[[Path], Any]
+    fresh: Callable[[str, compiler.CompileResult, Path | None], Any]
+
+
+def _fresh_function(kernel: str, result: compiler.CompileResult, written: Path | None) -> Any:
+    if result.function is not None:
+        return result.function
+    # Compile-only (no GPU): the DSL builds no launchable function, but the exported
+    # object loads fine and proves the entry is usable.
+    return compiler.load_object(str(written)) if written is not None else _not_launchable(kernel)
+
+
+def _write_bytes(result: compiler.CompileResult, path: str) -> None:
+    Path(path).write_bytes(result.compiled)
+
+
+# TVM-FFI objects called with torch tensors; plain bytes handed to another runtime
+# (cuteforge.jax gives XLA the object itself).
+_FUNCTIONS = _Codec(lambda r, path: compiler.export_object(r.compiled, path), lambda p: compiler.load_object(str(p)), _fresh_function)
+_BYTES = _Codec(_write_bytes, lambda p: p.read_bytes(), lambda kernel, r, written: r.compiled)
+
+
 class KernelCache:
     """Gets a callable for a compile key: from disk if any process compiled it, else compiles.
 
@@ -217,41 +245,54 @@ class KernelCache:
         extra_fingerprint: str = "",
         source_path: str | None = None,
     ) -> Callable[..., Any]:
+        return self._get(kernel, key_repr, arch, compile_fn, extra_fingerprint, source_path, _FUNCTIONS)
+
+    def get_bytes(
+        self,
+        *,
+        kernel: str,
+        key_repr: str,
+        arch: str,
+        compile_fn: Callable[[bool], compiler.CompileResult],
+        extra_fingerprint: str = "",
+        source_path: str | None = None,
+    ) -> bytes:
+        """As `get`, for a compile whose `CompileResult.compiled` is the object's bytes,
+        returned as they are (another runtime loads them: cuteforge.jax)."""
+        return self._get(kernel, key_repr, arch, compile_fn, extra_fingerprint, source_path, _BYTES)
+
+    def _get(self, kernel: str, key_repr: str, arch: str, compile_fn: Callable[[bool], compiler.CompileResult],
+             extra_fingerprint: str, source_path: str | None, codec: _Codec) -> Any:
         root = _private_root() if disk_enabled() else None
         if root is None:
-            fn = self._compile(kernel, key_repr, compile_fn, None, source_path).function
-            return fn if fn is not None else _not_launchable(kernel)
+            return codec.fresh(kernel, self._compile(kernel, key_repr, compile_fn, None, source_path), None)
         entry = entry_for(root, kernel=kernel, key_repr=key_repr, arch=arch, extra_fingerprint=extra_fingerprint)
         entry.obj.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fn, problem = self._load(entry)
-        if fn is not None:
-            return fn
+        value, problem = self._load(entry, codec)
+        if value is not None:
+            return value
         with FileLock(str(entry.lock)):
             # Another process may have compiled it while we waited for the lock.
-            fn, problem = self._load(entry)
-            if fn is not None:
-                return fn
+            value, problem = self._load(entry, codec)
+            if value is not None:
+                return value
             if problem is not None:
                 self._quarantine(root, entry, problem)
             result = self._compile(kernel, key_repr, compile_fn, entry, source_path)
+            staged = str(entry.obj) + ".new"
             try:
-                compiler.export_object(result.compiled, str(entry.obj) + ".new")
-                digest = _sha256(Path(str(entry.obj) + ".new"))
-                meta = {"kernel": kernel, "key": key_repr, "sha256": digest, "arch": arch, "created": time.time()}
+                codec.export(result, staged)
+                meta = {"kernel": kernel, "key": key_repr, "sha256": _sha256(Path(staged)), "arch": arch, "created": time.time()}
                 _atomic_write(entry.meta, lambda p: Path(p).write_text(json.dumps(meta, indent=1)))
-                os.replace(str(entry.obj) + ".new", entry.obj)
+                os.replace(staged, entry.obj)
             except Exception as e:  # a full disk must not break the call
-                Path(str(entry.obj) + ".new").unlink(missing_ok=True)
-                warnings.warn(f"cuteforge: could not write cache entry {entry.obj}: {e}", stacklevel=2)
-                return result.function
-            if result.function is None:
-                # Compile-only (no GPU): the DSL builds no launchable function, but the
-                # exported object loads fine and proves the entry is usable.
-                return compiler.load_object(str(entry.obj))
-            return result.function
+                Path(staged).unlink(missing_ok=True)
+                warnings.warn(f"cuteforge: could not write cache entry {entry.obj}: {e}", stacklevel=3)
+                return codec.fresh(kernel, result, None)
+            return codec.fresh(kernel, result, entry.obj)
 
-    def _load(self, entry: Entry) -> tuple[Callable[..., Any] | None, str | None]:
-        """(function, None) on success; (None, reason) if the entry is corrupt; (None, None) if absent."""
+    def _load(self, entry: Entry, codec: _Codec = _FUNCTIONS) -> tuple[Any, str | None]:
+        """(value, None) on success; (None, reason) if the entry is corrupt; (None, None) if absent."""
         if not entry.obj.exists():
             return None, None
         t0 = time.perf_counter()
@@ -259,14 +300,14 @@ class KernelCache:
             meta = json.loads(entry.meta.read_text())
             if _sha256(entry.obj) != meta["sha256"]:
                 return None, "object does not match its recorded sha256 (truncated or altered)"
-            fn = compiler.load_object(str(entry.obj))
+            value = codec.load(entry.obj)
         except FileNotFoundError:
             return None, "its metadata file is missing"
         except Exception as e:  # corrupt JSON, an object the loader rejects, ...
             return None, f"{type(e).__name__}: {str(e)[:200]}"
         STATS.l2_loads += 1
         STATS.load_ms += (time.perf_counter() - t0) * 1e3
-        return fn, None
+        return value, None
 
     def _quarantine(self, root: Path, entry: Entry, reason: str) -> None:
         qdir = root / "quarantine"

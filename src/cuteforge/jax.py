@@ -22,9 +22,7 @@ Importing ``cuteforge`` never imports JAX; importing this module needs JAX >= 0.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -154,25 +152,6 @@ def compile_stats() -> dict[str, float]:
     return _cache.STATS.as_dict()
 
 
-def _read_entry(entry: Any) -> tuple[bytes | None, str | None]:
-    """(object, None) on success; (None, reason) if corrupt; (None, None) if absent."""
-    if not entry.obj.exists():
-        return None, None
-    t0 = time.perf_counter()
-    try:
-        meta = json.loads(entry.meta.read_text())
-        data = entry.obj.read_bytes()
-        if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-            return None, "object does not match its recorded sha256 (truncated or altered)"
-    except FileNotFoundError:
-        return None, "its metadata file is missing"
-    except Exception as e:  # corrupt JSON, ...
-        return None, f"{type(e).__name__}: {str(e)[:200]}"
-    _cache.STATS.l2_loads += 1
-    _cache.STATS.load_ms += (time.perf_counter() - t0) * 1e3
-    return data, None
-
-
 def _build(spec: CompileSpec, kernel: Kernel, forms: tuple[tuple[Any, ...], ...], dtypes: tuple[str, ...],
            arrange: Callable[[list[Any]], list[Any]]) -> Callable[[bool], _compiler.CompileResult]:
     def build(keep_artifacts: bool) -> _compiler.CompileResult:
@@ -209,47 +188,11 @@ def _module(kernel: Kernel, key: BoundKey, params: tuple[tuple[str, Any], ...], 
         _cache.STATS.l1_hits += 1
         return hit
     build = _build(spec, kernel, forms, dtypes, arrange)
-    name = f"{kernel.name}.jax"
-    root = _cache._private_root() if _cache.disk_enabled() else None
-    data: bytes | None = None
-    if root is None:
-        data = _cache.DEFAULT_CACHE._compile(name, key_repr, build, None, kernel.source_path).compiled
-    else:
-        from filelock import FileLock
-
-        entry = _cache.entry_for(root, kernel=name, key_repr=key_repr, arch=spec.arch,
-                                 extra_fingerprint=kernel.source_fingerprint())
-        entry.obj.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        data, problem = _read_entry(entry)
-        if data is None:
-            with FileLock(str(entry.lock)):
-                data, problem = _read_entry(entry)  # another process may have written it
-                if data is None:
-                    if problem is not None:
-                        _cache.DEFAULT_CACHE._quarantine(root, entry, problem)
-                    data = _cache.DEFAULT_CACHE._compile(name, key_repr, build, entry, kernel.source_path).compiled
-                    _write_entry(entry, data, name, key_repr, spec.arch)
-    assert data is not None
+    data = _cache.DEFAULT_CACHE.get_bytes(kernel=f"{kernel.name}.jax", key_repr=key_repr, arch=spec.arch, compile_fn=build,
+                                          extra_fingerprint=kernel.source_fingerprint(), source_path=kernel.source_path)
     hit = (data, hashlib.sha256(data).digest())
     _L1[key_repr] = hit
     return hit
-
-
-def _write_entry(entry: Any, data: bytes, name: str, key_repr: str, arch: str) -> None:
-    import os
-    import warnings
-    from pathlib import Path
-
-    tmp = Path(str(entry.obj) + ".new")
-    try:
-        tmp.write_bytes(data)
-        meta = {"kernel": name, "key": key_repr, "sha256": hashlib.sha256(data).hexdigest(), "arch": arch,
-                "created": time.time(), "abi": "xla-ffi cutlass_call"}
-        _cache._atomic_write(entry.meta, lambda p: Path(p).write_text(json.dumps(meta, indent=1)))
-        os.replace(tmp, entry.obj)
-    except Exception as e:  # a full disk must not break the call
-        tmp.unlink(missing_ok=True)
-        warnings.warn(f"cuteforge: could not write cache entry {entry.obj}: {e}", stacklevel=3)
 
 
 # --------------------------------------------------------------------------- the FFI call
