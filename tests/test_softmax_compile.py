@@ -372,3 +372,36 @@ def test_v2_registry_build(monkeypatch):
     assert callable(softmax_fwd.get(key, (("mode", "softmax"),), SoftmaxConfig(256, 256, 4, "smem")))
     with pytest.raises(ValueError, match="forward-only"):
         softmax_bwd.get(BoundKey(("bfloat16",) * 3, (("N", 65536),), (8,) * 3), (("mode", "softmax_bwd"),), SoftmaxConfig(256, 256, 4, "mbar"))
+
+
+def test_warm_path_memo_key():
+    """The eager warm path looks plans up by exactly `_memo_key`'s tuple (a stored plan is
+    hit), and any change the slow path depends on misses (the slow path then runs: here on
+    CPU it raises, so a wrong plan is never reused): dim's type, dtype, shape, strides,
+    pointer alignment."""
+    sm = importlib.import_module("cuteforge.ops.softmax")
+    calls: list[tuple[int, ...]] = []
+
+    def launch(*ts: torch.Tensor) -> None:
+        calls.append(tuple(ts[-1].shape))
+
+    x = torch.randn(4, 64)
+    for mode, fn in (("softmax", sm.softmax), ("log_softmax", sm.log_softmax)):
+        sm._remember(sm._memo_key(mode, -1, x), ((4, 64), launch))
+        sm._remember(sm._memo_key(mode, 1, x), ((4, 64), launch))
+        assert fn(x).shape == (4, 64) and fn(x, 1).shape == (4, 64)
+        assert calls == [(4, 64)] * 2
+        calls.clear()
+        big = torch.randn(4, 80)
+        for other, dim in ((x, True), (x.half(), -1), (x[:2], -1), (x.t(), -1), (big[:, 16:], -1), (torch.randn(257)[1:].view(4, 64), -1)):
+            with pytest.raises((TypeError, ValueError)):
+                fn(other, dim)
+        assert calls == []
+    g = torch.randn(4, 64)
+    sm._remember(sm._memo_key("softmax_bwd", -1, g, x), ((4, 64), launch))
+    assert sm.softmax_backward(g, x).shape == (4, 64) and calls == [(4, 64)]
+    for dy, y in ((x, g.half()), (g[:, :32], x[:, :32]), (torch.randn(257)[1:].view(4, 64), x)):
+        with pytest.raises((TypeError, ValueError)):
+            sm.softmax_backward(dy, y)
+    assert len(calls) == 1
+    sm._PLANS.clear()

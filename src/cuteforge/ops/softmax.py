@@ -33,8 +33,11 @@ _MAX_PLANS = 4096
 # Longest row the configs hold (backward: 16 CTAs x 512 threads x 32 elements); the
 # tested range. Longer rows would fail in the config heuristic without naming x.
 MAX_N = 262144
-# plan: (view: x -> 2-D (M, N) operand, or None when x already is one; launch or None)
-_Plan = tuple["Callable[[torch.Tensor], torch.Tensor] | None", "Callable[..., Any] | None"]
+# plan: (output shape as a tuple of ints, launch(*operands, out)). launch takes the
+# caller's tensors as they are (a 2-D operand goes straight to the compiled function; other
+# layouts get a wrapper that views or copies them into rows; an empty problem gets a no-op),
+# so the warm path is one lookup, one allocation and one call with no further checks.
+_Plan = tuple[tuple[int, ...], Callable[..., Any]]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
 
 
@@ -62,15 +65,23 @@ def _check_dim(where: str, dim: Any, ndim: int) -> None:
         )
 
 
-def _viewer(t: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """None when t already is an (M, N) operand the kernel takes as is."""
-    if t.dim() == 2 and t.stride(1) == 1:
-        return None
-    return as_rows
+def _direct(t: torch.Tensor) -> bool:
+    """t already is an (M, N) operand the kernel takes as is."""
+    return t.dim() == 2 and t.stride(1) == 1
 
 
-def _memo_key(mode: str, dim: int, *ts: torch.Tensor) -> tuple[Any, ...]:
-    return (mode, dim, *[(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in ts])
+def _skip(*args: Any) -> None:
+    """An empty problem: nothing to launch."""
+
+
+def _memo_key(mode: str, dim: Any, *ts: torch.Tensor) -> tuple[Any, ...]:
+    """Everything a plan depends on, flat: the scalar arguments (dim with its type, so
+    dim=True never reuses dim=1's plan), then per operand its dtype, shape, strides,
+    16-byte pointer alignment and device. The warm paths build the same tuple inline."""
+    key: tuple[Any, ...] = (mode, dim, type(dim))
+    for t in ts:
+        key += (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device())
+    return key
 
 
 def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
@@ -84,10 +95,9 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Plan:
     where = f"cuteforge.ops.{mode}"
     _check(where, "x", x)
     _check_dim(where, dim, x.dim())
-    view = _viewer(x)
-    x2 = as_rows(x) if view is not None else x
+    x2 = as_rows(x)
     m, n = x2.shape
-    launch = None
+    launch: Callable[..., Any] = _skip
     if m > 0 and n > 0:
         y2 = torch.empty(m, n, dtype=x.dtype, device=x.device)
         key = softmax_fwd.signature.bind((x2, y2), where)
@@ -95,21 +105,22 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Plan:
 
         params = (("mode", mode),)
         cfg = lookup(softmax_fwd, key, params, {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m)
-        launch = softmax_fwd.get(key, params, cfg)
-    return _remember(_memo_key(mode, dim, x), (view, launch))
+        fn = softmax_fwd.get(key, params, cfg)
+        if _direct(x):
+            launch = fn
+        else:
+            def launch(t: torch.Tensor, y: torch.Tensor) -> None:
+                fn(as_rows(t), y.view(-1, n))
+    return _remember(_memo_key(mode, dim, x), (tuple(x.shape), launch))
 
 
 def _fwd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     try:
-        view, launch = _PLANS[_memo_key(mode, dim, x)]
+        shape, launch = _PLANS[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
     except (AttributeError, KeyError, TypeError):
-        view, launch = _plan_fwd(mode, x, dim)
-    y = x.new_empty(x.shape)
-    if launch is not None:
-        if view is None:
-            launch(x, y)
-        else:
-            launch(view(x), y.view(-1, x.shape[-1]))
+        shape, launch = _plan_fwd(mode, x, dim)
+    y = x.new_empty(*shape)
+    launch(x, y)
     return y
 
 
@@ -124,10 +135,9 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     if dy.device != y.device:
         raise ValueError(f"{where}: argument 'grad' is on {dy.device} but 'y' is on {y.device}")
     _check_dim(where, dim, y.dim())
-    direct = _viewer(dy) is None and _viewer(y) is None
     dy2, y2 = as_rows(dy), as_rows(y)
     m, n = y2.shape
-    launch = None
+    launch: Callable[..., Any] = _skip
     if m > 0 and n > 0:
         dx2 = torch.empty(m, n, dtype=y.dtype, device=y.device)
         key = softmax_bwd.signature.bind((dy2, y2, dx2), where)
@@ -135,21 +145,23 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
 
         params = (("mode", mode),)
         cfg = lookup(softmax_bwd, key, params, {"M": m}) or config_for(target_arch(), n, y.element_size() * 8, True, m)
-        launch = softmax_bwd.get(key, params, cfg)
-    return _remember(_memo_key(mode, dim, dy, y), (None if direct else as_rows, launch))
+        fn = softmax_bwd.get(key, params, cfg)
+        if _direct(dy) and _direct(y):
+            launch = fn
+        else:
+            def launch(g: torch.Tensor, t: torch.Tensor, dx: torch.Tensor) -> None:
+                fn(as_rows(g), as_rows(t), dx.view(-1, n))
+    return _remember(_memo_key(mode, dim, dy, y), (tuple(y.shape), launch))
 
 
 def _bwd(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
     try:
-        view, launch = _PLANS[_memo_key(mode, dim, dy, y)]
+        shape, launch = _PLANS[(mode, dim, type(dim), dy.dtype, dy.shape, dy.stride(), dy.data_ptr() & 15, dy.get_device(),
+                                y.dtype, y.shape, y.stride(), y.data_ptr() & 15, y.get_device())]
     except (AttributeError, KeyError, TypeError):
-        view, launch = _plan_bwd(mode, dy, y, dim)
-    dx = y.new_empty(y.shape)
-    if launch is not None:
-        if view is None:
-            launch(dy, y, dx)
-        else:
-            launch(view(dy), view(y), dx.view(-1, y.shape[-1]))
+        shape, launch = _plan_bwd(mode, dy, y, dim)
+    dx = y.new_empty(*shape)
+    launch(dy, y, dx)
     return dx
 
 
@@ -230,15 +242,12 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
         if getattr(x, "requires_grad", False) and grad_enabled():
             return apply(x, dim)
         try:
-            view, launch = plans[(mode, dim, (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device()))]
+            shape, launch = plans[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
         except (AttributeError, KeyError, TypeError):
-            view, launch = _plan_fwd(mode, x, dim)
-        y = x.new_empty(x.shape)
-        if launch is not None:
-            if view is None:
-                launch(x, y)
-            else:
-                launch(view(x), y.view(-1, x.shape[-1]))
+            shape, launch = _plan_fwd(mode, x, dim)
+        # new_empty(*ints): torch parses ints faster than a torch.Size (~1 us on the host)
+        y = x.new_empty(*shape)
+        launch(x, y)
         return y
 
     fn.__name__ = fn.__qualname__ = mode
