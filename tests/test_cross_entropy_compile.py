@@ -117,3 +117,72 @@ def test_autotune_candidates_validate():
         bad = RowReduceConfig(1024, 1024, 4, cluster_n=2)
         valid, invalid = candidates(k, spec, [bad])
         assert valid == [] and "cluster" in invalid[bad]
+
+
+def _reference_launcher(calls):
+    """A CPU stand-in for the compiled forward (same outputs as the kernel: loss 0 on
+    ignored rows, NaN on out-of-range targets, lse always), recording each build."""
+    import torch
+
+    def build(logits, target, ignore_index):
+        calls.append((logits.dtype, tuple(logits.shape), logits.stride(), logits.data_ptr() & 15, target.data_ptr() & 15,
+                      ignore_index))
+
+        def fn(lg, tg, loss, lse):
+            x = lg.float()
+            s = torch.logsumexp(x, 1)
+            ok = (tg >= 0) & (tg < x.shape[1])
+            xt = x.gather(1, tg.clamp(0, x.shape[1] - 1)[:, None])[:, 0]
+            loss.copy_(torch.where(tg == ignore_index, 0.0, torch.where(ok, s - xt, float("nan"))))
+            lse.copy_(s)
+
+        return fn
+
+    return build
+
+
+def test_warm_path_memo_key_and_reductions(monkeypatch):
+    """The eager warm path: a repeated call reuses its plan (no second build); every
+    argument the plan depends on (reduction, ignore_index and its type, dtype, shape,
+    strides, alignment of logits and target) misses and rebuilds, so a changed argument
+    never reuses a wrong plan; and the plan's reductions (fp32 and bf16, mean with ignored
+    rows, all ignored) give torch's answer."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    import cuteforge.ops  # noqa: F401
+
+    ce = sys.modules["cuteforge.ops.cross_entropy"]
+    calls: list = []
+    monkeypatch.setattr(ce, "_fwd_launcher", _reference_launcher(calls))
+    monkeypatch.setattr(ce, "_PLANS", {})
+    x = torch.randn(6, 40)
+    t = torch.tensor([1, 5, 3, 39, 0, 3])
+    for dt in (torch.float32, torch.bfloat16):
+        xd = x.to(dt)
+        for red in ("mean", "sum", "none"):
+            for ii, tt in ((-100, t), (3, t), (-100, torch.tensor([1, -100, 3, 39, -100, 7]))):
+                n = len(calls)
+                for _ in range(2):
+                    got = ce.cross_entropy(xd, tt, reduction=red, ignore_index=ii)
+                    want = F.cross_entropy(xd.float(), tt, reduction=red, ignore_index=ii).to(dt)
+                    assert got.dtype == dt and got.shape == want.shape
+                    torch.testing.assert_close(got, want)
+                assert len(calls) == n + (tt is t or ii == 3)  # built once (same layout: hit), hit after
+    assert torch.isnan(ce.cross_entropy(x, torch.full((6,), -100), reduction="mean"))  # all ignored: NaN, as torch
+    n = len(calls)
+    ce.cross_entropy(x, t, ignore_index=1)
+    with pytest.raises(TypeError, match="'ignore_index' must be an int"):
+        ce.cross_entropy(x, t, ignore_index=True)  # True == 1, but not its plan
+    with pytest.raises(ValueError, match="'reduction' must be one of"):
+        ce.cross_entropy(x, t, reduction="avg")
+    buf = torch.randn(6 * 40 + 1)
+    t_buf = torch.zeros(7, dtype=torch.long)
+    t_buf[1:] = t
+    for lg, tg in ((buf[1:].view(6, 40), t), (x, t_buf[1:]), (torch.randn(6, 48)[:, :40], t), (x[:5], t[:5])):
+        ce.cross_entropy(lg, tg)
+    assert len(calls) == n + 1 + 4
+    ce.cross_entropy(x, t[::1])  # same layout as t: a hit
+    assert len(calls) == n + 5

@@ -213,11 +213,11 @@ class _EagerReduced(torch.autograd.Function):
         total = loss.sum()
         ctx.ignore_index, ctx.mean = ignore_index, mean
         if mean:
-            count = (target != ignore_index).sum()
-            total = total / count
+            count = target.ne(ignore_index).sum()
             ctx.save_for_backward(logits, target, lse, count)
-        else:
-            ctx.save_for_backward(logits, target, lse)
+            # one fp32 division rounded to dtype on the store (no separate cast)
+            return total.div_(count) if dtype == torch.float32 else torch.div(total, count, out=logits.new_empty((), dtype=dtype))
+        ctx.save_for_backward(logits, target, lse)
         return total.to(dtype)
 
     @staticmethod
@@ -239,27 +239,80 @@ def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_ind
     return (total / (target != ignore_index).sum()).to(dtype)
 
 
+# The eager no-grad warm path: one lookup keyed by everything `_check` and the launcher
+# read (reduction, ignore_index with its type, so True never reuses 1's plan, and both
+# tensors' dtype, shape, strides, 16-byte alignment and device) gives run(logits, target),
+# which allocates, launches and reduces with no further checks.
+_Run = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+_PLANS: dict[tuple[Any, ...], _Run] = {}
+
+
+def _memo_key(logits: torch.Tensor, target: torch.Tensor, reduction: Any, ignore_index: Any) -> tuple[Any, ...]:
+    # cross_entropy builds the same tuple inline
+    return (reduction, ignore_index, type(ignore_index), logits.dtype, logits.shape, logits.stride(),
+            logits.data_ptr() & 15, logits.get_device(), target.dtype, target.shape, target.stride(),
+            target.data_ptr() & 15, target.get_device())
+
+
+def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
+    """Validate (clear errors), compile or load the forward, and store run() for the
+    call's layout. run() does what `_fwd` + `_reduce` do, with the fewest torch calls: one
+    allocation per kernel output, the reduction's ops only (no cast when logits are fp32;
+    mean divides straight into a logits-dtype scalar instead of dividing then casting)."""
+    _check(logits, target, reduction, ignore_index)
+    copy = target.stride(0) != 1
+    fn = _fwd_launcher(logits, target.contiguous() if copy else target, ignore_index)
+    m, dtype, f32 = logits.shape[0], logits.dtype, torch.float32
+    same = dtype == f32
+
+    def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if copy:
+            t = t.contiguous()
+        loss = lg.new_empty(m, dtype=f32)
+        fn(lg, t, loss, lg.new_empty(m, dtype=f32))
+        if reduction == "none":
+            return loss if same else loss.to(dtype)
+        total = loss.sum()
+        if reduction == "sum":
+            return total if same else total.to(dtype)
+        count = t.ne(ignore_index).sum()
+        # fp32 division either way; the out= form rounds to logits' dtype on the store
+        return total.div_(count) if same else torch.div(total, count, out=lg.new_empty(()))
+
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[_memo_key(logits, target, reduction, ignore_index)] = run
+    return run
+
+
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
 def cross_entropy(
     logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean", ignore_index: int = -100
 ) -> torch.Tensor:
     """torch.nn.functional.cross_entropy(logits, target, reduction=..., ignore_index=...)
     for (M, N) logits and int64 class targets, in one pass forward and one backward."""
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         # checked at trace time too: the custom op validates tensors only when it runs,
         # and an unknown reduction would otherwise silently reduce as "mean"
         _check(logits, target, reduction, ignore_index)
         loss, _ = _fwd_op(logits, target, ignore_index)
         return _reduce(loss, target, reduction, ignore_index, logits.dtype)
-    _check(logits, target, reduction, ignore_index)
+    try:
+        run = _PLANS[(reduction, ignore_index, type(ignore_index), logits.dtype, logits.shape, logits.stride(),
+                      logits.data_ptr() & 15, logits.get_device(), target.dtype, target.shape, target.stride(),
+                      target.data_ptr() & 15, target.get_device())]
+    except (AttributeError, KeyError, TypeError):
+        run = _plan(logits, target, reduction, ignore_index)  # raises on bad input
     if CHECK_TARGETS:
         _check_targets(target, logits.shape[1], ignore_index)
-    if logits.requires_grad and torch.is_grad_enabled():
+    if logits.requires_grad and _grad_enabled():
         if reduction != "none":
             return _EagerReduced.apply(logits, target, ignore_index, reduction == "mean", logits.dtype)
-        loss = _Eager.apply(logits, target, ignore_index)
-    else:
-        loss, _ = _fwd(logits, target, ignore_index)
-    return _reduce(loss, target, reduction, ignore_index, logits.dtype)
+        return _Eager.apply(logits, target, ignore_index).to(logits.dtype)
+    return run(logits, target)
 
 
 # torch.ops.cuteforge.cross_entropy: a composite op (it decomposes into the two custom ops
