@@ -6,7 +6,14 @@ cuteforge.inductor.enable(), next to eager, in one process on the same inputs.
 Per shape: eager ms, compiled-stock ms, compiled-with-cuteforge ms (CUDA-event medians of
 --reps runs), the speed-up, max error against eager, compile seconds, and the choice log
 (which cuteforge candidates won or lost). GEMM backends are limited to ATEN,TRITON and
-the FX graph cache is off so both compiles really autotune, within a GPU call's time.
+the FX graph cache is off so both compiles really autotune, within a GPU call's time. A
+compile that fails (a selection with no valid choice, ...) is reported in its row
+(`error_stock` / `error_cuteforge`) and the bench goes on.
+
+First, `gemm_diag` (--gemm-diag MxKxN,...): one bias addmm in Inductor's layouts through
+cuBLAS and every cuteforge entry point, timed by Inductor's benchmarker and by
+cuteforge.timing.bench, with host us per call, profiler GPU us per call and whether the call
+blocks the host: what the GEMM choice pays for beyond the kernel, if anything.
 """
 
 from __future__ import annotations
@@ -69,6 +76,89 @@ def _compiled(m: nn.Module, x: torch.Tensor) -> tuple[Any, float]:
     return f, time.perf_counter() - t0
 
 
+def _error(e: BaseException) -> str:
+    msg = f"{type(e).__name__}: {e}"
+    return msg if len(msg) <= 2000 else msg[:2000] + " ..."
+
+
+def _kernel_us(fn: Any, calls: int = 20) -> dict[str, Any]:
+    """GPU time per call of every kernel (and copy/memset) fn launches, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per: dict[str, float] = {}
+    for e in prof.key_averages():
+        t = float(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) or 0.0)
+        if t > 0:
+            per[str(e.key)[:120]] = t / calls
+    return {"total_us": sum(per.values()), "launches_per_call": len(per), "kernels_us": per}
+
+
+def _blocks_host(fn: Any) -> bool:
+    """Whether fn waits for the GPU: queue ~20 ms of GPU sleep, then time fn's host call."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(40_000_000)
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt > 0.005
+
+
+def gemm_diag(M: int, K: int, N: int) -> dict[str, Any]:
+    """Why does the cuteforge GEMM choice time slower than cuBLAS inside Inductor's
+    selection? One addmm (bias, bf16) in the layouts Inductor hands over (a row-major, b =
+    w.t(), the bias expanded to (M, N) with stride (0, 1)), every way in: cuBLAS, the extern
+    kernel Inductor times (torch.ops.cuteforge_inductor.addmm), the op torch.ops.cuteforge.gemm
+    (what the cuteforge_* decompositions call) and the eager cuteforge.ops.gemm. Each timed
+    by Inductor's own benchmarker (what selection compares), by cuteforge.timing.bench,
+    with host microseconds per call, the profiler's GPU time per call, and whether the call
+    blocks the host (a synchronization would make Inductor's timing include host time)."""
+    from torch._inductor.runtime.benchmarking import benchmarker
+
+    import cuteforge.inductor as ci
+    from cuteforge.ops.gemm import gemm
+    from cuteforge.timing import bench, host_us
+
+    dt = torch.bfloat16
+    a = torch.randn(M, K, device="cuda", dtype=dt)
+    w = torch.randn(N, K, device="cuda", dtype=dt)
+    bias = torch.randn(N, device="cuda", dtype=dt)
+    b, inp = w.t(), bias.expand(M, N)
+    key, kinds = ci._preset_key("none", True)
+    fns = {
+        "cublas_addmm": lambda: torch.addmm(inp, a, b),
+        "cuteforge_extern_addmm": lambda: torch.ops.cuteforge_inductor.addmm.default(inp, a, b),
+        "cuteforge_op_gemm": lambda: torch.ops.cuteforge.gemm(a, b, [bias], key, kinds, None),
+        "cuteforge_eager_gemm": lambda: gemm(a, b, bias=bias),
+    }
+    out: dict[str, Any] = {"shape": [M, K, N], "layout": "a (M,K) row-major, b = w.t(), bias expanded (0, 1)"}
+    ref = fns["cublas_addmm"]().float()
+    for name, fn in fns.items():
+        r: dict[str, Any] = {}
+        try:
+            r["max_err"] = (fn().float() - ref).abs().max().item()
+            r["inductor_benchmarker_ms"] = float(benchmarker.benchmark_gpu(fn))
+            r["cuteforge_bench_ms"] = bench(fn)
+            r["host_us"] = host_us(fn)
+            r["blocks_host"] = _blocks_host(fn)
+            r["profiler"] = _kernel_us(fn)
+        except Exception as e:  # noqa: BLE001 - one failing path must not hide the others
+            r["error"] = _error(e)
+        out[name] = r
+        print(f"  gemm diag {name:24s} " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                   for k, v in r.items() if k != "profiler")
+              + (f" gpu_us/call={r['profiler']['total_us']:.1f} launches={r['profiler']['launches_per_call']}"
+                 if "profiler" in r else ""))
+    return out
+
+
 def main() -> int:
     import cuteforge.inductor as ci
 
@@ -77,46 +167,65 @@ def main() -> int:
     ap.add_argument("--d", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gemm-diag", default="2048x1024x4096,2048x4096x1024",
+                    help="MxKxN,... addmm shapes for the GEMM timing diagnosis ('' to skip)")
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
     rows = []
     torch.manual_seed(0)
     m = Block(args.d, 8, 4 * args.d).cuda().to(torch.bfloat16).eval()
+    diag = []
+    for spec in filter(None, args.gemm_diag.split(",")):
+        M, K, N = map(int, spec.split("x"))
+        try:
+            diag.append(gemm_diag(M, K, N))
+        except Exception as e:  # noqa: BLE001
+            diag.append({"shape": [M, K, N], "error": _error(e)})
     for shape in args.shapes.split(","):
         bsz, seq = map(int, shape.split("x"))
         x = torch.randn(bsz, seq, args.d, device="cuda", dtype=torch.bfloat16)
+        row: dict[str, Any] = {"shape": [bsz, seq, args.d]}
+        rows.append(row)
         with torch.no_grad():
             ref = m(x)
-            eager = _time(m, x, args.reps)
+            row["eager_ms"] = eager = _time(m, x, args.reps)
             ci.disable()
-            stock, stock_s = _compiled(m, x)
-            stock_ms = _time(stock, x, args.reps)
-            stock_err = (stock(x).float() - ref.float()).abs().max().item()
+            try:
+                stock, row["compile_s_stock"] = _compiled(m, x)
+                stock_ms = _time(stock, x, args.reps)
+                row["max_err_stock"] = (stock(x).float() - ref.float()).abs().max().item()
+            except Exception as e:  # noqa: BLE001 - report it, keep benchmarking
+                stock, row["error_stock"] = None, _error(e)
             assert ci.enable(), "cuteforge.inductor.enable() refused on this torch"
             ci.clear_choices_log()
-            cf, cf_s = _compiled(m, x)
-            cf_ms = _time(cf, x, args.reps)
-            cf_err = (cf(x).float() - ref.float()).abs().max().item()
+            try:
+                cf, row["compile_s_cuteforge"] = _compiled(m, x)
+                row["compiled_cuteforge_ms"] = cf_ms = _time(cf, x, args.reps)
+                row["max_err_cuteforge"] = (cf(x).float() - ref.float()).abs().max().item()
+            except Exception as e:  # noqa: BLE001 - a failed selection is a result, not a crash
+                cf_ms, row["error_cuteforge"] = None, _error(e)
             log = ci.choices_log()
             ci.disable()
-            # re-time stock after: the two compiled runs side by side, same inputs
-            stock_ms2 = _time(stock, x, args.reps)
-        row = {"shape": [bsz, seq, args.d], "eager_ms": eager, "compiled_stock_ms": min(stock_ms, stock_ms2),
-               "compiled_cuteforge_ms": cf_ms, "speedup_vs_stock": min(stock_ms, stock_ms2) / cf_ms,
-               "max_err_stock": stock_err, "max_err_cuteforge": cf_err, "compile_s_stock": stock_s,
-               "compile_s_cuteforge": cf_s, "cuteforge_won": sum(e["cuteforge_won"] for e in log),
-               "selections": len(log), "choices": log}
-        rows.append(row)
-        print(f"{bsz}x{seq}x{args.d}: eager {eager:.3f} ms | compiled stock {row['compiled_stock_ms']:.3f} ms | "
-              f"with cuteforge {cf_ms:.3f} ms | {row['speedup_vs_stock']:.3f}x | cuteforge won "
-              f"{row['cuteforge_won']}/{len(log)} | err {stock_err:.3g}/{cf_err:.3g} | compile {stock_s:.0f}/{cf_s:.0f} s")
+            if stock is not None:  # re-time stock after: the two compiled runs side by side, same inputs
+                row["compiled_stock_ms"] = min(stock_ms, _time(stock, x, args.reps))
+        if cf_ms is not None and "compiled_stock_ms" in row:
+            row["speedup_vs_stock"] = row["compiled_stock_ms"] / cf_ms
+        row.update({"cuteforge_won": sum(e["cuteforge_won"] for e in log), "selections": len(log), "choices": log})
+        print(f"{bsz}x{seq}x{args.d}: eager {eager:.3f} ms | compiled stock {row.get('compiled_stock_ms')} ms | "
+              f"with cuteforge {cf_ms} ms | speed-up {row.get('speedup_vs_stock')} | cuteforge won "
+              f"{row['cuteforge_won']}/{len(log)} | err {row.get('max_err_stock')}/{row.get('max_err_cuteforge')} | "
+              f"compile {row.get('compile_s_stock')}/{row.get('compile_s_cuteforge')} s")
+        for k in ("error_stock", "error_cuteforge"):
+            if k in row:
+                print(f"    {k}: {row[k][:500]}")
         for e in log:
             print(f"    {e['op']:22s} {str(e['shapes']):34s} {'WON ' if e['cuteforge_won'] else 'lost'} "
-                  f"cuteforge {e['cuteforge_best_ms']:.4f} ms vs inductor {e['inductor_best']} {e['inductor_best_ms']}")
+                  f"cuteforge {e['cuteforge_best']} {e['cuteforge_best_ms']:.4f} ms vs inductor {e['inductor_best']} "
+                  f"{e['inductor_best_ms']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": " ".join([sys.executable, *sys.argv]), "device": dev, "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+                       "gemm_diag": diag, "rows": rows}, f, indent=1)
     return 0
 
 

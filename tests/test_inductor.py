@@ -4,6 +4,7 @@ and the choice log (no CUDA run)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -244,7 +245,7 @@ def test_choice_log_classifies_winners() -> None:
     ci._feedback({cf: 0.5, tri: 0.7, aten: 0.6}, "mm", [], [])
     ci._feedback({cf: 0.9, aten: 0.6}, "addmm", [], [])
     ci._feedback({tri: 0.1, aten: 0.2}, "bmm", [], [])  # no cuteforge candidate: not logged
-    dec, ind = _C("cfi_softmax_cuteforge_softmax_dim__1"), _C("cfi_softmax_inductor_softmax_dim__1_1")
+    dec, ind = _C("cfi_softmax_cuteforge_softmax_0"), _C("cfi_softmax_inductor_softmax_1")
     fb = _C("cuteforge_inductor_softmax_fallback")  # 2.13's name for the op's eager impl
     ci._feedback({dec: 0.3, fb: 0.31, ind: 0.2}, "cfi_softmax", [], [])
     ci._feedback({fb: 0.1, ind: 0.2}, "cfi_softmax", [], [])
@@ -252,8 +253,8 @@ def test_choice_log_classifies_winners() -> None:
     assert [e["op"] for e in log] == ["mm", "addmm", "cfi_softmax", "cfi_softmax"]
     assert [e["cuteforge_won"] for e in log] == [True, False, False, True]
     assert log[0]["inductor_best"] == "mm" and log[0]["cuteforge_best_ms"] == 0.5
-    assert log[2]["cuteforge_best"] == "cfi_softmax_cuteforge_softmax_dim__1"
-    assert log[2]["winner"] == "cfi_softmax_inductor_softmax_dim__1_1" and log[3]["inductor_best"] == ind.name
+    assert log[2]["cuteforge_best"] == "cfi_softmax_cuteforge_softmax_0"
+    assert log[2]["winner"] == "cfi_softmax_inductor_softmax_1" and log[3]["inductor_best"] == ind.name
     ci.clear_choices_log()
     assert ci.choices_log() == []
 
@@ -263,33 +264,96 @@ def test_decompositions_match_torch_on_cpu() -> None:
     x = torch.randn(3, 5, 64)
     w, b = torch.randn(64), torch.randn(64)
     lw, lb = torch.randn(32, 64), torch.randn(32)
-    torch.testing.assert_close(ci.inductor_layer_norm(x, w, b, 1e-5), F.layer_norm(x, (64,), w, b, 1e-5))
-    torch.testing.assert_close(ci.inductor_rms_norm(x, w, 1e-6), F.rms_norm(x, (64,), w, 1e-6))
+    e5, e6 = ci.eps_to_bits(1e-5), ci.eps_to_bits(1e-6)
+    torch.testing.assert_close(ci.inductor_layer_norm(x, w, b, e5), F.layer_norm(x, (64,), w, b, 1e-5))
+    torch.testing.assert_close(ci.inductor_layer_norm_nobias(x, w, e5), F.layer_norm(x, (64,), w, None, 1e-5))
+    torch.testing.assert_close(ci.inductor_rms_norm(x, w, e6), F.rms_norm(x, (64,), w, 1e-6))
     torch.testing.assert_close(ci.inductor_linear_bias_act(x, lw, lb, "gelu"), F.gelu(F.linear(x, lw, lb), approximate="tanh"))
     torch.testing.assert_close(ci.inductor_linear_act(x, lw, "silu"), F.silu(F.linear(x, lw)))
-    torch.testing.assert_close(ci.inductor_softmax(x, -1), torch.softmax(x, -1))
+    torch.testing.assert_close(ci.inductor_softmax(x), torch.softmax(x, -1))
+    torch.testing.assert_close(ci.inductor_log_softmax(x), torch.log_softmax(x, -1))
 
 
-def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def _variant_name_211(self: Any, decomp: Any, kwargs: dict[str, Any]) -> str:
+    """torch 2.11's SubgraphTemplate._generate_variant_name (codegen/subgraph.py), which
+    puts str(value) of every scalar into the choice name unsanitized (2.13 sanitizes)."""
+    if not kwargs:
+        return decomp.__name__
+    return f"{decomp.__name__}_" + "_".join(f"{k}_{v}" for k, v in sorted(kwargs.items()))
+
+
+def _scalars(gm: torch.fx.GraphModule) -> list[tuple[Any, dict[str, Any]]]:
+    """(op overload, {schema name: value}) of the scalar arguments of every cuteforge_inductor
+    node, as register_custom_op_autotuning's _extract_tensor_inputs names them."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and str(n.target).startswith("cuteforge_inductor."):
+            names = [a.name for a in n.target._schema.arguments]
+            out.append((n.target, {k: v for k, v in zip(names, n.args) if not isinstance(v, torch.fx.Node)}))
+    return out
+
+
+def test_choice_names_are_identifiers() -> None:
+    """Every scalar the rewrite passes prints identifier-safe, so the choice names (and the
+    benchmark graphs and buffers named after them) compile on 2.11, which does not sanitize,
+    and on 2.13, which does."""
+    from torch._inductor.codegen.subgraph import SubgraphTemplate
+
+    m = _Block().to(torch.bfloat16)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        gm = _dynamo_graph(m, x)
+        ci.rewrite_graph(gm.graph, require_gpu=False)
+    found = _scalars(gm)
+    assert {str(op) for op, _ in found} >= {"cuteforge_inductor.layer_norm.default", "cuteforge_inductor.rms_norm.default",
+                                             "cuteforge_inductor.softmax.default"}
+    decomps = {op._opoverload: (name, ds) for op, name, ds in ci._AUTOTUNED}
+    template = SubgraphTemplate(name="t")
+    for op, kwargs in found:
+        name, ds = decomps[op]
+        for d in ds:
+            raw = _variant_name_211(None, d, kwargs)
+            # what SubgraphChoiceCaller compiles: graph "benchmark_<choice>", buffers "<graph>_buf0"
+            buf = f"benchmark_{name}_{raw}_0_buf0".replace("::", "_").replace(".", "_")
+            assert buf.isidentifier(), buf
+            # the installed torch's own name for it is an identifier too (2.13 sanitizes)
+            assert f"benchmark_{name}_{template._generate_variant_name(d, kwargs)}_0_buf0".isidentifier()
+    # eps round-trips exactly, including the dtype-dependent default of rms_norm
+    for eps in (1e-5, 1e-6, float(torch.finfo(torch.bfloat16).eps), 0.0):
+        assert ci.bits_to_eps(ci.eps_to_bits(eps)) == eps and ci._name_safe(ci.eps_to_bits(eps))
+    assert ci._eps_arg(-1e-5) is None and ci._eps_arg(float("nan")) is None and ci._eps_arg(True) is None
+
+
+def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """The whole path through a real torch.compile(max-autotune) on the CPU: the pre-grad
     rewrite, register_custom_op_autotuning's selection between the inductor_* decomposition
     and the op's eager impl (which, with no CUDA, falls back to torch), and the choice log.
-    The device gate and the cuteforge_* decompositions (CUDA-only ops) are patched out."""
+    The device gate and the cuteforge_* decompositions (CUDA-only ops) are patched out.
+
+    Choice naming is torch 2.11's (unsanitized): with a float eps in the op's arguments
+    the inductor_* choice's benchmark module was a SyntaxError there (the H200 run's
+    NoValidChoicesError); here every choice must time finite."""
+    from torch._inductor.codegen.subgraph import SubgraphTemplate
+
     monkeypatch.setattr(ci, "_sm90", lambda device: True)
     monkeypatch.setattr(ci, "_AUTOTUNED", [(op, n, d[:1]) for op, n, d in ci._AUTOTUNED])
+    monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no stored timings from an earlier run
     assert ci.enable()
 
     def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(F.layer_norm(x, (64,), w, b, 1e-5), -1)
+        h = torch.softmax(F.layer_norm(x, (64,), w, b, 1e-5), -1)
+        return F.rms_norm(h, (64,), w, 1e-6)
 
     x, w, b = torch.randn(4, 64), torch.randn(64), torch.randn(64)
     torch._dynamo.reset()
-    with torch.no_grad(), config.patch(fx_graph_cache=False):
+    with torch.no_grad(), config.patch(fx_graph_cache=False, autotune_local_cache=False):
         got = torch.compile(f, mode="max-autotune")(x, w, b)
     torch.testing.assert_close(got, f(x, w, b))
     log = ci.choices_log()
-    assert sorted(e["op"] for e in log) == ["cfi_layer_norm", "cfi_softmax"], log
+    assert sorted(e["op"] for e in log) == ["cfi_layer_norm", "cfi_rms_norm", "cfi_softmax"], log
     for e in log:
         assert e["inductor_best"].startswith(e["op"] + "_inductor_")
         assert e["cuteforge_best"] == f"cuteforge_inductor_{e['op'][4:]}_fallback" or "fallback" in e["cuteforge_best"]
+        assert all(math.isfinite(t) for t in e["timings_ms"].values()), e["timings_ms"]
     torch._dynamo.reset()

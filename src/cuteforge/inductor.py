@@ -43,11 +43,13 @@ cache and stored tuning results serve Inductor's benchmarking and the compiled g
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
 import logging
 import re
+import struct
 import threading
 import warnings
 from collections.abc import Callable
@@ -78,19 +80,30 @@ _MAX_N = 262144  # longest row the softmax / norm kernels take (ops/softmax.py, 
 # Their eager impls are the cuteforge ops (warm path: one dict lookup).
 
 
-def _act(act: str) -> str | None:
-    return None if act == "none" else act
+@functools.cache
+def _preset_key(act: str, bias: bool, c: bool = False) -> tuple[str, str]:
+    """(epilogue key, operand kinds) of a preset epilogue, as torch.ops.cuteforge.gemm takes them."""
+    from .kernels.gemm.epilogue import GemmEpilogue
+
+    epi = GemmEpilogue.preset(act, bias="col" if bias else None, c=c)
+    return (epi.key, ",".join(epi.kinds)) if epi is not None else ("", "")
 
 
-def _gemm(a: torch.Tensor, b: torch.Tensor, **kw: Any) -> torch.Tensor:
-    from .ops.gemm import gemm
+def _gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], act: str = "none", bias: bool = False,
+          c: bool = False) -> torch.Tensor:
+    """The cuteforge GEMM with a preset epilogue, straight to ops.gemm's plan memo (`_run`,
+    what torch.ops.cuteforge.gemm calls): these ops run inside Inductor's timing loop and the
+    compiled graph, so they skip the public gemm()'s argument resolution (the plan made on
+    the first call of a layout still checks everything). `ops`: bias then c, as present."""
+    from .ops.gemm import _run
 
-    return gemm(a, b, **kw)
+    key, kinds = _preset_key(act, bias, c)
+    return _run(a, b, ops, key, kinds, None)
 
 
 @torch.library.custom_op("cuteforge_inductor::mm", mutates_args=())
 def _mm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _gemm(a, b)
+    return _gemm(a, b, [])
 
 
 @_mm_op.register_fake
@@ -100,7 +113,7 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("cuteforge_inductor::bmm", mutates_args=())
 def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _gemm(a, b)
+    return _gemm(a, b, [])
 
 
 @_bmm_op.register_fake
@@ -112,10 +125,10 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _addmm_op(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     M, N = a.shape[0], b.shape[1]
     if inp.dim() == 1 or (inp.dim() == 2 and inp.shape[0] == 1):
-        return _gemm(a, b, bias=inp.reshape(N))
+        return _gemm(a, b, [inp.reshape(N)], bias=True)
     if inp.dim() == 2 and inp.shape == (M, N) and inp.stride(0) == 0:  # an expanded bias row
-        return _gemm(a, b, bias=inp[0])
-    return _gemm(a, b, c=inp)
+        return _gemm(a, b, [inp[0]], bias=True)
+    return _gemm(a, b, [inp], c=True)
 
 
 @_addmm_op.register_fake
@@ -125,7 +138,7 @@ def _(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
-    y = _gemm(x2, w.t(), bias=b, epilogue=_act(act))
+    y = _gemm(x2, w.t(), [] if b is None else [b], act, bias=b is not None)
     return y.view(*x.shape[:-1], w.shape[0])
 
 
@@ -168,34 +181,58 @@ def _row_op(name: str, impl: Callable[..., torch.Tensor], fake: Callable[..., to
     return op
 
 
-def _softmax_impl(x: torch.Tensor, dim: int) -> torch.Tensor:
+# The ops' scalar arguments become part of Inductor's choice names, and those names become
+# Python identifiers in generated code: register_custom_op_autotuning names a choice
+# "<name>_<decomposition>_<arg>_<str(value)>..." and compiles it as a graph named
+# "benchmark_<that>" whose buffers are "<graph name>_buf0". torch 2.13 sanitizes the value;
+# torch 2.11 does not (SubgraphTemplate._generate_variant_name), so "eps_1e-05" or
+# "dim_-1" there is a SyntaxError in the benchmark module and the choice fails. Hence every
+# scalar here prints as [A-Za-z0-9_]+: softmax has no dim (always the last), and eps
+# travels as the bit pattern of its float64 (a non-negative int for eps >= 0).
+
+
+def eps_to_bits(eps: float) -> int:
+    """The float64 bit pattern of `eps` as an int (identifier-safe when printed)."""
+    return struct.unpack("<q", struct.pack("<d", float(eps)))[0]
+
+
+def bits_to_eps(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+
+
+def _name_safe(value: Any) -> bool:
+    """str(value) can sit inside an identifier (what torch 2.11 puts in choice names)."""
+    return re.fullmatch(r"[A-Za-z0-9_]+", str(value)) is not None
+
+
+def _softmax_impl(x: torch.Tensor) -> torch.Tensor:
     from .ops.softmax import softmax  # (cuteforge.ops.softmax the attribute is the function)
 
-    return softmax(x, dim)
+    return softmax(x, -1)
 
 
-def _log_softmax_impl(x: torch.Tensor, dim: int) -> torch.Tensor:
+def _log_softmax_impl(x: torch.Tensor) -> torch.Tensor:
     from .ops.softmax import log_softmax
 
-    return log_softmax(x, dim)
+    return log_softmax(x, -1)
 
 
-def _rms_norm_impl(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm_impl(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
     from .ops.norm import rms_norm
 
-    return rms_norm(x, w, eps)
+    return rms_norm(x, w, bits_to_eps(eps_bits))
 
 
-def _layer_norm_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+def _layer_norm_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_bits: int) -> torch.Tensor:
     from .ops.norm import layer_norm
 
-    return layer_norm(x, w, b, eps)
+    return layer_norm(x, w, b, bits_to_eps(eps_bits))
 
 
-def _layer_norm_nb_impl(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def _layer_norm_nb_impl(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
     from .ops.norm import layer_norm
 
-    return layer_norm(x, w, None, eps)
+    return layer_norm(x, w, None, bits_to_eps(eps_bits))
 
 
 def _like_x(x: torch.Tensor, *_: Any) -> torch.Tensor:
@@ -215,13 +252,6 @@ _ACT_TORCH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
     "silu": torch.nn.functional.silu,
 }
-
-
-def _preset_key(act: str, bias: bool) -> tuple[str, str]:
-    from .kernels.gemm.epilogue import GemmEpilogue
-
-    epi = GemmEpilogue.preset(act, bias="col" if bias else None)
-    return (epi.key, ",".join(epi.kinds)) if epi is not None else ("", "")
 
 
 def cuteforge_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
@@ -244,47 +274,47 @@ def inductor_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, 
     return _ACT_TORCH[act](torch.nn.functional.linear(x, w, b))
 
 
-def cuteforge_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.ops.cuteforge.softmax(x, dim)
+def cuteforge_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.cuteforge.softmax(x, -1)
 
 
-def inductor_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.softmax(x, dim)
+def inductor_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1)
 
 
-def cuteforge_log_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.ops.cuteforge.log_softmax(x, dim)
+def cuteforge_log_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.cuteforge.log_softmax(x, -1)
 
 
-def inductor_log_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.log_softmax(x, dim)
+def inductor_log_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(x, -1)
 
 
-def cuteforge_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    y = torch.ops.cuteforge.rms_norm(x.reshape(-1, x.shape[-1]), w, None, eps)[0]
+def cuteforge_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
+    y = torch.ops.cuteforge.rms_norm(x.reshape(-1, x.shape[-1]), w, None, bits_to_eps(eps_bits))[0]
     return y.view(x.shape)
 
 
-def inductor_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.rms_norm(x, (x.shape[-1],), w, eps)
+def inductor_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
+    return torch.rms_norm(x, (x.shape[-1],), w, bits_to_eps(eps_bits))
 
 
-def cuteforge_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
-    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, b, None, eps)[0]
+def cuteforge_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_bits: int) -> torch.Tensor:
+    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, b, None, bits_to_eps(eps_bits))[0]
     return y.view(x.shape)
 
 
-def inductor_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
+def inductor_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_bits: int) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, bits_to_eps(eps_bits))
 
 
-def cuteforge_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, None, None, eps)[0]
+def cuteforge_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
+    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, None, None, bits_to_eps(eps_bits))[0]
     return y.view(x.shape)
 
 
-def inductor_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, None, eps)
+def inductor_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, None, bits_to_eps(eps_bits))
 
 
 _softmax_op = _row_op("softmax", _softmax_impl, _like_x)
@@ -527,7 +557,17 @@ def rewrite_graph(graph: torch.fx.Graph, *, require_gpu: bool = True) -> dict[st
     return counts
 
 
+def _eps_arg(eps: Any) -> int | None:
+    """eps as the ops take it (float64 bits), or None when it is no usable number."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 <= float(eps) < float("inf")):
+        return None
+    return eps_to_bits(float(eps))
+
+
 def _replace(graph: torch.fx.Graph, old: torch.fx.Node, target: Any, args: tuple[Any, ...]) -> None:
+    # every scalar must print identifier-safe (see eps_to_bits): a choice name holding
+    # anything else would fail to compile on torch 2.11
+    assert all(_name_safe(a) for a in args if not isinstance(a, torch.fx.Node)), args
     with graph.inserting_before(old):
         new = graph.call_function(target, args)
     new.meta.update(old.meta)
@@ -542,28 +582,29 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
         if _arg(node, 3, "dtype") is not None or not _row_ok(_ev(x), dim, out):
             return None
         log_ = _is(node, _LOG_SOFTMAX, "log_softmax")
-        _replace(graph, node, (_log_softmax_op if log_ else _softmax_op)._opoverload, (x, -1))
+        _replace(graph, node, (_log_softmax_op if log_ else _softmax_op)._opoverload, (x,))
         return "log_softmax" if log_ else "softmax"
     if _is(node, _RMS):
         x, shape, w, eps = node.args[0], _arg(node, 1, "normalized_shape"), _arg(node, 2, "weight"), _arg(node, 3, "eps")
         xv = _ev(x)
         if w is None or not _norm_ok(xv, shape, [_ev(w)], out):
             return None
-        eps = float(torch.finfo(xv.dtype).eps) if eps is None else eps
-        if not isinstance(eps, (int, float)):
+        bits = _eps_arg(float(torch.finfo(xv.dtype).eps) if eps is None else eps)
+        if bits is None:
             return None
-        _replace(graph, node, _rms_norm_op._opoverload, (x, w, float(eps)))
+        _replace(graph, node, _rms_norm_op._opoverload, (x, w, bits))
         return "rms_norm"
     if _is(node, _LAYER):
         x, shape, w, b, eps = (node.args[0], _arg(node, 1, "normalized_shape"), _arg(node, 2, "weight"),
                                _arg(node, 3, "bias"), _arg(node, 4, "eps", 1e-5))
         ws = [_ev(w)] + ([_ev(b)] if b is not None else [])
-        if w is None or not isinstance(eps, (int, float)) or not _norm_ok(_ev(x), shape, ws, out):
+        bits = _eps_arg(eps)
+        if w is None or bits is None or not _norm_ok(_ev(x), shape, ws, out):
             return None
         if b is None:
-            _replace(graph, node, _layer_norm_nb_op._opoverload, (x, w, float(eps)))
+            _replace(graph, node, _layer_norm_nb_op._opoverload, (x, w, bits))
         else:
-            _replace(graph, node, _layer_norm_op._opoverload, (x, w, b, float(eps)))
+            _replace(graph, node, _layer_norm_op._opoverload, (x, w, b, bits))
         return "layer_norm"
     act = _act_of(node)
     if act is not None:

@@ -7,6 +7,9 @@ max-autotune within the GPU call's time."""
 from __future__ import annotations
 
 import logging
+import re
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -127,23 +130,56 @@ def test_disable_gives_stock_graph() -> None:
 
     with torch.no_grad(), config.patch(_LIMITS):
         _, code = run_and_get_code(_compile(m), x)
-    assert "cuteforge" not in "\n".join(code)
+    assert code and "cuteforge" not in "\n".join(code)  # nothing was rewritten: not even a comment
     assert ci.choices_log() == []
 
 
-def test_enabled_graph_calls_cuteforge_where_it_won() -> None:
-    from torch._inductor.utils import run_and_get_code
+# A launched cuteforge kernel in Inductor's Python wrapper: a FallbackKernel call of a
+# cuteforge op (the cuteforge_* decompositions inline torch.ops.cuteforge.gemm/softmax/...,
+# a winning GEMM choice or 2.13's eager-impl fallback is torch.ops.cuteforge_inductor.*),
+# or an extern_kernels.cuteforge_* call. Comments ("# Topologically Sorted Source Nodes:
+# [cuteforge_inductor.linear_bias_act]") and Triton kernels named after the op are not calls.
+_CALL = re.compile(r"^[^#\n]*\b(torch\.ops\.cuteforge(?:_inductor)?\.\w+\.default|extern_kernels\.cuteforge_\w+)\(", re.M)
 
+
+def _final_code(fn: Any, *args: Any) -> list[str]:
+    """The wrapper code of the compiled graph(s) only: Inductor also compiles every
+    decomposition choice into a benchmark module (graph "benchmark_<choice>") through the
+    same save_output_code hook run_and_get_code uses, losers included."""
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    codes: list[str] = []
+
+    def save(code: str) -> None:
+        if not str(getattr(V.graph, "name", None) or "").startswith("benchmark_"):
+            codes.append(code)
+
+    torch._dynamo.reset()
+    with mock.patch.object(GraphLowering, "save_output_code", save):
+        fn(*args)
+    return codes
+
+
+def test_call_pattern() -> None:
+    won = "    buf3 = torch.ops.cuteforge.gemm.default(reinterpret_tensor(arg0_1, (2048, 1024), (1024, 1), 0), arg1_1)"
+    assert _CALL.search(won)
+    assert _CALL.search("        buf1 = torch.ops.cuteforge_inductor.addmm.default(arg2_1, buf0, arg3_1)")
+    lost = ("        # Topologically Sorted Source Nodes: [cuteforge_inductor.linear_bias_act]\n"
+            "        triton_tem_fused_linear_bias_act_0.run(arg0_1, buf0, stream=stream0)\n")
+    assert not _CALL.search(lost)
+
+
+def test_enabled_graph_calls_cuteforge_where_it_won() -> None:
     assert ci.enable()
     m = MLP().cuda().to(DT)
     x = torch.randn(2048, 1024, device="cuda", dtype=DT)
     from torch._inductor import config
 
     with torch.no_grad(), config.patch(_LIMITS):
-        _, code = run_and_get_code(_compile(m), x)
-    src = "\n".join(code)
-    won = [e for e in ci.choices_log() if e["cuteforge_won"]]
-    if won:
-        assert "cuteforge" in src
-    else:
-        assert "cuteforge" not in src
+        code = _final_code(_compile(m), x)
+    assert code
+    calls = [mt.group(1) for c in code for mt in _CALL.finditer(c)]
+    won = [e["op"] for e in ci.choices_log() if e["cuteforge_won"]]
+    print("cuteforge won:", won, "cuteforge calls in the graph:", calls)
+    assert bool(won) == bool(calls), (won, calls)
