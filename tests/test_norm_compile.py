@@ -177,8 +177,9 @@ def test_mbar_exchange_validate_and_candidates():
         NormConfig(256, 256, 4, exchange="fast").validate(65536, 16)
     with pytest.raises(ValueError, match="cluster_n > 1"):
         NormConfig(256, 256, 1, exchange="mbar").validate(4096, 16)
+    NormConfig(256, 256, 16, exchange="mbar").validate(65536, 16, backward=True)  # v2.1: the backward takes it too
     with pytest.raises(ValueError, match="cluster_n > 1"):
-        NormConfig(256, 256, 4, exchange="mbar").validate(65536, 16, backward=True)
+        NormConfig(256, 256, 1, exchange="mbar").validate(4096, 16, backward=True)
     assert v2_forward_config(65536, 16) == NormConfig(256, 256, 8, 1, exchange="mbar")
     assert v2_forward_config(262144, 32).cluster_n == 16
     for bits in (16, 32):
@@ -232,3 +233,144 @@ def test_compile_fwd_mbar(kernels, kind, xd, wd, n, bias, res, c):
     assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx
     assert len(re.findall(r"mbarrier\.init", ptx)) >= 1 and "mbarrier.try_wait" in ptx
     assert not re.search(r"barrier\.cluster\.arrive(\.release)?;", ptx)  # no full cluster barrier
+
+
+# --------------------------------------------------------------------------- v2.1: mbarrier exchange (backward)
+
+
+def test_bwd_mbar_candidates_valid():
+    """Every backward long-row candidate validates for sm_90a; mbar and the barrier
+    baseline both appear; the backward defaults are untouched (barrier exchange)."""
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.norm.config import longrow_bwd_candidates, v2_backward_config
+
+    limits = limits_for("sm_90a")
+    assert v2_backward_config(65536, 16) == NormConfig(256, 256, 16, 2, exchange="mbar")
+    assert v2_backward_config(262144, 32).reload
+    for bits in (16, 32):
+        for n in (16384, 32768, 65536, 65537, 100000, 131072, 262144):
+            cands = longrow_bwd_candidates(n, bits)
+            assert len(cands) >= 3 and len(set(cands)) == len(cands)
+            assert any(c.exchange == "mbar" for c in cands) and any(c.exchange == "barrier" for c in cands)
+            for c in cands:
+                assert c.cluster_n > 1
+                c.validate(n, bits, limits, backward=True)
+            assert default_config(n, bits, backward=True).exchange == "barrier"
+
+
+# (kind, x dtype, weight dtype, n, bias, dsum, threads, cluster_n, reload): rms (one
+# value per exchange), layer (two), odd N with fp32 weight, a reload config
+_BWD_MBAR = [
+    ("rms", "bfloat16", "bfloat16", 65536, False, False, 256, 16, False),
+    ("layer", "float16", "float32", 65537, True, True, 256, 16, False),
+    ("layer", "float32", "float32", 131072, True, False, 512, 16, True),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, dsum, t, c, reload", _BWD_MBAR)
+def test_compile_bwd_mbar(kernels, kind, xd, wd, n, bias, dsum, t, c, reload):
+    _, bwd = kernels
+    vx = 1 if n % 2 else 16 // (4 if xd == "float32" else 2)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
+    cfg = NormConfig(t, t, c, 1, reload, exchange="mbar")
+    _, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4),
+                      {"kind": kind, "has_bias": bias, "has_dsum": dsum}, cfg)
+    sends = re.findall(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes", ptx)
+    assert len(sends) == (2 if kind == "layer" else 1)
+    assert len(re.findall(r"mbarrier\.init", ptx)) == 2 and "mbarrier.try_wait.parity" in ptx
+    # the re-arm inside the row loop: two initial arms + one after the wait
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx", ptx)) == 3
+    # no full cluster barrier: one relaxed arrive and one wait, both before the row loop
+    cl = [mt.start() for mt in re.finditer(r"barrier\.cluster\.(arrive|wait)[.a-z]*", ptx)]
+    assert re.findall(r"barrier\.cluster\.(?:arrive|wait)[.a-z]*", ptx) == ["barrier.cluster.arrive.relaxed", "barrier.cluster.wait"]
+    assert max(cl) < ptx.index("st.async")
+
+
+def _norm_reference_plan(builds):
+    """A CPU stand-in for `_fwd_plan`: records each build and returns a launcher with the
+    kernel's outputs (y, x + residual, mean, rstd; fp32 math)."""
+    import torch
+
+    def plan(kind, x2, w, b, r2, eps, config=None):
+        builds.append((kind, eps, x2.dtype, tuple(x2.shape), w.dtype, b is not None, r2 is not None))
+        if x2.shape[0] == 0:
+            return None
+
+        def launch(x, w, b, r, y, ro, mean, rstd):
+            s = x.float() + (r.float() if r is not x else 0)
+            if r is not x:
+                ro.copy_(s)
+            mu = s.mean(1, keepdim=True) if kind == "layer" else torch.zeros_like(s[:, :1])
+            var = ((s - mu) ** 2).mean(1, keepdim=True)
+            rs = torch.rsqrt(var + eps)
+            out = (s - mu) * rs * w.float() + (b.float() if kind == "layer" and b is not w else 0)
+            y.copy_(out)
+            rstd.copy_(rs[:, 0])
+            mean.copy_(mu[:, 0])  # rms: mean aliases rstd in the plain path and is never read
+
+        return launch
+
+    return plan
+
+
+def test_eager_warm_path_memo_key(monkeypatch):
+    """The no-grad eager path: a repeated call reuses its plan (no second build) and gives
+    the reference answer; every argument the plan depends on (eps and its type, x's dtype,
+    shape, strides, alignment, weight's dtype, stride and alignment, bias and residual
+    presence and layout) misses and builds again, so a changed argument never reuses a
+    wrong plan. Layouts off the plain path (N-D, strided weight, residual) too."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    import cuteforge.ops as ops
+
+    nm = sys.modules["cuteforge.ops.norm"]
+    builds: list = []
+    monkeypatch.setattr(nm, "_check", lambda *a: None)  # CPU tensors: the CUDA check would refuse them
+    monkeypatch.setattr(nm, "_fwd_plan", _norm_reference_plan(builds))
+    monkeypatch.setattr(nm, "_EAGER", {})
+    x = torch.randn(6, 32)
+    w = torch.randn(32)
+    b = torch.randn(32)
+    r = torch.randn(6, 32)
+
+    def rms_ref(x, w, eps, r=None):
+        s = x if r is None else x + r
+        return F.rms_norm(s.float(), (32,), w.float(), eps).to(x.dtype)
+
+    def ln_ref(x, w, b, eps, r=None):
+        s = x if r is None else x + r
+        return F.layer_norm(s.float(), (32,), w.float(), None if b is None else b.float(), eps).to(x.dtype)
+
+    cases = [
+        (lambda: ops.rms_norm(x, w, 1e-6), lambda: rms_ref(x, w, 1e-6)),
+        (lambda: ops.rms_norm(x, w, 1e-5), lambda: rms_ref(x, w, 1e-5)),
+        (lambda: ops.rms_norm(x, w, 1), lambda: rms_ref(x, w, 1.0)),
+        (lambda: ops.rms_norm(x, w, True), lambda: rms_ref(x, w, 1.0)),  # True == 1: its own entry (the check rejects it)
+        (lambda: ops.rms_norm(x.half(), w.half(), 1e-6), lambda: rms_ref(x.half(), w.half(), 1e-6)),
+        (lambda: ops.rms_norm(x.half(), w.float(), 1e-6), lambda: rms_ref(x.half(), w, 1e-6)),
+        (lambda: ops.rms_norm(x[:3], w, 1e-6), lambda: rms_ref(x[:3], w, 1e-6)),
+        (lambda: ops.rms_norm(x.view(2, 3, 32), w, 1e-6), lambda: rms_ref(x, w, 1e-6).view(2, 3, 32)),
+        (lambda: ops.rms_norm(x.t().contiguous().t(), w, 1e-6), lambda: rms_ref(x, w, 1e-6)),
+        (lambda: ops.rms_norm(x, torch.randn(64)[::2], 1e-6), None),
+        (lambda: ops.rms_norm(torch.randn(6 * 32 + 1)[1:].view(6, 32), w, 1e-6), None),
+        (lambda: ops.rms_norm(x, torch.randn(33)[1:], 1e-6), None),
+        (lambda: ops.rms_norm(x, w, 1e-6, residual=r), lambda: (rms_ref(x, w, 1e-6, r), x + r)),
+        (lambda: ops.rms_norm(x.view(2, 3, 32), w, 1e-6, residual=r.view(2, 3, 32)),
+         lambda: (rms_ref(x, w, 1e-6, r).view(2, 3, 32), (x + r).view(2, 3, 32))),
+        (lambda: ops.layer_norm(x, w, None, 1e-6), lambda: ln_ref(x, w, None, 1e-6)),
+        (lambda: ops.layer_norm(x, w, b, 1e-6), lambda: ln_ref(x, w, b, 1e-6)),
+        (lambda: ops.layer_norm(x, w, torch.randn(33)[1:], 1e-6), None),
+        (lambda: ops.layer_norm(x, w, b, 1e-6, residual=r), lambda: (ln_ref(x, w, b, 1e-6, r), x + r)),
+        (lambda: ops.rms_norm(x[:0], w, 1e-6), lambda: x[:0]),
+    ]
+    for i, (call, want) in enumerate(cases):
+        assert len(builds) == i
+        for _ in range(2):
+            got = call()
+            if want is not None:
+                torch.testing.assert_close(got, want(), atol=2e-3, rtol=2e-3)
+        assert len(builds) == i + 1, f"case {i}: built {len(builds) - i} times"
