@@ -357,3 +357,20 @@ def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> No
         assert e["cuteforge_best"] == f"cuteforge_inductor_{e['op'][4:]}_fallback" or "fallback" in e["cuteforge_best"]
         assert all(math.isfinite(t) for t in e["timings_ms"].values()), e["timings_ms"]
     torch._dynamo.reset()
+
+
+def test_pointwise_producers_stay_with_inductor() -> None:
+    """softmax / norms / Linear+act whose input is made by a pointwise op are left to
+    Inductor (it fuses the producer; torch 2.11's custom-op autotuning cannot take an
+    unrealized input); the same ops on a GEMM output or a graph input are rewritten."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> Any:
+        s = x @ x.t()
+        return (torch.softmax(s * 0.5, -1), torch.softmax(s, -1), F.rms_norm(x + 1, (64,), w, 1e-6),
+                F.rms_norm(x, (64,), w, 1e-6), F.relu(F.linear(F.silu(x), w.expand(8, 64))))
+
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        gm = _dynamo_graph(f, x, w)
+    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {"softmax": 1, "rms_norm": 1}

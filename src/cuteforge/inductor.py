@@ -48,6 +48,7 @@ import hashlib
 import importlib
 import inspect
 import logging
+import operator
 import re
 import struct
 import threading
@@ -506,6 +507,35 @@ _SILU = {torch.nn.functional.silu}
 _GELU = {torch._C._nn.gelu, torch.nn.functional.gelu}
 
 
+# Producers whose output Inductor always holds in a buffer (graph inputs, GEMMs, other
+# custom ops), and the views that keep it one. A tensor made by a pointwise op is not
+# rewritten: Inductor fuses that producer into its own softmax / norm / epilogue kernel
+# (a cuteforge kernel would need it written out first), and on torch 2.11 the custom-op
+# autotuning cannot even take an unrealized input (`_infer_custom_op_layout` asks a
+# Pointwise node for its strides and raises NotImplementedError).
+_BUFFERED = {torch.matmul, torch.bmm, torch.mm, torch.addmm, torch.baddbmm, torch.nn.functional.scaled_dot_product_attention,
+             torch._C._nn.linear, torch.nn.functional.linear, operator.matmul}
+_VIEW_METHODS = {"view", "reshape", "permute", "transpose", "unsqueeze", "squeeze", "flatten", "contiguous", "expand"}
+_VIEW_FNS = {torch.reshape, torch.permute, torch.transpose, torch.unsqueeze, torch.squeeze, torch.flatten, operator.getitem,
+             torch.unbind}
+
+
+def _buffered(x: Any) -> bool:
+    """Whether x (an FX node) reaches Inductor as a realized buffer or a view of one."""
+    while isinstance(x, torch.fx.Node):
+        if x.op in ("placeholder", "get_attr"):
+            return True
+        if x.op == "call_method" and x.target in _VIEW_METHODS | {"unbind"}:
+            x = x.args[0]
+        elif x.op == "call_function" and x.target in _VIEW_FNS:
+            x = x.args[0]
+        elif x.op == "call_function":
+            return x.target in _BUFFERED or str(getattr(x.target, "namespace", "")) == "cuteforge_inductor"
+        else:
+            return False
+    return False
+
+
 def _is(node: torch.fx.Node, fns: set[Any], method: str | None = None) -> bool:
     if node.op == "call_function":
         return node.target in fns
@@ -579,7 +609,7 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
     out = _ev(node)
     if _is(node, _SOFTMAX, "softmax") or _is(node, _LOG_SOFTMAX, "log_softmax"):
         x, dim = node.args[0], _arg(node, 1, "dim")
-        if _arg(node, 3, "dtype") is not None or not _row_ok(_ev(x), dim, out):
+        if _arg(node, 3, "dtype") is not None or not _row_ok(_ev(x), dim, out) or not _buffered(x):
             return None
         log_ = _is(node, _LOG_SOFTMAX, "log_softmax")
         _replace(graph, node, (_log_softmax_op if log_ else _softmax_op)._opoverload, (x,))
@@ -587,7 +617,7 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
     if _is(node, _RMS):
         x, shape, w, eps = node.args[0], _arg(node, 1, "normalized_shape"), _arg(node, 2, "weight"), _arg(node, 3, "eps")
         xv = _ev(x)
-        if w is None or not _norm_ok(xv, shape, [_ev(w)], out):
+        if w is None or not _norm_ok(xv, shape, [_ev(w)], out) or not _buffered(x):
             return None
         bits = _eps_arg(float(torch.finfo(xv.dtype).eps) if eps is None else eps)
         if bits is None:
@@ -599,7 +629,7 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
                                _arg(node, 3, "bias"), _arg(node, 4, "eps", 1e-5))
         ws = [_ev(w)] + ([_ev(b)] if b is not None else [])
         bits = _eps_arg(eps)
-        if w is None or bits is None or not _norm_ok(_ev(x), shape, ws, out):
+        if w is None or bits is None or not _norm_ok(_ev(x), shape, ws, out) or not _buffered(x):
             return None
         if b is None:
             _replace(graph, node, _layer_norm_nb_op._opoverload, (x, w, bits))
@@ -613,7 +643,7 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
             return None
         x, w, b = lin.args[0], _arg(lin, 1, "weight"), _arg(lin, 2, "bias")
         xv, wv, bv = _ev(x), _ev(w), _ev(b)
-        if not (_inference_tensor(out) and _inference_tensor(xv) and isinstance(wv, torch.Tensor)):
+        if not (_inference_tensor(out) and _inference_tensor(xv) and isinstance(wv, torch.Tensor) and _buffered(x)):
             return None
         if xv.dtype not in _GEMM_DTYPES or wv.dtype != xv.dtype or wv.dim() != 2 or xv.dim() < 2 or not _static(xv.shape):
             return None
