@@ -200,7 +200,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
     want = {("rms", 16, 32768): (256, 4), ("rms", 16, 65536): (256, 8), ("rms", 16, 131072): (256, 16),
             ("rms", 32, 65536): (256, 4), ("rms", 32, 131072): (256, 8), ("rms", 32, 262144): (256, 16),
             ("layer", 16, 32768): (512, 2), ("layer", 16, 65536): (512, 4), ("layer", 16, 131072): (512, 8),
-            ("layer", 32, 32768): (256, 4)}
+            ("layer", 32, 32768): (256, 4), ("rms", 16, 262144): (512, 16), ("layer", 32, 262144): (512, 16)}
     for (kind, bits, n), (threads, cluster) in want.items():
         d = default_config(n, bits, kind=kind)
         assert (d.exchange, d.threads, d.cluster_n) == ("mbar", threads, cluster), (kind, bits, n, d)

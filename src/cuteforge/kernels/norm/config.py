@@ -25,12 +25,14 @@ prefetch:         backward only: issue the loads of the CTA group's next row blo
                   before working on the current one (a second register set for x and
                   dy), so loads stay in flight across the reduction and the dx stores.
                   The default for 16-bit rows of 1024..16384 (where it measured faster).
-exchange:         forward with a cluster: how the CTAs of a row exchange partial sums.
+exchange:         with a cluster (forward, and backward since v2.1): how the CTAs of a
+                  row exchange partial sums.
                   "barrier" (v1): st.shared::cluster into every peer, then a full
                   cluster barrier (arrive.release / wait.acquire) per reduction;
                   "mbar": each warp's lanes l < cluster_n st.async the partial into CTA
                   l, counted on CTA l's mbarrier (one per reduction), and each CTA waits
                   on its own mbarrier only (softmax's v2 exchange, docs/kernels/softmax.md).
+                  The persistent backward alternates two mbarriers over its rows.
 """
 
 from __future__ import annotations
@@ -39,7 +41,16 @@ from dataclasses import dataclass
 
 from ...arch import DeviceLimits
 
-__all__ = ["NormConfig", "default_config", "candidate_configs", "elems_per_thread", "longrow_candidates", "EXCHANGES"]
+__all__ = [
+    "NormConfig",
+    "default_config",
+    "candidate_configs",
+    "elems_per_thread",
+    "longrow_candidates",
+    "longrow_bwd_candidates",
+    "v2_backward_config",
+    "EXCHANGES",
+]
 
 EXCHANGES = ("barrier", "mbar")
 
@@ -116,8 +127,8 @@ class NormConfig:
             raise ValueError("reload and prefetch are backward-only knobs")
         if self.exchange not in EXCHANGES:
             raise ValueError(f"exchange={self.exchange!r}: must be one of {EXCHANGES}")
-        if self.exchange == "mbar" and (backward or c == 1):
-            raise ValueError("exchange='mbar' is for the forward with a cluster (cluster_n > 1)")
+        if self.exchange == "mbar" and c == 1:
+            raise ValueError("exchange='mbar' needs a cluster (cluster_n > 1)")
         if self.early_weight and backward:
             raise ValueError("early_weight is a forward-only knob")
         if self.reload and self.prefetch:
@@ -201,6 +212,8 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
     lo = V2_FWD_MIN_N.get(dtype_bits)
     if not backward and lo is not None and n >= lo:
         threads, elems = V2_FWD_SHAPE.get((kind, dtype_bits), (V2_FWD_THREADS, V2_FWD_ELEMS))
+        if threads < 512 and elems_per_thread(n, threads, 16) > elems:
+            threads = 512  # even 16 CTAs leave too much per thread: larger CTAs measured faster (N = 262144)
         v2 = v2_forward_config(n, dtype_bits, threads, elems)
         if v2 is not None:
             return v2
@@ -278,3 +291,52 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
         if cfg not in out:
             out.append(cfg)
     return out[:8]
+
+
+# --------------------------------------------------------------------------- v2.1 backward
+
+
+def v2_backward_config(
+    n: int, dtype_bits: int, threads: int = 256, elems: int = 16, exchange: str = "mbar", prefetch: bool = False
+) -> NormConfig | None:
+    """A long-row backward config: `threads`-thread CTAs (one row each), the smallest
+    cluster (2..16) leaving a thread <= `elems` elements (else 16), `reload` when x and dy
+    do not fit in registers beside the accumulators, and as many persistent CTAs per SM
+    (1..4) as the register estimate allows. None when nothing valid fits."""
+    c = 2
+    while c < 16 and elems_per_thread(n, threads, c) > elems:
+        c *= 2
+    while c >= 2:
+        for reload in (False, True):
+            if reload and prefetch:
+                continue
+            probe = NormConfig(threads, threads, c, 1, reload, prefetch, exchange=exchange)
+            regs = probe.est_regs_per_thread(n, dtype_bits, True)
+            occ = max(1, min(4, _REGS_PER_SM // (regs * threads), 2048 // threads))
+            cfg = NormConfig(threads, threads, c, occ, reload, prefetch, exchange=exchange)
+            try:
+                cfg.validate(n, dtype_bits, backward=True)
+                return cfg
+            except ValueError:
+                continue
+        c //= 2
+    return None
+
+
+def longrow_bwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
+    """Backward configs worth timing against the default at long N (bench_longrow.py
+    --ops rms_norm_bwd,layer_norm_bwd): the mbar exchange with 256-thread CTAs at <= 16
+    and <= 32 elements per thread (and <= 32 with prefetch), with 512-thread CTAs at
+    <= 16, plus the v1 barrier with 256-thread CTAs at <= 16 (the CTA shape alone)."""
+    out: list[NormConfig] = []
+    for threads, elems, ex, pf in (
+        (256, 16, "mbar", False),
+        (256, 32, "mbar", False),
+        (256, 32, "mbar", True),
+        (512, 16, "mbar", False),
+        (256, 16, "barrier", False),
+    ):
+        cfg = v2_backward_config(n, dtype_bits, threads, elems, ex, pf)
+        if cfg is not None and cfg not in out:
+            out.append(cfg)
+    return out
