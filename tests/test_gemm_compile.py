@@ -170,6 +170,7 @@ def test_op_empty_dims_give_torchs_answer(monkeypatch: pytest.MonkeyPatch) -> No
     mod = importlib.import_module("cuteforge.ops.gemm")  # the package attribute is the function
     monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
     monkeypatch.setattr(mod, "_PLANS", {})
+    monkeypatch.setattr(mod, "_EAGER", {})
     bias, c = _cpu(7), _cpu(5, 7, dtype=torch.float32)
     got = mod.gemm(_cpu(5, 0), _cpu(0, 7), bias=bias, c=c, beta=2.0, epilogue="relu")
     assert got.shape == (5, 7) and got.dtype == torch.bfloat16
@@ -421,6 +422,7 @@ def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
     mod = importlib.import_module("cuteforge.ops.gemm")
     monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
     monkeypatch.setattr(mod, "_PLANS", {})
+    monkeypatch.setattr(mod, "_EAGER", {})
     bias = _cpu(7)
     got = mod.gemm(_fp8(5, 0), _fp8(7, 0).t(), scale_a=2.0, scale_b=torch.ones(1), bias=bias, epilogue="relu")
     assert got.shape == (5, 7) and got.dtype == torch.bfloat16
@@ -429,3 +431,55 @@ def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
     f = torch.compile(lambda a, b, s: mod.gemm(a, b, scale_a=s, scale_b=3.0, c=torch.ones(5, 7), epilogue="relu"),
                       backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(f(_fp8(5, 0), _fp8(7, 0).t(), torch.ones(1)), torch.ones(5, 7, dtype=torch.bfloat16))
+
+
+def test_eager_warm_path_memo_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager warm path (one lookup keyed by every argument) on CPU tensors with K == 0
+    (plans give torch's answer, no launch): a repeated call hits (no second trip through
+    the checks) and gives the same answer for new data of the same layout; any changed
+    argument (alpha or beta or their types, epilogue, out_dtype, a's or an operand's layout,
+    c's presence) misses, so a changed argument never reuses a wrong plan."""
+    import importlib
+
+    import torch.nn.functional as F
+
+    mod = importlib.import_module("cuteforge.ops.gemm")
+    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(mod, "_PLANS", {})
+    monkeypatch.setattr(mod, "_EAGER", {})
+    slow = mod._gemm_slow
+    calls: list[int] = []
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return slow(*args)
+
+    monkeypatch.setattr(mod, "_gemm_slow", counted)
+    a, b = _cpu(5, 0), _cpu(0, 7)
+    c = torch.randn(5, 7)
+    bias = torch.randn(7).bfloat16()
+    cases = [
+        (dict(c=c, beta=2.0), lambda c, bias: (2.0 * c).bfloat16()),
+        (dict(c=c, beta=2), lambda c, bias: (2.0 * c).bfloat16()),
+        (dict(c=c, beta=3.0), lambda c, bias: (3.0 * c).bfloat16()),
+        (dict(c=c, beta=0.0), lambda c, bias: torch.zeros(5, 7, dtype=torch.bfloat16)),
+        (dict(c=c, beta=2.0, epilogue="relu"), lambda c, bias: F.relu(2.0 * c).bfloat16()),
+        (dict(c=c, beta=2.0, out_dtype=torch.float32), lambda c, bias: 2.0 * c),
+        (dict(c=c[:, :1], beta=2.0), lambda c, bias: (2.0 * c[:, :1]).expand(5, 7).bfloat16()),
+        (dict(bias=bias), lambda c, bias: bias.float().expand(5, 7).bfloat16()),
+        (dict(bias=bias, alpha=2.0), lambda c, bias: bias.float().expand(5, 7).bfloat16()),
+        (dict(bias=bias, residual=c), lambda c, bias: (bias.float() + c).bfloat16()),
+        (dict(), lambda c, bias: torch.zeros(5, 7, dtype=torch.bfloat16)),
+    ]
+    for i, (kw, want) in enumerate(cases):
+        assert len(calls) == i
+        for _ in range(2):
+            kw2 = {k: (torch.randn_like(v) if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v) for k, v in kw.items()}
+            got = mod.gemm(a, b, **kw2)
+            torch.testing.assert_close(got, want(kw2.get("c", kw2.get("residual")), kw2.get("bias")))
+        assert len(calls) == i + 1, f"case {i}: {kw}"
+    mod.gemm(_cpu(5, 0)[:4], b)  # a's shape
+    mod.gemm(a, _cpu(0, 8)[:, 1:])  # b's alignment
+    assert len(calls) == len(cases) + 2
+    with pytest.raises(TypeError, match="'alpha' must be a Python number"):
+        mod.gemm(a, b, bias=bias, alpha=True)  # True == 1 == 1.0, but never that plan
