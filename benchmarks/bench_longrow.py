@@ -17,6 +17,20 @@ correct config). Norm shapes: rms_norm without bias, layer_norm with bias, weigh
 x's dtype, no residual; checked against torch in fp32 (tolerance scaled by max |y|).
 
     python benchmarks/bench_longrow.py --ops softmax,rms_norm,layer_norm --out $OUT/h200-longrow.json
+
+Backward (--ops rms_norm_bwd,layer_norm_bwd): the backward default against
+kernels/norm/config.longrow_bwd_candidates (mbar exchange in the persistent backward,
+256/512-thread CTAs). Inputs as above plus dy = randn; mean/rstd from torch in fp32 (no
+forward kernel compiled). `us` times what ops/norm.py's `_backward` does with that config
+(dx, dweight/dbias partials allocated, the kernel, `partials.sum(0)` per weight
+gradient); `kernel_us` the launch alone on preallocated outputs. Bytes as
+library_bench.bytes_moved counts a norm backward: read x and dy, write dx (3 M N
+elements), plus weight (and bias) once. dx and dweight (and dbias) are checked against
+torch in fp32. quack's rmsnorm_bwd is timed beside rms_norm_bwd (quack.rmsnorm.rmsnorm_bwd,
+its own partial sum included), not beside layer_norm_bwd (its JIT compile per shape would
+not fit the time budget).
+
+    python benchmarks/bench_longrow.py --ops rms_norm_bwd,layer_norm_bwd --dtypes bfloat16,float32 --out $OUT/h200-longrow-bwd.json
 """
 
 from __future__ import annotations
@@ -34,7 +48,9 @@ import torch
 from cuteforge import timing
 
 MAX_ELEMS = 1 << 28
-OPS = ["softmax", "rms_norm", "layer_norm"]
+OPS = ["softmax", "rms_norm", "layer_norm", "rms_norm_bwd", "layer_norm_bwd"]
+DEFAULT_OPS = ["softmax", "rms_norm", "layer_norm"]
+BWD_OPS = ("rms_norm_bwd", "layer_norm_bwd")
 NS = [16384, 24576, 32768, 65536, 131072, 262144]
 NORM_NS = [32768, 65536, 131072, 262144]
 NORM_TOL = {"bfloat16": 1.6e-2, "float16": 2e-3, "float32": 1e-4}
@@ -155,9 +171,139 @@ def _quack_norm(op: str):
     return None
 
 
+def bwd_plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
+    """(op, dtype, n, config, is_default) for the backward: the default and every
+    backward long-row candidate."""
+    from cuteforge.kernels.norm.config import default_config, longrow_bwd_candidates
+
+    out = []
+    for op in ops:
+        for dt in dtypes:
+            bits = getattr(torch, dt).itemsize * 8
+            for n in ns:
+                d = default_config(n, bits, backward=True)
+                out.append((op, dt, n, d, True))
+                out += [(op, dt, n, c, False) for c in longrow_bwd_candidates(n, bits) if c != d]
+    return out
+
+
+def _bwd_key_params(op: str, dt: str, n: int) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    """The key ops/norm.py binds for this backward (weight in x's dtype, no dsum;
+    rms without bias, layer with bias)."""
+    from cuteforge.kernels.norm.spec import norm_bwd
+
+    dtype = getattr(torch, dt)
+    x = torch.empty(1, n, device="cuda", dtype=dtype)
+    w = torch.empty(n, device="cuda", dtype=dtype)
+    st = torch.empty(1, device="cuda")
+    part = torch.empty(1, n, device="cuda")
+    key = norm_bwd.signature.bind((x, w, x, x, st, st, x, part, part), "bench_longrow")
+    kind = "rms" if op == "rms_norm_bwd" else "layer"
+    return key, (("has_bias", kind == "layer"), ("has_dsum", False), ("kind", kind))
+
+
+def _quack_bwd(op: str):
+    """quack's rmsnorm backward (dx, dw; its partial sum included), None for layer_norm_bwd."""
+    if op != "rms_norm_bwd":
+        return None
+    try:
+        q = importlib.import_module("quack.rmsnorm")
+    except Exception as e:  # reported, never fatal
+        print("quack norms unavailable:", e)
+        return None
+    return lambda c: q.rmsnorm_bwd(c["x"], c["w"], c["dy"], c["rstd"])[:2]
+
+
+def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tuple[int, Any, bool]],
+                  failed: dict[int, str], time_fn: Any, qbwd: Any) -> None:
+    """Time and check the default and every candidate backward config at one shape."""
+    from cuteforge.kernels.norm.spec import norm_bwd
+    from cuteforge.ops import norm as impl
+    from cuteforge.ops.norm import _sm_count
+
+    kind = "rms" if op == "rms_norm_bwd" else "layer"
+    has_bias = kind == "layer"
+    dtype = getattr(torch, dt)
+    m = shape["M"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
+    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype)
+    eps = 1e-6 if kind == "rms" else 1e-5
+    # fp32 reference: statistics, dx, dweight, dbias
+    xf = x.float()
+    mean = xf.mean(-1) if kind == "layer" else None
+    xc = xf - mean[:, None] if mean is not None else xf
+    rstd = torch.rsqrt(xc.pow(2).mean(-1) + eps)
+    del xf
+    xhat = xc.mul_(rstd[:, None])
+    dyf = dy.float()
+    gw = dyf * w.float()
+    c1 = (gw * xhat).mean(-1, keepdim=True)
+    c2 = gw.mean(-1, keepdim=True) if kind == "layer" else 0.0
+    ref_dx = (gw - xhat * c1 - c2) * rstd[:, None]
+    del gw
+    ref_dw = (dyf * xhat).sum(0)
+    ref_db = dyf.sum(0) if has_bias else None
+    del xhat, dyf
+    elt = x.element_size()
+    nbytes = 3 * m * n * elt + n * elt * (2 if has_bias else 1)
+    case = {"x": x, "dy": dy, "w": w, "rstd": rstd}
+
+    def check(dx: torch.Tensor, dw: torch.Tensor, db: torch.Tensor | None) -> dict[str, Any]:
+        out = {f"dx_{k}": v for k, v in _norm_check(dx, ref_dx, dt).items()}
+        cw = _norm_check(dw, ref_dw, dt)
+        out["dw_tol_ratio"] = cw["tol_ratio"]
+        ok = out["dx_correct"] and cw["correct"]
+        if db is not None:
+            cb = _norm_check(db, ref_db, dt)
+            out["db_tol_ratio"] = cb["tol_ratio"]
+            ok = ok and cb["correct"]
+        out["correct"] = bool(ok)
+        return out
+
+    if qbwd is not None:
+        try:
+            qdx, qdw = qbwd(case)
+            shape["quack"] = {**time_fn(lambda: qbwd(case), nbytes), **check(qdx, qdw, None)}
+        except Exception as e:
+            shape["quack"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    key, bparams = _bwd_key_params(op, dt, n)
+    st = mean if mean is not None else rstd
+    for i, c, d in cfgs:
+        r: dict[str, Any] = {"config": repr(c), "exchange": c.exchange, "threads": c.threads, "cluster_n": c.cluster_n,
+                             "ctas_per_sm": c.ctas_per_sm, "reload": c.reload, "prefetch": c.prefetch, "default": d}
+        if i in failed:
+            r["error"] = "compile: " + failed[i]
+        else:
+            try:
+                dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, None, has_bias, c)
+                torch.cuda.synchronize()
+                r.update(check(dx, dw, db))
+                del dx, dw, db
+                r.update(time_fn(lambda c=c: impl._backward(kind, dy, x, w, mean, rstd, None, has_bias, c), nbytes))
+                # the launch alone, on preallocated outputs (q as ops/norm.py picks it)
+                q = max(1, min(-(-m // c.rows_per_cta), _sm_count(x.device) * c.ctas_per_sm // c.cluster_n))
+                dxo = torch.empty_like(x)
+                dwp = torch.empty(q, n, device="cuda")
+                dbp = torch.empty(q, n, device="cuda") if has_bias else dwp
+                fn = norm_bwd.get(key, bparams, c)
+                a = (x, w, dy, dy, st, rstd, dxo, dwp, dbp)
+                k = time_fn(lambda fn=fn, a=a: fn(*a), nbytes)
+                r.update({"kernel_us": k["us"], "kernel_pct_copy": k["pct_copy"], "Q": q})
+                del dxo, dwp, dbp, a
+                qs = shape.get("quack", {})
+                if "GBps" in qs:
+                    r["vs_quack"] = round(r["GBps"] / qs["GBps"], 3)
+            except Exception as e:
+                r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        shape["rows"].append(r)
+        print(op, dt, m, n, json.dumps(r), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma list of {OPS}")
+    p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list of {OPS}")
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--ns", default=",".join(map(str, NS)), help="softmax N")
     p.add_argument("--norm-ns", default=",".join(map(str, NORM_NS)), help="rms_norm / layer_norm N")
@@ -175,18 +321,23 @@ def main() -> None:
     norm_ns = [int(v) for v in args.norm_ns.split(",") if v]
     from cuteforge.arch import target_arch
     from cuteforge.autotune.pool import CompileJob, compile_all
-    from cuteforge.kernels.norm.spec import norm_fwd
+    from cuteforge.kernels.norm.spec import norm_bwd, norm_fwd
     from cuteforge.kernels.softmax.spec import softmax_fwd
 
     arch = target_arch()
     todo = plans(dtypes, ns, args.max_per) if "softmax" in ops else []
-    ntodo = norm_plans([o for o in ops if o != "softmax"], dtypes, norm_ns)
+    ntodo = norm_plans([o for o in ops if o in ("rms_norm", "layer_norm")], dtypes, norm_ns)
+    btodo = bwd_plans([o for o in ops if o in BWD_OPS], dtypes, norm_ns)
     params = (("mode", "softmax"),)
     tc = time.time()
     jobs = [CompileJob.of(softmax_fwd, _key(n, getattr(torch, dt)), params, c, arch) for dt, n, c, _ in todo]
     for op, dt, n, c, _ in ntodo:
         key, nparams = _norm_key_params(op, _norm_case(op, dt, n, 1))
         jobs.append(CompileJob.of(norm_fwd, key, nparams, c, arch))
+    bjob0 = len(jobs)
+    for op, dt, n, c, _ in btodo:
+        key, bparams = _bwd_key_params(op, dt, n)
+        jobs.append(CompileJob.of(norm_bwd, key, bparams, c, arch))
     outcomes = compile_all(jobs)
     failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
     result: dict[str, Any] = {
@@ -197,7 +348,7 @@ def main() -> None:
         "compile_s": round(time.time() - tc, 1),
         "configs": len(jobs),
         "compile_failures": len(failed),
-        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; bytes = 2*M*N*size",
+        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; bytes = 2*M*N*size (backward: 3*M*N*size + weight/bias)",
         "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
         "shapes": [],
     }
@@ -314,6 +465,17 @@ def main() -> None:
             shape["rows"].append(r)
             print(op, dt, m, n, json.dumps(r), flush=True)
         del case, x, y, ref
+        _best(shape)
+        save()
+
+    bgroups: dict[tuple[str, str, int], list[tuple[int, Any, bool]]] = {}
+    for j, (op, dt, n, c, d) in enumerate(btodo):
+        bgroups.setdefault((op, dt, n), []).append((bjob0 + j, c, d))
+    for (op, dt, n), cfgs in bgroups.items():
+        torch.cuda.empty_cache()
+        shape = {"op": op, "dtype": dt, "M": rows_for(n), "N": n, "rows": []}
+        result["shapes"].append(shape)
+        run_bwd_shape(shape, op, dt, n, cfgs, failed, _time, None if args.no_quack else _quack_bwd(op))
         _best(shape)
         save()
 

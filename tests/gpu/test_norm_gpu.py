@@ -415,3 +415,133 @@ def test_v2_forward_strided_view():
         for kind in KINDS:
             y, _, _, _ = impl._forward(kind, x, w, None, None, 1e-5, cfg)
             _close(y, _ref(kind, x, w, None, None, 1e-5)[0], torch.bfloat16, f"{kind} view")
+
+
+# --------------------------------------------------------------------------- v2.1 backward: mbarrier exchange
+# NormConfig.exchange = "mbar" in the persistent backward (kernels/norm/bwd.py, two
+# mbarriers alternating over a CTA's rows: common.make_allreduce_mbar_rows). Not a
+# default yet, so every backward long-row candidate (config.longrow_bwd_candidates) runs
+# explicitly against an fp64 reference of dx, dweight, dbias. Even N use the variant
+# bench_longrow.py times (rms without bias, layer with bias, no dsum: the compiles are
+# shared through the disk cache); N = 65537 adds the fused-residual gradient (dsum).
+
+V2_BWD_CASES = [(torch.bfloat16, 32768), (torch.bfloat16, 65537), (torch.bfloat16, 262144),
+                (torch.float16, 65537), (torch.float32, 32768), (torch.float32, 262144)]
+
+
+def _v2_bwd_variant(kind, n):
+    """(has_bias, has_dsum) per case."""
+    return kind == "layer", n % 2 == 1
+
+
+def _v2_bwd_cases():
+    from cuteforge.kernels.norm.config import longrow_bwd_candidates
+
+    return [(kind, dt, n, c) for kind in KINDS for dt, n in V2_BWD_CASES for c in longrow_bwd_candidates(n, dt.itemsize * 8)]
+
+
+def _v2_bwd_key(kind, dt, n, bias, dsum):
+    from cuteforge.kernels.norm.spec import norm_bwd
+
+    x = torch.empty(1, n, device="cuda", dtype=dt)
+    w = torch.empty(n, device="cuda", dtype=dt)
+    st = torch.empty(1, device="cuda")
+    part = torch.empty(1, n, device="cuda")
+    key = norm_bwd.signature.bind((x, w, x, x, st, st, x, part, part), "warm")
+    return key, (("has_bias", bias), ("has_dsum", dsum), ("kind", kind))
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_v2_bwd():
+    """Compile every v2 backward case (and the forward defaults it does not need: the
+    statistics come from torch) in parallel worker processes first."""
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.spec import norm_bwd
+
+    jobs = []
+    for kind, dt, n, c in _v2_bwd_cases():
+        key, params = _v2_bwd_key(kind, dt, n, *_v2_bwd_variant(kind, n))
+        jobs.append(CompileJob.of(norm_bwd, key, params, c, target_arch()))
+    compile_all(jobs)
+    yield
+
+
+def _v2_bwd_reference(kind, x, w, b, dy, ds, eps):
+    """fp64 (dx, dweight, dbias) and the fp32 statistics the kernel is given."""
+    xd = x.double().requires_grad_()
+    wd = w.double().requires_grad_()
+    bd = None if b is None else b.double().requires_grad_()
+    if kind == "rms":
+        mu = None
+        rstd = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+        y = xd * rstd * wd
+    else:
+        mu = xd.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((xd - mu).pow(2).mean(-1, keepdim=True) + eps)
+        y = (xd - mu) * rstd * wd + (0.0 if bd is None else bd)
+    leaves = [xd, wd] + ([bd] if bd is not None else [])
+    grads = torch.autograd.grad((y * dy.double()).sum(), leaves)
+    dx = grads[0] + (0.0 if ds is None else ds.double())
+    stats = (None if mu is None else mu.detach().squeeze(-1).float(), rstd.detach().squeeze(-1).float())
+    return dx, grads[1], (grads[2] if bd is not None else None), stats
+
+
+@pytest.mark.parametrize("kind, dtype, n, cfg", _v2_bwd_cases(), ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
+def test_v2_bwd_candidates_match_fp64(_warm_norm_v2_bwd, kind, dtype, n, cfg):
+    from cuteforge.ops import norm as impl
+
+    bias, dsum = _v2_bwd_variant(kind, n)
+    eps = 1e-6 if kind == "rms" else 1e-5
+    for m in (1, 7, 1000 if n <= 65537 else 130):
+        x, w, b, _ = _inputs(m, n, dtype, bias=bias, seed=m + 11)
+        x = x + 3.0  # a mean far from 0
+        g = torch.Generator(device="cuda").manual_seed(m + 12)
+        dy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+        ds = torch.randn(m, n, device="cuda", generator=g).to(dtype) if dsum else None
+        ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, ds, eps)
+        dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, ds, bias, cfg)
+        assert dx.dtype == dtype and dw.dtype == w.dtype
+        _close(dx, ref_dx, dtype, f"dx {cfg} m={m}")
+        _close(dw, ref_dw, dtype, f"dweight {cfg} m={m}")
+        if bias:
+            _close(db, ref_db, dtype, f"dbias {cfg} m={m}")
+        del ref_dx, ref_dw, ref_db
+
+
+def test_v2_bwd_many_rows_per_cluster():
+    """Hundreds of rows per CTA group (the two mbarriers wrap their phases many times),
+    rms and layer, against the default (barrier) backward on the same inputs."""
+    from cuteforge.kernels.norm.config import v2_backward_config
+    from cuteforge.ops import norm as impl
+
+    n, m = 32768, 6001
+    cfg = v2_backward_config(n, 16)
+    assert cfg is not None and cfg.exchange == "mbar"
+    for kind in KINDS:
+        x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=kind == "layer", seed=21)
+        dy = torch.randn_like(x)
+        _, _, mean, rstd = impl._forward(kind, x, w, b, None, 1e-5)
+        dx0, dw0, db0 = impl._backward(kind, dy, x, w, mean, rstd, None, b is not None)
+        dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, None, b is not None, cfg)
+        _close(dx, dx0.double(), torch.bfloat16, f"{kind} dx")
+        _close(dw, dw0.double(), torch.bfloat16, f"{kind} dweight")
+        if b is not None:
+            _close(db, db0.double(), torch.bfloat16, f"{kind} dbias")
+
+
+def test_v2_bwd_strided_view():
+    """A row-strided, misaligned view (narrower vectors) through a backward mbar config."""
+    from cuteforge.kernels.norm import NormConfig
+    from cuteforge.ops import norm as impl
+
+    cfg = NormConfig(256, 256, 16, 1, exchange="mbar")
+    base = torch.randn(9, 65536 + 8, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(65536, device="cuda", dtype=torch.bfloat16)
+    for x in (base[:, :65536], base[::2, 3:65539]):
+        dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+        for kind in KINDS:
+            ref_dx, ref_dw, _, (mean, rstd) = _v2_bwd_reference(kind, x, w, None, dy, None, 1e-5)
+            dx, dw, _ = impl._backward(kind, dy, x, w, mean, rstd, None, False, cfg)
+            _close(dx, ref_dx, torch.bfloat16, f"{kind} view dx")
+            _close(dw, ref_dw, torch.bfloat16, f"{kind} view dweight")

@@ -16,15 +16,30 @@ rows per CTA (short rows) the R row-slots are first folded through shared memory
 ``reload`` re-reads x and dy after the row reduction instead of holding them in
 registers across it (they come from L2: the CTA group read them microseconds before),
 leaving the register file to the accumulators at huge N.
+
+``exchange == "mbar"`` (cluster_n > 1): the row reductions go through
+``common.make_allreduce_mbar_rows`` instead of a full cluster barrier per row: each
+warp's lanes l < C ``st.async`` the partial sums into CTA l, counted on CTA l's
+mbarrier, and each CTA waits on its own. Two mbarriers and two buffer halves alternate
+over the CTA's rows (row j: slot j % 2, phase (j // 2) % 2); common.py argues why that
+is race-free for a persistent loop.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int64
 
-from .common import Tile, column_of, make_allreduce, make_row_io, reduce_smem_elems
+from .common import (
+    Tile,
+    column_of,
+    make_allreduce,
+    make_allreduce_mbar_rows,
+    make_row_io,
+    mbar_tx_bytes,
+    reduce_smem_elems,
+)
 from .config import NormConfig
 from .fwd import KINDS
 
@@ -59,6 +74,10 @@ def make_norm_bwd(
     prefetch = config.prefetch
     n_smem = reduce_smem_elems(tile, 2)
     n_acc = 2 if has_bias else 1
+    use_mbar = config.exchange == "mbar" and C > 1
+    nval = 2 if is_ln else 1
+    allreduce_m = make_allreduce_mbar_rows(tile, nval) if use_mbar else None
+    tx_bytes = nval * mbar_tx_bytes(tile)
     # The persistent grid assumes ctas_per_sm CTAs fit on an SM: make ptxas honour it
     # (minctasm caps registers). A carveout given explicitly keeps the DSL from asking
     # a device for its smem size, so this compiles without a GPU.
@@ -84,7 +103,8 @@ def make_norm_bwd(
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         if cutlass.const_expr(C > 1):
-            cute.arch.cluster_arrive_relaxed()
+            if cutlass.const_expr(not use_mbar):
+                cute.arch.cluster_arrive_relaxed()
             cta = cute.arch.block_idx_in_cluster()
             q = bidx // C
             n_q = gdim // C
@@ -101,6 +121,19 @@ def make_norm_bwd(
         smem = cutlass.memory.SmemAllocator()
         buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
         sfold = smem.allocate_tensor(Float32, cute.make_layout((n_fold,)), byte_alignment=16)
+        mbar = None
+        if cutlass.const_expr(use_mbar):
+            # two mbarriers (row parity), each armed for its first use; re-armed by thread 0
+            # after every wait (make_allreduce_mbar_rows)
+            mbar = smem.allocate_array(Int64, 2, byte_alignment=8)
+            if tidx == 0:
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_init(mbar + i, 1)
+            cute.arch.mbarrier_init_fence()
+            if tidx == 0:
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar + i, tx_bytes)
+            cute.arch.cluster_arrive_relaxed()  # its wait (below) precedes the first st.async
 
         dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
         dwa.fill(0.0)
@@ -128,7 +161,8 @@ def make_norm_bwd(
             row_c = cutlass.min(row, m - 1)
             ok = row < m
             live = Float32(cutlass.select_(ok, Float32(1.0), Float32(0.0)))
-            slot = ((blk - q) // n_q) % 2
+            it = (blk - q) // n_q  # this CTA group's row-block count so far
+            slot = it % 2
             if cutlass.const_expr(prefetch):
                 nb = blk + n_q
                 if nb < n_blocks:
@@ -159,7 +193,10 @@ def make_norm_bwd(
                 s1 = s1 + acc1[v]
                 if cutlass.const_expr(is_ln):
                     s2 = s2 + acc2[v]
-            s1, s2 = allreduce(s1, s2, 2 if is_ln else 1, buf, slot, r, t, cta)
+            if cutlass.const_expr(use_mbar):
+                s1, s2 = allreduce_m(s1, s2, buf, mbar, slot, (it // 2) % 2, tidx == 0, r, t, cta)
+            else:
+                s1, s2 = allreduce(s1, s2, 2 if is_ln else 1, buf, slot, r, t, cta)
             c1 = s1 * Float32(inv_n)
             c2 = Float32(0.0)
             if cutlass.const_expr(is_ln):

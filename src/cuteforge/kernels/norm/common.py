@@ -30,6 +30,11 @@ the cluster step has no barrier: lanes l < C of each warp ``st.async`` the warp'
 into CTA l's slot, the bytes counted on CTA l's mbarrier for that reduction, and each CTA
 waits on its own mbarrier (armed once per launch with R * S * 4 bytes). Each reduction of
 a launch has its own slot and mbarrier (phase 0), so nothing is reused.
+
+The persistent backward (``make_allreduce_mbar_rows``) reduces a row per loop iteration:
+two mbarriers and two buffer halves alternate by row parity, thread 0 re-arms a
+mbarrier after each wait, and the phase parity advances every second row (the argument
+for why that is race-free is in its docstring).
 """
 
 from __future__ import annotations
@@ -289,3 +294,88 @@ def mbar_tx_bytes(tile: Tile) -> int:
 
 def reduce_smem_elems(tile: Tile, n_slots: int) -> int:
     return max(1, n_slots * 2 * tile.R * tile.S)
+
+
+def make_allreduce_mbar_rows(tile: Tile, nval: int):
+    """The mbarrier exchange for a loop over rows (the persistent backward, C > 1):
+    @cute.jit allreduce(a, b, buf, mbar, slot, phase, arm, r, t, cta) -> (sum a, sum b).
+
+    ``nval`` (1 or 2) says whether b takes part; both values travel to the same mbarrier
+    (two 4-byte ``st.async`` per sending lane). ``buf``: flat fp32 smem of
+    2 * nval * R * S elements (``reduce_smem_elems(tile, 2)`` is enough); ``mbar``: two
+    mbarriers, each initialised with count 1 and armed once with ``nval * mbar_tx_bytes``
+    before the cluster arrive whose wait precedes the first call. ``slot`` and ``phase``
+    are dynamic: the CTA's j-th row (j = 0, 1, ... over its row loop) uses slot j % 2
+    (buffer half and mbarrier) in phase (j // 2) % 2. ``arm`` (thread 0 of the CTA)
+    re-arms the slot's mbarrier for its next use right after the wait.
+
+    Why two slots suffice (every CTA of the cluster visits the same rows in the same
+    order; a peer sends row j + 1 only after its own wait for row j completed):
+    * bytes of row j + 1 cannot be counted in row j's phase: they go to the other
+      mbarrier. A single mbarrier would not do: a peer may finish row j (all of row j's
+      bytes reached *it*) while bytes of row j still fly to this CTA, and its row j + 1
+      bytes could then complete this CTA's row-j phase with a partial missing.
+    * slot j % 2 is written again only with row j + 2, by a peer that completed row
+      j + 1, which needs every warp of this CTA to have sent its row j + 1 partial, which
+      each warp does after reading (and shuffling: a data dependence, in-order issue) its
+      row j partials from that slot. So no row-j read can see a row-(j + 2) write.
+    * the re-arm for use k + 1 (thread 0, after its wait on use k) precedes thread 0's
+      own row j + 1 send, and any byte of use k + 1 (row j + 2) arrives only after that
+      send; a slower thread of this CTA still waiting on use k (parity k % 2) sees that
+      phase complete, because phase k + 1 cannot complete before that thread's warp has
+      sent row j + 1.
+    * the last rows leave both mbarriers armed with nothing to come: harmless at exit,
+      and a CTA may exit as soon as its own last wait completed (every byte sent to it
+      has landed; it only reads its own shared memory).
+    """
+    G, W, S, C, R = tile.G, tile.W, tile.S, tile.C, tile.R
+    if C < 2 or G != 32:
+        raise ValueError(f"the mbarrier exchange needs a cluster and whole warps per row (C={C}, P={tile.P})")
+    if nval not in (1, 2):
+        raise ValueError(f"nval={nval}: 1 or 2 values per reduction")
+    tx = nval * mbar_tx_bytes(tile)
+
+    @cute.jit
+    def _bfly(val, group: cutlass.Constexpr):
+        for step in cutlass.range_constexpr(int(math.log2(group))):
+            val = val + cute.arch.shuffle_sync_bfly(val, offset=group >> (step + 1))
+        return val
+
+    @cute.jit
+    def _fold(buf: cute.Tensor, base, lane):
+        tot = Float32(0.0)
+        for i in cutlass.range_constexpr((S + G - 1) // G):
+            if cutlass.const_expr((i + 1) * G <= S):
+                tot = tot + buf[base + lane + i * G]
+            else:
+                j = cutlass.min(lane + i * G, S - 1)
+                tot = tot + Float32(cutlass.select_(lane + i * G < S, buf[base + j], Float32(0.0)))
+        return _bfly(tot, G)
+
+    @cute.jit
+    def allreduce(a, b, buf: cute.Tensor, mbar, slot, phase, arm, r, t, cta):
+        a = _bfly(a, G)
+        if cutlass.const_expr(nval > 1):
+            b = _bfly(b, G)
+        bar = mbar + slot
+        base_a = ((slot * nval) * R + r) * S
+        base_b = base_a + R * S
+        mine = cta * W + t // 32
+        words = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        words[0] = a
+        words[1] = b
+        iw = cute.recast_tensor(words, Int32)
+        if t % 32 < C:  # lane l sends the warp's partial(s) to CTA l
+            cute.arch.store_async_dsmem(buf.iterator + (base_a + mine), iw[0], bar, t % 32)
+            if cutlass.const_expr(nval > 1):
+                cute.arch.store_async_dsmem(buf.iterator + (base_b + mine), iw[1], bar, t % 32)
+        cute.arch.mbarrier_wait(bar, phase)
+        if arm:
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
+        lane = t % G
+        a = _fold(buf, base_a, lane)
+        if cutlass.const_expr(nval > 1):
+            b = _fold(buf, base_b, lane)
+        return a, b
+
+    return allreduce
