@@ -30,6 +30,8 @@ def _library_pairs() -> dict[str, tuple[Any, Any]]:
     w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     t = torch.randint(0, 1024, (4,), device="cuda")
     a = torch.randn(128, 128, device="cuda", dtype=torch.bfloat16)
+    xf, r, x3 = x.float(), torch.randn_like(x), x.view(2, 2, 1024)
+    bias = torch.randn(128, device="cuda", dtype=torch.bfloat16)
     pairs: dict[str, tuple[Any, Any]] = {
         "sum bf16 (4,1024)": (lambda: ops.sum(x), lambda: torch.sum(x, -1)),
         "amax bf16 (4,1024)": (lambda: ops.amax(x), lambda: torch.amax(x, -1)),
@@ -38,9 +40,19 @@ def _library_pairs() -> dict[str, tuple[Any, Any]]:
         "rms_norm bf16 (4,1024)": (lambda: ops.rms_norm(x, w, 1e-6), lambda: F.rms_norm(x, (1024,), w, 1e-6)),
         "layer_norm bf16 (4,1024)": (lambda: ops.layer_norm(x, w, w, 1e-5), lambda: F.layer_norm(x, (1024,), w, w, 1e-5)),
         "cross_entropy bf16 (4,1024)": (lambda: ops.cross_entropy(x, t), lambda: F.cross_entropy(x, t)),
+        "cross_entropy bf16 (4,1024) sum": (lambda: ops.cross_entropy(x, t, reduction="sum"),
+                                            lambda: F.cross_entropy(x, t, reduction="sum")),
+        "cross_entropy bf16 (4,1024) none": (lambda: ops.cross_entropy(x, t, reduction="none"),
+                                             lambda: F.cross_entropy(x, t, reduction="none")),
+        "cross_entropy fp32 (4,1024)": (lambda: ops.cross_entropy(xf, t), lambda: F.cross_entropy(xf, t)),
+        "rms_norm bf16 (4,1024) residual": (lambda: ops.rms_norm(x, w, 1e-6, residual=r),
+                                            lambda: (F.rms_norm(x + r, (1024,), w, 1e-6), x + r)),
+        "rms_norm bf16 (2,2,1024) 3-D": (lambda: ops.rms_norm(x3, w, 1e-6), lambda: F.rms_norm(x3, (1024,), w, 1e-6)),
     }
     if torch.cuda.get_device_capability() == (9, 0):
         pairs["gemm bf16 128^3"] = (lambda: ops.gemm(a, a), lambda: torch.matmul(a, a))
+        pairs["gemm bf16 128^3 bias+gelu"] = (lambda: ops.gemm(a, a, bias=bias, epilogue="gelu"),
+                                              lambda: F.gelu(torch.addmm(bias, a, a), approximate="tanh"))
     for ours, _ in pairs.values():
         ours()  # compile or load outside the timed loops
     torch.cuda.synchronize()
