@@ -114,7 +114,10 @@ def test_block_max_autotune() -> None:
         print(f"{e['op']:24s} {str(e['shapes']):40s} winner={e['winner']:40s} cuteforge_won={e['cuteforge_won']}"
               f" cf={e['cuteforge_best_ms']:.4f} inductor={e['inductor_best_ms']}")
     ops = {e["op"] for e in log}
-    assert {"cfi_layer_norm", "cfi_rms_norm", "cfi_softmax", "cfi_linear_bias_act"} <= ops, ops
+    # ln(x) reads the block's input: offered. softmax(q @ k.T * s), rms_norm(x + attn) and the
+    # SiLU Linear on rms_norm's output have pointwise producers: left to Inductor's fusion.
+    assert "cfi_layer_norm" in ops, ops
+    assert not ops & {"cfi_rms_norm", "cfi_softmax", "cfi_linear_bias_act"}, ops
     assert ops & {"addmm", "bmm"}, ops
     print("cuteforge won", sum(e["cuteforge_won"] for e in log), "of", len(log))
 
