@@ -3,8 +3,9 @@ cuteforge.inductor.enable(), next to eager, in one process on the same inputs.
 
     python3 benchmarks/bench_inductor.py --out $OUT/h200-inductor.json [--shapes 4x512,8x1024]
 
-Per shape: eager ms, compiled-stock ms, compiled-with-cuteforge ms (CUDA-event medians of
---reps runs), the speed-up, max error against eager, compile seconds, and the choice log
+Per shape: eager ms, compiled-stock ms, compiled-with-cuteforge ms (two copies of the
+module, compiled separately; --rounds interleaved rounds of --reps CUDA-event timings each,
+the median of the round medians), the speed-up, max error against eager, compile seconds, and the choice log
 (which cuteforge candidates won or lost). GEMM backends are limited to ATEN,TRITON and
 the FX graph cache is off so both compiles really autotune, within a GPU call's time. A
 compile that fails (a selection with no valid choice, ...) is reported in its row
@@ -19,7 +20,9 @@ blocks the host: what the GEMM choice pays for beyond the kernel, if anything.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import statistics
 import sys
 import time
 from typing import Any
@@ -64,10 +67,11 @@ def _time(fn: Any, x: torch.Tensor, reps: int) -> float:
     return ts[len(ts) // 2]
 
 
-def _compiled(m: nn.Module, x: torch.Tensor) -> tuple[Any, float]:
+def _compiled(m: nn.Module, x: torch.Tensor, reset: bool) -> tuple[Any, float]:
     from torch._inductor import config
 
-    torch._dynamo.reset()
+    if reset:
+        torch._dynamo.reset()
     f = torch.compile(m, mode="max-autotune")  # mode= and options= exclude each other: limits via config.patch
     t0 = time.perf_counter()
     with config.patch(max_autotune_gemm_backends="ATEN,TRITON", fx_graph_cache=False):
@@ -166,6 +170,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="4x512,8x1024", help="BxS,... (batch x sequence); d=1024, 8 heads, mlp 4096")
     ap.add_argument("--d", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds of stock and cuteforge")
     ap.add_argument("--out", default=None)
     ap.add_argument("--gemm-diag", default="2048x1024x4096,2048x4096x1024",
                     help="MxKxN,... addmm shapes for the GEMM timing diagnosis ('' to skip)")
@@ -189,25 +194,38 @@ def main() -> int:
         with torch.no_grad():
             ref = m(x)
             row["eager_ms"] = eager = _time(m, x, args.reps)
+            # Two module copies: Dynamo keeps compiled code per code object with guards on the
+            # module instance, so compiling one module twice would let the second call of either
+            # run whichever graph was cached first.
+            m_stock, m_cf = copy.deepcopy(m), copy.deepcopy(m)
             ci.disable()
             try:
-                stock, row["compile_s_stock"] = _compiled(m, x)
-                stock_ms = _time(stock, x, args.reps)
+                stock, row["compile_s_stock"] = _compiled(m_stock, x, reset=True)
                 row["max_err_stock"] = (stock(x).float() - ref.float()).abs().max().item()
             except Exception as e:  # noqa: BLE001 - report it, keep benchmarking
                 stock, row["error_stock"] = None, _error(e)
             assert ci.enable(), "cuteforge.inductor.enable() refused on this torch"
             ci.clear_choices_log()
             try:
-                cf, row["compile_s_cuteforge"] = _compiled(m, x)
-                row["compiled_cuteforge_ms"] = cf_ms = _time(cf, x, args.reps)
+                cf, row["compile_s_cuteforge"] = _compiled(m_cf, x, reset=False)
                 row["max_err_cuteforge"] = (cf(x).float() - ref.float()).abs().max().item()
             except Exception as e:  # noqa: BLE001 - a failed selection is a result, not a crash
-                cf_ms, row["error_cuteforge"] = None, _error(e)
+                cf, row["error_cuteforge"] = None, _error(e)
             log = ci.choices_log()
             ci.disable()
-            if stock is not None:  # re-time stock after: the two compiled runs side by side, same inputs
-                row["compiled_stock_ms"] = min(stock_ms, _time(stock, x, args.reps))
+            # Interleaved rounds, the median of each side's round medians: both compiled graphs
+            # side by side on the same inputs, drift shared.
+            rounds: dict[str, list[float]] = {"stock": [], "cf": []}
+            for _ in range(args.rounds):
+                if stock is not None:
+                    rounds["stock"].append(_time(stock, x, args.reps))
+                if cf is not None:
+                    rounds["cf"].append(_time(cf, x, args.reps))
+            if rounds["stock"]:
+                row["compiled_stock_ms"] = statistics.median(rounds["stock"])
+            cf_ms = statistics.median(rounds["cf"]) if rounds["cf"] else None
+            row["compiled_cuteforge_ms"] = cf_ms
+            row["rounds_ms"] = rounds
         if cf_ms is not None and "compiled_stock_ms" in row:
             row["speedup_vs_stock"] = row["compiled_stock_ms"] / cf_ms
         row.update({"cuteforge_won": sum(e["cuteforge_won"] for e in log), "selections": len(log), "choices": log})
