@@ -462,7 +462,6 @@ def test_eager_warm_path_memo_key(monkeypatch: pytest.MonkeyPatch) -> None:
         (dict(c=c, beta=2.0), lambda c, bias: (2.0 * c).bfloat16()),
         (dict(c=c, beta=2), lambda c, bias: (2.0 * c).bfloat16()),
         (dict(c=c, beta=3.0), lambda c, bias: (3.0 * c).bfloat16()),
-        (dict(c=c, beta=0.0), lambda c, bias: torch.zeros(5, 7, dtype=torch.bfloat16)),
         (dict(c=c, beta=2.0, epilogue="relu"), lambda c, bias: F.relu(2.0 * c).bfloat16()),
         (dict(c=c, beta=2.0, out_dtype=torch.float32), lambda c, bias: 2.0 * c),
         (dict(c=c[:, :1], beta=2.0), lambda c, bias: (2.0 * c[:, :1]).expand(5, 7).bfloat16()),
@@ -481,5 +480,24 @@ def test_eager_warm_path_memo_key(monkeypatch: pytest.MonkeyPatch) -> None:
     mod.gemm(_cpu(5, 0)[:4], b)  # a's shape
     mod.gemm(a, _cpu(0, 8)[:, 1:])  # b's alignment
     assert len(calls) == len(cases) + 2
+    for _ in range(2):  # a zero beta (either sign) never takes the warm path: -0.0 == 0.0 in the key
+        torch.testing.assert_close(mod.gemm(a, b, c=c, beta=0.0), torch.zeros(5, 7, dtype=torch.bfloat16))
+    assert len(calls) == len(cases) + 4
     with pytest.raises(TypeError, match="'alpha' must be a Python number"):
         mod.gemm(a, b, bias=bias, alpha=True)  # True == 1 == 1.0, but never that plan
+
+
+def test_eager_warm_path_keeps_the_sign_of_a_zero_alpha(monkeypatch: pytest.MonkeyPatch) -> None:
+    """alpha = -0.0 hashes like 0.0 in the warm-path key, but the epilogue multiplies by it
+    (K == 0: every output is alpha * 0): a plan stored for 0.0 must not answer -0.0."""
+    import importlib
+
+    mod = importlib.import_module("cuteforge.ops.gemm")
+    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(mod, "_PLANS", {})
+    monkeypatch.setattr(mod, "_EAGER", {})
+    a, b = _cpu(5, 0), _cpu(0, 7)
+    pos = mod.gemm(a, b, alpha=0.0, out_dtype=torch.float32)
+    neg = mod.gemm(a, b, alpha=-0.0, out_dtype=torch.float32)
+    assert not torch.signbit(pos).any()
+    assert torch.signbit(neg).all()  # what a fresh cache gives for -0.0

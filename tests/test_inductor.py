@@ -354,7 +354,7 @@ def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> No
     assert sorted(e["op"] for e in log) == ["cfi_layer_norm", "cfi_rms_norm", "cfi_softmax"], log
     for e in log:
         assert e["inductor_best"].startswith(e["op"] + "_inductor_")
-        assert e["cuteforge_best"] == f"cuteforge_inductor_{e['op'][4:]}_fallback" or "fallback" in e["cuteforge_best"]
+        assert e["cuteforge_best"] == f"cuteforge_inductor_{e['op'][4:]}_fallback", e["cuteforge_best"]
         assert all(math.isfinite(t) for t in e["timings_ms"].values()), e["timings_ms"]
     torch._dynamo.reset()
 

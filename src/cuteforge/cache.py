@@ -317,7 +317,7 @@ class KernelCache:
             if p.exists():
                 os.replace(p, qdir / f"{p.name}.{stamp}")
         STATS.quarantined += 1
-        warnings.warn(f"cuteforge: cache entry {entry.obj} is corrupt ({reason}); quarantined it and recompiling", stacklevel=4)
+        warnings.warn(f"cuteforge: cache entry {entry.obj} is corrupt ({reason}); quarantined it and recompiling", stacklevel=5)
 
     def _compile(
         self,
@@ -331,7 +331,7 @@ class KernelCache:
             msg = f"cuteforge: kernel {kernel!r} compiled after warm-up, key {key_repr}"
             if _warm["strict"] or os.environ.get("CUTEFORGE_STRICT") == "1":
                 raise CompileAfterWarmupError(msg)
-            warnings.warn(msg, stacklevel=4)
+            warnings.warn(msg, stacklevel=5)
         topics = log_topics()
         t0 = time.perf_counter()
         result = compile_fn("artifacts" in topics)

@@ -534,8 +534,9 @@ def cross_entropy(logits: jax.Array, target: jax.Array, *, reduction: str = "mea
         raise ValueError(f"{where}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{where}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
-    if not -(2**31) <= ignore_index < 2**31 and jnp.dtype(target.dtype).itemsize < 8:
-        raise ValueError(f"{where}: argument 'ignore_index'={ignore_index} does not fit the int32 targets")
+    bits = 64 if jnp.dtype(target.dtype).itemsize >= 8 else 32
+    if not -(2 ** (bits - 1)) <= ignore_index < 2 ** (bits - 1):
+        raise ValueError(f"{where}: argument 'ignore_index'={ignore_index} does not fit the int{bits} targets")
     if n == 0:
         raise ValueError(f"{where}: argument 'logits' has no classes (N = 0)")
     _check_n(where, "logits", n, 1 << 20)
