@@ -203,8 +203,8 @@ def entry_for(root: Path, *, kernel: str, key_repr: str, arch: str, extra_finger
 
 @dataclass(frozen=True)
 class _Codec:
-    """How an entry's payload is written and read back. `fresh(result, written)` is the
-    value of a compile (`written`: the entry holds it)."""
+    """How an entry's payload is written and read back. `fresh(kernel, result, written)` is
+    the value a fresh compile returns (`written`: the entry that now holds it, or None)."""
 
     export: Callable[[compiler.CompileResult, str], None]
     load: Callable[[Path], Any]
