@@ -85,6 +85,13 @@ def _check(m: nn.Module, x: torch.Tensor) -> None:
     torch.testing.assert_close(got, ref, rtol=3e-2, atol=3e-2 * ref.abs().max().item())
 
 
+def _print_log(log: list[dict]) -> None:
+    """One line per selection with a cuteforge candidate (shown with pytest -s)."""
+    for e in log:
+        print(f"{e['op']:24s} {str(e['shapes']):40s} winner={e['winner']:40s} cuteforge_won={e['cuteforge_won']}"
+              f" cf={e['cuteforge_best_ms']:.4f} inductor={e['inductor_best_ms']}")
+
+
 def test_mlp_max_autotune(caplog: pytest.LogCaptureFixture) -> None:
     assert ci.enable()
     m = MLP().cuda().to(DT)
@@ -92,9 +99,7 @@ def test_mlp_max_autotune(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="cuteforge.inductor"):
         _check(m, x)
     log = ci.choices_log()
-    for e in log:
-        print(f"{e['op']:24s} {str(e['shapes']):40s} winner={e['winner']:40s} cuteforge_won={e['cuteforge_won']}"
-              f" cf={e['cuteforge_best_ms']:.4f} inductor={e['inductor_best_ms']}")
+    _print_log(log)
     ops = {e["op"] for e in log}
     # the up-projection + gelu went through the fused-epilogue op; the down-projection is an addmm
     assert "cfi_linear_bias_act" in ops, ops
@@ -110,9 +115,7 @@ def test_block_max_autotune() -> None:
     x = torch.randn(4, 512, 1024, device="cuda", dtype=DT)
     _check(m, x)
     log = ci.choices_log()
-    for e in log:
-        print(f"{e['op']:24s} {str(e['shapes']):40s} winner={e['winner']:40s} cuteforge_won={e['cuteforge_won']}"
-              f" cf={e['cuteforge_best_ms']:.4f} inductor={e['inductor_best_ms']}")
+    _print_log(log)
     ops = {e["op"] for e in log}
     # ln(x) reads the block's input: offered. softmax(q @ k.T * s), rms_norm(x + attn) and the
     # SiLU Linear on rms_norm's output have pointwise producers: left to Inductor's fusion.
