@@ -8,6 +8,7 @@ torch.compile max-autotune is not a contender here: its per-shape autotuning tak
 minutes, more than the GPU time this benchmark gets.
 
     python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,sweep] [--out FILE]
+    python benchmarks/bench_gemm.py --set episweep --sweep-epilogue gelu --sweep-shapes 8192x8192x8192
     python benchmarks/bench_gemm.py --set fp8,fp8sweep --fp8-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --set custom --shapes 65536x128x4096,1024x1024x1024
     python benchmarks/bench_gemm.py --out benchmarks/results/h200-gemm.json --plot benchmarks/results/h200-gemm.png
@@ -233,19 +234,31 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
     return rows
 
 
-def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: bool = False) -> list[dict]:
+def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: bool = False,
+          act: str | None = None) -> list[dict]:
     """Every candidate config at a few shapes: what the default and the tuner should pick.
-    fp8: e4m3 inputs with per-tensor scales, against torch._scaled_mm(use_fast_accum=True)."""
+    fp8: e4m3 inputs with per-tensor scales, against torch._scaled_mm(use_fast_accum=True).
+    act: bf16 with a fused bias + act epilogue, against cuBLAS addmm + the eager act."""
     from dataclasses import replace
 
+    from cuteforge.kernels.gemm.epilogue import GemmEpilogue
     from cuteforge.kernels.gemm.sm90.config import candidate_configs
     from cuteforge.kernels.gemm.spec import gemm_fp8_kernel, gemm_kernel
 
-    kern = gemm_fp8_kernel() if fp8 else gemm_kernel(True, True)
+    epi = GemmEpilogue.preset(act, bias="col") if act else None
+    kern = gemm_fp8_kernel() if fp8 else gemm_kernel(True, True, epi.kinds if epi else ())
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    params = (("sms", sms),) + ((("epilogue", epi.key),) if epi else ())
     for m, n, k in shapes:
         extra: tuple[torch.Tensor, ...] = ()
-        if fp8:
+        if epi is not None:
+            a, b = _inputs(m, n, k)
+            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            extra = (bias,)
+            tf = {"gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}[act]
+            cublas = lambda a=a, b=b, bias=bias, tf=tf: tf(torch.addmm(bias, a, b))  # noqa: E731
+            cfgs = candidate_configs(m, n) + EXTRA_CONFIGS + EPI_CONFIGS
+        elif fp8:
             a, b, sa, sb = _fp8_inputs(m, n, k)
             extra = (sa, sb)
             cublas = lambda a=a, b=b, sa=sa, sb=sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)  # noqa: E731
@@ -262,7 +275,7 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
         errs: dict[str, Any] = {}
         for cfg in cfgs:
             try:
-                fn = kern.get(key, (("sms", sms),), cfg)
+                fn = kern.get(key, tuple(sorted(params)), cfg)
                 out.fill_(float("nan"))  # `out` is shared: a config that skips tiles must not inherit the last one's
                 fn(a3, b3, out, *extra)
                 errs[repr(cfg)] = _err(out[0], ref)
@@ -271,7 +284,8 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
                 errs[repr(cfg)] = f"{type(e).__name__}: {str(e)[:300]}"
         ms = measure(fns)
         for name in [*fns, *[c for c in errs if c not in fns]]:
-            row: dict[str, Any] = {"M": m, "N": n, "K": k, "config": name, "dtype": "e4m3" if fp8 else "bfloat16"}
+            row: dict[str, Any] = {"M": m, "N": n, "K": k, "config": name, "dtype": "e4m3" if fp8 else "bfloat16",
+                                   "epilogue": f"bias+{act}" if act else None}
             if name in ms:
                 row["TFLOPs"] = tflops(m, n, k, ms[name])
                 row["vs_cublas"] = round(ms["cublas"] / ms[name], 3)
@@ -294,7 +308,18 @@ def _extra_configs() -> list[Any]:
     ]
 
 
+def _epi_configs() -> list[Any]:
+    """Epilogue-heavy variants: sub-tile width and stage count change how long the
+    non-overlapped epilogue of the cooperative kernel holds the SM."""
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    return [GemmConfig(epi_n=16), GemmConfig(epi_n=64), GemmConfig(stages=3), GemmConfig(stages=4),
+            GemmConfig(tile_m=256, tile_n=128, epi_n=64), GemmConfig(tile_m=256, tile_n=128, cluster_m=1, cluster_n=2),
+            GemmConfig(tile_m=128, tile_n=192), GemmConfig(tile_m=256, tile_n=192, cluster_m=1, cluster_n=2)]
+
+
 EXTRA_CONFIGS: list[Any] = []
+EPI_CONFIGS: list[Any] = []
 PINGPONG: list[Any] = []  # the pingpong config measured next to the default
 
 
@@ -348,6 +373,7 @@ def main() -> None:
     p.add_argument("--epilogue-shapes", default=",".join("x".join(map(str, s)) for s in EPILOGUE))
     p.add_argument("--shapes", default="", help="shapes of the 'custom' set (plain rows), e.g. 65536x128x4096")
     p.add_argument("--fp8-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the fp8 and fp8sweep sets")
+    p.add_argument("--sweep-epilogue", default="gelu", help="act of the 'episweep' set (bias + act fused)")
     p.add_argument("--out")
     p.add_argument("--plot", help="write a PNG of a results JSON (given as --out) and exit; no GPU needed")
     args = p.parse_args()
@@ -360,6 +386,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     q = _quack()
     EXTRA_CONFIGS[:] = _extra_configs()
+    EPI_CONFIGS[:] = _epi_configs()
     from cuteforge.kernels.gemm.sm90.config import GemmConfig
 
     PINGPONG[:] = [GemmConfig(tile_n=128, pingpong=True)]
@@ -384,6 +411,10 @@ def main() -> None:
     if "sweep" in sets:
         result["config_sweep"] = []
         sweep(_shapes(args.sweep_shapes), result["config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)))
+    if "episweep" in sets:
+        result["epilogue_config_sweep"] = []
+        sweep(_shapes(args.sweep_shapes), result["epilogue_config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)),
+              act=args.sweep_epilogue)
     if "fp8" in sets:
         result["fp8"] = fp8_rows(_shapes(args.fp8_shapes))
         out.write_text(json.dumps(result, indent=1))

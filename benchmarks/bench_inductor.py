@@ -129,8 +129,9 @@ def gemm_diag(M: int, K: int, N: int) -> dict[str, Any]:
     """Why does the cuteforge GEMM choice time slower than cuBLAS inside Inductor's
     selection? One addmm (bias, bf16) in the layouts Inductor hands over (a row-major, b =
     w.t(), the bias expanded to (M, N) with stride (0, 1)), every way in: cuBLAS, the extern
-    kernel Inductor times (torch.ops.cuteforge_inductor.addmm), the op torch.ops.cuteforge.gemm
-    (what the cuteforge_* decompositions call) and the eager cuteforge.ops.gemm. Each timed
+    kernel Inductor times (the plain function cuteforge.inductor.cuteforge_addmm), the same
+    through its custom op, the k_* op the cuteforge_* decompositions call, the op
+    torch.ops.cuteforge.gemm and the eager cuteforge.ops.gemm. Each timed
     by Inductor's own benchmarker (what selection compares), by cuteforge.timing.bench,
     with host microseconds per call, the profiler's GPU time per call, and whether the call
     blocks the host (a synchronization would make Inductor's timing include host time)."""
@@ -148,7 +149,9 @@ def gemm_diag(M: int, K: int, N: int) -> dict[str, Any]:
     key, kinds = ci._preset_key("none", True)
     fns = {
         "cublas_addmm": lambda: torch.addmm(inp, a, b),
-        "cuteforge_extern_addmm": lambda: torch.ops.cuteforge_inductor.addmm.default(inp, a, b),
+        "cuteforge_extern_addmm": lambda: ci.cuteforge_addmm(inp, a, b),
+        "cuteforge_inductor_custom_op_addmm": lambda: torch.ops.cuteforge_inductor.addmm.default(inp, a, b),
+        "cuteforge_k_linear_bias_act": lambda: torch.ops.cuteforge_inductor.k_linear_bias_act.default(a, w, bias, "none"),
         "cuteforge_op_gemm": lambda: torch.ops.cuteforge.gemm(a, b, [bias], key, kinds, None),
         "cuteforge_eager_gemm": lambda: gemm(a, b, bias=bias),
     }

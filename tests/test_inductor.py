@@ -274,6 +274,27 @@ def test_decompositions_match_torch_on_cpu() -> None:
     torch.testing.assert_close(ci.inductor_log_softmax(x), torch.log_softmax(x, -1))
 
 
+def test_kernels_skip_the_custom_op_layers() -> None:
+    """What Inductor calls for a cuteforge choice: the GEMM choices' kernels are the plain
+    functions (no dispatcher), the decompositions' k_* ops are Library ops (one dispatch,
+    no custom_op wrapper) whose fake impls give the real ops' shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for op in ("mm", "addmm", "bmm"):
+        choice = ci._extern_choice(op)
+        assert choice.to_callable() is getattr(ci, f"cuteforge_{op}")
+        assert not choice.use_fallback_kernel and not choice.has_out_variant
+    assert ci._k_softmax._schema.name == "cuteforge_inductor::k_softmax"
+    assert torch._library.custom_ops._maybe_get_opdef("cuteforge_inductor::k_softmax") is None
+    assert torch._library.custom_ops._maybe_get_opdef("cuteforge_inductor::softmax") is not None
+    with FakeTensorMode():
+        x, w, b = torch.empty(3, 5, 64), torch.empty(32, 64), torch.empty(32)
+        assert ci.cuteforge_linear_bias_act(x, w, b, "gelu").shape == (3, 5, 32)
+        assert ci.cuteforge_linear_act(x, w, "relu").shape == (3, 5, 32)
+        assert ci.cuteforge_softmax(x).shape == x.shape
+        assert ci.cuteforge_rms_norm(x, torch.empty(64), ci.eps_to_bits(1e-6)).shape == x.shape
+
+
 def _variant_name_211(self: Any, decomp: Any, kwargs: dict[str, Any]) -> str:
     """torch 2.11's SubgraphTemplate._generate_variant_name (codegen/subgraph.py), which
     puts str(value) of every scalar into the choice name unsanitized (2.13 sanitizes)."""

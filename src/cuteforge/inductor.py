@@ -14,17 +14,19 @@ torch 2.11 and 2.13 (both read from source):
    bmm.py) call to turn their template lists into `ChoiceCaller`s before
    `autotune_select_algorithm`. enable() wraps that method on the class: when the list
    holds Inductor's own ATen choice ("mm", "addmm", "bmm"), one more choice is appended:
-   an `ExternKernelChoice` (select_algorithm.py) whose kernel is a cuteforge custom op,
-   lowered as an `ir.FallbackKernel` when it wins. It is timed next to cuBLAS and every
-   Triton template in the same selection, so it only wins when it is faster.
+   an `ExternKernelChoice` (select_algorithm.py) whose kernel is a plain cuteforge
+   function (`cuteforge_mm` ...), called directly by the timing loop and, when it wins,
+   by the compiled graph (an `ir.ExternKernelAlloc`). It is timed next to cuBLAS and
+   every Triton template in the same selection, so it only wins when it is faster.
 2. softmax / log_softmax / rms_norm / layer_norm and Linear + relu/gelu(tanh)/silu: a
    pre-grad graph pass (`config.pre_grad_custom_pass`, run by
    torch/_inductor/fx_passes/pre_grad.py on the Dynamo graph, where these are still
    single `F.*` calls) rewrites them into single-output custom ops `cuteforge_inductor::*`
    (inference graphs only: outputs that do not require grad). Each op is registered with
    `register_custom_op_autotuning` (torch/_inductor/kernel/custom_op.py) with two
-   decompositions: `cuteforge_*` (the cuteforge kernel, with the GEMM epilogue fused by
-   cuteforge's own epilogue mechanism) and `inductor_*` (the plain torch expression, which
+   decompositions: `cuteforge_*` (one call of a `cuteforge_inductor::k_*` kernel op, a
+   lean `torch.library.Library` op; the GEMM epilogue fused by cuteforge's own epilogue
+   mechanism) and `inductor_*` (the plain torch expression, which
    Inductor compiles and, when it wins, inlines so its own fusion applies). Inductor times
    both (and, on 2.13, the op's eager impl, also cuteforge) and keeps the fastest.
 3. Logging: a feedback saver (`select_algorithm.add_feedback_saver`) sees every selection's
@@ -93,18 +95,44 @@ def _preset_key(act: str, bias: bool, c: bool = False) -> tuple[str, str]:
 def _gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], act: str = "none", bias: bool = False,
           c: bool = False) -> torch.Tensor:
     """The cuteforge GEMM with a preset epilogue, straight to ops.gemm's plan memo (`_run`,
-    what torch.ops.cuteforge.gemm calls): these ops run inside Inductor's timing loop and the
-    compiled graph, so they skip the public gemm()'s argument resolution (the plan made on
-    the first call of a layout still checks everything). `ops`: bias then c, as present."""
+    what torch.ops.cuteforge.gemm calls): these calls run inside Inductor's timing loop and
+    the compiled graph, so they skip the public gemm()'s argument resolution (the plan made
+    on the first call of a layout still checks everything). `ops`: bias then c, as present."""
     from .ops.gemm import _run
 
     key, kinds = _preset_key(act, bias, c)
     return _run(a, b, ops, key, kinds, None)
 
 
+# The GEMM choices' kernels. Inductor calls these plain functions directly, both in its
+# timing loop and in the compiled graph (`extern_kernels.cuteforge_mm(a, b)`): no
+# dispatcher in between. Inductor's benchmarker starts its timer before the call, so host
+# time shows up in the timing whenever the GPU runs ahead; through the custom op it was
+# 20-40 us a call, more than the GPU time these GEMMs save.
+
+
+def cuteforge_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _gemm(a, b, [])
+
+
+def cuteforge_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _gemm(a, b, [])
+
+
+def cuteforge_addmm(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    M, N = a.shape[0], b.shape[1]
+    if inp.dim() == 1 or (inp.dim() == 2 and inp.shape[0] == 1):
+        return _gemm(a, b, [inp.reshape(N)], bias=True)
+    if inp.dim() == 2 and inp.shape == (M, N) and inp.stride(0) == 0:  # an expanded bias row
+        return _gemm(a, b, [inp[0]], bias=True)
+    return _gemm(a, b, [inp], c=True)
+
+
+# The same three as ops (their schemas and fake impls travel with the choices, for
+# Inductor's metadata; the compiled graph calls the functions above).
 @torch.library.custom_op("cuteforge_inductor::mm", mutates_args=())
 def _mm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _gemm(a, b, [])
+    return cuteforge_mm(a, b)
 
 
 @_mm_op.register_fake
@@ -114,7 +142,7 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("cuteforge_inductor::bmm", mutates_args=())
 def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _gemm(a, b, [])
+    return cuteforge_bmm(a, b)
 
 
 @_bmm_op.register_fake
@@ -124,12 +152,7 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("cuteforge_inductor::addmm", mutates_args=())
 def _addmm_op(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    M, N = a.shape[0], b.shape[1]
-    if inp.dim() == 1 or (inp.dim() == 2 and inp.shape[0] == 1):
-        return _gemm(a, b, [inp.reshape(N)], bias=True)
-    if inp.dim() == 2 and inp.shape == (M, N) and inp.stride(0) == 0:  # an expanded bias row
-        return _gemm(a, b, [inp[0]], bias=True)
-    return _gemm(a, b, [inp], c=True)
+    return cuteforge_addmm(inp, a, b)
 
 
 @_addmm_op.register_fake
@@ -145,7 +168,7 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str) 
 
 @torch.library.custom_op("cuteforge_inductor::linear_act", mutates_args=())
 def _linear_act_op(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
-    return _linear(x, w, None, act)
+    return _linear_act_impl(x, w, act)
 
 
 @_linear_act_op.register_fake
@@ -155,7 +178,7 @@ def _(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
 
 @torch.library.custom_op("cuteforge_inductor::linear_bias_act", mutates_args=())
 def _linear_bias_act_op(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
-    return _linear(x, w, b, act)
+    return _linear_bias_act_impl(x, w, b, act)
 
 
 @_linear_bias_act_op.register_fake
@@ -240,10 +263,38 @@ def _like_x(x: torch.Tensor, *_: Any) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
+def _like_linear(x: torch.Tensor, w: torch.Tensor, *_: Any) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+def _linear_act_impl(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
+    return _linear(x, w, None, act)
+
+
+def _linear_bias_act_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
+    return _linear(x, w, b, act)
+
+
+# What the cuteforge_* decompositions call, so what a winning one leaves in the compiled
+# graph (an ir.FallbackKernel: `torch.ops.cuteforge_inductor.k_softmax.default(buf)`).
+# Defined through torch.library.Library with a CUDA kernel and a fake impl: one C++
+# dispatch to the function, without torch.library.custom_op's Python autograd and
+# aliasing layers, which cost ~17 us a call (measured on CPU tensors; 22 vs 5 us) and
+# showed up in Inductor's timings. They take no autograd (the rewrite is inference-only).
+_KERNEL_LIB = torch.library.Library("cuteforge_inductor", "FRAGMENT")
+
+
+def _kernel_op(name: str, impl: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
+    _KERNEL_LIB.define(name + torch.library.infer_schema(impl, mutates_args=()))
+    _KERNEL_LIB.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"cuteforge_inductor::{name}", fake, lib=_KERNEL_LIB)
+    return getattr(torch.ops.cuteforge_inductor, name).default
+
+
 
 # --------------------------------------------------------------------------- decompositions
 # For register_custom_op_autotuning: called as decomp(*tensors, **scalars) with the op's
-# schema names. `cuteforge_*` call the cuteforge:: ops (never the op being lowered, which
+# schema names. `cuteforge_*` call the k_* kernel ops (never the op being lowered, which
 # would recurse into this lowering on 2.11); `inductor_*` are what Inductor compiles itself.
 # The names matter: choice names contain them, and the log classifies by them.
 
@@ -256,9 +307,7 @@ _ACT_TORCH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def cuteforge_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
-    key, kinds = _preset_key(act, False)
-    y = torch.ops.cuteforge.gemm(x.reshape(-1, x.shape[-1]), w.t(), [], key, kinds, None)
-    return y.view(*x.shape[:-1], w.shape[0])
+    return _k_linear_act(x, w, act)
 
 
 def inductor_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
@@ -266,9 +315,7 @@ def inductor_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Ten
 
 
 def cuteforge_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
-    key, kinds = _preset_key(act, True)
-    y = torch.ops.cuteforge.gemm(x.reshape(-1, x.shape[-1]), w.t(), [b], key, kinds, None)
-    return y.view(*x.shape[:-1], w.shape[0])
+    return _k_linear_bias_act(x, w, b, act)
 
 
 def inductor_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
@@ -276,7 +323,7 @@ def inductor_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, 
 
 
 def cuteforge_softmax(x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.cuteforge.softmax(x, -1)
+    return _k_softmax(x)
 
 
 def inductor_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -284,7 +331,7 @@ def inductor_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def cuteforge_log_softmax(x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.cuteforge.log_softmax(x, -1)
+    return _k_log_softmax(x)
 
 
 def inductor_log_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -292,8 +339,7 @@ def inductor_log_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def cuteforge_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
-    y = torch.ops.cuteforge.rms_norm(x.reshape(-1, x.shape[-1]), w, None, bits_to_eps(eps_bits))[0]
-    return y.view(x.shape)
+    return _k_rms_norm(x, w, eps_bits)
 
 
 def inductor_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
@@ -301,8 +347,7 @@ def inductor_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.
 
 
 def cuteforge_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_bits: int) -> torch.Tensor:
-    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, b, None, bits_to_eps(eps_bits))[0]
-    return y.view(x.shape)
+    return _k_layer_norm(x, w, b, eps_bits)
 
 
 def inductor_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_bits: int) -> torch.Tensor:
@@ -310,13 +355,20 @@ def inductor_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_b
 
 
 def cuteforge_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
-    y = torch.ops.cuteforge.layer_norm(x.reshape(-1, x.shape[-1]), w, None, None, bits_to_eps(eps_bits))[0]
-    return y.view(x.shape)
+    return _k_layer_norm_nb(x, w, eps_bits)
 
 
 def inductor_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, None, bits_to_eps(eps_bits))
 
+
+_k_linear_act = _kernel_op("k_linear_act", _linear_act_impl, _like_linear)
+_k_linear_bias_act = _kernel_op("k_linear_bias_act", _linear_bias_act_impl, _like_linear)
+_k_softmax = _kernel_op("k_softmax", _softmax_impl, _like_x)
+_k_log_softmax = _kernel_op("k_log_softmax", _log_softmax_impl, _like_x)
+_k_rms_norm = _kernel_op("k_rms_norm", _rms_norm_impl, _like_x)
+_k_layer_norm = _kernel_op("k_layer_norm", _layer_norm_impl, _like_x)
+_k_layer_norm_nb = _kernel_op("k_layer_norm_nobias", _layer_norm_nb_impl, _like_x)
 
 _softmax_op = _row_op("softmax", _softmax_impl, _like_x)
 _log_softmax_op = _row_op("log_softmax", _log_softmax_impl, _like_x)
@@ -407,8 +459,11 @@ def _extern_choice(op_name: str) -> Any:
         overload = getattr(torch.ops.cuteforge_inductor, op_name).default
         # lookup() exists on 2.13 only; the registry name is what the assert guards.
         existing = getattr(ExternKernelChoice, "lookup", lambda n: None)(name)
+        # kernel: the plain function, which the compiled graph calls as
+        # `extern_kernels.<name>(...)` (an ExternKernelAlloc; the op overload only lends its
+        # schema for argument names). The function owns its output, hence no out variant.
         _EXTERN[op_name] = existing or ExternKernelChoice(
-            overload, name=name, has_out_variant=False, op_overload=overload, use_fallback_kernel=True)
+            globals()[name], name=name, has_out_variant=False, op_overload=overload, use_fallback_kernel=False)
     return _EXTERN[op_name]
 
 
@@ -820,8 +875,12 @@ def enable() -> bool:
         from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
         from torch._inductor.select_algorithm import extern_kernels
 
-        for mod in ("gemm", "norm", "softmax"):  # registers torch.ops.cuteforge.*, traced by the decompositions
+        for mod in ("gemm", "norm", "softmax"):  # what the kernels call, imported once here
             importlib.import_module(f"{__package__}.ops.{mod}")
+        for op_name in _GEMM_OPS:
+            # extern_kernels.cuteforge_* must exist before any compiled graph that calls
+            # them runs, including one the FX graph cache serves to a fresh process
+            _extern_choice(op_name)
 
         pre_cls, key_cls = _pass_classes()
         user = getattr(lowering, "user_lowerings", None)  # 2.13: register_* writes here; 2.11: lowerings

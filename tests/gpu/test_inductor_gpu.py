@@ -141,9 +141,9 @@ def test_disable_gives_stock_graph() -> None:
 
 
 # A launched cuteforge kernel in Inductor's Python wrapper: a FallbackKernel call of a
-# cuteforge op (the cuteforge_* decompositions inline torch.ops.cuteforge.gemm/softmax/...,
-# a winning GEMM choice or 2.13's eager-impl fallback is torch.ops.cuteforge_inductor.*),
-# or an extern_kernels.cuteforge_* call. Comments ("# Topologically Sorted Source Nodes:
+# cuteforge op (a winning cuteforge_* decomposition inlines torch.ops.cuteforge_inductor.k_*,
+# 2.13's eager-impl fallback is torch.ops.cuteforge_inductor.*), or a winning GEMM choice's
+# extern_kernels.cuteforge_mm/addmm/bmm call. Comments ("# Topologically Sorted Source Nodes:
 # [cuteforge_inductor.linear_bias_act]") and Triton kernels named after the op are not calls.
 _CALL = re.compile(r"^[^#\n]*\b(torch\.ops\.cuteforge(?:_inductor)?\.\w+\.default|extern_kernels\.cuteforge_\w+)\(", re.M)
 
