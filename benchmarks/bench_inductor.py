@@ -77,17 +77,40 @@ def _entry(m: nn.Module, tag: str) -> Any:
     return types.FunctionType(code, run.__globals__, f"run_{tag}", run.__defaults__, run.__closure__)
 
 
-def _compiled(m: Any, x: torch.Tensor, reset: bool) -> tuple[Any, float]:
-    from torch._inductor import config
+_PICKS: list[dict[str, Any]] = []  # every autotuning selection's winner during the current compile
+
+
+def _record_pick(timings: dict[Any, float], name: str, input_nodes: Any, *rest: Any) -> None:
+    try:
+        win, ms = min(timings.items(), key=lambda kv: kv[1])
+        shapes = [list(map(int, n.get_size())) for n in input_nodes]
+        _PICKS.append({"op": name, "shapes": shapes, "winner": str(win.name), "winner_ms": float(ms)})
+    except Exception:  # noqa: BLE001 - a record, never a reason to fail the compile
+        pass
+
+
+def _compiled(m: Any, x: torch.Tensor, reset: bool) -> tuple[Any, float, list[dict[str, Any]]]:
+    """The compiled entry, its compile seconds, and the winner of every autotuning
+    selection it made (what tells tuning noise apart from a cuteforge effect when the two
+    graphs differ with no cuteforge winner)."""
+    from torch._inductor import config, select_algorithm
 
     if reset:
         torch._dynamo.reset()
     f = torch.compile(m, mode="max-autotune")  # mode= and options= exclude each other: limits via config.patch
+    _PICKS.clear()
+    cache = select_algorithm.get_algorithm_selector_cache()
+    cache.add_feedback_saver(_record_pick)
     t0 = time.perf_counter()
-    with config.patch(max_autotune_gemm_backends="ATEN,TRITON", fx_graph_cache=False):
-        f(x)
-    torch.cuda.synchronize()
-    return f, time.perf_counter() - t0
+    try:
+        with config.patch(max_autotune_gemm_backends="ATEN,TRITON", fx_graph_cache=False):
+            f(x)
+        torch.cuda.synchronize()
+    finally:
+        fns = getattr(select_algorithm.get_algorithm_selector_cache(), "feedback_saver_fns", [])
+        if _record_pick in fns:
+            fns.remove(_record_pick)
+    return f, time.perf_counter() - t0, list(_PICKS)
 
 
 def _error(e: BaseException) -> str:
@@ -213,14 +236,14 @@ def main() -> int:
             m_stock, m_cf = _entry(m, "stock"), _entry(m, "cuteforge")
             ci.disable()
             try:
-                stock, row["compile_s_stock"] = _compiled(m_stock, x, reset=True)
+                stock, row["compile_s_stock"], row["picks_stock"] = _compiled(m_stock, x, reset=True)
                 row["max_err_stock"] = (stock(x).float() - ref.float()).abs().max().item()
             except Exception as e:  # noqa: BLE001 - report it, keep benchmarking
                 stock, row["error_stock"] = None, _error(e)
             assert ci.enable(), "cuteforge.inductor.enable() refused on this torch"
             ci.clear_choices_log()
             try:
-                cf, row["compile_s_cuteforge"] = _compiled(m_cf, x, reset=False)
+                cf, row["compile_s_cuteforge"], row["picks_cuteforge"] = _compiled(m_cf, x, reset=False)
                 row["max_err_cuteforge"] = (cf(x).float() - ref.float()).abs().max().item()
             except Exception as e:  # noqa: BLE001 - a failed selection is a result, not a crash
                 cf, row["error_cuteforge"] = None, _error(e)
@@ -249,6 +272,11 @@ def main() -> int:
         for k in ("error_stock", "error_cuteforge"):
             if k in row:
                 print(f"    {k}: {row[k][:500]}")
+        same = {(p["op"], str(p["shapes"])): p["winner"] for p in row.get("picks_stock", [])}
+        for p in row.get("picks_cuteforge", []):
+            other = same.get((p["op"], str(p["shapes"])))
+            if other is not None and other != p["winner"]:
+                print(f"    pick differs: {p['op']} {p['shapes']}: stock {other}, with cuteforge enabled {p['winner']}")
         for e in log:
             print(f"    {e['op']:22s} {str(e['shapes']):34s} {'WON ' if e['cuteforge_won'] else 'lost'} "
                   f"cuteforge {e['cuteforge_best']} {e['cuteforge_best_ms']:.4f} ms vs inductor {e['inductor_best']} "
