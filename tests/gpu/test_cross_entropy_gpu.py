@@ -181,3 +181,186 @@ def test_bad_input_errors(call, exc, match) -> None:
     with pytest.raises(exc, match=match):
         call()
     torch.cuda.synchronize()
+
+
+# --- mean / sum in one launch (cross_entropy_fwd_reduce) ---------------------------------
+
+# (M, N): one CTA (M = 1, 7: no workspace), one group of CTAs, and two levels of groups
+# (M = 65537 at N = 1000: 65537 CTAs in 33 groups for fp32, 8193 in 5 for 16-bit logits);
+# M x N <= 2^27 keeps it cheap.
+RED_SHAPES = [(m, n) for m in (1, 7, 1000, 65537) for n in (1, 7, 1000, 65537) if m * n <= 2**27]
+
+
+def _red_tol(dtype: torch.dtype) -> dict:
+    # fp32: a different summation order than torch's; bf16/fp16: one rounding of the result
+    return {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
+
+
+def _inputs(m: int, n: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(m, n, device="cuda", generator=g) * 3).to(dtype)
+    t = torch.randint(0, n, (m,), device="cuda", generator=g)
+    if m > 1:
+        t[::5] = -100  # ignored rows, the first among them
+    return x, t
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "n"), RED_SHAPES)
+def test_reduced_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
+    x, t = _inputs(m, n, dtype)
+    for reduction in ("mean", "sum"):
+        ref_x = x.float().requires_grad_(True)
+        ref = _ref(ref_x, t, reduction)
+        got = ops.cross_entropy(x, t, reduction=reduction)  # no grad: the kernel without lse
+        assert got.dtype == dtype and got.shape == () and got.device == x.device
+        # torch's fp32 result rounded to dtype (fp16 sums past 65504 are inf in both)
+        torch.testing.assert_close(got.float(), ref.detach().to(dtype).float(), **_red_tol(dtype))
+        # with grad: the variant with lse; the same bits as without, and torch's gradient
+        xg = x.clone().requires_grad_(True)
+        got_g = ops.cross_entropy(xg, t, reduction=reduction)
+        assert torch.equal(got_g.detach(), got) or (got.isnan() and got_g.isnan())
+        w = torch.randn((), device="cuda")
+        (got_g.float() * w).backward()
+        (ref * w).backward()
+        assert xg.grad.dtype == dtype
+        torch.testing.assert_close(xg.grad.float(), ref_x.grad, **_tol(dtype))
+
+
+def test_reduced_two_levels_long_rows() -> None:
+    """1024-thread CTAs (long rows): 10000 CTAs in two groups (8192 and 1808), so both
+    levels run with the widest CTAs; mean and sum, forward and backward."""
+    x, t = _inputs(10000, 32768, torch.bfloat16)
+    for reduction in ("mean", "sum"):
+        xg = x.clone().requires_grad_(True)
+        got = ops.cross_entropy(xg, t, reduction=reduction)
+        ref_x = x.float().requires_grad_(True)
+        ref = _ref(ref_x, t, reduction)
+        torch.testing.assert_close(got.float(), ref.detach(), rtol=1e-2, atol=1e-3)
+        got.backward()
+        ref.backward()
+        torch.testing.assert_close(xg.grad.float(), ref_x.grad, rtol=2e-2, atol=1e-6)
+        del xg, ref_x
+
+
+@pytest.mark.parametrize("m", [1, 7, 1000, 65537])
+def test_reduced_all_ignored_and_empty(m: int) -> None:
+    x = torch.randn(m, 100, device="cuda", dtype=torch.bfloat16)
+    t = torch.full((m,), -100, device="cuda")
+    assert ops.cross_entropy(x, t).isnan() and F.cross_entropy(x.float(), t).isnan()  # 0 / 0, like torch
+    assert ops.cross_entropy(x, t, reduction="sum") == 0
+    xg = x.clone().requires_grad_(True)
+    out = ops.cross_entropy(xg, t, reduction="sum")
+    out.backward()
+    assert out == 0 and torch.all(xg.grad == 0)
+    e = torch.randn(0, 100, device="cuda")
+    te = torch.zeros(0, dtype=torch.long, device="cuda")
+    assert ops.cross_entropy(e, te).isnan() and ops.cross_entropy(e, te, reduction="sum") == 0
+    eg = e.clone().requires_grad_(True)
+    ops.cross_entropy(eg, te, reduction="sum").backward()
+    assert eg.grad.shape == (0, 100)
+
+
+def _workspaces_idle() -> bool:
+    """Every kept workspace's ticket counters are back at 0 (each launch's last CTAs reset
+    the counters they drew from)."""
+    mod = importlib.import_module("cuteforge.ops.cross_entropy")
+    torch.cuda.synchronize()
+    return all(bool(w[: mod.WORK_ZERO].eq(0).all()) for w in mod._WORK.values())
+
+
+@pytest.mark.parametrize(("m", "n", "dtype"), [(65537, 1000, torch.float32), (1000, 65537, torch.bfloat16),
+                                               (65537, 7, torch.float16), (7, 1000, torch.float32)])
+def test_reduced_bitwise_reproducible(m: int, n: int, dtype: torch.dtype) -> None:
+    """The same input gives the same bits on every call (no float atomics), also with other
+    shapes launched in between (the ticket counter is reset after each launch) and with grad."""
+    x, t = _inputs(m, n, dtype, seed=1)
+    other_x, other_t = _inputs(300, 50, dtype, seed=2)
+    for reduction in ("mean", "sum"):
+        first = ops.cross_entropy(x, t, reduction=reduction)
+        for i in range(20):
+            if i % 3 == 0:
+                ops.cross_entropy(other_x, other_t, reduction=reduction)
+            again = ops.cross_entropy(x, t, reduction=reduction)
+            assert torch.equal(again, first), (i, again.item(), first.item())
+        with torch.enable_grad():
+            xg = x.clone().requires_grad_(True)
+            for _ in range(3):
+                assert torch.equal(ops.cross_entropy(xg, t, reduction=reduction).detach(), first)
+    assert _workspaces_idle()
+
+
+def test_reduced_on_concurrent_streams() -> None:
+    """Launches on two streams at once each use their stream's workspace: no mixed tickets."""
+    mod = importlib.import_module("cuteforge.ops.cross_entropy")
+    xs = [_inputs(65537, 1000, torch.bfloat16, seed=s) for s in (3, 4)]
+    want = [ops.cross_entropy(x, t) for x, t in xs]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    got: list[list[torch.Tensor]] = [[], []]
+    for _ in range(30):
+        for k, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                got[k].append(ops.cross_entropy(*xs[k]))
+    torch.cuda.synchronize()
+    for k in range(2):
+        assert all(torch.equal(g, want[k]) for g in got[k])
+    dev = xs[0][0].get_device()
+    assert all((dev, s.cuda_stream) in mod._WORK for s in streams)
+    assert _workspaces_idle()
+
+
+def test_reduced_one_kernel_launch() -> None:
+    """A warm no-grad mean is one kernel on the GPU (it was four: loss, sum, count, div)."""
+    x, t = _inputs(4, 1024, torch.bfloat16)
+    ops.cross_entropy(x, t)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ops.cross_entropy(x, t)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not names:
+        pytest.skip("the profiler recorded no CUDA activity (CUPTI unavailable)")
+    assert len(names) == 1, names
+
+
+def test_reduced_cuda_graph_capture() -> None:
+    """Under capture each call gets a workspace zeroed inside the graph: replays give
+    torch's numbers and eager's bits, and two graphs may be replayed concurrently on
+    different streams."""
+    x, t = _inputs(65537, 1000, torch.float32, seed=5)
+    y, u = _inputs(3000, 4096, torch.bfloat16, seed=6)
+    ops.cross_entropy(x, t)  # compile outside capture
+    ops.cross_entropy(y, u, reduction="sum")
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        out1 = ops.cross_entropy(x, t)
+    with torch.cuda.graph(g2):
+        out2 = ops.cross_entropy(y, u, reduction="sum")
+    x.copy_(torch.randn_like(x))
+    want1, want2 = ops.cross_entropy(x, t), ops.cross_entropy(y, u, reduction="sum")
+    torch.testing.assert_close(want1, _ref(x, t, "mean"), rtol=1e-4, atol=1e-5)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (s1, s2):
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(10):
+        with torch.cuda.stream(s1):
+            g1.replay()
+        with torch.cuda.stream(s2):
+            g2.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out1, want1) and torch.equal(out2, want2)
+    assert _workspaces_idle()
+
+
+def test_reduced_strided_target_and_views() -> None:
+    """A row-strided, misaligned logits view and a strided target on the reduced path."""
+    big = torch.randn(5000, 1030, device="cuda")
+    view = big[:, 3:1003]
+    tt = torch.randint(0, 1000, (10000,), device="cuda")[::2]
+    for reduction in ("mean", "sum"):
+        torch.testing.assert_close(ops.cross_entropy(view, tt, reduction=reduction), _ref(view, tt, reduction),
+                                   rtol=1e-4, atol=1e-5)

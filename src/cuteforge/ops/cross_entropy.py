@@ -4,11 +4,28 @@ logits (M, N) fp32/bf16/fp16 on CUDA (rows contiguous, any row stride), target (
 on the same device. Like `torch.nn.functional.cross_entropy` for class-index targets
 (no weight, no label smoothing); the result has logits' dtype.
 
-Forward: one kernel reads each row once and writes the per-row loss and logsumexp (fp32);
-`mean`/`sum` reduce those M values with torch (mean divides by the number of rows whose
-target is not `ignore_index`, so all-ignored gives NaN like torch). Backward: one kernel
-reads the logits once and writes dlogits = (softmax - onehot) * g, with g the per-row
-gradient (zero on ignored rows). The softmax is never materialized.
+Forward: one kernel reads each row once. `reduction="none"`: it writes the per-row loss
+and logsumexp (fp32). `mean`/`sum` (eager): `cross_entropy_fwd_reduce` also reduces the
+losses in the same launch and writes the scalar (fp32 sum rounded once to logits' dtype;
+mean divides by the number of rows whose target is not `ignore_index`, so all-ignored
+gives NaN like torch), bitwise the same on every run (no float atomics: per-CTA partials,
+the last CTA adds them in a fixed order); with grad it also writes lse and the count.
+Backward: one kernel reads the logits once and writes dlogits = (softmax - onehot) * g,
+with g the per-row gradient (zero on ignored rows). The softmax is never materialized.
+
+The reduced forward needs a workspace (int32, `kernels.work_words(grid)`: 128 KiB plus 8
+bytes per CTA): ticket counters that must be 0 when a launch starts (the launch sets them
+back to 0 before it ends) and the partials. Two launches may share one only if they
+cannot overlap, so eager calls use one per (device, current stream), allocated zeroed on
+first use on that stream and kept (`_WORK`; replaced, zeroed, by a larger one when a
+bigger grid needs it): launches on one stream run in order. Under CUDA-graph capture each
+call instead allocates its own (captured: the graph zeroes its counters at every replay;
+memory from the graph's private pool), so graphs never share counters with each other or
+with eager calls and may be replayed on any stream. Not covered: a stream whose handle is
+reused by a new stream while launches of the old one are still pending (an
+`ExternalStream` destroyed early) shares the old one's workspace. Grids beyond
+`kernels.reduce_fits` (M of millions of rows) reduce with torch ops after the per-row
+kernel instead.
 
 Targets outside [0, N) (and not `ignore_index`) are not checked on the host by default
 (that would synchronize): their row's loss is NaN, so `mean`/`sum` are NaN, and their
@@ -17,9 +34,10 @@ variable `CUTEFORGE_CHECK_TARGETS=1` set at import (or this module's `CHECK_TARG
 True) eager calls raise a ValueError on the host instead (one device sync per call).
 
 Under torch.compile the kernels run as `torch.ops.cuteforge.cross_entropy_fwd` /
-`cross_entropy_bwd` (custom ops with fake impls and autograd); eager calls skip that
-boundary (an autograd.Function when logits require grad; with mean/sum reduction one
-that holds the reduction too).
+`cross_entropy_bwd` (custom ops with fake impls and autograd) and mean/sum stay torch ops
+after the per-row kernel (Inductor fuses them; the reduced kernel is eager-only); eager
+calls skip that boundary (an autograd.Function when logits require grad; with mean/sum
+reduction one that holds the reduced kernel).
 """
 
 from __future__ import annotations
@@ -30,7 +48,13 @@ from typing import Any
 
 import torch
 
-from ..kernels.cross_entropy.spec import config_for, cross_entropy_bwd, cross_entropy_fwd
+from ..kernels.cross_entropy.kernels import WORK_ZERO, reduce_fits, work_words
+from ..kernels.cross_entropy.spec import (
+    config_for,
+    cross_entropy_bwd,
+    cross_entropy_fwd,
+    cross_entropy_fwd_reduce,
+)
 from ..signature import FLOAT_DTYPES
 
 __all__ = ["cross_entropy", "CHECK_TARGETS"]
@@ -40,6 +64,9 @@ _REDUCTIONS = ("mean", "sum", "none")
 _MAX_PLANS = 4096
 _FWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
 _BWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
+_RED: dict[tuple[Any, ...], Callable[..., Any]] = {}
+_WORK: dict[tuple[int, int], torch.Tensor] = {}  # (device, raw stream) -> workspace (module doc)
+_MAX_WORK = 1024
 _WHERE = "cuteforge.ops.cross_entropy"
 
 
@@ -103,6 +130,74 @@ def _fwd_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int)
         _FWD.clear()
     _FWD[_key(logits, target, ignore_index)] = fn
     return fn
+
+
+def _red_key(logits: torch.Tensor, target: torch.Tensor) -> Any:
+    """Validate a reduced forward's call and return its BoundKey (the same with and
+    without lse, and for any workspace: their lengths are dynamic dims of their own)."""
+    dev = logits.device
+    out = torch.empty(1, dtype=logits.dtype, device=dev)
+    lse = torch.empty(1, dtype=torch.float32, device=dev)
+    work = torch.empty(4, dtype=torch.int32, device=dev)
+    return cross_entropy_fwd_reduce.signature.bind((logits, target, out, lse, work), _WHERE)
+
+
+def _red_words(logits: torch.Tensor) -> int:
+    """The workspace words a reduced forward of these logits needs, or 0 where its grid
+    is beyond kernels.reduce_fits (the caller then reduces with torch ops)."""
+    m, n = logits.shape
+    cfg = config_for(n, logits.element_size() * 8)
+    ctas = -(-m // cfg.rows_per_cta)
+    return work_words(ctas) if reduce_fits(ctas, cfg.threads) else 0
+
+
+def _red_get(key: Any, n: int, bits: int, ignore_index: int, mean: bool, with_lse: bool) -> Callable[..., Any]:
+    """fn(logits, target, out (1,), lse, work): compiled once ever, loaded, or an L1 hit."""
+    params = (("ignore_index", ignore_index), ("lse", with_lse), ("mean", mean))  # sorted, as precompile's
+    return cross_entropy_fwd_reduce.get(key, params, config_for(n, bits))
+
+
+def _red_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
+                  with_lse: bool) -> tuple[Callable[..., Any] | None, int]:
+    """(reduced forward, workspace words) for this layout (M >= 1), memoized in _RED;
+    (None, 0) where the grid is beyond kernels.reduce_fits."""
+    words = _red_words(logits)
+    fn = None
+    if words:
+        fn = _red_get(_red_key(logits, target), logits.shape[1], logits.element_size() * 8, ignore_index, mean,
+                      with_lse)
+    if len(_RED) >= _MAX_PLANS:
+        _RED.clear()
+    _RED[(*_key(logits, target, ignore_index), mean, with_lse)] = fn, words
+    return fn, words
+
+
+_capturing = torch._C._cuda_isCurrentStreamCapturing
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
+
+
+def _work(device: int, words: int) -> torch.Tensor:
+    """A workspace of at least `words` for the current stream of `device` (module doc):
+    kept per (device, stream) for eager calls, a fresh one under graph capture."""
+    if _capturing():
+        w = torch.empty(words, dtype=torch.int32, device=device)
+        w[:WORK_ZERO].zero_()  # both captured: the graph zeroes the counters at every replay
+        return w
+    k = (device, _raw_stream(device))
+    w = _WORK.get(k)
+    if w is None or w.shape[0] < words:
+        if len(_WORK) >= _MAX_WORK:
+            _WORK.clear()  # each is freed on the stream it served: safe for pending launches
+        # allocated (stream-ordered) and zeroed on the stream it serves; a replaced smaller
+        # one is freed the same way, after the launches queued before this one
+        size = 1 << max(16, (words - 1).bit_length())  # a power of two: few regrowths
+        w = _WORK[k] = torch.zeros(size, dtype=torch.int32, device=device)
+    return w
+
+
+def _empty_result(logits: torch.Tensor, mean: bool) -> torch.Tensor:
+    """M == 0: torch's answer (mean 0 / 0 = NaN, sum 0) without a launch."""
+    return logits.new_full((), float("nan") if mean else 0.0)
 
 
 def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,32 +297,45 @@ class _Eager(torch.autograd.Function):
 
 
 class _EagerReduced(torch.autograd.Function):
-    """mean/sum with grad: the loss kernel and the reduction as one autograd node. The
-    chain _Eager -> sum -> div -> to(dtype) cost four nodes of host time in the
-    backward, more than the kernel at small sizes (docs/kernels/cross_entropy.md, v3)."""
+    """mean/sum with grad: one autograd node around one launch of the reduced forward
+    (which also writes lse (M) and the count of non-ignored rows after it, at lse[M]).
+    The chain _Eager -> sum -> div -> to(dtype) cost four nodes of host time in the
+    backward, more than the kernel at small sizes (docs/kernels/cross_entropy.md, v1.1)."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
                 dtype: torch.dtype) -> torch.Tensor:
-        loss, lse = _fwd(logits, target, ignore_index)
-        total = loss.sum()
+        m = logits.shape[0]
         ctx.ignore_index, ctx.mean = ignore_index, mean
-        if mean:
+        if m == 0:
+            ctx.save_for_backward(logits, target, logits.new_zeros(1, dtype=torch.float32))
+            return _empty_result(logits, mean)
+        if target.stride(0) != 1:
+            target = target.contiguous()
+        try:
+            fn, words = _RED[(*_key(logits, target, ignore_index), mean, True)]
+        except KeyError:
+            fn, words = _red_launcher(logits, target, ignore_index, mean, True)
+        if fn is None:  # a grid beyond the kernel's two levels: torch reduces the rows' losses
+            loss, lse = _fwd(logits, target, ignore_index)
             count = target.ne(ignore_index).sum()
-            ctx.save_for_backward(logits, target, lse, count)
-            # one fp32 division rounded to dtype on the store (no separate cast)
-            return total.div_(count) if dtype == torch.float32 else torch.div(total, count, out=logits.new_empty((), dtype=dtype))
+            ctx.save_for_backward(logits, target, torch.cat([lse, count.float().view(1)]))
+            return _reduce(loss, target, "mean" if mean else "sum", ignore_index, dtype)
+        lse = logits.new_empty(m + 1, dtype=torch.float32)
+        out = logits.new_empty(())
+        fn(logits, target, out.view(1), lse, _work(logits.get_device(), words))
         ctx.save_for_backward(logits, target, lse)
-        return total.to(dtype)
+        return out
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, None, None, None, None]:
-        logits, target, lse, *count = ctx.saved_tensors
+        logits, target, lse = ctx.saved_tensors
+        m = logits.shape[0]
         scale = g.float()
         if ctx.mean:
-            scale = scale / count[0]
+            scale = scale / lse[m]  # the count (fp32), as torch divides by it
         # a stride-0 (M,) view: _bwd materializes it as the kernel's contiguous dloss
-        return _bwd(logits, target, lse, scale.expand(logits.shape[0]), ctx.ignore_index), None, None, None, None
+        return _bwd(logits, target, lse[:m], scale.expand(m), ctx.ignore_index), None, None, None, None
 
 
 def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int, dtype: torch.dtype) -> torch.Tensor:
@@ -242,7 +350,8 @@ def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_ind
 # The eager no-grad warm path: one lookup keyed by everything `_check` and the launcher
 # read (reduction, ignore_index with its type, so True never reuses 1's plan, and both
 # tensors' dtype, shape, strides, 16-byte alignment and device) gives run(logits, target),
-# which allocates, launches and reduces with no further checks.
+# which allocates and launches with no further checks (mean/sum: one launch that reduces
+# too, on the current stream's workspace: `_work`, a capture check and a stream lookup).
 _Run = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _PLANS: dict[tuple[Any, ...], _Run] = {}
 
@@ -256,28 +365,64 @@ def _memo_key(logits: torch.Tensor, target: torch.Tensor, reduction: Any, ignore
 
 def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
     """Validate (clear errors), compile or load the forward, and store run() for the
-    call's layout. run() does what `_fwd` + `_reduce` do, with the fewest torch calls: one
-    allocation per kernel output, the reduction's ops only (no cast when logits are fp32;
-    mean divides straight into a logits-dtype scalar instead of dividing then casting)."""
+    call's layout. run() does what `_fwd` + `_reduce` do, with the fewest torch calls:
+    "none": one allocation per kernel output (and the cast unless logits are fp32);
+    mean/sum: the scalar's allocation and one launch of the reduced kernel (no lse)."""
     _check(logits, target, reduction, ignore_index)
     copy = target.stride(0) != 1
-    fn = _fwd_launcher(logits, target.contiguous() if copy else target, ignore_index)
+    tgt = target.contiguous() if copy else target
     m, dtype, f32 = logits.shape[0], logits.dtype, torch.float32
     same = dtype == f32
 
-    def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        if copy:
-            t = t.contiguous()
-        loss = lg.new_empty(m, dtype=f32)
-        fn(lg, t, loss, lg.new_empty(m, dtype=f32))
-        if reduction == "none":
+    if reduction == "none":
+        fn = _fwd_launcher(logits, tgt, ignore_index)
+
+        def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if copy:
+                t = t.contiguous()
+            loss = lg.new_empty(m, dtype=f32)
+            fn(lg, t, loss, lg.new_empty(m, dtype=f32))
             return loss if same else loss.to(dtype)
-        total = loss.sum()
-        if reduction == "sum":
-            return total if same else total.to(dtype)
-        count = t.ne(ignore_index).sum()
-        # fp32 division either way; the out= form rounds to logits' dtype on the store
-        return total.div_(count) if same else torch.div(total, count, out=lg.new_empty(()))
+
+    elif m == 0:
+        _red_key(logits, tgt)  # validates; nothing to launch
+        mean = reduction == "mean"
+
+        def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return _empty_result(lg, mean)
+
+    elif not _red_words(logits):  # a grid beyond the reduced kernel's two levels
+        fn = _fwd_launcher(logits, tgt, ignore_index)
+
+        def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if copy:
+                t = t.contiguous()
+            loss = lg.new_empty(m, dtype=f32)
+            fn(lg, t, loss, lg.new_empty(m, dtype=f32))
+            return _reduce(loss, t, reduction, ignore_index, dtype)
+
+    else:
+        # validated now; compiled on the first call without grad (a call with grad runs
+        # the variant with lse instead: _EagerReduced), then this plan replaces itself
+        key = _red_key(logits, tgt)
+        words = _red_words(logits)
+        args = (logits.shape[1], logits.element_size() * 8, ignore_index, reduction == "mean", False)
+        unused = logits.new_empty(1, dtype=f32)  # the lse argument, never touched without lse
+        device = logits.get_device()
+        memo = _memo_key(logits, target, reduction, ignore_index)
+
+        def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            red = _red_get(key, *args)
+
+            def fast(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                if copy:
+                    t = t.contiguous()
+                out = lg.new_empty(())
+                red(lg, t, out.view(1), unused, _work(device, words))
+                return out
+
+            _PLANS[memo] = fast
+            return fast(lg, t)
 
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()

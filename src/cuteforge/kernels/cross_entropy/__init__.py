@@ -1,5 +1,6 @@
-"""Cross-entropy kernels (CuTe DSL): one streaming pass forward, one backward."""
+"""Cross-entropy kernels (CuTe DSL): one streaming pass forward (per-row, or mean/sum in
+the same launch), one backward."""
 
-from .kernels import make_ce_bwd, make_ce_fwd
+from .kernels import make_ce_bwd, make_ce_fwd, make_ce_fwd_reduce
 
-__all__ = ["make_ce_bwd", "make_ce_fwd"]
+__all__ = ["make_ce_bwd", "make_ce_fwd", "make_ce_fwd_reduce"]

@@ -23,6 +23,15 @@ silently read out of bounds; the ops layer can also check targets on the host.
 
 Configs: :func:`ce_config`: one row per CTA (unless a row takes under a warp), about 4
 vectors per thread (8 for rows of 1025-2048 vectors), at most 1024 threads per row.
+
+Reduced forward (:func:`make_ce_fwd_reduce`): the same row work, and the mean or sum of
+the losses in the same launch, deterministically (no float atomics): each CTA writes one
+partial (fp32 sum, int32 count) to a workspace and takes a ticket with one acq_rel atomic
+add; the last CTA of each group of :func:`reduce_group` CTAs adds the group's partials
+in a fixed order, and with several groups the last group adds the group partials the
+same way, writes the scalar, and every last CTA resets the counter it drew from. The
+rounding order depends on M only (through the grid), so an input gives the same bits on
+every run.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from cutlass import Float32, Int32, Int64
 
 from ..reduce.row import RowReduceConfig, _pow2_ceil
 
-__all__ = ["ce_config", "make_ce_fwd", "make_ce_bwd"]
+__all__ = ["ce_config", "make_ce_fwd", "make_ce_fwd_reduce", "make_ce_bwd", "reduce_fits", "work_words"]
 
 _LOG2E = math.log2(math.e)
 _FLOATS = (Float32, cutlass.BFloat16, cutlass.Float16)
@@ -94,11 +103,15 @@ def _tree(vals: list, fn):
     return vals[0]
 
 
-def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
-    """@cute.jit f(logits (M, n), target (M,) i64, loss (M,) f32, lse (M,) f32, stream)."""
-    _check(in_dtype, n, vec, config)
+def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
+    """The forward's per-row work, shared by the per-row and the reduced kernels (both
+    inline it): ``row_stats(x, target, row_c, r, t)`` reads row ``row_c`` with the P
+    threads of row slot ``r`` (``t`` = thread in the row) and returns ``(m, s, xt, tgt,
+    in_range)``: the row's max and sum of 2^((x - m) log2 e) (valid in every thread of the
+    row after the merges), the target logit, the target and whether it is in [0, n);
+    ``row_loss(m, s, xt, tgt, in_range)`` gives (lse, loss) from those."""
     p = _plan(n, vec, config)
-    T, P, R, G, W = p["T"], p["P"], p["R"], p["G"], p["W"]
+    P, R, G, W = p["P"], p["R"], p["G"], p["W"]
     NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
     L = _LOG2E
     hint = {"num_bits_per_copy": vec * in_dtype.width}
@@ -137,15 +150,8 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
             m, s = _merge(m, s, om, os)
         return m, s
 
-    @cute.kernel
-    def _kernel(x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        r = tidx // P
-        t = tidx % P
-        m_rows = x.shape[0]
-        row = bidx * R + r
-        row_c = cutlass.min(row, m_rows - 1)
+    @cute.jit
+    def row_stats(x, target, row_c, r, t):
         g_row = x[row_c, None]
         # issued first, needed last: its latency hides behind the row's loads
         tgt = target[row_c]
@@ -194,13 +200,40 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
             m = Float32(cutlass.select_(ok, s_m[r, lane], Float32(-math.inf)))
             s = Float32(cutlass.select_(ok, s_s[r, lane], Float32(0.0)))
             m, s = _group(m, s, min(W, 32))
+        return m, s, xt, tgt, in_range
 
+    def row_loss(m, s, xt, tgt, in_range):
+        """(lse, loss) of a row from row_stats: loss 0 on ignore_index, NaN when the
+        target is out of range."""
+        log_s = cute.math.log(s)
+        lse_v = m + log_s
+        # log(s) + (m - x_t): exact when x_t is the max, unlike (m + log s) - x_t
+        lv = Float32(cutlass.select_(in_range, log_s + (m - xt), Float32(math.nan)))
+        return lse_v, Float32(cutlass.select_(tgt == Int64(ignore_index), Float32(0.0), lv))
+
+    return row_stats, row_loss
+
+
+def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
+    """@cute.jit f(logits (M, n), target (M,) i64, loss (M,) f32, lse (M,) f32, stream)."""
+    _check(in_dtype, n, vec, config)
+    p = _plan(n, vec, config)
+    T, P, R = p["T"], p["P"], p["R"]
+    row_stats, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
+
+    @cute.kernel
+    def _kernel(x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        r = tidx // P
+        t = tidx % P
+        m_rows = x.shape[0]
+        row = bidx * R + r
+        row_c = cutlass.min(row, m_rows - 1)
+        m, s, xt, tgt, in_range = row_stats(x, target, row_c, r, t)
         if (t == 0) & (row < m_rows):
-            log_s = cute.math.log(s)
-            lse_v = m + log_s
-            # log(s) + (m - x_t): exact when x_t is the max, unlike (m + log s) - x_t
-            lv = Float32(cutlass.select_(in_range, log_s + (m - xt), Float32(math.nan)))
-            loss[row] = Float32(cutlass.select_(tgt == Int64(ignore_index), Float32(0.0), lv))
+            lse_v, loss_v = row_loss(m, s, xt, tgt, in_range)
+            loss[row] = loss_v
             lse[row] = lse_v
 
     @cute.jit
@@ -210,6 +243,207 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
         )
 
     return ce_fwd
+
+
+# --- mean / sum in the forward's launch --------------------------------------------------
+
+# The reduced forward's workspace, int32 words (one per device and stream, see ops): ticket
+# counters (0 between launches), then the group partials, then the CTA partials (pad after
+# them: the last CTA of a group loads whole chunks and masks what lies beyond the group).
+REDUCE_CHUNK = 8  # partials each thread of a reducing CTA loads before adding them
+
+
+def reduce_group(threads: int) -> int:
+    """CTAs per group S: the last CTA of a group adds the group's partials, S / threads per
+    thread; at least 2048 (small CTAs), 8 per thread from 256 threads up."""
+    return max(2048, REDUCE_CHUNK * threads)
+
+
+GROUP_MAX = reduce_group(1024)
+WORK_TOP = 0  # the top level's ticket counter
+WORK_CNT1 = 32  # one ticket counter per group
+WORK_GSUM = WORK_CNT1 + GROUP_MAX  # per-group partial sums (fp32 bits) ...
+WORK_GCNT = WORK_GSUM + GROUP_MAX  # ... and counts
+WORK_PART = WORK_GCNT + GROUP_MAX  # per-CTA sums [G], then counts [G]
+WORK_ZERO = WORK_GSUM  # words that must be 0 when a launch starts
+
+
+def reduce_fits(ctas: int, threads: int) -> bool:
+    """Two levels of groups reach S^2 CTAs (at least 4M: M of 4M rows and more)."""
+    s = reduce_group(threads)
+    return ctas <= s * s
+
+
+def work_words(ctas: int) -> int:
+    """Workspace words for a grid of `ctas` CTAs."""
+    return WORK_PART + 2 * ctas + GROUP_MAX
+
+
+def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int, mean: bool,
+                       with_lse: bool):
+    """@cute.jit f(logits (M, n), target (M,) i64, out (1,) logits' dtype, lse (L,) f32,
+    work (>= work_words(G),) i32, stream), 1 <= M and G = ceil(M / rows per CTA) within
+    reduce_fits: out[0] = the sum of the row losses (``mean``: divided by the number of
+    rows whose target is not ``ignore_index``; 0 / 0 = NaN when all are ignored), rounded
+    once from fp32, in one launch. With ``with_lse`` (L = M + 1) also lse[i] per row and
+    lse[M] = that count (for the backward); else lse is untouched. Words [0, WORK_ZERO)
+    of ``work`` must be 0 at the start; the launch leaves them 0.
+
+    Each CTA does the per-row forward's work on one row block (the same code, so the same
+    registers and occupancy), sums its rows' losses and counts over its threads in a fixed
+    order, and writes them to ``work``. Then two levels of ``last one adds up``: thread 0
+    takes a ticket on its group's counter (atom.add.acq_rel.gpu, after its partial's
+    stores); the CTA that draws the group's last ticket reads the group's partials
+    (ld.relaxed.gpu) and adds them in a fixed order. With one group it writes out[0];
+    with several it writes the group's partial and takes a ticket on the top counter, and
+    the last group does the same over the group partials. Each last CTA resets the counter
+    it drew from. A grid of one CTA writes out[0] directly. The rounding order depends
+    only on M, so an input gives the same bits on every run."""
+    _check(in_dtype, n, vec, config)
+    p = _plan(n, vec, config)
+    T, P, R = p["T"], p["P"], p["R"]
+    if T % 32:
+        raise ValueError(f"threads={T} must be a multiple of 32")
+    S = reduce_group(T)
+    NCH = S // T // REDUCE_CHUNK  # chunks of REDUCE_CHUNK partials per thread
+    NW = T // 32
+    row_stats, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
+
+    @cute.jit
+    def _cta_sum(v, c, s_v, s_c, tidx):
+        """(sum of v, sum of c) over the CTA in a fixed order; valid in thread 0."""
+        for k in cutlass.range_constexpr(5):
+            v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> k)
+            c = c + cute.arch.shuffle_sync_bfly(c, offset=16 >> k)
+        if cutlass.const_expr(NW > 1):
+            # s_v, s_c reuse: warp 0's reads of an earlier call precede the barrier that
+            # publishes the ticket (s_last) before any later call
+            warp = tidx // 32
+            lane = tidx % 32
+            if lane == 0:
+                s_v[warp] = v
+                s_c[warp] = c
+            cute.arch.sync_threads()
+            if warp == 0:
+                ok = lane < NW
+                li = cutlass.min(lane, NW - 1)
+                v = Float32(cutlass.select_(ok, s_v[li], Float32(0.0)))
+                c = Int32(cutlass.select_(ok, s_c[li], Int32(0)))
+                for k in cutlass.range_constexpr(5):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> k)
+                    c = c + cute.arch.shuffle_sync_bfly(c, offset=16 >> k)
+        return v, c
+
+    @cute.jit
+    def _sum_parts(p_sum, p_cnt, count, tidx, s_v, s_c):
+        """Sum of the `count` (<= S) partials at p_sum[i], p_cnt[i] in a fixed order
+        (thread t adds t, t + T, ... in turn, then _cta_sum); valid in thread 0."""
+        tot = Float32(0.0)
+        num = Int32(0)
+        for ch in cutlass.range_constexpr(NCH):
+            base = ch * REDUCE_CHUNK * T
+            if count > base:
+                vs = []
+                cs = []
+                for j in cutlass.range_constexpr(REDUCE_CHUNK):
+                    i = tidx + (base + j * T)
+                    vs.append(cute.arch.load(p_sum + i, Float32, sem="relaxed", scope="gpu"))
+                    cs.append(cute.arch.load(p_cnt + i, Int32, sem="relaxed", scope="gpu"))
+                for j in cutlass.range_constexpr(REDUCE_CHUNK):
+                    ok = tidx + (base + j * T) < count
+                    tot = tot + Float32(cutlass.select_(ok, vs[j], Float32(0.0)))
+                    num = num + Int32(cutlass.select_(ok, cs[j], Int32(0)))
+        return _cta_sum(tot, num, s_v, s_c, tidx)
+
+    @cute.jit
+    def _finish(total, count, out, lse, m_rows):
+        if cutlass.const_expr(mean):
+            res = total / count.to(Float32)  # IEEE fp32 division, like torch's
+        else:
+            res = total
+        out[0] = res.to(in_dtype)
+        if cutlass.const_expr(with_lse):
+            lse[m_rows] = count.to(Float32)
+
+    @cute.jit
+    def _ticket(counter, s_last):
+        """Thread 0: count this CTA in (release of its earlier stores, acquire of the
+        others'), the old count to shared memory for the CTA."""
+        s_last[0] = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
+
+    @cute.kernel
+    def _kernel(x: cute.Tensor, target: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        r = tidx // P
+        t = tidx % P
+        m_rows = x.shape[0]
+        row = bidx * R + r
+        row_c = cutlass.min(row, m_rows - 1)
+        m, s, xt, tgt, in_range = row_stats(x, target, row_c, r, t)
+        acc = Float32(0.0)
+        cnt = Int32(0)
+        if (t == 0) & (row < m_rows):
+            lse_v, loss_v = row_loss(m, s, xt, tgt, in_range)
+            if cutlass.const_expr(with_lse):
+                lse[row] = lse_v
+            acc = loss_v
+            cnt = Int32(cutlass.select_(tgt == Int64(ignore_index), Int32(0), Int32(1)))
+
+        smem = cutlass.memory.SmemAllocator()
+        s_v = smem.allocate_tensor(Float32, cute.make_layout(NW), byte_alignment=16)
+        s_c = smem.allocate_tensor(Int32, cute.make_layout(NW), byte_alignment=16)
+        s_last = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=16)
+        acc, cnt = _cta_sum(acc, cnt, s_v, s_c, tidx)
+
+        if grid == 1:
+            if tidx == 0:
+                _finish(acc, cnt, out, lse, m_rows)
+        else:
+            w = work.iterator
+            p_sum = cute.recast_ptr(w + WORK_PART, dtype=Float32)
+            p_cnt = w + WORK_PART + grid
+            q = bidx // S
+            first = q * S
+            in_group = cutlass.min(grid - first, S)
+            n_groups = (grid + (S - 1)) // S
+            if tidx == 0:
+                (p_sum + bidx).store(acc)
+                (p_cnt + bidx).store(cnt)
+                _ticket(w + (WORK_CNT1 + q), s_last)
+            cute.arch.sync_threads()
+            if s_last[0] == in_group - 1:
+                # the group's last CTA: the group's partials happen-before this point
+                # (thread 0 acquired, then the barrier); strong loads bypass a stale L1
+                tot, num = _sum_parts(p_sum + first, p_cnt + first, in_group, tidx, s_v, s_c)
+                if n_groups == 1:
+                    if tidx == 0:
+                        _finish(tot, num, out, lse, m_rows)
+                        cute.arch.store(w + (WORK_CNT1 + q), Int32(0), sem="relaxed", scope="gpu")
+                else:
+                    g_sum = cute.recast_ptr(w + WORK_GSUM, dtype=Float32)
+                    g_cnt = w + WORK_GCNT
+                    if tidx == 0:
+                        cute.arch.store(w + (WORK_CNT1 + q), Int32(0), sem="relaxed", scope="gpu")
+                        (g_sum + q).store(tot)
+                        (g_cnt + q).store(num)
+                        _ticket(w + WORK_TOP, s_last)
+                    cute.arch.sync_threads()
+                    if s_last[0] == n_groups - 1:
+                        tot2, num2 = _sum_parts(g_sum, g_cnt, n_groups, tidx, s_v, s_c)
+                        if tidx == 0:
+                            _finish(tot2, num2, out, lse, m_rows)
+                            cute.arch.store(w + WORK_TOP, Int32(0), sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def ce_fwd_reduce(x: cute.Tensor, target: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor,
+                      stream):
+        _kernel(x, target, out, lse, work).launch(
+            grid=(cute.ceil_div(x.shape[0], R), 1, 1), block=(T, 1, 1), stream=stream
+        )
+
+    return ce_fwd_reduce
 
 
 def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):

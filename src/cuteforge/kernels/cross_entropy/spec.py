@@ -3,7 +3,11 @@
 N (classes) is static like the row reduction's: the row loop is resolved at compile
 time. M and the logits row stride are dynamic. The thread layout is the row reduction's
 heuristic shape (``kernels.ce_config``, no cluster). ``ignore_index`` is a compile-time
-parameter of both kernels (it is almost always -100).
+parameter of every kernel (it is almost always -100).
+
+Three kernels: ``cross_entropy_fwd`` (per-row loss and lse), ``cross_entropy_fwd_reduce``
+(mean or sum of the losses in the same launch, optionally lse and the count the mean's
+backward needs; parameters ``lse`` and ``mean``), ``cross_entropy_bwd``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,20 @@ BWD_SIGNATURE = Signature(
 )
 
 
+# out (1,) in logits' dtype; lse (L,): L = M + 1 with the parameter lse=True (lse per row,
+# then the count of non-ignored rows), else any length (not touched); work: the
+# (device, stream) workspace, at least kernels.work_words(grid) int32 words with the first
+# kernels.WORK_ZERO zero (ops/cross_entropy.py keeps it so).
+REDUCE_SIGNATURE = Signature(
+    TensorArg("logits", ("M", "N")),
+    TensorArg("target", ("M",), dtypes=(torch.int64,)),
+    TensorArg("out", ("ONE",), dtype_like="logits"),
+    TensorArg("lse", ("L",), dtypes=(torch.float32,)),
+    TensorArg("work", ("W",), dtypes=(torch.int32,)),
+    static=("N", "ONE"),
+)
+
+
 def config_for(n: int, dtype_bits: int) -> Any:
     return kernels.ce_config(n, dtype_bits)
 
@@ -63,6 +81,12 @@ def _validate(spec: CompileSpec, config: Any) -> None:
     if config.cluster_n != 1:
         raise ValueError("cross-entropy kernels do not split rows over clusters (cluster_n must be 1)")
     config.validate(spec.static("N"), spec.dtype("logits").width, limits_for(spec.arch))
+
+
+def _validate_reduce(spec: CompileSpec, config: Any) -> None:
+    _validate(spec, config)
+    if spec.static("ONE") != 1:
+        raise ValueError(f"cross_entropy_fwd_reduce: 'out' must have 1 element, got {spec.static('ONE')}")
 
 
 def _vec(spec: CompileSpec, *args: str) -> int:
@@ -92,6 +116,34 @@ def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
 def cross_entropy_fwd(spec: CompileSpec) -> Any:
     return kernels.make_ce_fwd(
         spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index")
+    )
+
+
+def _reduce_specs() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """mean with lse: what a training step's `ops.cross_entropy(logits, target)` runs
+    (no-grad calls and sum compile on first use)."""
+    for dt in FLOAT_DTYPES:
+        for n in STANDARD_N:
+            v = vector_width(0, (n,), dt.itemsize)
+            names = (dtype_name(dt), "int64", dtype_name(dt), "float32", "int32")
+            static = (("N", n), ("ONE", 1))
+            yield BoundKey(names, static, (v, 2, 16 // dt.itemsize, 4, 4)), {"ignore_index": -100, "lse": True, "mean": True}
+
+
+@kernel(
+    name="cross_entropy_fwd_reduce",
+    signature=REDUCE_SIGNATURE,
+    archs=("sm_80+",),
+    default_config=_default_config,
+    configs=_configs,
+    specializations=_reduce_specs,
+    validate=_validate_reduce,
+)
+def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
+    _validate_reduce(spec, spec.config)
+    return kernels.make_ce_fwd_reduce(
+        spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index"),
+        bool(spec.param("mean")), bool(spec.param("lse")),
     )
 
 
