@@ -4,10 +4,12 @@
     import cuteforge.jax as cfj
 
     @jax.jit
-    def f(x, w):
-        return cfj.rms_norm(cfj.softmax(x), w, 1e-6)
+    def f(x, w, w1):
+        return cfj.gemm(cfj.rms_norm(cfj.softmax(x), w, 1e-6), w1, epilogue="gelu")
 
-Each op builds the same kernel as the torch op of the same name (the builders in
+Every op but the reductions is differentiable (``jax.custom_vjp``): softmax, the norms
+and cross-entropy run cuteforge's backward kernels, gemm two more GEMMs. Each op builds
+the same kernel as the torch op of the same name (the builders in
 ``cuteforge.kernels.*.spec``, the same config heuristic, the same compile key) and calls
 it through the CuTe DSL's JAX bridge (``cutlass.jax``): an XLA FFI custom call whose
 attribute is the compiled host+device object. The object is compiled by cuteforge, not by
@@ -21,6 +23,7 @@ Importing ``cuteforge`` never imports JAX; importing this module needs JAX >= 0.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Sequence
@@ -68,6 +71,7 @@ __all__ = [
     "amax",
     "amin",
     "cross_entropy",
+    "gemm",
     "compile_stats",
     "MIN_JAX",
 ]
@@ -83,7 +87,9 @@ XLA_ALIGN = 16  # bytes every XLA buffer is at least aligned to (it uses more)
 # A "form" says how one FFI buffer is shown to the kernel, in the layout the torch path's
 # fake tensors give it: ("rows", N) a row-major (M, N) with N static, M dynamic and a
 # 64-bit row stride; ("m",) a (M,) vector; ("n", N) a static (N,) vector; ("i64", ) an
-# int32 (M, 2) buffer read as (M,) int64 (how int64 targets cross without jax_enable_x64).
+# int32 (M, 2) buffer read as (M,) int64 (how int64 targets cross without jax_enable_x64);
+# ("raw", ndim) the bridge's compact tensor as it is (the op's `arrange` builds the layout:
+# the GEMM's operands share their dynamic extents).
 
 
 def _present(t: Any, form: tuple[Any, ...]) -> Any:
@@ -105,6 +111,8 @@ def _present(t: Any, form: tuple[Any, ...]) -> Any:
     if kind == "i64":
         ptr = cute.recast_ptr(t.iterator, dtype=cutlass.Int64)
         return cute.make_tensor(ptr, cute.make_layout((t.shape[0],), stride=(1,)))
+    if kind == "raw":
+        return t
     raise ValueError(f"unknown operand form {form!r}")
 
 
@@ -123,6 +131,8 @@ def _placeholder(dtype_name: str, form: tuple[Any, ...]) -> Any:
         shape = (form[1],)
     elif kind == "i64":
         shape = (1, 2)
+    elif kind == "raw":
+        shape = (1,) * form[1]
     else:
         shape = (1,)
     dt = cutlass.Int32 if kind == "i64" else cutlass_dtype(dtype_name)
@@ -387,14 +397,39 @@ amin = _reduce("amin")
 
 
 # --------------------------------------------------------------------------- norms
+#
+# The forward and backward run as one jax.custom_vjp per (kind, eps, bias?, residual?):
+# the forward saves what ops/norm.py saves (the normalised input x or x + residual,
+# weight, mean, rstd); the backward is `norm_bwd`, whose dweight/dbias come out as fp32
+# partials (Q, N) summed here, Q persistent CTA groups as in ops/norm.py.
+
+_SMS: list[int] = []
 
 
-def _norm(kind: str, x: Any, weight: Any, bias: Any, eps: Any, residual: Any) -> Any:
-    from cuteforge.kernels.norm.spec import norm_fwd
+def _sm_count() -> int:
+    """SMs of the GPU the kernels run on: JAX's first CUDA device (`core_count`), else the
+    target's flagship part (the torch ops' fallback without a GPU: 132 on sm_90a)."""
+    if not _SMS:
+        n = 0
+        try:
+            for d in jax.devices():
+                if d.platform == "gpu" and getattr(d, "core_count", 0):
+                    n = int(d.core_count)
+                    break
+        except RuntimeError:
+            pass
+        if not n:
+            from cuteforge.arch import limits_for
 
-    where = f"cuteforge.jax.{kind}_norm"
+            n = limits_for(target_arch()).sm_count
+        _SMS.append(n)
+    return _SMS[0]
+
+
+def _check_norm(where: str, x: Any, weight: Any, bias: Any, eps: Any, residual: Any) -> int:
+    """Argument errors naming the argument; returns N."""
     _check_array(where, "x", x)
-    m, n = _rows_shape(x)
+    n = int(x.shape[-1])
     if not 1 <= n <= MAX_N:
         raise ValueError(f"{where}: argument 'x' must have a last dim in [1, {MAX_N}], got shape {tuple(x.shape)}")
     xd = _dtype_name(x.dtype)
@@ -429,16 +464,25 @@ def _norm(kind: str, x: Any, weight: Any, bias: Any, eps: Any, residual: Any) ->
         raise TypeError(f"{where}: argument 'eps' must be a float, got {type(eps).__name__}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{where}: argument 'eps' must be finite and >= 0, got {eps}")
-    if m == 0:
-        y = jnp.zeros(x.shape, x.dtype)
-        return y if residual is None else (y, jnp.zeros(x.shape, x.dtype))
+    return n
 
-    has_b, has_r, is_ln = bias is not None, residual is not None, kind == "layer"
-    wd = _dtype_name(weight.dtype)
-    xs, ws = jnp.dtype(x.dtype).itemsize, jnp.dtype(weight.dtype).itemsize
+
+# (kind, eps, has_bias, has_residual): the static part of one norm call
+_NormStatic = tuple[str, float, bool, bool]
+
+
+def _norm_fwd_impl(st: _NormStatic, x2: Any, w: Any, b: Any, r2: Any) -> tuple[Any, Any, Any, Any]:
+    """(y, x + residual or None, mean or None, rstd) of 2-D x through `norm_fwd`."""
+    from cuteforge.kernels.norm.spec import norm_fwd
+
+    kind, eps, has_b, has_r = st
+    m, n = x2.shape
+    is_ln = kind == "layer"
+    xd, wd = _dtype_name(x2.dtype), _dtype_name(w.dtype)
+    xs, ws = jnp.dtype(x2.dtype).itemsize, jnp.dtype(w.dtype).itemsize
     vx, vw = _vec_rows(n, xs), _vec_flat(ws)
     key = BoundKey((xd, wd, wd, xd, xd, xd, "float32", "float32"), (("N", n),), (vx, vw, vw, vx, vx, vx, 4, 4))
-    params = (("eps", float(eps)), ("has_bias", has_b), ("has_residual", has_r), ("kind", kind))
+    params = (("eps", eps), ("has_bias", has_b), ("has_residual", has_r), ("kind", kind))
     # FFI buffers: inputs x, weight[, bias][, residual]; outputs y[, residual_out], rstd[, mean].
     forms: list[tuple[Any, ...]] = [("rows", n), ("n", n)]
     dtypes = [xd, wd]
@@ -472,29 +516,125 @@ def _norm(kind: str, x: Any, weight: Any, bias: Any, eps: Any, residual: Any) ->
 
     layout = f"x,w{',b' if has_b else ''}{',r' if has_r else ''}->y{',ro' if has_r else ''},rstd{',mean' if is_ln else ''}"
     obj = _module(norm_fwd, key, params, None, tuple(forms), tuple(dtypes), layout, arrange)
-    ins = [x.reshape(m, n), weight] + ([bias] if has_b else []) + ([residual.reshape(m, n)] if has_r else [])
-    outs: list[tuple[tuple[int, ...], Any]] = [((m, n), x.dtype)]
+    ins = [x2, w] + ([b] if has_b else []) + ([r2] if has_r else [])
+    outs: list[tuple[tuple[int, ...], Any]] = [((m, n), x2.dtype)]
     if has_r:
-        outs.append(((m, n), x.dtype))
+        outs.append(((m, n), x2.dtype))
     outs.append(((m,), jnp.float32))
     if is_ln:
         outs.append(((m,), jnp.float32))
+    res = iter(_ffi(obj, ins, outs))
+    y = next(res)
+    ro = next(res) if has_r else None
+    rstd = next(res)
+    mean = next(res) if is_ln else None
+    return y, ro, mean, rstd
+
+
+def _norm_bwd_impl(kind: str, has_b: bool, dy: Any, xs: Any, w: Any, mean: Any, rstd: Any,
+                   dsum: Any) -> tuple[Any, Any, Any]:
+    """(dx, dweight, dbias or None) through `norm_bwd`, as ops/norm.py's `_backward`."""
+    from cuteforge.kernels.norm import config as norm_config
+    from cuteforge.kernels.norm.spec import norm_bwd
+
+    m, n = xs.shape
+    has_d, is_ln = dsum is not None, kind == "layer"
+    xd, wd = _dtype_name(xs.dtype), _dtype_name(w.dtype)
+    xb, wb = jnp.dtype(xs.dtype).itemsize, jnp.dtype(w.dtype).itemsize
+    cfg = norm_config.default_config(n, xb * 8, backward=True)
+    blocks = -(-m // cfg.rows_per_cta)
+    q = max(1, min(blocks, _sm_count() * cfg.ctas_per_sm // cfg.cluster_n))
+    vx, vw, vp = _vec_rows(n, xb), _vec_flat(wb), _vec_rows(n, 4)
+    f32 = "float32"
+    key = BoundKey((xd, wd, xd, xd, f32, f32, xd, f32, f32), (("N", n),), (vx, vw, vx, vx, 4, 4, vx, vp, vp))
+    params = (("has_bias", has_b), ("has_dsum", has_d), ("kind", kind))
+    # FFI buffers: inputs x, weight, dy[, dsum][, mean], rstd; outputs dx, dwp[, dbp].
+    forms: list[tuple[Any, ...]] = [("rows", n), ("n", n), ("rows", n)]
+    dtypes = [xd, wd, xd]
+    if has_d:
+        forms.append(("rows", n))
+        dtypes.append(xd)
+    if is_ln:
+        forms.append(("m",))
+        dtypes.append(f32)
+    forms += [("m",), ("rows", n), ("rows", n)]
+    dtypes += [f32, xd, f32]
+    if has_b:
+        forms.append(("rows", n))
+        dtypes.append(f32)
+
+    def arrange(ts: list[Any]) -> list[Any]:
+        it = iter(ts)
+        x_t, w_t, dy_t = next(it), next(it), next(it)
+        ds_t = next(it) if has_d else dy_t
+        mean_t = next(it) if is_ln else None
+        rstd_t = next(it)
+        dx_t, dwp_t = next(it), next(it)
+        dbp_t = next(it) if has_b else dwp_t
+        return [x_t, w_t, dy_t, ds_t, rstd_t if mean_t is None else mean_t, rstd_t, dx_t, dwp_t, dbp_t]
+
+    layout = f"x,w,dy{',dsum' if has_d else ''}{',mean' if is_ln else ''},rstd->dx,dwp{',dbp' if has_b else ''}"
+    obj = _module(norm_bwd, key, params, cfg, tuple(forms), tuple(dtypes), layout, arrange)
+    ins = [xs, w, dy.astype(xs.dtype)] + ([dsum.astype(xs.dtype)] if has_d else []) + ([mean] if is_ln else []) + [rstd]
+    outs: list[tuple[tuple[int, ...], Any]] = [((m, n), xs.dtype), ((q, n), jnp.float32)]
+    if has_b:
+        outs.append(((q, n), jnp.float32))
     res = _ffi(obj, ins, outs)
-    y = res[0].reshape(x.shape)
-    return (y, res[1].reshape(x.shape)) if has_r else y
+    dw = jnp.sum(res[1], axis=0).astype(w.dtype)
+    db = jnp.sum(res[2], axis=0).astype(w.dtype) if has_b else None
+    return res[0], dw, db
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _norm_op(st: _NormStatic, x2: Any, w: Any, b: Any, r2: Any) -> Any:
+    y, ro, _, _ = _norm_fwd_impl(st, x2, w, b, r2)
+    return (y, ro) if st[3] else y
+
+
+def _norm_op_fwd(st: _NormStatic, x2: Any, w: Any, b: Any, r2: Any) -> tuple[Any, Any]:
+    y, ro, mean, rstd = _norm_fwd_impl(st, x2, w, b, r2)
+    xs = ro if st[3] else x2  # what was normalised
+    return ((y, ro) if st[3] else y), (xs, w, mean, rstd)
+
+
+def _norm_op_bwd(st: _NormStatic, res: Any, g: Any) -> tuple[Any, Any, Any, Any]:
+    kind, _, has_b, has_r = st
+    xs, w, mean, rstd = res
+    dy, dsum = g if has_r else (g, None)
+    dx, dw, db = _norm_bwd_impl(kind, has_b, dy, xs, w, mean, rstd, dsum)
+    # x + residual: the residual gets x's gradient
+    return dx, dw, db, (dx if has_r else None)
+
+
+_norm_op.defvjp(_norm_op_fwd, _norm_op_bwd)
+
+
+def _norm(kind: str, x: Any, weight: Any, bias: Any, eps: Any, residual: Any) -> Any:
+    n = _check_norm(f"cuteforge.jax.{kind}_norm", x, weight, bias, eps, residual)
+    m = math.prod(int(s) for s in x.shape[:-1])
+    if m == 0:
+        y = jnp.zeros(x.shape, x.dtype)
+        return y if residual is None else (y, jnp.zeros(x.shape, x.dtype))
+    st = (kind, float(eps), bias is not None, residual is not None)
+    out = _norm_op(st, x.reshape(m, n), weight, bias, None if residual is None else residual.reshape(m, n))
+    if residual is None:
+        return out.reshape(x.shape)
+    return out[0].reshape(x.shape), out[1].reshape(x.shape)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6, *, residual: jax.Array | None = None) -> Any:
     """RMSNorm over the last axis: y = x / sqrt(mean(x^2) + eps) * weight (fp32 math, y in
     x's dtype; weight in x's dtype or float32). With ``residual``, normalises h = x +
-    residual and returns (y, h). Forward only; usable inside jax.jit."""
+    residual and returns (y, h). Usable inside jax.jit; differentiable in x, weight and
+    residual (``jax.custom_vjp``: the backward is cuteforge's ``norm_bwd`` kernel)."""
     return _norm("rms", x, weight, None, eps, residual)
 
 
 def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array | None = None, eps: float = 1e-5, *,
                residual: jax.Array | None = None) -> Any:
     """LayerNorm over the last axis (biased variance, fp32 math), with optional bias and
-    fused residual (returns (y, x + residual) then). Forward only; usable inside jax.jit."""
+    fused residual (returns (y, x + residual) then). Usable inside jax.jit; differentiable
+    in x, weight, bias and residual (the backward is cuteforge's ``norm_bwd`` kernel)."""
     return _norm("layer", x, weight, bias, eps, residual)
 
 
@@ -512,13 +652,72 @@ def _as_int64_pairs(t: Any) -> Any:
     return jnp.stack([t32, t32 >> 31], axis=-1)
 
 
+def _ce_key(logits: Any, with_grad: bool) -> tuple[BoundKey, Any]:
+    from cuteforge.kernels.cross_entropy.spec import config_for
+
+    m, n = logits.shape
+    d = _dtype_name(logits.dtype)
+    itemsize = jnp.dtype(logits.dtype).itemsize
+    v = _vec_rows(n, itemsize)
+    if with_grad:
+        key = BoundKey((d, "int64", "float32", "float32", d), (("N", n),), (v, 2, 4, 4, v))
+    else:
+        key = BoundKey((d, "int64", "float32", "float32"), (("N", n),), (v, 2, 4, 4))
+    return key, config_for(n, itemsize * 8)
+
+
+def _ce_fwd_impl(ignore_index: int, logits: Any, pairs: Any) -> tuple[Any, Any]:
+    """Per-row (loss, lse), fp32, through `cross_entropy_fwd`."""
+    from cuteforge.kernels.cross_entropy.spec import cross_entropy_fwd
+
+    m, n = logits.shape
+    d = _dtype_name(logits.dtype)
+    key, cfg = _ce_key(logits, False)
+    obj = _module(cross_entropy_fwd, key, (("ignore_index", ignore_index),), cfg,
+                  (("rows", n), ("i64",), ("m",), ("m",)), (d, "int64", "float32", "float32"), "identity", _identity)
+    loss, lse = _ffi(obj, [logits, pairs], [((m,), jnp.float32), ((m,), jnp.float32)])
+    return loss, lse
+
+
+def _ce_bwd_impl(ignore_index: int, logits: Any, pairs: Any, lse: Any, dloss: Any) -> Any:
+    """dlogits = (softmax - onehot) * dloss per row (ignored rows 0), `cross_entropy_bwd`."""
+    from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd
+
+    m, n = logits.shape
+    d = _dtype_name(logits.dtype)
+    key, cfg = _ce_key(logits, True)
+    obj = _module(cross_entropy_bwd, key, (("ignore_index", ignore_index),), cfg,
+                  (("rows", n), ("i64",), ("m",), ("m",), ("rows", n)), (d, "int64", "float32", "float32", d),
+                  "identity", _identity)
+    (dlogits,) = _ffi(obj, [logits, pairs, lse, dloss.astype(jnp.float32)], [((m, n), logits.dtype)])
+    return dlogits
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ce_rows(ignore_index: int, logits: Any, pairs: Any) -> Any:
+    return _ce_fwd_impl(ignore_index, logits, pairs)[0]
+
+
+def _ce_rows_fwd(ignore_index: int, logits: Any, pairs: Any) -> tuple[Any, Any]:
+    loss, lse = _ce_fwd_impl(ignore_index, logits, pairs)
+    return loss, (logits, pairs, lse)
+
+
+def _ce_rows_bwd(ignore_index: int, res: Any, g: Any) -> tuple[Any, None]:
+    logits, pairs, lse = res
+    return _ce_bwd_impl(ignore_index, logits, pairs, lse, g), None  # integer targets: no gradient
+
+
+_ce_rows.defvjp(_ce_rows_fwd, _ce_rows_bwd)
+
+
 def cross_entropy(logits: jax.Array, target: jax.Array, *, reduction: str = "mean",
                   ignore_index: int = -100) -> jax.Array:
     """Cross-entropy of (M, N) logits (float32/bfloat16/float16) against (M,) integer class
     targets, as cuteforge.ops.cross_entropy: fp32 loss, rows whose target is
-    ``ignore_index`` contribute 0 and are left out of the mean. Forward only."""
-    from cuteforge.kernels.cross_entropy.spec import config_for, cross_entropy_fwd
-
+    ``ignore_index`` contribute 0 and are left out of the mean. Differentiable in logits
+    (``jax.custom_vjp``: the backward is cuteforge's ``cross_entropy_bwd`` kernel, which
+    never materializes the softmax)."""
     where = "cuteforge.jax.cross_entropy"
     _check_array(where, "logits", logits, min_ndim=2)
     if logits.ndim != 2:
@@ -543,17 +742,258 @@ def cross_entropy(logits: jax.Array, target: jax.Array, *, reduction: str = "mea
     if m == 0:
         loss = jnp.zeros((0,), jnp.float32)
     else:
-        d = _dtype_name(logits.dtype)
-        itemsize = jnp.dtype(logits.dtype).itemsize
-        key = BoundKey((d, "int64", "float32", "float32"), (("N", n),), (_vec_rows(n, itemsize), 2, 4, 4))
-        params = (("ignore_index", ignore_index),)
-        obj = _module(cross_entropy_fwd, key, params, config_for(n, itemsize * 8),
-                      (("rows", n), ("i64",), ("m",), ("m",)), (d, "int64", "float32", "float32"),
-                      "identity", _identity)
-        loss, _lse = _ffi(obj, [logits, _as_int64_pairs(target)], [((m,), jnp.float32), ((m,), jnp.float32)])
+        loss = _ce_rows(ignore_index, logits, _as_int64_pairs(target))
     if reduction == "none":
         return loss
     if reduction == "sum":
         return jnp.sum(loss)
     count = jnp.sum(target != ignore_index)
     return jnp.sum(loss) / count.astype(jnp.float32)
+
+
+# --------------------------------------------------------------------------- gemm
+#
+# The sm_90a GEMM of cuteforge.ops.gemm: the same kernel (`gemm_sm90_tt*`: A row-major
+# (K-major), B row-major (N-major), which is what a JAX (M, K) @ (K, N) is), the same
+# BoundKey, sms parameter, epilogue and config choice. Every extent is dynamic in that
+# kernel (TMA descriptors are built by its host code at run time), so one object serves
+# every M, N, K and batch. TMA needs 16-byte aligned rows: K (a's rows) and N (b's and
+# the output's rows) are padded with zeros to a multiple of 8 elements when they are not
+# (a copy of the operand; the output is sliced back).
+
+GEMM_ALIGN = 8  # elements per 16 bytes of bf16/fp16: K and N are padded up to a multiple
+_GEMM_AB = ("bfloat16", "float16")
+_GEMM_ACTS = (None, "none", "relu", "gelu", "silu")
+
+
+def _present_gemm(vecs: tuple[int, ...], kinds: tuple[str, ...]) -> Callable[[list[Any]], list[Any]]:
+    """The gemm entry's `arrange`: FFI buffers a (L, M, K), b (L, K, N), epilogue operands
+    ("col": (N,)), out (L, M, N), as the raw bridge tensors -> the kernel's (a, b, out, e0..)
+    in the torch path's fake-tensor layouts: dynamic extents shared across operands (L, M
+    from a, K from a, N from b), unit last stride, 64-bit outer strides divisible by the
+    argument's vector width."""
+
+    def arrange(ts: list[Any]) -> list[Any]:
+        import cutlass
+        import cutlass.cute as cute
+
+        a_t, b_t = ts[0], ts[1]
+        ops, out_t = ts[2:-1], ts[-1]
+        n_l, n_m, n_k = a_t.shape
+        n_n = b_t.shape[2]
+
+        def mat(t: Any, rows: Any, cols: Any, vec: int) -> Any:
+            rs = cute.assume(cutlass.Int64(cols), divby=vec)
+            ls = cute.assume(cutlass.Int64(rows) * cutlass.Int64(cols), divby=vec)
+            return cute.make_tensor(t.iterator, cute.make_layout((n_l, rows, cols), stride=(ls, rs, 1)))
+
+        extras = []
+        for t, kind in zip(ops, kinds):
+            if kind != "col":  # pragma: no cover - only presets with a column bias are offered
+                raise ValueError(f"unsupported epilogue operand kind {kind!r}")
+            extras.append(cute.make_tensor(t.iterator, cute.make_layout((n_n,), stride=(1,))))
+        return [mat(a_t, n_m, n_k, vecs[0]), mat(b_t, n_k, n_n, vecs[1]), mat(out_t, n_m, n_n, vecs[2]), *extras]
+
+    return arrange
+
+
+def _usable_gemm_config(tuned: Any, in_bytes: int, out_bytes: int) -> Any:
+    """As ops/gemm.py `_usable`: a stored tuning result this code can run, else None."""
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    if not isinstance(tuned, GemmConfig):
+        return None
+    try:
+        tuned.validate(in_bytes, out_bytes, limits_for("sm_90a"))
+    except ValueError:
+        return None
+    return tuned
+
+
+def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tuple[int, int, int]) -> Any:
+    """act(a3 @ b3 + bias) through the sm_90a kernel; a3 (L, M, K), b3 (L, K, N) bf16/fp16
+    with K and N multiples of GEMM_ALIGN, bias (N,) or None. Returns (L, M, N) in odt.
+    `dims`: the problem's (M, N, K) before padding, which pick the config as in torch."""
+    from cuteforge.autotune import lookup
+    from cuteforge.kernels.gemm.epilogue import GemmEpilogue
+    from cuteforge.kernels.gemm.sm90.config import default_config, fit_swizzle
+    from cuteforge.kernels.gemm.spec import gemm_kernel
+
+    n_l, m, k = (int(s) for s in a3.shape)
+    n = int(b3.shape[2])
+    epi = GemmEpilogue.preset(act, bias="col" if bias is not None else None)
+    kinds = epi.kinds if epi is not None else ()
+    kern = gemm_kernel(True, False, kinds)  # a K-major (row-major), b N-major (row-major)
+    ad, od = _dtype_name(a3.dtype), _dtype_name(odt)
+    ab, ob = jnp.dtype(a3.dtype).itemsize, jnp.dtype(odt).itemsize
+    vecs = (vector_width(0, (m * k, k), ab), vector_width(0, (k * n, n), ab), vector_width(0, (m * n, n), ob))
+    dtypes: tuple[str, ...] = (ad, ad, od)
+    if bias is not None:
+        bd = _dtype_name(bias.dtype)
+        dtypes += (bd,)
+        vecs += (_vec_flat(jnp.dtype(bias.dtype).itemsize),)
+    key = BoundKey(dtypes, (), vecs)
+    sms = _sm_count()
+    params = tuple(sorted((("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())))
+    pm, pn, pk = dims
+    tuned = _usable_gemm_config(lookup(kern, key, params, {"M": pm, "N": pn, "K": pk}), ab, ob)
+    cfg = fit_swizzle(tuned, pm, pn) if tuned is not None else default_config(pm, pn, pk, sms, ab)
+    # FFI buffers: inputs a, b[, bias]; output out. Kernel order: a, b, out[, bias].
+    forms = (("raw", 3), ("raw", 3)) + ((("raw", 1),) if bias is not None else ()) + (("raw", 3),)
+    ffi_dtypes = (ad, ad) + ((dtypes[3],) if bias is not None else ()) + (od,)
+    layout = f"gemm:a,b{',bias' if bias is not None else ''}->out"
+    obj = _module(kern, key, params, cfg, forms, ffi_dtypes, layout, _present_gemm(vecs, kinds))
+    ins = [a3, b3] + ([bias] if bias is not None else [])
+    (out,) = _ffi(obj, ins, [((n_l, m, n), odt)])
+    return out
+
+
+def _round_up(v: int, unit: int) -> int:
+    return -(-v // unit) * unit
+
+
+def _gemm_impl(st: tuple[str, str], a: Any, b: Any, bias: Any) -> Any:
+    """act(a @ b + bias) for a, b of equal rank (2 or 3, equal batch), any K and N: pads K
+    and N to GEMM_ALIGN, runs the kernel, slices the output back."""
+    act, odt_name = st
+    odt = jnp.dtype(odt_name)
+    batched = a.ndim == 3
+    a3 = a if batched else a[None]
+    b3 = b if batched else b[None]
+    n_l, m, k = (int(s) for s in a3.shape)
+    n = int(b3.shape[2])
+    if n_l == 0 or m == 0 or n == 0 or k == 0:
+        out = _gemm_reference(a3, b3, bias, act, odt)
+        return out if batched else out[0]
+    kp, np_ = _round_up(k, GEMM_ALIGN), _round_up(n, GEMM_ALIGN)
+    if kp != k:
+        a3 = jnp.pad(a3, ((0, 0), (0, 0), (0, kp - k)))
+    if kp != k or np_ != n:
+        b3 = jnp.pad(b3, ((0, 0), (0, kp - k), (0, np_ - n)))
+    bp = bias
+    if bias is not None and np_ != n:
+        bp = jnp.pad(bias, (0, np_ - n))
+    out = _gemm_kernel_call(a3, b3, bp, act, odt, (m, n, k))
+    if np_ != n:
+        out = out[:, :, :n]
+    return out if batched else out[0]
+
+
+def _act_jnp(act: str, z: Any) -> Any:
+    """The epilogue's activation in jnp (gelu: tanh form, as the kernel)."""
+    if act == "relu":
+        return jnp.maximum(z, 0.0)
+    if act == "gelu":
+        return jax.nn.gelu(z, approximate=True)
+    if act == "silu":
+        return jax.nn.silu(z)
+    return z
+
+
+def _gemm_reference(a: Any, b: Any, bias: Any, act: str, odt: Any) -> Any:
+    """jnp: fp32 accumulate, the same epilogue (empty problems; no kernel launch)."""
+    z = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))
+    if bias is not None:
+        z = z + bias.astype(jnp.float32)
+    return _act_jnp(act, z).astype(odt)
+
+
+def _swap(x: Any) -> Any:
+    return jnp.swapaxes(x, -1, -2)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _gemm_op(st: tuple[str, str], a: Any, b: Any, bias: Any) -> Any:
+    return _gemm_impl(st, a, b, bias)
+
+
+def _gemm_op_fwd(st: tuple[str, str], a: Any, b: Any, bias: Any) -> tuple[Any, Any]:
+    # the op itself, not _gemm_impl: under a second differentiation the output keeps its rule
+    return _gemm_op(st, a, b, bias), (a, b, bias)
+
+
+def _gemm_op_bwd(st: tuple[str, str], res: Any, g: Any) -> tuple[Any, Any, Any]:
+    """dA = dZ @ B^T, dB = A^T @ dZ (two kernel GEMMs, themselves differentiable), dbias =
+    the sum of dZ over rows; dZ = dC, or dC * act'(Z) with Z = a @ b + bias recomputed by
+    the kernel in fp32 (as the torch op's backward recomputes its forward)."""
+    act, _ = st
+    a, b, bias = res
+    cd = a.dtype
+    if act == "none":
+        dz = g
+    else:
+        z = _gemm_op(("none", "float32"), a, b, bias)
+        _, pull = jax.vjp(lambda v: _act_jnp(act, v), z)
+        (dz,) = pull(g.astype(jnp.float32))
+    dz_c = dz.astype(cd)
+    plain = ("none", _dtype_name(cd))
+    da = _gemm_op(plain, dz_c, _swap(b), None)
+    db = _gemm_op(plain, _swap(a), dz_c, None)
+    dbias = None
+    if bias is not None:
+        dbias = jnp.sum(dz.astype(jnp.float32), axis=tuple(range(dz.ndim - 1))).astype(bias.dtype)
+    return da, db, dbias
+
+
+_gemm_op.defvjp(_gemm_op_fwd, _gemm_op_bwd)
+
+
+def gemm(a: jax.Array, b: jax.Array, *, bias: jax.Array | None = None, epilogue: str | None = None,
+         out_dtype: Any = None) -> jax.Array:
+    """act(a @ b + bias) on Hopper (sm_90a): cuteforge's TMA + WGMMA GEMM with the epilogue
+    fused before the store, the same kernel, key and config as ``cuteforge.ops.gemm``.
+
+    a: (M, K) or (L, M, K), b: (K, N) or (L, K, N), bfloat16 or float16 (the same dtype),
+    row-major as JAX arrays are; a 3-D a with a 2-D b runs as one (L*M, K) @ (K, N) GEMM,
+    a 2-D a with a 3-D b is broadcast over the batch. bias: (N,) per column, any float
+    dtype. epilogue: None, "relu", "gelu" (tanh form) or "silu". out_dtype: float32,
+    bfloat16 or float16 (default a's dtype); fp32 accumulation. K or N that is not a
+    multiple of 8 is padded with zeros (TMA's 16-byte rows). Usable inside jax.jit;
+    differentiable in a, b and bias (``jax.custom_vjp``: dA and dB are two more kernel
+    GEMMs; with an activation, the backward recomputes a @ b + bias in fp32 first)."""
+    where = "cuteforge.jax.gemm"
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, jax.Array):
+            raise TypeError(f"{where}: argument {name!r} must be a jax.Array, got {type(t).__name__}")
+        if _dtype_name(t.dtype) not in _GEMM_AB:
+            raise TypeError(f"{where}: argument {name!r} has dtype {_dtype_name(t.dtype)}; supported: bfloat16, float16")
+        if t.ndim not in (2, 3):
+            raise ValueError(f"{where}: argument {name!r} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{where}: argument 'b' has dtype {_dtype_name(b.dtype)} but 'a' has {_dtype_name(a.dtype)}; "
+                        "they must match")
+    if int(a.shape[-1]) != int(b.shape[-2]):
+        raise ValueError(f"{where}: argument 'b' has {int(b.shape[-2])} rows but 'a' has K = {int(a.shape[-1])} "
+                         f"columns (a {tuple(a.shape)} @ b {tuple(b.shape)})")
+    if a.ndim == 3 and b.ndim == 3 and int(a.shape[0]) != int(b.shape[0]):
+        raise ValueError(f"{where}: argument 'b' has batch {int(b.shape[0])} but 'a' has {int(a.shape[0])}; they must match")
+    if epilogue not in _GEMM_ACTS:
+        raise ValueError(f"{where}: argument 'epilogue' must be None, 'relu', 'gelu' or 'silu', got {epilogue!r}")
+    act = epilogue or "none"
+    n = int(b.shape[-1])
+    if bias is not None:
+        if not isinstance(bias, jax.Array):
+            raise TypeError(f"{where}: argument 'bias' must be a jax.Array, got {type(bias).__name__}")
+        if _dtype_name(bias.dtype) not in _DTYPES:
+            raise TypeError(f"{where}: argument 'bias' has dtype {_dtype_name(bias.dtype)}; "
+                            "supported: float32, bfloat16, float16")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"{where}: argument 'bias' must have shape ({n},) (one value per output column), "
+                             f"got {tuple(bias.shape)}")
+    if out_dtype is None:
+        odt = _dtype_name(a.dtype)
+    else:
+        try:
+            odt = _dtype_name(out_dtype)
+        except TypeError:
+            raise TypeError(f"{where}: argument 'out_dtype' must be a dtype, got {out_dtype!r}") from None
+        if odt not in _DTYPES:
+            raise TypeError(f"{where}: argument 'out_dtype' is {odt}; supported: float32, bfloat16, float16")
+    st = (act, odt)
+    if a.ndim == 3 and b.ndim == 2:  # (L, M, K) @ (K, N): one (L*M, K) @ (K, N) GEMM
+        n_l, m, k = (int(s) for s in a.shape)
+        return _gemm_op(st, a.reshape(n_l * m, k), b, bias).reshape(n_l, m, n)
+    if a.ndim == 2 and b.ndim == 3:
+        a = jnp.broadcast_to(a[None], (int(b.shape[0]), *a.shape))
+    return _gemm_op(st, a, b, bias)
