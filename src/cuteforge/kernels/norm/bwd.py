@@ -65,7 +65,7 @@ def make_norm_bwd(
         raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
     config.validate(n, x_dtype.width, backward=True)
     tile = Tile.of(n, vec, config)
-    load, store, store_scalar = make_row_io(tile)
+    load, store, store_scalar, _, _ = make_row_io(tile)
     allreduce = make_allreduce(tile)
     T, P, C, R, KT1, V = tile.T, tile.P, tile.C, tile.R, tile.KT1, tile.vec
     is_ln = kind == "layer"
@@ -146,12 +146,20 @@ def make_norm_bwd(
         acc2 = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
 
         if cutlass.const_expr(prefetch):
-            # the next row block's x/dy land here while the current one is worked on
+            # the next row block's x/dy (and its row's rstd, mean) land here while the
+            # current one is worked on; st holds the current row's (rstd, mean)
             xn = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
             dyn = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+            st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+            stn = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
             row0 = cutlass.min(q * R + r, m - 1)
             load(x[row0, None], xr, g)
             load(dy[row0, None], dyr, g)
+            stn.fill(0.0)
+            st[0] = rstd_in[row0]
+            st[1] = Float32(0.0)
+            if cutlass.const_expr(is_ln):
+                st[1] = mean_in[row0]
 
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident before the first DSMEM store
@@ -169,14 +177,23 @@ def make_norm_bwd(
                     nrow = cutlass.min(nb * R + r, m - 1)
                     load(x[nrow, None], xn, g)
                     load(dy[nrow, None], dyn, g)
+                    stn[0] = rstd_in[nrow]
+                    if cutlass.const_expr(is_ln):
+                        stn[1] = mean_in[nrow]
             else:
                 load(x[row_c, None], xr, g)
                 load(dy[row_c, None], dyr, g)
             load(w, wr, g)
-            rstd = rstd_in[row_c]
             mean = Float32(0.0)
-            if cutlass.const_expr(is_ln):
-                mean = mean_in[row_c]
+            if cutlass.const_expr(prefetch):
+                # prefetched with x/dy: no global load on the path to the row sums
+                rstd = st[0]
+                if cutlass.const_expr(is_ln):
+                    mean = st[1]
+            else:
+                rstd = rstd_in[row_c]
+                if cutlass.const_expr(is_ln):
+                    mean = mean_in[row_c]
             # padded slots: dy = 0, so g = 0 and they add nothing to either sum
             acc1.fill(0.0)
             acc2.fill(0.0)
@@ -228,6 +245,8 @@ def make_norm_bwd(
                     for v in cutlass.range_constexpr(tile.width(k)):
                         xr[v, k] = xn[v, k]
                         dyr[v, k] = dyn[v, k]
+                st[0] = stn[0]
+                st[1] = stn[1]
 
         # ---- one fp32 partial row per CTA group
         if cutlass.const_expr(fold):

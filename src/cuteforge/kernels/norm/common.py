@@ -118,7 +118,8 @@ class Tile:
 
 
 def make_row_io(tile: Tile):
-    """@cute.jit helpers (load, store, store_f32, column) for one Tile."""
+    """@cute.jit helpers (load, store, store_scalar, load_col, store_col) for one Tile;
+    load_col / store_col move one fragment column k (a Constexpr) of what load / store move."""
     vec, PT, K, REM, KT, TAIL, NV = tile.vec, tile.PT, tile.K, tile.REM, tile.KT, tile.TAIL, tile.NV
     padded = bool(REM or TAIL)
 
@@ -161,6 +162,39 @@ def make_row_io(tile: Tile):
                 row[NV * vec + g] = frag[0, KT]
 
     @cute.jit
+    def load_col(row: cute.Tensor, frag: cute.Tensor, g, k: cutlass.Constexpr):
+        """frag[:, k] <- column k of this thread's share of `row` (``load`` one column at a
+        time; slots it does not own are left as they are)."""
+        dt = row.element_type
+        if cutlass.const_expr(k < KT):
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
+            thr = _view(row)[None, g, None]
+            if cutlass.const_expr(k < K):
+                cute.copy(atom, thr[None, k], frag[None, k])
+            else:
+                if g < REM:
+                    cute.copy(atom, thr[None, K], frag[None, K])
+        else:
+            if g < TAIL:
+                frag[0, KT] = row[NV * vec + g]
+
+    @cute.jit
+    def store_col(frag: cute.Tensor, row: cute.Tensor, g, k: cutlass.Constexpr):
+        """row <- frag[:, k], column k of ``store``."""
+        dt = row.element_type
+        if cutlass.const_expr(k < KT):
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
+            thr = _view(row)[None, g, None]
+            if cutlass.const_expr(k < K):
+                cute.copy(atom, frag[None, k], thr[None, k])
+            else:
+                if g < REM:
+                    cute.copy(atom, frag[None, K], thr[None, K])
+        else:
+            if g < TAIL:
+                row[NV * vec + g] = frag[0, KT]
+
+    @cute.jit
     def store_scalar(frag: cute.Tensor, row: cute.Tensor, g):
         """Like store, element by element (fp32 partial rows whose vec*32 may exceed 128 bits)."""
         if cutlass.const_expr(KT > 0):
@@ -176,7 +210,7 @@ def make_row_io(tile: Tile):
             if g < TAIL:
                 row[NV * vec + g] = frag[0, KT]
 
-    return load, store, store_scalar
+    return load, store, store_scalar, load_col, store_col
 
 
 def column_of(tile: Tile, g, k: int, v: int):

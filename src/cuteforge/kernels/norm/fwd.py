@@ -54,7 +54,7 @@ def make_norm_fwd(
         raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
     config.validate(n, x_dtype.width)
     tile = Tile.of(n, vec, config)
-    load, store, _ = make_row_io(tile)
+    load, store, _, load_col, store_col = make_row_io(tile)
     allreduce = make_allreduce(tile)
     T, P, C, R, KT1 = tile.T, tile.P, tile.C, tile.R, tile.KT1
     is_ln = kind == "layer"
@@ -64,6 +64,16 @@ def make_norm_fwd(
     n_red = 2 if is_ln else 1  # reductions per launch (mbar: one slot and mbarrier each)
     allreduce_m = make_allreduce_mbar(tile) if use_mbar else None
     tx_bytes = mbar_tx_bytes(tile)
+    # With a bias on a one-CTA row, y is formed column by column (weight and bias column
+    # k loaded, y column k stored) instead of loading both whole rows and storing the
+    # whole row at the end. The whole-row form gets 65-80 registers from ptxas 13.0 for
+    # many of these kernels (layer_norm bf16 at N = 2048..16384: 77-79, 16-bit x with fp32
+    # weight: 80, fp32 layer_norm: 68-79), past the 64 that 1024 resident threads per SM
+    # allow (one 512-thread CTA per SM instead of two, three 256-thread CTAs instead of
+    # four); column by column the same kernels get <= 64, no spill, same arithmetic
+    # (docs/kernels/norm.md v2.3). Cluster rows fit either way and keep the whole-row form.
+    stream_y = has_bias and C == 1
+    padded = bool(tile.REM or tile.TAIL)
 
     @cute.kernel
     def _kernel(
@@ -178,17 +188,29 @@ def make_norm_fwd(
 
         # ---- y = (s - mean) * rstd * w (+ b), written back over the row fragment
         if cutlass.const_expr(not config.early_weight):
-            load(w, wr, g)
-            if cutlass.const_expr(has_bias):
-                load(b, br, g)
+            if cutlass.const_expr(stream_y):
+                if cutlass.const_expr(padded):
+                    wr.fill(0.0)  # as `load` leaves them: slots this thread does not own
+                    br.fill(0.0)
+            else:
+                load(w, wr, g)
+                if cutlass.const_expr(has_bias):
+                    load(b, br, g)
         for k in cutlass.range_constexpr(KT1):
+            if cutlass.const_expr(stream_y and not config.early_weight):
+                load_col(w, wr, g, k)
+                load_col(b, br, g, k)
             for v in cutlass.range_constexpr(tile.width(k)):
                 yv = (xr[v, k].to(Float32) - mean) * rstd * wr[v, k].to(Float32)
                 if cutlass.const_expr(has_bias):
                     yv = yv + br[v, k].to(Float32)
                 xr[v, k] = yv.to(x_dtype)
-        if ok:
-            store(xr, y[row, None], g)
+            if cutlass.const_expr(stream_y):
+                if ok:
+                    store_col(xr, y[row, None], g, k)
+        if cutlass.const_expr(not stream_y):
+            if ok:
+                store(xr, y[row, None], g)
 
     @cute.jit
     def norm_fwd(
