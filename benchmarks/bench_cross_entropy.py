@@ -2,6 +2,8 @@
 
 Per shape (M x N, bf16 and fp32, tensors <= 4 GiB) and contender:
   fwd        per-row loss (reduction="none", no grad): bytes = logits + target + loss
+  fwd_mean   the mean loss, no grad (one launch that reduces; "cuteforge_rowwise": the
+             per-row kernel then torch's sum / count): bytes = logits + target
   bwd        the backward kernel alone (cuteforge, quack): bytes = logits read + dlogits written
   fwd+bwd    a training step: loss = ce(x, t) (mean), loss.backward(); ideal bytes = 3 x logits
 % of copy is against a device-to-device copy measured in the same run (L2 flushed).
@@ -66,6 +68,14 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
         return run
 
     train = {"cuteforge": step(lambda a, b: ops.cross_entropy(a, b)), "torch": step(lambda a, b: F.cross_entropy(a, b))}
+
+    def rowwise_mean() -> torch.Tensor:  # v1's composition: the per-row kernel, then torch reduces
+        per_row, _ = ce_mod._fwd(x, t, -100)
+        return per_row.sum() / t.ne(-100).sum()
+
+    # the no-grad mean loss: v2's one launch that also reduces, against v1's composition
+    fwd_mean = {"cuteforge": lambda: ops.cross_entropy(x, t), "cuteforge_rowwise": rowwise_mean,
+                "torch": lambda: F.cross_entropy(x, t)}
     if compiled:
         c_fwd = torch.compile(lambda a, b: F.cross_entropy(a, b, reduction="none"), dynamic=False)
         c_train = torch.compile(lambda a, b: F.cross_entropy(a, b), dynamic=False)
@@ -81,8 +91,9 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
         q_loss, q_lse = quack["fwd"](x, t, return_lse=True)
         bwd["quack"] = lambda: quack["bwd"](x, t, gscale, q_lse)
         train["quack"] = step(lambda a, b: quack["ce"](a, b, reduction="mean"))
-    nb = {"fwd": m * n * e + m * 16, "bwd": 2 * m * n * e + m * 16, "fwd+bwd": 3 * m * n * e}
-    for phase, group in (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", train)):
+        fwd_mean["quack"] = lambda: quack["ce"](x, t, reduction="mean")
+    nb = {"fwd": m * n * e + m * 16, "fwd_mean": m * n * e + m * 8, "bwd": 2 * m * n * e + m * 16, "fwd+bwd": 3 * m * n * e}
+    for phase, group in (("fwd", fwd), ("fwd_mean", fwd_mean), ("bwd", bwd), ("fwd+bwd", train)):
         for name, fn in group.items():
             try:
                 with torch.no_grad() if phase != "fwd+bwd" else torch.enable_grad():
