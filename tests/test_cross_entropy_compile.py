@@ -5,9 +5,11 @@ kernels; numerics are checked on the GPU."""
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
+import torch
 
 from cuteforge.kernels.cross_entropy.kernels import ce_config
 from cuteforge.kernels.reduce.row import RowReduceConfig, default_config
@@ -467,3 +469,19 @@ def test_beyond_two_levels_reduces_with_torch(monkeypatch):
         got.backward()
         assert torch.all(xg.grad == (0.2 if red == "mean" else 1.0))
     assert works == [] and all(not isinstance(c[0], tuple) for c in calls)  # only the per-row kernel
+
+
+def test_long_16bit_rows_take_the_per_row_kernel() -> None:
+    """Where the reduced kernel measured slower (16-bit rows past RED_MAX_N_16BIT), mean/sum
+    use the per-row kernel + torch's reduction: no workspace, and precompile skips them."""
+    from cuteforge.kernels.cross_entropy import kernels as k
+    from cuteforge.kernels.cross_entropy import spec
+
+    ce = importlib.import_module("cuteforge.ops.cross_entropy")  # (the package attribute is the function)
+    assert k.reduce_wanted(k.RED_MAX_N_16BIT, 16) and not k.reduce_wanted(k.RED_MAX_N_16BIT + 1, 16)
+    assert k.reduce_wanted(151936, 32)
+    assert ce._red_words(torch.empty(8, k.RED_MAX_N_16BIT + 1, dtype=torch.bfloat16)) == 0
+    assert ce._red_words(torch.empty(8, k.RED_MAX_N_16BIT, dtype=torch.bfloat16)) > 0
+    assert ce._red_words(torch.empty(8, 65536, dtype=torch.float32)) > 0
+    widths = {key.dtypes[0] for key, _ in spec._reduce_specs()}
+    assert widths == {"float32"}  # every STANDARD_N is past the 16-bit limit

@@ -231,11 +231,11 @@ def test_reduced_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
 def test_reduced_two_levels_long_rows() -> None:
     """1024-thread CTAs (long rows): 10000 CTAs in two groups (8192 and 1808), so both
     levels run with the widest CTAs; mean and sum, forward and backward."""
-    x, t = _inputs(10000, 32768, torch.bfloat16)
+    x, t = _inputs(10000, 32768, torch.float32)  # (16-bit rows this long take the per-row kernel)
     for reduction in ("mean", "sum"):
         xg = x.clone().requires_grad_(True)
         got = ops.cross_entropy(xg, t, reduction=reduction)
-        ref_x = x.float().requires_grad_(True)
+        ref_x = x.float().clone().requires_grad_(True)  # a copy: x.float() is x for fp32
         ref = _ref(ref_x, t, reduction)
         torch.testing.assert_close(got.float(), ref.detach(), rtol=1e-2, atol=1e-3)
         got.backward()
@@ -270,8 +270,9 @@ def _workspaces_idle() -> bool:
     return all(bool(w[: mod.WORK_ZERO].eq(0).all()) for w in mod._WORK.values())
 
 
-@pytest.mark.parametrize(("m", "n", "dtype"), [(65537, 1000, torch.float32), (1000, 65537, torch.bfloat16),
-                                               (65537, 7, torch.float16), (7, 1000, torch.float32)])
+@pytest.mark.parametrize(("m", "n", "dtype"), [(65537, 1000, torch.float32), (1000, 65537, torch.float32),
+                                               (1000, 16384, torch.bfloat16), (65537, 7, torch.float16),
+                                               (7, 1000, torch.float32)])
 def test_reduced_bitwise_reproducible(m: int, n: int, dtype: torch.dtype) -> None:
     """The same input gives the same bits on every call (no float atomics), also with other
     shapes launched in between (the ticket counter is reset after each launch) and with grad."""

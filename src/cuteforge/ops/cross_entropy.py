@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.cross_entropy.kernels import WORK_ZERO, reduce_fits, work_words
+from ..kernels.cross_entropy.kernels import WORK_ZERO, reduce_fits, reduce_wanted, work_words
 from ..kernels.cross_entropy.spec import (
     config_for,
     cross_entropy_bwd,
@@ -143,9 +143,12 @@ def _red_key(logits: torch.Tensor, target: torch.Tensor) -> Any:
 
 
 def _red_words(logits: torch.Tensor) -> int:
-    """The workspace words a reduced forward of these logits needs, or 0 where its grid
-    is beyond kernels.reduce_fits (the caller then reduces with torch ops)."""
+    """The workspace words a reduced forward of these logits needs, or 0 where the caller
+    reduces with torch ops instead: a grid beyond kernels.reduce_fits, or rows where the
+    per-row kernel measured faster (kernels.reduce_wanted)."""
     m, n = logits.shape
+    if not reduce_wanted(n, logits.element_size() * 8):
+        return 0
     cfg = config_for(n, logits.element_size() * 8)
     ctas = -(-m // cfg.rows_per_cta)
     return work_words(ctas) if reduce_fits(ctas, cfg.threads) else 0

@@ -268,6 +268,19 @@ WORK_PART = WORK_GCNT + GROUP_MAX  # per-CTA sums [G], then counts [G]
 WORK_ZERO = WORK_GSUM  # words that must be 0 when a launch starts
 
 
+# 16-bit rows longer than this take the per-row kernel + torch reduction instead of the
+# reduced kernel: on the H200 (h200-cross-entropy-v2.json, fwd_mean, 32768 rows, bf16) the
+# reduced kernel took 1391 us against 1181 us for the per-row kernel + torch's sum/count
+# at N = 65536, while at N = 4096 it was the faster one (95 vs 100 us); fp32 was level at
+# both. At such sizes the three torch ops' host time is far below the GPU time.
+RED_MAX_N_16BIT = 16384
+
+
+def reduce_wanted(n: int, dtype_bits: int) -> bool:
+    """Whether rows of `n` elements of this width take the reduced kernel (by measurement)."""
+    return dtype_bits != 16 or n <= RED_MAX_N_16BIT
+
+
 def reduce_fits(ctas: int, threads: int) -> bool:
     """Two levels of groups reach S^2 CTAs (at least 4M: M of 4M rows and more)."""
     s = reduce_group(threads)
