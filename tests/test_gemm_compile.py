@@ -227,13 +227,12 @@ def test_default_configs_valid_and_operand_names() -> None:
 def test_stale_tuned_config_falls_back() -> None:
     """A stored tuning result that this code cannot run (another version's store) gives
     way to the heuristic instead of failing the build."""
-    import importlib
+    from cuteforge.kernels.gemm.sm90.config import usable_tuned
 
-    mod = importlib.import_module("cuteforge.ops.gemm")
-    assert mod._usable(GemmConfig(), 2, 2) == GemmConfig()
-    assert mod._usable(GemmConfig(tile_m=96), 2, 2) is None
-    assert mod._usable(GemmConfig(stages=5), 2, 4) is None
-    assert mod._usable({"tile_m": 128}, 2, 2) is None and mod._usable(None, 2, 2) is None
+    assert usable_tuned(GemmConfig(), 2, 2) == GemmConfig()
+    assert usable_tuned(GemmConfig(tile_m=96), 2, 2) is None
+    assert usable_tuned(GemmConfig(stages=5), 2, 4) is None
+    assert usable_tuned({"tile_m": 128}, 2, 2) is None and usable_tuned(None, 2, 2) is None
 
 
 def _dsl_cluster_counts(cases: list[tuple[GemmConfig, int, int, int]]) -> list[int]:

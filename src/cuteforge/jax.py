@@ -797,27 +797,13 @@ def _present_gemm(vecs: tuple[int, ...], kinds: tuple[str, ...]) -> Callable[[li
     return arrange
 
 
-def _usable_gemm_config(tuned: Any, in_bytes: int, out_bytes: int) -> Any:
-    """As ops/gemm.py `_usable`: a stored tuning result this code can run, else None."""
-    from cuteforge.arch import limits_for
-    from cuteforge.kernels.gemm.sm90.config import GemmConfig
-
-    if not isinstance(tuned, GemmConfig):
-        return None
-    try:
-        tuned.validate(in_bytes, out_bytes, limits_for("sm_90a"))
-    except ValueError:
-        return None
-    return tuned
-
-
 def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tuple[int, int, int]) -> Any:
     """act(a3 @ b3 + bias) through the sm_90a kernel; a3 (L, M, K), b3 (L, K, N) bf16/fp16
     with K and N multiples of GEMM_ALIGN, bias (N,) or None. Returns (L, M, N) in odt.
     `dims`: the problem's (M, N, K) before padding, which pick the config as in torch."""
     from cuteforge.autotune import lookup
     from cuteforge.kernels.gemm.epilogue import GemmEpilogue
-    from cuteforge.kernels.gemm.sm90.config import default_config, fit_swizzle
+    from cuteforge.kernels.gemm.sm90.config import default_config, fit_swizzle, usable_tuned
     from cuteforge.kernels.gemm.spec import gemm_kernel
 
     n_l, m, k = (int(s) for s in a3.shape)
@@ -837,7 +823,7 @@ def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tup
     sms = _sm_count()
     params = tuple(sorted((("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())))
     pm, pn, pk = dims
-    tuned = _usable_gemm_config(lookup(kern, key, params, {"M": pm, "N": pn, "K": pk}), ab, ob)
+    tuned = usable_tuned(lookup(kern, key, params, {"M": pm, "N": pn, "K": pk}), ab, ob)
     cfg = fit_swizzle(tuned, pm, pn) if tuned is not None else default_config(pm, pn, pk, sms, ab)
     # FFI buffers: inputs a, b[, bias]; output out. Kernel order: a, b, out[, bias].
     forms = (("raw", 3), ("raw", 3)) + ((("raw", 1),) if bias is not None else ()) + (("raw", 3),)

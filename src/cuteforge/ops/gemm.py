@@ -34,7 +34,7 @@ import torch
 
 from ..arch import gpu_info, limits_for
 from ..kernels.gemm.epilogue import ACTIVATIONS, GemmEpilogue
-from ..kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle
+from ..kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle, usable_tuned
 from ..kernels.gemm.spec import AB_DTYPES, FP8_DTYPES, gemm_fp8_kernel, gemm_kernel
 from ..signature import FLOAT_DTYPES, dtype_name
 
@@ -176,18 +176,6 @@ def _check_operand(t: Any, kind: str, name: str, out_shape: tuple[int, ...]) -> 
         raise ValueError(f"{_WHERE}: argument {name!r} must be {want}, got shape {shape}")
 
 
-def _usable(tuned: Any, in_bytes: int, out_bytes: int) -> GemmConfig | None:
-    """A stored tuning result, or None when it is not a config this code can run (a store
-    written by another version): the heuristic then decides instead of a failed build."""
-    if not isinstance(tuned, GemmConfig):
-        return None
-    try:
-        tuned.validate(in_bytes, out_bytes, limits_for("sm_90a"))
-    except ValueError:
-        return None
-    return tuned
-
-
 def _check_devices(a: torch.Tensor, b: torch.Tensor, operands: Sequence[torch.Tensor], names: Sequence[str]) -> None:
     for name, t in (("a", a), ("b", b)):
         if not t.is_cuda:
@@ -303,7 +291,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
-    tuned = _usable(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size())
+    tuned = usable_tuned(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size())
     # A pinned config runs as given; a tuned one (stored for a bucket of shapes) gets its
     # swizzle group fitted to this problem, as the heuristic's does (no padding work).
     cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms, a.element_size()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ....arch import DeviceLimits
+from ....arch import DeviceLimits, limits_for
 
 RASTER_ORDERS = ("m", "n")
 K_BLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row: 64 bf16/fp16, 128 fp8
@@ -113,6 +113,18 @@ class GemmConfig:
         need = self.smem_bytes(in_bytes, out_bytes, stages)
         if need > limits.smem_per_block:
             raise ValueError(f"config {self} needs {need} B of shared memory; sm_{limits.sm} allows {limits.smem_per_block}")
+
+
+def usable_tuned(tuned: object, in_bytes: int, out_bytes: int) -> GemmConfig | None:
+    """A stored tuning result, or None when it is not a config this code can run (a store
+    written by another version): the heuristic then decides instead of a failed build."""
+    if not isinstance(tuned, GemmConfig):
+        return None
+    try:
+        tuned.validate(in_bytes, out_bytes, limits_for("sm_90a"))
+    except ValueError:
+        return None
+    return tuned
 
 
 def k_block(in_bytes: int) -> int:
