@@ -238,7 +238,8 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
           act: str | None = None) -> list[dict]:
     """Every candidate config at a few shapes: what the default and the tuner should pick.
     fp8: e4m3 inputs with per-tensor scales, against torch._scaled_mm(use_fast_accum=True).
-    act: bf16 with a fused bias + act epilogue, against cuBLAS addmm + the eager act."""
+    act: bf16 with a fused bias + act epilogue, against cuBLAS addmm + the eager act
+    ("none": the bias alone, against addmm, which takes cuBLASLt's bias epilogue)."""
     from dataclasses import replace
 
     from cuteforge.kernels.gemm.epilogue import GemmEpilogue
@@ -255,7 +256,8 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
             a, b = _inputs(m, n, k)
             bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             extra = (bias,)
-            tf = {"gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}[act]
+            tf = {"gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu,
+                  "none": lambda x: x}[act]  # none: bias only, against cuBLASLt's bias epilogue
             cublas = lambda a=a, b=b, bias=bias, tf=tf: tf(torch.addmm(bias, a, b))  # noqa: E731
             cfgs = candidate_configs(m, n) + EXTRA_CONFIGS + EPI_CONFIGS
         elif fp8:
@@ -373,7 +375,8 @@ def main() -> None:
     p.add_argument("--epilogue-shapes", default=",".join("x".join(map(str, s)) for s in EPILOGUE))
     p.add_argument("--shapes", default="", help="shapes of the 'custom' set (plain rows), e.g. 65536x128x4096")
     p.add_argument("--fp8-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the fp8 and fp8sweep sets")
-    p.add_argument("--sweep-epilogue", default="gelu", help="act of the 'episweep' set (bias + act fused)")
+    p.add_argument("--sweep-epilogue", default="gelu",
+                   help="act of the 'episweep' set (bias + act fused): gelu, silu, relu, or none (bias only)")
     p.add_argument("--out")
     p.add_argument("--plot", help="write a PNG of a results JSON (given as --out) and exit; no GPU needed")
     args = p.parse_args()

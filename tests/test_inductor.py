@@ -381,9 +381,10 @@ def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> No
 
 
 def test_pointwise_producers_stay_with_inductor() -> None:
-    """softmax / norms / Linear+act whose input is made by a pointwise op are left to
-    Inductor (it fuses the producer; torch 2.11's custom-op autotuning cannot take an
-    unrealized input); the same ops on a GEMM output or a graph input are rewritten."""
+    """softmax / norms whose input is made by a pointwise op are left to Inductor (it
+    fuses the producer; torch 2.11's custom-op autotuning cannot take an unrealized
+    input); the same ops on a GEMM output or a graph input are rewritten, and so is a
+    Linear + act on any input (its lowering realizes x: see the end-to-end test below)."""
 
     def f(x: torch.Tensor, w: torch.Tensor) -> Any:
         s = x @ x.t()
@@ -394,4 +395,33 @@ def test_pointwise_producers_stay_with_inductor() -> None:
     w = torch.randn(64, dtype=torch.bfloat16)
     with torch.no_grad():
         gm = _dynamo_graph(f, x, w)
-    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {"softmax": 1, "rms_norm": 1}
+    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {"softmax": 1, "rms_norm": 1, "linear_relu": 1}
+
+
+def test_linear_act_on_a_pointwise_input_end_to_end(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Linear + act whose input a pointwise op makes (an RMSNorm's output in a transformer
+    block) goes through the custom-op autotuning: the wrapped lowering writes x out first,
+    so layout inference has strides (an unrealized Pointwise raised NotImplementedError on
+    torch 2.11). The CUDA-only cuteforge_* decomposition is patched out, as in
+    test_end_to_end_on_cpu, and the op's eager impl computes with torch."""
+    from torch._inductor.codegen.subgraph import SubgraphTemplate
+
+    monkeypatch.setattr(ci, "_sm90", lambda device: True)
+    monkeypatch.setattr(ci, "_AUTOTUNED", [(op, n, d[:1]) for op, n, d in ci._AUTOTUNED])
+    monkeypatch.setattr(ci, "_linear_bias_act_impl", ci.inductor_linear_bias_act)
+    monkeypatch.setattr(ci, "gemm_choice", lambda *args: None)  # the inlined addmm's cuteforge choice is CUDA-only
+    monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    assert ci.enable()
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.relu(F.linear(F.silu(x) * 2, w, b))
+
+    x, w, b = (torch.randn(8, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16),
+               torch.randn(32, dtype=torch.bfloat16))
+    torch._dynamo.reset()
+    with torch.no_grad(), config.patch(fx_graph_cache=False, autotune_local_cache=False):
+        got = torch.compile(f, mode="max-autotune")(x, w, b)
+    torch.testing.assert_close(got, f(x, w, b), atol=0.1, rtol=0.02)
+    assert [e["op"] for e in ci.choices_log()] == ["cfi_linear_bias_act"], ci.choices_log()
+    torch._dynamo.reset()

@@ -563,11 +563,14 @@ _GELU = {torch._C._nn.gelu, torch.nn.functional.gelu}
 
 
 # Producers whose output Inductor always holds in a buffer (graph inputs, GEMMs, other
-# custom ops), and the views that keep it one. A tensor made by a pointwise op is not
-# rewritten: Inductor fuses that producer into its own softmax / norm / epilogue kernel
-# (a cuteforge kernel would need it written out first), and on torch 2.11 the custom-op
-# autotuning cannot even take an unrealized input (`_infer_custom_op_layout` asks a
-# Pointwise node for its strides and raises NotImplementedError).
+# custom ops), and the views that keep it one. A softmax / norm input made by a pointwise
+# op is not rewritten: Inductor fuses that producer into its own softmax / norm kernel (a
+# cuteforge kernel would need it written out first, and so would the inductor_* choice
+# once the op's input is realized for the custom-op autotuning, which on torch 2.11 cannot
+# take an unrealized input: `_infer_custom_op_layout` asks a Pointwise node for its strides
+# and raises NotImplementedError). A Linear's input is different: every GEMM Inductor has
+# (cuBLAS, its Triton templates) reads it from memory anyway, so Linear + act takes any
+# producer and its lowering realizes x first (`_realizing_lowering`).
 _BUFFERED = {torch.matmul, torch.bmm, torch.mm, torch.addmm, torch.baddbmm, torch.nn.functional.scaled_dot_product_attention,
              torch._C._nn.linear, torch.nn.functional.linear, operator.matmul}
 _VIEW_METHODS = {"view", "reshape", "permute", "transpose", "unsqueeze", "squeeze", "flatten", "contiguous", "expand"}
@@ -698,7 +701,7 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
             return None
         x, w, b = lin.args[0], _arg(lin, 1, "weight"), _arg(lin, 2, "bias")
         xv, wv, bv = _ev(x), _ev(w), _ev(b)
-        if not (_inference_tensor(out) and _inference_tensor(xv) and isinstance(wv, torch.Tensor) and _buffered(x)):
+        if not (_inference_tensor(out) and _inference_tensor(xv) and isinstance(wv, torch.Tensor)):
             return None
         if xv.dtype not in _GEMM_DTYPES or wv.dtype != xv.dtype or wv.dim() != 2 or xv.dim() < 2 or not _static(xv.shape):
             return None
@@ -852,6 +855,32 @@ def _no_fallback(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("cuteforge.inductor: placeholder for a disabled torch 2.11 fallback choice")
 
 
+_LINEAR_OPS = (_linear_act_op, _linear_bias_act_op)
+
+
+def _realize_x_first(op: Any, lowerings: dict[Any, Any], user: dict[Any, Any] | None) -> None:
+    """Wrap the lowering register_custom_op_autotuning just registered for a Linear + act
+    op (in `user_lowerings` on 2.13, `lowerings` on 2.11) so that x, when a pointwise op
+    made it, is first written out contiguous (`ExternKernel.require_contiguous`: Inductor
+    fuses that copy into the producer): the autotuning needs a buffer's strides, and every
+    GEMM choice reads x from memory anyway. x already in a buffer passes unchanged.
+    disable() restores the table entry, so the wrapper goes with it."""
+    from torch._inductor import ir
+
+    table = user if user is not None and op in user else lowerings
+    inner = table[op]
+
+    @functools.wraps(inner)
+    def lowering(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, ir.TensorBox):
+            realized = ir.ExternKernel.require_contiguous(x)
+            if isinstance(realized, ir.TensorBox):
+                x = realized
+        return inner(x, *args, **kwargs)
+
+    table[op] = lowering
+
+
 def is_enabled() -> bool:
     return _STATE is not None
 
@@ -911,6 +940,8 @@ def enable() -> bool:
             config.post_grad_custom_post_pass = key_cls(state["post_grad_custom_post_pass"])
             for op, name, decomps in _AUTOTUNED:
                 register_custom_op_autotuning(op, configs=[CustomOpConfig(d) for d in decomps], name=name)
+                if op in _LINEAR_OPS:
+                    _realize_x_first(op._opoverload, lowering.lowerings, user)
             _STATE = state
             _ensure_feedback()
         except Exception:

@@ -117,10 +117,12 @@ def test_block_max_autotune() -> None:
     log = ci.choices_log()
     _print_log(log)
     ops = {e["op"] for e in log}
-    # ln(x) reads the block's input: offered. softmax(q @ k.T * s), rms_norm(x + attn) and the
-    # SiLU Linear on rms_norm's output have pointwise producers: left to Inductor's fusion.
-    assert "cfi_layer_norm" in ops, ops
-    assert not ops & {"cfi_rms_norm", "cfi_softmax", "cfi_linear_bias_act"}, ops
+    # ln(x) reads the block's input: offered. softmax(q @ k.T * s) and rms_norm(x + attn) have
+    # pointwise producers: left to Inductor's fusion. The up-projection + act on rms_norm's
+    # output is offered: its lowering writes the normed x out first (on torch 2.11 the
+    # custom-op autotuning raised NotImplementedError on that unrealized input).
+    assert "cfi_layer_norm" in ops and "cfi_linear_bias_act" in ops, ops
+    assert not ops & {"cfi_rms_norm", "cfi_softmax"}, ops
     assert ops & {"addmm", "bmm"}, ops
     print("cuteforge won", sum(e["cuteforge_won"] for e in log), "of", len(log))
 
