@@ -148,16 +148,18 @@ def _blocks_host(fn: Any) -> bool:
     return dt > 0.005
 
 
-def gemm_diag(M: int, K: int, N: int) -> dict[str, Any]:
+def gemm_diag(M: int, K: int, N: int, act: str = "none") -> dict[str, Any]:
     """Why does the cuteforge GEMM choice time slower than cuBLAS inside Inductor's
     selection? One addmm (bias, bf16) in the layouts Inductor hands over (a row-major, b =
     w.t(), the bias expanded to (M, N) with stride (0, 1)), every way in: cuBLAS, the extern
     kernel Inductor times (the plain function cuteforge.inductor.cuteforge_addmm), the same
-    through its custom op, the k_* op the cuteforge_* decompositions call, the op
+    through its custom op, the extern function of the Linear + act choice, the op
     torch.ops.cuteforge.gemm and the eager cuteforge.ops.gemm. Each timed
     by Inductor's own benchmarker (what selection compares), by cuteforge.timing.bench,
     with host microseconds per call, the profiler's GPU time per call, and whether the call
-    blocks the host (a synchronization would make Inductor's timing include host time)."""
+    blocks the host (a synchronization would make Inductor's timing include host time).
+    With act (gelu, silu, relu): also the Linear + act choice both ways (F.linear + the eager
+    act, the extern cuteforge_linear_bias_act with the act fused) and the fused eager ops.gemm."""
     from torch._inductor.runtime.benchmarking import benchmarker
 
     import cuteforge.inductor as ci
@@ -174,16 +176,23 @@ def gemm_diag(M: int, K: int, N: int) -> dict[str, Any]:
         "cublas_addmm": lambda: torch.addmm(inp, a, b),
         "cuteforge_extern_addmm": lambda: ci.cuteforge_addmm(inp, a, b),
         "cuteforge_inductor_custom_op_addmm": lambda: torch.ops.cuteforge_inductor.addmm.default(inp, a, b),
-        "cuteforge_k_linear_bias_act": lambda: torch.ops.cuteforge_inductor.k_linear_bias_act.default(a, w, bias, "none"),
+        "cuteforge_extern_linear_bias_act": lambda: ci.cuteforge_linear_bias_act(a, w, bias, act="none"),
         "cuteforge_op_gemm": lambda: torch.ops.cuteforge.gemm(a, b, [bias], key, kinds, None),
         "cuteforge_eager_gemm": lambda: gemm(a, b, bias=bias),
     }
+    if act != "none":
+        tf = {"gelu": lambda y: F.gelu(y, approximate="tanh"), "silu": F.silu, "relu": F.relu}[act]
+        fns[f"cublas_linear_{act}"] = lambda: tf(F.linear(a, w, bias))
+        fns[f"cuteforge_extern_linear_bias_{act}"] = lambda: ci.cuteforge_linear_bias_act(a, w, bias, act=act)
+        fns[f"cuteforge_eager_gemm_{act}"] = lambda: gemm(a, b, bias=bias, epilogue=act)
     out: dict[str, Any] = {"shape": [M, K, N], "layout": "a (M,K) row-major, b = w.t(), bias expanded (0, 1)"}
-    ref = fns["cublas_addmm"]().float()
+    refs = {"none": fns["cublas_addmm"]().float()}
+    if act != "none":
+        refs[act] = fns[f"cublas_linear_{act}"]().float()
     for name, fn in fns.items():
         r: dict[str, Any] = {}
         try:
-            r["max_err"] = (fn().float() - ref).abs().max().item()
+            r["max_err"] = (fn().float() - refs[act if name.endswith(act) else "none"]).abs().max().item()
             r["inductor_benchmarker_ms"] = float(benchmarker.benchmark_gpu(fn))
             r["cuteforge_bench_ms"] = bench(fn)
             r["host_us"] = host_us(fn)
@@ -210,6 +219,8 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--gemm-diag", default="2048x1024x4096,2048x4096x1024",
                     help="MxKxN,... addmm shapes for the GEMM timing diagnosis ('' to skip)")
+    ap.add_argument("--diag-act", default="none", help="gemm diag: also the Linear + act choice (gelu, silu, relu)")
+    ap.add_argument("--no-block", action="store_true", help="only the GEMM diagnosis")
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
     rows = []
@@ -219,10 +230,10 @@ def main() -> int:
     for spec in filter(None, args.gemm_diag.split(",")):
         M, K, N = map(int, spec.split("x"))
         try:
-            diag.append(gemm_diag(M, K, N))
+            diag.append(gemm_diag(M, K, N, args.diag_act))
         except Exception as e:  # noqa: BLE001
             diag.append({"shape": [M, K, N], "error": _error(e)})
-    for shape in args.shapes.split(","):
+    for shape in [] if args.no_block else args.shapes.split(","):
         bsz, seq = map(int, shape.split("x"))
         x = torch.randn(bsz, seq, args.d, device="cuda", dtype=torch.bfloat16)
         row: dict[str, Any] = {"shape": [bsz, seq, args.d]}

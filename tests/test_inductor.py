@@ -14,16 +14,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch._inductor import config, lowering
 from torch._inductor.choices import InductorChoices
+from torch._inductor.kernel import custom_op
 
 import cuteforge.inductor as ci
 
-OPS = [op._opoverload for op, _, _ in ci._AUTOTUNED]
+OPS = [op._opoverload for op, *_ in ci._AUTOTUNED]
 
 
 def _snapshot() -> dict[str, Any]:
     user = getattr(lowering, "user_lowerings", {})
     return {
         "gtc": InductorChoices.__dict__["get_template_configs"],
+        "select": custom_op.autotune_select_algorithm,
         "pre": config.pre_grad_custom_pass,
         "post": config.post_grad_custom_post_pass,
         "low": [lowering.lowerings.get(op) for op in OPS],
@@ -33,7 +35,7 @@ def _snapshot() -> dict[str, Any]:
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return (a["gtc"] is b["gtc"] and a["pre"] is b["pre"] and a["post"] is b["post"]
+    return (a["gtc"] is b["gtc"] and a["select"] is b["select"] and a["pre"] is b["pre"] and a["post"] is b["post"]
             and all(x is y for x, y in zip(a["low"], b["low"])) and all(x is y for x, y in zip(a["user"], b["user"]))
             and a["savers"] == b["savers"])
 
@@ -90,6 +92,8 @@ def test_enable_disable_restore_exactly() -> None:
     on = _snapshot()
     assert on["gtc"] is not before["gtc"] and getattr(on["gtc"], "_cuteforge", False)
     assert on["pre"] is not before["pre"] and on["post"] is not before["post"]
+    assert on["select"].__wrapped__ is before["select"]
+    assert all(on_low is not off for on_low, off in zip(on["low"] + on["user"], before["low"] + before["user"]) if on_low)
     table = getattr(lowering, "user_lowerings", lowering.lowerings)
     assert all(op in table for op in OPS)
     assert ci._feedback in ci._selector_cache().feedback_saver_fns
@@ -245,7 +249,7 @@ def test_choice_log_classifies_winners() -> None:
     ci._feedback({cf: 0.5, tri: 0.7, aten: 0.6}, "mm", [], [])
     ci._feedback({cf: 0.9, aten: 0.6}, "addmm", [], [])
     ci._feedback({tri: 0.1, aten: 0.2}, "bmm", [], [])  # no cuteforge candidate: not logged
-    dec, ind = _C("cfi_softmax_cuteforge_softmax_0"), _C("cfi_softmax_inductor_softmax_1")
+    dec, ind = _C("cuteforge_softmax"), _C("cfi_softmax_inductor_softmax_0")
     fb = _C("cuteforge_inductor_softmax_fallback")  # 2.13's name for the op's eager impl
     ci._feedback({dec: 0.3, fb: 0.31, ind: 0.2}, "cfi_softmax", [], [])
     ci._feedback({fb: 0.1, ind: 0.2}, "cfi_softmax", [], [])
@@ -253,8 +257,8 @@ def test_choice_log_classifies_winners() -> None:
     assert [e["op"] for e in log] == ["mm", "addmm", "cfi_softmax", "cfi_softmax"]
     assert [e["cuteforge_won"] for e in log] == [True, False, False, True]
     assert log[0]["inductor_best"] == "mm" and log[0]["cuteforge_best_ms"] == 0.5
-    assert log[2]["cuteforge_best"] == "cfi_softmax_cuteforge_softmax_0"
-    assert log[2]["winner"] == "cfi_softmax_inductor_softmax_1" and log[3]["inductor_best"] == ind.name
+    assert log[2]["cuteforge_best"] == "cuteforge_softmax"
+    assert log[2]["winner"] == "cfi_softmax_inductor_softmax_0" and log[3]["inductor_best"] == ind.name
     ci.clear_choices_log()
     assert ci.choices_log() == []
 
@@ -275,24 +279,34 @@ def test_decompositions_match_torch_on_cpu() -> None:
 
 
 def test_kernels_skip_the_custom_op_layers() -> None:
-    """What Inductor calls for a cuteforge choice: the GEMM choices' kernels are the plain
-    functions (no dispatcher), the decompositions' k_* ops are Library ops (one dispatch,
-    no custom_op wrapper) whose fake impls give the real ops' shapes."""
+    """What Inductor calls for a cuteforge choice: plain functions (no dispatcher, no
+    benchmark module), the GEMM ones and the custom-op selections' alike, registered in
+    extern_kernels by enable()."""
+    from torch._inductor.select_algorithm import extern_kernels
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    for op in ("mm", "addmm", "bmm"):
+    ci.enable()
+    for op in ("mm", "addmm", "bmm", *(o for *_, o in ci._AUTOTUNED)):
         choice = ci._extern_choice(op)
-        assert choice.to_callable() is getattr(ci, f"cuteforge_{op}")
+        assert choice.to_callable() is getattr(ci, f"cuteforge_{op}") is getattr(extern_kernels, f"cuteforge_{op}")
         assert not choice.use_fallback_kernel and not choice.has_out_variant
-    assert ci._k_softmax._schema.name == "cuteforge_inductor::k_softmax"
-    assert torch._library.custom_ops._maybe_get_opdef("cuteforge_inductor::k_softmax") is None
-    assert torch._library.custom_ops._maybe_get_opdef("cuteforge_inductor::softmax") is not None
+    assert not hasattr(torch.ops.cuteforge_inductor, "k_softmax")  # the old decompositions' ops are gone
     with FakeTensorMode():
         x, w, b = torch.empty(3, 5, 64), torch.empty(32, 64), torch.empty(32)
-        assert ci.cuteforge_linear_bias_act(x, w, b, "gelu").shape == (3, 5, 32)
-        assert ci.cuteforge_linear_act(x, w, "relu").shape == (3, 5, 32)
-        assert ci.cuteforge_softmax(x).shape == x.shape
-        assert ci.cuteforge_rms_norm(x, torch.empty(64), ci.eps_to_bits(1e-6)).shape == x.shape
+        assert ci._linear_bias_act_op(x, w, b, "gelu").shape == (3, 5, 32)
+        assert ci._softmax_op(x).shape == x.shape
+
+
+def test_custom_choice_is_bound_to_the_lowered_op() -> None:
+    """The cuteforge choice of a custom-op selection takes the scalars its lowering saw,
+    and only inside that selection."""
+    ci.enable()
+    assert ci._custom_choice("cfi_rms_norm", [], None) is None  # no lowering in progress
+    ci._LOWERING.append(("cfi_rms_norm", {"eps_bits": ci.eps_to_bits(1e-6)}))
+    try:
+        assert ci._custom_choice("cfi_softmax", [], None) is None  # another selection
+    finally:
+        ci._LOWERING.pop()
 
 
 def _variant_name_211(self: Any, decomp: Any, kwargs: dict[str, Any]) -> str:
@@ -328,7 +342,7 @@ def test_choice_names_are_identifiers() -> None:
     found = _scalars(gm)
     assert {str(op) for op, _ in found} >= {"cuteforge_inductor.layer_norm.default", "cuteforge_inductor.rms_norm.default",
                                              "cuteforge_inductor.softmax.default"}
-    decomps = {op._opoverload: (name, ds) for op, name, ds in ci._AUTOTUNED}
+    decomps = {op._opoverload: (name, ds) for op, name, ds, _ in ci._AUTOTUNED}
     template = SubgraphTemplate(name="t")
     for op, kwargs in found:
         name, ds = decomps[op]
@@ -349,7 +363,7 @@ def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> No
     """The whole path through a real torch.compile(max-autotune) on the CPU: the pre-grad
     rewrite, register_custom_op_autotuning's selection between the inductor_* decomposition
     and the op's eager impl (which, with no CUDA, falls back to torch), and the choice log.
-    The device gate and the cuteforge_* decompositions (CUDA-only ops) are patched out.
+    The device gate and the cuteforge extern choices (CUDA-only) are patched out.
 
     Choice naming is torch 2.11's (unsanitized): with a float eps in the op's arguments
     the inductor_* choice's benchmark module was a SyntaxError there (the H200 run's
@@ -357,7 +371,7 @@ def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> No
     from torch._inductor.codegen.subgraph import SubgraphTemplate
 
     monkeypatch.setattr(ci, "_sm90", lambda device: True)
-    monkeypatch.setattr(ci, "_AUTOTUNED", [(op, n, d[:1]) for op, n, d in ci._AUTOTUNED])
+    monkeypatch.setattr(ci, "_custom_choice", lambda *args: None)  # the cuteforge extern choices are CUDA-only
     monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no stored timings from an earlier run
     assert ci.enable()
@@ -402,12 +416,12 @@ def test_linear_act_on_a_pointwise_input_end_to_end(monkeypatch: pytest.MonkeyPa
     """Linear + act whose input a pointwise op makes (an RMSNorm's output in a transformer
     block) goes through the custom-op autotuning: the wrapped lowering writes x out first,
     so layout inference has strides (an unrealized Pointwise raised NotImplementedError on
-    torch 2.11). The CUDA-only cuteforge_* decomposition is patched out, as in
+    torch 2.11). The CUDA-only cuteforge extern choice is patched out, as in
     test_end_to_end_on_cpu, and the op's eager impl computes with torch."""
     from torch._inductor.codegen.subgraph import SubgraphTemplate
 
     monkeypatch.setattr(ci, "_sm90", lambda device: True)
-    monkeypatch.setattr(ci, "_AUTOTUNED", [(op, n, d[:1]) for op, n, d in ci._AUTOTUNED])
+    monkeypatch.setattr(ci, "_custom_choice", lambda *args: None)  # the cuteforge extern choices are CUDA-only
     monkeypatch.setattr(ci, "_linear_bias_act_impl", ci.inductor_linear_bias_act)
     monkeypatch.setattr(ci, "gemm_choice", lambda *args: None)  # the inlined addmm's cuteforge choice is CUDA-only
     monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
@@ -424,4 +438,44 @@ def test_linear_act_on_a_pointwise_input_end_to_end(monkeypatch: pytest.MonkeyPa
         got = torch.compile(f, mode="max-autotune")(x, w, b)
     torch.testing.assert_close(got, f(x, w, b), atol=0.1, rtol=0.02)
     assert [e["op"] for e in ci.choices_log()] == ["cfi_linear_bias_act"], ci.choices_log()
+    torch._dynamo.reset()
+
+
+def test_cuteforge_choice_wins_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """The cuteforge ExternKernelChoice of a custom-op selection, bound to the op's scalar
+    arguments, through a real torch.compile(max-autotune) on the CPU: the selection is
+    made to keep only cuteforge's choice, whose kernel (extern_kernels.cuteforge_rms_norm)
+    computes with torch here; the compiled graph must call it with eps_bits and give
+    torch's answer."""
+    from torch._inductor.codegen.subgraph import SubgraphTemplate
+    from torch._inductor.select_algorithm import extern_kernels
+
+    monkeypatch.setattr(ci, "_sm90", lambda device: True)
+    monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    real = custom_op.autotune_select_algorithm
+
+    def only_cuteforge(*args: Any, **kwargs: Any) -> Any:
+        kwargs["choices"] = [c for c in kwargs["choices"] if str(c.name).startswith("cuteforge_")]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(custom_op, "autotune_select_algorithm", only_cuteforge)  # what enable() wraps
+    assert ci.enable()
+    calls: list[int] = []
+
+    def cpu_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
+        calls.append(eps_bits)
+        return ci.inductor_rms_norm(x, w, eps_bits)
+
+    monkeypatch.setattr(extern_kernels, "cuteforge_rms_norm", cpu_rms_norm)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (64,), w, 1e-6) * 2
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    torch._dynamo.reset()
+    with torch.no_grad(), config.patch(fx_graph_cache=False, autotune_local_cache=False):
+        got = torch.compile(f, mode="max-autotune")(x, w)
+    torch.testing.assert_close(got, f(x, w))
+    assert calls and set(calls) == {ci.eps_to_bits(1e-6)}, calls  # the graph called it, with the op's eps
     torch._dynamo.reset()

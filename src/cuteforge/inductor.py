@@ -23,12 +23,15 @@ torch 2.11 and 2.13 (both read from source):
    torch/_inductor/fx_passes/pre_grad.py on the Dynamo graph, where these are still
    single `F.*` calls) rewrites them into single-output custom ops `cuteforge_inductor::*`
    (inference graphs only: outputs that do not require grad). Each op is registered with
-   `register_custom_op_autotuning` (torch/_inductor/kernel/custom_op.py) with two
-   decompositions: `cuteforge_*` (one call of a `cuteforge_inductor::k_*` kernel op, a
-   lean `torch.library.Library` op; the GEMM epilogue fused by cuteforge's own epilogue
-   mechanism) and `inductor_*` (the plain torch expression, which
-   Inductor compiles and, when it wins, inlines so its own fusion applies). Inductor times
-   both (and, on 2.13, the op's eager impl, also cuteforge) and keeps the fastest.
+   `register_custom_op_autotuning` (torch/_inductor/kernel/custom_op.py) with Inductor's
+   own decomposition `inductor_*` (the plain torch expression, which Inductor compiles
+   and, when it wins, inlines so its own fusion applies). Into that selection enable()
+   adds one `ExternKernelChoice` whose kernel is the plain function `cuteforge_<op>` (the
+   GEMM epilogue fused by cuteforge's own epilogue mechanism), by wrapping the op's
+   lowering (which records its scalar arguments) and the module's
+   `autotune_select_algorithm` (which appends the choice to selections named `cfi_*`).
+   Inductor times both (and, on 2.13, the op's eager impl, also cuteforge) and keeps
+   the fastest.
 3. Logging: a feedback saver (`select_algorithm.add_feedback_saver`) sees every selection's
    timings; those with a cuteforge candidate are logged (logger `cuteforge.inductor`) and
    kept for `choices_log()`.
@@ -275,28 +278,17 @@ def _linear_bias_act_impl(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act
     return _linear(x, w, b, act)
 
 
-# What the cuteforge_* decompositions call, so what a winning one leaves in the compiled
-# graph (an ir.FallbackKernel: `torch.ops.cuteforge_inductor.k_softmax.default(buf)`).
-# Defined through torch.library.Library with a CUDA kernel and a fake impl: one C++
-# dispatch to the function, without torch.library.custom_op's Python autograd and
-# aliasing layers, which cost ~17 us a call (measured on CPU tensors; 22 vs 5 us) and
-# showed up in Inductor's timings. They take no autograd (the rewrite is inference-only).
-_KERNEL_LIB = torch.library.Library("cuteforge_inductor", "FRAGMENT")
-
-
-def _kernel_op(name: str, impl: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
-    _KERNEL_LIB.define(name + torch.library.infer_schema(impl, mutates_args=()))
-    _KERNEL_LIB.impl(name, impl, "CUDA")
-    torch.library.register_fake(f"cuteforge_inductor::{name}", fake, lib=_KERNEL_LIB)
-    return getattr(torch.ops.cuteforge_inductor, name).default
-
-
-
-# --------------------------------------------------------------------------- decompositions
-# For register_custom_op_autotuning: called as decomp(*tensors, **scalars) with the op's
-# schema names. `cuteforge_*` call the k_* kernel ops (never the op being lowered, which
-# would recurse into this lowering on 2.11); `inductor_*` are what Inductor compiles itself.
-# The names matter: choice names contain them, and the log classifies by them.
+# --------------------------------------------------------------------------- candidates
+# `inductor_*`: the decomposition register_custom_op_autotuning times and, when it wins,
+# inlines (called as decomp(*tensors, **scalars) with the op's schema names; the names
+# matter: choice names contain them, and the log classifies by them).
+# `cuteforge_*`: the plain functions of the cuteforge ExternKernelChoices added to the same
+# selection (`_custom_choice`): called directly by the timing loop and, when one wins, by
+# the compiled graph (`extern_kernels.cuteforge_rms_norm(buf0, arg1, eps_bits=...)`), like
+# the GEMM choices. As subgraph decompositions they were compiled into benchmark modules
+# whose host time (~100 us a call on the H200 host) landed in their timings: a layer_norm
+# whose kernel takes ~17 us timed 134 us, a fused Linear + gelu 1.36x faster than cuBLAS
+# + gelu standalone timed 1.3x slower.
 
 _ACT_TORCH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda t: t,
@@ -307,7 +299,7 @@ _ACT_TORCH: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def cuteforge_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
-    return _k_linear_act(x, w, act)
+    return _linear_act_impl(x, w, act)
 
 
 def inductor_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Tensor:
@@ -315,7 +307,7 @@ def inductor_linear_act(x: torch.Tensor, w: torch.Tensor, act: str) -> torch.Ten
 
 
 def cuteforge_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
-    return _k_linear_bias_act(x, w, b, act)
+    return _linear_bias_act_impl(x, w, b, act)
 
 
 def inductor_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, act: str) -> torch.Tensor:
@@ -323,7 +315,7 @@ def inductor_linear_bias_act(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, 
 
 
 def cuteforge_softmax(x: torch.Tensor) -> torch.Tensor:
-    return _k_softmax(x)
+    return _softmax_impl(x)
 
 
 def inductor_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -331,7 +323,7 @@ def inductor_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def cuteforge_log_softmax(x: torch.Tensor) -> torch.Tensor:
-    return _k_log_softmax(x)
+    return _log_softmax_impl(x)
 
 
 def inductor_log_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -339,7 +331,7 @@ def inductor_log_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def cuteforge_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
-    return _k_rms_norm(x, w, eps_bits)
+    return _rms_norm_impl(x, w, eps_bits)
 
 
 def inductor_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
@@ -347,7 +339,7 @@ def inductor_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.
 
 
 def cuteforge_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_bits: int) -> torch.Tensor:
-    return _k_layer_norm(x, w, b, eps_bits)
+    return _layer_norm_impl(x, w, b, eps_bits)
 
 
 def inductor_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_bits: int) -> torch.Tensor:
@@ -355,20 +347,12 @@ def inductor_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps_b
 
 
 def cuteforge_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
-    return _k_layer_norm_nb(x, w, eps_bits)
+    return _layer_norm_nb_impl(x, w, eps_bits)
 
 
 def inductor_layer_norm_nobias(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, None, bits_to_eps(eps_bits))
 
-
-_k_linear_act = _kernel_op("k_linear_act", _linear_act_impl, _like_linear)
-_k_linear_bias_act = _kernel_op("k_linear_bias_act", _linear_bias_act_impl, _like_linear)
-_k_softmax = _kernel_op("k_softmax", _softmax_impl, _like_x)
-_k_log_softmax = _kernel_op("k_log_softmax", _log_softmax_impl, _like_x)
-_k_rms_norm = _kernel_op("k_rms_norm", _rms_norm_impl, _like_x)
-_k_layer_norm = _kernel_op("k_layer_norm", _layer_norm_impl, _like_x)
-_k_layer_norm_nb = _kernel_op("k_layer_norm_nobias", _layer_norm_nb_impl, _like_x)
 
 _softmax_op = _row_op("softmax", _softmax_impl, _like_x)
 _log_softmax_op = _row_op("log_softmax", _log_softmax_impl, _like_x)
@@ -377,15 +361,17 @@ _layer_norm_op = _row_op("layer_norm", _layer_norm_impl, _like_x)
 _layer_norm_nb_op = _row_op("layer_norm_nobias", _layer_norm_nb_impl, _like_x)
 
 
-# op, autotune name (no "cuteforge" in it: the log tells candidates apart by name), decomps
-_AUTOTUNED: list[tuple[Any, str, tuple[Callable[..., Any], ...]]] = [
-    (_linear_act_op, "cfi_linear_act", (inductor_linear_act, cuteforge_linear_act)),
-    (_linear_bias_act_op, "cfi_linear_bias_act", (inductor_linear_bias_act, cuteforge_linear_bias_act)),
-    (_softmax_op, "cfi_softmax", (inductor_softmax, cuteforge_softmax)),
-    (_log_softmax_op, "cfi_log_softmax", (inductor_log_softmax, cuteforge_log_softmax)),
-    (_rms_norm_op, "cfi_rms_norm", (inductor_rms_norm, cuteforge_rms_norm)),
-    (_layer_norm_op, "cfi_layer_norm", (inductor_layer_norm, cuteforge_layer_norm)),
-    (_layer_norm_nb_op, "cfi_layer_norm_nobias", (inductor_layer_norm_nobias, cuteforge_layer_norm_nobias)),
+# op, autotune name (no "cuteforge" in it: the log tells candidates apart by name), the
+# decompositions register_custom_op_autotuning gets (Inductor's own), and the op whose
+# cuteforge_<op> function is the cuteforge ExternKernelChoice added to that selection.
+_AUTOTUNED: list[tuple[Any, str, tuple[Callable[..., Any], ...], str]] = [
+    (_linear_act_op, "cfi_linear_act", (inductor_linear_act,), "linear_act"),
+    (_linear_bias_act_op, "cfi_linear_bias_act", (inductor_linear_bias_act,), "linear_bias_act"),
+    (_softmax_op, "cfi_softmax", (inductor_softmax,), "softmax"),
+    (_log_softmax_op, "cfi_log_softmax", (inductor_log_softmax,), "log_softmax"),
+    (_rms_norm_op, "cfi_rms_norm", (inductor_rms_norm,), "rms_norm"),
+    (_layer_norm_op, "cfi_layer_norm", (inductor_layer_norm,), "layer_norm"),
+    (_layer_norm_nb_op, "cfi_layer_norm_nobias", (inductor_layer_norm_nobias,), "layer_norm_nobias"),
 ]
 
 
@@ -412,6 +398,7 @@ def unsupported_reason(version: str | None = None) -> str | None:
         return f"torch {torch.__version__}: Inductor module missing ({e})"
     needed = [
         (custom_op, "register_custom_op_autotuning"), (custom_op, "CustomOpConfig"),
+        (custom_op, "autotune_select_algorithm"),
         (InductorChoices, "get_template_configs"), (select_algorithm, "ExternKernelChoice"),
         (select_algorithm, "add_feedback_saver"), (select_algorithm, "get_algorithm_selector_cache"),
         (lowering, "lowerings"), (config, "pre_grad_custom_pass"), (config, "post_grad_custom_post_pass"),
@@ -452,6 +439,9 @@ _GEMM_OPS = {"mm": "mm", "addmm": "addmm", "bmm": "bmm"}
 
 
 def _extern_choice(op_name: str) -> Any:
+    """The ExternKernelChoice whose kernel is the plain function cuteforge_<op_name> (the
+    op cuteforge_inductor::<op_name> lends its schema). Creating it registers the function
+    in `extern_kernels`."""
     from torch._inductor.select_algorithm import ExternKernelChoice
 
     if op_name not in _EXTERN:
@@ -784,8 +774,8 @@ def _is_cuteforge(sel: str, choice: Any) -> bool:
     name = str(getattr(choice, "name", ""))
     if sel.startswith("cfi_"):
         # custom-op selections: every choice but the inductor_* decomposition (named
-        # "<sel>_inductor_...") runs cuteforge: the cuteforge_* decomposition, and the op's
-        # eager impl as the fallback ("cuteforge_inductor_<op>_fallback" on 2.13)
+        # "<sel>_inductor_...") runs cuteforge: the cuteforge_<op> extern choice, and the
+        # op's eager impl as the fallback ("cuteforge_inductor_<op>_fallback" on 2.13)
         return not name.startswith(f"{sel}_inductor_")
     return name.startswith("cuteforge")
 
@@ -856,29 +846,71 @@ def _no_fallback(*args: Any, **kwargs: Any) -> Any:
 
 
 _LINEAR_OPS = (_linear_act_op, _linear_bias_act_op)
+# (selection name, scalar arguments) of each custom-op lowering in progress: what
+# _select_with_cuteforge binds the cuteforge choice with. A stack, since lowerings nest.
+_LOWERING: list[tuple[str, dict[str, Any]]] = []
 
 
-def _realize_x_first(op: Any, lowerings: dict[Any, Any], user: dict[Any, Any] | None) -> None:
-    """Wrap the lowering register_custom_op_autotuning just registered for a Linear + act
-    op (in `user_lowerings` on 2.13, `lowerings` on 2.11) so that x, when a pointwise op
-    made it, is first written out contiguous (`ExternKernel.require_contiguous`: Inductor
-    fuses that copy into the producer): the autotuning needs a buffer's strides, and every
-    GEMM choice reads x from memory anyway. x already in a buffer passes unchanged.
-    disable() restores the table entry, so the wrapper goes with it."""
+def _wrap_lowering(op: Any, name: str, lowerings: dict[Any, Any], user: dict[Any, Any] | None) -> None:
+    """Wrap the lowering register_custom_op_autotuning just registered for op (in
+    `user_lowerings` on 2.13, `lowerings` on 2.11): it records the op's scalar arguments for
+    the cuteforge choice, and for a Linear + act writes x, when a pointwise op made it,
+    out contiguous first (`ExternKernel.require_contiguous`; Inductor fuses that copy into
+    the producer): the autotuning needs a buffer's strides, and every GEMM choice reads x
+    from memory anyway. disable() restores the table entry, so the wrapper goes with it."""
     from torch._inductor import ir
 
     table = user if user is not None and op in user else lowerings
     inner = table[op]
+    names = [a.name for a in op._schema.arguments]
+    realize_x = op in {o._opoverload for o in _LINEAR_OPS}
 
     @functools.wraps(inner)
-    def lowering(x: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(x, ir.TensorBox):
-            realized = ir.ExternKernel.require_contiguous(x)
+    def lowering(*args: Any, **kwargs: Any) -> Any:
+        if realize_x and args and isinstance(args[0], ir.TensorBox):
+            realized = ir.ExternKernel.require_contiguous(args[0])
             if isinstance(realized, ir.TensorBox):
-                x = realized
-        return inner(x, *args, **kwargs)
+                args = (realized, *args[1:])
+        scalars = {names[i]: a for i, a in enumerate(args) if i < len(names) and not isinstance(a, ir.IRNode)}
+        scalars.update({k: v for k, v in kwargs.items() if not isinstance(v, ir.IRNode)})
+        _LOWERING.append((name, scalars))
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            _LOWERING.pop()
 
     table[op] = lowering
+
+
+def _custom_choice(sel: str, input_nodes: Any, layout: Any) -> Any:
+    """The cuteforge ExternKernelChoice for the custom-op selection `sel` being lowered,
+    bound to its tensor inputs, output layout and scalar arguments, or None."""
+    if not _LOWERING or _LOWERING[-1][0] != sel:
+        return None
+    op_name = next(o for _, n, _, o in _AUTOTUNED if n == sel)
+    return _extern_choice(op_name).bind(list(input_nodes), layout, **_LOWERING[-1][1])
+
+
+def _wrap_select(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """autotune_select_algorithm as torch/_inductor/kernel/custom_op.py calls it (by keyword:
+    name, choices, input_nodes, layout, ...), with the cuteforge choice appended to the
+    choices of our own selections; every other selection passes through untouched."""
+
+    def autotune_select_algorithm(*args: Any, **kwargs: Any) -> Any:
+        sel = kwargs.get("name", args[0] if args else None)
+        if isinstance(sel, str) and sel.startswith("cfi_") and "choices" in kwargs:
+            try:
+                extra = _custom_choice(sel, kwargs["input_nodes"], kwargs["layout"])
+            except Exception as e:  # noqa: BLE001 - never break Inductor's own selection
+                log.debug("cuteforge %s choice not offered: %r", sel, e)
+                extra = None
+            if extra is not None:
+                _ensure_feedback()
+                kwargs["choices"] = [*kwargs["choices"], extra]
+        return orig(*args, **kwargs)
+
+    autotune_select_algorithm.__wrapped__ = orig  # type: ignore[attr-defined]
+    return autotune_select_algorithm
 
 
 def is_enabled() -> bool:
@@ -906,7 +938,7 @@ def enable() -> bool:
 
         for mod in ("gemm", "norm", "softmax"):  # what the kernels call, imported once here
             importlib.import_module(f"{__package__}.ops.{mod}")
-        for op_name in _GEMM_OPS:
+        for op_name in [*_GEMM_OPS, *(o for *_, o in _AUTOTUNED)]:
             # extern_kernels.cuteforge_* must exist before any compiled graph that calls
             # them runs, including one the FX graph cache serves to a fresh process
             _extern_choice(op_name)
@@ -915,10 +947,11 @@ def enable() -> bool:
         user = getattr(lowering, "user_lowerings", None)  # 2.13: register_* writes here; 2.11: lowerings
         state: dict[str, Any] = {
             "get_template_configs": InductorChoices.__dict__["get_template_configs"],
+            "autotune_select_algorithm": custom_op.autotune_select_algorithm,
             "pre_grad_custom_pass": config.pre_grad_custom_pass,
             "post_grad_custom_post_pass": config.post_grad_custom_post_pass,
-            "lowerings": {op._opoverload: lowering.lowerings.get(op._opoverload, _MISSING) for op, _, _ in _AUTOTUNED},
-            "user_lowerings": ({op._opoverload: user.get(op._opoverload, _MISSING) for op, _, _ in _AUTOTUNED}
+            "lowerings": {op._opoverload: lowering.lowerings.get(op._opoverload, _MISSING) for op, *_ in _AUTOTUNED},
+            "user_lowerings": ({op._opoverload: user.get(op._opoverload, _MISSING) for op, *_ in _AUTOTUNED}
                                if user is not None else None),
             "extern_names": [],
         }
@@ -929,7 +962,7 @@ def enable() -> bool:
         # is switched off by taking its name. 2.13 (`_create_fallback_choice(op_overload)`)
         # binds the scalars and needs nothing.
         if "name" in inspect.signature(custom_op._create_fallback_choice).parameters:
-            for _, name, _ in _AUTOTUNED:
+            for _, name, *_ in _AUTOTUNED:
                 fb = f"{name}_fallback_default"
                 if not hasattr(extern_kernels, fb):
                     setattr(extern_kernels, fb, _no_fallback)
@@ -938,10 +971,10 @@ def enable() -> bool:
             InductorChoices.get_template_configs = _wrap_get_template_configs(state["get_template_configs"])
             config.pre_grad_custom_pass = pre_cls(state["pre_grad_custom_pass"])
             config.post_grad_custom_post_pass = key_cls(state["post_grad_custom_post_pass"])
-            for op, name, decomps in _AUTOTUNED:
+            custom_op.autotune_select_algorithm = _wrap_select(state["autotune_select_algorithm"])
+            for op, name, decomps, _ in _AUTOTUNED:
                 register_custom_op_autotuning(op, configs=[CustomOpConfig(d) for d in decomps], name=name)
-                if op in _LINEAR_OPS:
-                    _realize_x_first(op._opoverload, lowering.lowerings, user)
+                _wrap_lowering(op._opoverload, name, lowering.lowerings, user)
             _STATE = state
             _ensure_feedback()
         except Exception:
@@ -963,6 +996,9 @@ def disable() -> None:
         from torch._inductor.choices import InductorChoices
 
         InductorChoices.get_template_configs = state["get_template_configs"]
+        from torch._inductor.kernel import custom_op
+
+        custom_op.autotune_select_algorithm = state["autotune_select_algorithm"]
         config.pre_grad_custom_pass = state["pre_grad_custom_pass"]
         config.post_grad_custom_post_pass = state["post_grad_custom_post_pass"]
         for table, saved in ((lowering.lowerings, state["lowerings"]), (getattr(lowering, "user_lowerings", None), state["user_lowerings"])):

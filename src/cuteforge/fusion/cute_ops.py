@@ -19,6 +19,7 @@ import cutlass.cute as cute
 
 _SQRT1_2 = 0.7071067811865476
 _SQRT2_PI = 0.7978845608028654
+_GELU_C2 = 0.044715 * _SQRT2_PI
 
 
 def _num(x: Any) -> bool:
@@ -86,7 +87,10 @@ def gelu(x: Any) -> Any:
 def gelu_tanh(x: Any) -> Any:
     if _num(x):
         return 0.5 * x * (1.0 + math.tanh(_SQRT2_PI * (x + 0.044715 * x * x * x)))
-    return x * 0.5 * (cute.math.tanh((x + x * x * x * 0.044715) * _SQRT2_PI) + 1.0)
+    # 0.5x + 0.5x tanh(x (c1 + c2 x^2)): five FP32 ops (ptxas fuses the mul-adds) and one
+    # tanh, against eight before; in a GEMM epilogue this math is not hidden by the MMAs.
+    half = x * 0.5
+    return half * cute.math.tanh(x * (x * x * _GELU_C2 + _SQRT2_PI)) + half
 
 
 def minimum(a: Any, b: Any) -> Any:
