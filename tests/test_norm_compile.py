@@ -374,3 +374,115 @@ def test_eager_warm_path_memo_key(monkeypatch):
             if want is not None:
                 torch.testing.assert_close(got, want(), atol=2e-3, rtol=2e-3)
         assert len(builds) == i + 1, f"case {i}: built {len(builds) - i} times"
+
+
+# --------------------------------------------------------------------------- v2.4: row-staged backward
+
+
+def test_staged_validate_and_candidates():
+    """NormConfig.stages: backward only, one row per CTA, no cluster, rows of a multiple
+    of 16 bytes, shared memory within the SM at ctas_per_sm; every candidate validates for
+    sm_90a; with dsum the stages shrink to what the SM holds."""
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.norm.config import staged_candidates, staged_config, staged_stages
+
+    limits = limits_for("sm_90a")
+    with pytest.raises(ValueError, match="backward-only"):
+        NormConfig(512, 512, 1, 1, stages=2).validate(16384, 16)
+    with pytest.raises(ValueError, match="one row per CTA"):
+        NormConfig(256, 128, 1, 1, stages=2).validate(4096, 16, backward=True)
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        NormConfig(512, 512, 1, 1, stages=2).validate(16383, 16, backward=True)
+    with pytest.raises(ValueError, match="exceed"):  # 4 x 192 KiB
+        NormConfig(512, 512, 1, 4, stages=3).validate(16384, 16, limits, backward=True)
+    with pytest.raises(ValueError, match="stages="):
+        NormConfig(512, 512, 1, 1, stages=-1).validate(16384, 16, backward=True)
+    for bits in (16, 32):
+        for n in (1024, 4096, 4104, 8192, 16384):
+            for c in staged_candidates(n, bits):
+                assert c.stages >= 1 and c.cluster_n == 1 and c.rows_per_cta == 1
+                c.validate(n, bits, limits, backward=True)
+                s = staged_stages(c, n, bits, True)
+                assert 1 <= s <= c.stages
+                assert c.smem_bytes(n, True, bits, True) <= limits.smem_per_block
+    assert staged_config(16384, 16) == NormConfig(512, 512, 1, 1, stages=3)
+    assert staged_stages(staged_config(16384, 16), 16384, 16, True) == 2  # 3 rows of 32 KiB a stage
+    assert staged_config(65537, 16) is None
+
+
+# (kind, x dtype, weight dtype, n, bias, dsum, threads, ctas_per_sm, stages): rms / layer,
+# fused dsum, fp32 weight (held in registers), a partial round (N = 4104), one stage
+_BWD_STAGED = [
+    ("rms", "bfloat16", "bfloat16", 16384, False, False, 512, 1, 3),
+    ("layer", "bfloat16", "bfloat16", 16384, True, True, 1024, 1, 3),
+    ("layer", "float16", "float32", 8192, True, False, 512, 2, 2),
+    ("rms", "bfloat16", "bfloat16", 4104, False, True, 256, 2, 3),
+    ("layer", "float32", "float32", 4096, True, False, 128, 2, 1),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, dsum, t, occ, stages", _BWD_STAGED)
+def test_compile_bwd_staged(kernels, kind, xd, wd, n, bias, dsum, t, occ, stages):
+    """The PTX holds the bulk copies (x, dy, dsum per stage in the prologue, one set per
+    refill), one mbarrier per stage (+ the weight's), parity waits, and no local memory
+    (no spill)."""
+    import subprocess
+    import tempfile
+
+    _, bwd = kernels
+    vx = 16 // (4 if xd == "float32" else 2)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
+    cfg = NormConfig(t, t, 1, occ, stages=stages)
+    spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4),
+                         {"kind": kind, "has_bias": bias, "has_dsum": dsum}, cfg)
+    from cuteforge.kernels.norm.config import staged_stages
+
+    s = staged_stages(cfg, n, 16 if xd != "float32" else 32, dsum)
+    rows = 3 if dsum else 2
+    bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
+    w_smem = len(bulk) == rows * (s + 1) + 1
+    assert len(bulk) == rows * (s + 1) + (1 if w_smem else 0), len(bulk)
+    assert len(re.findall(r"mbarrier\.init", ptx)) == s + 1
+    assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
+    assert not re.search(r"barrier\.cluster|st\.shared::cluster", ptx)
+    assert re.search(r"ld\.shared\.v[24]", ptx)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        try:
+            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                                 capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            pytest.skip("ptxas not installed")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
+
+
+def test_staged_misaligned_rows_build_the_register_path(kernels):
+    """A staged config on rows that are not 16-byte aligned builds the register path
+    (no bulk copies) instead of faulting."""
+    _, bwd = kernels
+    cfg = NormConfig(256, 256, 1, 2, stages=3)
+    d, f = "bfloat16", "float32"
+    _, ptx = _compile(bwd, (d, d, d, d, f, f, d, f, f), 8192, (4, 4, 4, 4, 4, 4, 4, 4, 4),
+                      {"kind": "rms", "has_bias": False, "has_dsum": False}, cfg)
+    assert "cp.async.bulk" not in ptx
+
+
+def test_staged_backward_defaults_follow_the_sweep():
+    """The measured ranges (h200-norm-staged.json): staged for 16-bit N = 8192 (2 stages)
+    and 8193..16384 (3), fp32 8193..16384; the register path elsewhere; every backward
+    default from N = 1 to 262144 validates for sm_90a."""
+    from cuteforge.arch import limits_for
+
+    assert default_config(8192, 16, backward=True) == NormConfig(256, 256, 1, 2, stages=2)
+    assert default_config(16384, 16, backward=True) == NormConfig(512, 512, 1, 1, stages=3)
+    assert default_config(16384, 32, backward=True).stages == 1
+    for n, bits in ((4096, 16), (8190, 16), (8192, 32), (16385, 16), (65536, 32), (16383, 16)):
+        assert default_config(n, bits, backward=True).stages == 0, (n, bits)
+    limits = limits_for("sm_90a")
+    for bits in (16, 32):
+        for n in list(range(1, 300, 7)) + [4095, 8192, 8200, 12288, 16383, 16384, 16385, 65537, 262144]:
+            default_config(n, bits, backward=True).validate(n, bits, limits, backward=True)

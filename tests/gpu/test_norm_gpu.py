@@ -545,3 +545,107 @@ def test_v2_bwd_strided_view():
             dx, dw, _ = impl._backward(kind, dy, x, w, mean, rstd, None, False, cfg)
             _close(dx, ref_dx, torch.bfloat16, f"{kind} view dx")
             _close(dw, ref_dw, torch.bfloat16, f"{kind} view dweight")
+
+
+# --------------------------------------------------------------------------- v2.4 staged backward
+# NormConfig.stages > 0 (kernels/norm/bwd.py make_norm_bwd_staged): rows of x / dy (/ dsum)
+# brought into shared memory by cp.async.bulk on per-stage mbarriers. Every staged
+# candidate (config.staged_candidates) at N = 4096, 8192, 16384 against an fp64 reference
+# of dx, dweight, dbias, with and without the fused residual's dsum; N = 65537 cannot be
+# staged (rows of a multiple of 16 bytes only: validate rejects it); a strided view and a
+# misaligned one (which builds the register path instead).
+
+STAGED_NS = [4096, 8192, 16384]
+
+
+def _staged_cases():
+    from cuteforge.kernels.norm.config import staged_candidates
+
+    out = []
+    for kind in KINDS:
+        for dt in DTYPES:
+            for n in STAGED_NS:
+                for c in staged_candidates(n, dt.itemsize * 8):
+                    for dsum in (False, True):
+                        out.append((kind, dt, n, c, dsum))
+    return out
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_staged():
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.spec import norm_bwd
+
+    jobs = []
+    for kind, dt, n, c, dsum in _staged_cases():
+        key, params = _v2_bwd_key(kind, dt, n, kind == "layer", dsum)
+        jobs.append(CompileJob.of(norm_bwd, key, params, c, target_arch()))
+    compile_all(jobs)
+    yield
+
+
+@pytest.mark.parametrize("kind, dtype, n, cfg, dsum", _staged_cases(),
+                         ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
+def test_staged_bwd_matches_fp64(_warm_norm_staged, kind, dtype, n, cfg, dsum):
+    from cuteforge.ops import norm as impl
+
+    bias = kind == "layer"
+    eps = 1e-6 if kind == "rms" else 1e-5
+    for m in (1, 7, 1000):
+        x, w, b, _ = _inputs(m, n, dtype, bias=bias, seed=m + 31)
+        x = x + 3.0  # a mean far from 0
+        g = torch.Generator(device="cuda").manual_seed(m + 32)
+        dy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+        ds = torch.randn(m, n, device="cuda", generator=g).to(dtype) if dsum else None
+        ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, ds, eps)
+        dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, ds, bias, cfg)
+        assert dx.dtype == dtype and dw.dtype == w.dtype
+        _close(dx, ref_dx, dtype, f"dx {cfg} m={m}")
+        _close(dw, ref_dw, dtype, f"dweight {cfg} m={m}")
+        if bias:
+            _close(db, ref_db, dtype, f"dbias {cfg} m={m}")
+
+
+def test_staged_bwd_many_rows_and_fp32_weight():
+    """Thousands of rows per CTA (the stage mbarriers wrap their phases many times) and
+    fp32 weight with bf16 x, against the fp64 reference."""
+    from cuteforge.kernels.norm.config import staged_config
+    from cuteforge.ops import norm as impl
+
+    for n, m in ((4096, 20001), (16384, 3001)):
+        cfg = staged_config(n, 16)
+        for kind in KINDS:
+            for wd in (torch.bfloat16, torch.float32):
+                x, w, b, _ = _inputs(m, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", seed=41)
+                dy = torch.randn_like(x)
+                ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, None, 1e-5)
+                dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, None, b is not None, cfg)
+                _close(dx, ref_dx, torch.bfloat16, f"{kind} {n} {wd} dx")
+                _close(dw, ref_dw, torch.bfloat16, f"{kind} {n} {wd} dweight", scale=4.0)
+                if b is not None:
+                    _close(db, ref_db, torch.bfloat16, f"{kind} {n} {wd} dbias", scale=4.0)
+                del ref_dx, ref_dw, ref_db
+
+
+def test_staged_bwd_strided_views():
+    """A row-strided 16-byte aligned view (staged) and a misaligned one (the register path
+    is built instead) through a staged config; N = 65537 is rejected by validate."""
+    from cuteforge.kernels.norm import NormConfig
+    from cuteforge.kernels.norm.config import staged_config
+    from cuteforge.ops import norm as impl
+
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        NormConfig(512, 512, 1, 1, stages=2).validate(65537, 16, backward=True)
+    assert staged_config(65537, 16) is None
+    n = 8192
+    cfg = staged_config(n, 16)
+    base = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for x in (base[:, :n], base[::2, 3:n + 3]):
+        dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
+        for kind in KINDS:
+            ref_dx, ref_dw, _, (mean, rstd) = _v2_bwd_reference(kind, x, w, None, dy, None, 1e-5)
+            dx, dw, _ = impl._backward(kind, dy, x, w, mean, rstd, None, False, cfg)
+            _close(dx, ref_dx, torch.bfloat16, f"{kind} view dx")
+            _close(dw, ref_dw, torch.bfloat16, f"{kind} view dweight")

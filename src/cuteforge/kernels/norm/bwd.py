@@ -23,6 +23,19 @@ warp's lanes l < C ``st.async`` the partial sums into CTA l, counted on CTA l's
 mbarrier, and each CTA waits on its own. Two mbarriers and two buffer halves alternate
 over the CTA's rows (row j: slot j % 2, phase (j // 2) % 2); common.py argues why that
 is race-free for a persistent loop.
+
+``stages > 0`` (v2.4, ``make_norm_bwd_staged``): the rows come through shared memory.
+Thread 0 brings row block j of the CTA into stage j % S with bulk asynchronous copies
+(``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: x, dy and, when
+fused, dsum; one copy per operand row, counted on the stage's mbarrier), S rows ahead.
+The threads wait on the stage's mbarrier (phase (j // S) % 2), read x / dy column by
+column from shared memory for the row sums, reduce, and read them again for dx, which
+goes straight to global memory. Registers hold the weight (loaded once per launch), the
+dweight / dbias accumulators and one vector at a time. A stage is refilled once every
+thread is done with it: with S >= 2 and a multi-warp row, right after row j + 1's
+reduction barrier (stage j % S gets row j + S; no extra barrier), otherwise after an
+explicit CTA barrier at the end of row j. The weight is bulk-copied into shared memory
+once when it fits beside the stages (else held in registers).
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
+from cutlass.cute.nvgpu import cpasync
 
 from .common import (
     Tile,
@@ -40,7 +54,7 @@ from .common import (
     mbar_tx_bytes,
     reduce_smem_elems,
 )
-from .config import NormConfig
+from .config import SMEM_PER_BLOCK, SMEM_PER_SM, NormConfig, default_register_config, staged_stages
 from .fwd import KINDS
 
 
@@ -53,17 +67,27 @@ def make_norm_bwd(
     config: NormConfig,
     has_bias: bool,
     has_dsum: bool,
+    rows_aligned: bool = True,
+    w_aligned: bool = False,
 ):
     """@cute.jit f(x, weight, dy, dsum, mean, rstd, dx, dwp, dbp, stream).
 
     x is the normalised input (x + residual when fused); dy and dsum have x's dtype.
     dwp/dbp: (Q, N) fp32 partials. Stand-ins: dsum -> dy, mean -> rstd (rms), dbp -> dwp.
+    ``rows_aligned``: every row of x, dy and dsum starts 16-byte aligned (pointer and row
+    stride), which the staged path's bulk copies need; without it a staged config builds
+    the register path's default config instead (same results; the caller's Q stays valid:
+    the persistent loop takes any grid).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
     if vec * max(x_dtype.width, w_dtype.width) > 128:
         raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
     config.validate(n, x_dtype.width, backward=True)
+    if config.stages:
+        if rows_aligned:
+            return make_norm_bwd_staged(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned)
+        config = default_register_config(n, x_dtype.width)
     tile = Tile.of(n, vec, config)
     load, store, store_scalar, _, _ = make_row_io(tile)
     allreduce = make_allreduce(tile)
@@ -305,3 +329,217 @@ def make_norm_bwd(
 
     return norm_bwd
 
+
+
+def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
+                         has_dsum: bool, w_aligned: bool = False):
+    """The row-staged backward (``config.stages`` > 0; module docstring). Same launch
+    signature and results as ``make_norm_bwd``'s register path. Rows of x / dy / dsum must
+    start 16-byte aligned and hold a multiple of 16 bytes (``NormConfig.validate``).
+    ``w_aligned`` (weight 16-byte aligned): the weight is bulk-copied into shared memory
+    once and read from there, when it fits beside the stages at ``ctas_per_sm`` CTAs per
+    SM; otherwise it is held in registers for the launch."""
+    config.validate(n, x_dtype.width, backward=True)
+    if not config.stages or config.cluster_n != 1 or config.rows_per_cta != 1:
+        raise ValueError(f"the staged backward needs stages > 0, one row per CTA and no cluster: {config}")
+    tile = Tile.of(n, vec, config)
+    _, _, store_scalar, load_col, store_col = make_row_io(tile)
+    allreduce = make_allreduce(tile)
+    T, KT1, V = tile.T, tile.KT1, tile.vec
+    is_ln = kind == "layer"
+    nval = 2 if is_ln else 1
+    inv_n = 1.0 / n
+    S = staged_stages(config, n, x_dtype.width, has_dsum)
+    n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
+    row_bytes = n * x_dtype.width // 8
+    tx_bytes = n_rows * row_bytes
+    n_smem = reduce_smem_elems(tile, 2)
+    # refill a stage right after the next row's reduction barrier (no extra barrier),
+    # which needs that barrier (a row of several warps) and a second stage to work on
+    early_refill = S >= 2 and tile.S > 1
+    w_bytes = n * w_dtype.width // 8
+    smem_cta = config.smem_bytes(n, True, x_dtype.width, has_dsum) + w_bytes + 256
+    w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
+                  and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
+    padded = bool(tile.REM or tile.TAIL)
+    NACC = min(V, 4)  # independent chains per row sum (fewer registers than one per vector lane)
+    _bounds: dict = {"max_number_threads": [T, 1, 1]}
+    if config.ctas_per_sm > 1:
+        _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
+
+    @cute.jit
+    def _issue(x: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, srows: cute.Tensor, full, row, stage):
+        """Thread 0: arm stage's mbarrier and bring row `row` of x, dy (, dsum) into it."""
+        atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), x_dtype, num_bits_per_copy=row_bytes * 8)
+        bar = full + stage
+        cute.arch.mbarrier_arrive_and_expect_tx(bar, tx_bytes)
+        cute.copy(atom, x[row, None], srows[None, stage * n_rows], mbar_ptr=bar)
+        cute.copy(atom, dy[row, None], srows[None, stage * n_rows + 1], mbar_ptr=bar)
+        if cutlass.const_expr(has_dsum):
+            cute.copy(atom, dsum[row, None], srows[None, stage * n_rows + 2], mbar_ptr=bar)
+
+    @cute.kernel
+    def _kernel(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        dy: cute.Tensor,
+        dsum: cute.Tensor,
+        mean_in: cute.Tensor,
+        rstd_in: cute.Tensor,
+        dx: cute.Tensor,
+        dwp: cute.Tensor,
+        dbp: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        q, _, _ = cute.arch.block_idx()
+        n_q, _, _ = cute.arch.grid_dim()
+        g = tidx
+        m = x.shape[0]
+
+        smem = cutlass.memory.SmemAllocator()
+        srows = smem.allocate_tensor(x_dtype, cute.make_layout((n, S * n_rows), stride=(1, n)), byte_alignment=128)
+        buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
+        full = smem.allocate_array(Int64, S + 1, byte_alignment=8)  # + the weight's
+        sw = None
+        if cutlass.const_expr(w_smem):
+            sw = smem.allocate_tensor(w_dtype, cute.make_layout((n,)), byte_alignment=128)
+        if tidx == 0:
+            for i in cutlass.range_constexpr(S + 1):
+                cute.arch.mbarrier_init(full + i, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        if cutlass.const_expr(w_smem):
+            if tidx == 0:
+                watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + S, w_bytes)
+                cute.copy(watom, w, sw, mbar_ptr=full + S)
+        if tidx == 0:
+            for i in cutlass.range_constexpr(S):
+                if q + i * n_q < m:
+                    _issue(x, dy, dsum, srows, full, q + i * n_q, i)
+
+        dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dwa.fill(0.0)
+        dba = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dba.fill(0.0)
+        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
+        xc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        dyc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        dsc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        oc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        if cutlass.const_expr(padded):
+            wr.fill(0.0)
+            xc.fill(0.0)
+            dyc.fill(0.0)  # slots a thread does not own: dy = 0 adds nothing to any sum
+            dsc.fill(0.0)
+        if cutlass.const_expr(not w_smem):
+            for k in cutlass.range_constexpr(KT1):
+                load_col(w, wr, g, k)  # the weight stays in registers for the whole launch
+        else:
+            cute.arch.mbarrier_wait(full + S, 0)
+        acc1 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
+        acc2 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
+        # this row's (rstd, mean) and the next row's, loaded one row ahead
+        st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        stn = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        st.fill(0.0)
+        stn.fill(0.0)
+        st[0] = rstd_in[q]
+        if cutlass.const_expr(is_ln):
+            st[1] = mean_in[q]
+
+        for blk in cutlass.range(q, m, n_q, unroll=1):
+            it = (blk - q) // n_q  # this CTA's row count so far
+            stage = it % S
+            nb = blk + n_q
+            if nb < m:
+                stn[0] = rstd_in[nb]
+                if cutlass.const_expr(is_ln):
+                    stn[1] = mean_in[nb]
+            rstd = st[0]
+            mean = st[1]
+            sx = srows[None, stage * n_rows]
+            sdy = srows[None, stage * n_rows + 1]
+            cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
+            acc1.fill(0.0)
+            acc2.fill(0.0)
+            for k in cutlass.range_constexpr(KT1):
+                load_col(sx, xc, g, k)
+                load_col(sdy, dyc, g, k)
+                if cutlass.const_expr(w_smem):
+                    load_col(sw, wr, g, k)
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    xh = (xc[v, k].to(Float32) - mean) * rstd
+                    gv = dyc[v, k].to(Float32) * wr[v, k].to(Float32)
+                    acc1[v % NACC] = acc1[v % NACC] + gv * xh
+                    if cutlass.const_expr(is_ln):
+                        acc2[v % NACC] = acc2[v % NACC] + gv
+            s1 = acc1[0]
+            s2 = acc2[0]
+            for v in cutlass.range_constexpr(1, NACC):
+                s1 = s1 + acc1[v]
+                if cutlass.const_expr(is_ln):
+                    s2 = s2 + acc2[v]
+            s1, s2 = allreduce(s1, s2, nval, buf, it % 2, 0, g, 0)
+            if cutlass.const_expr(early_refill):
+                # every thread passed this row's reduction barrier, so it is done with the
+                # previous row's stage: refill that stage with the row S - 1 ahead of this one
+                if tidx == 0:
+                    if it > 0:
+                        nr = blk + (S - 1) * n_q
+                        if nr < m:
+                            _issue(x, dy, dsum, srows, full, nr, (it + S - 1) % S)
+            c1 = s1 * Float32(inv_n)
+            c2 = Float32(0.0)
+            if cutlass.const_expr(is_ln):
+                c2 = s2 * Float32(inv_n)
+            for k in cutlass.range_constexpr(KT1):
+                load_col(sx, xc, g, k)
+                load_col(sdy, dyc, g, k)
+                if cutlass.const_expr(w_smem):
+                    load_col(sw, wr, g, k)
+                if cutlass.const_expr(has_dsum):
+                    load_col(srows[None, stage * n_rows + 2], dsc, g, k)
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    xh = (xc[v, k].to(Float32) - mean) * rstd
+                    dyv = dyc[v, k].to(Float32)
+                    gv = dyv * wr[v, k].to(Float32)
+                    dxv = (gv - xh * c1 - c2) * rstd
+                    if cutlass.const_expr(has_dsum):
+                        dxv = dxv + dsc[v, k].to(Float32)
+                    dwa[v, k] = dwa[v, k] + dyv * xh
+                    if cutlass.const_expr(has_bias):
+                        dba[v, k] = dba[v, k] + dyv
+                    oc[v, k] = dxv.to(x_dtype)
+                store_col(oc, dx[blk, None], g, k)
+            if cutlass.const_expr(not early_refill):
+                cute.arch.sync_threads()  # every thread is done with this stage
+                if tidx == 0:
+                    nr = blk + S * n_q
+                    if nr < m:
+                        _issue(x, dy, dsum, srows, full, nr, stage)
+            st[0] = stn[0]
+            st[1] = stn[1]
+
+        store_scalar(dwa, dwp[q, None], g)
+        if cutlass.const_expr(has_bias):
+            store_scalar(dba, dbp[q, None], g)
+
+    @cute.jit
+    def norm_bwd(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        dy: cute.Tensor,
+        dsum: cute.Tensor,
+        mean_in: cute.Tensor,
+        rstd_in: cute.Tensor,
+        dx: cute.Tensor,
+        dwp: cute.Tensor,
+        dbp: cute.Tensor,
+        stream,
+    ):
+        _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
+            grid=(dwp.shape[0], 1, 1), block=(T, 1, 1), stream=stream, **_bounds
+        )
+
+    return norm_bwd

@@ -33,6 +33,16 @@ exchange:         with a cluster (forward, and backward since v2.1): how the CTA
                   l, counted on CTA l's mbarrier (one per reduction), and each CTA waits
                   on its own mbarrier only (softmax's v2 exchange, docs/kernels/softmax.md).
                   The persistent backward alternates two mbarriers over its rows.
+stages:           backward only (v2.4): 0 keeps the row in registers (above); S >= 1
+                  stages rows of x and dy (and dsum when fused) in shared memory: thread 0
+                  brings each row in with bulk asynchronous copies (cp.async.bulk
+                  global -> shared, completing on the stage's mbarrier), S rows ahead of
+                  the CTA, and the threads read x/dy from shared memory for the row sums
+                  and again for dx, holding only weight and the dweight/dbias accumulators
+                  in registers. One row per CTA (threads_per_row == threads), one CTA per
+                  row (no cluster), rows of a multiple of 16 bytes; the bytes in flight no
+                  longer depend on registers. Shared memory: S x 2 rows (3 with dsum, with
+                  fewer stages if they would not fit; ``staged_stages``).
 """
 
 from __future__ import annotations
@@ -50,6 +60,9 @@ __all__ = [
     "longrow_bwd_candidates",
     "v2_backward_config",
     "EXCHANGES",
+    "SMEM_PER_SM",
+    "staged_stages",
+    "staged_config",
 ]
 
 EXCHANGES = ("barrier", "mbar")
@@ -60,6 +73,11 @@ _MAX_REGS = 255
 # and backward (x, dy, dweight and dbias accumulators) differ by ~4x in live arrays.
 _TARGET_E = {False: 32, True: 16}
 _MAX_P = 512
+# sm_90: a block may opt in to 227 KiB of shared memory, an SM holds 228 KiB (each
+# resident CTA also reserves 1 KiB for the system).
+SMEM_PER_BLOCK = 227 * 1024
+SMEM_PER_SM = 228 * 1024
+_SMEM_CTA_RESERVED = 1024
 
 
 def _pow2_ceil(v: int) -> int:
@@ -74,6 +92,24 @@ def elems_per_thread(n: int, threads_per_row: int, cluster_n: int) -> int:
     return -(-n // (threads_per_row * cluster_n))
 
 
+def _row_bytes(n: int, dtype_bits: int) -> int:
+    return n * dtype_bits // 8
+
+
+def staged_stages(cfg: NormConfig, n: int, dtype_bits: int, has_dsum: bool) -> int:
+    """Row stages a staged backward (``cfg.stages`` > 0) allocates. Without dsum: cfg.stages
+    (two rows each, x and dy). With the fused residual's dsum (three rows a stage): as many
+    as fit in the shared memory an SM has for each of ``cfg.ctas_per_sm`` CTAs (never more
+    than cfg.stages, at least 1), so the occupancy validated without dsum still holds."""
+    if not cfg.stages:
+        return 0
+    if not has_dsum:
+        return cfg.stages
+    row = _row_bytes(n, dtype_bits)
+    budget = min(SMEM_PER_BLOCK, SMEM_PER_SM // cfg.ctas_per_sm - _SMEM_CTA_RESERVED) - 4096  # reduce buffers, mbarriers
+    return max(1, min(cfg.stages, budget // (3 * row)))
+
+
 @dataclass(frozen=True)
 class NormConfig:
     threads: int = 256
@@ -84,6 +120,7 @@ class NormConfig:
     prefetch: bool = False
     early_weight: bool = False
     exchange: str = "barrier"
+    stages: int = 0
 
     @property
     def rows_per_cta(self) -> int:
@@ -93,6 +130,11 @@ class NormConfig:
         """Rough registers per thread (checked against ptxas -v on sm_90a builds)."""
         e = elems_per_thread(n, self.threads_per_row, self.cluster_n)
         held = -(-e * dtype_bits // 32)  # registers of one row share in the input dtype
+        if backward and self.stages:
+            # dweight + dbias accumulators, the weight (in shared memory when it fits,
+            # else registers), one vector of x / dy / dx at a time from shared memory,
+            # addressing (ptxas -v, sm_90a: 54-64 at 16 elements per thread, no spill)
+            return 28 + 2 * e + held // 2
         if not backward:
             # the input-dtype row, one round of weight/output (or all of it), addressing
             return 40 + held + (held if self.early_weight else e // 2)
@@ -102,11 +144,16 @@ class NormConfig:
         # x, dy, weight across the reduction, two fp32 accumulators (+ the next x, dy)
         return 40 + 4 * e + (2 * held if self.prefetch else 0)
 
-    def smem_bytes(self, n: int, backward: bool) -> int:
+    def smem_bytes(self, n: int, backward: bool, dtype_bits: int = 32, has_dsum: bool = False) -> int:
         slots = max(self.threads_per_row // 32, 1) * self.cluster_n
         red = 2 * 2 * self.rows_per_cta * slots * 4
         acc = 2 * self.rows_per_cta * n * 4 if backward and self.rows_per_cta > 1 else 0
-        return red + acc + (16 if self.exchange == "mbar" else 0)
+        staged = 0
+        if backward and self.stages:
+            s = staged_stages(self, n, dtype_bits, has_dsum)
+            rows = 3 if has_dsum else 2
+            staged = s * rows * _row_bytes(n, dtype_bits) + 8 * s + 128  # + mbarriers, alignment
+        return red + acc + (16 if self.exchange == "mbar" else 0) + staged
 
     def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None, backward: bool = False) -> None:
         """Raise ValueError if this config cannot run rows of n elements."""
@@ -135,6 +182,24 @@ class NormConfig:
             raise ValueError("prefetch keeps the next rows in registers; reload is for when they do not fit")
         if not isinstance(self.ctas_per_sm, int) or not 1 <= self.ctas_per_sm <= 32:
             raise ValueError(f"ctas_per_sm={self.ctas_per_sm}: must be in [1, 32]")
+        if not isinstance(self.stages, int) or not 0 <= self.stages <= 8:
+            raise ValueError(f"stages={self.stages}: must be an int in [0, 8] (0: rows in registers)")
+        if self.stages:
+            if not backward:
+                raise ValueError("stages (shared-memory row staging) is a backward-only knob")
+            if c != 1 or p != t:
+                raise ValueError(f"stages needs one row per CTA and no cluster (threads_per_row == threads, cluster_n == 1), got {self}")
+            if self.reload or self.prefetch:
+                raise ValueError("stages replaces reload / prefetch: the rows come from shared memory")
+            if _row_bytes(n, dtype_bits) % 16:
+                raise ValueError(f"stages needs rows of a multiple of 16 bytes (bulk copies), got n={n} x {dtype_bits} bits")
+            per_cta = self.smem_bytes(n, backward, dtype_bits)
+            sm_smem = limits.smem_per_sm if limits is not None else SMEM_PER_SM
+            if (per_cta + _SMEM_CTA_RESERVED) * self.ctas_per_sm > sm_smem:
+                raise ValueError(
+                    f"stages={self.stages}: {self.ctas_per_sm} CTAs x {per_cta} B of shared memory exceed "
+                    f"the SM's {sm_smem} B; fewer stages or ctas_per_sm"
+                )
         if c > 1 and n < p * c * (128 // dtype_bits):
             raise ValueError(f"cluster_n={c} with threads_per_row={p} needs n >= {p * c * (128 // dtype_bits)}, got {n}")
         regs = self.est_regs_per_thread(n, dtype_bits, backward)
@@ -143,15 +208,16 @@ class NormConfig:
                 f"~{regs} registers/thread x {t} threads exceed the register file "
                 f"({elems_per_thread(n, p, c)} elements of the row per thread); use more threads per row or a cluster"
             )
+        smem = self.smem_bytes(n, backward, dtype_bits)
         if limits is not None:
             if t > limits.threads_per_block:
                 raise ValueError(f"threads={t} > {limits.threads_per_block} per block on sm_{limits.sm}")
             if c > (16 if limits.sm in (90, 100) else limits.max_cluster_size):
                 raise ValueError(f"cluster_n={c}: sm_{limits.sm} allows clusters of at most {limits.max_cluster_size}")
-            if self.smem_bytes(n, backward) > limits.smem_per_block:
-                raise ValueError(f"shared memory {self.smem_bytes(n, backward)} B > {limits.smem_per_block} B")
-        elif self.smem_bytes(n, backward) > 48 * 1024:
-            raise ValueError(f"shared memory {self.smem_bytes(n, backward)} B > 48 KiB")
+            if smem > limits.smem_per_block:
+                raise ValueError(f"shared memory {smem} B > {limits.smem_per_block} B")
+        elif smem > (SMEM_PER_BLOCK if self.stages else 48 * 1024):
+            raise ValueError(f"shared memory {smem} B > {'227' if self.stages else '48'} KiB")
 
 
 # Long-row forward with the mbarrier exchange (v2, docs/kernels/norm.md): which N take
@@ -204,11 +270,43 @@ def longrow_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     return out
 
 
+# Row-staged backward (v2.4, NormConfig.stages) as the default: per dtype bits, the N
+# ranges (inclusive) that take it with their (elements per thread, stages). From the
+# H200 sweep (benchmarks/results/h200-norm-staged.json, M = min(32768, 2^28 / N), % of copy
+# through ops/norm.py's _backward): 16-bit N = 8192 at 2 stages (256 threads, 2 CTAs/SM)
+# 89-94 % vs the register default 85-92 %; N = 16384 at 3 stages (512 threads) 87-97 % vs
+# 62-72 % (the register default needs a 2-CTA cluster there); fp32 N = 16384 (one stage
+# of 128 KiB fits) 95-96 % vs 91-94 %. N = 4096 (16-bit and fp32) and fp32 N = 8192 stay in
+# registers: the default was 1-4 points faster there.
+STAGED_BWD: dict[int, tuple[tuple[int, int, int, int], ...]] = {
+    16: ((8192, 8192, 32, 2), (8193, 16384, 32, 3)),
+    32: ((8193, 16384, 32, 3),),
+}
+
+
 def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms") -> NormConfig:
     """Heuristic: long forward rows (V2_FWD_MIN_N) take the mbar exchange shaped by
-    V2_FWD_SHAPE; otherwise ~_TARGET_E elements per thread; rows longer than 512 threads'
-    worth split over a cluster (up to 16 CTAs); then, if the registers do not fit, the
-    backward reloads x/dy and finally gives each thread a larger share."""
+    V2_FWD_SHAPE; backward rows in STAGED_BWD's range the row-staged backward; otherwise
+    ~_TARGET_E elements per thread; rows longer than 512 threads' worth split over a
+    cluster (up to 16 CTAs); then, if the registers do not fit, the backward reloads x/dy
+    and finally gives each thread a larger share."""
+    if backward:
+        for lo, hi, elems, stages in STAGED_BWD.get(dtype_bits, ()):
+            if lo <= n <= hi:
+                cfg = staged_config(n, dtype_bits, elems, stages)
+                if cfg is not None:
+                    return cfg
+        return default_register_config(n, dtype_bits)
+    return _heuristic_config(n, dtype_bits, False, kind)
+
+
+def default_register_config(n: int, dtype_bits: int) -> NormConfig:
+    """The backward default with the row in registers (stages = 0): what a staged config
+    falls back to when its rows are not 16-byte aligned."""
+    return _heuristic_config(n, dtype_bits, True, "rms")
+
+
+def _heuristic_config(n: int, dtype_bits: int, backward: bool, kind: str) -> NormConfig:
     lo = V2_FWD_MIN_N.get(dtype_bits)
     if not backward and lo is not None and n >= lo:
         threads, elems = V2_FWD_SHAPE.get((kind, dtype_bits), (V2_FWD_THREADS, V2_FWD_ELEMS))
@@ -276,6 +374,10 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
     ]
     if not backward:
         trial.insert(0, NormConfig(t, p, c, o, early_weight=True))
+    if backward:
+        st = staged_config(n, dtype_bits) if not base.stages else default_register_config(n, dtype_bits)
+        if st is not None:
+            trial.insert(0, st)  # the other backward path (row staged in shared memory / in registers)
     if backward and base.prefetch:
         trial.insert(0, NormConfig(t, p, c, o, False, False))  # the same without prefetch
     elif backward:
@@ -337,6 +439,43 @@ def longrow_bwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
         (256, 16, "barrier", False),
     ):
         cfg = v2_backward_config(n, dtype_bits, threads, elems, ex, pf)
+        if cfg is not None and cfg not in out:
+            out.append(cfg)
+    return out
+
+
+# --------------------------------------------------------------------------- v2.4 staged backward
+
+
+def staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, threads: int | None = None) -> NormConfig | None:
+    """A row-staged backward config (``NormConfig.stages``): one row per CTA of
+    ``threads`` (default: the power of 2 leaving a thread <= ``elems`` elements, 128..1024),
+    ``stages`` rows in shared memory (fewer if they do not fit one CTA), and as many
+    persistent CTAs per SM (1..4) as registers, shared memory and 2048 threads allow.
+    None when no such config is valid for n (rows of a multiple of 16 bytes only)."""
+    if _row_bytes(n, dtype_bits) % 16:
+        return None
+    t = threads or min(1024, max(128, _pow2_ceil(-(-n // elems))))
+    for s in range(stages, 0, -1):
+        probe = NormConfig(t, t, 1, 1, stages=s)
+        regs = probe.est_regs_per_thread(n, dtype_bits, True)
+        per_cta = probe.smem_bytes(n, True, dtype_bits) + _SMEM_CTA_RESERVED
+        occ = max(1, min(4, _REGS_PER_SM // (regs * t), 2048 // t, SMEM_PER_SM // per_cta))
+        cfg = NormConfig(t, t, 1, occ, stages=s)
+        try:
+            cfg.validate(n, dtype_bits, backward=True)
+            return cfg
+        except ValueError:
+            continue
+    return None
+
+
+def staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
+    """Staged backward configs worth timing against the default (bench_norm_staged.py):
+    <= 32 and <= 16 elements per thread, 2 and 3 stages (duplicates collapse)."""
+    out: list[NormConfig] = []
+    for elems, stages in ((32, 3), (32, 2), (16, 3), (16, 2)):
+        cfg = staged_config(n, dtype_bits, elems, stages)
         if cfg is not None and cfg not in out:
             out.append(cfg)
     return out

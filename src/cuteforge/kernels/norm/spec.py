@@ -105,4 +105,11 @@ def norm_bwd(spec: CompileSpec) -> Any:
     return bwd.make_norm_bwd(
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _BWD_ROWS),
         spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
+        _rows_aligned(spec), spec.vec("weight") * spec.dtype("weight").width == 128,
     )
+
+
+def _rows_aligned(spec: CompileSpec) -> bool:
+    """Every row of x, dy and dsum starts 16-byte aligned (what the staged backward's bulk
+    copies need): the per-argument vector width covers 16 bytes."""
+    return all(spec.vec(a) * spec.dtype(a).width == 128 for a in ("x", "dy", "dsum"))

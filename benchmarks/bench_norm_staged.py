@@ -1,0 +1,133 @@
+"""Row-staged norm backward (NormConfig.stages, v2.4) against the current backward default,
+one process, one GPU, same inputs.
+
+For every op (rms_norm_bwd without bias, layer_norm_bwd with bias), dtype and N: M =
+min(32768, 2^28 // N) rows (bench_membound.py's shapes), the default config and every
+`config.staged_candidates(n, bits)` timed through ops/norm.py's `_backward` (`us`,
+`pct_copy`: output allocation, the kernel, `partials.sum(0)`) and as the launch alone
+(`kernel_us`, `kernel_pct_copy`), checked against torch in fp32 (`correct`); quack's
+rmsnorm_bwd beside rms_norm_bwd. Bytes = 3 M N elements + weight (+ bias), as
+library_bench counts a norm backward. The timing and the checks are bench_longrow.py's
+(`run_bwd_shape`).
+
+    python benchmarks/bench_norm_staged.py --dtypes bfloat16,float16,float32 --ns 4096,8192,16384 \\
+        --out $OUT/h200-norm-staged.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_longrow import _bwd_key_params, _quack_bwd, rows_for, run_bwd_shape  # noqa: E402
+
+from cuteforge import timing  # noqa: E402
+
+OPS = ("rms_norm_bwd", "layer_norm_bwd")
+
+
+def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
+    from cuteforge.kernels.norm.config import default_config, staged_candidates
+
+    out = []
+    for op in ops:
+        for dt in dtypes:
+            bits = getattr(torch, dt).itemsize * 8
+            for n in ns:
+                d = default_config(n, bits, backward=True)
+                out.append((op, dt, n, d, True))
+                out += [(op, dt, n, c, False) for c in staged_candidates(n, bits) if c != d]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--dtypes", default="bfloat16,float16,float32")
+    p.add_argument("--ns", default="4096,8192,16384")
+    p.add_argument("--rep-ms", type=float, default=25.0)
+    p.add_argument("--no-quack", action="store_true")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    t0 = time.time()
+    ops = [o for o in args.ops.split(",") if o]
+    if set(ops) - set(OPS):
+        p.error(f"--ops: choose from {OPS}")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    ns = [int(v) for v in args.ns.split(",") if v]
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.spec import norm_bwd
+
+    arch = target_arch()
+    todo = plans(ops, dtypes, ns)
+    tc = time.time()
+    jobs = []
+    for op, dt, n, c, _ in todo:
+        key, bparams = _bwd_key_params(op, dt, n)
+        jobs.append(CompileJob.of(norm_bwd, key, bparams, c, arch))
+    outcomes = compile_all(jobs)
+    failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
+    result: dict[str, Any] = {
+        "command": "python benchmarks/bench_norm_staged.py " + " ".join(sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "arch": arch,
+        "compile_s": round(time.time() - tc, 1),
+        "configs": len(jobs),
+        "compile_failures": len(failed),
+        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; bytes = 3*M*N*size + weight/bias",
+        "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
+        "shapes": [],
+    }
+    copy_bps = result["copy_GBps"] * 1e9
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        result["seconds"] = round(time.time() - t0, 1)
+        out.write_text(json.dumps(result, indent=1))
+
+    def _time(fn, nbytes: int) -> dict[str, Any]:
+        ms = timing.bench(fn, warmup_ms=5, rep_ms=args.rep_ms)
+        bps = nbytes / (ms * 1e-3)
+        return {"us": round(ms * 1e3, 2), "GBps": round(bps / 1e9, 1), "pct_copy": round(100 * bps / copy_bps, 1)}
+
+    groups: dict[tuple[str, str, int], list[tuple[int, Any, bool]]] = {}
+    for i, (op, dt, n, c, d) in enumerate(todo):
+        groups.setdefault((op, dt, n), []).append((i, c, d))
+    for (op, dt, n), cfgs in groups.items():
+        torch.cuda.empty_cache()
+        shape: dict[str, Any] = {"op": op, "dtype": dt, "M": rows_for(n), "N": n, "rows": []}
+        result["shapes"].append(shape)
+        run_bwd_shape(shape, op, dt, n, cfgs, failed, _time, None if args.no_quack else _quack_bwd(op))
+        for r in shape["rows"]:
+            r["stages"] = next((c.stages for i, c, _ in cfgs if repr(c) == r["config"]), 0)
+        ok = [r for r in shape["rows"] if r.get("correct") and "GBps" in r]
+        if ok:
+            b = max(ok, key=lambda r: r["GBps"])
+            shape["best"] = {k: b.get(k) for k in ("config", "GBps", "pct_copy", "kernel_pct_copy", "vs_quack")}
+        save()
+
+    print(f"copy {result['copy_GBps']} GB/s")
+    for s in result["shapes"]:
+        d = next((r for r in s["rows"] if r["default"]), {})
+        st = [r for r in s["rows"] if r.get("stages") and "pct_copy" in r]
+        bs = max(st, key=lambda r: r["pct_copy"]) if st else {}
+        print(f"{s['op']:15s} {s['dtype']:9s} {s['M']:6d} x {s['N']:6d}  default {d.get('pct_copy', '-')}% "
+              f"({d.get('correct')})  best staged {bs.get('pct_copy', '-')}% ({bs.get('correct')}) "
+              f"T={bs.get('threads')} S={bs.get('stages')} occ={bs.get('ctas_per_sm')}  quack {s.get('quack', {}).get('pct_copy', '-')}%")
+    save()
+    print("wrote", out, "in", result["seconds"], "s")
+
+
+if __name__ == "__main__":
+    main()
