@@ -500,3 +500,17 @@ def test_eager_warm_path_keeps_the_sign_of_a_zero_alpha(monkeypatch: pytest.Monk
     neg = mod.gemm(a, b, alpha=-0.0, out_dtype=torch.float32)
     assert not torch.signbit(pos).any()
     assert torch.signbit(neg).all()  # what a fresh cache gives for -0.0
+
+
+def test_fused_default_config() -> None:
+    """A fused epilogue gives the cooperative 128x256 default 64-wide store subtiles; the
+    other tiles and the unfused default keep 32; every one fits sm_90 for 16-bit and fp32
+    outputs and fp8 inputs."""
+    assert default_config(8192, 8192, 8192, fused=True) == replace(GemmConfig(), epi_n=64)
+    assert default_config(8192, 8192, 8192).epi_n == 32
+    assert default_config(16384, 16384, 1024, fused=True).epi_n == 32  # pingpong 128x128
+    assert default_config(1024, 1024, 1024, fused=True).epi_n == 32  # 128x64
+    for m, n, k in ((8192, 8192, 8192), (4096, 16384, 4096), (2048, 8192, 28672), (16, 4096, 4096)):
+        for in_b in (2, 1):
+            for out_b in (2, 4):
+                default_config(m, n, k, in_bytes=in_b, fused=True).validate(in_b, out_b, H100)

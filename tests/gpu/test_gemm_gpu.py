@@ -134,7 +134,8 @@ def test_every_candidate_config() -> None:
 
     # ... and every config the untuned heuristic picks (64x128 c2x1 / c1x2 are in no
     # candidate list), each run on this ragged shape.
-    defaults = [default_config(m_, n_, k_, params[0][1]) for m_ in (1, 65, 129) for n_ in (1, 8192, 14336, 65537) for k_ in (64, 4096)]
+    defaults = [default_config(m_, n_, k_, params[0][1], fused=f) for m_ in (1, 65, 129, 4096) for n_ in (1, 8192, 14336, 65537)
+                for k_ in (64, 4096) for f in (False, True)]
     cfgs = list(dict.fromkeys(_configs(kern.spec(key, params)) + candidate_configs(64, n) + defaults))
     assert len(cfgs) >= 6
     for cfg in cfgs:
@@ -354,3 +355,20 @@ def test_fp8_torch_compile_and_errors() -> None:
         gemm(a, b, scale_a=sa)
     with pytest.raises(ValueError, match="'scale_a' is on cpu"):
         gemm(a, b, scale_a=sa.cpu(), scale_b=sb)
+
+
+@pytest.mark.parametrize("act", ["none", "gelu", "silu"])
+def test_fused_default_takes_64_wide_subtiles(act: str) -> None:
+    """With a fused epilogue the heuristic's cooperative 128x256 tile stores 64-wide
+    subtiles (epi_n=64): ragged M, N and K, a column bias, against torch."""
+    from cuteforge.kernels.gemm.sm90.config import default_config
+
+    m, n, k = 4000, 3000, 1000
+    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.epi_n) == (128, 256, 64), cfg
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    ref = _ref(a, b) + bias.float()
+    ref = {"none": ref, "gelu": F.gelu(ref, approximate="tanh"), "silu": F.silu(ref)}[act]
+    _close(gemm(a, b, bias=bias, epilogue=act), ref, k)

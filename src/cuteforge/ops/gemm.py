@@ -294,7 +294,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     tuned = usable_tuned(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size())
     # A pinned config runs as given; a tuned one (stored for a bucket of shapes) gets its
     # swizzle group fitted to this problem, as the heuristic's does (no padding work).
-    cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms, a.element_size()))
+    cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms, a.element_size(), fused=epi is not None))
     launch = kern.get(key, tuple(sorted(params)), cfg)
     if plain and n_pad == N and not scales:
         # Operands already in the kernel's form (row (M,) / col (N,) unit-stride vectors, a

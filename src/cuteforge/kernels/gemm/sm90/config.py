@@ -167,7 +167,8 @@ def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
     return cfg if size == cfg.swizzle else replace(cfg, swizzle=size)
 
 
-def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2) -> GemmConfig:
+def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
+                   fused: bool = False) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -177,10 +178,14 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     are two M tiles to pair (B multicast), else along N (A multicast). Short K (<= 1024)
     with many tiles goes pingpong: each tile's mainloop is short, so hiding its epilogue
     under the other warpgroup's mainloop pays (16384x16384x1024: 635 vs 611 TFLOP/s).
+    `fused` (an epilogue with operands or an activation): the cooperative 128x256 tile
+    stores 64-wide subtiles (`epi_n=64`, half the epilogue barriers; the staging buffers
+    then cost the ring one stage): same-run sweeps measured +0.3 % to +3.7 %
+    (h200-gemm-episweep.json, h200-gemm-biassweep.json; docs/kernels/gemm.md v3.1).
     """
     if in_bytes != 2:
         # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks.
-        return replace(default_config(m, n, k, sm_count), tile_k=k_block(in_bytes))
+        return replace(default_config(m, n, k, sm_count, fused=fused), tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
@@ -204,7 +209,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # (h200-gemm.json) 128x64 c2x1 pingpong was >= cooperative at all 5 shapes measured
     # both ways in one run (1024^3: 213.7 vs 209.1 TFLOP/s; 2048x14336x4096 +2.2%).
     pingpong = (tm, tn) == (128, 64)
-    return fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong), m, n)
+    epi_n = 64 if fused and (tm, tn) == (128, 256) else 32
+    return fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong, epi_n=epi_n), m, n)
 
 
 def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[GemmConfig]:
