@@ -219,7 +219,7 @@ def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tu
     """Time and check the default and every candidate backward config at one shape."""
     from cuteforge.kernels.norm.spec import norm_bwd
     from cuteforge.ops import norm as impl
-    from cuteforge.ops.norm import _sm_count
+    from cuteforge.ops.norm import bwd_groups
 
     kind = "rms" if op == "rms_norm_bwd" else "layer"
     has_bias = kind == "layer"
@@ -283,7 +283,7 @@ def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tu
                 del dx, dw, db
                 r.update(time_fn(lambda c=c: impl._backward(kind, dy, x, w, mean, rstd, None, has_bias, c), nbytes))
                 # the launch alone, on preallocated outputs (q as ops/norm.py picks it)
-                q = max(1, min(-(-m // c.rows_per_cta), _sm_count(x.device) * c.ctas_per_sm // c.cluster_n))
+                q = bwd_groups(x.device, c, m)
                 dxo = torch.empty_like(x)
                 dwp = torch.empty(q, n, device="cuda")
                 dbp = torch.empty(q, n, device="cuda") if has_bias else dwp

@@ -12,6 +12,12 @@ library_bench counts a norm backward. The timing and the checks are bench_longro
 
     python benchmarks/bench_norm_staged.py --dtypes bfloat16,float16,float32 --ns 4096,8192,16384 \\
         --out $OUT/h200-norm-staged.json
+
+Long rows (v2.5: each CTA of a cluster stages its chunk of the row,
+`config.longrow_staged_candidates`) at N > 16384:
+
+    python benchmarks/bench_norm_staged.py --dtypes bfloat16,float32 --ns 32768,65536,131072,262144 \\
+        --out $OUT/h200-norm-staged-longrow.json
 """
 
 from __future__ import annotations
@@ -35,7 +41,11 @@ OPS = ("rms_norm_bwd", "layer_norm_bwd")
 
 
 def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
-    from cuteforge.kernels.norm.config import default_config, staged_candidates
+    from cuteforge.kernels.norm.config import (
+        default_config,
+        longrow_staged_candidates,
+        staged_candidates,
+    )
 
     out = []
     for op in ops:
@@ -44,7 +54,10 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, s
             for n in ns:
                 d = default_config(n, bits, backward=True)
                 out.append((op, dt, n, d, True))
-                out += [(op, dt, n, c, False) for c in staged_candidates(n, bits) if c != d]
+                cands = staged_candidates(n, bits) if n <= 16384 else []
+                if n > 16384 or not cands:  # rows split over a cluster (v2.5)
+                    cands += [c for c in longrow_staged_candidates(n, bits) if c not in cands]
+                out += [(op, dt, n, c, False) for c in cands if c != d]
     return out
 
 
@@ -111,6 +124,7 @@ def main() -> None:
         run_bwd_shape(shape, op, dt, n, cfgs, failed, _time, None if args.no_quack else _quack_bwd(op))
         for r in shape["rows"]:
             r["stages"] = next((c.stages for i, c, _ in cfgs if repr(c) == r["config"]), 0)
+            r["cluster_n"] = next((c.cluster_n for i, c, _ in cfgs if repr(c) == r["config"]), 1)
         ok = [r for r in shape["rows"] if r.get("correct") and "GBps" in r]
         if ok:
             b = max(ok, key=lambda r: r["GBps"])
@@ -124,7 +138,7 @@ def main() -> None:
         bs = max(st, key=lambda r: r["pct_copy"]) if st else {}
         print(f"{s['op']:15s} {s['dtype']:9s} {s['M']:6d} x {s['N']:6d}  default {d.get('pct_copy', '-')}% "
               f"({d.get('correct')})  best staged {bs.get('pct_copy', '-')}% ({bs.get('correct')}) "
-              f"T={bs.get('threads')} S={bs.get('stages')} occ={bs.get('ctas_per_sm')}  quack {s.get('quack', {}).get('pct_copy', '-')}%")
+              f"T={bs.get('threads')} C={bs.get('cluster_n')} S={bs.get('stages')} occ={bs.get('ctas_per_sm')}  quack {s.get('quack', {}).get('pct_copy', '-')}%")
     save()
     print("wrote", out, "in", result["seconds"], "s")
 

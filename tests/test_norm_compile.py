@@ -55,8 +55,12 @@ def test_default_and_candidates_valid(n, bits, backward):
 
 def test_large_rows_use_clusters_and_reload():
     assert default_config(65536, 16).cluster_n > 1
-    b = default_config(262144, 32, backward=True)
-    assert b.cluster_n == 16 and b.reload
+    b = default_config(262144, 32, backward=True)  # v2.5: cluster-staged
+    assert b.cluster_n == 16 and b.stages == 1
+    from cuteforge.kernels.norm.config import default_register_config
+
+    r = default_register_config(262144, 32)  # the register path (misaligned rows) still reloads
+    assert r.cluster_n == 16 and r.reload
 
 
 # --------------------------------------------------------------------------- compiles
@@ -124,8 +128,8 @@ def test_compile_bwd(kernels, kind, xd, wd, n, bias, dsum):
     dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
     spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4),
                          {"kind": kind, "has_bias": bias, "has_dsum": dsum})
-    if spec.config.cluster_n > 1:
-        assert "st.shared::cluster" in ptx
+    if spec.config.cluster_n > 1:  # barrier exchange, or (v2.5 staged default) mbar's st.async
+        assert "st.shared::cluster" in ptx or "st.async" in ptx
 
 
 def test_bad_builder_arguments():
@@ -255,7 +259,8 @@ def test_bwd_mbar_candidates_valid():
             for c in cands:
                 assert c.cluster_n > 1
                 c.validate(n, bits, limits, backward=True)
-            assert default_config(n, bits, backward=True).exchange == "barrier"
+            d = default_config(n, bits, backward=True)  # v2.5: mbar only with staged rows
+            assert d.exchange == "barrier" or d.stages >= 1
 
 
 # (kind, x dtype, weight dtype, n, bias, dsum, threads, cluster_n, reload): rms (one
@@ -480,9 +485,102 @@ def test_staged_backward_defaults_follow_the_sweep():
     assert default_config(8192, 16, backward=True) == NormConfig(256, 256, 1, 2, stages=2)
     assert default_config(16384, 16, backward=True) == NormConfig(512, 512, 1, 1, stages=3)
     assert default_config(16384, 32, backward=True).stages == 1
-    for n, bits in ((4096, 16), (8190, 16), (8192, 32), (16385, 16), (65536, 32), (16383, 16)):
+    # v2.5: even long rows take the cluster-staged backward (h200-norm-staged-longrow.json)
+    assert default_config(32768, 16, backward=True) == NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)
+    assert default_config(65536, 16, backward=True) == NormConfig(256, 256, 8, 2, exchange="mbar", stages=3)
+    assert default_config(262144, 32, backward=True) == NormConfig(512, 512, 16, 1, exchange="mbar", stages=1)
+    for n, bits in ((4096, 16), (8190, 16), (8192, 32), (16385, 16), (65537, 32), (16383, 16)):
         assert default_config(n, bits, backward=True).stages == 0, (n, bits)
     limits = limits_for("sm_90a")
     for bits in (16, 32):
         for n in list(range(1, 300, 7)) + [4095, 8192, 8200, 12288, 16383, 16384, 16385, 65537, 262144]:
             default_config(n, bits, backward=True).validate(n, bits, limits, backward=True)
+
+
+# --------------------------------------------------------------------------- v2.5: cluster-staged backward
+
+
+def test_cluster_staged_validate_and_candidates():
+    """stages with a cluster: the mbar exchange only, N divisible into chunks of a multiple
+    of 16 bytes, each CTA's chunk stages within the SM's shared memory; every long-row
+    candidate validates for sm_90a and is offered by candidate_configs."""
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.norm.config import (
+        cluster_staged_config,
+        longrow_staged_candidates,
+        staged_stages,
+    )
+
+    limits = limits_for("sm_90a")
+    with pytest.raises(ValueError, match="mbar"):
+        NormConfig(512, 512, 2, 1, stages=2).validate(32768, 16, backward=True)
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        NormConfig(512, 512, 4, 1, exchange="mbar", stages=2).validate(32772, 16, backward=True)
+    with pytest.raises(ValueError, match="exceed"):  # 2 x 3 stages of 2 x 32 KiB
+        NormConfig(512, 512, 2, 2, exchange="mbar", stages=3).validate(32768, 16, limits, backward=True)
+    # each CTA stages only its chunk: 2 CTAs of 16384 elements hold 3 stages of 64 KiB
+    assert NormConfig(512, 512, 2, 1, exchange="mbar", stages=3).smem_bytes(32768, True, 16) < 200 * 1024
+    assert cluster_staged_config(32768, 16) == NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)
+    assert cluster_staged_config(65537, 16) is None
+    for bits in (16, 32):
+        for n in (32768, 65536, 131072, 262144):
+            cands = longrow_staged_candidates(n, bits)
+            assert cands
+            for c in cands:
+                assert c.stages >= 1 and c.cluster_n > 1 and c.exchange == "mbar" and c.rows_per_cta == 1
+                c.validate(n, bits, limits, backward=True)
+                assert 1 <= staged_stages(c, n, bits, True) <= c.stages
+                assert c.smem_bytes(n, True, bits, True) <= limits.smem_per_block
+            offered = candidate_configs(n, bits, backward=True)
+            assert any(c.stages and c.cluster_n > 1 for c in offered), (n, bits)
+
+
+# (kind, x dtype, weight dtype, n, bias, dsum, config): rms / layer, fused dsum (fewer
+# stages), fp32 weight, fp32 x at one stage of 64 KiB rows (N = 262144 over 16 CTAs),
+# 2 CTAs per SM on a 256-thread cluster
+_BWD_CSTAGED = [
+    ("rms", "bfloat16", "bfloat16", 32768, False, False, NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)),
+    ("layer", "bfloat16", "bfloat16", 65536, True, True, NormConfig(512, 512, 4, 1, exchange="mbar", stages=3)),
+    ("layer", "float16", "float32", 131072, True, False, NormConfig(512, 512, 8, 1, exchange="mbar", stages=3)),
+    ("layer", "float32", "float32", 262144, True, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=1)),
+    ("rms", "bfloat16", "bfloat16", 32768, False, True, NormConfig(256, 256, 4, 2, exchange="mbar", stages=3)),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, dsum, cfg", _BWD_CSTAGED)
+def test_compile_bwd_cluster_staged(kernels, kind, xd, wd, n, bias, dsum, cfg):
+    """Per stage one bulk copy per operand chunk (N / cluster_n elements), the row sums
+    through st.async on the exchange mbarriers (no cluster barrier in the row loop, only the
+    one arrive / wait pair of the prologue), no local memory (no spill)."""
+    import subprocess
+    import tempfile
+
+    from cuteforge.kernels.norm.config import staged_stages
+
+    _, bwd = kernels
+    bits = 32 if xd == "float32" else 16
+    vx = 16 // (bits // 8)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
+    _, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4),
+                      {"kind": kind, "has_bias": bias, "has_dsum": dsum}, cfg)
+    s = staged_stages(cfg, n, bits, dsum)
+    rows = 3 if dsum else 2
+    bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
+    assert len(bulk) in (rows * (s + 1), rows * (s + 1) + 1), len(bulk)  # (+ the weight's)
+    assert len(re.findall(r"mbarrier\.init", ptx)) == s + 1 + 2
+    assert len(re.findall(r"st\.async", ptx)) == (2 if kind == "layer" else 1)
+    assert len(re.findall(r"barrier\.cluster\.arrive", ptx)) == 1
+    assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == 1
+    assert "%cluster_ctarank" in ptx
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        try:
+            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                                 capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            pytest.skip("ptxas not installed")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]

@@ -44,6 +44,37 @@ def _sm_count(device: torch.device) -> int:
     return _SMS[idx]
 
 
+_CLUSTERS: dict[tuple[int, int], int] = {}
+
+
+def _max_clusters(device: torch.device, c: int) -> int | None:
+    """Clusters of c CTAs (one per SM) the device runs at once (cuOccupancyMaxActiveClusters,
+    through the DSL's HardwareInfo), None if that cannot be asked. GPCs whose SM count is
+    not a multiple of c hold fewer clusters than sm_count / c."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if (idx, c) not in _CLUSTERS:
+        try:
+            from cutlass.utils import HardwareInfo
+
+            _CLUSTERS[idx, c] = int(HardwareInfo(idx).get_max_active_clusters(c)) or 0
+        except Exception:  # no driver bindings: no cap
+            _CLUSTERS[idx, c] = 0
+    return _CLUSTERS[idx, c] or None
+
+
+def bwd_groups(device: torch.device, cfg: Any, m: int) -> int:
+    """Q, the persistent backward's CTA groups for m rows: sm_count x ctas_per_sm /
+    cluster_n, at most the number of row blocks; for a cluster-staged config (v2.5) also
+    at most the clusters the device runs at once (x ctas_per_sm): a group that does not
+    fit would run as a second wave after the others, doubling the time."""
+    q = max(1, min(-(-m // cfg.rows_per_cta), _sm_count(device) * cfg.ctas_per_sm // cfg.cluster_n))
+    if cfg.cluster_n > 1 and cfg.stages:
+        cap = _max_clusters(device, cfg.cluster_n)
+        if cap:
+            q = max(1, min(q, cap * cfg.ctas_per_sm))
+    return q
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -163,8 +194,7 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
     plan = _PLANS.get(memo)
     if plan is None:
         cfg = config or norm_config.default_config(n, xs.element_size() * 8, backward=True)
-        blocks = -(-m // cfg.rows_per_cta)
-        q = max(1, min(blocks, _sm_count(xs.device) * cfg.ctas_per_sm // cfg.cluster_n))
+        q = bwd_groups(xs.device, cfg, m)
         probe = torch.empty((q, n), dtype=torch.float32, device=xs.device)
         st = rstd if mean is None else mean
         key = norm_bwd.signature.bind((xs, w, dy, dy if dsum is None else dsum, st, rstd, dx, probe, probe),

@@ -338,26 +338,46 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     start 16-byte aligned and hold a multiple of 16 bytes (``NormConfig.validate``).
     ``w_aligned`` (weight 16-byte aligned): the weight is bulk-copied into shared memory
     once and read from there, when it fits beside the stages at ``ctas_per_sm`` CTAs per
-    SM; otherwise it is held in registers for the launch."""
+    SM; otherwise it is held in registers for the launch.
+
+    With ``cluster_n`` = C > 1 (v2.5; ``exchange == "mbar"``) a row is split over the
+    cluster: CTA c stages, reads and writes only its contiguous chunk
+    [c N / C, (c + 1) N / C) of x, dy, dsum, dx, weight and the partial rows, and the row
+    sums meet through ``make_allreduce_mbar_rows`` (two exchange mbarriers beside the stage
+    mbarriers). Its wait replaces the CTA barrier the one-CTA path refills a stage after:
+    a CTA passes row j + 1's wait only when every warp of the cluster sent its row j + 1
+    partial, i.e. finished row j."""
     config.validate(n, x_dtype.width, backward=True)
-    if not config.stages or config.cluster_n != 1 or config.rows_per_cta != 1:
-        raise ValueError(f"the staged backward needs stages > 0, one row per CTA and no cluster: {config}")
-    tile = Tile.of(n, vec, config)
+    C = config.cluster_n
+    if not config.stages or config.rows_per_cta != 1 or (C > 1 and config.exchange != "mbar"):
+        raise ValueError(f"the staged backward needs stages > 0, one row per CTA and (with a cluster) the mbar exchange: {config}")
+    NC = n // C  # this CTA's chunk of the row
+    T = config.threads
+    tile = Tile(NC, vec, T, 1, T)  # the chunk, tiled over the CTA's threads
     _, _, store_scalar, load_col, store_col = make_row_io(tile)
-    allreduce = make_allreduce(tile)
-    T, KT1, V = tile.T, tile.KT1, tile.vec
+    KT1, V = tile.KT1, tile.vec
     is_ln = kind == "layer"
     nval = 2 if is_ln else 1
     inv_n = 1.0 / n
+    if C > 1:
+        xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
+        allreduce_m = make_allreduce_mbar_rows(xtile, nval)
+        xtx = nval * mbar_tx_bytes(xtile)
+        n_smem = reduce_smem_elems(xtile, 2)
+        allreduce = None
+    else:
+        allreduce = make_allreduce(tile)
+        n_smem = reduce_smem_elems(tile, 2)
     S = staged_stages(config, n, x_dtype.width, has_dsum)
     n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
-    row_bytes = n * x_dtype.width // 8
+    row_bytes = NC * x_dtype.width // 8
     tx_bytes = n_rows * row_bytes
-    n_smem = reduce_smem_elems(tile, 2)
-    # refill a stage right after the next row's reduction barrier (no extra barrier),
-    # which needs that barrier (a row of several warps) and a second stage to work on
-    early_refill = S >= 2 and tile.S > 1
-    w_bytes = n * w_dtype.width // 8
+    # refill a stage right after the next row's reduction (no extra barrier), which needs
+    # that reduction to order every thread's reads of the stage before it (a CTA barrier
+    # for a row of several warps, the exchange's mbarrier wait with a cluster) and a second
+    # stage to work on meanwhile
+    early_refill = S >= 2 and (tile.S > 1 or C > 1)
+    w_bytes = NC * w_dtype.width // 8
     smem_cta = config.smem_bytes(n, True, x_dtype.width, has_dsum) + w_bytes + 256
     w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
@@ -367,16 +387,20 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     if config.ctas_per_sm > 1:
         _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
 
+    def _part(row: cute.Tensor, cta):
+        """This CTA's chunk of a row (the whole row without a cluster); traced inline."""
+        return cute.local_tile(row, (NC,), (cta,)) if C > 1 else row
+
     @cute.jit
-    def _issue(x: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, srows: cute.Tensor, full, row, stage):
+    def _issue(x: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, srows: cute.Tensor, full, row, stage, cta):
         """Thread 0: arm stage's mbarrier and bring row `row` of x, dy (, dsum) into it."""
         atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), x_dtype, num_bits_per_copy=row_bytes * 8)
         bar = full + stage
         cute.arch.mbarrier_arrive_and_expect_tx(bar, tx_bytes)
-        cute.copy(atom, x[row, None], srows[None, stage * n_rows], mbar_ptr=bar)
-        cute.copy(atom, dy[row, None], srows[None, stage * n_rows + 1], mbar_ptr=bar)
+        cute.copy(atom, _part(x[row, None], cta), srows[None, stage * n_rows], mbar_ptr=bar)
+        cute.copy(atom, _part(dy[row, None], cta), srows[None, stage * n_rows + 1], mbar_ptr=bar)
         if cutlass.const_expr(has_dsum):
-            cute.copy(atom, dsum[row, None], srows[None, stage * n_rows + 2], mbar_ptr=bar)
+            cute.copy(atom, _part(dsum[row, None], cta), srows[None, stage * n_rows + 2], mbar_ptr=bar)
 
     @cute.kernel
     def _kernel(
@@ -391,32 +415,51 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         dbp: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        q, _, _ = cute.arch.block_idx()
-        n_q, _, _ = cute.arch.grid_dim()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(C > 1):
+            cta = cute.arch.block_idx_in_cluster()
+            q = bidx // C
+            n_q = gdim // C
+        else:
+            cta = 0
+            q = bidx
+            n_q = gdim
         g = tidx
         m = x.shape[0]
 
         smem = cutlass.memory.SmemAllocator()
-        srows = smem.allocate_tensor(x_dtype, cute.make_layout((n, S * n_rows), stride=(1, n)), byte_alignment=128)
+        srows = smem.allocate_tensor(x_dtype, cute.make_layout((NC, S * n_rows), stride=(1, NC)), byte_alignment=128)
         buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
         full = smem.allocate_array(Int64, S + 1, byte_alignment=8)  # + the weight's
+        xbar = None
+        if cutlass.const_expr(C > 1):
+            xbar = smem.allocate_array(Int64, 2, byte_alignment=8)  # the row sums' exchange
         sw = None
         if cutlass.const_expr(w_smem):
-            sw = smem.allocate_tensor(w_dtype, cute.make_layout((n,)), byte_alignment=128)
+            sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
         if tidx == 0:
             for i in cutlass.range_constexpr(S + 1):
                 cute.arch.mbarrier_init(full + i, 1)
+            if cutlass.const_expr(C > 1):
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_init(xbar + i, 1)
         cute.arch.mbarrier_init_fence()
+        if cutlass.const_expr(C > 1):
+            if tidx == 0:
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_arrive_and_expect_tx(xbar + i, xtx)
+            cute.arch.cluster_arrive_relaxed()  # its wait (before the row loop) precedes the first st.async
         cute.arch.sync_threads()
         if cutlass.const_expr(w_smem):
             if tidx == 0:
                 watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
                 cute.arch.mbarrier_arrive_and_expect_tx(full + S, w_bytes)
-                cute.copy(watom, w, sw, mbar_ptr=full + S)
+                cute.copy(watom, _part(w, cta), sw, mbar_ptr=full + S)
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
                 if q + i * n_q < m:
-                    _issue(x, dy, dsum, srows, full, q + i * n_q, i)
+                    _issue(x, dy, dsum, srows, full, q + i * n_q, i, cta)
 
         dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
         dwa.fill(0.0)
@@ -433,8 +476,9 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             dyc.fill(0.0)  # slots a thread does not own: dy = 0 adds nothing to any sum
             dsc.fill(0.0)
         if cutlass.const_expr(not w_smem):
+            wg = _part(w, cta)
             for k in cutlass.range_constexpr(KT1):
-                load_col(w, wr, g, k)  # the weight stays in registers for the whole launch
+                load_col(wg, wr, g, k)  # the weight stays in registers for the whole launch
         else:
             cute.arch.mbarrier_wait(full + S, 0)
         acc1 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
@@ -447,6 +491,8 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         st[0] = rstd_in[q]
         if cutlass.const_expr(is_ln):
             st[1] = mean_in[q]
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
 
         for blk in cutlass.range(q, m, n_q, unroll=1):
             it = (blk - q) // n_q  # this CTA's row count so far
@@ -480,19 +526,24 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 s1 = s1 + acc1[v]
                 if cutlass.const_expr(is_ln):
                     s2 = s2 + acc2[v]
-            s1, s2 = allreduce(s1, s2, nval, buf, it % 2, 0, g, 0)
+            if cutlass.const_expr(C > 1):
+                s1, s2 = allreduce_m(s1, s2, buf, xbar, it % 2, (it // 2) % 2, tidx == 0, 0, g, cta)
+            else:
+                s1, s2 = allreduce(s1, s2, nval, buf, it % 2, 0, g, 0)
             if cutlass.const_expr(early_refill):
-                # every thread passed this row's reduction barrier, so it is done with the
-                # previous row's stage: refill that stage with the row S - 1 ahead of this one
+                # every thread (of every CTA of the cluster) is past this row's reduction, so
+                # done with the previous row's stage: refill that stage with the row S - 1
+                # ahead of this one
                 if tidx == 0:
                     if it > 0:
                         nr = blk + (S - 1) * n_q
                         if nr < m:
-                            _issue(x, dy, dsum, srows, full, nr, (it + S - 1) % S)
+                            _issue(x, dy, dsum, srows, full, nr, (it + S - 1) % S, cta)
             c1 = s1 * Float32(inv_n)
             c2 = Float32(0.0)
             if cutlass.const_expr(is_ln):
                 c2 = s2 * Float32(inv_n)
+            dxr = _part(dx[blk, None], cta)
             for k in cutlass.range_constexpr(KT1):
                 load_col(sx, xc, g, k)
                 load_col(sdy, dyc, g, k)
@@ -511,19 +562,19 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     if cutlass.const_expr(has_bias):
                         dba[v, k] = dba[v, k] + dyv
                     oc[v, k] = dxv.to(x_dtype)
-                store_col(oc, dx[blk, None], g, k)
+                store_col(oc, dxr, g, k)
             if cutlass.const_expr(not early_refill):
                 cute.arch.sync_threads()  # every thread is done with this stage
                 if tidx == 0:
                     nr = blk + S * n_q
                     if nr < m:
-                        _issue(x, dy, dsum, srows, full, nr, stage)
+                        _issue(x, dy, dsum, srows, full, nr, stage, cta)
             st[0] = stn[0]
             st[1] = stn[1]
 
-        store_scalar(dwa, dwp[q, None], g)
+        store_scalar(dwa, _part(dwp[q, None], cta), g)
         if cutlass.const_expr(has_bias):
-            store_scalar(dba, dbp[q, None], g)
+            store_scalar(dba, _part(dbp[q, None], cta), g)
 
     @cute.jit
     def norm_bwd(
@@ -538,8 +589,13 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         dbp: cute.Tensor,
         stream,
     ):
-        _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
-            grid=(dwp.shape[0], 1, 1), block=(T, 1, 1), stream=stream, **_bounds
-        )
+        if cutlass.const_expr(C > 1):
+            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
+                grid=(dwp.shape[0] * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **_bounds
+            )
+        else:
+            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
+                grid=(dwp.shape[0], 1, 1), block=(T, 1, 1), stream=stream, **_bounds
+            )
 
     return norm_bwd

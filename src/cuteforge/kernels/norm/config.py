@@ -39,8 +39,9 @@ stages:           backward only (v2.4): 0 keeps the row in registers (above); S 
                   global -> shared, completing on the stage's mbarrier), S rows ahead of
                   the CTA, and the threads read x/dy from shared memory for the row sums
                   and again for dx, holding only weight and the dweight/dbias accumulators
-                  in registers. One row per CTA (threads_per_row == threads), one CTA per
-                  row (no cluster), rows of a multiple of 16 bytes; the bytes in flight no
+                  in registers. One row per CTA (threads_per_row == threads); with a
+                  cluster (v2.5, exchange "mbar") each CTA stages its N / cluster_n chunk;
+                  chunks of a multiple of 16 bytes; the bytes in flight no
                   longer depend on registers. Shared memory: S x 2 rows (3 with dsum, with
                   fewer stages if they would not fit; ``staged_stages``).
 """
@@ -63,6 +64,8 @@ __all__ = [
     "SMEM_PER_SM",
     "staged_stages",
     "staged_config",
+    "cluster_staged_config",
+    "longrow_staged_candidates",
 ]
 
 EXCHANGES = ("barrier", "mbar")
@@ -105,7 +108,7 @@ def staged_stages(cfg: NormConfig, n: int, dtype_bits: int, has_dsum: bool) -> i
         return 0
     if not has_dsum:
         return cfg.stages
-    row = _row_bytes(n, dtype_bits)
+    row = _row_bytes(n // cfg.cluster_n, dtype_bits)  # the CTA's chunk of the row
     budget = min(SMEM_PER_BLOCK, SMEM_PER_SM // cfg.ctas_per_sm - _SMEM_CTA_RESERVED) - 4096  # reduce buffers, mbarriers
     return max(1, min(cfg.stages, budget // (3 * row)))
 
@@ -149,10 +152,12 @@ class NormConfig:
         red = 2 * 2 * self.rows_per_cta * slots * 4
         acc = 2 * self.rows_per_cta * n * 4 if backward and self.rows_per_cta > 1 else 0
         staged = 0
+        c_ = self.cluster_n
         if backward and self.stages:
             s = staged_stages(self, n, dtype_bits, has_dsum)
             rows = 3 if has_dsum else 2
-            staged = s * rows * _row_bytes(n, dtype_bits) + 8 * s + 128  # + mbarriers, alignment
+            # each CTA of a cluster stages its own contiguous N / cluster_n chunk of the row
+            staged = s * rows * _row_bytes(n // c_, dtype_bits) + 8 * s + 128  # + mbarriers, alignment
         return red + acc + (16 if self.exchange == "mbar" else 0) + staged
 
     def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None, backward: bool = False) -> None:
@@ -187,12 +192,17 @@ class NormConfig:
         if self.stages:
             if not backward:
                 raise ValueError("stages (shared-memory row staging) is a backward-only knob")
-            if c != 1 or p != t:
-                raise ValueError(f"stages needs one row per CTA and no cluster (threads_per_row == threads, cluster_n == 1), got {self}")
+            if p != t:
+                raise ValueError(f"stages needs one row per CTA (threads_per_row == threads), got {self}")
+            if c > 1 and self.exchange != "mbar":
+                raise ValueError(f"stages with a cluster needs exchange='mbar' (the row sums' mbarrier exchange), got {self}")
             if self.reload or self.prefetch:
                 raise ValueError("stages replaces reload / prefetch: the rows come from shared memory")
-            if _row_bytes(n, dtype_bits) % 16:
-                raise ValueError(f"stages needs rows of a multiple of 16 bytes (bulk copies), got n={n} x {dtype_bits} bits")
+            if n % c or _row_bytes(n // c, dtype_bits) % 16:
+                raise ValueError(
+                    f"stages needs rows (with a cluster: each CTA's N / cluster_n chunk) of a multiple of 16 bytes "
+                    f"(bulk copies), got n={n} x {dtype_bits} bits over {c} CTAs"
+                )
             per_cta = self.smem_bytes(n, backward, dtype_bits)
             sm_smem = limits.smem_per_sm if limits is not None else SMEM_PER_SM
             if (per_cta + _SMEM_CTA_RESERVED) * self.ctas_per_sm > sm_smem:
@@ -284,6 +294,19 @@ STAGED_BWD: dict[int, tuple[tuple[int, int, int, int], ...]] = {
 }
 
 
+# Cluster-staged backward (v2.5) as the default for long rows: per dtype bits, the N ranges
+# (inclusive) with (elements per thread, stages, twice the smallest cluster). From the H200
+# sweep (benchmarks/results/h200-norm-staged-longrow.json, M = 2^28 / N, % of copy through
+# _backward; register default 24-57 %): 16-bit N = 32768 on 2 CTAs of 512 threads, 3 stages
+# (rms 97.3, layer 90.3); 65536..131072 on 256-thread CTAs at 2 per SM (rms 92.0-93.6,
+# layer 84.0-92.1); 262144 on 16 CTAs of 512 (92.5 / 78.0); fp32 at <= 16 elements per
+# thread, 3 stages (96-99.9 % at N <= 131072; one stage of 64 KiB chunks at 262144: 78.9 / 62.2).
+STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
+    16: ((16385, 32768, 32, 3, False), (32769, 131072, 32, 3, True), (131073, 262144, 32, 3, False)),
+    32: ((16385, 262144, 16, 3, False),),
+}
+
+
 def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms") -> NormConfig:
     """Heuristic: long forward rows (V2_FWD_MIN_N) take the mbar exchange shaped by
     V2_FWD_SHAPE; backward rows in STAGED_BWD's range the row-staged backward; otherwise
@@ -294,6 +317,15 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
         for lo, hi, elems, stages in STAGED_BWD.get(dtype_bits, ()):
             if lo <= n <= hi:
                 cfg = staged_config(n, dtype_bits, elems, stages)
+                if cfg is not None:
+                    return cfg
+        for lo, hi, elems, stages, more in STAGED_BWD_CLUSTER.get(dtype_bits, ()):
+            if lo <= n <= hi:
+                cfg = cluster_staged_config(n, dtype_bits, elems, stages)
+                if cfg is not None and more and cfg.cluster_n < 16:
+                    cfg = cluster_staged_config(n, dtype_bits, elems, stages, min_cluster=2 * cfg.cluster_n) or cfg
+                if cfg is None:
+                    cfg = cluster_staged_config(n, dtype_bits)
                 if cfg is not None:
                     return cfg
         return default_register_config(n, dtype_bits)
@@ -375,7 +407,10 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
     if not backward:
         trial.insert(0, NormConfig(t, p, c, o, early_weight=True))
     if backward:
-        st = staged_config(n, dtype_bits) if not base.stages else default_register_config(n, dtype_bits)
+        if base.stages:
+            st = default_register_config(n, dtype_bits)
+        else:  # one CTA per row where it fits, else the row split over a cluster (v2.5)
+            st = staged_config(n, dtype_bits) or cluster_staged_config(n, dtype_bits)
         if st is not None:
             trial.insert(0, st)  # the other backward path (row staged in shared memory / in registers)
     if backward and base.prefetch:
@@ -447,21 +482,27 @@ def longrow_bwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 # --------------------------------------------------------------------------- v2.4 staged backward
 
 
-def staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, threads: int | None = None) -> NormConfig | None:
+def staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, threads: int | None = None,
+                  cluster_n: int = 1) -> NormConfig | None:
     """A row-staged backward config (``NormConfig.stages``): one row per CTA of
-    ``threads`` (default: the power of 2 leaving a thread <= ``elems`` elements, 128..1024),
-    ``stages`` rows in shared memory (fewer if they do not fit one CTA), and as many
-    persistent CTAs per SM (1..4) as registers, shared memory and 2048 threads allow.
-    None when no such config is valid for n (rows of a multiple of 16 bytes only)."""
-    if _row_bytes(n, dtype_bits) % 16:
+    ``threads`` (default: the power of 2 leaving a thread <= ``elems`` elements of its
+    chunk, 128..1024), ``stages`` rows in shared memory (fewer if they do not fit one CTA),
+    and as many persistent CTAs per SM (1..4) as registers, shared memory and 2048 threads
+    allow. With ``cluster_n`` > 1 (v2.5) the row is split over a cluster: each CTA stages
+    its contiguous N / cluster_n chunk, the row sums meet through the mbarrier exchange.
+    None when no such config is valid for n (chunks of a multiple of 16 bytes only)."""
+    c = cluster_n
+    if n % c or _row_bytes(n // c, dtype_bits) % 16:
         return None
-    t = threads or min(1024, max(128, _pow2_ceil(-(-n // elems))))
+    nc = n // c
+    ex = "mbar" if c > 1 else "barrier"
+    t = threads or min(1024, max(128, _pow2_ceil(-(-nc // elems))))
     for s in range(stages, 0, -1):
-        probe = NormConfig(t, t, 1, 1, stages=s)
+        probe = NormConfig(t, t, c, 1, stages=s, exchange=ex)
         regs = probe.est_regs_per_thread(n, dtype_bits, True)
         per_cta = probe.smem_bytes(n, True, dtype_bits) + _SMEM_CTA_RESERVED
         occ = max(1, min(4, _REGS_PER_SM // (regs * t), 2048 // t, SMEM_PER_SM // per_cta))
-        cfg = NormConfig(t, t, 1, occ, stages=s)
+        cfg = NormConfig(t, t, c, occ, stages=s, exchange=ex)
         try:
             cfg.validate(n, dtype_bits, backward=True)
             return cfg
@@ -476,6 +517,42 @@ def staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     out: list[NormConfig] = []
     for elems, stages in ((32, 3), (32, 2), (16, 3), (16, 2)):
         cfg = staged_config(n, dtype_bits, elems, stages)
+        if cfg is not None and cfg not in out:
+            out.append(cfg)
+    return out
+
+
+# --------------------------------------------------------------------------- v2.5 cluster-staged backward
+
+
+def cluster_staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, min_cluster: int = 2) -> NormConfig | None:
+    """The staged backward for a row split over a cluster (v2.5): the smallest cluster
+    (>= ``min_cluster``, 2..16) whose CTAs can stage ``stages`` chunks of x / dy with
+    <= ``elems`` elements per thread; if no cluster holds that many stages, the 16-CTA
+    config with as many as fit. None when nothing valid fits (N not a multiple of
+    cluster_n x 16 bytes' worth)."""
+    best = None
+    c = max(2, min_cluster)
+    while c <= 16:
+        cfg = staged_config(n, dtype_bits, elems, stages, cluster_n=c)
+        if cfg is not None and -(-(n // c) // cfg.threads) <= elems:
+            if cfg.stages == stages:
+                return cfg
+            if best is None or cfg.stages > best.stages:
+                best = cfg
+        c *= 2
+    return best
+
+
+def longrow_staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
+    """Cluster-staged backward configs worth timing at long N (bench_norm_staged.py):
+    <= 32 elements per thread at 3 and 2 stages, <= 16 at 3, and the 32 / 3 shape on twice
+    the cluster (smaller chunks: more CTAs per SM); duplicates collapse."""
+    out: list[NormConfig] = []
+    for elems, stages, more in ((32, 3, False), (32, 2, False), (16, 3, False), (32, 3, True)):
+        cfg = cluster_staged_config(n, dtype_bits, elems, stages)
+        if cfg is not None and more:
+            cfg = cluster_staged_config(n, dtype_bits, elems, stages, min_cluster=2 * cfg.cluster_n) if cfg.cluster_n < 16 else None
         if cfg is not None and cfg not in out:
             out.append(cfg)
     return out
