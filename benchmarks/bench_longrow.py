@@ -301,6 +301,23 @@ def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tu
         print(op, dt, m, n, json.dumps(r), flush=True)
 
 
+def result_header(script: str, arch: str, compile_s: float, configs: int, failures: int, bytes_note: str) -> dict[str, Any]:
+    """The head of a long-row results JSON: command, device, compile summary, timing
+    method and the copy bandwidth measured now (shared with bench_norm_staged.py)."""
+    return {
+        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "arch": arch,
+        "compile_s": round(compile_s, 1),
+        "configs": configs,
+        "compile_failures": failures,
+        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; " + bytes_note,
+        "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
+        "shapes": [],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list of {OPS}")
@@ -340,18 +357,8 @@ def main() -> None:
         jobs.append(CompileJob.of(norm_bwd, key, bparams, c, arch))
     outcomes = compile_all(jobs)
     failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
-    result: dict[str, Any] = {
-        "command": "python benchmarks/bench_longrow.py " + " ".join(sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "arch": arch,
-        "compile_s": round(time.time() - tc, 1),
-        "configs": len(jobs),
-        "compile_failures": len(failed),
-        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; bytes = 2*M*N*size (backward: 3*M*N*size + weight/bias)",
-        "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
-        "shapes": [],
-    }
+    result = result_header("bench_longrow.py", arch, time.time() - tc, len(jobs), len(failed),
+                           "bytes = 2*M*N*size (backward: 3*M*N*size + weight/bias)")
     copy_bps = result["copy_GBps"] * 1e9
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

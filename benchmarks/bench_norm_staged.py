@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_longrow import _bwd_key_params, _quack_bwd, rows_for, run_bwd_shape  # noqa: E402
+from bench_longrow import _bwd_key_params, _quack_bwd, result_header, rows_for, run_bwd_shape  # noqa: E402
 
 from cuteforge import timing  # noqa: E402
 
@@ -89,18 +89,8 @@ def main() -> None:
         jobs.append(CompileJob.of(norm_bwd, key, bparams, c, arch))
     outcomes = compile_all(jobs)
     failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
-    result: dict[str, Any] = {
-        "command": "python benchmarks/bench_norm_staged.py " + " ".join(sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "arch": arch,
-        "compile_s": round(time.time() - tc, 1),
-        "configs": len(jobs),
-        "compile_failures": len(failed),
-        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; bytes = 3*M*N*size + weight/bias",
-        "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
-        "shapes": [],
-    }
+    result = result_header("bench_norm_staged.py", arch, time.time() - tc, len(jobs), len(failed),
+                           "bytes = 3*M*N*size + weight/bias")
     copy_bps = result["copy_GBps"] * 1e9
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
