@@ -18,6 +18,15 @@ Long rows (v2.5: each CTA of a cluster stages its chunk of the row,
 
     python benchmarks/bench_norm_staged.py --dtypes bfloat16,float32 --ns 32768,65536,131072,262144 \\
         --out $OUT/h200-norm-staged-longrow.json
+
+``--fwd`` (v2.6, the staged forward): rms_norm (no bias) and layer_norm (bias), no
+residual, the forward default and every `config.longrow_staged_fwd_candidates(n, bits)`
+config, launched alone on the same inputs (M = bench_longrow.rows_for(N)), checked
+against torch in fp32, quack's rmsnorm_fwd / layernorm_fwd beside them. Bytes = 2 M N
+elements (x read, y written), as bench_longrow.py counts a forward.
+
+    python benchmarks/bench_norm_staged.py --fwd --dtypes bfloat16,float16,float32 \\
+        --ns 4096,8192,16384,32768,65536,131072,262144 --out $OUT/h200-norm-staged-fwd.json
 """
 
 from __future__ import annotations
@@ -33,11 +42,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_longrow import _bwd_key_params, _quack_bwd, result_header, rows_for, run_bwd_shape  # noqa: E402
+from bench_longrow import (  # noqa: E402
+    _bwd_key_params,
+    _norm_case,
+    _norm_check,
+    _norm_key_params,
+    _quack_bwd,
+    _quack_norm,
+    result_header,
+    rows_for,
+    run_bwd_shape,
+)
 
 from cuteforge import timing  # noqa: E402
 
 OPS = ("rms_norm_bwd", "layer_norm_bwd")
+FWD_OPS = ("rms_norm", "layer_norm")
 
 
 def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
@@ -61,8 +81,130 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, s
     return out
 
 
+def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
+    """(op, dtype, n, config, is_default): the forward default and every staged forward
+    candidate (v2.6)."""
+    from cuteforge.kernels.norm.config import default_config, longrow_staged_fwd_candidates
+
+    out = []
+    for op in ops:
+        kind = "rms" if op == "rms_norm" else "layer"
+        for dt in dtypes:
+            bits = getattr(torch, dt).itemsize * 8
+            for n in ns:
+                d = default_config(n, bits, False, kind)
+                out.append((op, dt, n, d, True))
+                out += [(op, dt, n, c, False) for c in longrow_staged_fwd_candidates(n, bits) if c != d]
+    return out
+
+
+def main_fwd(args: argparse.Namespace, t0: float) -> None:
+    """--fwd: the forward default against the staged forward candidates, kernel alone."""
+    ops = [o for o in args.ops.split(",") if o] if args.ops != ",".join(OPS) else list(FWD_OPS)
+    if set(ops) - set(FWD_OPS):
+        raise SystemExit(f"--fwd --ops: choose from {FWD_OPS}")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    ns = [int(v) for v in args.ns.split(",") if v]
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.spec import norm_fwd
+
+    arch = target_arch()
+    todo = fwd_plans(ops, dtypes, ns)
+    tc = time.time()
+    jobs = []
+    for op, dt, n, c, _ in todo:
+        key, nparams = _norm_key_params(op, _norm_case(op, dt, n, 1))
+        jobs.append(CompileJob.of(norm_fwd, key, nparams, c, arch))
+    outcomes = compile_all(jobs)
+    failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
+    result = result_header("bench_norm_staged.py", arch, time.time() - tc, len(jobs), len(failed),
+                           "bytes = 2*M*N*size (x read, y written); the launch alone")
+    result["quack"] = None if args.no_quack else getattr(sys.modules.get("quack"), "__version__", None)
+    copy_bps = result["copy_GBps"] * 1e9
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        result["seconds"] = round(time.time() - t0, 1)
+        out.write_text(json.dumps(result, indent=1))
+
+    def _time(fn, nbytes: int) -> dict[str, Any]:
+        ms = timing.bench(fn, warmup_ms=5, rep_ms=args.rep_ms)
+        bps = nbytes / (ms * 1e-3)
+        return {"us": round(ms * 1e3, 2), "GBps": round(bps / 1e9, 1), "pct_copy": round(100 * bps / copy_bps, 1)}
+
+    groups: dict[tuple[str, str, int], list[tuple[int, Any, bool]]] = {}
+    for i, (op, dt, n, c, d) in enumerate(todo):
+        groups.setdefault((op, dt, n), []).append((i, c, d))
+    for (op, dt, n), cfgs in groups.items():
+        m = rows_for(n)
+        torch.cuda.empty_cache()
+        case = _norm_case(op, dt, n, m)
+        x, w, b, y = case["x"], case["w"], case["b"], case["y"]
+        xf = x.float()
+        if op == "rms_norm":
+            ref = torch.nn.functional.rms_norm(xf, (n,), w.float(), 1e-6)
+        else:
+            ref = torch.nn.functional.layer_norm(xf, (n,), w.float(), b.float(), 1e-5)
+        del xf
+        nbytes = 2 * x.numel() * x.element_size()
+        shape: dict[str, Any] = {"op": op, "dtype": dt, "M": m, "N": n, "rows": []}
+        result["shapes"].append(shape)
+        qn = None if args.no_quack else _quack_norm(op)
+        if qn is not None:
+            try:
+                qy = qn(case)
+                qy = qy[0] if isinstance(qy, tuple) else qy
+                shape["quack"] = {**_time(lambda qn=qn, c=case: qn(c), nbytes), **_norm_check(qy, ref, dt)}
+            except Exception as e:  # reported, never fatal
+                shape["quack"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        key, nparams = _norm_key_params(op, case)
+        bb = w if b is None else b
+        for i, c, d in cfgs:
+            r: dict[str, Any] = {"config": repr(c), "threads": c.threads, "cluster_n": c.cluster_n,
+                                 "ctas_per_sm": c.ctas_per_sm, "stages": c.stages, "default": d}
+            if i in failed:
+                r["error"] = "compile: " + failed[i]
+            else:
+                try:
+                    fn = norm_fwd.get(key, nparams, c)
+                    args_ = (x, w, bb, x, y, y, case["mean"] if b is not None else case["rstd"], case["rstd"])
+                    y.fill_(float("nan"))
+                    fn(*args_)
+                    torch.cuda.synchronize()
+                    r.update(_norm_check(y, ref, dt))
+                    r.update(_time(lambda fn=fn, a=args_: fn(*a), nbytes))
+                    q = shape.get("quack", {})
+                    if "GBps" in q:
+                        r["vs_quack"] = round(r["GBps"] / q["GBps"], 3)
+                except Exception as e:
+                    r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            shape["rows"].append(r)
+            print(op, dt, m, n, json.dumps(r), flush=True)
+        ok = [r for r in shape["rows"] if r.get("correct") and "GBps" in r]
+        if ok:
+            bst = max(ok, key=lambda r: r["GBps"])
+            shape["best"] = {k: bst.get(k) for k in ("config", "GBps", "pct_copy", "vs_quack")}
+        del case, x, y, ref
+        save()
+
+    print(f"copy {result['copy_GBps']} GB/s")
+    for s in result["shapes"]:
+        d = next((r for r in s["rows"] if r["default"]), {})
+        st = [r for r in s["rows"] if r.get("stages") and "pct_copy" in r]
+        bs = max(st, key=lambda r: r["pct_copy"]) if st else {}
+        print(f"{s['op']:10s} {s['dtype']:9s} {s['M']:6d} x {s['N']:6d}  default {d.get('pct_copy', '-')}% "
+              f"({d.get('correct')})  best staged {bs.get('pct_copy', '-')}% ({bs.get('correct')}) "
+              f"T={bs.get('threads')} C={bs.get('cluster_n')} S={bs.get('stages')} occ={bs.get('ctas_per_sm')}  "
+              f"quack {s.get('quack', {}).get('pct_copy', '-')}%")
+    save()
+    print("wrote", out, "in", result["seconds"], "s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--fwd", action="store_true", help="the staged forward (v2.6) against the forward default")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtypes", default="bfloat16,float16,float32")
     p.add_argument("--ns", default="4096,8192,16384")
@@ -71,6 +213,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     t0 = time.time()
+    if args.fwd:
+        main_fwd(args, t0)
+        return
     ops = [o for o in args.ops.split(",") if o]
     if set(ops) - set(OPS):
         p.error(f"--ops: choose from {OPS}")

@@ -385,15 +385,14 @@ def test_eager_warm_path_memo_key(monkeypatch):
 
 
 def test_staged_validate_and_candidates():
-    """NormConfig.stages: backward only, one row per CTA, no cluster, rows of a multiple
-    of 16 bytes, shared memory within the SM at ctas_per_sm; every candidate validates for
-    sm_90a; with dsum the stages shrink to what the SM holds."""
+    """NormConfig.stages: one row per CTA, rows of a multiple of 16 bytes, shared memory
+    within the SM at ctas_per_sm; every candidate validates for sm_90a; with dsum the
+    stages shrink to what the SM holds. (The forward takes stages too since v2.6.)"""
     from cuteforge.arch import limits_for
     from cuteforge.kernels.norm.config import staged_candidates, staged_config, staged_stages
 
     limits = limits_for("sm_90a")
-    with pytest.raises(ValueError, match="backward-only"):
-        NormConfig(512, 512, 1, 1, stages=2).validate(16384, 16)
+    NormConfig(512, 512, 1, 1, stages=2).validate(16384, 16)  # v2.6: the staged forward
     with pytest.raises(ValueError, match="one row per CTA"):
         NormConfig(256, 128, 1, 1, stages=2).validate(4096, 16, backward=True)
     with pytest.raises(ValueError, match="multiple of 16 bytes"):
@@ -584,3 +583,139 @@ def test_compile_bwd_cluster_staged(kernels, kind, xd, wd, n, bias, dsum, cfg):
             pytest.skip("ptxas not installed")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
+
+
+# --------------------------------------------------------------------------- v2.6: staged forward (not a default)
+
+
+def test_staged_fwd_validate_and_candidates():
+    """stages on the forward: one row per CTA, the mbar exchange with a cluster, chunks of a
+    multiple of 16 bytes, shared memory per CTA and per SM, no early_weight; the candidates
+    validate for sm_90a; until they have run on a GPU the autotuner's list and the
+    defaults do not include them."""
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.norm.config import (
+        longrow_staged_fwd_candidates,
+        staged_fwd_groups,
+        staged_rows,
+        staged_stages,
+    )
+
+    limits = limits_for("sm_90a")
+    ok = NormConfig(512, 512, 4, 1, exchange="mbar", stages=3)
+    ok.validate(65536, 16, limits)
+    with pytest.raises(ValueError, match="one row per CTA"):
+        NormConfig(256, 128, 1, 1, stages=2).validate(4096, 16)
+    with pytest.raises(ValueError, match="mbar"):
+        NormConfig(512, 512, 4, 1, stages=2).validate(65536, 16)
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        NormConfig(512, 512, 4, 1, exchange="mbar", stages=2).validate(65540, 16)
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        NormConfig(512, 512, 1, 1, stages=2).validate(16383, 16)
+    with pytest.raises(ValueError, match="exceed"):  # 2 CTAs x 3 stages of 64 KiB chunks
+        NormConfig(512, 512, 4, 2, exchange="mbar", stages=3).validate(131072, 16, limits)
+    with pytest.raises(ValueError, match="KiB|exceed"):  # one CTA: 4 stages of 128 KiB
+        NormConfig(1024, 1024, 2, 1, exchange="mbar", stages=4).validate(131072, 16, limits)
+    with pytest.raises(ValueError, match="early_weight"):
+        NormConfig(512, 512, 4, 1, exchange="mbar", stages=2, early_weight=True).validate(65536, 16)
+    assert staged_rows(False, False) == 1 and staged_rows(False, True) == 2 and staged_rows(True, True) == 3
+    # the residual doubles a stage: fewer stages where three would not fit the SM
+    c = NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)
+    assert staged_stages(c, 32768, 16, False, backward=False) == 3
+    assert staged_stages(c, 32768, 16, True, backward=False) == 3  # 3 x 2 x 32 KiB
+    assert staged_stages(NormConfig(512, 512, 16, 1, exchange="mbar", stages=3), 262144, 32, True, backward=False) == 1
+    assert staged_fwd_groups(ok, 132) == 33 and staged_fwd_groups(ok, 132, 30) == 30
+    assert staged_fwd_groups(NormConfig(256, 256, 1, 2, stages=2), 132) == 264
+    for bits in (16, 32):
+        for n in (4096, 8192, 16384, 32768, 65536, 131072, 262144):
+            cands = longrow_staged_fwd_candidates(n, bits)
+            assert cands, (n, bits)
+            for c in cands:
+                assert c.stages >= 1 and c.rows_per_cta == 1 and (c.cluster_n == 1 or c.exchange == "mbar")
+                c.validate(n, bits, limits)
+                assert 1 <= staged_stages(c, n, bits, True, backward=False) <= c.stages
+                assert c.smem_bytes(n, False, bits, True) <= limits.smem_per_block
+            # not run on a GPU yet: kept out of the autotuner's list, defaults unchanged
+            assert not any(c.stages for c in candidate_configs(n, bits)), (n, bits)
+            for kind in ("rms", "layer"):
+                assert default_config(n, bits, False, kind).stages == 0
+    assert longrow_staged_fwd_candidates(65537, 16) == []
+
+
+# (kind, x dtype, weight dtype, n, bias, residual, config): rms / layer with and without bias
+# and residual, bf16 / fp32 (and an fp32 weight on 16-bit x) at N = 32768 and 262144 on a
+# cluster, one one-CTA row (N = 8192)
+_FWD_STAGED = [
+    ("rms", "bfloat16", "bfloat16", 32768, False, False, NormConfig(256, 256, 4, 2, exchange="mbar", stages=3)),
+    ("rms", "bfloat16", "bfloat16", 32768, False, True, NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)),
+    ("layer", "bfloat16", "bfloat16", 32768, True, True, NormConfig(256, 256, 4, 2, exchange="mbar", stages=3)),
+    ("layer", "bfloat16", "float32", 32768, False, False, NormConfig(512, 512, 2, 1, exchange="mbar", stages=2)),
+    ("rms", "float32", "float32", 32768, False, True, NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)),
+    ("layer", "float32", "float32", 32768, True, False, NormConfig(256, 256, 4, 2, exchange="mbar", stages=3)),
+    ("rms", "bfloat16", "bfloat16", 262144, False, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=3)),
+    ("layer", "bfloat16", "bfloat16", 262144, True, True, NormConfig(1024, 1024, 16, 1, exchange="mbar", stages=3)),
+    ("rms", "float32", "float32", 262144, False, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=3)),
+    ("layer", "float32", "float32", 262144, True, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=2)),
+    ("layer", "float16", "float16", 8192, True, True, NormConfig(256, 256, 1, 2, stages=2)),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, res, cfg", _FWD_STAGED)
+def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
+    """Per stage one bulk copy per staged operand chunk (x, residual) in the prologue and one
+    set per refill (+ one per weight / bias when they sit in shared memory), S + 1 stage
+    mbarriers (+ the exchange's two), parity waits, with a cluster the row sums through
+    st.async (one per reduction: 1 rms, 2 layer) and only the prologue's cluster barrier,
+    no local memory (no spill)."""
+    import subprocess
+    import tempfile
+
+    from cuteforge.kernels.norm.config import staged_rows, staged_stages
+
+    fwd, _ = kernels
+    bits = 32 if xd == "float32" else 16
+    vx = 16 // (bits // 8)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
+    _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
+                      {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
+    s = staged_stages(cfg, n, bits, res, backward=False)
+    rows = staged_rows(False, res)
+    n_w = 2 if bias else 1
+    bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
+    assert len(bulk) in (rows * (s + 1), rows * (s + 1) + n_w), len(bulk)
+    c = cfg.cluster_n
+    assert len(re.findall(r"mbarrier\.init", ptx)) == s + 1 + (2 if c > 1 else 0)
+    assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
+    assert re.search(r"ld\.shared\.v[24]", ptx)
+    if c > 1:
+        assert len(re.findall(r"st\.async", ptx)) == (2 if kind == "layer" else 1)
+        assert len(re.findall(r"barrier\.cluster\.arrive", ptx)) == 1
+        assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == 1
+        assert "%cluster_ctarank" in ptx
+    else:
+        assert not re.search(r"barrier\.cluster|st\.shared::cluster|st\.async", ptx)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        try:
+            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                                 capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            pytest.skip("ptxas not installed")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
+    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
+    assert regs * cfg.threads * cfg.ctas_per_sm <= 65536, regs
+
+
+def test_staged_fwd_misaligned_rows_build_the_register_path(kernels):
+    """A staged forward config on rows that are not 16-byte aligned builds the register
+    forward's default instead (no bulk copies)."""
+    fwd, _ = kernels
+    cfg = NormConfig(512, 512, 4, 1, exchange="mbar", stages=3)
+    d, f = "bfloat16", "float32"
+    _, ptx = _compile(fwd, (d, d, d, d, d, d, f, f), 65536, (4, 4, 4, 4, 4, 4, 4, 4),
+                      {"kind": "rms", "eps": 1e-6, "has_bias": False, "has_residual": False}, cfg)
+    assert "cp.async.bulk" not in ptx

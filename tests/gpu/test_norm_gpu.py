@@ -749,3 +749,119 @@ def test_cluster_staged_bwd_many_rows_fp32_weight_and_views():
             dx, dw, _ = impl._backward(kind, dy, x, w, mean, rstd, None, False, cfg)
             _close(dx, ref_dx, torch.bfloat16, f"{kind} view dx")
             _close(dw, ref_dw, torch.bfloat16, f"{kind} view dweight")
+
+
+# --------------------------------------------------------------------------- v2.6 staged forward (prepared)
+# NormConfig.stages > 0 on the forward (kernels/norm/fwd.py make_norm_fwd_staged; never a
+# default): each CTA stages its N / cluster_n chunk of x (and the residual) by bulk copies,
+# S rows ahead over a persistent grid, the statistics come from shared memory, the row
+# sums meet through the mbarrier exchange. Every config.longrow_staged_fwd_candidates
+# config at N = 32768, 65536, 262144 against the fp64 reference (y, x + residual, mean,
+# rstd), rms without bias / layer with bias, with and without the residual, bf16 / fp16 /
+# fp32, M = 1, 7, 1000 (M = 1000 wraps every stage's mbarrier phase many times). Select
+# them with `-k staged_fwd`.
+
+STAGED_FWD_NS = [32768, 65536, 262144]
+
+
+def _staged_fwd_cases():
+    from cuteforge.kernels.norm.config import longrow_staged_fwd_candidates
+
+    out = []
+    for kind in KINDS:
+        for dt in DTYPES:
+            for n in STAGED_FWD_NS:
+                for c in longrow_staged_fwd_candidates(n, dt.itemsize * 8):
+                    for res in (False, True):
+                        out.append((kind, dt, n, c, res))
+    return out
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_staged_fwd():
+    """Compile every staged forward case in parallel worker processes first."""
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.spec import norm_fwd
+
+    jobs = []
+    for kind, dt, n, c, res in _staged_fwd_cases():
+        x = torch.empty(1, n, device="cuda", dtype=dt)
+        w = torch.empty(n, device="cuda", dtype=dt)
+        rs = torch.empty(1, device="cuda")
+        key = norm_fwd.signature.bind((x, w, w, x, x, x, rs, rs), "warm")
+        eps = 1e-6 if kind == "rms" else 1e-5
+        params = (("eps", eps), ("has_bias", kind == "layer"), ("has_residual", res), ("kind", kind))
+        jobs.append(CompileJob.of(norm_fwd, key, params, c, target_arch()))
+    compile_all(jobs)
+    yield
+
+
+def _check_fwd(kind, x, w, b, r, eps, got, dtype, what):
+    y, ro, mean, rstd = got
+    ref_y, ref_s = _ref(kind, x, w, b, r, eps)
+    _close(y, ref_y, dtype, f"y {what}")
+    sd = ref_s.double()
+    if kind == "layer":
+        mu = sd.mean(-1)
+        torch.testing.assert_close(mean.double(), mu, rtol=1e-5, atol=1e-5)
+        var = (sd - mu[:, None]).pow(2).mean(-1)
+    else:
+        var = sd.pow(2).mean(-1)
+    torch.testing.assert_close(rstd.double(), torch.rsqrt(var + eps), rtol=1e-4, atol=0)
+    if r is not None:
+        torch.testing.assert_close(ro, ref_s, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind, dtype, n, cfg, res", _staged_fwd_cases(),
+                         ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
+def test_staged_fwd_candidates_match_torch(_warm_norm_staged_fwd, kind, dtype, n, cfg, res):
+    from cuteforge.ops import norm as impl
+
+    eps = 1e-6 if kind == "rms" else 1e-5
+    for m in (1, 7, 1000):
+        x, w, b, r = _inputs(m, n, dtype, bias=kind == "layer", res=res, seed=m)
+        x = x + 3.0  # a mean far from 0: LayerNorm's centred variance must not cancel
+        got = impl._forward(kind, x, w, b, r, eps, cfg)
+        _check_fwd(kind, x, w, b, r, eps, got, dtype, f"{cfg} m={m}")
+        assert got[0].dtype == dtype
+        del got
+
+
+def test_staged_fwd_fp32_weight_and_one_cta_rows():
+    """fp32 weight / bias with bf16 x (weight chunks of twice the bytes) through cluster
+    configs, and one-CTA staged rows (N = 4096..16384, no cluster: the CTA barrier
+    reduction) against the fp64 reference."""
+    from cuteforge.kernels.norm.config import longrow_staged_fwd_candidates
+    from cuteforge.ops import norm as impl
+
+    for n in (4096, 16384, 65536):
+        for cfg in longrow_staged_fwd_candidates(n, 16)[:3]:
+            for kind in KINDS:
+                for wd in (torch.bfloat16, torch.float32):
+                    x, w, b, r = _inputs(301, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", res=True, seed=43)
+                    got = impl._forward(kind, x, w, b, r, 1e-5, cfg)
+                    _check_fwd(kind, x, w, b, r, 1e-5, got, torch.bfloat16, f"{kind} {n} {wd} {cfg}")
+
+
+def test_staged_fwd_strided_views():
+    """A row-strided 16-byte aligned view (staged) and a misaligned one (the register
+    forward is built instead) through a staged cluster config, with a strided residual;
+    N = 65537 is rejected by validate."""
+    from cuteforge.kernels.norm import NormConfig
+    from cuteforge.kernels.norm.config import longrow_staged_fwd_candidates
+    from cuteforge.ops import norm as impl
+
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        NormConfig(512, 512, 4, 1, exchange="mbar", stages=2).validate(65537, 16)
+    assert longrow_staged_fwd_candidates(65537, 16) == []
+    n = 65536
+    for cfg in longrow_staged_fwd_candidates(n, 16)[:2]:
+        base = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
+        rbase = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        for x, r in ((base[:, :n], rbase[:, 8:]), (base[::2, 3:n + 3], rbase[::2, :n])):
+            for kind in KINDS:
+                for rr in (None, r):
+                    got = impl._forward(kind, x, w, None, rr, 1e-5, cfg)
+                    _check_fwd(kind, x, w, None, rr, 1e-5, got, torch.bfloat16, f"{kind} view {cfg}")

@@ -50,7 +50,9 @@ from .common import (
     column_of,
     make_allreduce,
     make_allreduce_mbar_rows,
+    make_chunk,
     make_row_io,
+    make_stage_issue,
     mbar_tx_bytes,
     reduce_smem_elems,
 )
@@ -370,8 +372,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         n_smem = reduce_smem_elems(tile, 2)
     S = staged_stages(config, n, x_dtype.width, has_dsum)
     n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
-    row_bytes = NC * x_dtype.width // 8
-    tx_bytes = n_rows * row_bytes
+    _issue = make_stage_issue(x_dtype, NC, C, n_rows)  # thread 0: (x, dy, dsum) chunks of a row -> a stage
     # refill a stage right after the next row's reduction (no extra barrier), which needs
     # that reduction to order every thread's reads of the stage before it (a CTA barrier
     # for a row of several warps, the exchange's mbarrier wait with a cluster) and a second
@@ -387,20 +388,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     if config.ctas_per_sm > 1:
         _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
 
-    def _part(row: cute.Tensor, cta):
-        """This CTA's chunk of a row (the whole row without a cluster); traced inline."""
-        return cute.local_tile(row, (NC,), (cta,)) if C > 1 else row
-
-    @cute.jit
-    def _issue(x: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, srows: cute.Tensor, full, row, stage, cta):
-        """Thread 0: arm stage's mbarrier and bring row `row` of x, dy (, dsum) into it."""
-        atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), x_dtype, num_bits_per_copy=row_bytes * 8)
-        bar = full + stage
-        cute.arch.mbarrier_arrive_and_expect_tx(bar, tx_bytes)
-        cute.copy(atom, _part(x[row, None], cta), srows[None, stage * n_rows], mbar_ptr=bar)
-        cute.copy(atom, _part(dy[row, None], cta), srows[None, stage * n_rows + 1], mbar_ptr=bar)
-        if cutlass.const_expr(has_dsum):
-            cute.copy(atom, _part(dsum[row, None], cta), srows[None, stage * n_rows + 2], mbar_ptr=bar)
+    _part = make_chunk(NC, C)  # this CTA's chunk of a row (the whole row without a cluster)
 
     @cute.kernel
     def _kernel(

@@ -35,6 +35,14 @@ The persistent backward (``make_allreduce_mbar_rows``) reduces a row per loop it
 two mbarriers and two buffer halves alternate by row parity, thread 0 re-arms a
 mbarrier after each wait, and the phase parity advances every second row (the argument
 for why that is race-free is in its docstring).
+
+Row staging (the staged backward, v2.4 / v2.5, and the staged forward, v2.6)
+----------------------------------------------------------------------------
+``make_chunk`` cuts a CTA's contiguous N / C chunk out of a row (the whole row without a
+cluster); ``make_stage_issue`` is thread 0's refill of one stage: arm the stage's
+mbarrier with the stage's bytes and bring the chunk of one row of each staged operand
+into the stage's slots with ``cp.async.bulk`` global -> shared (completing on that
+mbarrier). Row j of a CTA lives in stage j % S and is waited for with parity (j // S) % 2.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync
 
 from .config import NormConfig
 
@@ -413,3 +422,39 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int):
         return a, b
 
     return allreduce
+
+
+def make_chunk(nc: int, c: int):
+    """part(row, cta): this CTA's contiguous chunk [cta nc, (cta + 1) nc) of a row (the row
+    itself when c == 1); a plain function, traced inline."""
+
+    def part(row: cute.Tensor, cta):
+        return cute.local_tile(row, (nc,), (cta,)) if c > 1 else row
+
+    return part
+
+
+def make_stage_issue(dtype, nc: int, c: int, n_rows: int):
+    """@cute.jit issue(a, b, d, srows, full, row, stage, cta) for thread 0 of a staged kernel:
+    arm mbarrier ``full + stage`` with n_rows chunks' bytes and bulk-copy this CTA's chunk
+    (``make_chunk``) of row ``row`` of the first ``n_rows`` (1..3) of a, b, d into stage
+    slots ``stage * n_rows + i`` of ``srows`` ((nc, S * n_rows) shared memory, 16-byte
+    aligned chunks of a multiple of 16 bytes; unused operands are stand-ins, never read)."""
+    if n_rows not in (1, 2, 3):
+        raise ValueError(f"n_rows={n_rows}: 1..3 staged operands")
+    part = make_chunk(nc, c)
+    row_bytes = nc * dtype.width // 8
+    tx_bytes = n_rows * row_bytes
+
+    @cute.jit
+    def issue(a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, srows: cute.Tensor, full, row, stage, cta):
+        atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), dtype, num_bits_per_copy=row_bytes * 8)
+        bar = full + stage
+        cute.arch.mbarrier_arrive_and_expect_tx(bar, tx_bytes)
+        cute.copy(atom, part(a[row, None], cta), srows[None, stage * n_rows], mbar_ptr=bar)
+        if cutlass.const_expr(n_rows > 1):
+            cute.copy(atom, part(b[row, None], cta), srows[None, stage * n_rows + 1], mbar_ptr=bar)
+        if cutlass.const_expr(n_rows > 2):
+            cute.copy(atom, part(d[row, None], cta), srows[None, stage * n_rows + 2], mbar_ptr=bar)
+
+    return issue

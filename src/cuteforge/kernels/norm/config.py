@@ -44,6 +44,11 @@ stages:           backward only (v2.4): 0 keeps the row in registers (above); S 
                   chunks of a multiple of 16 bytes; the bytes in flight no
                   longer depend on registers. Shared memory: S x 2 rows (3 with dsum, with
                   fewer stages if they would not fit; ``staged_stages``).
+                  Forward (v2.6, prepared, not measured; never a default): the same staging
+                  for x (and the residual when fused): S x 1 row chunks (2 with the
+                  residual, fewer stages if they would not fit), the statistics read from
+                  shared memory, y (and x + residual) written from it; persistent like the
+                  staged backward (``staged_fwd_groups``). ``early_weight`` does not apply.
 """
 
 from __future__ import annotations
@@ -66,6 +71,9 @@ __all__ = [
     "staged_config",
     "cluster_staged_config",
     "longrow_staged_candidates",
+    "staged_rows",
+    "staged_fwd_groups",
+    "longrow_staged_fwd_candidates",
 ]
 
 EXCHANGES = ("barrier", "mbar")
@@ -99,18 +107,25 @@ def _row_bytes(n: int, dtype_bits: int) -> int:
     return n * dtype_bits // 8
 
 
-def staged_stages(cfg: NormConfig, n: int, dtype_bits: int, has_dsum: bool) -> int:
-    """Row stages a staged backward (``cfg.stages`` > 0) allocates. Without dsum: cfg.stages
-    (two rows each, x and dy). With the fused residual's dsum (three rows a stage): as many
-    as fit in the shared memory an SM has for each of ``cfg.ctas_per_sm`` CTAs (never more
-    than cfg.stages, at least 1), so the occupancy validated without dsum still holds."""
+def staged_rows(backward: bool, fused: bool) -> int:
+    """Row chunks per stage of a staged kernel: backward x, dy (+ dsum); forward x (+ the
+    residual)."""
+    return (2 if backward else 1) + (1 if fused else 0)
+
+
+def staged_stages(cfg: NormConfig, n: int, dtype_bits: int, has_dsum: bool, backward: bool = True) -> int:
+    """Row stages a staged kernel (``cfg.stages`` > 0) allocates. Unfused (backward without
+    dsum, forward without residual): cfg.stages (``staged_rows`` chunks each). Fused (the
+    backward's dsum: three chunks a stage, the forward's residual: two): as many as fit in
+    the shared memory an SM has for each of ``cfg.ctas_per_sm`` CTAs (never more than
+    cfg.stages, at least 1), so the occupancy validated unfused still holds."""
     if not cfg.stages:
         return 0
     if not has_dsum:
         return cfg.stages
     row = _row_bytes(n // cfg.cluster_n, dtype_bits)  # the CTA's chunk of the row
     budget = min(SMEM_PER_BLOCK, SMEM_PER_SM // cfg.ctas_per_sm - _SMEM_CTA_RESERVED) - 4096  # reduce buffers, mbarriers
-    return max(1, min(cfg.stages, budget // (3 * row)))
+    return max(1, min(cfg.stages, budget // (staged_rows(backward, True) * row)))
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,10 @@ class NormConfig:
             # else registers), one vector of x / dy / dx at a time from shared memory,
             # addressing (ptxas -v, sm_90a: 54-64 at 16 elements per thread, no spill)
             return 28 + 2 * e + held // 2
+        if not backward and self.stages:
+            # one vector of x / residual / weight / bias / y at a time from shared (or global)
+            # memory, the row sums' chains, addressing
+            return 48 + held // 4
         if not backward:
             # the input-dtype row, one round of weight/output (or all of it), addressing
             return 40 + held + (held if self.early_weight else e // 2)
@@ -153,9 +172,9 @@ class NormConfig:
         acc = 2 * self.rows_per_cta * n * 4 if backward and self.rows_per_cta > 1 else 0
         staged = 0
         c_ = self.cluster_n
-        if backward and self.stages:
-            s = staged_stages(self, n, dtype_bits, has_dsum)
-            rows = 3 if has_dsum else 2
+        if self.stages:
+            s = staged_stages(self, n, dtype_bits, has_dsum, backward)
+            rows = staged_rows(backward, has_dsum)
             # each CTA of a cluster stages its own contiguous N / cluster_n chunk of the row
             staged = s * rows * _row_bytes(n // c_, dtype_bits) + 8 * s + 128  # + mbarriers, alignment
         return red + acc + (16 if self.exchange == "mbar" else 0) + staged
@@ -183,6 +202,8 @@ class NormConfig:
             raise ValueError("exchange='mbar' needs a cluster (cluster_n > 1)")
         if self.early_weight and backward:
             raise ValueError("early_weight is a forward-only knob")
+        if self.early_weight and self.stages:
+            raise ValueError("early_weight is a knob of the register forward; the staged forward reads the weight per column")
         if self.reload and self.prefetch:
             raise ValueError("prefetch keeps the next rows in registers; reload is for when they do not fit")
         if not isinstance(self.ctas_per_sm, int) or not 1 <= self.ctas_per_sm <= 32:
@@ -190,8 +211,6 @@ class NormConfig:
         if not isinstance(self.stages, int) or not 0 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be an int in [0, 8] (0: rows in registers)")
         if self.stages:
-            if not backward:
-                raise ValueError("stages (shared-memory row staging) is a backward-only knob")
             if p != t:
                 raise ValueError(f"stages needs one row per CTA (threads_per_row == threads), got {self}")
             if c > 1 and self.exchange != "mbar":
@@ -406,6 +425,8 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
     ]
     if not backward:
         trial.insert(0, NormConfig(t, p, c, o, early_weight=True))
+        # The staged forward (v2.6) stays out of the autotuner's list until it has run on a
+        # GPU: reachable only by an explicit config (longrow_staged_fwd_candidates).
     if backward:
         if base.stages:
             st = default_register_config(n, dtype_bits)
@@ -483,14 +504,15 @@ def longrow_bwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 
 
 def staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, threads: int | None = None,
-                  cluster_n: int = 1) -> NormConfig | None:
+                  cluster_n: int = 1, backward: bool = True) -> NormConfig | None:
     """A row-staged backward config (``NormConfig.stages``): one row per CTA of
     ``threads`` (default: the power of 2 leaving a thread <= ``elems`` elements of its
     chunk, 128..1024), ``stages`` rows in shared memory (fewer if they do not fit one CTA),
     and as many persistent CTAs per SM (1..4) as registers, shared memory and 2048 threads
     allow. With ``cluster_n`` > 1 (v2.5) the row is split over a cluster: each CTA stages
     its contiguous N / cluster_n chunk, the row sums meet through the mbarrier exchange.
-    None when no such config is valid for n (chunks of a multiple of 16 bytes only)."""
+    None when no such config is valid for n (chunks of a multiple of 16 bytes only).
+    ``backward=False``: the staged forward's (v2.6) config of the same shape."""
     c = cluster_n
     if n % c or _row_bytes(n // c, dtype_bits) % 16:
         return None
@@ -499,12 +521,12 @@ def staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, thr
     t = threads or min(1024, max(128, _pow2_ceil(-(-nc // elems))))
     for s in range(stages, 0, -1):
         probe = NormConfig(t, t, c, 1, stages=s, exchange=ex)
-        regs = probe.est_regs_per_thread(n, dtype_bits, True)
-        per_cta = probe.smem_bytes(n, True, dtype_bits) + _SMEM_CTA_RESERVED
+        regs = probe.est_regs_per_thread(n, dtype_bits, backward)
+        per_cta = probe.smem_bytes(n, backward, dtype_bits) + _SMEM_CTA_RESERVED
         occ = max(1, min(4, _REGS_PER_SM // (regs * t), 2048 // t, SMEM_PER_SM // per_cta))
         cfg = NormConfig(t, t, c, occ, stages=s, exchange=ex)
         try:
-            cfg.validate(n, dtype_bits, backward=True)
+            cfg.validate(n, dtype_bits, backward=backward)
             return cfg
         except ValueError:
             continue
@@ -525,7 +547,8 @@ def staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 # --------------------------------------------------------------------------- v2.5 cluster-staged backward
 
 
-def cluster_staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, min_cluster: int = 2) -> NormConfig | None:
+def cluster_staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int = 3, min_cluster: int = 2,
+                          backward: bool = True) -> NormConfig | None:
     """The staged backward for a row split over a cluster (v2.5): the smallest cluster
     (>= ``min_cluster``, 2..16) whose CTAs can stage ``stages`` chunks of x / dy with
     <= ``elems`` elements per thread; if no cluster holds that many stages, the 16-CTA
@@ -534,7 +557,7 @@ def cluster_staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int 
     best = None
     c = max(2, min_cluster)
     while c <= 16:
-        cfg = staged_config(n, dtype_bits, elems, stages, cluster_n=c)
+        cfg = staged_config(n, dtype_bits, elems, stages, cluster_n=c, backward=backward)
         if cfg is not None and -(-(n // c) // cfg.threads) <= elems:
             if cfg.stages == stages:
                 return cfg
@@ -553,6 +576,44 @@ def longrow_staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
         cfg = cluster_staged_config(n, dtype_bits, elems, stages)
         if cfg is not None and more:
             cfg = cluster_staged_config(n, dtype_bits, elems, stages, min_cluster=2 * cfg.cluster_n) if cfg.cluster_n < 16 else None
+        if cfg is not None and cfg not in out:
+            out.append(cfg)
+    return out
+
+
+# --------------------------------------------------------------------------- v2.6 staged forward (not a default)
+
+
+def staged_fwd_groups(cfg: NormConfig, sm_count: int, max_clusters: int | None = None) -> int:
+    """The persistent staged forward's CTA groups (clusters) at most (the grid is this or
+    the row count, whichever is smaller): sm_count x ctas_per_sm / cluster_n, and with a
+    cluster at most the clusters the device runs at once x ctas_per_sm (as
+    ``ops.norm.bwd_groups`` caps the staged backward: a group that does not fit would run
+    as a second wave)."""
+    q = max(1, sm_count * cfg.ctas_per_sm // cfg.cluster_n)
+    if cfg.cluster_n > 1 and max_clusters:
+        q = max(1, min(q, max_clusters * cfg.ctas_per_sm))
+    return q
+
+
+def longrow_staged_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
+    """Staged forward configs (v2.6) worth timing against the forward default at N >= 4096
+    (bench_norm_staged.py --fwd): one CTA per row where the row fits (<= 32 elements per
+    thread, 3 and 2 stages), else and at long N the row split over a cluster: <= 32
+    elements per thread at 3 and 2 stages, <= 16 at 3, and the 32 / 3 and 16 / 3 shapes on
+    twice the cluster (smaller chunks: more stages of x + residual fit, more CTAs per SM);
+    duplicates collapse. None of them is a default."""
+    out: list[NormConfig] = []
+    if n <= 16384:
+        for elems, stages in ((32, 3), (32, 2)):
+            cfg = staged_config(n, dtype_bits, elems, stages, backward=False)
+            if cfg is not None and cfg not in out:
+                out.append(cfg)
+    for elems, stages, more in ((32, 3, False), (32, 2, False), (16, 3, False), (32, 3, True), (16, 3, True)):
+        cfg = cluster_staged_config(n, dtype_bits, elems, stages, backward=False)
+        if cfg is not None and more:
+            cfg = (cluster_staged_config(n, dtype_bits, elems, stages, min_cluster=2 * cfg.cluster_n, backward=False)
+                   if cfg.cluster_n < 16 else None)
         if cfg is not None and cfg not in out:
             out.append(cfg)
     return out

@@ -11,6 +11,17 @@ statistics are fp32; LayerNorm's variance is the exact two-pass form over regist
 (no E[x^2] - E[x]^2 cancellation). rstd (and mean) are stored per row for the backward.
 Rows past M (last CTA) re-read row M-1 so every lane joins the shuffles; they store
 nothing.
+
+``stages > 0`` (v2.6, ``make_norm_fwd_staged``; prepared, not measured, never a default):
+the rows come through shared memory, with the staged backward's machinery (common.py's
+``make_stage_issue``): a persistent grid of Q CTA groups (clusters), thread 0 of each
+CTA brings its N / cluster_n chunk of row j of x (and the residual) into stage j % S
+with bulk asynchronous copies S rows ahead; the threads wait on the stage's mbarrier,
+read the chunk column by column for the statistics (s = x + residual recomputed from
+the staged pair each pass, so shared memory is only ever written by the copies), reduce
+(with a cluster through ``make_allreduce_mbar_rows``: use u = n_red j + i of a row's i-th
+reduction takes slot u % 2, phase (u // 2) % 2), then write y (and s) straight to
+global memory.
 """
 
 from __future__ import annotations
@@ -18,16 +29,28 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
+from cutlass.cute.nvgpu import cpasync
 
 from .common import (
     Tile,
     make_allreduce,
     make_allreduce_mbar,
+    make_allreduce_mbar_rows,
+    make_chunk,
     make_row_io,
+    make_stage_issue,
     mbar_tx_bytes,
     reduce_smem_elems,
 )
-from .config import NormConfig
+from .config import (
+    SMEM_PER_BLOCK,
+    SMEM_PER_SM,
+    NormConfig,
+    default_config,
+    staged_fwd_groups,
+    staged_rows,
+    staged_stages,
+)
 
 KINDS = ("rms", "layer")
 
@@ -42,17 +65,27 @@ def make_norm_fwd(
     eps: float,
     has_bias: bool,
     has_residual: bool,
+    rows_aligned: bool = True,
+    w_aligned: bool = False,
 ):
     """@cute.jit f(x, weight, bias, residual, y, residual_out, mean, rstd, stream).
 
     Absent operands are passed as stand-ins and never touched: bias -> weight,
     residual -> x, residual_out -> y, mean -> rstd (rms).
+    ``rows_aligned`` / ``w_aligned``: for a staged config (``config.stages`` > 0), every row
+    of x and residual (resp. weight and bias) starts 16-byte aligned; without
+    ``rows_aligned`` a staged config builds the register forward's default config instead
+    (same results).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
     if vec * max(x_dtype.width, w_dtype.width) > 128:
         raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
     config.validate(n, x_dtype.width)
+    if config.stages:
+        if rows_aligned:
+            return make_norm_fwd_staged(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, w_aligned)
+        config = default_config(n, x_dtype.width, False, kind)
     tile = Tile.of(n, vec, config)
     load, store, _, load_col, store_col = make_row_io(tile)
     allreduce = make_allreduce(tile)
@@ -233,6 +266,305 @@ def make_norm_fwd(
         else:
             _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
                 grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream, max_number_threads=[T, 1, 1]
+            )
+
+    return norm_fwd
+
+
+_H200_MAX_CLUSTERS = {4: 30, 8: 15, 16: 7}
+
+
+def device_fwd_groups(config: NormConfig) -> int:
+    """``staged_fwd_groups`` for the current CUDA device (its SM count and, with a cluster,
+    the clusters it runs at once). When no device can be asked (CPU compiles, and the
+    autotune pool's workers, which never touch CUDA): 132 SMs and the H200's measured
+    cluster occupancy (docs/kernels/norm.md v2.5: 30 clusters of 4, 15 of 8, 7 of 16; 2 not
+    measured, uncapped)."""
+    sms, cap = 132, _H200_MAX_CLUSTERS.get(config.cluster_n)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            idx = torch.cuda.current_device()
+            sms = torch.cuda.get_device_properties(idx).multi_processor_count
+            if config.cluster_n > 1:
+                from cutlass.utils import HardwareInfo
+
+                cap = int(HardwareInfo(idx).get_max_active_clusters(config.cluster_n)) or None
+    except Exception:  # no driver: the sm_90 default
+        pass
+    return staged_fwd_groups(config, sms, cap)
+
+
+def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, eps: float,
+                         has_bias: bool, has_residual: bool, w_aligned: bool = False, groups: int | None = None):
+    """The row-staged forward (``config.stages`` > 0; module docstring, v2.6). Same launch
+    signature and results as ``make_norm_fwd``'s register path. Rows of x / residual must
+    start 16-byte aligned; each CTA's N / cluster_n chunk holds a multiple of 16 bytes
+    (``NormConfig.validate``). Persistent: the grid is min(M, ``groups``) CTA groups
+    (default ``device_fwd_groups``), group q visits rows q, q + Q, ...
+
+    Weight and bias (``w_aligned``): bulk-copied into shared memory once per launch when
+    they fit beside the stages at ``ctas_per_sm`` CTAs per SM, else read per row column by
+    column from global memory (L1 / L2 hits). A stage is refilled as in the staged
+    backward: with S >= 2 and a multi-warp row (or a cluster) right after the next row's
+    first reduction (its barrier, or the exchange's mbarrier wait: a CTA passes it only
+    when every warp of the cluster finished the previous row), otherwise after an explicit
+    CTA barrier at the end of the row."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
+    config.validate(n, x_dtype.width)
+    C = config.cluster_n
+    if not config.stages or config.rows_per_cta != 1 or (C > 1 and config.exchange != "mbar"):
+        raise ValueError(f"the staged forward needs stages > 0, one row per CTA and (with a cluster) the mbar exchange: {config}")
+    NC = n // C  # this CTA's chunk of the row
+    T = config.threads
+    tile = Tile(NC, vec, T, 1, T)  # the chunk, tiled over the CTA's threads
+    _, _, _, load_col, store_col = make_row_io(tile)
+    KT1, V = tile.KT1, tile.vec
+    is_ln = kind == "layer"
+    n_red = 2 if is_ln else 1  # row reductions (exchange uses) per row
+    inv_n = 1.0 / n
+    if C > 1:
+        xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
+        allreduce_m = make_allreduce_mbar_rows(xtile, 1)
+        xtx = mbar_tx_bytes(xtile)
+        n_smem = reduce_smem_elems(xtile, 2)
+        allreduce = None
+    else:
+        allreduce = make_allreduce(tile)
+        allreduce_m = None
+        xtx = 0
+        n_smem = reduce_smem_elems(tile, 2)
+    S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
+    n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
+    _issue = make_stage_issue(x_dtype, NC, C, n_rows)
+    _part = make_chunk(NC, C)
+    early_refill = S >= 2 and (tile.S > 1 or C > 1)
+    n_w = 2 if has_bias else 1
+    w_bytes = NC * w_dtype.width // 8
+    smem_cta = config.smem_bytes(n, False, x_dtype.width, has_residual) + n_w * w_bytes + 256
+    w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
+                  and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
+    padded = bool(tile.REM or tile.TAIL)
+    NACC = min(V, 4)  # independent chains per row sum
+    QMAX = int(groups) if groups else device_fwd_groups(config)
+    _bounds: dict = {"max_number_threads": [T, 1, 1]}
+    if config.ctas_per_sm > 1:
+        _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
+
+    def _reduce(a, buf: cute.Tensor, xbar, u, tidx, cta):
+        """Row sum of a (traced inline); u: the CTA's count of reductions so far (slot u % 2;
+        with a cluster phase (u // 2) % 2 of the exchange mbarriers, thread 0 re-arming)."""
+        if C > 1:
+            a, _unused = allreduce_m(a, a, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
+        else:
+            a, _unused = allreduce(a, a, 1, buf, u % 2, 0, tidx, 0)
+        return a
+
+    @cute.kernel
+    def _kernel(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        b: cute.Tensor,
+        res: cute.Tensor,
+        y: cute.Tensor,
+        res_out: cute.Tensor,
+        mean_out: cute.Tensor,
+        rstd_out: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(C > 1):
+            cta = cute.arch.block_idx_in_cluster()
+            q = bidx // C
+            n_q = gdim // C
+        else:
+            cta = 0
+            q = bidx
+            n_q = gdim
+        g = tidx
+        m = x.shape[0]
+
+        smem = cutlass.memory.SmemAllocator()
+        srows = smem.allocate_tensor(x_dtype, cute.make_layout((NC, S * n_rows), stride=(1, NC)), byte_alignment=128)
+        buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
+        full = smem.allocate_array(Int64, S + 1, byte_alignment=8)  # + the weight's (and bias')
+        xbar = None
+        if cutlass.const_expr(C > 1):
+            xbar = smem.allocate_array(Int64, 2, byte_alignment=8)  # the row sums' exchange
+        sw = None
+        sb = None
+        if cutlass.const_expr(w_smem):
+            sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
+            if cutlass.const_expr(has_bias):
+                sb = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
+        if tidx == 0:
+            for i in cutlass.range_constexpr(S + 1):
+                cute.arch.mbarrier_init(full + i, 1)
+            if cutlass.const_expr(C > 1):
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_init(xbar + i, 1)
+        cute.arch.mbarrier_init_fence()
+        if cutlass.const_expr(C > 1):
+            if tidx == 0:
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_arrive_and_expect_tx(xbar + i, xtx)
+            cute.arch.cluster_arrive_relaxed()  # its wait (before the row loop) precedes the first st.async
+        cute.arch.sync_threads()
+        if cutlass.const_expr(w_smem):
+            if tidx == 0:
+                watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + S, n_w * w_bytes)
+                cute.copy(watom, _part(w, cta), sw, mbar_ptr=full + S)
+                if cutlass.const_expr(has_bias):
+                    cute.copy(watom, _part(b, cta), sb, mbar_ptr=full + S)
+        if tidx == 0:
+            for i in cutlass.range_constexpr(S):
+                if q + i * n_q < m:
+                    _issue(x, res, res, srows, full, q + i * n_q, i, cta)
+
+        xc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        rc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
+        br = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
+        oc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        if cutlass.const_expr(padded):
+            xc.fill(0.0)  # slots a thread does not own: zeros (masked in LayerNorm's centred sum)
+            rc.fill(0.0)
+            wr.fill(0.0)
+            br.fill(0.0)
+        if cutlass.const_expr(w_smem):
+            cute.arch.mbarrier_wait(full + S, 0)
+        wg = _part(w, cta)
+        bg = _part(b, cta)
+        acc = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
+
+        for blk in cutlass.range(q, m, n_q, unroll=1):
+            it = (blk - q) // n_q  # this CTA's row count so far
+            stage = it % S
+            sx = srows[None, stage * n_rows]
+            sr = srows[None, stage * n_rows + (n_rows - 1)]  # the residual's chunk (x's when unfused)
+            cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
+
+            # ---- pass 1: sum s (layer) or s^2 (rms); s = x + residual also goes out
+            ro = _part(res_out[blk, None], cta)
+            acc.fill(0.0)
+            for k in cutlass.range_constexpr(KT1):
+                load_col(sx, xc, g, k)
+                if cutlass.const_expr(has_residual):
+                    load_col(sr, rc, g, k)
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    sv = xc[v, k].to(Float32)
+                    if cutlass.const_expr(has_residual):
+                        oc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)
+                        sv = oc[v, k].to(Float32)
+                    if cutlass.const_expr(is_ln):
+                        acc[v % NACC] = acc[v % NACC] + sv
+                    else:
+                        acc[v % NACC] = acc[v % NACC] + sv * sv
+                if cutlass.const_expr(has_residual):
+                    store_col(oc, ro, g, k)
+            tot = acc[0]
+            for v in cutlass.range_constexpr(1, NACC):
+                tot = tot + acc[v]
+            tot = _reduce(tot, buf, xbar, it * n_red, tidx, cta)
+            if cutlass.const_expr(early_refill):
+                # every thread of this CTA is past this row's first reduction, so done with
+                # the previous row's stage: refill it with the row S - 1 ahead of this one
+                if tidx == 0:
+                    if it > 0:
+                        nr = blk + (S - 1) * n_q
+                        if nr < m:
+                            _issue(x, res, res, srows, full, nr, (it + S - 1) % S, cta)
+            mean = Float32(0.0)
+            if cutlass.const_expr(is_ln):
+                # ---- pass 2: the centred sum of squares (exact two-pass variance)
+                mean = tot * Float32(inv_n)
+                acc.fill(0.0)
+                for k in cutlass.range_constexpr(KT1):
+                    load_col(sx, xc, g, k)
+                    if cutlass.const_expr(has_residual):
+                        load_col(sr, rc, g, k)
+                    for v in cutlass.range_constexpr(tile.width(k)):
+                        sv = xc[v, k].to(Float32)
+                        if cutlass.const_expr(has_residual):
+                            oc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)
+                            sv = oc[v, k].to(Float32)
+                        d = sv - mean
+                        kind_k = tile.kind(k)
+                        if cutlass.const_expr(kind_k == "partial"):
+                            d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
+                        elif cutlass.const_expr(kind_k == "tail"):
+                            d = Float32(cutlass.select_(g < tile.TAIL, d, Float32(0.0)))
+                        acc[v % NACC] = acc[v % NACC] + d * d
+                tot = acc[0]
+                for v in cutlass.range_constexpr(1, NACC):
+                    tot = tot + acc[v]
+                tot = _reduce(tot, buf, xbar, it * n_red + 1, tidx, cta)
+            rstd = cute.math.rsqrt(tot * Float32(inv_n) + Float32(eps))
+            leader = tidx == 0
+            if cutlass.const_expr(C > 1):
+                leader = leader & (cta == 0)
+            if leader:
+                rstd_out[blk] = rstd
+                if cutlass.const_expr(is_ln):
+                    mean_out[blk] = mean
+
+            # ---- pass 3: y = (s - mean) * rstd * w (+ b)
+            yo = _part(y[blk, None], cta)
+            for k in cutlass.range_constexpr(KT1):
+                load_col(sx, xc, g, k)
+                if cutlass.const_expr(has_residual):
+                    load_col(sr, rc, g, k)
+                if cutlass.const_expr(w_smem):
+                    load_col(sw, wr, g, k)
+                    if cutlass.const_expr(has_bias):
+                        load_col(sb, br, g, k)
+                else:
+                    load_col(wg, wr, g, k)
+                    if cutlass.const_expr(has_bias):
+                        load_col(bg, br, g, k)
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    sv = xc[v, k].to(Float32)
+                    if cutlass.const_expr(has_residual):
+                        oc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)
+                        sv = oc[v, k].to(Float32)
+                    yv = (sv - mean) * rstd * wr[v, k].to(Float32)
+                    if cutlass.const_expr(has_bias):
+                        yv = yv + br[v, k].to(Float32)
+                    oc[v, k] = yv.to(x_dtype)
+                store_col(oc, yo, g, k)
+            if cutlass.const_expr(not early_refill):
+                cute.arch.sync_threads()  # every thread is done with this stage
+                if tidx == 0:
+                    nr = blk + S * n_q
+                    if nr < m:
+                        _issue(x, res, res, srows, full, nr, stage, cta)
+
+    @cute.jit
+    def norm_fwd(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        b: cute.Tensor,
+        res: cute.Tensor,
+        y: cute.Tensor,
+        res_out: cute.Tensor,
+        mean_out: cute.Tensor,
+        rstd_out: cute.Tensor,
+        stream,
+    ):
+        n_q = cutlass.min(x.shape[0], QMAX)
+        if cutlass.const_expr(C > 1):
+            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(n_q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **_bounds
+            )
+        else:
+            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(n_q, 1, 1), block=(T, 1, 1), stream=stream, **_bounds
             )
 
     return norm_fwd

@@ -90,6 +90,7 @@ def norm_fwd(spec: CompileSpec) -> Any:
     return fwd.make_norm_fwd(
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _FWD_ROWS),
         spec.config, float(spec.param("eps")), bool(spec.param("has_bias")), bool(spec.param("has_residual")),
+        _aligned(spec, ("x", "residual")), _aligned(spec, ("weight", "bias")),
     )
 
 
@@ -107,6 +108,12 @@ def norm_bwd(spec: CompileSpec) -> Any:
         spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
         _rows_aligned(spec), spec.vec("weight") * spec.dtype("weight").width == 128,
     )
+
+
+def _aligned(spec: CompileSpec, names: tuple[str, ...]) -> bool:
+    """Every row (or vector) of the named operands starts 16-byte aligned: the per-argument
+    vector width covers 16 bytes (what the staged kernels' bulk copies need)."""
+    return all(spec.vec(a) * spec.dtype(a).width == 128 for a in names)
 
 
 def _rows_aligned(spec: CompileSpec) -> bool:
