@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
 from .config import NormConfig
@@ -458,3 +458,26 @@ def make_stage_issue(dtype, nc: int, c: int, n_rows: int):
             cute.copy(atom, part(d[row, None], cta), srows[None, stage * n_rows + 2], mbar_ptr=bar)
 
     return issue
+
+
+def persistent_group(c: int):
+    """(cta, q, n_q) of the calling CTA in a persistent grid of CTA groups (one cluster of
+    c CTAs per group when c > 1): its rank in the cluster, its group, and the number of
+    groups. A plain function, traced inline by the staged kernels."""
+    bidx, _, _ = cute.arch.block_idx()
+    gdim, _, _ = cute.arch.grid_dim()
+    if c > 1:
+        return cute.arch.block_idx_in_cluster(), bidx // c, gdim // c
+    return 0, bidx, gdim
+
+
+def staged_smem(smem, dtype, nc: int, slots: int, n_smem: int, n_full: int, c: int):
+    """The staged kernels' shared memory, in allocation order: the stage slots ((nc, slots)
+    of dtype, 128-byte aligned for the bulk copies), the fp32 reduction buffer (n_smem),
+    n_full "full" mbarriers (one per stage, plus the weight's) and, with a cluster, the two
+    mbarriers of the row sums' exchange (else None)."""
+    srows = smem.allocate_tensor(dtype, cute.make_layout((nc, slots), stride=(1, nc)), byte_alignment=128)
+    buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
+    full = smem.allocate_array(Int64, n_full, byte_alignment=8)
+    xbar = smem.allocate_array(Int64, 2, byte_alignment=8) if c > 1 else None
+    return srows, buf, full, xbar

@@ -40,7 +40,9 @@ from .common import (
     make_row_io,
     make_stage_issue,
     mbar_tx_bytes,
+    persistent_group,
     reduce_smem_elems,
+    staged_smem,
 )
 from .config import (
     SMEM_PER_BLOCK,
@@ -374,26 +376,14 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         rstd_out: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        if cutlass.const_expr(C > 1):
-            cta = cute.arch.block_idx_in_cluster()
-            q = bidx // C
-            n_q = gdim // C
-        else:
-            cta = 0
-            q = bidx
-            n_q = gdim
+        cta, q, n_q = persistent_group(C)
         g = tidx
         m = x.shape[0]
 
         smem = cutlass.memory.SmemAllocator()
-        srows = smem.allocate_tensor(x_dtype, cute.make_layout((NC, S * n_rows), stride=(1, NC)), byte_alignment=128)
-        buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
-        full = smem.allocate_array(Int64, S + 1, byte_alignment=8)  # + the weight's (and bias')
-        xbar = None
-        if cutlass.const_expr(C > 1):
-            xbar = smem.allocate_array(Int64, 2, byte_alignment=8)  # the row sums' exchange
+        # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
+        # with a cluster the row sums' exchange mbarriers
+        srows, buf, full, xbar = staged_smem(smem, x_dtype, NC, S * n_rows, n_smem, S + 1, C)
         sw = None
         sb = None
         if cutlass.const_expr(w_smem):
