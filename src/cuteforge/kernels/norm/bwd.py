@@ -52,6 +52,7 @@ from .common import (
     make_allreduce_mbar_rows,
     make_chunk,
     make_row_io,
+    make_stage_barrier_init,
     make_stage_issue,
     mbar_tx_bytes,
     persistent_group,
@@ -371,8 +372,10 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         allreduce = None
     else:
         allreduce = make_allreduce(tile)
+        xtx = 0
         n_smem = reduce_smem_elems(tile, 2)
     S = staged_stages(config, n, x_dtype.width, has_dsum)
+    _init_barriers = make_stage_barrier_init(S + 1, C, xtx)  # S stages + the weight's
     n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)  # thread 0: (x, dy, dsum) chunks of a row -> a stage
     # refill a stage right after the next row's reduction (no extra barrier), which needs
@@ -416,19 +419,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         sw = None
         if cutlass.const_expr(w_smem):
             sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
-        if tidx == 0:
-            for i in cutlass.range_constexpr(S + 1):
-                cute.arch.mbarrier_init(full + i, 1)
-            if cutlass.const_expr(C > 1):
-                for i in cutlass.range_constexpr(2):
-                    cute.arch.mbarrier_init(xbar + i, 1)
-        cute.arch.mbarrier_init_fence()
-        if cutlass.const_expr(C > 1):
-            if tidx == 0:
-                for i in cutlass.range_constexpr(2):
-                    cute.arch.mbarrier_arrive_and_expect_tx(xbar + i, xtx)
-            cute.arch.cluster_arrive_relaxed()  # its wait (before the row loop) precedes the first st.async
-        cute.arch.sync_threads()
+        _init_barriers(tidx, full, xbar if cutlass.const_expr(C > 1) else full)
         if cutlass.const_expr(w_smem):
             if tidx == 0:
                 watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)

@@ -481,3 +481,30 @@ def staged_smem(smem, dtype, nc: int, slots: int, n_smem: int, n_full: int, c: i
     full = smem.allocate_array(Int64, n_full, byte_alignment=8)
     xbar = smem.allocate_array(Int64, 2, byte_alignment=8) if c > 1 else None
     return srows, buf, full, xbar
+
+
+def make_stage_barrier_init(n_full: int, c: int, xtx: int):
+    """@cute.jit init(tidx, full, xbar) for the staged kernels' prologue: thread 0
+    initialises the n_full "full" mbarriers (one arrival each: the expect_tx of the thread
+    issuing the copies) and, with a cluster (c > 1), the two exchange mbarriers, armed for
+    their first rows' xtx bytes; then the init fence, the relaxed cluster arrive whose wait
+    (before the row loop) precedes the first remote st.async, and a CTA barrier. Without a
+    cluster xbar is a stand-in, never touched."""
+
+    @cute.jit
+    def init(tidx, full, xbar):
+        if tidx == 0:
+            for i in cutlass.range_constexpr(n_full):
+                cute.arch.mbarrier_init(full + i, 1)
+            if cutlass.const_expr(c > 1):
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_init(xbar + i, 1)
+        cute.arch.mbarrier_init_fence()
+        if cutlass.const_expr(c > 1):
+            if tidx == 0:
+                for i in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_arrive_and_expect_tx(xbar + i, xtx)
+            cute.arch.cluster_arrive_relaxed()
+        cute.arch.sync_threads()
+
+    return init

@@ -38,6 +38,7 @@ from .common import (
     make_allreduce_mbar_rows,
     make_chunk,
     make_row_io,
+    make_stage_barrier_init,
     make_stage_issue,
     mbar_tx_bytes,
     persistent_group,
@@ -339,6 +340,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         xtx = 0
         n_smem = reduce_smem_elems(tile, 2)
     S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
+    _init_barriers = make_stage_barrier_init(S + 1, C, xtx)  # S stages + the weight's (and bias')
     n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)
     _part = make_chunk(NC, C)
@@ -390,19 +392,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
             if cutlass.const_expr(has_bias):
                 sb = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
-        if tidx == 0:
-            for i in cutlass.range_constexpr(S + 1):
-                cute.arch.mbarrier_init(full + i, 1)
-            if cutlass.const_expr(C > 1):
-                for i in cutlass.range_constexpr(2):
-                    cute.arch.mbarrier_init(xbar + i, 1)
-        cute.arch.mbarrier_init_fence()
-        if cutlass.const_expr(C > 1):
-            if tidx == 0:
-                for i in cutlass.range_constexpr(2):
-                    cute.arch.mbarrier_arrive_and_expect_tx(xbar + i, xtx)
-            cute.arch.cluster_arrive_relaxed()  # its wait (before the row loop) precedes the first st.async
-        cute.arch.sync_threads()
+        _init_barriers(tidx, full, xbar if cutlass.const_expr(C > 1) else full)
         if cutlass.const_expr(w_smem):
             if tidx == 0:
                 watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
