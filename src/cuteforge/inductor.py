@@ -590,7 +590,7 @@ _GELU = {torch._C._nn.gelu, torch.nn.functional.gelu}
 # take an unrealized input: `_infer_custom_op_layout` asks a Pointwise node for its strides
 # and raises NotImplementedError). A Linear's input is different: every GEMM Inductor has
 # (cuBLAS, its Triton templates) reads it from memory anyway, so Linear + act takes any
-# producer and its lowering realizes x first (`_realizing_lowering`).
+# producer and its lowering realizes x first (`_wrap_lowering`).
 _BUFFERED = {torch.matmul, torch.bmm, torch.mm, torch.addmm, torch.baddbmm, torch.nn.functional.scaled_dot_product_attention,
              torch._C._nn.linear, torch.nn.functional.linear, operator.matmul}
 _VIEW_METHODS = {"view", "reshape", "permute", "transpose", "unsqueeze", "squeeze", "flatten", "contiguous", "expand"}
@@ -877,7 +877,7 @@ def _no_fallback(*args: Any, **kwargs: Any) -> Any:
 
 _LINEAR_OPS = (_linear_act_op, _linear_bias_act_op)
 # (selection name, scalar arguments) of each custom-op lowering in progress: what
-# _select_with_cuteforge binds the cuteforge choice with. A stack, since lowerings nest.
+# _wrap_select binds the cuteforge choice with. A stack, since lowerings nest.
 _LOWERING: list[tuple[str, dict[str, Any]]] = []
 
 
