@@ -558,44 +558,47 @@ def test_v2_bwd_strided_view():
 STAGED_NS = [4096, 8192, 16384]
 
 
+def _bwd_cases(candidates, ns):
+    """(kind, dtype, n, config, dsum) for every candidates(n, bits) config at each n."""
+    return [(kind, dt, n, c, dsum) for kind in KINDS for dt in DTYPES for n in ns
+            for c in candidates(n, dt.itemsize * 8) for dsum in (False, True)]
+
+
 def _staged_cases():
     from cuteforge.kernels.norm.config import staged_candidates
 
-    out = []
-    for kind in KINDS:
-        for dt in DTYPES:
-            for n in STAGED_NS:
-                for c in staged_candidates(n, dt.itemsize * 8):
-                    for dsum in (False, True):
-                        out.append((kind, dt, n, c, dsum))
-    return out
+    return _bwd_cases(staged_candidates, STAGED_NS)
 
 
-@pytest.fixture(scope="module")
-def _warm_norm_staged():
+def _warm_bwd(cases):
+    """Compile every case's backward kernel up front, over the worker pool."""
     from cuteforge.arch import target_arch
     from cuteforge.autotune.pool import CompileJob, compile_all
     from cuteforge.kernels.norm.spec import norm_bwd
 
     jobs = []
-    for kind, dt, n, c, dsum in _staged_cases():
+    for kind, dt, n, c, dsum in cases:
         key, params = _v2_bwd_key(kind, dt, n, kind == "layer", dsum)
         jobs.append(CompileJob.of(norm_bwd, key, params, c, target_arch()))
     compile_all(jobs)
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_staged():
+    _warm_bwd(_staged_cases())
     yield
 
 
-@pytest.mark.parametrize("kind, dtype, n, cfg, dsum", _staged_cases(),
-                         ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
-def test_staged_bwd_matches_fp64(_warm_norm_staged, kind, dtype, n, cfg, dsum):
+def _bwd_matches_fp64(kind, dtype, n, cfg, dsum, seed):
+    """_backward with cfg against the fp64 reference of dx, dweight (, dbias) at M = 1, 7, 1000."""
     from cuteforge.ops import norm as impl
 
     bias = kind == "layer"
     eps = 1e-6 if kind == "rms" else 1e-5
     for m in (1, 7, 1000):
-        x, w, b, _ = _inputs(m, n, dtype, bias=bias, seed=m + 31)
+        x, w, b, _ = _inputs(m, n, dtype, bias=bias, seed=m + seed)
         x = x + 3.0  # a mean far from 0
-        g = torch.Generator(device="cuda").manual_seed(m + 32)
+        g = torch.Generator(device="cuda").manual_seed(m + seed + 1)
         dy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
         ds = torch.randn(m, n, device="cuda", generator=g).to(dtype) if dsum else None
         ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, ds, eps)
@@ -605,41 +608,32 @@ def test_staged_bwd_matches_fp64(_warm_norm_staged, kind, dtype, n, cfg, dsum):
         _close(dw, ref_dw, dtype, f"dweight {cfg} m={m}")
         if bias:
             _close(db, ref_db, dtype, f"dbias {cfg} m={m}")
+        del ref_dx, ref_dw, ref_db
 
 
-def test_staged_bwd_many_rows_and_fp32_weight():
-    """Thousands of rows per CTA (the stage mbarriers wrap their phases many times) and
-    fp32 weight with bf16 x, against the fp64 reference."""
-    from cuteforge.kernels.norm.config import staged_config
+def _bwd_many_rows(cfg, n, m, seed, label):
+    """m rows through cfg (the mbarriers wrap their phases many times), bf16 x with bf16
+    and fp32 weight, against the fp64 reference."""
     from cuteforge.ops import norm as impl
 
-    for n, m in ((4096, 20001), (16384, 3001)):
-        cfg = staged_config(n, 16)
-        for kind in KINDS:
-            for wd in (torch.bfloat16, torch.float32):
-                x, w, b, _ = _inputs(m, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", seed=41)
-                dy = torch.randn_like(x)
-                ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, None, 1e-5)
-                dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, None, b is not None, cfg)
-                _close(dx, ref_dx, torch.bfloat16, f"{kind} {n} {wd} dx")
-                _close(dw, ref_dw, torch.bfloat16, f"{kind} {n} {wd} dweight", scale=4.0)
-                if b is not None:
-                    _close(db, ref_db, torch.bfloat16, f"{kind} {n} {wd} dbias", scale=4.0)
-                del ref_dx, ref_dw, ref_db
+    for kind in KINDS:
+        for wd in (torch.bfloat16, torch.float32):
+            x, w, b, _ = _inputs(m, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", seed=seed)
+            dy = torch.randn_like(x)
+            ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, None, 1e-5)
+            dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, None, b is not None, cfg)
+            _close(dx, ref_dx, torch.bfloat16, f"{kind} {label} {wd} dx")
+            _close(dw, ref_dw, torch.bfloat16, f"{kind} {label} {wd} dweight", scale=4.0)
+            if b is not None:
+                _close(db, ref_db, torch.bfloat16, f"{kind} {label} {wd} dbias", scale=4.0)
+            del ref_dx, ref_dw, ref_db
 
 
-def test_staged_bwd_strided_views():
+def _bwd_strided_views(cfg, n):
     """A row-strided 16-byte aligned view (staged) and a misaligned one (the register path
-    is built instead) through a staged config; N = 65537 is rejected by validate."""
-    from cuteforge.kernels.norm import NormConfig
-    from cuteforge.kernels.norm.config import staged_config
+    is built instead) through cfg."""
     from cuteforge.ops import norm as impl
 
-    with pytest.raises(ValueError, match="multiple of 16 bytes"):
-        NormConfig(512, 512, 1, 1, stages=2).validate(65537, 16, backward=True)
-    assert staged_config(65537, 16) is None
-    n = 8192
-    cfg = staged_config(n, 16)
     base = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     for x in (base[:, :n], base[::2, 3:n + 3]):
@@ -649,6 +643,33 @@ def test_staged_bwd_strided_views():
             dx, dw, _ = impl._backward(kind, dy, x, w, mean, rstd, None, False, cfg)
             _close(dx, ref_dx, torch.bfloat16, f"{kind} view dx")
             _close(dw, ref_dw, torch.bfloat16, f"{kind} view dweight")
+
+
+@pytest.mark.parametrize("kind, dtype, n, cfg, dsum", _staged_cases(),
+                         ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
+def test_staged_bwd_matches_fp64(_warm_norm_staged, kind, dtype, n, cfg, dsum):
+    _bwd_matches_fp64(kind, dtype, n, cfg, dsum, seed=31)
+
+
+def test_staged_bwd_many_rows_and_fp32_weight():
+    """Thousands of rows per CTA (the stage mbarriers wrap their phases many times) and
+    fp32 weight with bf16 x, against the fp64 reference."""
+    from cuteforge.kernels.norm.config import staged_config
+
+    for n, m in ((4096, 20001), (16384, 3001)):
+        _bwd_many_rows(staged_config(n, 16), n, m, seed=41, label=str(n))
+
+
+def test_staged_bwd_strided_views():
+    """A row-strided 16-byte aligned view (staged) and a misaligned one (the register path
+    is built instead) through a staged config; N = 65537 is rejected by validate."""
+    from cuteforge.kernels.norm import NormConfig
+    from cuteforge.kernels.norm.config import staged_config
+
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        NormConfig(512, 512, 1, 1, stages=2).validate(65537, 16, backward=True)
+    assert staged_config(65537, 16) is None
+    _bwd_strided_views(staged_config(8192, 16), 8192)
 
 
 # --------------------------------------------------------------------------- v2.5 cluster-staged backward
@@ -665,52 +686,20 @@ CLUSTER_STAGED_NS = [32768, 65536]
 def _cluster_staged_cases():
     from cuteforge.kernels.norm.config import longrow_staged_candidates
 
-    out = []
-    for kind in KINDS:
-        for dt in DTYPES:
-            for n in CLUSTER_STAGED_NS:
-                for c in longrow_staged_candidates(n, dt.itemsize * 8):
-                    for dsum in (False, True):
-                        out.append((kind, dt, n, c, dsum))
-    return out
+    return _bwd_cases(longrow_staged_candidates, CLUSTER_STAGED_NS)
 
 
 @pytest.fixture(scope="module")
 def _warm_norm_cluster_staged():
-    from cuteforge.arch import target_arch
-    from cuteforge.autotune.pool import CompileJob, compile_all
-    from cuteforge.kernels.norm.spec import norm_bwd
-
-    jobs = []
-    for kind, dt, n, c, dsum in _cluster_staged_cases():
-        key, params = _v2_bwd_key(kind, dt, n, kind == "layer", dsum)
-        jobs.append(CompileJob.of(norm_bwd, key, params, c, target_arch()))
-    compile_all(jobs)
+    _warm_bwd(_cluster_staged_cases())
     yield
 
 
 @pytest.mark.parametrize("kind, dtype, n, cfg, dsum", _cluster_staged_cases(),
                          ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
 def test_cluster_staged_bwd_matches_fp64(_warm_norm_cluster_staged, kind, dtype, n, cfg, dsum):
-    from cuteforge.ops import norm as impl
-
     assert cfg.cluster_n > 1 and cfg.stages >= 1 and cfg.exchange == "mbar"
-    bias = kind == "layer"
-    eps = 1e-6 if kind == "rms" else 1e-5
-    for m in (1, 7, 1000):
-        x, w, b, _ = _inputs(m, n, dtype, bias=bias, seed=m + 51)
-        x = x + 3.0  # a mean far from 0
-        g = torch.Generator(device="cuda").manual_seed(m + 52)
-        dy = torch.randn(m, n, device="cuda", generator=g).to(dtype)
-        ds = torch.randn(m, n, device="cuda", generator=g).to(dtype) if dsum else None
-        ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, ds, eps)
-        dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, ds, bias, cfg)
-        assert dx.dtype == dtype and dw.dtype == w.dtype
-        _close(dx, ref_dx, dtype, f"dx {cfg} m={m}")
-        _close(dw, ref_dw, dtype, f"dweight {cfg} m={m}")
-        if bias:
-            _close(db, ref_db, dtype, f"dbias {cfg} m={m}")
-        del ref_dx, ref_dw, ref_db
+    _bwd_matches_fp64(kind, dtype, n, cfg, dsum, seed=51)
 
 
 def test_cluster_staged_bwd_many_rows_fp32_weight_and_views():
@@ -719,36 +708,17 @@ def test_cluster_staged_bwd_many_rows_fp32_weight_and_views():
     one (the register path is built instead); odd N rejected."""
     from cuteforge.kernels.norm import NormConfig
     from cuteforge.kernels.norm.config import cluster_staged_config
-    from cuteforge.ops import norm as impl
 
     with pytest.raises(ValueError, match="multiple of 16 bytes"):
         NormConfig(512, 512, 2, 1, exchange="mbar", stages=2).validate(65537, 16, backward=True)
     with pytest.raises(ValueError, match="mbar"):
         NormConfig(512, 512, 2, 1, stages=2).validate(65536, 16, backward=True)
     assert cluster_staged_config(65537, 16) is None
-    n, m = 32768, 3001
+    n = 32768
     cfg = cluster_staged_config(n, 16)
     assert cfg is not None and cfg.cluster_n > 1
-    for kind in KINDS:
-        for wd in (torch.bfloat16, torch.float32):
-            x, w, b, _ = _inputs(m, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", seed=61)
-            dy = torch.randn_like(x)
-            ref_dx, ref_dw, ref_db, (mean, rstd) = _v2_bwd_reference(kind, x, w, b, dy, None, 1e-5)
-            dx, dw, db = impl._backward(kind, dy, x, w, mean, rstd, None, b is not None, cfg)
-            _close(dx, ref_dx, torch.bfloat16, f"{kind} {wd} dx")
-            _close(dw, ref_dw, torch.bfloat16, f"{kind} {wd} dweight", scale=4.0)
-            if b is not None:
-                _close(db, ref_db, torch.bfloat16, f"{kind} {wd} dbias", scale=4.0)
-            del ref_dx, ref_dw, ref_db
-    base = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    for x in (base[:, :n], base[::2, 3:n + 3]):
-        dy = torch.randn(x.shape, device="cuda", dtype=torch.bfloat16)
-        for kind in KINDS:
-            ref_dx, ref_dw, _, (mean, rstd) = _v2_bwd_reference(kind, x, w, None, dy, None, 1e-5)
-            dx, dw, _ = impl._backward(kind, dy, x, w, mean, rstd, None, False, cfg)
-            _close(dx, ref_dx, torch.bfloat16, f"{kind} view dx")
-            _close(dw, ref_dw, torch.bfloat16, f"{kind} view dweight")
+    _bwd_many_rows(cfg, n, 3001, seed=61, label="")
+    _bwd_strided_views(cfg, n)
 
 
 # --------------------------------------------------------------------------- v2.6 staged forward (prepared)
