@@ -80,6 +80,26 @@ def _compile(kernel, dtypes, n, vecs, params, cfg=None):
     return spec, ptx
 
 
+def _ptxas_no_spill(ptx: str) -> str:
+    """ptxas -v's report on ptx for sm_90a, asserting it assembles without spills (the test
+    skips where ptxas is not installed)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        try:
+            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                                 capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            pytest.skip("ptxas not installed")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
+    return out.stderr
+
+
 @pytest.fixture(scope="module")
 def kernels():
     mp = pytest.MonkeyPatch()
@@ -430,8 +450,6 @@ def test_compile_bwd_staged(kernels, kind, xd, wd, n, bias, dsum, t, occ, stages
     """The PTX holds the bulk copies (x, dy, dsum per stage in the prologue, one set per
     refill), one mbarrier per stage (+ the weight's), parity waits, and no local memory
     (no spill)."""
-    import subprocess
-    import tempfile
 
     _, bwd = kernels
     vx = 16 // (4 if xd == "float32" else 2)
@@ -451,17 +469,7 @@ def test_compile_bwd_staged(kernels, kind, xd, wd, n, bias, dsum, t, occ, stages
     assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
     assert not re.search(r"barrier\.cluster|st\.shared::cluster", ptx)
     assert re.search(r"ld\.shared\.v[24]", ptx)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        try:
-            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
-                                 capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            pytest.skip("ptxas not installed")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
+    _ptxas_no_spill(ptx)
 
 
 def test_staged_misaligned_rows_build_the_register_path(kernels):
@@ -551,8 +559,6 @@ def test_compile_bwd_cluster_staged(kernels, kind, xd, wd, n, bias, dsum, cfg):
     """Per stage one bulk copy per operand chunk (N / cluster_n elements), the row sums
     through st.async on the exchange mbarriers (no cluster barrier in the row loop, only the
     one arrive / wait pair of the prologue), no local memory (no spill)."""
-    import subprocess
-    import tempfile
 
     from cuteforge.kernels.norm.config import staged_stages
 
@@ -572,17 +578,7 @@ def test_compile_bwd_cluster_staged(kernels, kind, xd, wd, n, bias, dsum, cfg):
     assert len(re.findall(r"barrier\.cluster\.arrive", ptx)) == 1
     assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == 1
     assert "%cluster_ctarank" in ptx
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        try:
-            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
-                                 capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            pytest.skip("ptxas not installed")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
+    _ptxas_no_spill(ptx)
 
 
 # --------------------------------------------------------------------------- v2.6: staged forward (not a default)
@@ -667,8 +663,6 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
     mbarriers (+ the exchange's two), parity waits, with a cluster the row sums through
     st.async (one per reduction: 1 rms, 2 layer) and only the prologue's cluster barrier,
     no local memory (no spill)."""
-    import subprocess
-    import tempfile
 
     from cuteforge.kernels.norm.config import staged_rows, staged_stages
 
@@ -695,18 +689,8 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
         assert "%cluster_ctarank" in ptx
     else:
         assert not re.search(r"barrier\.cluster|st\.shared::cluster|st\.async", ptx)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        try:
-            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
-                                 capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            pytest.skip("ptxas not installed")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
-    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
+    info = _ptxas_no_spill(ptx)
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
     assert regs * cfg.threads * cfg.ctas_per_sm <= 65536, regs
 
 
