@@ -81,10 +81,32 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, s
     return out
 
 
-def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
+def deep_fwd_candidates(n: int, bits: int) -> list[Any]:
+    """--deep: every cluster-staged forward shape with 8..64 elements per thread: clusters
+    of 2..16 CTAs of 256 / 512 / 1024 threads at 2, 3, 4 and 6 stages (those that fit
+    whole), as many CTAs per SM as fit."""
+    from cuteforge.kernels.norm.config import staged_config
+
+    out = []
+    for c in (2, 4, 8, 16):
+        for t in (256, 512, 1024):
+            for s in (2, 3, 4, 6):
+                if not 8 <= n // c // t <= 64:
+                    continue
+                cfg = staged_config(n, bits, 64, s, threads=t, cluster_n=c, backward=False)
+                if cfg is not None and cfg.stages == s and cfg not in out:
+                    out.append(cfg)
+    return out
+
+
+def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = False) -> list[tuple[str, str, int, Any, bool]]:
     """(op, dtype, n, config, is_default): the forward default and every staged forward
-    candidate (v2.6)."""
-    from cuteforge.kernels.norm.config import default_config, longrow_staged_fwd_candidates
+    candidate (v2.6); with ``deep`` also ``deep_fwd_candidates`` at N >= 32768."""
+    from cuteforge.kernels.norm.config import (
+        default_config,
+        longrow_candidates,
+        longrow_staged_fwd_candidates,
+    )
 
     out = []
     for op in ops:
@@ -94,7 +116,10 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[st
             for n in ns:
                 d = default_config(n, bits, False, kind)
                 out.append((op, dt, n, d, True))
-                out += [(op, dt, n, c, False) for c in longrow_staged_fwd_candidates(n, bits) if c != d]
+                cands = longrow_staged_fwd_candidates(n, bits)
+                if deep and n >= 32768:  # and the register forward's long-row candidates
+                    cands += [c for c in deep_fwd_candidates(n, bits) + longrow_candidates(n, bits) if c not in cands]
+                out += [(op, dt, n, c, False) for c in cands if c != d]
     return out
 
 
@@ -110,7 +135,7 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     from cuteforge.kernels.norm.spec import norm_fwd
 
     arch = target_arch()
-    todo = fwd_plans(ops, dtypes, ns)
+    todo = fwd_plans(ops, dtypes, ns, args.deep)
     tc = time.time()
     jobs = []
     for op, dt, n, c, _ in todo:
@@ -205,6 +230,8 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--fwd", action="store_true", help="the staged forward (v2.6) against the forward default")
+    p.add_argument("--deep", action="store_true",
+                   help="--fwd: also every cluster-staged shape and the register long-row candidates at N >= 32768")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtypes", default="bfloat16,float16,float32")
     p.add_argument("--ns", default="4096,8192,16384")

@@ -417,6 +417,40 @@ def test_v2_forward_strided_view():
             _close(y, _ref(kind, x, w, None, None, 1e-5)[0], torch.bfloat16, f"{kind} view")
 
 
+@pytest.mark.parametrize("dtype, offset", [(torch.float32, 1000.0), (torch.bfloat16, 64.0)])
+def test_layer_moments_exchange_far_mean(dtype, offset):
+    """LayerNorm over a cluster takes its mean and variance from one exchange of per-warp
+    moments (Chan's merge, v2.7): with the mean far from 0 (|mean| / std = offset) the
+    variance must still match the fp64 two-pass one, through the register forward (a
+    padded N keeps the two-exchange form) and the staged forward."""
+    from cuteforge.kernels.norm import NormConfig
+    from cuteforge.ops import norm as impl
+
+    cfgs = [NormConfig(256, 256, 8, 1, exchange="mbar"), NormConfig(512, 512, 4, 1, exchange="mbar"),
+            NormConfig(512, 512, 16, 1, exchange="mbar"), NormConfig(512, 512, 4, 1, exchange="mbar", stages=2),
+            NormConfig(256, 256, 16, 2, exchange="mbar", stages=3), NormConfig(512, 512, 16, 1, exchange="mbar", stages=2)]
+    bits = dtype.itemsize * 8
+    for n in (65536, 65537, 262144):
+        ran = []
+        for cfg in cfgs:
+            try:
+                cfg.validate(n, bits)
+            except ValueError:
+                continue
+            ran.append(cfg.stages > 0)
+            x, w, b, _ = _inputs(5, n, dtype, bias=True, seed=n)
+            x = (x.float() + offset).to(dtype)
+            y, _, mean, rstd = impl._forward("layer", x, w, b, None, 1e-6, cfg)
+            sd = x.double()
+            mu = sd.mean(-1)
+            var = (sd - mu[:, None]).pow(2).mean(-1)
+            torch.testing.assert_close(mean.double(), mu, rtol=1e-5, atol=0, msg=lambda m, at=f"{n} {cfg}": f"mean {at}: {m}")
+            torch.testing.assert_close(rstd.double(), torch.rsqrt(var + 1e-6), rtol=1e-4, atol=0,
+                                       msg=lambda m, at=f"{n} {cfg}": f"rstd {at}: {m}")
+            _close(y, _ref("layer", x, w, b, None, 1e-6)[0], dtype, f"y {n} {cfg}")
+        assert False in ran and (n % 2 == 1 or True in ran), (n, ran)
+
+
 # --------------------------------------------------------------------------- v2.1 backward: mbarrier exchange
 # NormConfig.exchange = "mbar" in the persistent backward (kernels/norm/bwd.py, two
 # mbarriers alternating over a CTA's rows: common.make_allreduce_mbar_rows). Not a

@@ -330,6 +330,87 @@ def make_allreduce_mbar(tile: Tile):
     return allreduce
 
 
+@cute.jit
+def warp_sum(val):
+    """Sum of val over the 32 lanes of a warp, handed to every lane (butterfly)."""
+    for step in cutlass.range_constexpr(5):
+        val = val + cute.arch.shuffle_sync_bfly(val, offset=16 >> step)
+    return val
+
+
+def moments_exchange_ok(tile: Tile) -> bool:
+    """Whether LayerNorm's statistics may go through one moments exchange
+    (``make_moments_mbar``) on this tile: whole warps per row and no padded slots, so
+    every warp of the row holds exactly n / S elements."""
+    return tile.G == 32 and not (tile.REM or tile.TAIL)
+
+
+def make_moments_fold(tile: Tile):
+    """@cute.jit fold(buf, base_s, base_m2, lane) -> (row sum, row M2) from the S = W * C
+    per-warp (sum, centred sum of squares) pairs of one row in ``buf`` (sums at base_s..,
+    M2s at base_m2..), combined as Chan et al.'s parallel variance:
+
+        M2 = sum_w M2_w + sum_w (s_w - n_w mean)^2 / n_w,   n_w = n / S,  mean = sum_w s_w / n
+
+    Each term is a sum of squares, so nothing cancels beyond the (s_w - n_w mean) of the
+    between-warp term, whose share of M2 is ~S / n: the variance keeps the two-pass
+    form's accuracy (a plain E[x^2] - E[x]^2 loses it when |mean| >> std)."""
+    G, S = tile.G, tile.S
+    if not moments_exchange_ok(tile):
+        raise ValueError(f"the moments exchange needs whole warps per row and an unpadded row ({tile})")
+    inv_nw = S / tile.n  # 1 / n_w
+    inv_s = 1.0 / S
+
+    @cute.jit
+    def fold(buf: cute.Tensor, base_s, base_m2, lane):
+        tot = Float32(0.0)
+        for i in cutlass.range_constexpr((S + G - 1) // G):
+            j = cutlass.min(lane + i * G, S - 1)
+            tot = tot + Float32(cutlass.select_(lane + i * G < S, buf[base_s + j], Float32(0.0)))
+        tot = warp_sum(tot)
+        nw_mean = tot * Float32(inv_s)  # n_w * mean
+        m2 = Float32(0.0)
+        for i in cutlass.range_constexpr((S + G - 1) // G):
+            j = cutlass.min(lane + i * G, S - 1)
+            d = buf[base_s + j] - nw_mean
+            term = buf[base_m2 + j] + d * d * Float32(inv_nw)
+            m2 = m2 + Float32(cutlass.select_(lane + i * G < S, term, Float32(0.0)))
+        return tot, warp_sum(m2)
+
+    return fold
+
+
+def make_moments_mbar(tile: Tile):
+    """@cute.jit moments(s, m2, buf, mbar, r, t, cta) -> (row sum, row M2) for a cluster
+    row (C > 1): LayerNorm's mean and variance in one mbarrier exchange instead of two
+    (the forward's only cross-CTA round trip, as RMSNorm's). ``s`` and ``m2`` are the
+    warp's sum and its sum of squares centred on the warp's own mean s / n_w (each already
+    summed over the warp, ``warp_sum``). Lanes l < C ``st.async`` the pair into CTA l's
+    slots; ``buf`` holds 2 * R * S fp32, ``mbar`` is one mbarrier (count 1) armed with
+    2 * ``mbar_tx_bytes`` before the cluster arrive whose wait precedes the call."""
+    W, S, C, R = tile.W, tile.S, tile.C, tile.R
+    if C < 2:
+        raise ValueError(f"the moments exchange runs over a cluster (C={C})")
+    fold = make_moments_fold(tile)
+
+    @cute.jit
+    def moments(s, m2, buf: cute.Tensor, mbar, r, t, cta):
+        base_s = r * S
+        base_m2 = (R + r) * S
+        words = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        words[0] = s
+        words[1] = m2
+        iw = cute.recast_tensor(words, Int32)
+        mine = cta * W + t // 32
+        if t % 32 < C:  # lane l sends the warp's pair to CTA l
+            cute.arch.store_async_dsmem(buf.iterator + (base_s + mine), iw[0], mbar, t % 32)
+            cute.arch.store_async_dsmem(buf.iterator + (base_m2 + mine), iw[1], mbar, t % 32)
+        cute.arch.mbarrier_wait(mbar, 0)
+        return fold(buf, base_s, base_m2, t % 32)
+
+    return moments
+
+
 def mbar_tx_bytes(tile: Tile) -> int:
     """Bytes every CTA of the cluster receives per mbarrier reduction."""
     return tile.R * tile.S * 4
@@ -339,9 +420,13 @@ def reduce_smem_elems(tile: Tile, n_slots: int) -> int:
     return max(1, n_slots * 2 * tile.R * tile.S)
 
 
-def make_allreduce_mbar_rows(tile: Tile, nval: int):
+def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False):
     """The mbarrier exchange for a loop over rows (the persistent backward, C > 1):
     @cute.jit allreduce(a, b, buf, mbar, slot, phase, arm, r, t, cta) -> (sum a, sum b).
+
+    ``moments`` (nval 2; the staged LayerNorm forward): a and b are a warp's sum and its
+    centred sum of squares, already summed over the warp (``make_moments_mbar``), and the
+    result is (row sum, row M2) through ``make_moments_fold``.
 
     ``nval`` (1 or 2) says whether b takes part; both values travel to the same mbarrier
     (two 4-byte ``st.async`` per sending lane). ``buf``: flat fp32 smem of
@@ -376,7 +461,10 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int):
         raise ValueError(f"the mbarrier exchange needs a cluster and whole warps per row (C={C}, P={tile.P})")
     if nval not in (1, 2):
         raise ValueError(f"nval={nval}: 1 or 2 values per reduction")
+    if moments and nval != 2:
+        raise ValueError("the moments exchange carries two values (nval=2)")
     tx = nval * mbar_tx_bytes(tile)
+    fold_moments = make_moments_fold(tile) if moments else None
 
     @cute.jit
     def _bfly(val, group: cutlass.Constexpr):
@@ -397,9 +485,10 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int):
 
     @cute.jit
     def allreduce(a, b, buf: cute.Tensor, mbar, slot, phase, arm, r, t, cta):
-        a = _bfly(a, G)
-        if cutlass.const_expr(nval > 1):
-            b = _bfly(b, G)
+        if cutlass.const_expr(not moments):
+            a = _bfly(a, G)
+            if cutlass.const_expr(nval > 1):
+                b = _bfly(b, G)
         bar = mbar + slot
         base_a = ((slot * nval) * R + r) * S
         base_b = base_a + R * S
@@ -416,9 +505,12 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int):
         if arm:
             cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
         lane = t % G
-        a = _fold(buf, base_a, lane)
-        if cutlass.const_expr(nval > 1):
-            b = _fold(buf, base_b, lane)
+        if cutlass.const_expr(moments):
+            a, b = fold_moments(buf, base_a, base_b, lane)
+        else:
+            a = _fold(buf, base_a, lane)
+            if cutlass.const_expr(nval > 1):
+                b = _fold(buf, base_b, lane)
         return a, b
 
     return allreduce

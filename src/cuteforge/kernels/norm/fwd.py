@@ -37,13 +37,16 @@ from .common import (
     make_allreduce_mbar,
     make_allreduce_mbar_rows,
     make_chunk,
+    make_moments_mbar,
     make_row_io,
     make_stage_barrier_init,
     make_stage_issue,
     mbar_tx_bytes,
+    moments_exchange_ok,
     persistent_group,
     reduce_smem_elems,
     staged_smem,
+    warp_sum,
 )
 from .config import (
     SMEM_PER_BLOCK,
@@ -97,9 +100,14 @@ def make_norm_fwd(
     inv_n = 1.0 / n
     n_smem = reduce_smem_elems(tile, 2)
     use_mbar = config.exchange == "mbar" and C > 1
-    n_red = 2 if is_ln else 1  # reductions per launch (mbar: one slot and mbarrier each)
-    allreduce_m = make_allreduce_mbar(tile) if use_mbar else None
-    tx_bytes = mbar_tx_bytes(tile)
+    # LayerNorm over a cluster: mean and variance in one exchange (per-warp moments, Chan's
+    # merge) rather than two round trips; padded rows keep the two-reduction form.
+    moments = is_ln and use_mbar and moments_exchange_ok(tile)
+    n_red = 2 if is_ln and not moments else 1  # reductions per launch (mbar: one slot and mbarrier each)
+    allreduce_m = make_allreduce_mbar(tile) if use_mbar and not moments else None
+    moments_m = make_moments_mbar(tile) if moments else None
+    inv_nw = tile.S / n  # 1 / (elements per warp) when moments
+    tx_bytes = mbar_tx_bytes(tile) * (2 if moments else 1)
     # With a bias on a one-CTA row, y is formed column by column (weight and bias column
     # k loaded, y column k stored) instead of loading both whole rows and storing the
     # whole row at the end. The whole-row form gets 65-80 registers from ptxas 13.0 for
@@ -188,12 +196,27 @@ def make_norm_fwd(
         tot = acc[0]
         for v in cutlass.range_constexpr(1, tile.vec):
             tot = tot + acc[v]
-        if cutlass.const_expr(use_mbar):
+        mean = Float32(0.0)
+        if cutlass.const_expr(moments):
+            # the warp's sum, then its squares centred on the warp's own mean, one exchange
+            wsum = warp_sum(tot)
+            wmean = wsum * Float32(inv_nw)
+            acc.fill(0.0)
+            for k in cutlass.range_constexpr(KT1):
+                for v in cutlass.range_constexpr(tile.vec):
+                    d = xr[v, k].to(Float32) - wmean
+                    acc[v] = acc[v] + d * d
+            m2 = acc[0]
+            for v in cutlass.range_constexpr(1, tile.vec):
+                m2 = m2 + acc[v]
+            tot, m2 = moments_m(wsum, warp_sum(m2), buf, mbar, r, t, cta)
+            mean = tot * Float32(inv_n)
+            tot = m2
+        elif cutlass.const_expr(use_mbar):
             tot = allreduce_m(tot, buf, mbar, 0, r, t, cta)
         else:
             tot, _unused = allreduce(tot, tot, 1, buf, 0, r, t, cta)
-        mean = Float32(0.0)
-        if cutlass.const_expr(is_ln):
+        if cutlass.const_expr(is_ln and not moments):
             mean = tot * Float32(inv_n)
             acc.fill(0.0)
             for k in cutlass.range_constexpr(KT1):
@@ -326,12 +349,16 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     _, _, _, load_col, store_col = make_row_io(tile)
     KT1, V = tile.KT1, tile.vec
     is_ln = kind == "layer"
-    n_red = 2 if is_ln else 1  # row reductions (exchange uses) per row
     inv_n = 1.0 / n
+    moments = False
+    inv_nw = 0.0
     if C > 1:
         xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
-        allreduce_m = make_allreduce_mbar_rows(xtile, 1)
-        xtx = mbar_tx_bytes(xtile)
+        # LayerNorm: mean and variance in one exchange (per-warp moments, Chan's merge)
+        moments = is_ln and moments_exchange_ok(xtile)
+        inv_nw = xtile.S / n
+        allreduce_m = make_allreduce_mbar_rows(xtile, 2 if moments else 1, moments=moments)
+        xtx = mbar_tx_bytes(xtile) * (2 if moments else 1)
         n_smem = reduce_smem_elems(xtile, 2)
         allreduce = None
     else:
@@ -339,6 +366,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         allreduce_m = None
         xtx = 0
         n_smem = reduce_smem_elems(tile, 2)
+    n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
     S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
     _init_barriers = make_stage_barrier_init(S + 1, C, xtx)  # S stages + the weight's (and bias')
     n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
@@ -365,6 +393,11 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         else:
             a, _unused = allreduce(a, a, 1, buf, u % 2, 0, tidx, 0)
         return a
+
+    def _moments(s, m2, buf: cute.Tensor, xbar, u, tidx, cta):
+        """(row sum, row M2) from the warp's sum and centred sum of squares (traced inline;
+        u as in ``_reduce``)."""
+        return allreduce_m(s, m2, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
 
     @cute.kernel
     def _kernel(
@@ -451,7 +484,30 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             tot = acc[0]
             for v in cutlass.range_constexpr(1, NACC):
                 tot = tot + acc[v]
-            tot = _reduce(tot, buf, xbar, it * n_red, tidx, cta)
+            mean = Float32(0.0)
+            if cutlass.const_expr(moments):
+                # pass 2 before the exchange: squares centred on the warp's own mean
+                wsum = warp_sum(tot)
+                wmean = wsum * Float32(inv_nw)
+                acc.fill(0.0)
+                for k in cutlass.range_constexpr(KT1):
+                    load_col(sx, xc, g, k)
+                    if cutlass.const_expr(has_residual):
+                        load_col(sr, rc, g, k)
+                    for v in cutlass.range_constexpr(tile.width(k)):
+                        sv = xc[v, k].to(Float32)
+                        if cutlass.const_expr(has_residual):
+                            sv = (sv + rc[v, k].to(Float32)).to(x_dtype).to(Float32)
+                        d = sv - wmean
+                        acc[v % NACC] = acc[v % NACC] + d * d
+                m2 = acc[0]
+                for v in cutlass.range_constexpr(1, NACC):
+                    m2 = m2 + acc[v]
+                tot, m2 = _moments(wsum, warp_sum(m2), buf, xbar, it, tidx, cta)
+                mean = tot * Float32(inv_n)
+                tot = m2
+            else:
+                tot = _reduce(tot, buf, xbar, it * n_red, tidx, cta)
             if cutlass.const_expr(early_refill):
                 # every thread of this CTA is past this row's first reduction, so done with
                 # the previous row's stage: refill it with the row S - 1 ahead of this one
@@ -460,8 +516,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                         nr = blk + (S - 1) * n_q
                         if nr < m:
                             _issue(x, res, res, srows, full, nr, (it + S - 1) % S, cta)
-            mean = Float32(0.0)
-            if cutlass.const_expr(is_ln):
+            if cutlass.const_expr(is_ln and not moments):
                 # ---- pass 2: the centred sum of squares (exact two-pass variance)
                 mean = tot * Float32(inv_n)
                 acc.fill(0.0)
