@@ -127,7 +127,9 @@ def test_compile_fwd(kernels, kind, xd, wd, n, bias, res):
     dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
     spec, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
                          {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res})
-    if n % 8 == 0:
+    if spec.config.stages:  # long rows: the staged default (v2.7), rows by bulk copies
+        assert "cp.async.bulk.shared::cluster.global" in ptx and "st.async" in ptx
+    elif n % 8 == 0:
         assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v[24]\.", ptx)
     if spec.config.cluster_n > 1:
         assert "mapa" in ptx and "barrier.cluster" in ptx
@@ -217,17 +219,26 @@ def test_mbar_exchange_validate_and_candidates():
 
 
 def test_long_row_forward_defaults_follow_the_sweep():
-    """The measured winners (h200-longrow-v2.json) per kind and dtype class; every
-    forward default from N = 1 to 262144 (odd N included) validates for sm_90a."""
+    """The measured winners (h200-longrow-v2.json, h200-norm-staged-fwd-deep.json) per kind
+    and dtype class: rows in registers over a cluster, or (v2.7) staged in 32 KiB chunks,
+    4 stages; odd N keeps the register path; every forward default from N = 1 to 262144
+    (odd N included) validates for sm_90a."""
     from cuteforge.arch import limits_for
 
-    want = {("rms", 16, 32768): (256, 4), ("rms", 16, 65536): (256, 8), ("rms", 16, 131072): (256, 16),
-            ("rms", 32, 65536): (256, 4), ("rms", 32, 131072): (256, 8), ("rms", 32, 262144): (256, 16),
-            ("layer", 16, 32768): (512, 2), ("layer", 16, 65536): (512, 4), ("layer", 16, 131072): (512, 8),
-            ("layer", 32, 32768): (256, 4), ("rms", 16, 262144): (512, 16), ("layer", 32, 262144): (512, 16)}
+    want = {("rms", 16, 32768): (256, 4), ("rms", 32, 65536): (256, 4), ("rms", 32, 131072): (256, 8),
+            ("rms", 32, 262144): (256, 16), ("layer", 32, 32768): (256, 4), ("layer", 32, 262144): (256, 16),
+            ("rms", 16, 65537): (256, 16), ("layer", 16, 65537): (512, 8)}
     for (kind, bits, n), (threads, cluster) in want.items():
         d = default_config(n, bits, kind=kind)
-        assert (d.exchange, d.threads, d.cluster_n) == ("mbar", threads, cluster), (kind, bits, n, d)
+        assert (d.exchange, d.threads, d.cluster_n, d.stages) == ("mbar", threads, cluster, 0), (kind, bits, n, d)
+    staged = {("rms", 16, 65536): (512, 4), ("rms", 16, 131072): (512, 8), ("rms", 16, 262144): (512, 16),
+              ("layer", 16, 32768): (1024, 2), ("layer", 16, 65536): (256, 4), ("layer", 16, 131072): (256, 8),
+              ("layer", 16, 262144): (256, 16), ("layer", 32, 65536): (256, 8), ("layer", 32, 131072): (256, 16)}
+    for (kind, bits, n), (threads, cluster) in staged.items():
+        d = default_config(n, bits, kind=kind)
+        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.ctas_per_sm) == ("mbar", threads, cluster, 4, 1), (kind, bits, n, d)
+        cands = candidate_configs(n, bits, kind=kind)
+        assert cands[0] == d and any(c.stages == 0 for c in cands)  # the register path stays a candidate
     assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row
     limits = limits_for("sm_90a")
     for kind in ("rms", "layer"):
@@ -634,10 +645,8 @@ def test_staged_fwd_validate_and_candidates():
                 c.validate(n, bits, limits)
                 assert 1 <= staged_stages(c, n, bits, True, backward=False) <= c.stages
                 assert c.smem_bytes(n, False, bits, True) <= limits.smem_per_block
-            # not run on a GPU yet: kept out of the autotuner's list, defaults unchanged
-            assert not any(c.stages for c in candidate_configs(n, bits)), (n, bits)
-            for kind in ("rms", "layer"):
-                assert default_config(n, bits, False, kind).stages == 0
+            # measured (v2.7): from N = 32768 the autotuner also times a staged forward
+            assert any(c.stages for c in candidate_configs(n, bits)) == (n >= 32768), (n, bits)
     assert longrow_staged_fwd_candidates(65537, 16) == []
 
 

@@ -73,6 +73,8 @@ __all__ = [
     "longrow_staged_candidates",
     "staged_rows",
     "staged_fwd_groups",
+    "staged_fwd_config",
+    "default_register_fwd_config",
     "longrow_staged_fwd_candidates",
 ]
 
@@ -326,6 +328,37 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 }
 
 
+# Staged forward (v2.6 / v2.7) as the default for long rows: per (kind, dtype bits), the N
+# ranges (inclusive) with (threads per CTA, stages); the cluster is the smallest that cuts
+# the row into chunks of <= 32 KiB (``staged_fwd_config``). From the H200 sweep
+# (benchmarks/results/h200-norm-staged-fwd-deep.json, M = 2^28 / N, kernel alone, % of
+# copy; the register default in brackets): rms 16-bit 65536 / 131072 / 262144 on 512-thread
+# CTAs, 4 stages: 89.6 / 93.1 / 95.6 (86.1 / 82.1 / 74.2; quack 95.0 / 94.6 / 90.7); layer
+# 16-bit 32768 on 1024 threads, 4 stages 92.7 (81.6), 65536..262144 on 256 threads, 4 stages
+# 92.7 / 91.5 / 75.3 (76.5 / 71.4 / 62.9); layer fp32 65536 / 131072 on 256 threads 92.9 /
+# 85.9 (87.4 / 77.7). rms fp32 and layer fp32 at 32768 stay in registers (within 1 point,
+# or faster).
+STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
+    ("rms", 16): ((65536, 262144, 512, 4),),
+    ("layer", 16): ((32768, 32768, 1024, 4), (32769, 262144, 256, 4)),
+    ("layer", 32): ((65536, 131072, 256, 4),),
+}
+_STAGED_FWD_CHUNK_BYTES = 32 * 1024
+
+
+def staged_fwd_config(n: int, dtype_bits: int, threads: int, stages: int) -> NormConfig | None:
+    """The staged forward with ``threads``-thread CTAs and ``stages`` stages on the smallest
+    cluster (1..16) whose chunks hold <= 32 KiB (as many CTAs per SM as fit); None when it
+    is not valid for n (N not cut into 16-byte multiples, too many elements per thread)."""
+    c = 1
+    while c < 16 and _row_bytes(n, dtype_bits) > c * _STAGED_FWD_CHUNK_BYTES:
+        c *= 2
+    cfg = staged_config(n, dtype_bits, 1 << 30, stages, threads=threads, cluster_n=c, backward=False)
+    if cfg is None or cfg.stages != stages:
+        return None
+    return cfg
+
+
 def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms") -> NormConfig:
     """Heuristic: long forward rows (V2_FWD_MIN_N) take the mbar exchange shaped by
     V2_FWD_SHAPE; backward rows in STAGED_BWD's range the row-staged backward; otherwise
@@ -348,6 +381,17 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
                 if cfg is not None:
                     return cfg
         return default_register_config(n, dtype_bits)
+    for lo, hi, threads, stages in STAGED_FWD.get((kind, dtype_bits), ()):
+        if lo <= n <= hi:
+            cfg = staged_fwd_config(n, dtype_bits, threads, stages)
+            if cfg is not None:
+                return cfg
+    return default_register_fwd_config(n, dtype_bits, kind)
+
+
+def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> NormConfig:
+    """The forward default with the row in registers (stages = 0): what a staged config
+    falls back to when its rows are not 16-byte aligned."""
     return _heuristic_config(n, dtype_bits, False, kind)
 
 
@@ -361,8 +405,11 @@ def _heuristic_config(n: int, dtype_bits: int, backward: bool, kind: str) -> Nor
     lo = V2_FWD_MIN_N.get(dtype_bits)
     if not backward and lo is not None and n >= lo:
         threads, elems = V2_FWD_SHAPE.get((kind, dtype_bits), (V2_FWD_THREADS, V2_FWD_ELEMS))
-        if threads < 512 and elems_per_thread(n, threads, 16) > elems:
-            threads = 512  # even 16 CTAs leave too much per thread: larger CTAs measured faster (N = 262144)
+        if threads < 512 and elems_per_thread(n, threads, 16) > elems and (kind, dtype_bits) != ("layer", 32):
+            # even 16 CTAs leave too much per thread: larger CTAs measured faster (N = 262144);
+            # not fp32 LayerNorm since its one-exchange statistics (v2.7): 256 threads 67.3 %
+            # of copy vs 512 57.3 % (h200-norm-staged-fwd-deep.json)
+            threads = 512
         v2 = v2_forward_config(n, dtype_bits, threads, elems)
         if v2 is not None:
             return v2
@@ -412,9 +459,38 @@ def _with_prefetch(cfg: NormConfig, n: int, dtype_bits: int) -> NormConfig:
     return pf
 
 
-def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[NormConfig]:
-    """A few (<= 8) distinct valid configs around the heuristic; the first is the default."""
-    base = default_config(n, dtype_bits, backward)
+def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms") -> list[NormConfig]:
+    """A few (<= 8) distinct valid configs around the heuristic; the first is the default.
+    ``kind`` shapes the forward's (rms / layer defaults differ at long rows)."""
+    base = default_config(n, dtype_bits, backward, kind)
+    if not backward and base.stages:
+        # a staged default: the other staged shapes that measured close, then the register
+        # path and the candidates around it
+        out = [base]
+        reg = default_register_fwd_config(n, dtype_bits, kind)
+        for threads, stages in ((256, 4), (512, 4), (1024, 4), (256, 6)):
+            cfg = staged_fwd_config(n, dtype_bits, threads, stages)
+            if cfg is not None and cfg not in out:
+                out.append(cfg)
+        for cfg in [reg] + candidate_configs_around(reg, n, dtype_bits, False):
+            if cfg not in out:
+                out.append(cfg)
+        return out[:8]
+    out = [base]
+    if not backward and n >= 32768:
+        # the other forward path (rows staged), with fewer stages where 4 do not fit
+        st = next((c for s in (4, 3, 2) if (c := staged_fwd_config(n, dtype_bits, 256, s)) is not None), None)
+        if st is not None:
+            out.append(st)
+    for cfg in candidate_configs_around(base, n, dtype_bits, backward):
+        if cfg not in out:
+            out.append(cfg)
+    return out[:8]
+
+
+def candidate_configs_around(base: NormConfig, n: int, dtype_bits: int, backward: bool) -> list[NormConfig]:
+    """Valid configs one step from ``base`` (threads, cluster, occupancy, and the backward's
+    reload / prefetch / staged alternatives), ``base`` excluded."""
     out = [base]
     p, c, t, o, rl = base.threads_per_row, base.cluster_n, base.threads, base.ctas_per_sm, base.reload
     trial = [
@@ -425,8 +501,6 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
     ]
     if not backward:
         trial.insert(0, NormConfig(t, p, c, o, early_weight=True))
-        # The staged forward (v2.6) stays out of the autotuner's list until it has run on a
-        # GPU: reachable only by an explicit config (longrow_staged_fwd_candidates).
     if backward:
         if base.stages:
             st = default_register_config(n, dtype_bits)
@@ -448,7 +522,7 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[N
             continue
         if cfg not in out:
             out.append(cfg)
-    return out[:8]
+    return out[1:]
 
 
 # --------------------------------------------------------------------------- v2.1 backward

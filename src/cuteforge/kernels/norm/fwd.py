@@ -52,7 +52,7 @@ from .config import (
     SMEM_PER_BLOCK,
     SMEM_PER_SM,
     NormConfig,
-    default_config,
+    default_register_fwd_config,
     staged_fwd_groups,
     staged_rows,
     staged_stages,
@@ -91,7 +91,7 @@ def make_norm_fwd(
     if config.stages:
         if rows_aligned:
             return make_norm_fwd_staged(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, w_aligned)
-        config = default_config(n, x_dtype.width, False, kind)
+        config = default_register_fwd_config(n, x_dtype.width, kind)
     tile = Tile.of(n, vec, config)
     load, store, _, load_col, store_col = make_row_io(tile)
     allreduce = make_allreduce(tile)

@@ -64,7 +64,8 @@ def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
 
 
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
-    return config.candidate_configs(spec.static("N"), spec.dtype("x").width, backward)  # filtered by `validate`
+    kind = "rms" if backward else spec.param("kind")  # the forward's defaults differ by kind
+    return config.candidate_configs(spec.static("N"), spec.dtype("x").width, backward, kind)  # filtered by `validate`
 
 
 def _specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
