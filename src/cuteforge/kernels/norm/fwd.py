@@ -17,11 +17,12 @@ the rows come through shared memory, with the staged backward's machinery (commo
 ``make_stage_issue``): a persistent grid of Q CTA groups (clusters), thread 0 of each
 CTA brings its N / cluster_n chunk of row j of x (and the residual) into stage j % S
 with bulk asynchronous copies S rows ahead; the threads wait on the stage's mbarrier,
-read the chunk column by column for the statistics (s = x + residual recomputed from
-the staged pair each pass, so shared memory is only ever written by the copies), reduce
-(with a cluster through ``make_allreduce_mbar_rows``: use u = n_red j + i of a row's i-th
-reduction takes slot u % 2, phase (u // 2) % 2), then write y (and s) straight to
-global memory.
+read their share of the chunk once into registers (s = x + residual formed there, so
+shared memory is only ever written by the copies), reduce (with a cluster through
+``make_allreduce_mbar_rows``: use u = n_red j + i of a row's i-th reduction takes slot
+u % 2, phase (u // 2) % 2), refill the stage with the row S ahead right after the first
+reduction (v2.7: every thread has read it by then), then form the statistics' other
+passes and y from registers and write y (and s) straight to global memory.
 """
 
 from __future__ import annotations
@@ -332,11 +333,11 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
 
     Weight and bias (``w_aligned``): bulk-copied into shared memory once per launch when
     they fit beside the stages at ``ctas_per_sm`` CTAs per SM, else read per row column by
-    column from global memory (L1 / L2 hits). A stage is refilled as in the staged
-    backward: with S >= 2 and a multi-warp row (or a cluster) right after the next row's
-    first reduction (its barrier, or the exchange's mbarrier wait: a CTA passes it only
-    when every warp of the cluster finished the previous row), otherwise after an explicit
-    CTA barrier at the end of the row."""
+    column from global memory (L1 / L2 hits). Each thread reads its share of a staged row
+    once, into registers (v2.7), so with a multi-warp row (or a cluster) the stage is
+    refilled with the row S ahead right after the row's first reduction (its barrier, or
+    the exchange's mbarrier wait: a CTA passes it only when every warp of the cluster has
+    read its share); otherwise after an explicit CTA barrier at the end of the row."""
     if kind not in KINDS:
         raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
     config.validate(n, x_dtype.width)
@@ -372,7 +373,9 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)
     _part = make_chunk(NC, C)
-    early_refill = S >= 2 and (tile.S > 1 or C > 1)
+    # the first reduction syncs every thread of the CTA (a multi-warp row, or the cluster
+    # exchange), after which the row is in registers: its stage is refilled there
+    early_refill = tile.S > 1 or C > 1
     n_w = 2 if has_bias else 1
     w_bytes = NC * w_dtype.width // 8
     smem_cta = config.smem_bytes(n, False, x_dtype.width, has_residual) + n_w * w_bytes + 256
@@ -473,14 +476,14 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 for v in cutlass.range_constexpr(tile.width(k)):
                     sv = xc[v, k].to(Float32)
                     if cutlass.const_expr(has_residual):
-                        oc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)
-                        sv = oc[v, k].to(Float32)
+                        xc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)  # xc holds s from here on
+                        sv = xc[v, k].to(Float32)
                     if cutlass.const_expr(is_ln):
                         acc[v % NACC] = acc[v % NACC] + sv
                     else:
                         acc[v % NACC] = acc[v % NACC] + sv * sv
                 if cutlass.const_expr(has_residual):
-                    store_col(oc, ro, g, k)
+                    store_col(xc, ro, g, k)
             tot = acc[0]
             for v in cutlass.range_constexpr(1, NACC):
                 tot = tot + acc[v]
@@ -491,14 +494,8 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 wmean = wsum * Float32(inv_nw)
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
-                    load_col(sx, xc, g, k)
-                    if cutlass.const_expr(has_residual):
-                        load_col(sr, rc, g, k)
                     for v in cutlass.range_constexpr(tile.width(k)):
-                        sv = xc[v, k].to(Float32)
-                        if cutlass.const_expr(has_residual):
-                            sv = (sv + rc[v, k].to(Float32)).to(x_dtype).to(Float32)
-                        d = sv - wmean
+                        d = xc[v, k].to(Float32) - wmean
                         acc[v % NACC] = acc[v % NACC] + d * d
                 m2 = acc[0]
                 for v in cutlass.range_constexpr(1, NACC):
@@ -509,27 +506,20 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             else:
                 tot = _reduce(tot, buf, xbar, it * n_red, tidx, cta)
             if cutlass.const_expr(early_refill):
-                # every thread of this CTA is past this row's first reduction, so done with
-                # the previous row's stage: refill it with the row S - 1 ahead of this one
+                # every thread of this CTA is past this row's first reduction, so done reading
+                # this row's stage (the row now lives in registers): refill it with the row S
+                # ahead, while this row's statistics and output are still being formed
                 if tidx == 0:
-                    if it > 0:
-                        nr = blk + (S - 1) * n_q
-                        if nr < m:
-                            _issue(x, res, res, srows, full, nr, (it + S - 1) % S, cta)
+                    nr = blk + S * n_q
+                    if nr < m:
+                        _issue(x, res, res, srows, full, nr, stage, cta)
             if cutlass.const_expr(is_ln and not moments):
                 # ---- pass 2: the centred sum of squares (exact two-pass variance)
                 mean = tot * Float32(inv_n)
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
-                    load_col(sx, xc, g, k)
-                    if cutlass.const_expr(has_residual):
-                        load_col(sr, rc, g, k)
                     for v in cutlass.range_constexpr(tile.width(k)):
-                        sv = xc[v, k].to(Float32)
-                        if cutlass.const_expr(has_residual):
-                            oc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)
-                            sv = oc[v, k].to(Float32)
-                        d = sv - mean
+                        d = xc[v, k].to(Float32) - mean
                         kind_k = tile.kind(k)
                         if cutlass.const_expr(kind_k == "partial"):
                             d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
@@ -552,9 +542,6 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             # ---- pass 3: y = (s - mean) * rstd * w (+ b)
             yo = _part(y[blk, None], cta)
             for k in cutlass.range_constexpr(KT1):
-                load_col(sx, xc, g, k)
-                if cutlass.const_expr(has_residual):
-                    load_col(sr, rc, g, k)
                 if cutlass.const_expr(w_smem):
                     load_col(sw, wr, g, k)
                     if cutlass.const_expr(has_bias):
@@ -564,11 +551,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     if cutlass.const_expr(has_bias):
                         load_col(bg, br, g, k)
                 for v in cutlass.range_constexpr(tile.width(k)):
-                    sv = xc[v, k].to(Float32)
-                    if cutlass.const_expr(has_residual):
-                        oc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)
-                        sv = oc[v, k].to(Float32)
-                    yv = (sv - mean) * rstd * wr[v, k].to(Float32)
+                    yv = (xc[v, k].to(Float32) - mean) * rstd * wr[v, k].to(Float32)
                     if cutlass.const_expr(has_bias):
                         yv = yv + br[v, k].to(Float32)
                     oc[v, k] = yv.to(x_dtype)
