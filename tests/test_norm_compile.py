@@ -226,17 +226,18 @@ def test_long_row_forward_defaults_follow_the_sweep():
     from cuteforge.arch import limits_for
 
     want = {("rms", 16, 32768): (256, 4), ("rms", 32, 65536): (256, 4), ("rms", 32, 131072): (256, 8),
-            ("rms", 32, 262144): (256, 16), ("layer", 32, 32768): (256, 4), ("layer", 32, 262144): (256, 16),
+            ("layer", 32, 32768): (256, 4), ("layer", 32, 262144): (256, 16),
             ("rms", 16, 65537): (256, 16), ("layer", 16, 65537): (512, 8)}
     for (kind, bits, n), (threads, cluster) in want.items():
         d = default_config(n, bits, kind=kind)
         assert (d.exchange, d.threads, d.cluster_n, d.stages) == ("mbar", threads, cluster, 0), (kind, bits, n, d)
-    staged = {("rms", 16, 65536): (512, 4), ("rms", 16, 131072): (512, 8), ("rms", 16, 262144): (512, 16),
-              ("layer", 16, 32768): (1024, 2), ("layer", 16, 65536): (256, 4), ("layer", 16, 131072): (256, 8),
-              ("layer", 16, 262144): (256, 16), ("layer", 32, 65536): (256, 8), ("layer", 32, 131072): (256, 16)}
-    for (kind, bits, n), (threads, cluster) in staged.items():
+    staged = {("rms", 16, 65536): (512, 4, 4), ("rms", 16, 131072): (512, 8, 4), ("rms", 16, 262144): (512, 16, 4),
+              ("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 4),
+              ("layer", 16, 131072): (256, 8, 4), ("layer", 16, 262144): (256, 16, 4), ("layer", 32, 65536): (256, 8, 4),
+              ("layer", 32, 131072): (256, 16, 4)}
+    for (kind, bits, n), (threads, cluster, stages) in staged.items():
         d = default_config(n, bits, kind=kind)
-        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.ctas_per_sm) == ("mbar", threads, cluster, 4, 1), (kind, bits, n, d)
+        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.ctas_per_sm) == ("mbar", threads, cluster, stages, 1), (kind, bits, n, d)
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages == 0 for c in cands)  # the register path stays a candidate
     assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row

@@ -328,19 +328,24 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 }
 
 
-# Staged forward (v2.6 / v2.7) as the default for long rows: per (kind, dtype bits), the N
-# ranges (inclusive) with (threads per CTA, stages); the cluster is the smallest that cuts
-# the row into chunks of <= 32 KiB (``staged_fwd_config``). From the H200 sweep
-# (benchmarks/results/h200-norm-staged-fwd-deep.json, M = 2^28 / N, kernel alone, % of
-# copy; the register default in brackets): rms 16-bit 65536 / 131072 / 262144 on 512-thread
-# CTAs, 4 stages: 89.6 / 93.1 / 95.6 (86.1 / 82.1 / 74.2; quack 95.0 / 94.6 / 90.7); layer
-# 16-bit 32768 on 1024 threads, 4 stages 92.7 (81.6), 65536..262144 on 256 threads, 4 stages
-# 92.7 / 91.5 / 75.3 (76.5 / 71.4 / 62.9); layer fp32 65536 / 131072 on 256 threads 92.9 /
-# 85.9 (87.4 / 77.7). rms fp32 and layer fp32 at 32768 stay in registers (within 1 point,
-# or faster).
+# Staged forward (v2.7) as the default for long rows: per (kind, dtype bits), the N ranges
+# (inclusive) with (threads per CTA, stages); the cluster is the smallest that cuts the row
+# into chunks of <= 32 KiB, 16 at most (``staged_fwd_config``). From the H200 sweep of the
+# v2.7 kernel (benchmarks/results/h200-norm-staged-fwd-deep-v2.7.json, M = 2^28 / N,
+# kernel alone, % of copy; the register default in brackets; quack's rms):
+#   rms 16-bit 65536 / 131072 / 262144, 512 threads, 4 stages: 89.2 / 92.3 / 94.3
+#     (86.1 / 82.1 / 74.2 in the v2.6 sweep; quack 94.8 / 95.2 / 90.5);
+#   rms fp32 >= 131073 (16 CTAs of 64 KiB chunks), 1024 threads, 2 stages: 262144 93.6
+#     (79.4; quack 90.2) -- 3 stages leave no room for the weight in shared memory: 79.2;
+#   layer 16-bit 32768 on 1024 threads 92.6, 65536 on 512 93.1, 131072 / 262144 on 256
+#     93.0 / 80.1, 4 stages (81.6 / 76.5 / 71.4 / 62.9);
+#   layer fp32 65536 / 131072, 256 threads, 4 stages: 93.1 / 92.3 (87.4 / 77.7).
+# rms fp32 <= 131072 and layer fp32 at 32768 stay in registers (within a point, or faster);
+# layer fp32 at 262144 too (its 64 KiB chunks leave weight and bias no room: 51-60 %).
 STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
     ("rms", 16): ((65536, 262144, 512, 4),),
-    ("layer", 16): ((32768, 32768, 1024, 4), (32769, 262144, 256, 4)),
+    ("rms", 32): ((131073, 262144, 1024, 2),),
+    ("layer", 16): ((32768, 32768, 1024, 4), (32769, 65536, 512, 4), (65537, 262144, 256, 4)),
     ("layer", 32): ((65536, 131072, 256, 4),),
 }
 _STAGED_FWD_CHUNK_BYTES = 32 * 1024
@@ -348,8 +353,9 @@ _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 
 def staged_fwd_config(n: int, dtype_bits: int, threads: int, stages: int) -> NormConfig | None:
     """The staged forward with ``threads``-thread CTAs and ``stages`` stages on the smallest
-    cluster (1..16) whose chunks hold <= 32 KiB (as many CTAs per SM as fit); None when it
-    is not valid for n (N not cut into 16-byte multiples, too many elements per thread)."""
+    cluster (1..16) whose chunks hold <= 32 KiB (16 CTAs at most: fp32 N = 262144 has 64 KiB
+    chunks), as many CTAs per SM as fit; None when it is not valid for n (N not cut into
+    16-byte multiples, too many elements per thread, the stages do not fit)."""
     c = 1
     while c < 16 and _row_bytes(n, dtype_bits) > c * _STAGED_FWD_CHUNK_BYTES:
         c *= 2
