@@ -33,7 +33,7 @@ exchange:         with a cluster (forward, and backward since v2.1): how the CTA
                   l, counted on CTA l's mbarrier (one per reduction), and each CTA waits
                   on its own mbarrier only (softmax's v2 exchange, docs/kernels/softmax.md).
                   The persistent backward alternates two mbarriers over its rows.
-stages:           backward only (v2.4): 0 keeps the row in registers (above); S >= 1
+stages:           backward (v2.4) and forward (v2.6): 0 keeps the row in registers (above); S >= 1
                   stages rows of x and dy (and dsum when fused) in shared memory: thread 0
                   brings each row in with bulk asynchronous copies (cp.async.bulk
                   global -> shared, completing on the stage's mbarrier), S rows ahead of
@@ -44,11 +44,13 @@ stages:           backward only (v2.4): 0 keeps the row in registers (above); S 
                   chunks of a multiple of 16 bytes; the bytes in flight no
                   longer depend on registers. Shared memory: S x 2 rows (3 with dsum, with
                   fewer stages if they would not fit; ``staged_stages``).
-                  Forward (v2.6, prepared, not measured; never a default): the same staging
-                  for x (and the residual when fused): S x 1 row chunks (2 with the
-                  residual, fewer stages if they would not fit), the statistics read from
-                  shared memory, y (and x + residual) written from it; persistent like the
-                  staged backward (``staged_fwd_groups``). ``early_weight`` does not apply.
+                  Forward (v2.6; the default for long rows since v2.7, ``STAGED_FWD``):
+                  the same staging for x (and the residual when fused): S x 1 row chunks
+                  (2 with the residual, fewer stages if they would not fit), each thread's
+                  share read once into registers, the stage refilled after the row's first
+                  reduction, y (and x + residual) written from registers; persistent like
+                  the staged backward (``staged_fwd_groups``). ``early_weight`` does not
+                  apply.
 """
 
 from __future__ import annotations
@@ -661,7 +663,7 @@ def longrow_staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     return out
 
 
-# --------------------------------------------------------------------------- v2.6 staged forward (not a default)
+# --------------------------------------------------------------------------- v2.6 staged forward
 
 
 def staged_fwd_groups(cfg: NormConfig, sm_count: int, max_clusters: int | None = None) -> int:
@@ -682,7 +684,8 @@ def longrow_staged_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     thread, 3 and 2 stages), else and at long N the row split over a cluster: <= 32
     elements per thread at 3 and 2 stages, <= 16 at 3, and the 32 / 3 and 16 / 3 shapes on
     twice the cluster (smaller chunks: more stages of x + residual fit, more CTAs per SM);
-    duplicates collapse. None of them is a default."""
+    duplicates collapse. The defaults (``STAGED_FWD``) come from a wider sweep
+    (bench_norm_staged.py --fwd --deep)."""
     out: list[NormConfig] = []
     if n <= 16384:
         for elems, stages in ((32, 3), (32, 2)):

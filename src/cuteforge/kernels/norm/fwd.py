@@ -7,12 +7,15 @@
 
 One CTA (or one cluster, cluster_n > 1) per R rows; the row stays in registers in x's
 dtype (common.py), so x (and residual) are read once and y (and s) written once. The
-statistics are fp32; LayerNorm's variance is the exact two-pass form over registers
-(no E[x^2] - E[x]^2 cancellation). rstd (and mean) are stored per row for the backward.
+statistics are fp32; LayerNorm's variance is the two-pass form over registers (no
+E[x^2] - E[x]^2 cancellation): over a cluster (v2.7) each warp centres on its own mean and
+one exchange merges the warps' (sum, M2) pairs (common.make_moments_fold), a padded row
+takes two exchanges (sum, then the squares centred on the row mean). rstd (and mean) are
+stored per row for the backward.
 Rows past M (last CTA) re-read row M-1 so every lane joins the shuffles; they store
 nothing.
 
-``stages > 0`` (v2.6, ``make_norm_fwd_staged``; prepared, not measured, never a default):
+``stages > 0`` (v2.6, ``make_norm_fwd_staged``; the long-row default since v2.7):
 the rows come through shared memory, with the staged backward's machinery (common.py's
 ``make_stage_issue``): a persistent grid of Q CTA groups (clusters), thread 0 of each
 CTA brings its N / cluster_n chunk of row j of x (and the residual) into stage j % S
