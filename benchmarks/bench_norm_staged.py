@@ -83,19 +83,25 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, s
 
 def deep_fwd_candidates(n: int, bits: int) -> list[Any]:
     """--deep: every cluster-staged forward shape with 8..64 elements per thread: clusters
-    of 2..16 CTAs of 256 / 512 / 1024 threads at 2, 3, 4 and 6 stages (those that fit
-    whole), as many CTAs per SM as fit."""
+    of 2..16 CTAs of 256 / 512 / 1024 threads at 1, 2, 3, 4 and 6 stages (those that fit
+    whole), as many CTAs per SM as fit, and one-stage shapes at one CTA per SM too (room
+    for weight and bias in shared memory)."""
+    from dataclasses import replace
+
     from cuteforge.kernels.norm.config import staged_config
 
     out = []
     for c in (2, 4, 8, 16):
         for t in (256, 512, 1024):
-            for s in (2, 3, 4, 6):
+            for s in (1, 2, 3, 4, 6):
                 if not 8 <= n // c // t <= 64:
                     continue
                 cfg = staged_config(n, bits, 64, s, threads=t, cluster_n=c, backward=False)
-                if cfg is not None and cfg.stages == s and cfg not in out:
-                    out.append(cfg)
+                if cfg is None or cfg.stages != s:
+                    continue
+                for c_ in (cfg, replace(cfg, ctas_per_sm=1)) if s == 1 else (cfg,):
+                    if c_ not in out:
+                        out.append(c_)
     return out
 
 
