@@ -338,6 +338,30 @@ def warp_sum(val):
     return val
 
 
+def make_warp_moments(tile: Tile, nacc: int, inv_nw: float):
+    """@cute.jit moments(frag, tot, acc) -> (the warp's sum, the warp's squares centred on its
+    own mean), the inputs of ``make_moments_mbar`` / ``make_allreduce_mbar_rows(moments=True)``:
+    ``tot`` is the thread's sum of its fragment ``frag`` ((vec, KT1) of ``tile``, every slot
+    owned: ``moments_exchange_ok``), ``acc`` an fp32 register scratch of ``nacc`` chains,
+    ``inv_nw`` 1 / (elements per warp)."""
+
+    @cute.jit
+    def moments(frag: cute.Tensor, tot, acc: cute.Tensor):
+        wsum = warp_sum(tot)
+        wmean = wsum * Float32(inv_nw)
+        acc.fill(0.0)
+        for k in cutlass.range_constexpr(tile.KT1):
+            for v in cutlass.range_constexpr(tile.width(k)):
+                d = frag[v, k].to(Float32) - wmean
+                acc[v % nacc] = acc[v % nacc] + d * d
+        m2 = acc[0]
+        for v in cutlass.range_constexpr(1, nacc):
+            m2 = m2 + acc[v]
+        return wsum, warp_sum(m2)
+
+    return moments
+
+
 def moments_exchange_ok(tile: Tile) -> bool:
     """Whether LayerNorm's statistics may go through one moments exchange
     (``make_moments_mbar``) on this tile: whole warps per row and no padded slots, so

@@ -45,12 +45,12 @@ from .common import (
     make_row_io,
     make_stage_barrier_init,
     make_stage_issue,
+    make_warp_moments,
     mbar_tx_bytes,
     moments_exchange_ok,
     persistent_group,
     reduce_smem_elems,
     staged_smem,
-    warp_sum,
 )
 from .config import (
     SMEM_PER_BLOCK,
@@ -110,7 +110,7 @@ def make_norm_fwd(
     n_red = 2 if is_ln and not moments else 1  # reductions per launch (mbar: one slot and mbarrier each)
     allreduce_m = make_allreduce_mbar(tile) if use_mbar and not moments else None
     moments_m = make_moments_mbar(tile) if moments else None
-    inv_nw = tile.S / n  # 1 / (elements per warp) when moments
+    warp_moments = make_warp_moments(tile, tile.vec, tile.S / n) if moments else None
     tx_bytes = mbar_tx_bytes(tile) * (2 if moments else 1)
     # With a bias on a one-CTA row, y is formed column by column (weight and bias column
     # k loaded, y column k stored) instead of loading both whole rows and storing the
@@ -203,17 +203,8 @@ def make_norm_fwd(
         mean = Float32(0.0)
         if cutlass.const_expr(moments):
             # the warp's sum, then its squares centred on the warp's own mean, one exchange
-            wsum = warp_sum(tot)
-            wmean = wsum * Float32(inv_nw)
-            acc.fill(0.0)
-            for k in cutlass.range_constexpr(KT1):
-                for v in cutlass.range_constexpr(tile.vec):
-                    d = xr[v, k].to(Float32) - wmean
-                    acc[v] = acc[v] + d * d
-            m2 = acc[0]
-            for v in cutlass.range_constexpr(1, tile.vec):
-                m2 = m2 + acc[v]
-            tot, m2 = moments_m(wsum, warp_sum(m2), buf, mbar, r, t, cta)
+            wsum, wm2 = warp_moments(xr, tot, acc)
+            tot, m2 = moments_m(wsum, wm2, buf, mbar, r, t, cta)
             mean = tot * Float32(inv_n)
             tot = m2
         elif cutlass.const_expr(use_mbar):
@@ -355,12 +346,13 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     is_ln = kind == "layer"
     inv_n = 1.0 / n
     moments = False
-    inv_nw = 0.0
+    warp_moments = None
     if C > 1:
         xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
         # LayerNorm: mean and variance in one exchange (per-warp moments, Chan's merge)
         moments = is_ln and moments_exchange_ok(xtile)
-        inv_nw = xtile.S / n
+        if moments:  # the chunk's warps each hold n / xtile.S elements
+            warp_moments = make_warp_moments(tile, min(vec, 4), xtile.S / n)
         allreduce_m = make_allreduce_mbar_rows(xtile, 2 if moments else 1, moments=moments)
         xtx = mbar_tx_bytes(xtile) * (2 if moments else 1)
         n_smem = reduce_smem_elems(xtile, 2)
@@ -385,7 +377,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
     padded = bool(tile.REM or tile.TAIL)
-    NACC = min(V, 4)  # independent chains per row sum
+    NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
     QMAX = int(groups) if groups else device_fwd_groups(config)
     _bounds: dict = {"max_number_threads": [T, 1, 1]}
     if config.ctas_per_sm > 1:
@@ -493,17 +485,8 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             mean = Float32(0.0)
             if cutlass.const_expr(moments):
                 # pass 2 before the exchange: squares centred on the warp's own mean
-                wsum = warp_sum(tot)
-                wmean = wsum * Float32(inv_nw)
-                acc.fill(0.0)
-                for k in cutlass.range_constexpr(KT1):
-                    for v in cutlass.range_constexpr(tile.width(k)):
-                        d = xc[v, k].to(Float32) - wmean
-                        acc[v % NACC] = acc[v % NACC] + d * d
-                m2 = acc[0]
-                for v in cutlass.range_constexpr(1, NACC):
-                    m2 = m2 + acc[v]
-                tot, m2 = _moments(wsum, warp_sum(m2), buf, xbar, it, tidx, cta)
+                wsum, wm2 = warp_moments(xc, tot, acc)
+                tot, m2 = _moments(wsum, wm2, buf, xbar, it, tidx, cta)
                 mean = tot * Float32(inv_n)
                 tot = m2
             else:
