@@ -4,13 +4,15 @@ in one process on the same inputs. bf16 in, bf16 out, fp32 accumulate; A row-maj
 
 Writes benchmarks/results/<gpu>-gemm.json (or --out) with the command; the file is
 rewritten after every shape so a run cut short still leaves its measurements.
-torch.compile max-autotune is not a contender here: its per-shape autotuning takes
-minutes, more than the GPU time this benchmark gets.
+torch.compile max-autotune (Inductor's Triton GEMM templates against cuBLAS, with the
+epilogue fused into the template) is the "compile" set, at --compile-shapes only: its
+autotuning takes about a minute per shape and graph.
 
     python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,sweep] [--out FILE]
     python benchmarks/bench_gemm.py --set episweep --sweep-epilogue gelu --sweep-shapes 8192x8192x8192
     python benchmarks/bench_gemm.py --set fp8,fp8sweep --fp8-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --set custom --shapes 65536x128x4096,1024x1024x1024
+    python benchmarks/bench_gemm.py --set compile --compile-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --out benchmarks/results/h200-gemm.json --plot benchmarks/results/h200-gemm.png
 
 fp8 (not in the default sets): e4m3 x e4m3 with per-tensor scales, bf16 out, against
@@ -234,6 +236,54 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
     return rows
 
 
+def compiled(shapes: list[tuple[int, int, int]]) -> list[dict]:
+    """torch.compile(mode="max-autotune-no-cudagraphs") as a contender: a @ b against cuBLAS
+    and cuteforge, and gelu(a @ b + bias) (Inductor fuses bias and gelu into its template's
+    epilogue when a template wins) against cuBLAS addmm + eager gelu and cuteforge's fused
+    epilogue. Each graph is compiled (and autotuned) once per shape before timing; the
+    compile seconds are recorded."""
+    return [compiled_one(m, n, k, epi) for m, n, k in shapes for epi in ("none", "bias+gelu")]
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def compiled_one(m: int, n: int, k: int, epi: str) -> dict:
+    a, b = _inputs(m, n, k)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    row: dict[str, Any] = {"M": m, "N": n, "K": k, "epilogue": epi}
+    if epi == "none":
+        base, ref_fn, ours = "cublas", lambda: torch.matmul(a, b), lambda: gemm(a, b)
+        graph = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs", dynamic=False)
+        comp = lambda: graph(a, b)  # noqa: E731
+    else:
+        base, ref_fn = "cublas_eager", lambda: _gelu(torch.addmm(bias, a, b))
+        ours = lambda: gemm(a, b, bias=bias, epilogue="gelu")  # noqa: E731
+        graph = torch.compile(lambda a, b, bias: _gelu(a @ b + bias), mode="max-autotune-no-cudagraphs", dynamic=False)
+        comp = lambda: graph(a, b, bias)  # noqa: E731
+    fns: dict[str, Any] = {base: ref_fn}
+    ref = ref_fn()
+    for name, fn in (("cuteforge", ours), ("compile_max_autotune", comp)):
+        t = time.time()
+        try:
+            row[f"{name}_rel_err"] = _err(fn(), ref)  # the compile's first call also autotunes
+            fns[name] = fn
+        except Exception as e:  # noqa: BLE001 - a failure is a finding, recorded
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        row[f"{name}_first_call_seconds"] = round(time.time() - t, 1)
+    for name, ms in measure(fns).items():
+        row[f"{name}_TFLOPs"] = tflops(m, n, k, ms)
+    for name in ("cuteforge", "compile_max_autotune"):
+        if f"{name}_TFLOPs" in row:
+            row[f"{name}_vs_{base}"] = round(row[f"{name}_TFLOPs"] / row[f"{base}_TFLOPs"], 3)
+    if "cuteforge_TFLOPs" in row and "compile_max_autotune_TFLOPs" in row:
+        row["cuteforge_vs_compile"] = round(row["cuteforge_TFLOPs"] / row["compile_max_autotune_TFLOPs"], 3)
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: bool = False,
           act: str | None = None) -> list[dict]:
     """Every candidate config at a few shapes: what the default and the tuner should pick.
@@ -377,6 +427,7 @@ def main() -> None:
     p.add_argument("--fp8-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the fp8 and fp8sweep sets")
     p.add_argument("--sweep-epilogue", default="gelu",
                    help="act of the 'episweep' set (bias + act fused): gelu, silu, relu, or none (bias only)")
+    p.add_argument("--compile-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the 'compile' set")
     p.add_argument("--out")
     p.add_argument("--plot", help="write a PNG of a results JSON (given as --out) and exit; no GPU needed")
     args = p.parse_args()
@@ -400,7 +451,7 @@ def main() -> None:
         "quack": getattr(sys.modules.get("quack"), "__version__", None),
         "layout": "A (M,K) row-major, B = W.t() with W (N,K): TN; bf16 in/out, fp32 accumulate",
         "timing": "cuteforge.timing.bench: CUDA events, L2 flushed before each rep, median",
-        "torch_compile": "not measured (max-autotune tuning per shape exceeds this run's GPU time)",
+        "torch_compile": "the 'compile' set: torch.compile(mode='max-autotune-no-cudagraphs') at --compile-shapes",
     }
     t0 = time.time()
     sets = args.set.split(",")
@@ -418,6 +469,9 @@ def main() -> None:
         result["epilogue_config_sweep"] = []
         sweep(_shapes(args.sweep_shapes), result["epilogue_config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)),
               act=args.sweep_epilogue)
+    if "compile" in sets:
+        result["compile"] = compiled(_shapes(args.compile_shapes))
+        out.write_text(json.dumps(result, indent=1))
     if "fp8" in sets:
         result["fp8"] = fp8_rows(_shapes(args.fp8_shapes))
         out.write_text(json.dumps(result, indent=1))
