@@ -8,6 +8,7 @@ numerics are checked on the GPU (tests/gpu/test_softmax_gpu.py).
 from __future__ import annotations
 
 import importlib
+import os
 import re
 
 import pytest
@@ -238,7 +239,11 @@ def test_autotune_candidates_validate():
     "cfg, backward, match",
     [
         (SoftmaxConfig(256, 256, 4, "fast"), False, "path="),
-        (SoftmaxConfig(256, 256, 4, "mbar"), True, "forward-only"),
+        (SoftmaxConfig(256, 256, 4, "async"), True, "forward-only"),
+        (SoftmaxConfig(256, 256, 4, "smem"), True, "forward-only"),
+        (SoftmaxConfig(256, 256, 1, "mbar"), True, "needs a cluster"),
+        (SoftmaxConfig(256, 16, 4, "mbar"), True, "multiple of 32"),
+        (SoftmaxConfig(256, 256, 1, "mbar"), True, "needs a cluster"),
         (SoftmaxConfig(256, 256, 1, "smem"), False, "shared memory"),  # 128 KiB of bf16 row per CTA... x2 rows
     ],
 )
@@ -268,7 +273,7 @@ def test_longrow_candidates_valid(n, bits):
         c.validate(n, bits, False, limits_for("sm_90a"))
     d = default_config(n, bits)
     assert d.path == ("async" if n >= V2_FWD_MIN_N[bits] else "regs")
-    assert default_config(n, bits, backward=True).path == "regs"
+    assert default_config(n, bits, backward=True).path == ("mbar" if bits == 16 else "regs")
 
 
 # 16-bit forward from 16385 and fp32 from 131073 default to the v2 async path: the
@@ -370,8 +375,10 @@ def test_v2_registry_build(monkeypatch):
 
     key = BoundKey(("bfloat16", "bfloat16"), (("N", 65536),), (8, 8))
     assert callable(softmax_fwd.get(key, (("mode", "softmax"),), SoftmaxConfig(256, 256, 4, "smem")))
+    bkey = BoundKey(("bfloat16",) * 3, (("N", 65536),), (8,) * 3)
+    assert callable(softmax_bwd.get(bkey, (("mode", "softmax_bwd"),), SoftmaxConfig(256, 256, 4, "mbar")))
     with pytest.raises(ValueError, match="forward-only"):
-        softmax_bwd.get(BoundKey(("bfloat16",) * 3, (("N", 65536),), (8,) * 3), (("mode", "softmax_bwd"),), SoftmaxConfig(256, 256, 4, "mbar"))
+        softmax_bwd.get(bkey, (("mode", "softmax_bwd"),), SoftmaxConfig(256, 256, 4, "async"))
 
 
 def test_warm_path_memo_key():
@@ -405,3 +412,134 @@ def test_warm_path_memo_key():
             sm.softmax_backward(dy, y)
     assert len(calls) == 1
     sm._PLANS.clear()
+
+
+# --------------------------------------------------------------------------- backward, path mbar (chunked.py)
+
+
+def _ptxas_no_spill(ptx: str) -> str:
+    """ptxas -v's report on ptx for sm_90a, asserting it assembles without spills (the test
+    skips where ptxas is not installed)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        try:
+            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                                 capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            pytest.skip("ptxas not installed")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
+    return out.stderr
+
+
+def test_bwd_mbar_validate_and_candidates():
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.softmax.config import LONGROW_BWD_MIN_N, longrow_bwd_candidates
+
+    SoftmaxConfig(256, 256, 4, "mbar").validate(65536, 16, True, limits_for("sm_90a"))
+    with pytest.raises(ValueError, match="sm_80"):
+        SoftmaxConfig(256, 256, 4, "mbar").validate(65536, 16, True, limits_for("sm_80"))
+    with pytest.raises(ValueError, match="elements per thread"):  # 128 per input: the backward's limit is 64
+        SoftmaxConfig(256, 256, 2, "mbar").validate(65536, 16, True)
+    for bits in (16, 32):
+        assert longrow_bwd_candidates(LONGROW_BWD_MIN_N - 1, bits) == []
+        assert all(c.path == "regs" for c in candidate_configs(16384, bits, True))
+        for n in (32768, 65536, 65537, 131072, 262144):
+            cands = longrow_bwd_candidates(n, bits)
+            assert cands and len(set(cands)) == len(cands)
+            assert {c.threads for c in cands} == {256, 512}
+            for c in cands:
+                assert c.path == "mbar" and c.threads == c.threads_per_row and 2 <= c.cluster_n <= 16
+                assert c.elems_per_thread(n) <= 64
+                c.validate(n, bits, True, limits_for("sm_90a"))
+            auto = candidate_configs(n, bits, True)
+            assert auto[0] == default_config(n, bits, True)
+            assert {c for c in auto[1:] if c.path == "mbar"} == set(cands[:4]) - {auto[0]}
+            assert all(c.path in ("regs", "mbar") for c in auto)
+
+
+def _bwd_mbar_compile_cases():
+    from cuteforge.kernels.softmax.config import longrow_bwd_candidates
+
+    out = []
+    for dt, bits in (("bf16", 16), ("f16", 16), ("f32", 32)):
+        for n in (65536, 65537, 262144):
+            vec = 1 if n % 2 else 128 // bits
+            cfgs = longrow_bwd_candidates(n, bits)
+            if n == 65536:
+                cfgs = [*cfgs, SoftmaxConfig(256, 256, 4, "mbar")]  # 64 per input, cluster 4
+            for i, c in enumerate(cfgs):
+                out.append(("softmax_bwd" if i % 2 == 0 else "log_softmax_bwd", dt, n, vec, c))
+    out.append(("log_softmax_bwd", "bf16", 262144, 8, SoftmaxConfig(512, 512, 16, "mbar")))
+    out.append(("softmax_bwd", "f32", 65536, 4, SoftmaxConfig(512, 512, 8, "mbar")))
+    return out
+
+
+@pytest.mark.parametrize("mode, dt, n, vec, cfg", _bwd_mbar_compile_cases())
+def test_bwd_mbar_compile(compiler, mode, dt, n, vec, cfg):
+    """The chunked backward for sm_90a: 16-byte loads of both inputs and 16-byte stores
+    where the row allows, the st.async + mbarrier exchange and no full cluster barrier
+    (release arrive / acquire wait) around it, no register spill."""
+    ptx = compiler(mode, dt, n, vec, cfg)
+    bits = 32 if dt == "f32" else 16
+    if vec * bits == 128:
+        assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx) and re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in ptx
+    assert "mbarrier.try_wait" in ptx and "barrier.cluster.arrive.relaxed" in ptx
+    assert "mbarrier.arrive.expect_tx" in ptx
+    assert not re.search(r"barrier\.cluster\.arrive(\.release)?(\.aligned)?;", ptx)
+    assert "ex2.approx" in ptx if mode == "log_softmax_bwd" else True
+    _ptxas_no_spill(ptx)
+
+
+def test_bwd_mbar_tx_bytes(compiler):
+    """Each CTA expects one 4-byte partial per warp of every CTA and row of the cluster."""
+    for cfg, n in ((SoftmaxConfig(512, 512, 8, "mbar"), 65536), (SoftmaxConfig(256, 256, 4, "mbar"), 32768)):
+        ptx = compiler("softmax_bwd", "bf16", n, 8, cfg)
+        tx = cfg.threads // 32 * cfg.cluster_n * 4
+        reg = re.search(r"mbarrier\.arrive\.expect_tx\.shared\.b64\s+[^,]+,\s*\[[^\]]+\],\s*(%r\d+);", ptx).group(1)
+        assert re.search(rf"mov\.b32\s+{reg},\s*{tx};", ptx), (reg, tx)
+
+
+@pytest.mark.parametrize("bits", [16, 32])
+def test_bwd_mbar_defaults_for_every_n(bits):
+    """16-bit backward rows of N >= 32768 default to `mbar` (h200-softmax-bwd-mbar.json),
+    fp32 and shorter rows keep `regs`; every default validates for sm_90a at any M, and
+    the measured winners are reproduced."""
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.softmax.config import V2_BWD_MIN_N
+
+    lim = limits_for("sm_90a")
+    for n in _DENSE_NS:
+        for m in (None, 1, 7, 1000, 32768):
+            d = default_config(n, bits, True, m)
+            d.validate(n, bits, True, lim)
+            assert (d.path == "mbar") == (bits == 16 and n >= V2_BWD_MIN_N[16])
+            if d.path == "mbar":
+                assert d.threads == d.threads_per_row == 256 and d.cluster_n >= 2 and d.elems_per_thread(n) <= 64
+    if bits == 16:
+        want = {32768: 4, 65536: 8, 100000: 16, 131072: 16, 131073: 16, 262144: 16}
+        for n, c in want.items():
+            assert default_config(n, 16, True) == SoftmaxConfig(256, 256, c, "mbar")
+
+
+# the 16-bit backward defaults between the measured N (odd N: vector 1; 33..64 per input)
+@pytest.mark.parametrize("mode, dt, n, vec", [
+    ("softmax_bwd", "bf16", 32769, 1),
+    ("log_softmax_bwd", "f16", 100000, 8),
+    ("softmax_bwd", "f16", 131073, 1),
+    ("softmax_bwd", "f16", 262144, 8),
+    ("log_softmax_bwd", "bf16", 262144, 8),
+])
+def test_bwd_mbar_default_compiles(compiler, mode, dt, n, vec):
+    cfg = default_config(n, 16, True)
+    assert cfg.path == "mbar"
+    ptx = compiler(mode, dt, n, vec, cfg)
+    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in ptx
+    assert not re.search(r"barrier\.cluster\.arrive(\.release)?(\.aligned)?;", ptx)
+    _ptxas_no_spill(ptx)

@@ -32,8 +32,18 @@ def _rows(m, n):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _warm_kernels():
-    """Compile this module's kernels in parallel worker processes before the tests load them."""
+def _warm_kernels(request):
+    """Compile this module's kernels in parallel worker processes before the tests load them
+    (not when only the backward mbar tests run: they warm their own)."""
+    mine = [it for it in request.session.items if it.module is request.module]
+    if mine and all("bwd_mbar" in it.name for it in mine):
+        yield
+        return
+    _compile_missing(_problem_jobs(_module_problems()))  # a kernel that fails to build fails its own tests below
+    yield
+
+
+def _module_problems() -> list[tuple[str, torch.dtype, int, int]]:
     probs = []
     for mode in MODES:
         for dt in DTYPES:
@@ -41,8 +51,27 @@ def _warm_kernels():
                 for m in (1, 3, 37, _large_m(n)):
                     probs.append((mode, dt, m, n))
                     probs.append((mode + "_bwd", dt, m, n))
-    sm.warm(probs)  # a kernel that fails to build fails its own tests below, with its error
-    yield
+    return probs
+
+
+def _problem_jobs(problems: list[tuple[str, torch.dtype, int, int]]) -> list:
+    """The compile jobs `sm.warm(problems)` would run (contiguous rows, the ops' configs),
+    deduplicated, for `_compile_missing` (which skips what the disk cache holds, so
+    pytest-xdist workers do not all recompile the module's kernels)."""
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob
+    from cuteforge.kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
+    from cuteforge.signature import BoundKey, dtype_name, vector_width
+
+    arch = target_arch()
+    jobs = {}
+    for mode, dt, m, n in problems:
+        bwd = mode.endswith("_bwd")
+        vec = vector_width(0, (n,), dt.itemsize)
+        key = BoundKey((dtype_name(dt),) * (3 if bwd else 2), (("N", n),), (vec,) * (3 if bwd else 2))
+        cfg = config_for(arch, n, dt.itemsize * 8, bwd, m)
+        jobs[CompileJob.of(softmax_bwd if bwd else softmax_fwd, key, (("mode", mode),), cfg, arch)] = None
+    return list(jobs)
 
 
 def _ref(mode: str, x: torch.Tensor) -> torch.Tensor:
@@ -401,3 +430,137 @@ def test_v2_defaults_between_measured_points(n: int, dtype: torch.dtype) -> None
         for m in (1, 300):
             x = 3 * torch.randn(m, n, device="cuda", dtype=dtype)
             _assert_matches(getattr(ops, mode)(x), x, mode)
+
+
+# --------------------------------------------------------------------------- backward, path mbar
+# SoftmaxConfig(path="mbar") for softmax_bwd / log_softmax_bwd (chunked.make_softmax_chunked_bwd):
+# every long-row backward candidate, launched through the registered kernel.
+
+BWD_MBAR_NS = [32768, 65537, 131072, 262144]
+
+
+def _bwd_mbar_cases() -> list[tuple[int, torch.dtype, object]]:
+    from cuteforge.kernels.softmax.config import longrow_bwd_candidates
+
+    return [(n, dt, c) for dt in DTYPES for n in BWD_MBAR_NS for c in longrow_bwd_candidates(n, dt.itemsize * 8)]
+
+
+_VIEW_CFGS = [(256, 8), (512, 4)]  # (threads, cluster_n) of the strided-view test, N = 65536
+
+
+def _bwd_mbar_jobs() -> list:
+    """Compile jobs of every kernel the bwd_mbar tests launch (contiguous rows and views)."""
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob
+    from cuteforge.kernels.softmax import SoftmaxConfig
+    from cuteforge.kernels.softmax.spec import softmax_bwd
+    from cuteforge.signature import BoundKey, dtype_name, vector_width
+
+    def key(dt, n, vec):
+        return BoundKey((dtype_name(dt),) * 3, (("N", n),), (vec,) * 3)
+
+    todo = [(key(dt, n, vector_width(0, (n,), dt.itemsize)), c) for n, dt, c in _bwd_mbar_cases()]
+    todo += [(key(torch.bfloat16, 65536, v), SoftmaxConfig(t, t, c, "mbar")) for t, c in _VIEW_CFGS for v in (8, 1)]
+    return [CompileJob.of(softmax_bwd, k, (("mode", mode + "_bwd"),), c, target_arch()) for k, c in todo for mode in MODES]
+
+
+def _compile_missing(jobs: list) -> list:
+    """Compile, in parallel workers, the jobs whose object is not in the disk cache yet;
+    returns their outcomes."""
+    from cuteforge.autotune.pool import cached_object, compile_all
+    from cuteforge.kernel import REGISTRY
+
+    missing = []
+    for j in jobs:
+        k = REGISTRY[j.kernel]
+        if cached_object(k, k.spec(j.key, j.params, j.config, arch=j.arch)) is None:
+            missing.append(j)
+    return compile_all(missing)  # a config that fails to build fails its own test, with its error
+
+
+# the ops' 16-bit backward defaults (config._v2_backward) between and at the measured N
+_BWD_DEFAULT_NS = [32768, 32769, 100000, 131073, 262144]
+_BWD_DEFAULT_MS = (1, 300)
+
+
+@pytest.fixture(scope="module")
+def _warm_bwd_mbar():
+    _compile_missing(_bwd_mbar_jobs() + _problem_jobs(_bwd_default_problems()))
+    yield
+
+
+def _bwd_default_problems() -> list[tuple[str, torch.dtype, int, int]]:
+    return [(mode + "_bwd", dt, m, n) for mode in MODES for dt in (torch.bfloat16, torch.float16)
+            for n in _BWD_DEFAULT_NS for m in _BWD_DEFAULT_MS]
+
+
+def _bwd_mbar_ref(mode: str, dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """torch's own softmax / log_softmax backward in fp64 on the (rounded) inputs."""
+    if mode == "softmax":
+        return torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
+    return torch._log_softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
+
+
+def _run_bwd_mbar(mode: str, dy: torch.Tensor, y: torch.Tensor, cfg) -> torch.Tensor:
+    from cuteforge.kernels.softmax.spec import softmax_bwd
+
+    dx = torch.full(dy.shape, float("nan"), device=dy.device, dtype=dy.dtype)  # every element written
+    softmax_bwd(dy, y, dx, config=cfg, mode=mode + "_bwd")
+    return dx
+
+
+def _check_bwd_mbar(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not got.isnan().any()
+    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+    scale = ref.abs().amax().item()
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol * scale)
+    _assert_rel_norm(got, ref, 1e-4 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("n, dtype, cfg", _bwd_mbar_cases(), ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, int) else str(v))
+def test_bwd_mbar_matches_torch(_warm_bwd_mbar, n: int, dtype: torch.dtype, cfg) -> None:
+    for mode in MODES:
+        for m in (1, 7, 300):
+            x = 2 * torch.randn(m, n, device="cuda")
+            y = _ref(mode, x).to(dtype)
+            dy = torch.randn(m, n, device="cuda", dtype=dtype)
+            _check_bwd_mbar(_run_bwd_mbar(mode, dy, y, cfg), _bwd_mbar_ref(mode, dy, y), dtype)
+
+
+@pytest.mark.parametrize("threads, cluster_n", _VIEW_CFGS)
+def test_bwd_mbar_strided_views(_warm_bwd_mbar, threads: int, cluster_n: int) -> None:
+    """Row-strided 2-D views (16-byte rows) and misaligned ones (vector 1), dy and y from
+    different parents, several rows."""
+    from cuteforge.kernels.softmax import SoftmaxConfig
+
+    cfg = SoftmaxConfig(threads, threads, cluster_n, "mbar")
+    n = 65536
+    for mode in MODES:
+        xb = 2 * torch.randn(9, n + 8, device="cuda")
+        yb = _ref(mode, xb[:, :n]).to(torch.bfloat16)
+        ybig = torch.zeros(9, n + 8, device="cuda", dtype=torch.bfloat16)
+        dyb = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
+        for off, rows in ((0, slice(None)), (1, slice(None)), (3, slice(None, None, 2))):
+            ybig.zero_()
+            ybig[:, off:off + n] = yb
+            y, dy = ybig[rows, off:off + n], dyb[rows, off:off + n]
+            assert not y.is_contiguous()
+            _check_bwd_mbar(_run_bwd_mbar(mode, dy, y, cfg), _bwd_mbar_ref(mode, dy, y), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", _BWD_DEFAULT_NS)
+def test_bwd_mbar_defaults_through_op(_warm_bwd_mbar, n: int, dtype: torch.dtype) -> None:
+    """16-bit rows of N >= 32768 take the mbar backward by default: the op's result (the
+    warm path, few rows: a larger cluster) against torch's backward."""
+    from cuteforge.kernels.softmax.config import default_config
+
+    for m in _BWD_DEFAULT_MS:
+        assert default_config(n, 16, True, m).path == "mbar"
+    for mode in MODES:
+        for m in _BWD_DEFAULT_MS:
+            x = 2 * torch.randn(m, n, device="cuda")
+            y = _ref(mode, x).to(dtype)
+            dy = torch.randn(m, n, device="cuda", dtype=dtype)
+            got = (sm.softmax_backward if mode == "softmax" else sm.log_softmax_backward)(dy, y)
+            _check_bwd_mbar(got, _bwd_mbar_ref(mode, dy, y), dtype)

@@ -27,6 +27,14 @@ where v1 reaches only 67-82 % of copy bandwidth on the H200:
 
 Math as in device.py (log2 domain, online (max, sum) merge, torch's -inf / NaN rules).
 Rows past M (last CTA) re-read row M-1 and store nothing.
+
+Backward (``make_softmax_chunked_bwd``, path "mbar" only, modes softmax_bwd /
+log_softmax_bwd): the same chunking and exchange for the one fp32 row sum the backward
+needs (softmax: sum(dy y), dx = y (dy - sum); log_softmax: sum(dy),
+dx = dy - exp(y) sum). Each thread holds its share of y and dy in registers of the
+input dtype (16-bit stays packed), reduces, then converts again for dx; one 4-byte
+value per warp and row goes to every peer (R x W x C x 4 transaction bytes per CTA).
+Padding past N reads as 0 in both inputs (adds nothing to either sum).
 """
 
 from __future__ import annotations
@@ -35,11 +43,11 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64, Uint32
 
 from .config import STAGED_PATHS, SoftmaxConfig
 
-__all__ = ["make_softmax_chunked"]
+__all__ = ["make_softmax_chunked", "make_softmax_chunked_bwd"]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -51,9 +59,13 @@ def _sel(cond, a, b):
 
 
 def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
-    """@cute.jit f(x, y, stream) for mode "softmax" / "log_softmax" and a v2 path."""
+    """@cute.jit f(x, y, stream) for mode "softmax" / "log_softmax" and a v2 path;
+    for "softmax_bwd" / "log_softmax_bwd" (path "mbar" only) f(dy, y, dx, stream), see
+    ``make_softmax_chunked_bwd``."""
+    if mode in ("softmax_bwd", "log_softmax_bwd"):
+        return make_softmax_chunked_bwd(mode, dtype, n, vec, config)
     if mode not in ("softmax", "log_softmax"):
-        raise ValueError(f"path={config.path!r} is forward-only; got mode {mode!r}")
+        raise ValueError(f"unknown softmax mode {mode!r}")
     log = mode == "log_softmax"
     bits = dtype.width
     config.validate(n, bits, False)
@@ -267,3 +279,170 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
             _fwd(x, y).launch(grid=grid, block=(T, 1, 1), stream=stream)
 
     return softmax_fwd_v2
+
+
+def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
+    """@cute.jit f(dy, y, dx, stream) for mode "softmax_bwd" / "log_softmax_bwd", path
+    "mbar" (a cluster of C >= 2 CTAs, contiguous chunks, st.async + mbarrier exchange of
+    one fp32 sum per warp and row). Arguments as device.py's backward."""
+    if mode not in ("softmax_bwd", "log_softmax_bwd"):
+        raise ValueError(f"make_softmax_chunked_bwd: mode must be softmax_bwd or log_softmax_bwd, got {mode!r}")
+    if config.path != "mbar":
+        raise ValueError(f"path={config.path!r} is forward-only; the backward has paths 'regs' and 'mbar'")
+    if dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+        raise ValueError(f"unsupported dtype {dtype}")
+    bits = dtype.width
+    if vec not in (1, 2, 4, 8) or vec * bits > 128:
+        raise ValueError(f"vec={vec} invalid for a {bits}-bit dtype (vec*bits must be <= 128)")
+    if n % vec != 0:
+        raise ValueError(f"n={n} must be a multiple of vec={vec}")
+    log = mode == "log_softmax_bwd"
+    config.validate(n, bits, True)
+    T, P, C = config.threads, config.threads_per_row, config.cluster_n
+    R = T // P
+    G = 32  # validate: P is a multiple of 32 with a cluster
+    W = P // 32
+    S = W * C
+    NV = n // vec
+    KT = -(-NV // (C * P))  # rounds per thread
+    CV = KT * P  # vectors per CTA chunk
+    last = NV - (C - 1) * CV  # vectors of the last CTA's chunk (may be <= 0)
+    KF = max(0, min(KT, last // P))  # rounds full in every CTA: no predicate
+    if KT < 1:
+        raise ValueError(f"cluster_n={C}: n={n} gives a CTA no vector")
+    copy_bits = vec * bits
+    CHUNK = CV * vec  # elements of a CTA's chunk of one row
+    TX_BYTES = R * S * 4  # one fp32 per warp of every CTA of the cluster, per row
+
+    # bf16: the partial (sum(dy y), or sum(dy) for log_softmax) widens bf16 pairs with
+    # integer shifts, not the conversion dx uses after the exchange, so the compiler
+    # cannot merge the two and keep fp32 copies of both inputs live across the exchange:
+    # the inputs stay packed, two per register (ptxas, softmax_bwd: 78 -> 63 registers at
+    # 32 elements per input, 142 -> 127 at 64). fp16 has no such cheap exact widening
+    # (subnormals) and keeps the plain conversion (78 / 142).
+    PACKED = dtype is cutlass.BFloat16 and (vec * KT) % 2 == 0
+    NW = vec * KT // 2
+
+    @cute.jit
+    def _dot_bf16(fa: cute.Tensor, fb: cute.Tensor):
+        wa = cute.recast_tensor(cute.make_tensor(fa.iterator, cute.make_layout((vec * KT,))), Uint32)
+        wb = cute.recast_tensor(cute.make_tensor(fb.iterator, cute.make_layout((vec * KT,))), Uint32)
+        tmp = cute.make_rmem_tensor(cute.make_layout((4,)), Uint32)
+        tf = cute.recast_tensor(tmp, Float32)
+        acc0 = Float32(0.0)
+        acc1 = Float32(0.0)
+        for i in cutlass.range_constexpr(NW):
+            a = wa[i]
+            b = wb[i]
+            tmp[0] = a << 16
+            tmp[1] = a & Uint32(0xFFFF0000)
+            v = tf[0] + tf[1]  # log_softmax_bwd: sum(dy)
+            if cutlass.const_expr(not log):  # softmax_bwd: sum(dy y)
+                tmp[2] = b << 16
+                tmp[3] = b & Uint32(0xFFFF0000)
+                v = tf[0] * tf[2] + tf[1] * tf[3]
+            if cutlass.const_expr(i % 2 == 0):
+                acc0 = acc0 + v
+            else:
+                acc1 = acc1 + v
+        return acc0 + acc1
+
+    @cute.jit
+    def _bfly(a):
+        for step in cutlass.range_constexpr(int(math.log2(G))):
+            a = a + cute.arch.shuffle_sync_bfly(a, offset=G >> (step + 1))
+        return a
+
+    def _chunk_view(row_t: cute.Tensor, t, cta):
+        full = cute.make_tensor(row_t.iterator, cute.make_layout((vec, P, KT, C), stride=(1, vec, vec * P, CHUNK)))
+        return full[None, t, None, cta]
+
+    @cute.jit
+    def _load(atom, src: cute.Tensor, frag: cute.Tensor, base):
+        for k in cutlass.range_constexpr(KT):
+            if cutlass.const_expr(k < KF):
+                cute.copy(atom, src[None, k], frag[None, k])
+            else:
+                for v in cutlass.range_constexpr(vec):
+                    frag[v, k] = dtype(0.0)
+                if base + k * P < NV:
+                    cute.copy(atom, src[None, k], frag[None, k])
+
+    @cute.kernel
+    def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        cta = cute.arch.block_idx_in_cluster()
+        row_block = bidx // C
+        r = tidx // P
+        t = tidx % P
+        row = row_block * R + r
+        m_rows = dy.shape[0]
+        row_c = cutlass.min(row, m_rows - 1)
+
+        smem = cutlass.memory.SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
+        mbar = smem.allocate_array(Int64, 1, byte_alignment=8)
+        if tidx == 0:
+            cute.arch.mbarrier_init(mbar, 1)
+        cute.arch.mbarrier_init_fence()
+        if tidx == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar, TX_BYTES)
+        cute.arch.cluster_arrive_relaxed()
+
+        base = cta * CV + t  # vector index of round 0
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
+        f_dy = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        f_y = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        _load(atom, _chunk_view(dy[row_c, None], t, cta), f_dy, base)
+        _load(atom, _chunk_view(y[row_c, None], t, cta), f_y, base)
+
+        # ---- thread partial, then lanes, then warps / CTAs through the slots
+        part = Float32(0.0)
+        if cutlass.const_expr(PACKED):
+            part = _dot_bf16(f_dy, f_y)
+        elif cutlass.const_expr(log):
+            part = f_dy.load().to(Float32).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        else:
+            part = (f_dy.load().to(Float32) * f_y.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        part = _bfly(part)
+        one = cute.make_rmem_tensor(cute.make_layout((1,)), Float32)
+        one[0] = part
+        word = cute.recast_tensor(one, Int32)
+        lane = tidx % 32
+        cute.arch.cluster_wait()  # every peer's mbarrier initialised and armed
+        if lane < C:  # lane l sends the warp's partial to CTA l
+            cute.arch.store_async_dsmem(red.iterator + (r * S + cta * W + t // 32), word[0], mbar, lane)
+        cute.arch.mbarrier_wait(mbar, 0)
+        tot = Float32(0.0)
+        for i in cutlass.range_constexpr((S + G - 1) // G):
+            if cutlass.const_expr((i + 1) * G <= S):
+                tot = tot + red[r, lane + i * G]
+            else:
+                j = cutlass.min(lane + i * G, S - 1)
+                tot = tot + _sel(lane + i * G < S, red[r, j], Float32(0.0))
+        tot = _bfly(tot)
+
+        # ---- dx from the held inputs, converted again
+        out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        dyv = f_dy.load().to(Float32)
+        yv = f_y.load().to(Float32)
+        if cutlass.const_expr(log):
+            out.store((dyv - cute.math.exp2(yv * LOG2E, fastmath=True) * tot).to(dtype))
+        else:
+            out.store((yv * (dyv - tot)).to(dtype))
+        if row < m_rows:
+            gdx = _chunk_view(dx[row, None], t, cta)
+            for k in cutlass.range_constexpr(KT):
+                if cutlass.const_expr(k < KF):
+                    cute.copy(atom, out[None, k], gdx[None, k])
+                else:
+                    if base + k * P < NV:
+                        cute.copy(atom, out[None, k], gdx[None, k])
+
+    @cute.jit
+    def softmax_bwd_mbar(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor, stream):
+        grid = (cute.ceil_div(dy.shape[0], R) * C, 1, 1)
+        _bwd(dy, y, dx).launch(grid=grid, block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+
+    return softmax_bwd_mbar

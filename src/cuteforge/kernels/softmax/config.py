@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from ...arch import DeviceLimits
 
-__all__ = ["MODES", "PATHS", "SoftmaxConfig", "default_config", "candidate_configs", "longrow_candidates", "is_backward"]
+__all__ = ["MODES", "PATHS", "SoftmaxConfig", "default_config", "candidate_configs", "longrow_candidates", "longrow_bwd_candidates", "is_backward"]
 
 MODES = ("softmax", "log_softmax", "softmax_bwd", "log_softmax_bwd")
 # Forward kernel variants (docs/kernels/softmax.md, v2):
@@ -27,6 +27,8 @@ MODES = ("softmax", "log_softmax", "softmax_bwd", "log_softmax_bwd")
 #   smem   as async, but the row is never held in registers: max, sum and the output
 #          are three passes over shared memory (exponentials recomputed), so registers
 #          stay free and the CTAs per SM are limited by shared memory instead
+#   The backward has regs and mbar (chunked.make_softmax_chunked_bwd: one fp32 sum per
+#   warp and row over st.async; cluster_n >= 2, threads_per_row a multiple of 32).
 PATHS = ("regs", "mbar", "async", "smem")
 STAGED_PATHS = ("async", "smem")
 _SMEM_PER_SM = 227 * 1024
@@ -61,8 +63,9 @@ class SoftmaxConfig:
                       rows per CTA = threads // threads_per_row.
     cluster_n:        CTAs sharing a row (1 = none; 2..16 an sm_90 thread-block
                       cluster, partial reductions exchanged through DSMEM).
-    path:             forward kernel variant, one of PATHS (module comment above);
-                      anything but "regs" is forward-only and sm_90+ with clusters.
+    path:             kernel variant, one of PATHS (module comment above); anything but
+                      "regs" is sm_90+; "async" / "smem" are forward-only, the backward
+                      has "regs" and "mbar" (the latter with a cluster, chunked.py).
     """
 
     threads: int = 128
@@ -113,8 +116,10 @@ class SoftmaxConfig:
         if self.path not in PATHS:
             raise ValueError(f"path={self.path!r}: must be one of {PATHS}")
         if self.path != "regs":
-            if backward:
-                raise ValueError(f"path={self.path!r} is forward-only; the backward kernel has path='regs'")
+            if backward and self.path != "mbar":
+                raise ValueError(f"path={self.path!r} is forward-only; the backward has paths 'regs' and 'mbar'")
+            if backward and c < 2:
+                raise ValueError(f"path='mbar' backward needs a cluster (cluster_n >= 2), got cluster_n={c}; use path='regs'")
             if c > 1 and p % 32:
                 raise ValueError(f"path={self.path!r} with a cluster needs threads_per_row a multiple of 32, got {p}")
             if self.path in STAGED_PATHS and self.smem_bytes(n, dtype_bits) > _SMEM_PER_SM:
@@ -188,6 +193,34 @@ def _v2_forward(n: int) -> SoftmaxConfig:
     return SoftmaxConfig(_V2_THREADS, _V2_THREADS, c, "async")
 
 
+# 16-bit backward rows of at least this many elements take the `mbar` path with
+# 256-thread CTAs (`_v2_backward`). H200, % of copy, softmax_bwd / log_softmax_bwd,
+# benchmarks/results/h200-softmax-bwd-mbar-defaults.json (copy 4278 GB/s; regs = the v1
+# default, mbar = 256 threads at 32 elements per input, 64 at 262144):
+#   N        bf16 regs     bf16 mbar256    fp16 regs     fp16 mbar256
+#   32768    91.1 / 99.3   100.6 / 100.3   94.1 / 99.2   101.1 / 100.5   (c4)
+#   65536    90.6 / 97.9   101.0 / 100.4   91.6 / 98.3   101.1 / 100.9   (c8)
+#   131072   86.6 / 96.0   101.1 / 100.8   88.0 / 96.6   100.7 / 101.0   (c16)
+#   262144   69.2 / 92.9    99.4 / 100.4   70.6 / 93.5    75.1 /  98.8   (c16)
+# (h200-softmax-bwd-mbar.json, the first run, agrees for bf16 within 0.3.) 512-thread
+# CTAs matched these for bf16 but not fp16 softmax_bwd (87.1 at 65536 c4, 84.0 at
+# 131072 c8): fp16 inputs are widened to fp32 registers (only bf16 stays packed, see
+# chunked.py), 78 registers per thread at 32 per input, so one 512-thread CTA per SM.
+# fp32 keeps `regs`: mbar was level there (101-102 % up to 131072 either way; 262144
+# regs 93.8 / 93.4, mbar(512,c16) 93.0 / 96.2). Rows of 16385..32767 were not measured
+# and keep `regs`.
+V2_BWD_MIN_N = {16: 32768, 32: None}
+_V2_BWD_THREADS = 256
+
+
+def _v2_backward(n: int) -> SoftmaxConfig:
+    """The 16-bit long-row backward default: `mbar`, 256-thread CTAs, the smallest
+    cluster that gives a thread <= 32 elements of each input, at most 16 CTAs (rows past
+    131072: 33..64 per input)."""
+    c = max(2, _pow2_ceil(-(-n // (_V2_BWD_THREADS * 32))))
+    return SoftmaxConfig(_V2_BWD_THREADS, _V2_BWD_THREADS, min(c, 16), "mbar")
+
+
 def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     """What the H200 sweep (docs/kernels/softmax.md) favours: one CTA per row as long as
     it can hold the row (32 elements per thread up to 512 threads, then up to 64 forward;
@@ -195,9 +228,17 @@ def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     hold as much of the row as the registers allow (64 elements per thread forward, 32
     per input backward). Cluster barriers and small per-CTA chunks cost more than fewer
     resident CTAs. Long forward rows (n >= V2_FWD_MIN_N: 16-bit past 16384, fp32 past
-    131072) take the v2 `async` path instead (`_v2_forward`)."""
+    131072) take the v2 `async` path instead (`_v2_forward`), long 16-bit backward rows
+    (n >= 32768) the `mbar` path (`_v2_backward`)."""
     if not backward and n >= V2_FWD_MIN_N[dtype_bits]:
         return _v2_forward(n)
+    if backward and V2_BWD_MIN_N[dtype_bits] is not None and n >= V2_BWD_MIN_N[dtype_bits]:
+        return _v2_backward(n)
+    return _heuristic_regs(n, dtype_bits, backward)
+
+
+def _heuristic_regs(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
+    """The v1 (`regs`) heuristic (see `_heuristic`)."""
     vec = 128 // dtype_bits
     cap = _pow2_ceil(-(-n // vec))  # no thread without a vector
     if backward and _pow2_ceil(-(-n // 16)) <= 256:  # short rows: 16 per input measured best
@@ -253,8 +294,10 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False) -> list[S
     """A few distinct valid configs around the heuristic (the first one) for autotuning."""
     base = default_config(n, dtype_bits, backward)
     out = [base]
-    if base.path != "regs":  # long forward rows: the other v2 paths / cluster sizes first
+    if base.path != "regs" and not backward:  # long forward rows: the other v2 paths / cluster sizes first
         out += [c for c in longrow_candidates(n, dtype_bits) if c != base][:4]
+    if backward:  # long backward rows: the mbar exchange (empty below LONGROW_BWD_MIN_N)
+        out += [c for c in longrow_bwd_candidates(n, dtype_bits) if c != base][:4]
     e0 = TARGET_ELEMS[backward]
     for elems, p_max, c_max in (
         (e0 * 2, 256, 16),
@@ -300,6 +343,38 @@ def longrow_candidates(n: int, dtype_bits: int) -> list[SoftmaxConfig]:
             cfg = SoftmaxConfig(threads, threads, max(1, c), path)
             try:
                 cfg.validate(n, dtype_bits, False, lim)
+            except ValueError:
+                continue
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+LONGROW_BWD_MIN_N = 32768
+
+
+def longrow_bwd_candidates(n: int, dtype_bits: int) -> list[SoftmaxConfig]:
+    """Backward configs of the `mbar` path for long rows (n >= 32768; empty below), which
+    benchmarks/bench_softmax_bwd.py sweeps against the default: 256- and 512-thread CTAs
+    whose cluster (2..16) gives a thread 16 or 32 elements of each input; where even 32
+    needs more than 16 CTAs, the 16-CTA config (up to 64 per input) instead. All valid
+    for (n, dtype_bits) on sm_90."""
+    from ...arch import limits_for
+
+    if n < LONGROW_BWD_MIN_N:
+        return []
+    lim = limits_for("sm_90a")
+    out: list[SoftmaxConfig] = []
+    for threads in (256, 512):
+        cs = [_pow2_ceil(-(-n // (threads * e))) for e in (16, 32)]
+        if all(c > 16 for c in cs):
+            cs = [16]
+        for c in cs:
+            if c > 16 or c < 2:
+                continue
+            cfg = SoftmaxConfig(threads, threads, c, "mbar")
+            try:
+                cfg.validate(n, dtype_bits, True, lim)
             except ValueError:
                 continue
             if cfg not in out:

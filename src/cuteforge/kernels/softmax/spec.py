@@ -120,4 +120,6 @@ def softmax_bwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
     if mode not in BWD_MODES:
         raise ValueError(f"softmax_bwd: mode must be one of {BWD_MODES}, got {mode!r}")
+    if getattr(spec.config, "path", "regs") == "mbar":  # chunked rows, st.async exchange (chunked.py)
+        return make_softmax_chunked(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config)
     return make_softmax(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config)
