@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+from ptxas_check import ptxas_no_spill
 
 from cuteforge.kernels.norm import NormConfig, candidate_configs, default_config
 
@@ -78,26 +79,6 @@ def _compile(kernel, dtypes, n, vecs, params, cfg=None):
     ptx = res.ptx
     assert isinstance(ptx, str) and ".entry" in ptx
     return spec, ptx
-
-
-def _ptxas_no_spill(ptx: str) -> str:
-    """ptxas -v's report on ptx for sm_90a, asserting it assembles without spills (the test
-    skips where ptxas is not installed)."""
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        try:
-            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
-                                 capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            pytest.skip("ptxas not installed")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
-    return out.stderr
 
 
 @pytest.fixture(scope="module")
@@ -484,7 +465,7 @@ def test_compile_bwd_staged(kernels, kind, xd, wd, n, bias, dsum, t, occ, stages
     assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
     assert not re.search(r"barrier\.cluster|st\.shared::cluster", ptx)
     assert re.search(r"ld\.shared\.v[24]", ptx)
-    _ptxas_no_spill(ptx)
+    ptxas_no_spill(ptx)
 
 
 def test_staged_misaligned_rows_build_the_register_path(kernels):
@@ -593,7 +574,7 @@ def test_compile_bwd_cluster_staged(kernels, kind, xd, wd, n, bias, dsum, cfg):
     assert len(re.findall(r"barrier\.cluster\.arrive", ptx)) == 1
     assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == 1
     assert "%cluster_ctarank" in ptx
-    _ptxas_no_spill(ptx)
+    ptxas_no_spill(ptx)
 
 
 # --------------------------------------------------------------------------- v2.6: staged forward (not a default)
@@ -703,7 +684,7 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
         assert "%cluster_ctarank" in ptx
     else:
         assert not re.search(r"barrier\.cluster|st\.shared::cluster|st\.async", ptx)
-    info = _ptxas_no_spill(ptx)
+    info = ptxas_no_spill(ptx)
     regs = int(re.search(r"Used (\d+) registers", info).group(1))
     assert regs * cfg.threads * cfg.ctas_per_sm <= 65536, regs
 

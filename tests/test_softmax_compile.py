@@ -8,11 +8,11 @@ numerics are checked on the GPU (tests/gpu/test_softmax_gpu.py).
 from __future__ import annotations
 
 import importlib
-import os
 import re
 
 import pytest
 import torch
+from ptxas_check import ptxas_no_spill
 
 from cuteforge.kernels.softmax import MODES, SoftmaxConfig, candidate_configs, default_config
 from cuteforge.kernels.softmax.config import V2_FWD_MIN_N
@@ -417,26 +417,6 @@ def test_warm_path_memo_key():
 # --------------------------------------------------------------------------- backward, path mbar (chunked.py)
 
 
-def _ptxas_no_spill(ptx: str) -> str:
-    """ptxas -v's report on ptx for sm_90a, asserting it assembles without spills (the test
-    skips where ptxas is not installed)."""
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        try:
-            out = subprocess.run(["ptxas", "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
-                                 capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            pytest.skip("ptxas not installed")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr, out.stderr[-600:]
-    return out.stderr
-
-
 def test_bwd_mbar_validate_and_candidates():
     from cuteforge.arch import limits_for
     from cuteforge.kernels.softmax.config import LONGROW_BWD_MIN_N, longrow_bwd_candidates
@@ -494,7 +474,7 @@ def test_bwd_mbar_compile(compiler, mode, dt, n, vec, cfg):
     assert "mbarrier.arrive.expect_tx" in ptx
     assert not re.search(r"barrier\.cluster\.arrive(\.release)?(\.aligned)?;", ptx)
     assert "ex2.approx" in ptx if mode == "log_softmax_bwd" else True
-    _ptxas_no_spill(ptx)
+    ptxas_no_spill(ptx)
 
 
 def test_bwd_mbar_tx_bytes(compiler):
@@ -542,4 +522,4 @@ def test_bwd_mbar_default_compiles(compiler, mode, dt, n, vec):
     ptx = compiler(mode, dt, n, vec, cfg)
     assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in ptx
     assert not re.search(r"barrier\.cluster\.arrive(\.release)?(\.aligned)?;", ptx)
-    _ptxas_no_spill(ptx)
+    ptxas_no_spill(ptx)
