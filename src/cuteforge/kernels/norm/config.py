@@ -158,9 +158,11 @@ class NormConfig:
             # addressing (ptxas -v, sm_90a: 54-64 at 16 elements per thread, no spill)
             return 28 + 2 * e + held // 2
         if not backward and self.stages:
-            # one vector of x / residual / weight / bias / y at a time from shared (or global)
-            # memory, the row sums' chains, addressing
-            return 48 + held // 4
+            # the row share read once from shared memory and held across the reduction
+            # (v2.7), one vector of weight / bias / y at a time, the row sums' chains,
+            # addressing (ptxas 13, sm_90a, the v2.7 defaults: 31-64 at <= 32 elements per
+            # thread, 86-128 for 16-bit LayerNorm at 48-64; no spill)
+            return 48 + held
         if not backward:
             # the input-dtype row, one round of weight/output (or all of it), addressing
             return 40 + held + (held if self.early_weight else e // 2)
