@@ -105,14 +105,40 @@ def deep_fwd_candidates(n: int, bits: int) -> list[Any]:
     return out
 
 
-def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = False) -> list[tuple[str, str, int, Any, bool]]:
+def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = False,
+              cp_async: bool = False) -> list[tuple[str, str, int, Any, bool]]:
     """(op, dtype, n, config, is_default): the forward default and every staged forward
-    candidate (v2.6); with ``deep`` also ``deep_fwd_candidates`` at N >= 32768."""
+    candidate (v2.6); with ``deep`` also ``deep_fwd_candidates`` at N >= 32768. With
+    ``cp_async`` (v2.8) instead: the default, the staged and register long-row defaults,
+    every ``async_fwd_candidates`` config and the register shapes they come from."""
+    from dataclasses import replace
+
     from cuteforge.kernels.norm.config import (
+        async_fwd_candidates,
         default_config,
+        default_register_fwd_config,
         longrow_candidates,
         longrow_staged_fwd_candidates,
     )
+
+    if cp_async:
+        out = []
+        for op in ops:
+            kind = "rms" if op == "rms_norm" else "layer"
+            for dt in dtypes:
+                bits = getattr(torch, dt).itemsize * 8
+                for n in ns:
+                    d = default_config(n, bits, False, kind)
+                    out.append((op, dt, n, d, True))
+                    cands = [default_register_fwd_config(n, bits, kind)]
+                    for c in async_fwd_candidates(n, bits):
+                        cands += [c, replace(c, cp_async=False)]
+                    seen = [d]
+                    for c in cands:
+                        if c not in seen:
+                            seen.append(c)
+                            out.append((op, dt, n, c, False))
+        return out
 
     out = []
     for op in ops:
@@ -141,7 +167,7 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     from cuteforge.kernels.norm.spec import norm_fwd
 
     arch = target_arch()
-    todo = fwd_plans(ops, dtypes, ns, args.deep)
+    todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async)
     tc = time.time()
     jobs = []
     for op, dt, n, c, _ in todo:
@@ -194,7 +220,7 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
         bb = w if b is None else b
         for i, c, d in cfgs:
             r: dict[str, Any] = {"config": repr(c), "threads": c.threads, "cluster_n": c.cluster_n,
-                                 "ctas_per_sm": c.ctas_per_sm, "stages": c.stages, "default": d}
+                                 "ctas_per_sm": c.ctas_per_sm, "stages": c.stages, "cp_async": c.cp_async, "default": d}
             if i in failed:
                 r["error"] = "compile: " + failed[i]
             else:
@@ -236,6 +262,8 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--fwd", action="store_true", help="the staged forward (v2.6) against the forward default")
+    p.add_argument("--cp-async", action="store_true",
+                   help="--fwd: the cp_async register forward (v2.8) shapes and their plain twins instead")
     p.add_argument("--deep", action="store_true",
                    help="--fwd: also every cluster-staged shape and the register long-row candidates at N >= 32768")
     p.add_argument("--ops", default=",".join(OPS))

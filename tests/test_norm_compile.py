@@ -200,20 +200,27 @@ def test_mbar_exchange_validate_and_candidates():
 
 
 def test_long_row_forward_defaults_follow_the_sweep():
-    """The measured winners (h200-longrow-v2.json, h200-norm-staged-fwd-deep.json) per kind
-    and dtype class: rows in registers over a cluster, or (v2.7) staged in 32 KiB chunks,
-    4 stages; odd N keeps the register path; every forward default from N = 1 to 262144
+    """The measured winners (h200-longrow-v2.json, h200-norm-staged-fwd-deep.json,
+    h200-norm-async-fwd.json) per kind and dtype class: rows in registers over a cluster,
+    (v2.7) staged in 32 KiB chunks, 4 stages, or (v2.8, RMSNorm) in registers through
+    cp_async; odd N keeps the plain register path; every forward default from N = 1 to 262144
     (odd N included) validates for sm_90a."""
     from cuteforge.arch import limits_for
 
-    want = {("rms", 16, 32768): (256, 4), ("rms", 32, 65536): (256, 4), ("rms", 32, 131072): (256, 8),
-            ("layer", 32, 32768): (256, 4), ("layer", 32, 262144): (256, 16),
-            ("rms", 16, 65537): (256, 16), ("layer", 16, 65537): (512, 8)}
+    want = {("rms", 32, 32768): (256, 2), ("layer", 32, 32768): (256, 4), ("layer", 32, 262144): (256, 16),
+            ("rms", 16, 65537): (256, 16), ("layer", 16, 65537): (512, 8), ("rms", 32, 65537): (256, 8)}
     for (kind, bits, n), (threads, cluster) in want.items():
         d = default_config(n, bits, kind=kind)
-        assert (d.exchange, d.threads, d.cluster_n, d.stages) == ("mbar", threads, cluster, 0), (kind, bits, n, d)
-    staged = {("rms", 16, 65536): (512, 4, 4), ("rms", 16, 131072): (512, 8, 4), ("rms", 16, 262144): (512, 16, 4),
-              ("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 4),
+        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async) == ("mbar", threads, cluster, 0, False), (kind, bits, n, d)
+    # v2.8 (h200-norm-async-fwd.json): RMSNorm's long rows in registers through cp_async
+    asynced = {("rms", 16, 32768): 4, ("rms", 16, 65536): 8, ("rms", 16, 131072): 16, ("rms", 16, 262144): 16,
+               ("rms", 32, 65536): 8, ("rms", 32, 131072): 16}
+    for (kind, bits, n), cluster in asynced.items():
+        d = default_config(n, bits, kind=kind)
+        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async) == ("mbar", 256, cluster, 0, True), (kind, bits, n, d)
+        cands = candidate_configs(n, bits, kind=kind)
+        assert cands[0] == d and any(c.stages for c in cands) and any(not (c.stages or c.cp_async) for c in cands)
+    staged = {("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 4),
               ("layer", 16, 131072): (256, 8, 4), ("layer", 16, 262144): (256, 16, 4), ("layer", 32, 65536): (256, 8, 4),
               ("layer", 32, 131072): (256, 16, 4)}
     for (kind, bits, n), (threads, cluster, stages) in staged.items():
@@ -698,3 +705,51 @@ def test_staged_fwd_misaligned_rows_build_the_register_path(kernels):
     _, ptx = _compile(fwd, (d, d, d, d, d, d, f, f), 65536, (4, 4, 4, 4, 4, 4, 4, 4),
                       {"kind": "rms", "eps": 1e-6, "has_bias": False, "has_residual": False}, cfg)
     assert "cp.async.bulk" not in ptx
+
+
+# --------------------------------------------------------------------------- v2.8: cp_async register forward
+
+# (kind, x dtype, weight dtype, n, bias, residual, config): rms / layer, bf16 / fp32, a
+# cluster row, a one-CTA row with a partial round (N = 4104), an fp32 weight on bf16 x
+# (8-byte weight vectors: built without cp_async)
+_FWD_ASYNC = [
+    ("rms", "bfloat16", "bfloat16", 32768, False, False, NormConfig(256, 256, 4, 1, exchange="mbar", cp_async=True)),
+    ("layer", "bfloat16", "bfloat16", 262144, True, True, NormConfig(256, 256, 16, 1, exchange="mbar", cp_async=True)),
+    ("layer", "float32", "float32", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", cp_async=True)),
+    ("rms", "float32", "float32", 65536, False, True, NormConfig(256, 256, 8, 1, exchange="mbar", cp_async=True)),
+    # x, residual, weight (and bias) shares of 512 threads x 32 fp32: 256 KiB, more than a CTA may have
+    ("rms", "float32", "float32", 65536, False, True, NormConfig(512, 512, 4, 1, exchange="mbar", cp_async=True)),
+    ("layer", "float16", "float16", 4104, True, True, NormConfig(256, 128, 1, 2, cp_async=True)),
+    ("rms", "bfloat16", "float32", 32768, False, False, NormConfig(256, 256, 4, 1, exchange="mbar", cp_async=True)),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, res, cfg", _FWD_ASYNC)
+def test_compile_fwd_cp_async(kernels, kind, xd, wd, n, bias, res, cfg):
+    """cp_async: every row operand (x, residual, weight, bias) comes in by 16-byte
+    cp.async.cg in two commit groups (waited 1, then 0), read back from shared memory; no
+    register load of them, no spill. An 8-byte weight vector, or shares that would not fit a
+    CTA's shared memory, build the plain register path."""
+    fwd, _ = kernels
+    bits = 32 if xd == "float32" else 16
+    vx = 16 // (bits // 8)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
+    _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
+                      {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
+    from cuteforge.kernels.norm.config import SMEM_PER_BLOCK
+
+    vec = min(vx, vw)  # the kernel's one vector width for every row operand
+    if (vec * (32 if wd == "float32" else 16) != 128 or vec * bits != 128
+            or cfg.smem_bytes(n, False, bits, res) > SMEM_PER_BLOCK):
+        assert "cp.async" not in ptx
+        return
+    assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::128B)? \[", ptx), "no 16-byte cp.async"
+    assert len(re.findall(r"cp\.async\.commit_group", ptx)) == 2
+    assert re.search(r"cp\.async\.wait_group\s+1", ptx) and re.search(r"cp\.async\.wait_group\s+0", ptx)
+    assert not re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)  # no row operand straight to registers
+    assert re.search(r"ld\.shared\.v4", ptx)
+    if cfg.cluster_n > 1:
+        assert len(re.findall(r"st\.async", ptx)) == (2 if kind == "layer" else 1)
+    info = ptxas_no_spill(ptx)
+    print(kind, xd, n, cfg.threads, cfg.cluster_n, re.search(r"Used (\d+) registers", info).group(1))

@@ -869,3 +869,81 @@ def test_staged_fwd_strided_views():
                 for rr in (None, r):
                     got = impl._forward(kind, x, w, None, rr, 1e-5, cfg)
                     _check_fwd(kind, x, w, None, rr, 1e-5, got, torch.bfloat16, f"{kind} view {cfg}")
+
+
+# --------------------------------------------------------------------------- v2.8 cp_async forward
+# NormConfig.cp_async: the register forward with x (and the residual), weight and bias
+# brought into shared memory by 16-byte cp.async at kernel start. Every
+# config.async_fwd_candidates config at N = 32768, 65536, 262144 against the fp64 reference
+# (y, x + residual, mean, rstd), rms without bias / layer with bias, the residual on every
+# other candidate, bf16 / fp16 / fp32, M = 1, 7, 1000 (130 at 262144). Select them with
+# `-k cp_async`.
+
+ASYNC_FWD_NS = [32768, 65536, 262144]
+
+
+def _async_fwd_cases():
+    from cuteforge.kernels.norm.config import async_fwd_candidates
+
+    out = []
+    for kind in KINDS:
+        for dt in DTYPES:
+            for n in ASYNC_FWD_NS:
+                for i, c in enumerate(async_fwd_candidates(n, dt.itemsize * 8)):
+                    out.append((kind, dt, n, c, i % 2 == 1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_async_fwd():
+    """Compile every cp_async forward case in parallel worker processes first."""
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.spec import norm_fwd
+
+    jobs = []
+    for kind, dt, n, c, res in _async_fwd_cases():
+        x = torch.empty(1, n, device="cuda", dtype=dt)
+        w = torch.empty(n, device="cuda", dtype=dt)
+        rs = torch.empty(1, device="cuda")
+        key = norm_fwd.signature.bind((x, w, w, x, x, x, rs, rs), "warm")
+        eps = 1e-6 if kind == "rms" else 1e-5
+        params = (("eps", eps), ("has_bias", kind == "layer"), ("has_residual", res), ("kind", kind))
+        jobs.append(CompileJob.of(norm_fwd, key, params, c, target_arch()))
+    compile_all(jobs)
+    yield
+
+
+@pytest.mark.parametrize("kind, dtype, n, cfg, res", _async_fwd_cases(),
+                         ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
+def test_cp_async_fwd_candidates_match_torch(_warm_norm_async_fwd, kind, dtype, n, cfg, res):
+    from cuteforge.ops import norm as impl
+
+    eps = 1e-6 if kind == "rms" else 1e-5
+    for m in (1, 7, 1000 if n < 262144 else 130):
+        x, w, b, r = _inputs(m, n, dtype, bias=kind == "layer", res=res, seed=m)
+        x = x + 3.0  # a mean far from 0: LayerNorm's centred variance must not cancel
+        got = impl._forward(kind, x, w, b, r, eps, cfg)
+        _check_fwd(kind, x, w, b, r, eps, got, dtype, f"{cfg} m={m}")
+        del got
+
+
+def test_cp_async_fwd_partial_rounds_views_and_fp32_weight():
+    """cp_async on one-CTA rows with a partial round (N = 4104: some threads own one vector
+    fewer), many rows per CTA, a row-strided aligned view (cp_async) and a misaligned one
+    (built without it), and an fp32 weight on bf16 x (8-byte vectors: built without it)."""
+    from cuteforge.kernels.norm import NormConfig
+    from cuteforge.ops import norm as impl
+
+    for n, cfg in ((4104, NormConfig(256, 128, 1, 2, cp_async=True)), (4104, NormConfig(256, 64, 1, 2, cp_async=True)),
+                   (65536, NormConfig(256, 256, 8, 1, exchange="mbar", cp_async=True))):
+        for kind in KINDS:
+            for wd in (torch.bfloat16, torch.float32):
+                x, w, b, r = _inputs(301, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", res=True, seed=7)
+                got = impl._forward(kind, x, w, b, r, 1e-5, cfg)
+                _check_fwd(kind, x, w, b, r, 1e-5, got, torch.bfloat16, f"{kind} {n} {wd} {cfg}")
+            base = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            for xv in (base[:, :n], base[::2, 3:n + 3]):
+                got = impl._forward(kind, xv, w, None, None, 1e-5, cfg)
+                _check_fwd(kind, xv, w, None, None, 1e-5, got, torch.bfloat16, f"{kind} view {cfg}")

@@ -126,15 +126,62 @@ class Tile:
         return "tail"
 
 
+def row_view(tile: Tile, row: cute.Tensor) -> cute.Tensor:
+    """(vec, virtual thread, round) view of the vectorised part of a row."""
+    v, pt = tile.vec, tile.PT
+    return cute.make_tensor(row.iterator, cute.make_layout((v, pt, tile.KT), stride=(1, v, v * pt)))
+
+
+def make_row_async(tile: Tile):
+    """The register forward's ``cp_async`` loads (v2.8): @cute.jit (share, issue, fetch_col).
+
+    ``share(smem, dtype, tidx)`` allocates a (vec, T, KT) shared-memory tensor (16-byte slot
+    (v, t, k) of thread t, round k: a warp's 32 slots of one round are 512 consecutive
+    bytes) and returns the calling thread's (vec, KT) slice; ``issue(row, sv, g)`` copies
+    virtual thread g's share of ``row`` (as ``make_row_io``'s ``load`` would read it) into
+    ``sv`` with 16-byte ``cp.async.cg`` (the caller commits and waits); ``fetch_col(sv,
+    frag, g, k)`` moves column k into the register fragment (slots g does not own are left
+    as they are). Rows of whole 16-byte vectors only (no tail scalar)."""
+    vec, K, REM, KT, T = tile.vec, tile.K, tile.REM, tile.KT, tile.T
+    if tile.TAIL:
+        raise ValueError(f"cp_async loads need rows of whole vectors ({tile})")
+
+    def share(smem, dtype, tidx) -> cute.Tensor:
+        if vec * dtype.width != 128:
+            raise ValueError(f"cp_async loads move 16-byte vectors: vec={vec} x {dtype.width} bits")
+        buf = smem.allocate_tensor(dtype, cute.make_layout((vec, T, KT), stride=(1, vec, vec * T)), byte_alignment=128)
+        return buf[None, tidx, None]
+
+    @cute.jit
+    def issue(row: cute.Tensor, sv: cute.Tensor, g):
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), row.element_type,
+                                   num_bits_per_copy=128)
+        thr = row_view(tile, row)[None, g, None]
+        for k in cutlass.range_constexpr(K):
+            cute.copy(atom, thr[None, k], sv[None, k])
+        if cutlass.const_expr(REM > 0):
+            if g < REM:
+                cute.copy(atom, thr[None, K], sv[None, K])
+
+    @cute.jit
+    def fetch_col(sv: cute.Tensor, frag: cute.Tensor, g, k: cutlass.Constexpr):
+        if cutlass.const_expr(k < K):
+            cute.autovec_copy(sv[None, k], frag[None, k])
+        else:
+            if g < REM:
+                cute.autovec_copy(sv[None, K], frag[None, K])
+
+    return share, issue, fetch_col
+
+
 def make_row_io(tile: Tile):
     """@cute.jit helpers (load, store, store_scalar, load_col, store_col) for one Tile;
     load_col / store_col move one fragment column k (a Constexpr) of what load / store move."""
-    vec, PT, K, REM, KT, TAIL, NV = tile.vec, tile.PT, tile.K, tile.REM, tile.KT, tile.TAIL, tile.NV
+    vec, K, REM, KT, TAIL, NV = tile.vec, tile.K, tile.REM, tile.KT, tile.TAIL, tile.NV
     padded = bool(REM or TAIL)
 
     def _view(row: cute.Tensor) -> cute.Tensor:
-        # (vec, virtual thread, round) view of the vectorised part of a row
-        return cute.make_tensor(row.iterator, cute.make_layout((vec, PT, KT), stride=(1, vec, vec * PT)))
+        return row_view(tile, row)
 
     @cute.jit
     def load(row: cute.Tensor, frag: cute.Tensor, g):

@@ -51,11 +51,18 @@ stages:           backward (v2.4) and forward (v2.6): 0 keeps the row in registe
                   reduction, y (and x + residual) written from registers; persistent like
                   the staged backward (``staged_fwd_groups``). ``early_weight`` does not
                   apply.
+cp_async:         forward only, row in registers (stages = 0; v2.8): the row share (and the
+                  residual's), weight and bias come through shared memory with 16-byte
+                  cp.async copies issued at kernel start (weight and bias in a second
+                  commit group, waited for only before the output), so no register is held
+                  by a load in flight and the weight's latency is off the critical path.
+                  Each thread reads back only what it copied (no barrier). Rows of 16-byte
+                  vectors only; other rows build the same config without it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...arch import DeviceLimits
 
@@ -78,6 +85,7 @@ __all__ = [
     "staged_fwd_config",
     "default_register_fwd_config",
     "longrow_staged_fwd_candidates",
+    "async_fwd_candidates",
 ]
 
 EXCHANGES = ("barrier", "mbar")
@@ -143,6 +151,7 @@ class NormConfig:
     early_weight: bool = False
     exchange: str = "barrier"
     stages: int = 0
+    cp_async: bool = False
 
     @property
     def rows_per_cta(self) -> int:
@@ -183,7 +192,14 @@ class NormConfig:
             rows = staged_rows(backward, has_dsum)
             # each CTA of a cluster stages its own contiguous N / cluster_n chunk of the row
             staged = s * rows * _row_bytes(n // c_, dtype_bits) + 8 * s + 128  # + mbarriers, alignment
-        return red + acc + (16 if self.exchange == "mbar" else 0) + staged
+        shares = 0
+        if self.cp_async:
+            # x, weight and bias (and with has_dsum the residual): each thread's whole share
+            # of its row, in 16-byte vectors
+            vec_e = 128 // dtype_bits
+            rounds = -(-elems_per_thread(n, self.threads_per_row, self.cluster_n) // vec_e)
+            shares = (4 if has_dsum else 3) * self.threads * rounds * 16
+        return red + acc + (16 if self.exchange == "mbar" else 0) + staged + shares
 
     def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None, backward: bool = False) -> None:
         """Raise ValueError if this config cannot run rows of n elements."""
@@ -210,6 +226,9 @@ class NormConfig:
             raise ValueError("early_weight is a forward-only knob")
         if self.early_weight and self.stages:
             raise ValueError("early_weight is a knob of the register forward; the staged forward reads the weight per column")
+        if self.cp_async and (backward or self.stages or self.early_weight):
+            raise ValueError("cp_async is a knob of the register forward (not the backward, the staged "
+                             "forward or early_weight, which it replaces)")
         if self.reload and self.prefetch:
             raise ValueError("prefetch keeps the next rows in registers; reload is for when they do not fit")
         if not isinstance(self.ctas_per_sm, int) or not 1 <= self.ctas_per_sm <= 32:
@@ -251,8 +270,8 @@ class NormConfig:
                 raise ValueError(f"cluster_n={c}: sm_{limits.sm} allows clusters of at most {limits.max_cluster_size}")
             if smem > limits.smem_per_block:
                 raise ValueError(f"shared memory {smem} B > {limits.smem_per_block} B")
-        elif smem > (SMEM_PER_BLOCK if self.stages else 48 * 1024):
-            raise ValueError(f"shared memory {smem} B > {'227' if self.stages else '48'} KiB")
+        elif smem > (SMEM_PER_BLOCK if self.stages or self.cp_async else 48 * 1024):
+            raise ValueError(f"shared memory {smem} B > {'227' if self.stages or self.cp_async else '48'} KiB")
 
 
 # Long-row forward with the mbarrier exchange (v2, docs/kernels/norm.md): which N take
@@ -305,6 +324,28 @@ def longrow_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     return out
 
 
+def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
+    """cp_async forward configs (v2.8) worth timing at long N (bench_norm_staged.py --fwd
+    --cp-async): the mbar-exchange shapes of ``v2_forward_config`` with 256-thread CTAs at
+    <= 16 / 32 / 64 elements per thread and 512- / 1024-thread CTAs at <= 32 / 64, with
+    cp_async; those that do not fit (registers, shared memory) left out."""
+    out: list[NormConfig] = []
+    if n % (128 // dtype_bits):
+        return out  # not rows of 16-byte vectors: cp_async never applies
+    for threads, elems in ((256, 32), (256, 64), (256, 16), (512, 32), (512, 64), (1024, 32)):
+        cfg = v2_forward_config(n, dtype_bits, threads, elems)
+        if cfg is None:
+            continue
+        cfg = replace(cfg, cp_async=True)
+        try:
+            cfg.validate(n, dtype_bits)
+        except ValueError:
+            continue
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 # Row-staged backward (v2.4, NormConfig.stages) as the default: per dtype bits, the N
 # ranges (inclusive) that take it with their (elements per thread, stages). From the
 # H200 sweep (benchmarks/results/h200-norm-staged.json, M = min(32768, 2^28 / N), % of copy
@@ -347,12 +388,29 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 # rms fp32 <= 131072 and layer fp32 at 32768 stay in registers (within a point, or faster);
 # layer fp32 at 262144 too (its 64 KiB chunks leave weight and bias no room: 51-60 %).
 STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
-    ("rms", 16): ((65536, 262144, 512, 4),),
     ("rms", 32): ((131073, 262144, 1024, 2),),
     ("layer", 16): ((32768, 32768, 1024, 4), (32769, 65536, 512, 4), (65537, 262144, 256, 4)),
     ("layer", 32): ((65536, 131072, 256, 4),),
 }
 _STAGED_FWD_CHUNK_BYTES = 32 * 1024
+
+# cp_async register forward (v2.8) as the default, ahead of STAGED_FWD: per (kind, dtype
+# bits), the N ranges (inclusive) with (threads per CTA, elements per thread) for
+# ``v2_forward_config``. From the H200 sweep (benchmarks/results/h200-norm-async-fwd.json,
+# M = 2^28 / N, kernel alone, % of copy; the previous default in brackets; quack):
+#   rms 16-bit 32768 / 65536 / 131072 / 262144, 256 threads, <= 32 elements (4 / 8 / 16 / 16
+#     CTAs): 96.7 / 97.0 / 96.2 / 96.0 (90.7 / 89.4 / 92.1 / 94.2; quack 95.9 / 94.8 / 95.6 / 90.9);
+#     the same shapes loading straight into registers: 90.7 / 86.1 / 81.6 / 73.2;
+#   rms fp32 65536 / 131072, 256 threads, <= 32 elements (8 / 16 CTAs): 96.8 / 97.3 (95.0 /
+#     92.2; quack 96.1 / 93.5).
+# rms fp32 at 32768 keeps its register default (97.7, cp_async 97.4) and at 262144 the staged
+# one (92.4; cp_async at 64 elements per thread 74.2). LayerNorm keeps the staged forward
+# (92.5-93.2 vs 81-94 with cp_async, which holds the weight and bias shares in 63 registers
+# at 32 elements per thread: 4 CTAs per SM where RMSNorm gets 5).
+ASYNC_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
+    ("rms", 16): ((32768, 262144, 256, 32),),
+    ("rms", 32): ((32769, 131072, 256, 32),),
+}
 
 
 def staged_fwd_config(n: int, dtype_bits: int, threads: int, stages: int) -> NormConfig | None:
@@ -391,6 +449,16 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
                 if cfg is not None:
                     return cfg
         return default_register_config(n, dtype_bits)
+    for lo, hi, threads, elems in ASYNC_FWD.get((kind, dtype_bits), ()):
+        if lo <= n <= hi and n % (128 // dtype_bits) == 0:  # rows of 16-byte vectors
+            cfg = v2_forward_config(n, dtype_bits, threads, elems)
+            if cfg is not None:
+                cfg = replace(cfg, cp_async=True)
+                try:
+                    cfg.validate(n, dtype_bits)
+                    return cfg
+                except ValueError:
+                    pass
     for lo, hi, threads, stages in STAGED_FWD.get((kind, dtype_bits), ()):
         if lo <= n <= hi:
             cfg = staged_fwd_config(n, dtype_bits, threads, stages)
@@ -473,25 +541,24 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str
     """A few (<= 8) distinct valid configs around the heuristic; the first is the default.
     ``kind`` shapes the forward's (rms / layer defaults differ at long rows)."""
     base = default_config(n, dtype_bits, backward, kind)
-    if not backward and base.stages:
-        # a staged default: the other staged shapes that measured close, then the register
-        # path and the candidates around it
+    if not backward and (base.stages or base.cp_async):
+        # a long-row default: the cp_async and staged shapes that measured close, then the
+        # register path and the candidates around it
         out = [base]
         reg = default_register_fwd_config(n, dtype_bits, kind)
-        for threads, stages in ((256, 4), (512, 4), (1024, 4), (256, 6)):
-            cfg = staged_fwd_config(n, dtype_bits, threads, stages)
+        alts = async_fwd_candidates(n, dtype_bits)[:3]
+        alts += [staged_fwd_config(n, dtype_bits, t, s) for t, s in ((256, 4), (512, 4), (1024, 4), (256, 6))]
+        for cfg in alts + [reg] + candidate_configs_around(reg, n, dtype_bits, False):
             if cfg is not None and cfg not in out:
-                out.append(cfg)
-        for cfg in [reg] + candidate_configs_around(reg, n, dtype_bits, False):
-            if cfg not in out:
                 out.append(cfg)
         return out[:8]
     out = [base]
     if not backward and n >= 32768:
-        # the other forward path (rows staged), with fewer stages where 4 do not fit
+        # the other forward paths (cp_async; rows staged, fewer stages where 4 do not fit)
         st = next((c for s in (4, 3, 2) if (c := staged_fwd_config(n, dtype_bits, 256, s)) is not None), None)
-        if st is not None:
-            out.append(st)
+        for cfg in async_fwd_candidates(n, dtype_bits)[:1] + [st]:
+            if cfg is not None and cfg not in out:
+                out.append(cfg)
     for cfg in candidate_configs_around(base, n, dtype_bits, backward):
         if cfg not in out:
             out.append(cfg)

@@ -42,6 +42,7 @@ from .common import (
     make_allreduce_mbar_rows,
     make_chunk,
     make_moments_mbar,
+    make_row_async,
     make_row_io,
     make_stage_barrier_init,
     make_stage_issue,
@@ -97,6 +98,13 @@ def make_norm_fwd(
             return make_norm_fwd_staged(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, w_aligned)
         config = default_register_fwd_config(n, x_dtype.width, kind)
     tile = Tile.of(n, vec, config)
+    # cp_async (v2.8): the share, weight and bias through shared memory, for rows of 16-byte
+    # vectors whose rows and weight start 16-byte aligned; otherwise the same config loads
+    # straight into registers (same results)
+    use_async = bool(config.cp_async and rows_aligned and w_aligned and not tile.TAIL
+                     and vec * x_dtype.width == 128 and vec * w_dtype.width == 128
+                     and config.smem_bytes(n, False, x_dtype.width, has_residual) <= SMEM_PER_BLOCK)
+    share, issue, fetch_col = make_row_async(tile) if use_async else (None, None, None)
     load, store, _, load_col, store_col = make_row_io(tile)
     allreduce = make_allreduce(tile)
     T, P, C, R, KT1 = tile.T, tile.P, tile.C, tile.R, tile.KT1
@@ -120,7 +128,7 @@ def make_norm_fwd(
     # allow (one 512-thread CTA per SM instead of two, three 256-thread CTAs instead of
     # four); column by column the same kernels get <= 64, no spill, same arithmetic
     # (docs/kernels/norm.md v2.3). Cluster rows fit either way and keep the whole-row form.
-    stream_y = has_bias and C == 1
+    stream_y = (has_bias and C == 1) or use_async
     padded = bool(tile.REM or tile.TAIL)
 
     @cute.kernel
@@ -167,10 +175,37 @@ def make_norm_fwd(
             cute.arch.cluster_arrive_relaxed()  # its wait (below) precedes the first st.async
 
         xr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
-        load(x[row_c, None], xr, g)
+        rr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
+        sw = None
+        sb = None
+        if cutlass.const_expr(use_async):
+            # every load issued up front: x (and the residual) in commit group 0, weight (and
+            # bias) in group 1, each thread's slots its own (it reads back only those)
+            sx = share(smem, x_dtype, tidx)
+            issue(x[row_c, None], sx, g)
+            if cutlass.const_expr(has_residual):
+                sr = share(smem, x_dtype, tidx)
+                issue(res[row_c, None], sr, g)
+            cute.arch.cp_async_commit_group()
+            sw = share(smem, w_dtype, tidx)
+            issue(w, sw, g)
+            if cutlass.const_expr(has_bias):
+                sb = share(smem, w_dtype, tidx)
+                issue(b, sb, g)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(1)
+            if cutlass.const_expr(padded):
+                xr.fill(0.0)
+                rr.fill(0.0)
+            for k in cutlass.range_constexpr(KT1):
+                fetch_col(sx, xr, g, k)
+                if cutlass.const_expr(has_residual):
+                    fetch_col(sr, rr, g, k)
+        else:
+            load(x[row_c, None], xr, g)
+            if cutlass.const_expr(has_residual):
+                load(res[row_c, None], rr, g)
         if cutlass.const_expr(has_residual):
-            rr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
-            load(res[row_c, None], rr, g)
             for k in cutlass.range_constexpr(KT1):
                 for v in cutlass.range_constexpr(tile.width(k)):
                     xr[v, k] = (xr[v, k].to(Float32) + rr[v, k].to(Float32)).to(x_dtype)
@@ -241,6 +276,8 @@ def make_norm_fwd(
                 mean_out[row] = mean
 
         # ---- y = (s - mean) * rstd * w (+ b), written back over the row fragment
+        if cutlass.const_expr(use_async):
+            cute.arch.cp_async_wait_group(0)  # weight and bias
         if cutlass.const_expr(not config.early_weight):
             if cutlass.const_expr(stream_y):
                 if cutlass.const_expr(padded):
@@ -251,7 +288,11 @@ def make_norm_fwd(
                 if cutlass.const_expr(has_bias):
                     load(b, br, g)
         for k in cutlass.range_constexpr(KT1):
-            if cutlass.const_expr(stream_y and not config.early_weight):
+            if cutlass.const_expr(use_async):
+                fetch_col(sw, wr, g, k)
+                if cutlass.const_expr(has_bias):
+                    fetch_col(sb, br, g, k)
+            elif cutlass.const_expr(stream_y and not config.early_weight):
                 load_col(w, wr, g, k)
                 load_col(b, br, g, k)
             for v in cutlass.range_constexpr(tile.width(k)):
