@@ -132,7 +132,9 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = Fal
                     out.append((op, dt, n, d, True))
                     cands = [default_register_fwd_config(n, bits, kind)]
                     for c in async_fwd_candidates(n, bits):
-                        cands += [c, replace(c, cp_async=False)]
+                        # the plain twin: the same shape loading straight into registers
+                        # (ctas_per_sm does not bind it)
+                        cands += [c, replace(c, cp_async=0, ctas_per_sm=1)]
                     seen = [d]
                     for c in cands:
                         if c not in seen:

@@ -207,19 +207,22 @@ def test_long_row_forward_defaults_follow_the_sweep():
     (odd N included) validates for sm_90a."""
     from cuteforge.arch import limits_for
 
-    want = {("rms", 32, 32768): (256, 2), ("layer", 32, 32768): (256, 4), ("layer", 32, 262144): (256, 16),
+    want = {("rms", 32, 32768): (256, 2), ("layer", 32, 32768): (256, 4),
             ("rms", 16, 65537): (256, 16), ("layer", 16, 65537): (512, 8), ("rms", 32, 65537): (256, 8)}
     for (kind, bits, n), (threads, cluster) in want.items():
         d = default_config(n, bits, kind=kind)
-        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async) == ("mbar", threads, cluster, 0, False), (kind, bits, n, d)
+        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async) == ("mbar", threads, cluster, 0, 0), (kind, bits, n, d)
     # v2.8 (h200-norm-async-fwd.json): RMSNorm's long rows in registers through cp_async
     asynced = {("rms", 16, 32768): 4, ("rms", 16, 65536): 8, ("rms", 16, 131072): 16, ("rms", 16, 262144): 16,
                ("rms", 32, 65536): 8, ("rms", 32, 131072): 16}
     for (kind, bits, n), cluster in asynced.items():
         d = default_config(n, bits, kind=kind)
-        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async) == ("mbar", 256, cluster, 0, True), (kind, bits, n, d)
+        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async, d.ctas_per_sm) == ("mbar", 256, cluster, 0, 2, 1), d
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages for c in cands) and any(not (c.stages or c.cp_async) for c in cands)
+    # fp32 LayerNorm at 262144: the row only through cp_async, 512 threads under a 2-CTA budget
+    d = default_config(262144, 32, kind="layer")
+    assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async, d.ctas_per_sm) == ("mbar", 512, 16, 0, 1, 2), d
     staged = {("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 4),
               ("layer", 16, 131072): (256, 8, 4), ("layer", 16, 262144): (256, 16, 4), ("layer", 32, 65536): (256, 8, 4),
               ("layer", 32, 131072): (256, 16, 4)}
@@ -709,27 +712,35 @@ def test_staged_fwd_misaligned_rows_build_the_register_path(kernels):
 
 # --------------------------------------------------------------------------- v2.8: cp_async register forward
 
-# (kind, x dtype, weight dtype, n, bias, residual, config): rms / layer, bf16 / fp32, a
-# cluster row, a one-CTA row with a partial round (N = 4104), an fp32 weight on bf16 x
-# (8-byte weight vectors: built without cp_async)
+# (kind, x dtype, weight dtype, n, bias, residual, config): rms / layer, bf16 / fp32, cluster
+# rows, a one-CTA row with a partial round (N = 4104), levels 2 (weight and bias through
+# shared memory too) and 1 (the row only), register budgets (ctas_per_sm), an fp32 weight on
+# bf16 x (8-byte vectors: built without cp_async), shares too large for a CTA (likewise)
 _FWD_ASYNC = [
-    ("rms", "bfloat16", "bfloat16", 32768, False, False, NormConfig(256, 256, 4, 1, exchange="mbar", cp_async=True)),
-    ("layer", "bfloat16", "bfloat16", 262144, True, True, NormConfig(256, 256, 16, 1, exchange="mbar", cp_async=True)),
-    ("layer", "float32", "float32", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", cp_async=True)),
-    ("rms", "float32", "float32", 65536, False, True, NormConfig(256, 256, 8, 1, exchange="mbar", cp_async=True)),
+    ("rms", "bfloat16", "bfloat16", 32768, False, False, NormConfig(256, 256, 4, 1, exchange="mbar", cp_async=2)),
+    ("rms", "bfloat16", "bfloat16", 65536, False, True, NormConfig(256, 256, 8, 5, exchange="mbar", cp_async=2)),
+    ("layer", "bfloat16", "bfloat16", 65536, True, False, NormConfig(256, 256, 8, 5, exchange="mbar", cp_async=2)),
+    ("layer", "bfloat16", "bfloat16", 65536, True, True, NormConfig(256, 256, 8, 5, exchange="mbar", cp_async=1)),
+    ("layer", "bfloat16", "bfloat16", 262144, True, True, NormConfig(256, 256, 16, 1, exchange="mbar", cp_async=2)),
+    ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 4, exchange="mbar", cp_async=1)),
+    ("layer", "float32", "float32", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", cp_async=2)),
+    ("rms", "float32", "float32", 65536, False, True, NormConfig(256, 256, 8, 1, exchange="mbar", cp_async=2)),
     # x, residual, weight (and bias) shares of 512 threads x 32 fp32: 256 KiB, more than a CTA may have
-    ("rms", "float32", "float32", 65536, False, True, NormConfig(512, 512, 4, 1, exchange="mbar", cp_async=True)),
-    ("layer", "float16", "float16", 4104, True, True, NormConfig(256, 128, 1, 2, cp_async=True)),
-    ("rms", "bfloat16", "float32", 32768, False, False, NormConfig(256, 256, 4, 1, exchange="mbar", cp_async=True)),
+    ("rms", "float32", "float32", 65536, False, True, NormConfig(512, 512, 4, 1, exchange="mbar", cp_async=2)),
+    ("layer", "float16", "float16", 4104, True, True, NormConfig(256, 128, 1, 2, cp_async=2)),
+    ("rms", "bfloat16", "float32", 32768, False, False, NormConfig(256, 256, 4, 1, exchange="mbar", cp_async=2)),
 ]
 
 
 @pytest.mark.parametrize("kind, xd, wd, n, bias, res, cfg", _FWD_ASYNC)
 def test_compile_fwd_cp_async(kernels, kind, xd, wd, n, bias, res, cfg):
-    """cp_async: every row operand (x, residual, weight, bias) comes in by 16-byte
-    cp.async.cg in two commit groups (waited 1, then 0), read back from shared memory; no
-    register load of them, no spill. An 8-byte weight vector, or shares that would not fit a
-    CTA's shared memory, build the plain register path."""
+    """cp_async: the row operands (x, residual; level 2: weight, bias) come in by 16-byte
+    cp.async.cg (level 2: two commit groups, waited 1 then 0), read back from shared memory,
+    never loaded straight into registers; with ctas_per_sm > 1 the registers fit that many
+    CTAs; no spill. An 8-byte x vector, or shares that would not fit a CTA's shared memory,
+    build the plain register path."""
+    from cuteforge.kernels.norm.config import SMEM_PER_BLOCK
+
     fwd, _ = kernels
     bits = 32 if xd == "float32" else 16
     vx = 16 // (bits // 8)
@@ -737,19 +748,23 @@ def test_compile_fwd_cp_async(kernels, kind, xd, wd, n, bias, res, cfg):
     dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
     _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
                       {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
-    from cuteforge.kernels.norm.config import SMEM_PER_BLOCK
-
     vec = min(vx, vw)  # the kernel's one vector width for every row operand
-    if (vec * (32 if wd == "float32" else 16) != 128 or vec * bits != 128
-            or cfg.smem_bytes(n, False, bits, res) > SMEM_PER_BLOCK):
+    if vec * bits != 128 or cfg.smem_bytes(n, False, bits, res) > SMEM_PER_BLOCK:
         assert "cp.async" not in ptx
         return
-    assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::128B)? \[", ptx), "no 16-byte cp.async"
-    assert len(re.findall(r"cp\.async\.commit_group", ptx)) == 2
-    assert re.search(r"cp\.async\.wait_group\s+1", ptx) and re.search(r"cp\.async\.wait_group\s+0", ptx)
-    assert not re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)  # no row operand straight to registers
+    copies = re.findall(r"cp\.async\.cg\.shared\.global(?:\.L2::128B)? \[", ptx)
+    rounds = -(-n // (cfg.threads_per_row * cfg.cluster_n * vec))
+    arrays = (2 if res else 1) + ((2 if bias else 1) if cfg.cp_async == 2 else 0)
+    assert len(copies) == arrays * rounds, (len(copies), arrays, rounds)
+    groups = 2 if cfg.cp_async == 2 else 1
+    assert len(re.findall(r"cp\.async\.commit_group", ptx)) == groups
+    assert re.search(r"cp\.async\.wait_group\s+0", ptx)
+    assert bool(re.search(r"cp\.async\.wait_group\s+1", ptx)) == (groups == 2)
+    loads = len(re.findall(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx))
+    assert loads == (0 if cfg.cp_async == 2 else (2 if bias else 1) * rounds), loads  # only weight / bias
     assert re.search(r"ld\.shared\.v4", ptx)
     if cfg.cluster_n > 1:
         assert len(re.findall(r"st\.async", ptx)) == (2 if kind == "layer" else 1)
     info = ptxas_no_spill(ptx)
-    print(kind, xd, n, cfg.threads, cfg.cluster_n, re.search(r"Used (\d+) registers", info).group(1))
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    assert regs * cfg.threads * max(1, cfg.ctas_per_sm - res) <= 65536, regs  # (one CTA fewer with the residual)

@@ -935,8 +935,8 @@ def test_cp_async_fwd_partial_rounds_views_and_fp32_weight():
     from cuteforge.kernels.norm import NormConfig
     from cuteforge.ops import norm as impl
 
-    for n, cfg in ((4104, NormConfig(256, 128, 1, 2, cp_async=True)), (4104, NormConfig(256, 64, 1, 2, cp_async=True)),
-                   (65536, NormConfig(256, 256, 8, 1, exchange="mbar", cp_async=True))):
+    for n, cfg in ((4104, NormConfig(256, 128, 1, 2, cp_async=2)), (4104, NormConfig(256, 64, 1, 2, cp_async=2)),
+                   (65536, NormConfig(256, 256, 8, 1, exchange="mbar", cp_async=2))):
         for kind in KINDS:
             for wd in (torch.bfloat16, torch.float32):
                 x, w, b, r = _inputs(301, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", res=True, seed=7)

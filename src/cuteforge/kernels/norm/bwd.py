@@ -48,6 +48,7 @@ from cutlass.cute.nvgpu import cpasync
 from .common import (
     Tile,
     column_of,
+    launch_bounds,
     make_allreduce,
     make_allreduce_mbar_rows,
     make_chunk,
@@ -108,11 +109,8 @@ def make_norm_bwd(
     allreduce_m = make_allreduce_mbar_rows(tile, nval) if use_mbar else None
     tx_bytes = nval * mbar_tx_bytes(tile)
     # The persistent grid assumes ctas_per_sm CTAs fit on an SM: make ptxas honour it
-    # (minctasm caps registers). A carveout given explicitly keeps the DSL from asking
-    # a device for its smem size, so this compiles without a GPU.
-    _bounds: dict = {"max_number_threads": [T, 1, 1]}
-    if config.ctas_per_sm > 1:
-        _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
+    # (minctasm caps registers).
+    _bounds = launch_bounds(T, config.ctas_per_sm)
     fold = R > 1  # several rows per CTA: fold the row-slots' partials in smem
     n_fold = n_acc * R * n if fold else 1
 
@@ -389,9 +387,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
     padded = bool(tile.REM or tile.TAIL)
     NACC = min(V, 4)  # independent chains per row sum (fewer registers than one per vector lane)
-    _bounds: dict = {"max_number_threads": [T, 1, 1]}
-    if config.ctas_per_sm > 1:
-        _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
+    _bounds = launch_bounds(T, config.ctas_per_sm)
 
     _part = make_chunk(NC, C)  # this CTA's chunk of a row (the whole row without a cluster)
 

@@ -587,6 +587,17 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False):
     return allreduce
 
 
+def launch_bounds(threads: int, ctas_per_sm: int) -> dict:
+    """Launch keywords: ``threads`` per CTA and, with ctas_per_sm > 1, ptxas's register budget
+    for that many CTAs per SM (nvvm.minctasm). ptxas then uses up to that budget, so it must
+    be the occupancy wanted, not a bound above it. The carveout is given (the driver's
+    default, -1) so that the DSL does not ask a device for one: it compiles without a GPU."""
+    out: dict = {"max_number_threads": [threads, 1, 1]}
+    if ctas_per_sm > 1:
+        out.update(min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
+    return out
+
+
 def make_chunk(nc: int, c: int):
     """part(row, cta): this CTA's contiguous chunk [cta nc, (cta + 1) nc) of a row (the row
     itself when c == 1); a plain function, traced inline."""

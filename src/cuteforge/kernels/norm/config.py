@@ -51,13 +51,17 @@ stages:           backward (v2.4) and forward (v2.6): 0 keeps the row in registe
                   reduction, y (and x + residual) written from registers; persistent like
                   the staged backward (``staged_fwd_groups``). ``early_weight`` does not
                   apply.
-cp_async:         forward only, row in registers (stages = 0; v2.8): the row share (and the
-                  residual's), weight and bias come through shared memory with 16-byte
-                  cp.async copies issued at kernel start (weight and bias in a second
-                  commit group, waited for only before the output), so no register is held
-                  by a load in flight and the weight's latency is off the critical path.
+cp_async:         forward only, row in registers (stages = 0; v2.8): 0 loads straight into
+                  registers; 1 brings the thread's share of the row (and of the residual)
+                  through shared memory with 16-byte cp.async copies issued at kernel
+                  start, so no register is held by a load in flight; 2 also weight and bias
+                  (a second commit group, waited for only before the output: their latency
+                  is off the critical path, at the price of their shares' shared memory).
                   Each thread reads back only what it copied (no barrier). Rows of 16-byte
-                  vectors only; other rows build the same config without it.
+                  vectors only; other rows build the same config without it. With
+                  ctas_per_sm > 1 ptxas gets the register budget of that many CTAs per SM
+                  (else it reads the weight and bias shares back all at once: LayerNorm
+                  63 registers where 48 do).
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ __all__ = [
     "default_register_fwd_config",
     "longrow_staged_fwd_candidates",
     "async_fwd_candidates",
+    "async_fwd_config",
 ]
 
 EXCHANGES = ("barrier", "mbar")
@@ -151,7 +156,7 @@ class NormConfig:
     early_weight: bool = False
     exchange: str = "barrier"
     stages: int = 0
-    cp_async: bool = False
+    cp_async: int = 0
 
     @property
     def rows_per_cta(self) -> int:
@@ -172,6 +177,10 @@ class NormConfig:
             # addressing (ptxas 13, sm_90a, the v2.7 defaults: 31-64 at <= 32 elements per
             # thread, 86-128 for 16-bit LayerNorm at 48-64; no spill)
             return 48 + held
+        if not backward and self.cp_async:
+            # the least it runs in: the input-dtype row and addressing (ptxas 13, sm_90a, no
+            # spill: 47-48 at 32 16-bit elements per thread, 64 at 64 under a 4-CTA budget)
+            return 32 + held
         if not backward:
             # the input-dtype row, one round of weight/output (or all of it), addressing
             return 40 + held + (held if self.early_weight else e // 2)
@@ -194,11 +203,12 @@ class NormConfig:
             staged = s * rows * _row_bytes(n // c_, dtype_bits) + 8 * s + 128  # + mbarriers, alignment
         shares = 0
         if self.cp_async:
-            # x, weight and bias (and with has_dsum the residual): each thread's whole share
-            # of its row, in 16-byte vectors
+            # x (with has_dsum the residual too; cp_async 2: weight and bias too): each
+            # thread's whole share of its row, in 16-byte vectors
             vec_e = 128 // dtype_bits
             rounds = -(-elems_per_thread(n, self.threads_per_row, self.cluster_n) // vec_e)
-            shares = (4 if has_dsum else 3) * self.threads * rounds * 16
+            arrays = (2 if has_dsum else 1) + (2 if self.cp_async == 2 else 0)
+            shares = arrays * self.threads * rounds * 16
         return red + acc + (16 if self.exchange == "mbar" else 0) + staged + shares
 
     def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None, backward: bool = False) -> None:
@@ -226,6 +236,8 @@ class NormConfig:
             raise ValueError("early_weight is a forward-only knob")
         if self.early_weight and self.stages:
             raise ValueError("early_weight is a knob of the register forward; the staged forward reads the weight per column")
+        if self.cp_async not in (0, 1, 2) or isinstance(self.cp_async, bool):
+            raise ValueError(f"cp_async={self.cp_async!r}: 0 (off), 1 (the row) or 2 (the row, weight and bias)")
         if self.cp_async and (backward or self.stages or self.early_weight):
             raise ValueError("cp_async is a knob of the register forward (not the backward, the staged "
                              "forward or early_weight, which it replaces)")
@@ -324,24 +336,48 @@ def longrow_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     return out
 
 
+def async_fwd_config(n: int, dtype_bits: int, threads: int = 256, elems: int = 32, level: int = 2,
+                     ctas_per_sm: int = 1) -> NormConfig | None:
+    """The cp_async forward (v2.8) on ``v2_forward_config``'s shape (``threads``-thread
+    CTAs, the smallest cluster leaving <= ``elems`` elements per thread), ``cp_async =
+    level``, ``ctas_per_sm`` the register budget (1: none; ptxas fills whatever budget it
+    gets, so a loose one costs occupancy: rms bf16 N = 262144 82 % of copy under a
+    2-CTA budget, 96 % with none). None when it does not fit, or for rows that are not of
+    16-byte vectors."""
+    if n % (128 // dtype_bits):
+        return None
+    cfg = v2_forward_config(n, dtype_bits, threads, elems)
+    if cfg is None:
+        return None
+    cfg = replace(cfg, cp_async=level, ctas_per_sm=ctas_per_sm)
+    try:
+        cfg.validate(n, dtype_bits)
+    except ValueError:
+        return None
+    return cfg
+
+
 def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     """cp_async forward configs (v2.8) worth timing at long N (bench_norm_staged.py --fwd
-    --cp-async): the mbar-exchange shapes of ``v2_forward_config`` with 256-thread CTAs at
-    <= 16 / 32 / 64 elements per thread and 512- / 1024-thread CTAs at <= 32 / 64, with
-    cp_async; those that do not fit (registers, shared memory) left out."""
+    --cp-async): ``async_fwd_config`` at level 2 with 256-thread CTAs at <= 32 / 64 / 16
+    elements per thread and 512-thread CTAs at <= 32, no register budget; the 256 / 32 and
+    512 / 32 shapes at levels 2 and 1 under the budget of as many CTAs as the shares'
+    shared memory (unfused, with a bias) and the least registers the row takes
+    (``est_regs_per_thread``) leave room for; duplicates collapse."""
     out: list[NormConfig] = []
-    if n % (128 // dtype_bits):
-        return out  # not rows of 16-byte vectors: cp_async never applies
-    for threads, elems in ((256, 32), (256, 64), (256, 16), (512, 32), (512, 64), (1024, 32)):
-        cfg = v2_forward_config(n, dtype_bits, threads, elems)
-        if cfg is None:
-            continue
-        cfg = replace(cfg, cp_async=True)
-        try:
-            cfg.validate(n, dtype_bits)
-        except ValueError:
-            continue
-        if cfg not in out:
+    shapes = ((256, 32), (256, 64), (256, 16), (512, 32))
+    tries = [(t, e, 2, 1) for t, e in shapes]
+    for t, e in ((256, 32), (512, 32)):
+        for level in (2, 1):
+            probe = async_fwd_config(n, dtype_bits, t, e, level)
+            if probe is not None:
+                per_cta = probe.smem_bytes(n, False, dtype_bits) + _SMEM_CTA_RESERVED
+                regs = probe.est_regs_per_thread(n, dtype_bits, False)
+                occ = min(8, 2048 // t, SMEM_PER_SM // per_cta, _REGS_PER_SM // (regs * t))
+                tries.append((t, e, level, max(1, occ)))
+    for t, e, level, occ in tries:
+        cfg = async_fwd_config(n, dtype_bits, t, e, level, occ)
+        if cfg is not None and cfg not in out:
             out.append(cfg)
     return out
 
@@ -395,21 +431,27 @@ STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
 _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 
 # cp_async register forward (v2.8) as the default, ahead of STAGED_FWD: per (kind, dtype
-# bits), the N ranges (inclusive) with (threads per CTA, elements per thread) for
-# ``v2_forward_config``. From the H200 sweep (benchmarks/results/h200-norm-async-fwd.json,
-# M = 2^28 / N, kernel alone, % of copy; the previous default in brackets; quack):
+# bits), the N ranges (inclusive) with (threads per CTA, elements per thread, cp_async level,
+# ctas_per_sm register budget) for ``async_fwd_config``. From the H200 sweeps
+# (benchmarks/results/h200-norm-async-fwd.json: level 2 with no budget, where cp_async=True
+# is today's level 2; -v3.json: levels 1 and 2 under budgets; M = 2^28 / N, kernel alone,
+# % of copy; the previous default in brackets; quack):
 #   rms 16-bit 32768 / 65536 / 131072 / 262144, 256 threads, <= 32 elements (4 / 8 / 16 / 16
-#     CTAs): 96.7 / 97.0 / 96.2 / 96.0 (90.7 / 89.4 / 92.1 / 94.2; quack 95.9 / 94.8 / 95.6 / 90.9);
-#     the same shapes loading straight into registers: 90.7 / 86.1 / 81.6 / 73.2;
+#     CTAs): 96.7 / 97.0 / 96.2 / 96.0 (90.7 / 89.4 / 92.1 / 94.2; quack 95.9 / 94.8 / 95.6 /
+#     90.9); the same shapes loading straight into registers: 90.7 / 86.1 / 81.6 / 73.2;
 #   rms fp32 65536 / 131072, 256 threads, <= 32 elements (8 / 16 CTAs): 96.8 / 97.3 (95.0 /
-#     92.2; quack 96.1 / 93.5).
+#     92.2; quack 96.1 / 93.5);
+#   layer fp32 262144, 512 threads (16 CTAs, 32 elements), level 1 under a 2-CTA budget:
+#     73.5 (66.6); level 2 there 58.8.
 # rms fp32 at 32768 keeps its register default (97.7, cp_async 97.4) and at 262144 the staged
-# one (92.4; cp_async at 64 elements per thread 74.2). LayerNorm keeps the staged forward
-# (92.5-93.2 vs 81-94 with cp_async, which holds the weight and bias shares in 63 registers
-# at 32 elements per thread: 4 CTAs per SM where RMSNorm gets 5).
-ASYNC_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
-    ("rms", 16): ((32768, 262144, 256, 32),),
-    ("rms", 32): ((32769, 131072, 256, 32),),
+# one (90.8-92.7; cp_async at 64 elements per thread 74). LayerNorm otherwise keeps the staged
+# forward (92.8-93.6 vs 86-92 at best with cp_async: its weight and bias shares take shared
+# memory and registers, 4 CTAs per SM where RMSNorm runs 5; level 1 puts the weight's
+# latency back after the statistics: 55-82).
+ASYNC_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int, int, int], ...]] = {
+    ("rms", 16): ((32768, 262144, 256, 32, 2, 1),),
+    ("rms", 32): ((32769, 131072, 256, 32, 2, 1),),
+    ("layer", 32): ((262144, 262144, 512, 32, 1, 2),),
 }
 
 
@@ -449,16 +491,11 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
                 if cfg is not None:
                     return cfg
         return default_register_config(n, dtype_bits)
-    for lo, hi, threads, elems in ASYNC_FWD.get((kind, dtype_bits), ()):
-        if lo <= n <= hi and n % (128 // dtype_bits) == 0:  # rows of 16-byte vectors
-            cfg = v2_forward_config(n, dtype_bits, threads, elems)
+    for lo, hi, threads, elems, level, occ in ASYNC_FWD.get((kind, dtype_bits), ()):
+        if lo <= n <= hi:
+            cfg = async_fwd_config(n, dtype_bits, threads, elems, level, occ)
             if cfg is not None:
-                cfg = replace(cfg, cp_async=True)
-                try:
-                    cfg.validate(n, dtype_bits)
-                    return cfg
-                except ValueError:
-                    pass
+                return cfg
     for lo, hi, threads, stages in STAGED_FWD.get((kind, dtype_bits), ()):
         if lo <= n <= hi:
             cfg = staged_fwd_config(n, dtype_bits, threads, stages)

@@ -37,6 +37,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from .common import (
     Tile,
+    launch_bounds,
     make_allreduce,
     make_allreduce_mbar,
     make_allreduce_mbar_rows,
@@ -98,12 +99,12 @@ def make_norm_fwd(
             return make_norm_fwd_staged(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, w_aligned)
         config = default_register_fwd_config(n, x_dtype.width, kind)
     tile = Tile.of(n, vec, config)
-    # cp_async (v2.8): the share, weight and bias through shared memory, for rows of 16-byte
-    # vectors whose rows and weight start 16-byte aligned; otherwise the same config loads
-    # straight into registers (same results)
-    use_async = bool(config.cp_async and rows_aligned and w_aligned and not tile.TAIL
-                     and vec * x_dtype.width == 128 and vec * w_dtype.width == 128
+    # cp_async (v2.8): the row share (level 2: weight and bias too) through shared memory,
+    # for rows of 16-byte vectors that start 16-byte aligned (and a weight that does); else
+    # the same config loads straight into registers (same results)
+    use_async = bool(config.cp_async and rows_aligned and not tile.TAIL and vec * x_dtype.width == 128
                      and config.smem_bytes(n, False, x_dtype.width, has_residual) <= SMEM_PER_BLOCK)
+    w_async = use_async and config.cp_async == 2 and w_aligned and vec * w_dtype.width == 128
     share, issue, fetch_col = make_row_async(tile) if use_async else (None, None, None)
     load, store, _, load_col, store_col = make_row_io(tile)
     allreduce = make_allreduce(tile)
@@ -187,13 +188,16 @@ def make_norm_fwd(
                 sr = share(smem, x_dtype, tidx)
                 issue(res[row_c, None], sr, g)
             cute.arch.cp_async_commit_group()
-            sw = share(smem, w_dtype, tidx)
-            issue(w, sw, g)
-            if cutlass.const_expr(has_bias):
-                sb = share(smem, w_dtype, tidx)
-                issue(b, sb, g)
-            cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(1)
+            if cutlass.const_expr(w_async):
+                sw = share(smem, w_dtype, tidx)
+                issue(w, sw, g)
+                if cutlass.const_expr(has_bias):
+                    sb = share(smem, w_dtype, tidx)
+                    issue(b, sb, g)
+                cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(1)
+            else:
+                cute.arch.cp_async_wait_group(0)
             if cutlass.const_expr(padded):
                 xr.fill(0.0)
                 rr.fill(0.0)
@@ -276,7 +280,7 @@ def make_norm_fwd(
                 mean_out[row] = mean
 
         # ---- y = (s - mean) * rstd * w (+ b), written back over the row fragment
-        if cutlass.const_expr(use_async):
+        if cutlass.const_expr(w_async):
             cute.arch.cp_async_wait_group(0)  # weight and bias
         if cutlass.const_expr(not config.early_weight):
             if cutlass.const_expr(stream_y):
@@ -288,7 +292,7 @@ def make_norm_fwd(
                 if cutlass.const_expr(has_bias):
                     load(b, br, g)
         for k in cutlass.range_constexpr(KT1):
-            if cutlass.const_expr(use_async):
+            if cutlass.const_expr(w_async):
                 fetch_col(sw, wr, g, k)
                 if cutlass.const_expr(has_bias):
                     fetch_col(sb, br, g, k)
@@ -307,6 +311,13 @@ def make_norm_fwd(
             if ok:
                 store(xr, y[row, None], g)
 
+    # cp_async: ctas_per_sm is a register budget for ptxas (65536 / (threads x ctas_per_sm)
+    # per thread), so that it reads weight and bias back column by column instead of all at
+    # once (LayerNorm: 63 -> 48 at 32 elements per thread, 5 CTAs of 256 per SM); one CTA
+    # fewer with the residual, whose share and sum take registers (16 bytes of spill at 5)
+    budget = config.ctas_per_sm - (1 if has_residual else 0)
+    _bounds = launch_bounds(T, budget) if use_async else {"max_number_threads": [T, 1, 1]}
+
     @cute.jit
     def norm_fwd(
         x: cute.Tensor,
@@ -322,12 +333,11 @@ def make_norm_fwd(
         n_blocks = cute.ceil_div(x.shape[0], R)
         if cutlass.const_expr(C > 1):
             _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream,
-                max_number_threads=[T, 1, 1],
+                grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **_bounds
             )
         else:
             _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream, max_number_threads=[T, 1, 1]
+                grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream, **_bounds
             )
 
     return norm_fwd
@@ -420,9 +430,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     padded = bool(tile.REM or tile.TAIL)
     NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
     QMAX = int(groups) if groups else device_fwd_groups(config)
-    _bounds: dict = {"max_number_threads": [T, 1, 1]}
-    if config.ctas_per_sm > 1:
-        _bounds.update(min_blocks_per_mp=config.ctas_per_sm, preferred_smem_carveout=-1)
+    _bounds = launch_bounds(T, config.ctas_per_sm)
 
     def _reduce(a, buf: cute.Tensor, xbar, u, tidx, cta):
         """Row sum of a (traced inline); u: the CTA's count of reductions so far (slot u % 2;
