@@ -121,26 +121,18 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = Fal
         longrow_staged_fwd_candidates,
     )
 
-    if cp_async:
-        out = []
-        for op in ops:
-            kind = "rms" if op == "rms_norm" else "layer"
-            for dt in dtypes:
-                bits = getattr(torch, dt).itemsize * 8
-                for n in ns:
-                    d = default_config(n, bits, False, kind)
-                    out.append((op, dt, n, d, True))
-                    cands = [default_register_fwd_config(n, bits, kind)]
-                    for c in async_fwd_candidates(n, bits):
-                        # the plain twin: the same shape loading straight into registers
-                        # (ctas_per_sm does not bind it)
-                        cands += [c, replace(c, cp_async=0, ctas_per_sm=1)]
-                    seen = [d]
-                    for c in cands:
-                        if c not in seen:
-                            seen.append(c)
-                            out.append((op, dt, n, c, False))
-        return out
+    def candidates(n: int, bits: int, kind: str) -> list[Any]:
+        if cp_async:
+            cands = [default_register_fwd_config(n, bits, kind)]
+            for c in async_fwd_candidates(n, bits):
+                # the plain twin: the same shape loading straight into registers (ctas_per_sm
+                # does not bind it)
+                cands += [c, replace(c, cp_async=0, ctas_per_sm=1)]
+            return cands
+        cands = longrow_staged_fwd_candidates(n, bits)
+        if deep and n >= 32768:  # and the register forward's long-row candidates
+            cands += deep_fwd_candidates(n, bits) + longrow_candidates(n, bits)
+        return cands
 
     out = []
     for op in ops:
@@ -150,10 +142,11 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = Fal
             for n in ns:
                 d = default_config(n, bits, False, kind)
                 out.append((op, dt, n, d, True))
-                cands = longrow_staged_fwd_candidates(n, bits)
-                if deep and n >= 32768:  # and the register forward's long-row candidates
-                    cands += [c for c in deep_fwd_candidates(n, bits) + longrow_candidates(n, bits) if c not in cands]
-                out += [(op, dt, n, c, False) for c in cands if c != d]
+                seen = [d]
+                for c in candidates(n, bits, kind):
+                    if c not in seen:
+                        seen.append(c)
+                        out.append((op, dt, n, c, False))
     return out
 
 

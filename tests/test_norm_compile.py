@@ -642,6 +642,18 @@ def test_staged_fwd_validate_and_candidates():
     assert longrow_staged_fwd_candidates(65537, 16) == []
 
 
+def _compile_fwd_case(fwd, kind, xd, wd, n, bias, res, cfg):
+    """(x dtype bits, the kernel's vector width, PTX) of the forward for one case: 16-byte
+    vectors per operand (x's width for every operand when the weight is wider)."""
+    bits = 32 if xd == "float32" else 16
+    vx = 16 // (bits // 8)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
+    _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
+                      {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
+    return bits, min(vx, vw), ptx
+
+
 # (kind, x dtype, weight dtype, n, bias, residual, config): rms / layer with and without bias
 # and residual, bf16 / fp32 (and an fp32 weight on 16-bit x) at N = 32768 and 262144 on a
 # cluster, one one-CTA row (N = 8192)
@@ -670,13 +682,7 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
 
     from cuteforge.kernels.norm.config import staged_rows, staged_stages
 
-    fwd, _ = kernels
-    bits = 32 if xd == "float32" else 16
-    vx = 16 // (bits // 8)
-    vw = min(vx, 16 // (4 if wd == "float32" else 2))
-    dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
-    _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
-                      {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
+    bits, vec, ptx = _compile_fwd_case(kernels[0], kind, xd, wd, n, bias, res, cfg)
     s = staged_stages(cfg, n, bits, res, backward=False)
     rows = staged_rows(False, res)
     n_w = 2 if bias else 1
@@ -741,14 +747,7 @@ def test_compile_fwd_cp_async(kernels, kind, xd, wd, n, bias, res, cfg):
     build the plain register path."""
     from cuteforge.kernels.norm.config import SMEM_PER_BLOCK
 
-    fwd, _ = kernels
-    bits = 32 if xd == "float32" else 16
-    vx = 16 // (bits // 8)
-    vw = min(vx, 16 // (4 if wd == "float32" else 2))
-    dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
-    _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
-                      {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
-    vec = min(vx, vw)  # the kernel's one vector width for every row operand
+    bits, vec, ptx = _compile_fwd_case(kernels[0], kind, xd, wd, n, bias, res, cfg)
     if vec * bits != 128 or cfg.smem_bytes(n, False, bits, res) > SMEM_PER_BLOCK:
         assert "cp.async" not in ptx
         return

@@ -781,15 +781,15 @@ def _staged_fwd_cases():
     return out
 
 
-@pytest.fixture(scope="module")
-def _warm_norm_staged_fwd():
-    """Compile every staged forward case in parallel worker processes first."""
+def _warm_fwd_cases(cases):
+    """Compile forward cases (kind, dtype, n, config, residual; rms without bias, layer with
+    one) in parallel worker processes (a failed build fails its test later)."""
     from cuteforge.arch import target_arch
     from cuteforge.autotune.pool import CompileJob, compile_all
     from cuteforge.kernels.norm.spec import norm_fwd
 
     jobs = []
-    for kind, dt, n, c, res in _staged_fwd_cases():
+    for kind, dt, n, c, res in cases:
         x = torch.empty(1, n, device="cuda", dtype=dt)
         w = torch.empty(n, device="cuda", dtype=dt)
         rs = torch.empty(1, device="cuda")
@@ -798,6 +798,12 @@ def _warm_norm_staged_fwd():
         params = (("eps", eps), ("has_bias", kind == "layer"), ("has_residual", res), ("kind", kind))
         jobs.append(CompileJob.of(norm_fwd, key, params, c, target_arch()))
     compile_all(jobs)
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_staged_fwd():
+    """Compile every staged forward case in parallel worker processes first."""
+    _warm_fwd_cases(_staged_fwd_cases())
     yield
 
 
@@ -820,10 +826,16 @@ def _check_fwd(kind, x, w, b, r, eps, got, dtype, what):
 @pytest.mark.parametrize("kind, dtype, n, cfg, res", _staged_fwd_cases(),
                          ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
 def test_staged_fwd_candidates_match_torch(_warm_norm_staged_fwd, kind, dtype, n, cfg, res):
+    _check_fwd_rows(kind, dtype, n, cfg, res, (1, 7, 1000))
+
+
+def _check_fwd_rows(kind, dtype, n, cfg, res, ms):
+    """``cfg`` through ops/norm.py's forward on M = each of ``ms`` rows (rms without bias,
+    layer with one, the residual fused when ``res``) against the fp64 reference."""
     from cuteforge.ops import norm as impl
 
     eps = 1e-6 if kind == "rms" else 1e-5
-    for m in (1, 7, 1000):
+    for m in ms:
         x, w, b, r = _inputs(m, n, dtype, bias=kind == "layer", res=res, seed=m)
         x = x + 3.0  # a mean far from 0: LayerNorm's centred variance must not cancel
         got = impl._forward(kind, x, w, b, r, eps, cfg)
@@ -897,35 +909,14 @@ def _async_fwd_cases():
 @pytest.fixture(scope="module")
 def _warm_norm_async_fwd():
     """Compile every cp_async forward case in parallel worker processes first."""
-    from cuteforge.arch import target_arch
-    from cuteforge.autotune.pool import CompileJob, compile_all
-    from cuteforge.kernels.norm.spec import norm_fwd
-
-    jobs = []
-    for kind, dt, n, c, res in _async_fwd_cases():
-        x = torch.empty(1, n, device="cuda", dtype=dt)
-        w = torch.empty(n, device="cuda", dtype=dt)
-        rs = torch.empty(1, device="cuda")
-        key = norm_fwd.signature.bind((x, w, w, x, x, x, rs, rs), "warm")
-        eps = 1e-6 if kind == "rms" else 1e-5
-        params = (("eps", eps), ("has_bias", kind == "layer"), ("has_residual", res), ("kind", kind))
-        jobs.append(CompileJob.of(norm_fwd, key, params, c, target_arch()))
-    compile_all(jobs)
+    _warm_fwd_cases(_async_fwd_cases())
     yield
 
 
 @pytest.mark.parametrize("kind, dtype, n, cfg, res", _async_fwd_cases(),
                          ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
 def test_cp_async_fwd_candidates_match_torch(_warm_norm_async_fwd, kind, dtype, n, cfg, res):
-    from cuteforge.ops import norm as impl
-
-    eps = 1e-6 if kind == "rms" else 1e-5
-    for m in (1, 7, 1000 if n < 262144 else 130):
-        x, w, b, r = _inputs(m, n, dtype, bias=kind == "layer", res=res, seed=m)
-        x = x + 3.0  # a mean far from 0: LayerNorm's centred variance must not cancel
-        got = impl._forward(kind, x, w, b, r, eps, cfg)
-        _check_fwd(kind, x, w, b, r, eps, got, dtype, f"{cfg} m={m}")
-        del got
+    _check_fwd_rows(kind, dtype, n, cfg, res, (1, 7, 1000 if n < 262144 else 130))
 
 
 def test_cp_async_fwd_partial_rounds_views_and_fp32_weight():
