@@ -207,14 +207,14 @@ def test_long_row_forward_defaults_follow_the_sweep():
     (odd N included) validates for sm_90a."""
     from cuteforge.arch import limits_for
 
-    want = {("rms", 32, 32768): (256, 2), ("layer", 32, 32768): (256, 4),
+    want = {("rms", 32, 32768): (256, 2),
             ("rms", 16, 65537): (256, 16), ("layer", 16, 65537): (512, 8), ("rms", 32, 65537): (256, 8)}
     for (kind, bits, n), (threads, cluster) in want.items():
         d = default_config(n, bits, kind=kind)
         assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async) == ("mbar", threads, cluster, 0, 0), (kind, bits, n, d)
     # v2.8 (h200-norm-async-fwd.json): RMSNorm's long rows in registers through cp_async
     asynced = {("rms", 16, 32768): 4, ("rms", 16, 65536): 8, ("rms", 16, 131072): 16, ("rms", 16, 262144): 16,
-               ("rms", 32, 65536): 8, ("rms", 32, 131072): 16}
+               ("rms", 32, 65536): 8, ("rms", 32, 131072): 16, ("layer", 32, 32768): 4}
     for (kind, bits, n), cluster in asynced.items():
         d = default_config(n, bits, kind=kind)
         assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async, d.ctas_per_sm) == ("mbar", 256, cluster, 0, 2, 1), d

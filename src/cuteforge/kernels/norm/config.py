@@ -441,17 +441,20 @@ _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 #     90.9); the same shapes loading straight into registers: 90.7 / 86.1 / 81.6 / 73.2;
 #   rms fp32 65536 / 131072, 256 threads, <= 32 elements (8 / 16 CTAs): 96.8 / 97.3 (95.0 /
 #     92.2; quack 96.1 / 93.5);
+#   layer fp32 32768, 256 threads (4 CTAs, 32 elements), level 2: 93.8 / 93.5 (91.0 / 91.2) in
+#     h200-norm-async-fwd.json / -layer.json;
 #   layer fp32 262144, 512 threads (16 CTAs, 32 elements), level 1 under a 2-CTA budget:
 #     73.5 (66.6); level 2 there 58.8.
 # rms fp32 at 32768 keeps its register default (97.7, cp_async 97.4) and at 262144 the staged
 # one (90.8-92.7; cp_async at 64 elements per thread 74). LayerNorm otherwise keeps the staged
 # forward (92.8-93.6 vs 86-92 at best with cp_async: its weight and bias shares take shared
 # memory and registers, 4 CTAs per SM where RMSNorm runs 5; level 1 puts the weight's
-# latency back after the statistics: 55-82).
+# latency back after the statistics: 55-82; staging the weight but reading the bias after
+# the statistics measured no better than level 1, -layer.json).
 ASYNC_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int, int, int], ...]] = {
     ("rms", 16): ((32768, 262144, 256, 32, 2, 1),),
     ("rms", 32): ((32769, 131072, 256, 32, 2, 1),),
-    ("layer", 32): ((262144, 262144, 512, 32, 1, 2),),
+    ("layer", 32): ((32768, 32768, 256, 32, 2, 1), (262144, 262144, 512, 32, 1, 2)),
 }
 
 

@@ -298,7 +298,8 @@ def make_norm_fwd(
                     fetch_col(sb, br, g, k)
             elif cutlass.const_expr(stream_y and not config.early_weight):
                 load_col(w, wr, g, k)
-                load_col(b, br, g, k)
+                if cutlass.const_expr(has_bias):
+                    load_col(b, br, g, k)
             for v in cutlass.range_constexpr(tile.width(k)):
                 yv = (xr[v, k].to(Float32) - mean) * rstd * wr[v, k].to(Float32)
                 if cutlass.const_expr(has_bias):
