@@ -1,0 +1,55 @@
+"""Host and event-timed microseconds of one small-N backward (torch.autograd.grad) through
+cuteforge's eager autograd node (a Python torch.autograd.Function) and through torch's
+own, with the autograd engine's device threads on (the default) and off
+(torch.autograd.set_multithreading_enabled(False): the backward runs on the calling
+thread, so a Python node needs no GIL hand-over). M = 32768, bf16, rms_norm and softmax at
+N = 256 and 1024. docs/kernels/norm.md (v2.8, small-N backward) quotes the first run.
+
+    python benchmarks/bench_autograd_thread.py --out $OUT/h200-autograd-thread.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import cuteforge.ops as ops
+from cuteforge import timing
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    out: dict = {"command": "python " + " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "rows": {}}
+    for n in (256, 1024):
+        x = torch.randn(32768, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        cases = {"cuteforge_rms_norm": lambda v, w=w: ops.rms_norm(v, w, 1e-6),
+                 "torch_rms_norm": lambda v, w=w, n=n: F.rms_norm(v, (n,), w, 1e-6),
+                 "cuteforge_softmax": lambda v: ops.softmax(v),
+                 "torch_softmax": lambda v: torch.softmax(v, -1)}
+        for name, f in cases.items():
+            xg = x.detach().requires_grad_(True)
+            y = f(xg)
+            g = torch.randn_like(y)
+
+            def call(y=y, xg=xg, g=g):
+                return torch.autograd.grad(y, xg, g, retain_graph=True)
+
+            r = {"host_us": round(timing.host_us(call), 2), "gpu_us": round(timing.bench(call) * 1e3, 2)}
+            with torch.autograd.set_multithreading_enabled(False):
+                r["host_us_threads_off"] = round(timing.host_us(call), 2)
+                r["gpu_us_threads_off"] = round(timing.bench(call) * 1e3, 2)
+            out["rows"][f"{name}/{n}"] = r
+            print(name, n, r, flush=True)
+    with open(args.out, "w") as fh:
+        json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
