@@ -317,7 +317,7 @@ def make_norm_fwd(
     # once (LayerNorm: 63 -> 48 at 32 elements per thread, 5 CTAs of 256 per SM); one CTA
     # fewer with the residual, whose share and sum take registers (16 bytes of spill at 5)
     budget = config.ctas_per_sm - (1 if has_residual else 0)
-    _bounds = launch_bounds(T, budget) if use_async else {"max_number_threads": [T, 1, 1]}
+    _bounds = launch_bounds(T, budget if use_async else 1)
 
     @cute.jit
     def norm_fwd(
