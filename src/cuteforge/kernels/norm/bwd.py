@@ -306,6 +306,15 @@ def make_norm_bwd(
             if cutlass.const_expr(has_bias):
                 store_scalar(dba, dbp[q, None], g)
 
+    return _launcher(_kernel, T, C, _bounds)
+
+
+def _launcher(kernel, T: int, C: int, bounds: dict):
+    """@cute.jit norm_bwd(x, weight, dy, dsum, mean, rstd, dx, dweight_partial,
+    dbias_partial, stream): the backward ``kernel`` on one CTA group of C CTAs (a cluster
+    when C > 1) of T threads per row of the partials (the persistent grid's Q groups), with
+    the launch ``bounds``."""
+
     @cute.jit
     def norm_bwd(
         x: cute.Tensor,
@@ -321,13 +330,12 @@ def make_norm_bwd(
     ):
         n_q = dwp.shape[0]
         if cutlass.const_expr(C > 1):
-            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
-                grid=(n_q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream,
-                **_bounds,
+            kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
+                grid=(n_q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds
             )
         else:
-            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
-                grid=(n_q, 1, 1), block=(T, 1, 1), stream=stream, **_bounds
+            kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
+                grid=(n_q, 1, 1), block=(T, 1, 1), stream=stream, **bounds
             )
 
     return norm_bwd
@@ -541,26 +549,4 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         if cutlass.const_expr(has_bias):
             store_scalar(dba, _part(dbp[q, None], cta), g)
 
-    @cute.jit
-    def norm_bwd(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        dy: cute.Tensor,
-        dsum: cute.Tensor,
-        mean_in: cute.Tensor,
-        rstd_in: cute.Tensor,
-        dx: cute.Tensor,
-        dwp: cute.Tensor,
-        dbp: cute.Tensor,
-        stream,
-    ):
-        if cutlass.const_expr(C > 1):
-            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
-                grid=(dwp.shape[0] * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **_bounds
-            )
-        else:
-            _kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
-                grid=(dwp.shape[0], 1, 1), block=(T, 1, 1), stream=stream, **_bounds
-            )
-
-    return norm_bwd
+    return _launcher(_kernel, T, C, _bounds)

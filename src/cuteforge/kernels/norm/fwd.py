@@ -319,6 +319,14 @@ def make_norm_fwd(
     budget = config.ctas_per_sm - (1 if has_residual else 0)
     _bounds = launch_bounds(T, budget if use_async else 1)
 
+    return _launcher(_kernel, lambda m: cute.ceil_div(m, R), T, C, _bounds)
+
+
+def _launcher(kernel, n_groups, T: int, C: int, bounds: dict):
+    """@cute.jit norm_fwd(x, weight, bias, residual, y, residual_out, mean, rstd, stream): the
+    forward ``kernel`` on n_groups(M) CTA groups (traced inline) of C CTAs (a cluster when
+    C > 1) of T threads, with the launch ``bounds``."""
+
     @cute.jit
     def norm_fwd(
         x: cute.Tensor,
@@ -331,14 +339,14 @@ def make_norm_fwd(
         rstd_out: cute.Tensor,
         stream,
     ):
-        n_blocks = cute.ceil_div(x.shape[0], R)
+        q = n_groups(x.shape[0])
         if cutlass.const_expr(C > 1):
-            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **_bounds
+            kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds
             )
         else:
-            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream, **_bounds
+            kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(q, 1, 1), block=(T, 1, 1), stream=stream, **bounds
             )
 
     return norm_fwd
@@ -599,26 +607,4 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     if nr < m:
                         _issue(x, res, res, srows, full, nr, stage, cta)
 
-    @cute.jit
-    def norm_fwd(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        b: cute.Tensor,
-        res: cute.Tensor,
-        y: cute.Tensor,
-        res_out: cute.Tensor,
-        mean_out: cute.Tensor,
-        rstd_out: cute.Tensor,
-        stream,
-    ):
-        n_q = cutlass.min(x.shape[0], QMAX)
-        if cutlass.const_expr(C > 1):
-            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(n_q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **_bounds
-            )
-        else:
-            _kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(n_q, 1, 1), block=(T, 1, 1), stream=stream, **_bounds
-            )
-
-    return norm_fwd
+    return _launcher(_kernel, lambda m: cutlass.min(m, QMAX), T, C, _bounds)
