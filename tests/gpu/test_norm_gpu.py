@@ -768,17 +768,22 @@ def test_cluster_staged_bwd_many_rows_fp32_weight_and_views():
 STAGED_FWD_NS = [32768, 65536, 262144]
 
 
-def _staged_fwd_cases():
-    from cuteforge.kernels.norm.config import longrow_staged_fwd_candidates
-
+def _fwd_cases(candidates, ns, residuals):
+    """(kind, dtype, n, config, residual) for every kind, dtype, n in ``ns`` and each config
+    i of ``candidates(n, bits)``, with the residual flags ``residuals(i)``."""
     out = []
     for kind in KINDS:
         for dt in DTYPES:
-            for n in STAGED_FWD_NS:
-                for c in longrow_staged_fwd_candidates(n, dt.itemsize * 8):
-                    for res in (False, True):
-                        out.append((kind, dt, n, c, res))
+            for n in ns:
+                for i, c in enumerate(candidates(n, dt.itemsize * 8)):
+                    out += [(kind, dt, n, c, res) for res in residuals(i)]
     return out
+
+
+def _staged_fwd_cases():
+    from cuteforge.kernels.norm.config import longrow_staged_fwd_candidates
+
+    return _fwd_cases(longrow_staged_fwd_candidates, STAGED_FWD_NS, lambda i: (False, True))
 
 
 def _warm_fwd_cases(cases):
@@ -897,13 +902,7 @@ ASYNC_FWD_NS = [32768, 65536, 262144]
 def _async_fwd_cases():
     from cuteforge.kernels.norm.config import async_fwd_candidates
 
-    out = []
-    for kind in KINDS:
-        for dt in DTYPES:
-            for n in ASYNC_FWD_NS:
-                for i, c in enumerate(async_fwd_candidates(n, dt.itemsize * 8)):
-                    out.append((kind, dt, n, c, i % 2 == 1))
-    return out
+    return _fwd_cases(async_fwd_candidates, ASYNC_FWD_NS, lambda i: (i % 2 == 1,))
 
 
 @pytest.fixture(scope="module")
