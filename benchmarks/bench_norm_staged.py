@@ -163,6 +163,8 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
 
     arch = target_arch()
     todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async)
+    if args.defaults_only:
+        todo = [t for t in todo if t[4]]
     tc = time.time()
     jobs = []
     for op, dt, n, c, _ in todo:
@@ -266,6 +268,7 @@ def main() -> None:
     p.add_argument("--ns", default="4096,8192,16384")
     p.add_argument("--rep-ms", type=float, default=25.0)
     p.add_argument("--no-quack", action="store_true")
+    p.add_argument("--defaults-only", action="store_true", help="time only each shape's default config")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     t0 = time.time()
@@ -283,6 +286,8 @@ def main() -> None:
 
     arch = target_arch()
     todo = plans(ops, dtypes, ns)
+    if args.defaults_only:
+        todo = [t for t in todo if t[4]]
     tc = time.time()
     jobs = []
     for op, dt, n, c, _ in todo:

@@ -109,7 +109,10 @@ def main() -> None:
     p.add_argument("--sweep-dtypes", default="float32",
                    help="comma-separated dtypes whose candidate configs the sweep times (float32, bfloat16, float16)")
     p.add_argument("--skip-cache", action="store_true", help="leave out the cold / warm compile-cache timing")
+    p.add_argument("--flush", choices=timing.FLUSH_MODES, default="zero",
+                   help="L2 flush before each timed call (cuteforge.timing.FLUSH_MODES)")
     args = p.parse_args()
+    timing.set_flush_mode(args.flush)
     gpu = torch.cuda.get_device_name()
     t0 = time.time()
     copy_bps = timing.copy_bandwidth()
@@ -119,6 +122,7 @@ def main() -> None:
         "torch": torch.__version__,
         "cuteforge": cuteforge.__version__,
         "copy_GBps": round(copy_bps / 1e9, 1),
+        "flush": args.flush,
         "host_overhead": host_overhead(),
     }
     shapes = BAR_SHAPES + ([] if args.quick else EXTRA_SHAPES)

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from ptxas_check import ptxas_no_spill
+from ptxas_check import ptxas_no_spill, ptxas_report
 
 from cuteforge.kernels.softmax import MODES, SoftmaxConfig, candidate_configs, default_config
 from cuteforge.kernels.softmax.config import V2_FWD_MIN_N
@@ -488,7 +488,23 @@ def test_bwd_mbar_compile(compiler, mode, dt, n, vec, cfg):
     assert "mbarrier.arrive.expect_tx" in ptx
     assert not re.search(r"barrier\.cluster\.arrive(\.release)?(\.aligned)?;", ptx)
     assert "ex2.approx" in ptx if mode == "log_softmax_bwd" else True
-    ptxas_no_spill(ptx)
+    _check_bwd_registers(mode, dt, n, vec, cfg, ptx)
+
+
+def _check_bwd_registers(mode, dt, n, vec, cfg, ptx):
+    """No spill, except under the two-CTA register budget of fp16 softmax_bwd at > 32
+    elements per input (chunked.py): <= 128 registers there and a few bytes of spill
+    accepted (N = 262144: 97.9 % of copy against 75.0 % at 142 registers, softmax.md v2.5)."""
+    per_input = -(-n // (cfg.cluster_n * cfg.threads_per_row * vec)) * vec
+    if dt == "f16" and mode == "softmax_bwd" and per_input > 32 and cfg.threads == 256:
+        assert ".minnctapersm 2" in ptx
+        info = ptxas_report(ptx)
+        regs = int(re.search(r"Used (\d+) registers", info).group(1))
+        spill = int(re.search(r"(\d+) bytes spill stores", info).group(1))
+        assert regs <= 128 and spill <= 64, info[-600:]
+    else:
+        assert ".minnctapersm" not in ptx
+        ptxas_no_spill(ptx)
 
 
 def test_bwd_mbar_tx_bytes(compiler):
@@ -536,4 +552,4 @@ def test_bwd_mbar_default_compiles(compiler, mode, dt, n, vec):
     ptx = compiler(mode, dt, n, vec, cfg)
     assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32" in ptx
     assert not re.search(r"barrier\.cluster\.arrive(\.release)?(\.aligned)?;", ptx)
-    ptxas_no_spill(ptx)
+    _check_bwd_registers(mode, dt, n, vec, cfg, ptx)

@@ -15,6 +15,22 @@ import torch
 
 _FLUSH: dict[int, torch.Tensor] = {}
 
+# How `bench` evicts L2 before each timed call: "zero" writes a buffer 4x the L2 (as
+# triton's do_bench), which leaves the L2 full of dirty lines that are written back to DRAM
+# while the *timed* kernel runs (~9-11 us on the H200, measurable on a ~60 us memory-bound
+# kernel); "read" streams the same buffer through a reduction, which evicts the L2 (and
+# writes back the previous call's output, untimed) but leaves only clean lines.
+FLUSH_MODES = ("zero", "read")
+_flush_mode = "zero"
+
+
+def set_flush_mode(mode: str) -> None:
+    """Choose how `bench` flushes L2 (FLUSH_MODES); benchmark scripts expose it as --flush."""
+    global _flush_mode
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"flush mode {mode!r}: expected one of {FLUSH_MODES}")
+    _flush_mode = mode
+
 
 def _flush_buffer(device: int) -> torch.Tensor:
     if device not in _FLUSH:
@@ -44,7 +60,10 @@ def bench(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
         if flush is not None:
-            flush.zero_()
+            if _flush_mode == "zero":
+                flush.zero_()
+            else:
+                flush.sum()
         starts[i].record()
         fn()
         ends[i].record()

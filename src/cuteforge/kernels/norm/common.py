@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.nvgpu import cpasync
 
 from .config import NormConfig
@@ -172,6 +172,35 @@ def make_row_async(tile: Tile):
                 cute.autovec_copy(sv[None, K], frag[None, K])
 
     return share, issue, fetch_col
+
+
+def make_widen(dtype, vec: int, pairs: bool = True):
+    """@cute.jit widen(frag, out, k): out[v, k] = fp32 of frag[v, k] for every v < vec (out an
+    fp32 fragment of frag's (vec, KT1) shape; k a Constexpr column). With ``pairs``, bf16
+    pairs widen with one integer op per element (the low half shifted up 16 bits, the high
+    half masked: a bf16 is the top half of an fp32), where ptxas lowers ``cvt.f32.bf16`` of a
+    high half to two (PRMT + SHF): the long-row LayerNorm kernels are latency-bound on their
+    per-row instruction stream (ncu, docs/kernels/norm.md v2.9). Other dtypes, and
+    ``pairs=False``, convert."""
+    pairs = pairs and dtype is cutlass.BFloat16 and vec % 2 == 0
+
+    @cute.jit
+    def widen(frag: cute.Tensor, out: cute.Tensor, k: cutlass.Constexpr):
+        if cutlass.const_expr(pairs):
+            words = cute.recast_tensor(cute.make_tensor(frag.iterator + k * vec, cute.make_layout((vec,))), Uint32)
+            tmp = cute.make_rmem_tensor(cute.make_layout((2,)), Uint32)
+            tf = cute.recast_tensor(tmp, Float32)
+            for i in cutlass.range_constexpr(vec // 2):
+                word = words[i]
+                tmp[0] = word << 16
+                tmp[1] = word & Uint32(0xFFFF0000)
+                out[2 * i, k] = tf[0]
+                out[2 * i + 1, k] = tf[1]
+        else:
+            for v in cutlass.range_constexpr(vec):
+                out[v, k] = frag[v, k].to(Float32)
+
+    return widen
 
 
 def make_row_io(tile: Tile):

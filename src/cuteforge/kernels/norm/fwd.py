@@ -48,6 +48,7 @@ from .common import (
     make_stage_barrier_init,
     make_stage_issue,
     make_warp_moments,
+    make_widen,
     mbar_tx_bytes,
     moments_exchange_ok,
     persistent_group,
@@ -438,6 +439,11 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
     padded = bool(tile.REM or tile.TAIL)
     NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
+    # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
+    # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
+    # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds (norm.md v2.9)
+    widen_x = make_widen(x_dtype, V, pairs=C >= 8)
+    widen_w = make_widen(w_dtype, V, pairs=C >= 8)
     QMAX = int(groups) if groups else device_fwd_groups(config)
     _bounds = launch_bounds(T, config.ctas_per_sm)
 
@@ -499,6 +505,11 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
         br = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
         oc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        # fp32 copies, widened once per row (x) or per column (weight, bias)
+        xf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        rf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        wf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        bf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
         if cutlass.const_expr(padded):
             xc.fill(0.0)  # slots a thread does not own: zeros (masked in LayerNorm's centred sum)
             rc.fill(0.0)
@@ -526,11 +537,14 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 load_col(sx, xc, g, k)
                 if cutlass.const_expr(has_residual):
                     load_col(sr, rc, g, k)
+                widen_x(xc, xf, k)
+                if cutlass.const_expr(has_residual):
+                    widen_x(rc, rf, k)
+                    for v in cutlass.range_constexpr(tile.width(k)):
+                        xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)  # xc holds s from here on
+                    widen_x(xc, xf, k)
                 for v in cutlass.range_constexpr(tile.width(k)):
-                    sv = xc[v, k].to(Float32)
-                    if cutlass.const_expr(has_residual):
-                        xc[v, k] = (sv + rc[v, k].to(Float32)).to(x_dtype)  # xc holds s from here on
-                        sv = xc[v, k].to(Float32)
+                    sv = xf[v, k]
                     if cutlass.const_expr(is_ln):
                         acc[v % NACC] = acc[v % NACC] + sv
                     else:
@@ -543,7 +557,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             mean = Float32(0.0)
             if cutlass.const_expr(moments):
                 # pass 2 before the exchange: squares centred on the warp's own mean
-                wsum, wm2 = warp_moments(xc, tot, acc)
+                wsum, wm2 = warp_moments(xf, tot, acc)
                 tot, m2 = _moments(wsum, wm2, buf, xbar, it, tidx, cta)
                 mean = tot * Float32(inv_n)
                 tot = m2
@@ -563,7 +577,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
                     for v in cutlass.range_constexpr(tile.width(k)):
-                        d = xc[v, k].to(Float32) - mean
+                        d = xf[v, k] - mean
                         kind_k = tile.kind(k)
                         if cutlass.const_expr(kind_k == "partial"):
                             d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
@@ -594,10 +608,13 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     load_col(wg, wr, g, k)
                     if cutlass.const_expr(has_bias):
                         load_col(bg, br, g, k)
+                widen_w(wr, wf, k)
+                if cutlass.const_expr(has_bias):
+                    widen_w(br, bf, k)
                 for v in cutlass.range_constexpr(tile.width(k)):
-                    yv = (xc[v, k].to(Float32) - mean) * rstd * wr[v, k].to(Float32)
+                    yv = (xf[v, k] - mean) * rstd * wf[v, k]
                     if cutlass.const_expr(has_bias):
-                        yv = yv + br[v, k].to(Float32)
+                        yv = yv + bf[v, k]
                     oc[v, k] = yv.to(x_dtype)
                 store_col(oc, yo, g, k)
             if cutlass.const_expr(not early_refill):

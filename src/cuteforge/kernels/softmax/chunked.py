@@ -445,9 +445,17 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
                     if base + k * P < NV:
                         cute.copy(atom, out[None, k], gdx[None, k])
 
+    # fp16 softmax_bwd at 64 elements per input (N = 262144): ptxas takes 142 registers, one
+    # 256-thread CTA per SM (75 % of copy); a budget of two CTAs per SM (128 registers) keeps
+    # two rows in flight per SM, as bf16 (127 registers, 99 %) and log_softmax_bwd (127) do.
+    # Only there: elsewhere ptxas would fill a budget it does not need.
+    bounds: dict = {}
+    if dtype is cutlass.Float16 and not log and vec * KT > 32 and T * 2 * 128 <= 65536:
+        bounds = {"max_number_threads": [T, 1, 1], "min_blocks_per_mp": 2, "preferred_smem_carveout": -1}
+
     @cute.jit
     def softmax_bwd_mbar(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor, stream):
         grid = (cute.ceil_div(dy.shape[0], R) * C, 1, 1)
-        _bwd(dy, y, dx).launch(grid=grid, block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+        _bwd(dy, y, dx).launch(grid=grid, block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds)
 
     return softmax_bwd_mbar
