@@ -230,8 +230,11 @@ def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tu
     dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=gen)
     w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype)
     eps = 1e-6 if kind == "rms" else 1e-5
-    # fp32 reference: statistics, dx, dweight, dbias
-    xf = x.float()
+    # fp32 reference: statistics, dx, dweight, dbias. A copy even for fp32 x: x.float()
+    # would be x itself, and RMSNorm's xhat below is formed in place (it scaled the fp32
+    # inputs the kernels were then timed and checked on: rms fp32 rows read "correct": false
+    # before 2026-11-24, quack's the same)
+    xf = x.to(torch.float32, copy=True)
     mean = xf.mean(-1) if kind == "layer" else None
     xc = xf - mean[:, None] if mean is not None else xf
     rstd = torch.rsqrt(xc.pow(2).mean(-1) + eps)
