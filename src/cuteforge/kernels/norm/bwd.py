@@ -43,7 +43,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
-from cutlass.cute.nvgpu import cpasync
 
 from .common import (
     Tile,
@@ -53,8 +52,8 @@ from .common import (
     make_allreduce_mbar_rows,
     make_chunk,
     make_row_io,
-    make_stage_barrier_init,
     make_stage_issue,
+    make_stage_start,
     make_widen,
     mbar_tx_bytes,
     persistent_group,
@@ -382,7 +381,6 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         xtx = 0
         n_smem = reduce_smem_elems(tile, 2)
     S = staged_stages(config, n, x_dtype.width, has_dsum)
-    _init_barriers = make_stage_barrier_init(S + 1, C, xtx)  # S stages + the weight's
     n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)  # thread 0: (x, dy, dsum) chunks of a row -> a stage
     # refill a stage right after the next row's reduction (no extra barrier), which needs
@@ -401,6 +399,8 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     # 98.4 / 92.0 / 88.8 % of copy, RMSNorm bf16 within 1.5 points either way (norm.md v2.9)
     widen_x = make_widen(x_dtype, V)
     widen_w = make_widen(w_dtype, V)
+    # barriers (S stages + the weight's), the weight, the first S rows
+    _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, 1, w_smem)
     _bounds = launch_bounds(T, config.ctas_per_sm)
 
     _part = make_chunk(NC, C)  # this CTA's chunk of a row (the whole row without a cluster)
@@ -426,19 +426,10 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
         # with a cluster the row sums' exchange mbarriers
         srows, buf, full, xbar = staged_smem(smem, x_dtype, NC, S * n_rows, n_smem, S + 1, C)
-        sw = None
+        sw = srows  # a stand-in unless the weight sits in shared memory
         if cutlass.const_expr(w_smem):
             sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
-        _init_barriers(tidx, full, xbar if cutlass.const_expr(C > 1) else full)
-        if cutlass.const_expr(w_smem):
-            if tidx == 0:
-                watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
-                cute.arch.mbarrier_arrive_and_expect_tx(full + S, w_bytes)
-                cute.copy(watom, _part(w, cta), sw, mbar_ptr=full + S)
-        if tidx == 0:
-            for i in cutlass.range_constexpr(S):
-                if q + i * n_q < m:
-                    _issue(x, dy, dsum, srows, full, q + i * n_q, i, cta)
+        _start(tidx, cta, q, n_q, m, x, dy, dsum, w, w, srows, full, xbar if cutlass.const_expr(C > 1) else full, sw, sw)
 
         dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
         dwa.fill(0.0)

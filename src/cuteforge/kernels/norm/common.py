@@ -663,6 +663,39 @@ def make_stage_issue(dtype, nc: int, c: int, n_rows: int):
     return issue
 
 
+def make_stage_start(x_dtype, w_dtype, nc: int, c: int, stages: int, n_rows: int, xtx: int, n_w: int,
+                     w_smem: bool):
+    """@cute.jit start(tidx, cta, q, n_q, m, a, b, d, w, bias, srows, full, xbar, sw, sb): the
+    staged kernels' prologue once their shared memory is allocated (``staged_smem``): the
+    mbarriers (``make_stage_barrier_init``); with ``w_smem`` thread 0 bulk-copies this CTA's
+    chunk of the weight (and, n_w == 2, the bias) into sw (sb), completing on mbarrier
+    ``full + stages``; then it issues the CTA group's first ``stages`` rows (q, q + n_q, ...)
+    of a, b, d into the stages (``make_stage_issue``). Stand-ins for what a kernel lacks (xbar
+    without a cluster, sw / sb without ``w_smem``, bias with n_w == 1) are never touched."""
+    init = make_stage_barrier_init(stages + 1, c, xtx)
+    issue = make_stage_issue(x_dtype, nc, c, n_rows)
+    part = make_chunk(nc, c)
+    w_bytes = nc * w_dtype.width // 8
+
+    @cute.jit
+    def start(tidx, cta, q, n_q, m, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, w: cute.Tensor,
+              bias: cute.Tensor, srows: cute.Tensor, full, xbar, sw: cute.Tensor, sb: cute.Tensor):
+        init(tidx, full, xbar)
+        if cutlass.const_expr(w_smem):
+            if tidx == 0:
+                watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + stages, n_w * w_bytes)
+                cute.copy(watom, part(w, cta), sw, mbar_ptr=full + stages)
+                if cutlass.const_expr(n_w > 1):
+                    cute.copy(watom, part(bias, cta), sb, mbar_ptr=full + stages)
+        if tidx == 0:
+            for i in cutlass.range_constexpr(stages):
+                if q + i * n_q < m:
+                    issue(a, b, d, srows, full, q + i * n_q, i, cta)
+
+    return start
+
+
 def persistent_group(c: int):
     """(cta, q, n_q) of the calling CTA in a persistent grid of CTA groups (one cluster of
     c CTAs per group when c > 1): its rank in the cluster, its group, and the number of

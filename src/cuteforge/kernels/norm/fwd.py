@@ -33,7 +33,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
-from cutlass.cute.nvgpu import cpasync
 
 from .common import (
     Tile,
@@ -45,8 +44,8 @@ from .common import (
     make_moments_mbar,
     make_row_async,
     make_row_io,
-    make_stage_barrier_init,
     make_stage_issue,
+    make_stage_start,
     make_warp_moments,
     make_widen,
     mbar_tx_bytes,
@@ -425,7 +424,6 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         n_smem = reduce_smem_elems(tile, 2)
     n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
     S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
-    _init_barriers = make_stage_barrier_init(S + 1, C, xtx)  # S stages + the weight's (and bias')
     n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)
     _part = make_chunk(NC, C)
@@ -444,6 +442,8 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds (norm.md v2.9)
     widen_x = make_widen(x_dtype, V, pairs=C >= 8)
     widen_w = make_widen(w_dtype, V, pairs=C >= 8)
+    # barriers (S stages + the weight's and bias'), weight and bias, the first S rows
+    _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem)
     QMAX = int(groups) if groups else device_fwd_groups(config)
     _bounds = launch_bounds(T, config.ctas_per_sm)
 
@@ -481,24 +481,13 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
         # with a cluster the row sums' exchange mbarriers
         srows, buf, full, xbar = staged_smem(smem, x_dtype, NC, S * n_rows, n_smem, S + 1, C)
-        sw = None
-        sb = None
+        sw = srows  # stand-ins unless weight and bias sit in shared memory
+        sb = srows
         if cutlass.const_expr(w_smem):
             sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
             if cutlass.const_expr(has_bias):
                 sb = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
-        _init_barriers(tidx, full, xbar if cutlass.const_expr(C > 1) else full)
-        if cutlass.const_expr(w_smem):
-            if tidx == 0:
-                watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
-                cute.arch.mbarrier_arrive_and_expect_tx(full + S, n_w * w_bytes)
-                cute.copy(watom, _part(w, cta), sw, mbar_ptr=full + S)
-                if cutlass.const_expr(has_bias):
-                    cute.copy(watom, _part(b, cta), sb, mbar_ptr=full + S)
-        if tidx == 0:
-            for i in cutlass.range_constexpr(S):
-                if q + i * n_q < m:
-                    _issue(x, res, res, srows, full, q + i * n_q, i, cta)
+        _start(tidx, cta, q, n_q, m, x, res, res, w, b, srows, full, xbar if cutlass.const_expr(C > 1) else full, sw, sb)
 
         xc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
         rc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
