@@ -419,7 +419,8 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 #   rms fp32 >= 131073 (16 CTAs of 64 KiB chunks), 1024 threads, 2 stages: 262144 93.6
 #     (79.4; quack 90.2) -- 3 stages leave no room for the weight in shared memory: 79.2;
 #   layer 16-bit 32768 on 1024 threads 92.6, 65536 on 512 93.1, 131072 / 262144 on 256
-#     93.0 / 80.1, 4 stages (81.6 / 76.5 / 71.4 / 62.9);
+#     93.0 / 80.1, 4 stages (81.6 / 76.5 / 71.4 / 62.9); bf16 262144 84.7 since v2.9's integer
+#     widening (norm.md);
 #   layer fp32 65536 / 131072, 256 threads, 4 stages: 93.1 / 92.3 (87.4 / 77.7).
 # rms fp32 <= 131072 and layer fp32 at 32768 stay in registers (within a point, or faster);
 # layer fp32 at 262144 too (its 64 KiB chunks leave weight and bias no room: 51-60 %).
