@@ -175,8 +175,9 @@ def make_row_async(tile: Tile):
 
 
 def make_widen(dtype, vec: int, pairs: bool = True):
-    """@cute.jit widen(frag, out, k): out[v, k] = fp32 of frag[v, k] for every v < vec (out an
-    fp32 fragment of frag's (vec, KT1) shape; k a Constexpr column). With ``pairs``, bf16
+    """@cute.jit widen(frag, out, k): out[v, k] = fp32 of frag[v, k] for every v < vec (frag a
+    compact column-major (vec, KT1) register fragment, as the kernels make them, so column k
+    starts at element k * vec; out an fp32 one of the same shape; k a Constexpr). With ``pairs``, bf16
     pairs widen with one integer op per element (the low half shifted up 16 bits, the high
     half masked: a bf16 is the top half of an fp32), where ptxas lowers ``cvt.f32.bf16`` of a
     high half to two (PRMT + SHF): the long-row LayerNorm kernels are latency-bound on their
