@@ -285,6 +285,9 @@ def _patch_kernels(monkeypatch, ce):
     monkeypatch.setattr(ce, "_red_get", _reference_red_launcher(calls, works))
     monkeypatch.setattr(ce, "_PLANS", {})
     monkeypatch.setattr(ce, "_RED", {})
+    # the C++ autograd node without a kernel: every backward takes its fallback, ce._bwd
+    monkeypatch.setattr(ce, "_bwd_kernel", lambda *args: None)
+    monkeypatch.setattr(ce, "_NODE_PLANS", {})
     import torch
 
     ws = torch.zeros(1 << 16, dtype=torch.int32)
@@ -346,9 +349,11 @@ def test_warm_path_memo_key_and_reductions(monkeypatch):
     assert torch.isnan(ce.cross_entropy(e, t[:0])) and ce.cross_entropy(e, t[:0], reduction="sum") == 0  # M = 0: no launch
 
 
-def test_eager_grad_path_one_launch(monkeypatch):
-    """mean/sum with grad: one autograd node around one reduced launch with lse; its
-    backward hands the kernel lse[:M] and g / count (mean) or g (sum) per row."""
+@pytest.mark.parametrize("native_node", [True, False])
+def test_eager_grad_path_one_launch(monkeypatch, native_node):
+    """mean/sum with grad: one autograd node (the C++ one, or the Python one where that
+    is unavailable) around one reduced launch with lse; its backward hands the kernel
+    lse[:M] and g / count (mean) or g (sum) per row."""
     import sys
 
     import torch
@@ -358,6 +363,8 @@ def test_eager_grad_path_one_launch(monkeypatch):
 
     ce = sys.modules["cuteforge.ops.cross_entropy"]
     calls, works = _patch_kernels(monkeypatch, ce)
+    if not native_node:
+        monkeypatch.setattr(ce.native, "module", lambda: None)
     seen: list = []
 
     def bwd(logits, target, lse, dloss, ignore_index):

@@ -55,6 +55,7 @@ from ..kernels.cross_entropy.spec import (
     cross_entropy_fwd,
     cross_entropy_fwd_reduce,
 )
+from ..native import backward as native
 from ..signature import FLOAT_DTYPES
 
 __all__ = ["cross_entropy", "CHECK_TARGETS"]
@@ -218,6 +219,13 @@ def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple
     return loss, lse
 
 
+def _bwd_kernel(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, dlogits: torch.Tensor,
+                ignore_index: int) -> Any:
+    """The compiled backward for these operands (M > 0)."""
+    key = cross_entropy_bwd.signature.bind((logits, target, lse, dloss, dlogits), _WHERE)
+    return cross_entropy_bwd.get(key, (("ignore_index", ignore_index),), config_for(logits.shape[1], logits.element_size() * 8))
+
+
 def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """dlogits for a per-row loss gradient `dloss` (ignored rows get zeros in the kernel)."""
     m, n = logits.shape
@@ -231,8 +239,7 @@ def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: t
     k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15, lse.data_ptr() & 15, dloss.data_ptr() & 15)
     fn = _BWD.get(k)
     if fn is None:
-        key = cross_entropy_bwd.signature.bind((logits, target, lse, dloss, dlogits), _WHERE)
-        fn = cross_entropy_bwd.get(key, (("ignore_index", ignore_index),), config_for(n, logits.element_size() * 8))
+        fn = _bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
         if len(_BWD) >= _MAX_PLANS:
             _BWD.clear()
         _BWD[k] = fn
@@ -339,6 +346,77 @@ class _EagerReduced(torch.autograd.Function):
             scale = scale / lse[m]  # the count (fp32), as torch divides by it
         # a stride-0 (M,) view: _bwd materializes it as the kernel's contiguous dloss
         return _bwd(logits, target, lse[:m], scale.expand(m), ctx.ignore_index), None, None, None, None
+
+
+# --- the C++ autograd node (cuteforge.native): the eager backward without a Python node ---
+
+_NODE_PLANS: dict[tuple[Any, ...], Any] = {}
+
+
+def _node_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
+               reduced: bool, mean: bool) -> Any:
+    """Saved (logits, target, lse); the kernel reads a per-row fp32 dloss: the loss's own
+    gradient ("none"), or the scalar's spread over the rows (mean: divided by the count
+    the reduced forward stores at lse[M])."""
+    m, n = logits.shape
+    rows_lse = lse[:m]
+    dloss = torch.empty(m, dtype=torch.float32, device=logits.device)
+    dlogits = torch.empty((m, n), dtype=logits.dtype, device=logits.device)
+    fn = _bwd_kernel(logits, target, rows_lse, dloss, dlogits, ignore_index)
+    grad = native.grad_scalar_rows(m, 2 if mean else -1) if reduced else native.grad_as_is(dloss)
+
+    def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
+        lg, t, ls = saved
+        g = grads[0]
+        if reduced:
+            scale = torch.zeros((), device=lg.device) if g is None else g.float()
+            if mean:
+                scale = scale / ls[m]
+            return [_bwd(lg, t, ls[:m], scale.expand(m), ignore_index)]
+        return [_bwd(lg, t, ls, torch.zeros_like(dloss) if g is None else g, ignore_index)]
+
+    args = [native.arg(native.SAVED, 0, logits), native.contiguous_arg(native.SAVED, 1, (m,)),
+            native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.GRAD, 0, (m,)),
+            native.contiguous_arg(native.BUFFER, 0, (m, n))]
+    return native.make_plan("CuteforgeCrossEntropyBackward", fn, logits.device, [grad], [((m, n), logits.dtype)],
+                            args, [(native.AS_IS, 0, logits.dtype)], fallback)
+
+
+def _plan_for(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int, reduced: bool,
+              mean: bool) -> Any:
+    key = (*_key(logits, target, ignore_index), lse.shape, reduced, mean)
+    plan = _NODE_PLANS.get(key)
+    if plan is None:
+        if len(_NODE_PLANS) >= _MAX_PLANS:
+            _NODE_PLANS.clear()
+        plan = _NODE_PLANS[key] = _node_plan(logits, target, lse, ignore_index, reduced, mean)
+    return plan
+
+
+def _native_autograd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor | None:
+    """The loss with the C++ node as grad_fn, or None where the Python nodes run instead
+    (no extension, forward AD, M == 0, a strided target, a grid the reduced kernel
+    does not take)."""
+    m = logits.shape[0]
+    if native.module() is None or native.forward_ad_active() or m == 0 or target.stride(0) != 1:
+        return None
+    if reduction == "none":
+        loss, lse = _fwd(logits, target, ignore_index)
+        native.attach(_plan_for(logits, target, lse, ignore_index, False, False), [logits], [loss],
+                      [logits, target, lse])
+        return loss.to(logits.dtype)
+    mean = reduction == "mean"
+    try:
+        fn, words = _RED[(*_key(logits, target, ignore_index), mean, True)]
+    except KeyError:
+        fn, words = _red_launcher(logits, target, ignore_index, mean, True)
+    if fn is None:
+        return None
+    lse = logits.new_empty(m + 1, dtype=torch.float32)
+    out = logits.new_empty(())
+    fn(logits, target, out.view(1), lse, _work(logits.get_device(), words))
+    native.attach(_plan_for(logits, target, lse, ignore_index, True, mean), [logits], [out], [logits, target, lse])
+    return out
 
 
 def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_index: int, dtype: torch.dtype) -> torch.Tensor:
@@ -457,6 +535,9 @@ def cross_entropy(
     if CHECK_TARGETS:
         _check_targets(target, logits.shape[1], ignore_index)
     if logits.requires_grad and _grad_enabled():
+        loss = _native_autograd(logits, target, ignore_index, reduction)
+        if loss is not None:
+            return loss
         if reduction != "none":
             return _EagerReduced.apply(logits, target, ignore_index, reduction == "mean", logits.dtype)
         return _Eager.apply(logits, target, ignore_index).to(logits.dtype)

@@ -28,6 +28,7 @@ import torch
 
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
+from ..native import backward as native
 from .layout import as_rows
 
 MAX_N = 262144
@@ -172,6 +173,20 @@ def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
 # --------------------------------------------------------------------------- backward
 
 
+def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor | None,
+                rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None) -> tuple[int, Any]:
+    """(Q, the compiled backward) for (M, N) rows, M > 0: Q is the dweight partials' rows."""
+    m, n = xs.shape
+    cfg = config or norm_config.default_config(n, xs.element_size() * 8, backward=True)
+    q = bwd_groups(xs.device, cfg, m)
+    probe = torch.empty((q, n), dtype=torch.float32, device=xs.device)
+    st = rstd if mean is None else mean
+    dx = torch.empty((m, n), dtype=xs.dtype, device=xs.device)
+    key = norm_bwd.signature.bind((xs, w, dy, dy if dsum is None else dsum, st, rstd, dx, probe, probe),
+                                  f"cuteforge.ops.{kind}_norm backward")
+    return q, norm_bwd.get(key, (("has_bias", has_bias), ("has_dsum", dsum is not None), ("kind", kind)), cfg)
+
+
 def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, mean: torch.Tensor | None,
               rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None,
               need_dw: bool = True):
@@ -193,14 +208,7 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
             rstd.data_ptr() & 15, None if mean is None else mean.data_ptr() & 15, config)
     plan = _PLANS.get(memo)
     if plan is None:
-        cfg = config or norm_config.default_config(n, xs.element_size() * 8, backward=True)
-        q = bwd_groups(xs.device, cfg, m)
-        probe = torch.empty((q, n), dtype=torch.float32, device=xs.device)
-        st = rstd if mean is None else mean
-        key = norm_bwd.signature.bind((xs, w, dy, dy if dsum is None else dsum, st, rstd, dx, probe, probe),
-                                      f"cuteforge.ops.{kind}_norm backward")
-        launch = norm_bwd.get(key, (("has_bias", has_bias), ("has_dsum", dsum is not None), ("kind", kind)), cfg)
-        plan = (q, launch)
+        plan = _bwd_kernel(kind, xs, w, dy, mean, rstd, dsum, has_bias, config)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[memo] = plan
@@ -345,6 +353,72 @@ class _LayerFn(torch.autograd.Function):
         return dx, dw, (db if ctx.has_bias else None), (dx if ctx.has_res else None), None
 
 
+# --------------------------------------------------------------------------- the C++ autograd node
+
+_NODE_PLANS: dict[tuple[Any, ...], Any] = {}
+
+
+def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, mean: torch.Tensor | None,
+               rstd: torch.Tensor, has_bias: bool, has_res: bool) -> Any:
+    """The C++ node's plan: saved (xs, w, [mean], rstd); inputs (x, weight, [bias], residual);
+    the kernel writes dx and fp32 dweight/dbias partials, summed over dim 0 by the node."""
+    m, n = xs.shape
+    q, fn = _bwd_kernel(kind, xs, w, y, mean, rstd, y if has_res else None, has_bias)
+    f32 = torch.float32
+    i_rstd = 2 if mean is None else 3
+    rows = (m, n)
+    args = [native.arg(native.SAVED, 0, xs), native.arg(native.SAVED, 1, w),
+            native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.GRAD, 1 if has_res else 0, rows),
+            native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.SAVED, i_rstd, (m,)),
+            native.contiguous_arg(native.BUFFER, 0, rows), native.contiguous_arg(native.BUFFER, 1, (q, n)),
+            native.contiguous_arg(native.BUFFER, 2 if has_bias else 1, (q, n))]
+    buffers = [(rows, xs.dtype), ((q, n), f32)] + ([((q, n), f32)] if has_bias else [])
+    res_out = (native.AS_IS, 0, xs.dtype) if has_res else (native.NO_GRAD, 0, xs.dtype)
+    outs = [(native.AS_IS, 0, xs.dtype), (native.COLUMN_SUM, 1, w.dtype)]
+    if kind == "layer":
+        outs.append((native.COLUMN_SUM, 2, w.dtype) if has_bias else (native.NO_GRAD, 0, w.dtype))
+    outs.append(res_out)
+
+    def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
+        dy = torch.zeros_like(y) if grads[0] is None else grads[0]
+        dro = None
+        if has_res:
+            dro = torch.zeros_like(y) if grads[1] is None else grads[1]
+        t_mean = saved[2] if kind == "layer" else None
+        dx, dw, db = _backward(kind, dy, saved[0], saved[1], t_mean, saved[-1], dro, has_bias)
+        return [dx, dw] + ([db] if kind == "layer" else []) + [dx if has_res else None]
+
+    grads = [native.grad_as_is(y)] * (2 if has_res else 1)
+    name = "CuteforgeRmsNormBackward" if kind == "rms" else "CuteforgeLayerNormBackward"
+    return native.make_plan(name, fn, xs.device, grads, buffers, args, outs, fallback)
+
+
+def _autograd(kind: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, r2: torch.Tensor | None,
+              eps: float) -> Any:
+    """The forward with autograd for 2-D x: through the C++ node where it applies (unit
+    last strides, M > 0, no forward AD), else through the Python autograd.Function."""
+    if (native.module() is None or native.forward_ad_active() or x2.shape[0] == 0 or x2.stride(1) != 1
+            or weight.stride(0) != 1 or (bias is not None and bias.stride(0) != 1)
+            or (r2 is not None and r2.stride(1) != 1)):
+        if kind == "rms":
+            return _RmsFn.apply(x2, weight, r2, eps)
+        return _LayerFn.apply(x2, weight, bias, r2, eps)
+    y, ro, mean, rstd = _forward(kind, x2, weight, bias, r2, eps)
+    xs = x2 if ro is None else ro
+    key = (kind, bias is not None, xs.dtype, xs.shape, xs.stride(), xs.data_ptr() & 15, xs.get_device(),
+           weight.dtype, weight.data_ptr() & 15, r2 is not None)
+    plan = _NODE_PLANS.get(key)
+    if plan is None:
+        if len(_NODE_PLANS) >= _MAX_PLANS:
+            _NODE_PLANS.clear()
+        plan = _NODE_PLANS[key] = _node_plan(kind, xs, weight, y, mean, rstd, bias is not None, r2 is not None)
+    if kind == "rms":
+        native.attach(plan, [x2, weight, r2], [y] if ro is None else [y, ro], [xs, weight, rstd])
+    else:
+        native.attach(plan, [x2, weight, bias, r2], [y] if ro is None else [y, ro], [xs, weight, mean, rstd])
+    return y if ro is None else (y, ro)
+
+
 # --------------------------------------------------------------------------- public entry points
 
 _is_compiling = torch.compiler.is_compiling
@@ -444,10 +518,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residu
         run = _eager_plan("rms", where, x, weight, None, residual, eps)  # raises on bad input
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)):
         if x.dim() == 2:  # no reshape/view nodes in the autograd graph
-            return _RmsFn.apply(x, weight, residual, float(eps))
+            return _autograd("rms", x, weight, None, residual, float(eps))
         shape = x.shape
         r2 = None if residual is None else residual.reshape(-1, shape[-1])
-        out = _RmsFn.apply(x.reshape(-1, shape[-1]), weight, r2, float(eps))
+        out = _autograd("rms", x.reshape(-1, shape[-1]), weight, None, r2, float(eps))
         return out.view(shape) if residual is None else (out[0].view(shape), out[1].view(shape))
     return run(x, weight, None, residual)
 
@@ -475,9 +549,9 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
                             or (residual is not None and residual.requires_grad)):
         if x.dim() == 2:
-            return _LayerFn.apply(x, weight, bias, residual, float(eps))
+            return _autograd("layer", x, weight, bias, residual, float(eps))
         shape = x.shape
         r2 = None if residual is None else residual.reshape(-1, shape[-1])
-        out = _LayerFn.apply(x.reshape(-1, shape[-1]), weight, bias, r2, float(eps))
+        out = _autograd("layer", x.reshape(-1, shape[-1]), weight, bias, r2, float(eps))
         return out.view(shape) if residual is None else (out[0].view(shape), out[1].view(shape))
     return run(x, weight, bias, residual)

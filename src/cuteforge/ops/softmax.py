@@ -24,6 +24,7 @@ import torch
 
 from ..arch import target_arch
 from ..kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
+from ..native import backward as native
 from ..signature import FLOAT_DTYPES, dtype_name
 from .layout import as_rows
 
@@ -124,6 +125,18 @@ def _fwd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     return y
 
 
+def _bwd_kernel(mode: str, dy2: torch.Tensor, y2: torch.Tensor, where: str) -> Any:
+    """The compiled backward for (M, N) operands (M, N > 0)."""
+    m, n = y2.shape
+    dx2 = torch.empty(m, n, dtype=y2.dtype, device=y2.device)
+    key = softmax_bwd.signature.bind((dy2, y2, dx2), where)
+    from ..autotune import lookup
+
+    params = (("mode", mode),)
+    cfg = lookup(softmax_bwd, key, params, {"M": m}) or config_for(target_arch(), n, y2.element_size() * 8, True, m)
+    return softmax_bwd.get(key, params, cfg)
+
+
 def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     where = f"cuteforge.ops.{mode.removesuffix('_bwd')}_backward"
     _check(where, "grad", dy)
@@ -139,13 +152,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     m, n = y2.shape
     launch: Callable[..., Any] = _skip
     if m > 0 and n > 0:
-        dx2 = torch.empty(m, n, dtype=y.dtype, device=y.device)
-        key = softmax_bwd.signature.bind((dy2, y2, dx2), where)
-        from ..autotune import lookup
-
-        params = (("mode", mode),)
-        cfg = lookup(softmax_bwd, key, params, {"M": m}) or config_for(target_arch(), n, y.element_size() * 8, True, m)
-        fn = softmax_bwd.get(key, params, cfg)
+        fn = _bwd_kernel(mode, dy2, y2, where)
         if _direct(dy) and _direct(y):
             launch = fn
         else:
@@ -227,6 +234,48 @@ def _eager_function(mode: str) -> Any:
     return _Fn
 
 
+_NODE_PLANS: dict[tuple[Any, ...], Any] = {}
+
+
+def _node_plan(mode: str, y: torch.Tensor, dim: int) -> Any:
+    """The C++ autograd node's plan for a forward output y (fresh, contiguous): the
+    backward kernel reads (grad, y) as (M, N) rows and writes dx."""
+    bwd_mode = f"{mode}_bwd"
+    n = y.shape[-1]
+    m = y.numel() // n if n else 0
+    fn = None
+    if m > 0 and n > 0:
+        y2 = y.view(m, n)
+        fn = _bwd_kernel(bwd_mode, y2, y2, f"cuteforge.ops.{mode}_backward")
+
+    def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
+        (g,), (t,) = grads, saved
+        return [_bwd(bwd_mode, torch.zeros_like(t) if g is None else g, t, dim)]
+
+    rows = (m, n)
+    return native.make_plan(
+        f"Cuteforge{mode.title().replace('_', '')}Backward", fn, y.device,
+        grads=[native.grad_as_is(y)], buffers=[(y.shape, y.dtype)],
+        args=[native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.SAVED, 0, rows),
+              native.contiguous_arg(native.BUFFER, 0, rows)],
+        outs=[(native.AS_IS, 0, y.dtype)], fallback=fallback)
+
+
+def _native_autograd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor | None:
+    """y with the C++ autograd node as grad_fn; None where that node is unavailable."""
+    if native.module() is None or native.forward_ad_active():
+        return None
+    y = _fwd(mode, x, dim)
+    key = (mode, dim, y.dtype, y.shape, y.get_device())
+    plan = _NODE_PLANS.get(key)
+    if plan is None:
+        if len(_NODE_PLANS) >= _MAX_PLANS:
+            _NODE_PLANS.clear()
+        plan = _NODE_PLANS[key] = _node_plan(mode, y, dim)
+    native.attach(plan, [x], [y], [y])
+    return y
+
+
 def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
@@ -240,7 +289,8 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
         if is_compiling():
             return custom(x, dim)
         if getattr(x, "requires_grad", False) and grad_enabled():
-            return apply(x, dim)
+            y = _native_autograd(mode, x, dim)
+            return apply(x, dim) if y is None else y
         try:
             shape, launch = plans[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
         except (AttributeError, KeyError, TypeError):

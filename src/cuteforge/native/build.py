@@ -1,0 +1,87 @@
+"""Build and load the C++ autograd node (ffi_backward.cpp) as a torch extension.
+
+Built once per machine for each (source, torch, tvm-ffi, Python) combination, into the
+cuteforge cache directory (`CUTEFORGE_CACHE_DIR`, default ~/.cache/cuteforge) under a
+file lock, so concurrent processes build it once; later processes load the shared
+object in milliseconds. A build takes ~25-30 s (torch's headers); `cuteforge library`
+does it ahead of time. It needs a C++ compiler and no CUDA toolkit.
+
+When the build cannot run (no compiler, `CUTEFORGE_NATIVE_AUTOGRAD=0`), `load()` returns
+None after one warning and the ops keep their Python autograd nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+from filelock import FileLock
+
+SOURCE = Path(__file__).with_name("ffi_backward.cpp")
+_state: dict[str, object] = {}
+log = logging.getLogger("cuteforge.native")
+
+
+def enabled() -> bool:
+    return os.environ.get("CUTEFORGE_NATIVE_AUTOGRAD", "1") != "0"
+
+
+def build_tag() -> str:
+    import torch
+    import tvm_ffi
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(f"{torch.__version__}|{tvm_ffi.__version__}|{sys.version}|{sys.platform}".encode())
+    return h.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    from ..cache import cache_root
+
+    return cache_root() / "native" / f"ffi_backward-{build_tag()}"
+
+
+def load() -> ModuleType | None:
+    """The extension module, building it first if this machine has none; None when it
+    is disabled or cannot be built (warned once per process)."""
+    if "module" in _state:
+        return _state["module"]  # type: ignore[return-value]
+    mod = None
+    if enabled():
+        try:
+            mod = _build_and_load()
+        except Exception as e:  # no compiler, headers missing: keep the Python nodes
+            warnings.warn(f"cuteforge: the C++ autograd node could not be built ({type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); eager backward "
+                          "passes use Python autograd nodes (set CUTEFORGE_NATIVE_AUTOGRAD=0 to silence)",
+                          RuntimeWarning, stacklevel=3)
+    _state["module"] = mod
+    return mod
+
+
+def _build_and_load() -> ModuleType:
+    import tvm_ffi.libinfo as ffi_info
+    from torch.utils import cpp_extension
+
+    directory = build_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    libdir = str(Path(ffi_info.find_libtvm_ffi()).parent)
+    includes = sorted({*ffi_info.include_paths(), ffi_info.find_dlpack_include_path()})
+    with FileLock(str(directory) + ".lock"):
+        if not any(directory.glob("*.so")):
+            log.warning("cuteforge: building the C++ autograd node once for this torch (~30 s) in %s", directory)
+        return cpp_extension.load(
+            name=f"cuteforge_ffi_backward_{build_tag()}",
+            sources=[str(SOURCE)],
+            extra_include_paths=includes,
+            extra_cflags=["-O2"],
+            extra_ldflags=[f"-L{libdir}", "-ltvm_ffi", f"-Wl,-rpath,{libdir}"],
+            build_directory=str(directory),
+            with_cuda=False,
+            verbose=False,
+        )

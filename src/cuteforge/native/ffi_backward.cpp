@@ -1,0 +1,303 @@
+// cuteforge's eager autograd node: a C++ torch::autograd::Node whose backward calls a
+// compiled TVM-FFI kernel through the TVM-FFI C ABI, without Python.
+//
+// Why: the autograd engine runs a CUDA node's backward on its device thread. A Python
+// node (torch.autograd.Function) must take the GIL there, and on the H200 that hop cost
+// ~55 us per backward against ~20 us for a C++ node (docs/kernels/norm.md, "Small-N
+// backward"): more than the kernel at small sizes.
+//
+// The node knows nothing about any op. Python builds a Plan per forward layout
+// (cuteforge/native/backward.py): which incoming gradients the kernel takes and the
+// layout each must have, which buffers to allocate, the kernel's argument list (each a
+// saved tensor, a gradient or a buffer, with the (sizes, strides) view the kernel reads),
+// and which buffer answers which input (as is, or summed over dim 0 and cast: the
+// per-CTA partials of a dweight). A gradient in any other layout, an undefined one, a
+// double backward (grad mode on) or a plan without a kernel goes to the plan's Python
+// fallback, which is the op's ordinary backward.
+
+#include <torch/extension.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace ag = torch::autograd;
+namespace py = pybind11;
+
+namespace {
+
+// torch 2.13 holds nodes in c10::intrusive_ptr, earlier releases in std::shared_ptr.
+using NodePtr = decltype(ag::Edge::function);
+
+template <class T>
+auto make_node() {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<ag::Node>>) {
+    return std::make_shared<T>();
+  } else {
+    return c10::make_intrusive<T>();
+  }
+}
+
+at::ScalarType scalar_type(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  if (name == "int64") return at::kLong;
+  if (name == "int32") return at::kInt;
+  throw std::invalid_argument("cuteforge native node: unsupported dtype " + name);
+}
+
+DLDataType dl_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return {kDLFloat, 32, 1};
+    case at::kDouble: return {kDLFloat, 64, 1};
+    case at::kHalf: return {kDLFloat, 16, 1};
+    case at::kBFloat16: return {kDLBfloat, 16, 1};
+    case at::kLong: return {kDLInt, 64, 1};
+    case at::kInt: return {kDLInt, 32, 1};
+    default: throw std::invalid_argument("cuteforge native node: no DLPack dtype for this tensor");
+  }
+}
+
+enum Source : int { kSaved = 0, kGrad = 1, kBuffer = 2 };
+
+// An incoming gradient the kernel reads.
+struct GradSpec {
+  int transform;  // 0: as is (checked below); 1: a 0-dim loss gradient spread over `rows` fp32 rows
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes;  // transform 0: the contiguous layout it must have
+  int64_t rows;                // transform 1
+  int divide_by_saved;         // transform 1: >= 0 divides by saved[k][rows] (a mean's count)
+};
+
+struct ArgSpec {
+  int source;  // Source
+  int index;
+  std::vector<int64_t> sizes, strides;  // the view the kernel reads
+};
+
+struct OutSpec {
+  int kind;  // 0: no gradient; 1: buffer as is; 2: buffer summed over dim 0, cast to dtype
+  int index;
+  at::ScalarType dtype;
+};
+
+struct Plan {
+  std::string name;
+  TVMFFIObjectHandle fn = nullptr;  // owned reference; null: always the fallback
+  at::Device device{at::kCPU};
+  std::vector<GradSpec> grads;
+  std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> buffers;
+  std::vector<ArgSpec> args;
+  std::vector<OutSpec> outs;
+  py::object fallback;  // fallback(grads: list, saved: list) -> list of input gradients
+
+  ~Plan() {
+    if (fn) TVMFFIObjectDecRef(fn);
+    if (Py_IsInitialized()) {  // the last node may die on an autograd thread
+      py::gil_scoped_acquire gil;
+      fallback = py::object();
+    } else {
+      fallback.release();
+    }
+  }
+};
+
+[[noreturn]] void raise_ffi_error(const std::string& where) {
+  TVMFFIObjectHandle err = nullptr;
+  TVMFFIErrorMoveFromRaised(&err);
+  std::string msg = where + ": the kernel call failed";
+  if (err) {
+    TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(err);
+    msg += std::string(" (") + std::string(cell->kind.data, cell->kind.size) + ": " +
+           std::string(cell->message.data, cell->message.size) + ")";
+    TVMFFIObjectDecRef(err);
+  }
+  throw std::runtime_error(msg);
+}
+
+bool aligned(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
+
+struct FfiBackward : public ag::Node {
+  std::shared_ptr<const Plan> plan;
+  std::vector<ag::SavedVariable> saved;
+
+  std::string name() const override { return plan->name; }
+
+  void release_variables() override {
+    for (auto& s : saved) s.reset_data();
+  }
+
+  ag::variable_list apply(ag::variable_list&& grads) override {
+    std::vector<at::Tensor> sv;
+    sv.reserve(saved.size());
+    for (auto& s : saved) sv.push_back(s.unpack());  // raises if freed or modified in place
+    const Plan& p = *plan;
+    std::vector<at::Tensor> g(p.grads.size());
+    bool fast = p.fn != nullptr && !at::GradMode::is_enabled() && grads.size() == p.grads.size();
+    for (size_t i = 0; fast && i < p.grads.size(); ++i) {
+      const GradSpec& s = p.grads[i];
+      const at::Tensor& t = grads[i];
+      if (!t.defined() || t.device() != p.device) {
+        fast = false;
+      } else if (s.transform == 0) {
+        fast = t.scalar_type() == s.dtype && t.sizes().equals(s.sizes) && t.is_contiguous() && aligned(t);
+        g[i] = t;
+      } else {
+        fast = t.dim() == 0;
+        if (fast) {
+          at::Tensor v = t.to(at::kFloat);
+          if (s.divide_by_saved >= 0) v = v / sv[s.divide_by_saved].select(0, s.rows);
+          g[i] = v.expand({s.rows}).contiguous();
+        }
+      }
+    }
+    if (!fast) return fallback(grads, sv);
+
+    std::vector<at::Tensor> bufs;
+    bufs.reserve(p.buffers.size());
+    for (const auto& b : p.buffers) bufs.push_back(at::empty(b.first, at::TensorOptions().dtype(b.second).device(p.device)));
+
+    std::vector<DLTensor> dl(p.args.size());
+    std::vector<TVMFFIAny> any(p.args.size());
+    const DLDevice dev{p.device.is_cuda() ? kDLCUDA : kDLCPU, p.device.is_cuda() ? p.device.index() : 0};
+    for (size_t i = 0; i < p.args.size(); ++i) {
+      const ArgSpec& a = p.args[i];
+      const at::Tensor& t = a.source == kSaved ? sv[a.index] : a.source == kGrad ? g[a.index] : bufs[a.index];
+      dl[i].data = t.data_ptr();
+      dl[i].device = dev;
+      dl[i].ndim = static_cast<int32_t>(a.sizes.size());
+      dl[i].dtype = dl_dtype(t.scalar_type());
+      dl[i].shape = const_cast<int64_t*>(a.sizes.data());
+      dl[i].strides = const_cast<int64_t*>(a.strides.data());
+      dl[i].byte_offset = 0;
+      any[i].type_index = kTVMFFIDLTensorPtr;
+      any[i].zero_padding = 0;
+      any[i].v_ptr = &dl[i];
+    }
+    call(any);
+
+    ag::variable_list out(p.outs.size());
+    for (size_t i = 0; i < p.outs.size(); ++i) {
+      const OutSpec& o = p.outs[i];
+      if (o.kind == 1) {
+        out[i] = bufs[o.index];
+      } else if (o.kind == 2 && task_should_compute_output(i)) {
+        out[i] = bufs[o.index].sum(0).to(o.dtype);
+      }
+    }
+    return out;
+  }
+
+  void call(std::vector<TVMFFIAny>& any) {
+    const Plan& p = *plan;
+    TVMFFIAny result;
+    result.type_index = kTVMFFINone;
+    result.zero_padding = 0;
+    result.v_int64 = 0;
+    int rc;
+    if (p.device.is_cuda()) {
+      // The kernels launch on TVM-FFI's environment stream: make it torch's current one
+      // (the engine has set the forward's stream for this node), then put back the old.
+      void* stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(p.device).native_handle();
+      TVMFFIStreamHandle previous = nullptr;
+      if (TVMFFIEnvSetStream(kDLCUDA, p.device.index(), stream, &previous) != 0) raise_ffi_error(p.name);
+      rc = TVMFFIFunctionCall(p.fn, any.data(), static_cast<int32_t>(any.size()), &result);
+      TVMFFIEnvSetStream(kDLCUDA, p.device.index(), previous, nullptr);
+    } else {
+      rc = TVMFFIFunctionCall(p.fn, any.data(), static_cast<int32_t>(any.size()), &result);
+    }
+    if (rc != 0) raise_ffi_error(p.name);
+    if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj) TVMFFIObjectDecRef(result.v_obj);
+  }
+
+  ag::variable_list fallback(const ag::variable_list& grads, const std::vector<at::Tensor>& sv) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list gl, sl;
+      for (const auto& t : grads) t.defined() ? gl.append(t) : gl.append(py::none());
+      for (const auto& t : sv) t.defined() ? sl.append(t) : sl.append(py::none());
+      py::object r = plan->fallback(gl, sl);
+      ag::variable_list out;
+      for (py::handle h : r) out.push_back(h.is_none() ? at::Tensor() : h.cast<at::Tensor>());
+      return out;
+    } catch (py::error_already_set& e) {
+      e.restore();  // keep the Python exception (type and message) for the caller
+      python_error err;
+      err.persist();
+      throw err;
+    }
+  }
+};
+
+std::shared_ptr<Plan> make_plan(const std::string& name, uintptr_t fn, const std::string& device_type, int64_t device_index,
+                                const std::vector<py::tuple>& grads,
+                                const std::vector<std::pair<std::vector<int64_t>, std::string>>& buffers,
+                                const std::vector<py::tuple>& args, const std::vector<py::tuple>& outs, py::object fallback) {
+  auto p = std::make_shared<Plan>();
+  p->name = name;
+  p->device = device_type == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)) : at::Device(at::kCPU);
+  for (const auto& g : grads) {
+    p->grads.push_back({g[0].cast<int>(), scalar_type(g[1].cast<std::string>()), g[2].cast<std::vector<int64_t>>(),
+                        g[3].cast<int64_t>(), g[4].cast<int>()});
+  }
+  for (const auto& b : buffers) p->buffers.emplace_back(b.first, scalar_type(b.second));
+  for (const auto& a : args) {
+    ArgSpec s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>()};
+    if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(name + ": an argument's sizes and strides differ in length");
+    p->args.push_back(std::move(s));
+  }
+  for (const auto& o : outs) p->outs.push_back({o[0].cast<int>(), o[1].cast<int>(), scalar_type(o[2].cast<std::string>())});
+  p->fallback = std::move(fallback);
+  if (fn) {
+    p->fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
+    TVMFFIObjectIncRef(p->fn);
+  }
+  return p;
+}
+
+// Record the backward of an already computed forward: `inputs` are the forward's
+// differentiable inputs (None where absent), one gradient edge each; `outputs` get this
+// node as grad_fn; `saved` are kept for the backward (an output among them is kept as a
+// detached alias: same storage and version counter, no reference cycle).
+void attach(const std::shared_ptr<Plan>& plan, const std::vector<std::optional<at::Tensor>>& inputs,
+            const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& saved) {
+  auto node = make_node<FfiBackward>();
+  node->plan = plan;
+  ag::edge_list edges;
+  edges.reserve(inputs.size());
+  for (const auto& t : inputs) {
+    if (t.has_value() && t->defined() && t->requires_grad()) {
+      edges.push_back(ag::impl::gradient_edge(*t));
+    } else {
+      edges.emplace_back();
+    }
+  }
+  node->set_next_edges(std::move(edges));
+  node->saved.reserve(saved.size());
+  for (const auto& t : saved) {
+    bool is_output = false;
+    for (const auto& o : outputs) is_output = is_output || o.unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+    node->saved.emplace_back(is_output ? t.detach() : t, false);
+  }
+  NodePtr fn(std::move(node));
+  for (const auto& o : outputs) ag::set_history(const_cast<at::Tensor&>(o), fn);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan");
+  m.def("make_plan", &make_plan, "A backward plan (see cuteforge/native/backward.py)");
+  m.def("attach", &attach, "Attach a C++ backward node to computed outputs");
+}

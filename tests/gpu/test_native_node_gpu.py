@@ -1,0 +1,144 @@
+"""The ops' eager backward through the C++ autograd node (cuteforge/native) on the GPU:
+every op takes it (grad_fn names it), and its gradients are bitwise those of the Python
+autograd.Function path (the same kernels and torch sums), for odd shapes, every dtype,
+bias / residual / fp32 weight, every cross-entropy reduction, gradients in other layouts
+(the fallback), a side stream, retain_graph and CUDA graph capture. The op-level
+gradient checks against torch live in each op's GPU test file."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuteforge.ops as ops
+from cuteforge.native import backward as native
+from cuteforge.native import build
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(build.load() is None, reason="no C++ autograd node here")]
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(1, 1), (7, 1000), (3, 65537), (37, 4096)]
+
+
+def _cases(m: int, n: int, dtype: torch.dtype):
+    """(name, expected grad_fn name, f(leaves) -> output tensor, leaves)."""
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + n)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    w = (1 + 0.5 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+    b = (0.5 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+    r = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    w32 = w.float()
+    t = torch.randint(0, n, (m,), device="cuda", generator=g)
+    if m > 1:
+        t[0] = -100  # an ignored row (not the only one: an all-ignored mean is 0 / 0)
+    return [
+        ("softmax", "CuteforgeSoftmaxBackward", lambda x: ops.softmax(x), [x]),
+        ("log_softmax", "CuteforgeLogSoftmaxBackward", lambda x: ops.log_softmax(x), [x]),
+        ("softmax_3d", "CuteforgeSoftmaxBackward", lambda x: ops.softmax(x.view(m, 1, n)), [x]),
+        ("rms", "CuteforgeRmsNormBackward", lambda x, w: ops.rms_norm(x, w, 1e-6), [x, w]),
+        ("rms_fp32_w", "CuteforgeRmsNormBackward", lambda x, w: ops.rms_norm(x, w, 1e-6), [x, w32]),
+        ("rms_res", "CuteforgeRmsNormBackward", lambda x, w, r: ops.rms_norm(x, w, 1e-6, residual=r), [x, w, r]),
+        ("layer", "CuteforgeLayerNormBackward", lambda x, w: ops.layer_norm(x, w, None, 1e-5), [x, w]),
+        ("layer_bias_res", "CuteforgeLayerNormBackward",
+         lambda x, w, b, r: ops.layer_norm(x, w, b, 1e-5, residual=r), [x, w, b, r]),
+        ("layer_3d", "CuteforgeLayerNormBackward", lambda x, w, b: ops.layer_norm(x.view(1, m, n), w, b), [x, w, b]),
+        ("ce_none", "CuteforgeCrossEntropyBackward",
+         lambda x: ops.cross_entropy(x, t, reduction="none"), [x]),
+        ("ce_mean", "CuteforgeCrossEntropyBackward", lambda x: ops.cross_entropy(x, t), [x]),
+        ("ce_sum", "CuteforgeCrossEntropyBackward", lambda x: ops.cross_entropy(x, t, reduction="sum"), [x]),
+    ]
+
+
+def _outputs(out):
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def _grads(f, leaves, how: str, seed: int = 3):
+    leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    outs = _outputs(f(*leaves))
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if how == "contiguous":
+        gs = [torch.randn(o.shape, device="cuda", generator=g).to(o.dtype) for o in outs]
+    else:  # "expanded": what sum().backward() hands in (stride 0): the fallback
+        gs = [torch.ones((), device="cuda", dtype=o.dtype).expand(o.shape) for o in outs]
+    return outs, torch.autograd.grad(outs, leaves, gs)
+
+
+def _python_path(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(native, "module", lambda: None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("how", ["contiguous", "expanded"])
+def test_native_node_matches_python_node(m: int, n: int, dtype: torch.dtype, how: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    cases = _cases(m, n, dtype)
+    got = {name: _grads(f, leaves, how)[1] for name, _node, f, leaves in cases}
+    _python_path(monkeypatch)
+    for name, _node, f, leaves in cases:
+        outs, ref = _grads(f, leaves, how)
+        assert "Cuteforge" not in outs[0].grad_fn.name(), name
+        for i, (a, b) in enumerate(zip(got[name], ref)):
+            assert a.dtype == b.dtype and a.shape == b.shape, (name, i)
+            assert torch.equal(a, b), (name, i, (a.float() - b.float()).abs().max().item())
+
+
+def test_grad_fn_is_the_node_for_2d_inputs() -> None:
+    for _name, node, f, leaves in _cases(5, 300, torch.bfloat16):
+        leaves = [t.detach().requires_grad_() for t in leaves]
+        out = _outputs(f(*leaves))[0]
+        names = {out.grad_fn.name()} | {fn.name() for fn, _ in out.grad_fn.next_functions if fn is not None}
+        assert node in names, (node, names)
+
+
+def test_side_stream_and_retain_graph() -> None:
+    x = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    ref = torch.autograd.grad(ops.rms_norm(x, w), (x, w), dy)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = ops.rms_norm(x, w)
+        a = torch.autograd.grad(y, (x, w), dy, retain_graph=True)
+        b = torch.autograd.grad(y, (x, w), dy)
+    torch.cuda.current_stream().wait_stream(s)
+    for u, v, r in zip(a, b, ref):
+        assert torch.equal(u, r) and torch.equal(v, r)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(y, (x, w), dy)
+
+
+def test_cuda_graph_capture_of_forward_and_backward() -> None:
+    x = torch.randn(128, 1000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 1000, (128,), device="cuda")
+    w = torch.randn(1000, device="cuda", requires_grad=True)
+
+    def step():
+        loss = ops.cross_entropy(ops.softmax(ops.layer_norm(x, w)), t)
+        return torch.autograd.grad(loss, (x, w))
+
+    eager = step()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        torch.testing.assert_close(a, b)
+
+
+def test_in_place_change_of_saved_input_is_an_error() -> None:
+    x = torch.randn(8, 256, device="cuda", requires_grad=True)
+    w = torch.randn(256, device="cuda", requires_grad=True)
+    y = ops.layer_norm(x, w)
+    with torch.no_grad():
+        w.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

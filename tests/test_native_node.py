@@ -1,0 +1,262 @@
+"""The C++ autograd node (cuteforge/native) on the CPU: built as a torch extension, driven
+by Plans whose "kernel" is a Python function exposed through TVM-FFI (the same C ABI the
+compiled CuTe kernels use), so every path but the CUDA stream runs here: the fast path,
+the fallback for other gradient layouts, column sums, the scalar-to-rows gradient,
+saved-tensor checks, errors and reference cycles. The ops' use of it on the GPU is in
+tests/gpu/test_native_node_gpu.py."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import weakref
+
+import pytest
+import torch
+
+from cuteforge.native import backward as native
+from cuteforge.native import build
+
+pytestmark = pytest.mark.skipif(build.load() is None, reason="the C++ autograd node could not be built here")
+
+CALLS: list[str] = []
+
+
+def _torch_view(t: object) -> torch.Tensor:
+    """A torch CPU tensor over a TVM-FFI tensor view's memory (fp32, any strides)."""
+    shape, strides = tuple(t.shape), tuple(t.strides)
+    span = 1 + sum((d - 1) * s for d, s in zip(shape, strides)) if all(shape) else 0
+    ptr = t.data_ptr() if callable(t.data_ptr) else t.data_ptr
+    flat = torch.frombuffer((ctypes.c_float * max(span, 1)).from_address(ptr), dtype=torch.float32)
+    return flat.as_strided(shape, strides)
+
+
+def _softmax_bwd_kernel(dy: object, y: object, dx: object) -> None:
+    CALLS.append("kernel")
+    dy, y, dx = (_torch_view(t) for t in (dy, y, dx))
+    dx.copy_(y * (dy - (dy * y).sum(-1, keepdim=True)))
+
+
+def _scale_kernel(x: object, w: object, dy: object, dx: object, dwp: object) -> None:
+    """y = x * w over (M, N): dx = dy * w, dw partials (2, N) = per half of the rows."""
+    CALLS.append("kernel")
+    x, w, dy, dx, dwp = (_torch_view(t) for t in (x, w, dy, dx, dwp))
+    dx.copy_(dy * w)
+    h = x.shape[0] // 2
+    dwp[0].copy_((dy[:h] * x[:h]).sum(0))
+    dwp[1].copy_((dy[h:] * x[h:]).sum(0))
+
+
+def _rows_kernel(x: object, dloss: object, dx: object) -> None:
+    """loss = sum(x) (a scalar): dx = dloss[row] for every element of the row."""
+    CALLS.append("kernel")
+    x, dloss, dx = (_torch_view(t) for t in (x, dloss, dx))
+    dx.copy_(dloss[:, None].expand_as(dx))
+
+
+_FNS = {}
+
+
+def _ffi(f):
+    import tvm_ffi
+
+    if f not in _FNS:
+        _FNS[f] = tvm_ffi.convert(f)
+    return _FNS[f]
+
+
+def _softmax_plan(shape: tuple[int, int], fallback=None):
+    def default_fallback(grads, saved):
+        CALLS.append("fallback")
+        (g,), (y,) = grads, saved
+        return [y * (g - (g * y).sum(-1, keepdim=True))]
+
+    rows = shape
+    return native.make_plan(
+        "TestSoftmaxBackward", _ffi(_softmax_bwd_kernel), torch.device("cpu"),
+        [native.grad_as_is(torch.empty(shape))], [(shape, torch.float32)],
+        [native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.SAVED, 0, rows),
+         native.contiguous_arg(native.BUFFER, 0, rows)],
+        [(native.AS_IS, 0, torch.float32)], fallback or default_fallback)
+
+
+def _softmax(x: torch.Tensor, plan) -> torch.Tensor:
+    with torch.no_grad():
+        y = torch.softmax(x, -1)
+    native.attach(plan, [x], [y], [y])
+    return y
+
+
+def test_fast_path_matches_torch_and_names_the_node() -> None:
+    x = torch.randn(6, 9, dtype=torch.float32, requires_grad=True)
+    y = _softmax(x, _softmax_plan((6, 9)))
+    assert y.requires_grad and y.grad_fn.name() == "TestSoftmaxBackward"
+    g = torch.randn(6, 9)
+    CALLS.clear()
+    (dx,) = torch.autograd.grad(y, x, g)
+    assert CALLS == ["kernel"]
+    (ref,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+    torch.testing.assert_close(dx, ref)
+
+
+@pytest.mark.parametrize("grad", ["strided", "expanded", "wrong_dtype"])
+def test_other_gradient_layouts_take_the_fallback(grad: str) -> None:
+    x = torch.randn(4, 8, requires_grad=True)
+    y = _softmax(x, _softmax_plan((4, 8)))
+    g = torch.randn(8, 4)
+    if grad == "strided":
+        out, gy = y, g.t()
+    elif grad == "expanded":
+        out, gy = y, torch.randn(8).expand(4, 8)
+    else:  # a float64 gradient reaches the node as float32 (autograd casts): the fast path
+        out, gy = y, g.t().contiguous().double()
+    CALLS.clear()
+    (dx,) = torch.autograd.grad(out, x, gy)
+    assert CALLS == (["kernel"] if grad == "wrong_dtype" else ["fallback"])
+    (ref,) = torch.autograd.grad(torch.softmax(x, -1), x, gy)
+    torch.testing.assert_close(dx, ref)
+
+
+def test_retain_graph_then_backward_twice_errors() -> None:
+    x = torch.randn(3, 5, requires_grad=True)
+    y = _softmax(x, _softmax_plan((3, 5)))
+    g = torch.randn(3, 5)
+    a = torch.autograd.grad(y, x, g, retain_graph=True)[0]
+    b = torch.autograd.grad(y, x, g)[0]
+    torch.testing.assert_close(a, b)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(y, x, g)
+
+
+def test_saved_output_modified_in_place_is_an_error() -> None:
+    x = torch.randn(3, 5, requires_grad=True)
+    y = _softmax(x, _softmax_plan((3, 5)))
+    z = y * 1
+    with torch.no_grad():
+        y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(z.sum(), x)
+
+
+def test_fallback_errors_keep_their_python_type() -> None:
+    def bad(grads, saved):
+        raise ValueError("boom from the fallback")
+
+    x = torch.randn(3, 5, requires_grad=True)
+    y = _softmax(x, _softmax_plan((3, 5), fallback=bad))
+    with pytest.raises(ValueError, match="boom from the fallback"):
+        y.sum().backward()  # an expanded gradient: the fallback
+
+
+def test_kernel_errors_name_the_node() -> None:
+    def failing(*args):
+        raise RuntimeError("kernel refused")
+
+    plan = native.make_plan("FailingBackward", _ffi(failing), torch.device("cpu"),
+                            [native.grad_as_is(torch.empty(2, 3))], [((2, 3), torch.float32)],
+                            [native.contiguous_arg(native.BUFFER, 0, (2, 3))], [(native.AS_IS, 0, torch.float32)],
+                            lambda g, s: [None])
+    x = torch.randn(2, 3, requires_grad=True)
+    y = x.detach() * 2
+    native.attach(plan, [x], [y], [])
+    with pytest.raises(RuntimeError, match="FailingBackward.*kernel refused"):
+        torch.autograd.grad(y, x, torch.ones(2, 3))
+
+
+def _scale_plan(m: int, n: int):
+    return native.make_plan(
+        "TestScaleBackward", _ffi(_scale_kernel), torch.device("cpu"),
+        [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, n), torch.float32)],
+        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.SAVED, 1, (n,)),
+         native.contiguous_arg(native.GRAD, 0, (m, n)), native.contiguous_arg(native.BUFFER, 0, (m, n)),
+         native.contiguous_arg(native.BUFFER, 1, (2, n))],
+        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, torch.float64)],
+        lambda g, s: [g[0] * s[1], (g[0] * s[0]).sum(0).double()])
+
+
+def test_column_sums_and_only_the_gradients_asked_for() -> None:
+    m, n = 6, 5
+    plan = _scale_plan(m, n)
+    x = torch.randn(m, n, requires_grad=True)
+    w = torch.randn(n, dtype=torch.float64, requires_grad=True)
+    w32 = w.detach().float()
+    y = x.detach() * w32
+    native.attach(plan, [x, w], [y], [x, w32])
+    g = torch.randn(m, n)
+    dx, dw = torch.autograd.grad(y, (x, w), g, retain_graph=True)
+    torch.testing.assert_close(dx, g * w32)
+    assert dw.dtype == torch.float64
+    torch.testing.assert_close(dw, (g * x.detach()).sum(0).double(), rtol=1e-5, atol=1e-5)
+    (dx_only,) = torch.autograd.grad(y, x, g)  # dw not needed: no column sum
+    torch.testing.assert_close(dx_only, dx)
+
+
+def test_input_without_grad_gets_no_edge() -> None:
+    m, n = 4, 3
+    x = torch.randn(m, n, requires_grad=True)
+    w = torch.randn(n, dtype=torch.float64)  # no grad
+    y = x.detach() * w.float()
+    native.attach(_scale_plan(m, n), [x, w], [y], [x, w.float()])
+    y.backward(torch.ones(m, n))
+    torch.testing.assert_close(x.grad, w.float().expand(m, n))
+    assert w.grad is None
+
+
+@pytest.mark.parametrize("divide", [False, True])
+def test_scalar_gradient_spread_over_rows(divide: bool) -> None:
+    m, n = 5, 4
+    count = torch.tensor([0.0] * m + [4.0])  # a mean's count stored after M values
+    plan = native.make_plan(
+        "TestRowsBackward", _ffi(_rows_kernel), torch.device("cpu"),
+        [native.grad_scalar_rows(m, 1 if divide else -1)], [((m, n), torch.float32)],
+        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.GRAD, 0, (m,)),
+         native.contiguous_arg(native.BUFFER, 0, (m, n))],
+        [(native.AS_IS, 0, torch.float32)], lambda g, s: [None])
+    x = torch.randn(m, n, requires_grad=True)
+    loss = x.detach().sum() / (4.0 if divide else 1.0)
+    native.attach(plan, [x], [loss], [x, count])
+    (loss * 3).backward()
+    torch.testing.assert_close(x.grad, torch.full((m, n), 3.0 / (4.0 if divide else 1.0)))
+
+
+def test_saved_output_is_no_reference_cycle() -> None:
+    x = torch.randn(3, 5, requires_grad=True)
+    y = _softmax(x, _softmax_plan((3, 5)))
+    ref = weakref.ref(y)
+    del y
+    gc.collect()
+    assert ref() is None
+
+
+def test_double_backward_takes_the_python_fallback() -> None:
+    seen = []
+
+    def fallback(grads, saved):
+        seen.append(torch.is_grad_enabled())
+        (g,), (y,) = grads, saved
+        return [y * (g - (g * y).sum(-1, keepdim=True))]
+
+    x = torch.randn(3, 5, requires_grad=True)
+    y = _softmax(x, _softmax_plan((3, 5), fallback=fallback))
+    torch.autograd.grad(y, x, torch.randn(3, 5), create_graph=True)
+    assert seen == [True]
+
+
+def test_disabled_by_environment() -> None:
+    code = "from cuteforge.native import build; print(build.load())"
+    env = dict(os.environ, CUTEFORGE_NATIVE_AUTOGRAD="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None"
+
+
+def test_build_failure_warns_and_returns_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail() -> None:
+        raise RuntimeError("no compiler\nc++: not found")
+
+    monkeypatch.setattr(build, "_state", {})
+    monkeypatch.setattr(build, "_build_and_load", fail)
+    with pytest.warns(RuntimeWarning, match="could not be built.*c\\+\\+: not found"):
+        assert build.load() is None
