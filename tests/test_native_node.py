@@ -194,6 +194,41 @@ def test_column_sums_and_only_the_gradients_asked_for() -> None:
     torch.testing.assert_close(dx_only, dx)
 
 
+def _affine_kernel(x: object, w: object, dy: object, dx: object, dwp: object, dbp: object) -> None:
+    """y = x * w + b over (M, N): dx, and dweight / dbias partials per half of the rows."""
+    CALLS.append("kernel")
+    x, w, dy, dx, dwp, dbp = (_torch_view(t) for t in (x, w, dy, dx, dwp, dbp))
+    dx.copy_(dy * w)
+    h = x.shape[0] // 2
+    for part, rows in ((0, slice(0, h)), (1, slice(h, None))):
+        dwp[part].copy_((dy[rows] * x[rows]).sum(0))
+        dbp[part].copy_(dy[rows].sum(0))
+
+
+def test_weight_and_bias_partials_share_one_buffer() -> None:
+    """(2, Q, N) partials, the bias half at an element offset; one sum gives both rows."""
+    m, n, q = 6, 5, 2
+    plan = native.make_plan(
+        "TestAffineBackward", _ffi(_affine_kernel), torch.device("cpu"),
+        [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, q, n), torch.float32)],
+        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.SAVED, 1, (n,)),
+         native.contiguous_arg(native.GRAD, 0, (m, n)), native.contiguous_arg(native.BUFFER, 0, (m, n)),
+         native.contiguous_arg(native.BUFFER, 1, (q, n)), native.contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
+        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, torch.float32, 0),
+         (native.COLUMN_SUM, 1, torch.float32, 1)],
+        lambda g, s: [None, None, None])
+    x = torch.randn(m, n, requires_grad=True)
+    w = torch.randn(n, requires_grad=True)
+    b = torch.randn(n, requires_grad=True)
+    y = x.detach() * w.detach() + b.detach()
+    native.attach(plan, [x, w, b], [y], [x, w])
+    g = torch.randn(m, n)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), g)
+    torch.testing.assert_close(dx, g * w.detach())
+    torch.testing.assert_close(dw, (g * x.detach()).sum(0))
+    torch.testing.assert_close(db, g.sum(0))
+
+
 def test_input_without_grad_gets_no_edge() -> None:
     m, n = 4, 3
     x = torch.randn(m, n, requires_grad=True)

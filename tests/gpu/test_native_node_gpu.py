@@ -111,11 +111,14 @@ def test_side_stream_and_retain_graph() -> None:
 
 
 def test_cuda_graph_capture_of_forward_and_backward() -> None:
-    x = torch.randn(128, 1000, device="cuda", requires_grad=True)
+    x0 = torch.randn(128, 1000, device="cuda")
+    w0 = torch.randn(1000, device="cuda")
     t = torch.randint(0, 1000, (128,), device="cuda")
-    w = torch.randn(1000, device="cuda", requires_grad=True)
 
     def step():
+        # fresh leaves each time: a leaf's AccumulateGrad node keeps the stream it was
+        # made on, and one made outside the capture would join it from another stream
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         loss = ops.cross_entropy(ops.softmax(ops.layer_norm(x, w)), t)
         return torch.autograd.grad(loss, (x, w))
 
@@ -123,7 +126,7 @@ def test_cuda_graph_capture_of_forward_and_backward() -> None:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        step()  # warm-up on the capture stream
+        step()  # warm-up on a side stream
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -10,9 +10,10 @@ node checks and executes without Python:
   fallback) or `grad_scalar_rows(m)` (a 0-dim loss gradient spread over m fp32 rows);
 - buffers: (shape, dtype) allocated per backward;
 - args: the compiled kernel's operands in order, each a saved tensor, a gradient or a
-  buffer with the (sizes, strides) view the kernel reads (`arg`);
+  buffer with the (sizes, strides) view the kernel reads, from an element offset (`arg`);
 - outs: per differentiable input, its gradient: none, a buffer as is, or a buffer summed
-  over dim 0 and cast (dweight from per-CTA partials; skipped when not needed);
+  over its dim -2 and cast (dweight from per-CTA partials; skipped when not needed); on
+  an (R, Q, N) buffer, row r of the one (R, N) sum (dweight and dbias partials together);
 - fallback(grads, saved) -> input gradients: the op's ordinary Python backward, for
   everything else (another gradient layout, an undefined gradient, double backward).
 """
@@ -57,27 +58,28 @@ def grad_scalar_rows(rows: int, divide_by_saved: int = -1) -> tuple[Any, ...]:
 
 def arg(source: int, index: int, t: torch.Tensor) -> tuple[Any, ...]:
     """Operand `index` of `source` (SAVED / GRAD / BUFFER) viewed with t's sizes and strides."""
-    return (source, index, list(t.shape), list(t.stride()))
+    return (source, index, list(t.shape), list(t.stride()), 0)
 
 
-def contiguous_arg(source: int, index: int, shape: Sequence[int]) -> tuple[Any, ...]:
+def contiguous_arg(source: int, index: int, shape: Sequence[int], offset: int = 0) -> tuple[Any, ...]:
+    """Operand `index` of `source` as a contiguous `shape` from element `offset`."""
     strides, s = [], 1
     for d in reversed(shape):
         strides.append(s)
         s *= d
-    return (source, index, list(shape), strides[::-1])
+    return (source, index, list(shape), strides[::-1], offset)
 
 
 def make_plan(name: str, fn: Any, device: torch.device, grads: list[tuple[Any, ...]],
               buffers: list[tuple[Sequence[int], torch.dtype]], args: list[tuple[Any, ...]],
-              outs: list[tuple[int, int, torch.dtype]], fallback: Callable[[list[Any], list[Any]], Sequence[Any]]) -> Plan:
+              outs: list[tuple[Any, ...]], fallback: Callable[[list[Any], list[Any]], Sequence[Any]]) -> Plan:
     """A Plan for the extension. `fn` is the compiled TVM-FFI function (None: always the
-    fallback)."""
+    fallback); an out is (kind, buffer, dtype) or (COLUMN_SUM, buffer, dtype, row)."""
     mod = module()
     handle = 0 if fn is None else int(fn.__chandle__())
     return mod.make_plan(name, handle, device.type, device.index or 0, grads,
                          [(list(s), dtype_name(d)) for s, d in buffers], args,
-                         [(k, i, dtype_name(d)) for k, i, d in outs], fallback)
+                         [(o[0], o[1], dtype_name(o[2]), o[3] if len(o) > 3 else -1) for o in outs], fallback)
 
 
 def attach(plan: Plan, inputs: list[torch.Tensor | None], outputs: list[torch.Tensor], saved: list[torch.Tensor]) -> None:

@@ -10,8 +10,9 @@
 // (cuteforge/native/backward.py): which incoming gradients the kernel takes and the
 // layout each must have, which buffers to allocate, the kernel's argument list (each a
 // saved tensor, a gradient or a buffer, with the (sizes, strides) view the kernel reads),
-// and which buffer answers which input (as is, or summed over dim 0 and cast: the
-// per-CTA partials of a dweight). A gradient in any other layout, an undefined one, a
+// and which buffer answers which input (as is, or summed over its rows and cast: the
+// per-CTA partials of a dweight; dweight and dbias partials share one buffer, so one
+// sum and one cast serve both). A gradient in any other layout, an undefined one, a
 // double backward (grad mode on) or a plan without a kernel goes to the plan's Python
 // fallback, which is the op's ordinary backward.
 
@@ -84,12 +85,14 @@ struct ArgSpec {
   int source;  // Source
   int index;
   std::vector<int64_t> sizes, strides;  // the view the kernel reads
+  int64_t offset;                       // in elements from the tensor's data pointer
 };
 
 struct OutSpec {
-  int kind;  // 0: no gradient; 1: buffer as is; 2: buffer summed over dim 0, cast to dtype
+  int kind;  // 0: no gradient; 1: buffer as is; 2: buffer summed over its dim -2, cast to dtype
   int index;
   at::ScalarType dtype;
+  int64_t row;  // kind 2 on a 3-D buffer: which row of the (R, N) sum (one sum serves all R)
 };
 
 struct Plan {
@@ -155,10 +158,14 @@ struct FfiBackward : public ag::Node {
         g[i] = t;
       } else {
         fast = t.dim() == 0;
-        if (fast) {
-          at::Tensor v = t.to(at::kFloat);
-          if (s.divide_by_saved >= 0) v = v / sv[s.divide_by_saved].select(0, s.rows);
-          g[i] = v.expand({s.rows}).contiguous();
+        if (fast) {  // one kernel: fp32 (g [/ count]) broadcast over the rows
+          at::Tensor v = at::empty({s.rows}, at::TensorOptions().dtype(at::kFloat).device(p.device));
+          if (s.divide_by_saved >= 0) {
+            at::div_out(v, t.expand({s.rows}), sv[s.divide_by_saved].select(0, s.rows).expand({s.rows}));
+          } else {
+            v.copy_(t.expand({s.rows}));
+          }
+          g[i] = v;
         }
       }
     }
@@ -174,7 +181,7 @@ struct FfiBackward : public ag::Node {
     for (size_t i = 0; i < p.args.size(); ++i) {
       const ArgSpec& a = p.args[i];
       const at::Tensor& t = a.source == kSaved ? sv[a.index] : a.source == kGrad ? g[a.index] : bufs[a.index];
-      dl[i].data = t.data_ptr();
+      dl[i].data = static_cast<char*>(t.data_ptr()) + a.offset * t.element_size();
       dl[i].device = dev;
       dl[i].ndim = static_cast<int32_t>(a.sizes.size());
       dl[i].dtype = dl_dtype(t.scalar_type());
@@ -188,12 +195,15 @@ struct FfiBackward : public ag::Node {
     call(any);
 
     ag::variable_list out(p.outs.size());
+    std::vector<at::Tensor> sums(bufs.size());
     for (size_t i = 0; i < p.outs.size(); ++i) {
       const OutSpec& o = p.outs[i];
       if (o.kind == 1) {
         out[i] = bufs[o.index];
       } else if (o.kind == 2 && task_should_compute_output(i)) {
-        out[i] = bufs[o.index].sum(0).to(o.dtype);
+        at::Tensor& sum = sums[o.index];
+        if (!sum.defined()) sum = bufs[o.index].sum(-2).to(o.dtype);
+        out[i] = o.row >= 0 ? sum.select(0, o.row) : sum;
       }
     }
     return out;
@@ -253,11 +263,14 @@ std::shared_ptr<Plan> make_plan(const std::string& name, uintptr_t fn, const std
   }
   for (const auto& b : buffers) p->buffers.emplace_back(b.first, scalar_type(b.second));
   for (const auto& a : args) {
-    ArgSpec s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>()};
+    ArgSpec s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>(),
+              a[4].cast<int64_t>()};
     if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(name + ": an argument's sizes and strides differ in length");
     p->args.push_back(std::move(s));
   }
-  for (const auto& o : outs) p->outs.push_back({o[0].cast<int>(), o[1].cast<int>(), scalar_type(o[2].cast<std::string>())});
+  for (const auto& o : outs) {
+    p->outs.push_back({o[0].cast<int>(), o[1].cast<int>(), scalar_type(o[2].cast<std::string>()), o[3].cast<int64_t>()});
+  }
   p->fallback = std::move(fallback);
   if (fn) {
     p->fn = reinterpret_cast<TVMFFIObjectHandle>(fn);

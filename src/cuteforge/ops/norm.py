@@ -367,16 +367,17 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
     f32 = torch.float32
     i_rstd = 2 if mean is None else 3
     rows = (m, n)
+    # dweight and dbias partials in one (2, Q, N) buffer: one sum and one cast for both
     args = [native.arg(native.SAVED, 0, xs), native.arg(native.SAVED, 1, w),
             native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.GRAD, 1 if has_res else 0, rows),
             native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.SAVED, i_rstd, (m,)),
             native.contiguous_arg(native.BUFFER, 0, rows), native.contiguous_arg(native.BUFFER, 1, (q, n)),
-            native.contiguous_arg(native.BUFFER, 2 if has_bias else 1, (q, n))]
-    buffers = [(rows, xs.dtype), ((q, n), f32)] + ([((q, n), f32)] if has_bias else [])
+            native.contiguous_arg(native.BUFFER, 1, (q, n), q * n if has_bias else 0)]
+    buffers = [(rows, xs.dtype), ((2, q, n) if has_bias else (q, n), f32)]
     res_out = (native.AS_IS, 0, xs.dtype) if has_res else (native.NO_GRAD, 0, xs.dtype)
-    outs = [(native.AS_IS, 0, xs.dtype), (native.COLUMN_SUM, 1, w.dtype)]
+    outs = [(native.AS_IS, 0, xs.dtype), (native.COLUMN_SUM, 1, w.dtype, 0 if has_bias else -1)]
     if kind == "layer":
-        outs.append((native.COLUMN_SUM, 2, w.dtype) if has_bias else (native.NO_GRAD, 0, w.dtype))
+        outs.append((native.COLUMN_SUM, 1, w.dtype, 1) if has_bias else (native.NO_GRAD, 0, w.dtype))
     outs.append(res_out)
 
     def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
