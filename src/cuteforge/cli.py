@@ -128,7 +128,7 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
     from .cache import cache_root, fingerprint
 
     rows = precompile(args.kernel or None, progress=not args.json and sys.stderr.isatty())
-    return {
+    out = {
         "arch": target_arch(),
         "cache_dir": str(cache_root() / fingerprint(target_arch())),
         "kernels": rows,
@@ -136,6 +136,13 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
         "loaded": sum(r["status"] == "loaded" for r in rows),
         "total_ms": round(sum(r["ms"] for r in rows), 1),
     }
+    if not args.kernel:  # the whole library: the C++ autograd node too (cuteforge/native)
+        from .native import build
+
+        t0 = time.perf_counter()
+        built = build.load() is not None
+        out["native_autograd"] = {"built": built, "dir": str(build.build_dir()), "s": round(time.perf_counter() - t0, 1)}
+    return out
 
 
 def _print_precompile(r: dict[str, Any]) -> None:
@@ -149,6 +156,10 @@ def _print_precompile(r: dict[str, Any]) -> None:
         t.add_row(row["kernel"], json.dumps(row["params"]), "/".join(row["dtypes"]), json.dumps(row["static"]), row["status"], f"{row['ms']:.0f}")
     Console().print(t)
     print(f"{r['compiled']} compiled, {r['loaded']} loaded from cache, {r['total_ms'] / 1e3:.1f} s in all; artifacts in {r['cache_dir']}")
+    node = r.get("native_autograd")
+    if node:
+        state = f"ready in {node['dir']}" if node["built"] else "not built (eager backward uses Python autograd nodes)"
+        print(f"C++ autograd node: {state} ({node['s']:.1f} s)")
 
 
 def cmd_library(args: argparse.Namespace) -> dict[str, Any]:
