@@ -14,7 +14,7 @@ vs N per op come from it on any machine: `cuteforge bench --from FILE --plot DIR
 Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
                                       [--ns 256,4096,...] [--no-compile | --compile-ns 4096,65536]
-                                      [--no-quack] [--out F]
+                                      [--no-quack] [--m M (small-M sweeps)] [--out F]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--compile-ns", help="run torch.compile only at these N (each shape is a fresh compile: seconds)")
     p.add_argument("--no-quack", action="store_true")
+    p.add_argument("--m", type=int, help="rows for every shape (default: 32768, capped at 2**28 elements)")
     p.add_argument("--out")
     args = p.parse_args()
     copy_bps = timing.copy_bandwidth()
@@ -73,7 +74,7 @@ def main() -> None:
         for dt_name in args.dtypes.split(","):
             dtype = getattr(torch, dt_name)
             for n in map(int, args.ns.split(",")):
-                m, n = shape_for(n)
+                m, n = (args.m, n) if args.m else shape_for(n)
                 for backward in (False, True) if op in WITH_BACKWARD and not args.no_backward else (False,):
                     torch._dynamo.reset()  # a fresh compile per shape (dynamo's recompile limit)
                     compiled = not args.no_compile and (compile_ns is None or n in compile_ns)
