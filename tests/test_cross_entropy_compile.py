@@ -479,16 +479,21 @@ def test_beyond_two_levels_reduces_with_torch(monkeypatch):
 
 
 def test_long_16bit_rows_take_the_per_row_kernel() -> None:
-    """Where the reduced kernel measured slower (16-bit rows past RED_MAX_N_16BIT), mean/sum
-    use the per-row kernel + torch's reduction: no workspace, and precompile skips them."""
+    """Where the reduced kernel measured slower (16-bit rows past RED_MAX_N_16BIT, in
+    problems past RED_SMALL_BYTES), mean/sum use the per-row kernel + torch's reduction: no
+    workspace, and precompile skips them."""
     from cuteforge.kernels.cross_entropy import kernels as k
     from cuteforge.kernels.cross_entropy import spec
 
     ce = importlib.import_module("cuteforge.ops.cross_entropy")  # (the package attribute is the function)
     assert k.reduce_wanted(k.RED_MAX_N_16BIT, 16) and not k.reduce_wanted(k.RED_MAX_N_16BIT + 1, 16)
     assert k.reduce_wanted(151936, 32)
-    assert ce._red_words(torch.empty(8, k.RED_MAX_N_16BIT + 1, dtype=torch.bfloat16)) == 0
-    assert ce._red_words(torch.empty(8, k.RED_MAX_N_16BIT, dtype=torch.bfloat16)) > 0
+    big = 2 * k.RED_SMALL_BYTES // (2 * (k.RED_MAX_N_16BIT + 1)) + 1  # rows past the small-problem size
+    assert ce._red_words(torch.empty(big, k.RED_MAX_N_16BIT + 1, dtype=torch.bfloat16, device="meta")) == 0
+    assert ce._red_words(torch.empty(big, k.RED_MAX_N_16BIT, dtype=torch.bfloat16, device="meta")) > 0
     assert ce._red_words(torch.empty(8, 65536, dtype=torch.float32)) > 0
+    # a small problem takes the reduced kernel at any N: the per-row path's torch ops cost more
+    assert ce._red_words(torch.empty(8, k.RED_MAX_N_16BIT + 1, dtype=torch.bfloat16)) > 0
+    assert k.reduce_wanted(65536, 16, 1) and not k.reduce_wanted(65536, 16, 32768)
     widths = {key.dtypes[0] for key, _ in spec._reduce_specs()}
     assert widths == {"float32"}  # every STANDARD_N is past the 16-bit limit

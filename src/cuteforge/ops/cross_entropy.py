@@ -148,7 +148,7 @@ def _red_words(logits: torch.Tensor) -> int:
     reduces with torch ops instead: a grid beyond kernels.reduce_fits, or rows where the
     per-row kernel measured faster (kernels.reduce_wanted)."""
     m, n = logits.shape
-    if not reduce_wanted(n, logits.element_size() * 8):
+    if not reduce_wanted(n, logits.element_size() * 8, m):
         return 0
     cfg = config_for(n, logits.element_size() * 8)
     ctas = -(-m // cfg.rows_per_cta)

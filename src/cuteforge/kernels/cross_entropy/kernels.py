@@ -274,10 +274,18 @@ WORK_ZERO = WORK_GSUM  # words that must be 0 when a launch starts
 # at N = 65536, while at N = 4096 it was the faster one (95 vs 100 us); fp32 was level at
 # both. At such sizes the three torch ops' host time is far below the GPU time.
 RED_MAX_N_16BIT = 16384
+# ... except in problems of at most this many bytes of logits, where the per-row path's
+# torch reduction (five ops, ~40-80 us of host time on the H200 host) costs more than the
+# reduced kernel's extra GPU time (~16 % of ~30 us): bf16 1 x 32768 took 79 us that way
+# against torch's 13 us (h200-membound-smallm-1.json).
+RED_SMALL_BYTES = 1 << 27
 
 
-def reduce_wanted(n: int, dtype_bits: int) -> bool:
-    """Whether rows of `n` elements of this width take the reduced kernel (by measurement)."""
+def reduce_wanted(n: int, dtype_bits: int, m: int | None = None) -> bool:
+    """Whether rows of `n` elements of this width take the reduced kernel (by measurement);
+    with `m`, any problem of at most RED_SMALL_BYTES does."""
+    if m is not None and m * n * dtype_bits // 8 <= RED_SMALL_BYTES:
+        return True
     return dtype_bits != 16 or n <= RED_MAX_N_16BIT
 
 
