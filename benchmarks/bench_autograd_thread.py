@@ -4,7 +4,8 @@ Python torch.autograd.Function it replaces (`--python-node` rows: the C++ node s
 off in the same process), and through torch's own, with the autograd engine's device
 threads on (the default) and off (torch.autograd.set_multithreading_enabled(False): the
 backward runs on the calling thread, so a Python node needs no GIL hand-over). M = 32768,
-bf16, rms_norm, layer_norm, softmax and cross_entropy (mean) at N = 256 and 1024.
+bf16, rms_norm, layer_norm, softmax and cross_entropy (mean) at N = 256 and 1024 (`--m`,
+`--ns` for others).
 docs/kernels/norm.md (small-N backward) quotes the runs.
 
     python benchmarks/bench_autograd_thread.py --out $OUT/h200-autograd-thread.json
@@ -27,14 +28,17 @@ from cuteforge.native import backward as native
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--m", type=int, default=32768)
+    p.add_argument("--ns", default="256,1024")
     args = p.parse_args()
     native_module = native.module
     out: dict = {"command": "python " + " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "rows": {}}
-    for n in (256, 1024):
-        x = torch.randn(32768, n, device="cuda", dtype=torch.bfloat16)
+    m = args.m
+    for n in map(int, args.ns.split(",")):
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        t = torch.randint(0, n, (32768,), device="cuda")
+        t = torch.randint(0, n, (m,), device="cuda")
         cf = {"rms_norm": lambda v, w=w: ops.rms_norm(v, w, 1e-6),
               "layer_norm": lambda v, w=w, b=b: ops.layer_norm(v, w, b, 1e-5),
               "softmax": lambda v: ops.softmax(v),
