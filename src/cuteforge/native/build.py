@@ -3,8 +3,8 @@
 Built once per machine for each (source, torch, tvm-ffi, Python) combination, into the
 cuteforge cache directory (`CUTEFORGE_CACHE_DIR`, default ~/.cache/cuteforge) under a
 file lock, so concurrent processes build it once; later processes load the shared
-object in milliseconds. A build takes ~25-30 s (torch's headers); `cuteforge library`
-does it ahead of time. It needs a C++ compiler and no CUDA toolkit.
+object in milliseconds. A build takes ~25-35 s (torch's headers); `cuteforge library`
+does it ahead of time. It needs a C++ compiler (and ninja, a dependency), no CUDA toolkit.
 
 When the build cannot run (no compiler, `CUTEFORGE_NATIVE_AUTOGRAD=0`), `load()` returns
 None after one warning and the ops keep their Python autograd nodes.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -64,10 +65,22 @@ def load() -> ModuleType | None:
     return mod
 
 
+def _ninja_on_path() -> None:
+    """torch's extension builder runs `ninja` from PATH; the `ninja` wheel (a dependency)
+    installs it next to the interpreter, which is not on PATH when the venv is not active."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 def _build_and_load() -> ModuleType:
     import tvm_ffi.libinfo as ffi_info
     from torch.utils import cpp_extension
 
+    _ninja_on_path()
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     libdir = str(Path(ffi_info.find_libtvm_ffi()).parent)
