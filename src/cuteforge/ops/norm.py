@@ -361,7 +361,8 @@ _NODE_PLANS: dict[tuple[Any, ...], Any] = {}
 def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, mean: torch.Tensor | None,
                rstd: torch.Tensor, has_bias: bool, has_res: bool) -> Any:
     """The C++ node's plan: saved (xs, w, [mean], rstd); inputs (x, weight, [bias], residual);
-    the kernel writes dx and fp32 dweight/dbias partials, summed over dim 0 by the node."""
+    the kernel writes dx and fp32 (Q, N) dweight / dbias partials, which the node sums over
+    Q (with bias both halves of one (2, Q, N) buffer: one sum, one cast)."""
     m, n = xs.shape
     q, fn = _bwd_kernel(kind, xs, w, y, mean, rstd, y if has_res else None, has_bias)
     f32 = torch.float32
