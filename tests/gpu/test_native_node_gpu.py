@@ -145,3 +145,19 @@ def test_in_place_change_of_saved_input_is_an_error() -> None:
         w.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def test_plans_do_not_keep_their_first_forward_alive() -> None:
+    """A plan is built from its layout's first forward and lives in the ops' memo: it must
+    not hold that forward's tensors (an activation per layout, for the process's life)."""
+    import gc
+    import weakref
+
+    m, n = 11, 333  # a layout no other test builds first
+    for _name, _node, f, leaves in _cases(m, n, torch.float32):
+        leaves = [t.detach().clone().requires_grad_() for t in leaves]
+        outs = _outputs(f(*leaves))
+        refs = [weakref.ref(o) for o in outs]
+        del outs, leaves
+        gc.collect()
+        assert all(r() is None for r in refs), _name

@@ -373,7 +373,7 @@ def _node_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ig
             if mean:
                 scale = scale / ls[m]
             return [_bwd(lg, t, ls[:m], scale.expand(m), ignore_index)]
-        return [_bwd(lg, t, ls, torch.zeros_like(dloss) if g is None else g, ignore_index)]
+        return [_bwd(lg, t, ls, lg.new_zeros(m, dtype=torch.float32) if g is None else g, ignore_index)]
 
     args = [native.arg(native.SAVED, 0, logits), native.contiguous_arg(native.SAVED, 1, (m,)),
             native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.GRAD, 0, (m,)),

@@ -406,10 +406,11 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
     outs.append(res_out)
 
     def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
-        dy = torch.zeros_like(y) if grads[0] is None else grads[0]
+        # (nothing of the plan's first forward is captured: a plan outlives its tensors)
+        dy = saved[0].new_zeros(m, n) if grads[0] is None else grads[0]
         dro = None
         if has_res:
-            dro = torch.zeros_like(y) if grads[1] is None else grads[1]
+            dro = saved[0].new_zeros(m, n) if grads[1] is None else grads[1]
         t_mean = saved[2] if kind == "layer" else None
         dx, dw, db = _backward(kind, dy, saved[0], saved[1], t_mean, saved[-1], dro, has_bias)
         return [dx, dw] + ([db] if kind == "layer" else []) + [dx if has_res else None]
