@@ -36,8 +36,9 @@ True) eager calls raise a ValueError on the host instead (one device sync per ca
 Under torch.compile the kernels run as `torch.ops.cuteforge.cross_entropy_fwd` /
 `cross_entropy_bwd` (custom ops with fake impls and autograd) and mean/sum stay torch ops
 after the per-row kernel (Inductor fuses them; the reduced kernel is eager-only); eager
-calls skip that boundary (an autograd.Function when logits require grad; with mean/sum
-reduction one that holds the reduced kernel).
+calls skip that boundary (when logits require grad, the C++ autograd node of
+`cuteforge.native` on the loss, with mean/sum after the reduced kernel; where that node
+is unavailable, an autograd.Function, for mean/sum one that holds the reduced kernel).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ Registered ops (what torch.compile sees): ``cuteforge::rms_norm``,
 ``cuteforge::layer_norm`` (forward, always on 2-D x) and ``cuteforge::rms_norm_backward``,
 ``cuteforge::layer_norm_backward``. Eager calls skip that boundary: a memo keyed by the
 call's layout (dtypes, shapes, strides, 16-byte alignment of every operand, eps) goes
-straight to the compiled launcher; with grad, through a plain torch.autograd.Function
-whose backward calls the backward launcher the same way.
+straight to the compiled launcher; with grad, the forward's outputs get the C++ autograd
+node of ``cuteforge.native`` (``_autograd``), whose backward launches the backward kernel
+without Python, or a plain torch.autograd.Function where that node is unavailable.
 Backward dweight/dbias: the kernel writes fp32 partials (Q, N), one per persistent
 CTA group, summed here by ``torch.sum`` (Q is about 132-528 rows).
 """

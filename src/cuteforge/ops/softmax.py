@@ -11,8 +11,9 @@ The warm path is one dict lookup keyed by the call's layout (dtype, shape, strid
 the config and compiles at most once per key, ever. Under torch.compile the ops go
 through `torch.ops.cuteforge.{softmax,log_softmax}` and their backward ops (custom ops
 with fake impls and autograd). Eager calls skip that boundary, which costs more than the
-kernel at small sizes: with grad they run through a plain torch.autograd.Function whose
-forward and backward call the warm paths.
+kernel at small sizes: with grad the forward's output gets the C++ autograd node of
+`cuteforge.native`, whose backward launches the backward kernel without Python (or, where
+that node is unavailable, a plain torch.autograd.Function calling the warm paths).
 """
 
 from __future__ import annotations
@@ -283,8 +284,8 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
     apply = _eager_function(mode).apply
 
     def fn(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        # Tracing needs the custom-op boundary; eager autograd goes through a plain
-        # autograd.Function and no-grad calls skip both.
+        # Tracing needs the custom-op boundary; eager autograd goes through the C++ node
+        # (else a plain autograd.Function) and no-grad calls skip both.
         # The warm path is inlined on purpose: each Python call level costs ~0.1 us.
         if is_compiling():
             return custom(x, dim)
