@@ -1,7 +1,7 @@
 """Host and event-timed microseconds of one small-N backward (torch.autograd.grad) through
 cuteforge's eager autograd node, the C++ one (cuteforge.native, the default) and the
-Python torch.autograd.Function it replaces (`--python-node` rows: the C++ node switched
-off in the same process), and through torch's own, with the autograd engine's device
+Python torch.autograd.Function it replaces (the `cuteforge_python_node_*` rows: the C++
+node switched off in the same process), and through torch's own, with the autograd engine's device
 threads on (the default) and off (torch.autograd.set_multithreading_enabled(False): the
 backward runs on the calling thread, so a Python node needs no GIL hand-over). M = 32768,
 bf16, rms_norm, layer_norm, softmax and cross_entropy (mean) at N = 256 and 1024 (`--m`,
@@ -68,6 +68,7 @@ def main() -> None:
                 r["gpu_us_threads_off"] = round(timing.bench(call) * 1e3, 2)
             out["rows"][f"{name}/{n}"] = r
             print(name, n, r, flush=True)
+    native.module = native_module
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)
 

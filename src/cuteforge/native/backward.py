@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..signature import dtype_name
 from . import build
 
 SAVED, GRAD, BUFFER = 0, 1, 2
@@ -41,10 +42,6 @@ def module() -> Any:
 def forward_ad_active() -> bool:
     """Dual tensors need the Python nodes' error for a missing forward derivative."""
     return torch.autograd.forward_ad._current_level >= 0
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def grad_as_is(t: torch.Tensor) -> tuple[Any, ...]:

@@ -307,6 +307,23 @@ class _Eager(torch.autograd.Function):
         return _bwd(logits, target, lse, g_loss, ctx.ignore_index), None, None
 
 
+def _reduced_with_lse(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                      mean: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(loss, lse) from one launch of the reduced forward for M >= 1 rows and a unit-stride
+    target: lse (M + 1) holds each row's logsumexp and, at lse[M], the count of rows not
+    ignored. None where the grid is beyond the kernel's two levels."""
+    try:
+        fn, words = _RED[(*_key(logits, target, ignore_index), mean, True)]
+    except KeyError:
+        fn, words = _red_launcher(logits, target, ignore_index, mean, True)
+    if fn is None:
+        return None
+    lse = logits.new_empty(logits.shape[0] + 1, dtype=torch.float32)
+    out = logits.new_empty(())
+    fn(logits, target, out.view(1), lse, _work(logits.get_device(), words))
+    return out, lse
+
+
 class _EagerReduced(torch.autograd.Function):
     """mean/sum with grad: one autograd node around one launch of the reduced forward
     (which also writes lse (M) and the count of non-ignored rows after it, at lse[M]).
@@ -323,18 +340,13 @@ class _EagerReduced(torch.autograd.Function):
             return _empty_result(logits, mean)
         if target.stride(0) != 1:
             target = target.contiguous()
-        try:
-            fn, words = _RED[(*_key(logits, target, ignore_index), mean, True)]
-        except KeyError:
-            fn, words = _red_launcher(logits, target, ignore_index, mean, True)
-        if fn is None:  # a grid beyond the kernel's two levels: torch reduces the rows' losses
+        reduced = _reduced_with_lse(logits, target, ignore_index, mean)
+        if reduced is None:  # a grid beyond the kernel's two levels: torch reduces the rows' losses
             loss, lse = _fwd(logits, target, ignore_index)
             count = target.ne(ignore_index).sum()
             ctx.save_for_backward(logits, target, torch.cat([lse, count.float().view(1)]))
             return _reduce(loss, target, "mean" if mean else "sum", ignore_index, dtype)
-        lse = logits.new_empty(m + 1, dtype=torch.float32)
-        out = logits.new_empty(())
-        fn(logits, target, out.view(1), lse, _work(logits.get_device(), words))
+        out, lse = reduced
         ctx.save_for_backward(logits, target, lse)
         return out
 
@@ -407,15 +419,10 @@ def _native_autograd(logits: torch.Tensor, target: torch.Tensor, ignore_index: i
                       [logits, target, lse])
         return loss.to(logits.dtype)
     mean = reduction == "mean"
-    try:
-        fn, words = _RED[(*_key(logits, target, ignore_index), mean, True)]
-    except KeyError:
-        fn, words = _red_launcher(logits, target, ignore_index, mean, True)
-    if fn is None:
+    reduced = _reduced_with_lse(logits, target, ignore_index, mean)
+    if reduced is None:
         return None
-    lse = logits.new_empty(m + 1, dtype=torch.float32)
-    out = logits.new_empty(())
-    fn(logits, target, out.view(1), lse, _work(logits.get_device(), words))
+    out, lse = reduced
     native.attach(_plan_for(logits, target, lse, ignore_index, True, mean), [logits], [out], [logits, target, lse])
     return out
 
