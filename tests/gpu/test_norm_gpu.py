@@ -755,6 +755,50 @@ def test_cluster_staged_bwd_many_rows_fp32_weight_and_views():
     _bwd_strided_views(cfg, n)
 
 
+# --------------------------------------------------------------------------- v2.12 part-ring backward
+# NormConfig.parts >= 2 (kernels/norm/ring.py): the staged chunks travel as parts through a
+# ring of part slots, each refilled once every warp has read its part for dx. Every ring
+# candidate (config.longrow_staged_candidates: fp32 N = 262144) against the fp64 reference
+# at M = 1, 7, 1000 with and without dsum (dsum's third operand leaves fewer slots: some
+# fall back to whole-row stages); forced ring configs on one CTA and on a 2-CTA cluster
+# through thousands of rows (every slot's full and empty mbarriers wrap their phases many
+# times), bf16 and fp32 weight, and a row-strided view.
+
+RING_NS = [262144]
+
+
+def _ring_cases():
+    from cuteforge.kernels.norm.config import longrow_staged_candidates
+
+    return [c for c in _bwd_cases(longrow_staged_candidates, RING_NS) if c[3].parts]
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_ring():
+    _warm_bwd(_ring_cases())
+    yield
+
+
+@pytest.mark.parametrize("kind, dtype, n, cfg, dsum", _ring_cases(),
+                         ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
+def test_ring_bwd_matches_fp64(_warm_norm_ring, kind, dtype, n, cfg, dsum):
+    assert cfg.parts >= 2 and cfg.stages >= 1
+    _bwd_matches_fp64(kind, dtype, n, cfg, dsum, seed=71)
+
+
+def test_ring_bwd_many_rows_and_views():
+    """Forced ring configs (parts 2 / 4, one CTA and a 2-CTA cluster) through 3001 rows
+    with bf16 and fp32 weight, and a strided view, against the fp64 reference."""
+    from cuteforge.kernels.norm.config import cluster_staged_config, ring_config, staged_config
+
+    one = ring_config(staged_config(16384, 16), 16384, 16, 4)
+    two = ring_config(cluster_staged_config(32768, 16), 32768, 16, 2)
+    assert one is not None and one.cluster_n == 1 and two is not None and two.cluster_n == 2
+    _bwd_many_rows(one, 16384, 3001, seed=73, label="ring one CTA")
+    _bwd_many_rows(two, 32768, 3001, seed=74, label="ring cluster")
+    _bwd_strided_views(two, 32768)
+
+
 # --------------------------------------------------------------------------- v2.6 staged forward (prepared)
 # NormConfig.stages > 0 on the forward (kernels/norm/fwd.py make_norm_fwd_staged; never a
 # default): each CTA stages its N / cluster_n chunk of x (and the residual) by bulk copies,

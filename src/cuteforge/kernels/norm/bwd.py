@@ -36,9 +36,15 @@ thread is done with it: with S >= 2 and a multi-warp row, right after row j + 1'
 reduction barrier (stage j % S gets row j + S; no extra barrier), otherwise after an
 explicit CTA barrier at the end of row j. The weight is bulk-copied into shared memory
 once when it fits beside the stages (else held in registers).
+
+``parts >= 2`` (v2.12, ring.py ``make_norm_bwd_ring``): the staged chunks move through a
+ring of part-sized slots instead of whole-row stages, each slot refilled as soon as its
+part has been read for dx (for rows whose chunk allows only one whole stage).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import cutlass
 import cutlass.cute as cute
@@ -60,8 +66,9 @@ from .common import (
     reduce_smem_elems,
     staged_smem,
 )
-from .config import SMEM_PER_BLOCK, SMEM_PER_SM, NormConfig, default_register_config, staged_stages
+from .config import SMEM_PER_BLOCK, SMEM_PER_SM, NormConfig, default_register_config, ring_slots, staged_stages
 from .fwd import KINDS
+from .ring import make_norm_bwd_ring
 
 
 def make_norm_bwd(
@@ -92,6 +99,14 @@ def make_norm_bwd(
     config.validate(n, x_dtype.width, backward=True)
     if config.stages:
         if rows_aligned:
+            if config.parts:
+                if ring_slots(config, n, x_dtype.width, has_dsum):
+                    return make_norm_bwd_ring(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned,
+                                              _launcher)
+                # dsum's third operand leaves fewer than parts + 1 slots: whole-row stages,
+                # as many as fit (the staged kernel fits them to dsum itself)
+                config = next((c for c in (replace(config, parts=0, stages=s) for s in range(config.stages, 0, -1))
+                               if c.smem_bytes(n, True, x_dtype.width) <= SMEM_PER_BLOCK), replace(config, parts=0, stages=1))
             return make_norm_bwd_staged(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned)
         config = default_register_config(n, x_dtype.width)
     tile = Tile.of(n, vec, config)

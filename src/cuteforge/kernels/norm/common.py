@@ -720,10 +720,12 @@ def staged_smem(smem, dtype, nc: int, slots: int, n_smem: int, n_full: int, c: i
     return srows, buf, full, xbar
 
 
-def make_stage_barrier_init(n_full: int, c: int, xtx: int):
+def make_stage_barrier_init(n_full: int, c: int, xtx: int, n_empty: int = 0, empty_count: int = 1):
     """@cute.jit init(tidx, full, xbar) for the staged kernels' prologue: thread 0
     initialises the n_full "full" mbarriers (one arrival each: the expect_tx of the thread
-    issuing the copies) and, with a cluster (c > 1), the two exchange mbarriers, armed for
+    issuing the copies), then ``n_empty`` "empty" mbarriers right after them (``full +
+    n_full + i``, ``empty_count`` arrivals each: the part-ring backward's per-warp releases)
+    and, with a cluster (c > 1), the two exchange mbarriers, armed for
     their first rows' xtx bytes; then the init fence, the relaxed cluster arrive whose wait
     (before the row loop) precedes the first remote st.async, and a CTA barrier. Without a
     cluster xbar is a stand-in, never touched."""
@@ -733,6 +735,8 @@ def make_stage_barrier_init(n_full: int, c: int, xtx: int):
         if tidx == 0:
             for i in cutlass.range_constexpr(n_full):
                 cute.arch.mbarrier_init(full + i, 1)
+            for i in cutlass.range_constexpr(n_empty):
+                cute.arch.mbarrier_init(full + n_full + i, empty_count)
             if cutlass.const_expr(c > 1):
                 for i in cutlass.range_constexpr(2):
                     cute.arch.mbarrier_init(xbar + i, 1)

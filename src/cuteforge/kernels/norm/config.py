@@ -51,6 +51,15 @@ stages:           backward (v2.4) and forward (v2.6): 0 keeps the row in registe
                   reduction, y (and x + residual) written from registers; persistent like
                   the staged backward (``staged_fwd_groups``). ``early_weight`` does not
                   apply.
+parts:            backward with stages only (v2.12): 0 keeps whole-row stages; P >= 2
+                  cuts each CTA's staged chunk into P parts that travel through a ring of
+                  part-sized slots (``ring_slots``: stages x P of them, fewer if they do not
+                  fit, at least P + 1), each with its own "full" and "empty" mbarrier. A
+                  part's slot is refilled with the part a ring ahead as soon as every warp
+                  has read it for dx, so the next row streams in under this row's dx pass
+                  and exchange instead of waiting for the whole row to be done: the one-stage
+                  1 MiB fp32 rows (N = 262144) had nothing in flight across them. Chunks of
+                  whole rounds only (N / cluster_n a multiple of threads x 16 bytes x P).
 cp_async:         forward only, row in registers (stages = 0; v2.8): 0 loads straight into
                   registers; 1 brings the thread's share of the row (and of the residual)
                   through shared memory with 16-byte cp.async copies issued at kernel
@@ -91,6 +100,8 @@ __all__ = [
     "longrow_staged_fwd_candidates",
     "async_fwd_candidates",
     "async_fwd_config",
+    "ring_slots",
+    "ring_config",
 ]
 
 EXCHANGES = ("barrier", "mbar")
@@ -145,6 +156,17 @@ def staged_stages(cfg: NormConfig, n: int, dtype_bits: int, has_dsum: bool, back
     return max(1, min(cfg.stages, budget // (staged_rows(backward, True) * row)))
 
 
+def ring_slots(cfg: NormConfig, n: int, dtype_bits: int, has_dsum: bool, reserve: int = 0) -> int:
+    """Part slots of the part-ring backward (``cfg.parts`` >= 2): cfg.stages x cfg.parts
+    parts of ``staged_rows`` chunks each, or as many as fit the shared memory an SM has
+    for each of ``cfg.ctas_per_sm`` CTAs beside ``reserve`` bytes (the weight's chunk, when
+    the kernel stages it); 0 when not even parts + 1 fit (validate says so)."""
+    part = staged_rows(True, has_dsum) * _row_bytes(n // cfg.cluster_n, dtype_bits) // cfg.parts
+    budget = min(SMEM_PER_BLOCK, SMEM_PER_SM // cfg.ctas_per_sm - _SMEM_CTA_RESERVED) - 4096 - reserve
+    slots = min(cfg.stages * cfg.parts, budget // part)
+    return slots if slots > cfg.parts else 0
+
+
 @dataclass(frozen=True)
 class NormConfig:
     threads: int = 256
@@ -157,6 +179,7 @@ class NormConfig:
     exchange: str = "barrier"
     stages: int = 0
     cp_async: int = 0
+    parts: int = 0
 
     @property
     def rows_per_cta(self) -> int:
@@ -196,7 +219,11 @@ class NormConfig:
         acc = 2 * self.rows_per_cta * n * 4 if backward and self.rows_per_cta > 1 else 0
         staged = 0
         c_ = self.cluster_n
-        if self.stages:
+        if self.stages and self.parts:
+            slots = ring_slots(self, n, dtype_bits, has_dsum)
+            part = staged_rows(True, has_dsum) * _row_bytes(n // c_, dtype_bits) // self.parts
+            staged = slots * part + 16 * slots + 128  # + full and empty mbarriers, alignment
+        elif self.stages:
             s = staged_stages(self, n, dtype_bits, has_dsum, backward)
             rows = staged_rows(backward, has_dsum)
             # each CTA of a cluster stages its own contiguous N / cluster_n chunk of the row
@@ -266,6 +293,16 @@ class NormConfig:
                     f"stages={self.stages}: {self.ctas_per_sm} CTAs x {per_cta} B of shared memory exceed "
                     f"the SM's {sm_smem} B; fewer stages or ctas_per_sm"
                 )
+        if self.parts:
+            if not isinstance(self.parts, int) or self.parts not in (2, 4, 8, 16) or not backward or not self.stages:
+                raise ValueError(f"parts={self.parts!r}: 2, 4, 8 or 16, a knob of the staged backward (stages >= 1)")
+            if n % c or (n // c) % (t * (128 // dtype_bits) * self.parts):
+                raise ValueError(
+                    f"parts={self.parts} needs each CTA's chunk (n / cluster_n = {n / c:g}) to be a multiple of "
+                    f"threads x 16 bytes x parts ({t} x {128 // dtype_bits} x {self.parts} elements)"
+                )
+            if not ring_slots(self, n, dtype_bits, False):
+                raise ValueError(f"parts={self.parts}: not even {self.parts + 1} part slots fit the shared memory ({self})")
         if c > 1 and n < p * c * (128 // dtype_bits):
             raise ValueError(f"cluster_n={c} with threads_per_row={p} needs n >= {p * c * (128 // dtype_bits)}, got {n}")
         regs = self.est_regs_per_thread(n, dtype_bits, backward)
@@ -759,10 +796,26 @@ def cluster_staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int 
     return best
 
 
+def ring_config(base: NormConfig | None, n: int, dtype_bits: int, parts: int, stages: int = 2) -> NormConfig | None:
+    """``base`` (a staged backward config) as the part-ring backward (v2.12): its rows cut
+    into ``parts`` parts in a ring of up to stages x parts slots; None when that is not
+    valid for n (chunks not of whole rounds, fewer than parts + 1 slots fit)."""
+    if base is None or not base.stages:
+        return None
+    cfg = replace(base, stages=stages, parts=parts)
+    try:
+        cfg.validate(n, dtype_bits, backward=True)
+    except ValueError:
+        return None
+    return cfg
+
+
 def longrow_staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     """Cluster-staged backward configs worth timing at long N (bench_norm_staged.py):
     <= 32 elements per thread at 3 and 2 stages, <= 16 at 3, and the 32 / 3 shape on twice
-    the cluster (smaller chunks: more CTAs per SM); duplicates collapse."""
+    the cluster (smaller chunks: more CTAs per SM); where the chunks leave room for one
+    whole stage only, that shape as the part ring (v2.12) at 2, 4 and 8 parts; duplicates
+    collapse."""
     out: list[NormConfig] = []
     for elems, stages, more in ((32, 3, False), (32, 2, False), (16, 3, False), (32, 3, True)):
         cfg = cluster_staged_config(n, dtype_bits, elems, stages)
@@ -770,6 +823,12 @@ def longrow_staged_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
             cfg = cluster_staged_config(n, dtype_bits, elems, stages, min_cluster=2 * cfg.cluster_n) if cfg.cluster_n < 16 else None
         if cfg is not None and cfg not in out:
             out.append(cfg)
+    one = [c for c in out if c.stages == 1]
+    for parts in (2, 4, 8):
+        for cfg in one:
+            ring = ring_config(cfg, n, dtype_bits, parts)
+            if ring is not None and ring not in out:
+                out.append(ring)
     return out
 
 

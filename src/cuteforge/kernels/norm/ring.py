@@ -1,0 +1,296 @@
+"""The part-ring staged backward (``NormConfig.parts`` >= 2, v2.12).
+
+The row-staged backward (bwd.py ``make_norm_bwd_staged``) moves whole row chunks through
+S stages. At fp32 N = 262144 a CTA's chunk of x and dy is 128 KiB, so only one stage fits
+and nothing is in flight while a row is reduced, exchanged and written: the kernel ran at
+62-81 % of copy there, against 96-99 % at N <= 131072 (norm.md v2.9).
+
+Here a CTA's chunk is cut into P parts of whole rounds (round k of the chunk is the k-th
+T x vec block of it, so part p holds rounds [p RP, (p + 1) RP), RP = KT1 / P), and the
+parts move through a ring of L > P part-sized slots: part u of the CTA's stream (row u // P
+of its rows, part u % P) lives in slot u % L and is waited for with parity (u // L) % 2.
+Every slot has a "full" mbarrier (thread 0 arms it with the part's bytes and bulk-copies
+x, dy, dsum parts in) and an "empty" one (one arrival per warp, after the warp's last read
+of the part: its dx pass). Thread 0 refills a slot with the part L ahead once its empty
+barrier completes; it does so one part behind its own dx pass (the slowest warp has then
+usually released it) and for the row's last part at the row's end. So the next row's
+first L - P parts are in flight during this row's sums and exchange, and its remaining
+parts start as soon as this row's dx pass frees their slots.
+
+Why it cannot deadlock or race: a slot's next fill needs every warp's release of its
+current part, which each warp gives after reading it, with no dependence on thread 0; a
+warp waiting for a part has released every earlier part it read, and thread 0 issues
+parts in stream order, each right after the release it needs. A full-barrier phase can
+run at most one ahead of a waiting warp (the next fill of a slot needs that warp's
+release), and an empty-barrier phase at most one ahead of thread 0's wait (the next use
+needs the fill thread 0 issues after that wait), so parity waits are unambiguous.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+from cutlass.cute.nvgpu import cpasync
+
+from .common import (
+    Tile,
+    launch_bounds,
+    make_allreduce,
+    make_allreduce_mbar_rows,
+    make_chunk,
+    make_row_io,
+    make_stage_barrier_init,
+    make_widen,
+    mbar_tx_bytes,
+    persistent_group,
+    reduce_smem_elems,
+    row_view,
+    staged_smem,
+)
+from .config import NormConfig, ring_slots, staged_rows
+
+
+def make_part_issue(dtype, nc: int, c: int, n_rows: int, parts: int):
+    """@cute.jit issue(a, b, d, sring, full, row, p, slot, cta) for thread 0: arm mbarrier
+    ``full + slot`` with one part's bytes of n_rows operands and bulk-copy part p (of
+    ``parts``) of this CTA's chunk of row ``row`` of a, b (, d) into slots ``slot * n_rows +
+    i`` of ``sring`` ((nc / parts, L * n_rows) shared memory)."""
+    chunk = make_chunk(nc, c)
+    np_ = nc // parts
+    part_bytes = np_ * dtype.width // 8
+
+    @cute.jit
+    def issue(a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sring: cute.Tensor, full, row, p, slot, cta):
+        atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), dtype, num_bits_per_copy=part_bytes * 8)
+        bar = full + slot
+        cute.arch.mbarrier_arrive_and_expect_tx(bar, n_rows * part_bytes)
+        cute.copy(atom, cute.local_tile(chunk(a[row, None], cta), (np_,), (p,)), sring[None, slot * n_rows], mbar_ptr=bar)
+        if cutlass.const_expr(n_rows > 1):
+            cute.copy(atom, cute.local_tile(chunk(b[row, None], cta), (np_,), (p,)), sring[None, slot * n_rows + 1],
+                      mbar_ptr=bar)
+        if cutlass.const_expr(n_rows > 2):
+            cute.copy(atom, cute.local_tile(chunk(d[row, None], cta), (np_,), (p,)), sring[None, slot * n_rows + 2],
+                      mbar_ptr=bar)
+
+    return issue
+
+
+def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
+                       has_dsum: bool, w_aligned: bool, launcher):
+    """The part-ring backward (module docstring). Same launch signature and results as
+    bwd.py's ``make_norm_bwd``; rows 16-byte aligned, ``config.parts`` >= 2 validated
+    (chunks of whole rounds) and at least parts + 1 slots fitting (``ring_slots``), which
+    the caller checks with ``has_dsum`` (bwd.py falls back to whole-row stages)."""
+    C = config.cluster_n
+    NC = n // C
+    T = config.threads
+    P = config.parts
+    # the weight's chunk in shared memory when that still leaves parts + 1 slots (at fp32
+    # N = 262144 on 512 threads, 32 weight registers beside the dweight / dbias
+    # accumulators made ptxas spill), else in registers with every slot that fits
+    w_bytes = NC * w_dtype.width // 8
+    L = ring_slots(config, n, x_dtype.width, has_dsum, reserve=w_bytes + 256) if w_aligned and w_bytes % 16 == 0 else 0
+    w_smem = L > P
+    if not w_smem:
+        L = ring_slots(config, n, x_dtype.width, has_dsum)
+    if L <= P:
+        raise ValueError(f"parts={P}: only {L} part slots fit ({config}, n={n}, dsum={has_dsum})")
+    tile = Tile(NC, vec, T, 1, T)  # the chunk over the CTA's threads
+    if tile.REM or tile.TAIL or tile.KT1 % P:
+        raise ValueError(f"parts={P} needs the chunk ({NC} elements) in whole rounds of {T} x {vec}, a multiple of {P}")
+    ptile = Tile(NC // P, vec, T, 1, T)  # one part
+    _, _, store_scalar, load_col, store_col = make_row_io(tile)
+    KT1, V, RP = tile.KT1, tile.vec, tile.KT1 // P
+    is_ln = kind == "layer"
+    nval = 2 if is_ln else 1
+    inv_n = 1.0 / n
+    if C > 1:
+        xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
+        allreduce_m = make_allreduce_mbar_rows(xtile, nval)
+        xtx = nval * mbar_tx_bytes(xtile)
+        n_smem = reduce_smem_elems(xtile, 2)
+        allreduce = None
+    else:
+        allreduce = make_allreduce(tile)
+        xtx = 0
+        n_smem = reduce_smem_elems(tile, 2)
+    n_rows = staged_rows(True, has_dsum)
+    W = T // 32
+    _issue = make_part_issue(x_dtype, NC, C, n_rows, P)
+    NACC = min(V, 4)
+    widen_x = make_widen(x_dtype, V)
+    widen_w = make_widen(w_dtype, V)
+    # L full mbarriers + the weight's, then L empty ones (one arrival per warp)
+    _init = make_stage_barrier_init(L + 1, C, xtx, n_empty=L, empty_count=W)
+    _bounds = launch_bounds(T, config.ctas_per_sm)
+    _chunk = make_chunk(NC, C)
+    EMPTY = L + 1  # offset of the empty mbarriers from `full`
+
+    @cute.jit
+    def load_part_col(spart: cute.Tensor, frag: cute.Tensor, g, kk: cutlass.Constexpr, k: cutlass.Constexpr):
+        """frag[:, k] <- round kk of this thread's share of one staged part."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), spart.element_type,
+                                   num_bits_per_copy=V * spart.element_type.width)
+        cute.copy(atom, row_view(ptile, spart)[None, g, None][None, kk], frag[None, k])
+
+    @cute.jit
+    def refill(x, dy, dsum, sring, full, u, q, n_q, m, cta):
+        """Thread 0: once every warp released part u, bring part u + L into its slot."""
+        nu = u + L
+        nb = q + (nu // P) * n_q
+        if nb < m:
+            slot = u % L
+            cute.arch.mbarrier_wait(full + EMPTY + slot, (u // L) % 2)
+            _issue(x, dy, dsum, sring, full, nb, nu % P, slot, cta)
+
+    @cute.kernel
+    def _kernel(
+        x: cute.Tensor,
+        w: cute.Tensor,
+        dy: cute.Tensor,
+        dsum: cute.Tensor,
+        mean_in: cute.Tensor,
+        rstd_in: cute.Tensor,
+        dx: cute.Tensor,
+        dwp: cute.Tensor,
+        dbp: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, q, n_q = persistent_group(C)
+        g = tidx
+        m = x.shape[0]
+
+        smem = cutlass.memory.SmemAllocator()
+        sring, buf, full, xbar = staged_smem(smem, x_dtype, NC // P, L * n_rows, n_smem, 2 * L + 1, C)
+        sw = sring  # a stand-in unless the weight sits in shared memory
+        if cutlass.const_expr(w_smem):
+            sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
+        _init(tidx, full, xbar if cutlass.const_expr(C > 1) else full)
+        if tidx == 0:
+            if cutlass.const_expr(w_smem):
+                watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + L, w_bytes)
+                cute.copy(watom, _chunk(w, cta), sw, mbar_ptr=full + L)
+            for u in cutlass.range_constexpr(L):  # the first L parts of the CTA's stream
+                if q + (u // P) * n_q < m:
+                    _issue(x, dy, dsum, sring, full, q + (u // P) * n_q, u % P, u, cta)
+
+        dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dwa.fill(0.0)
+        dba = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dba.fill(0.0)
+        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
+        xc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        dyc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        dsc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        oc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        xf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dyf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        wf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        if cutlass.const_expr(not w_smem):
+            wg = _chunk(w, cta)
+            for k in cutlass.range_constexpr(KT1):
+                load_col(wg, wr, g, k)  # the weight stays in registers for the whole launch
+        else:
+            cute.arch.mbarrier_wait(full + L, 0)
+        acc1 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
+        acc2 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
+        st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        stn = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        st.fill(0.0)
+        stn.fill(0.0)
+        st[0] = rstd_in[q]
+        if cutlass.const_expr(is_ln):
+            st[1] = mean_in[q]
+        if cutlass.const_expr(C > 1):
+            cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
+
+        for blk in cutlass.range(q, m, n_q, unroll=1):
+            it = (blk - q) // n_q  # this CTA's row count so far
+            u0 = it * P  # the row's first part in the CTA's stream
+            nb = blk + n_q
+            if nb < m:
+                stn[0] = rstd_in[nb]
+                if cutlass.const_expr(is_ln):
+                    stn[1] = mean_in[nb]
+            rstd = st[0]
+            mean = st[1]
+            acc1.fill(0.0)
+            acc2.fill(0.0)
+            for p in cutlass.range_constexpr(P):  # row sums, part by part as they land
+                slot = (u0 + p) % L
+                cute.arch.mbarrier_wait(full + slot, ((u0 + p) // L) % 2)
+                for kk in cutlass.range_constexpr(RP):
+                    k = p * RP + kk
+                    load_part_col(sring[None, slot * n_rows], xc, g, kk, k)
+                    load_part_col(sring[None, slot * n_rows + 1], dyc, g, kk, k)
+                    if cutlass.const_expr(w_smem):
+                        load_col(sw, wr, g, k)
+                    widen_x(xc, xf, k)
+                    widen_x(dyc, dyf, k)
+                    widen_w(wr, wf, k)
+                    for v in cutlass.range_constexpr(V):
+                        xh = (xf[v, k] - mean) * rstd
+                        gv = dyf[v, k] * wf[v, k]
+                        acc1[v % NACC] = acc1[v % NACC] + gv * xh
+                        if cutlass.const_expr(is_ln):
+                            acc2[v % NACC] = acc2[v % NACC] + gv
+            s1 = acc1[0]
+            s2 = acc2[0]
+            for v in cutlass.range_constexpr(1, NACC):
+                s1 = s1 + acc1[v]
+                if cutlass.const_expr(is_ln):
+                    s2 = s2 + acc2[v]
+            if cutlass.const_expr(C > 1):
+                s1, s2 = allreduce_m(s1, s2, buf, xbar, it % 2, (it // 2) % 2, tidx == 0, 0, g, cta)
+            else:
+                s1, s2 = allreduce(s1, s2, nval, buf, it % 2, 0, g, 0)
+            c1 = s1 * Float32(inv_n)
+            c2 = Float32(0.0)
+            if cutlass.const_expr(is_ln):
+                c2 = s2 * Float32(inv_n)
+            dxr = _chunk(dx[blk, None], cta)
+            for p in cutlass.range_constexpr(P):  # dx, part by part, each slot released after it
+                slot = (u0 + p) % L
+                for kk in cutlass.range_constexpr(RP):
+                    k = p * RP + kk
+                    load_part_col(sring[None, slot * n_rows], xc, g, kk, k)
+                    load_part_col(sring[None, slot * n_rows + 1], dyc, g, kk, k)
+                    if cutlass.const_expr(w_smem):
+                        load_col(sw, wr, g, k)
+                    if cutlass.const_expr(has_dsum):
+                        load_part_col(sring[None, slot * n_rows + 2], dsc, g, kk, k)
+                    widen_x(xc, xf, k)
+                    widen_x(dyc, dyf, k)
+                    widen_w(wr, wf, k)
+                    for v in cutlass.range_constexpr(V):
+                        xh = (xf[v, k] - mean) * rstd
+                        dyv = dyf[v, k]
+                        gv = dyv * wf[v, k]
+                        dxv = (gv - xh * c1 - c2) * rstd
+                        if cutlass.const_expr(has_dsum):
+                            dxv = dxv + dsc[v, k].to(Float32)
+                        dwa[v, k] = dwa[v, k] + dyv * xh
+                        if cutlass.const_expr(has_bias):
+                            dba[v, k] = dba[v, k] + dyv
+                        oc[v, k] = dxv.to(x_dtype)
+                    store_col(oc, dxr, g, k)
+                # the warp is done with this part: release its slot (every lane's reads
+                # precede the elected arrive through the warp barrier)
+                cute.arch.sync_warp()
+                if tidx % 32 == 0:
+                    cute.arch.mbarrier_arrive(full + EMPTY + slot)
+                if cutlass.const_expr(p > 0):
+                    if tidx == 0:
+                        refill(x, dy, dsum, sring, full, u0 + p - 1, q, n_q, m, cta)
+            if tidx == 0:
+                refill(x, dy, dsum, sring, full, u0 + P - 1, q, n_q, m, cta)
+            st[0] = stn[0]
+            st[1] = stn[1]
+
+        store_scalar(dwa, _chunk(dwp[q, None], cta), g)
+        if cutlass.const_expr(has_bias):
+            store_scalar(dba, _chunk(dbp[q, None], cta), g)
+
+    return launcher(_kernel, T, C, _bounds)
