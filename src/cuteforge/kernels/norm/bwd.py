@@ -66,7 +66,14 @@ from .common import (
     reduce_smem_elems,
     staged_smem,
 )
-from .config import SMEM_PER_BLOCK, SMEM_PER_SM, NormConfig, default_register_config, ring_slots, staged_stages
+from .config import (
+    SMEM_PER_BLOCK,
+    SMEM_PER_SM,
+    NormConfig,
+    default_register_config,
+    ring_slots,
+    staged_stages,
+)
 from .fwd import KINDS
 from .ring import make_norm_bwd_ring
 
