@@ -767,3 +767,67 @@ def test_compile_fwd_cp_async(kernels, kind, xd, wd, n, bias, res, cfg):
     info = ptxas_no_spill(ptx)
     regs = int(re.search(r"Used (\d+) registers", info).group(1))
     assert regs * cfg.threads * max(1, cfg.ctas_per_sm - res) <= 65536, regs  # (one CTA fewer with the residual)
+
+
+# --------------------------------------------------------------------------- v2.12: part-ring backward
+
+
+def test_ring_validate_slots_and_candidates():
+    """NormConfig.parts: a knob of the staged backward only, chunks of whole rounds, at
+    least parts + 1 slots; ring_slots fits the ring to the SM; the long-row candidates offer
+    the ring only where whole-row stages leave one stage and the weight fits beside it."""
+    from cuteforge.kernels.norm.config import longrow_staged_candidates, ring_config, ring_slots
+
+    ok = NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=8)
+    ok.validate(262144, 32, backward=True)
+    # 2 x 64 KiB chunks of fp32 x / dy in 8 parts of 16 KiB: 13 slots fit, 9 beside the weight
+    assert ring_slots(ok, 262144, 32, False) == 13
+    assert ring_slots(ok, 262144, 32, False, reserve=64 * 1024 + 256) == 9
+    assert ring_slots(ok, 262144, 32, True) == 9  # dsum: 24 KiB parts
+    with pytest.raises(ValueError, match="parts=8"):
+        NormConfig(512, 512, 16, 1, exchange="mbar", parts=8).validate(262144, 32, backward=True)  # no stages
+    with pytest.raises(ValueError, match="parts=8"):
+        NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=8).validate(262144, 32)  # forward
+    with pytest.raises(ValueError, match="parts=3"):
+        NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=3).validate(262144, 32, backward=True)
+    with pytest.raises(ValueError, match="whole|multiple of threads"):
+        NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=16).validate(262144, 32, backward=True)
+    assert ring_config(NormConfig(512, 512, 16, 1, exchange="mbar", stages=1), 262144, 32, 4) is None  # 4 slots < 5
+    cands = longrow_staged_candidates(262144, 32)
+    assert [c.parts for c in cands if c.parts] == [8]
+    assert not any(c.parts for n in (32768, 131072) for bits in (16, 32) for c in longrow_staged_candidates(n, bits))
+
+
+# (kind, x dtype, weight dtype, n, bias, dsum, config, ring slots or 0 for the whole-row fallback)
+_BWD_RING = [
+    ("layer", "float32", "float32", 262144, True, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=8), 9),
+    ("rms", "float32", "float32", 262144, False, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=8), 9),
+    ("layer", "float32", "float32", 262144, True, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=8), 0),
+    ("rms", "bfloat16", "float32", 16384, False, True, NormConfig(512, 512, 1, 1, stages=2, parts=4), 6),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, dsum, cfg, slots", _BWD_RING)
+def test_compile_bwd_ring(kernels, kind, xd, wd, n, bias, dsum, cfg, slots):
+    """The PTX of the part ring: 2 L + 1 mbarriers (full and empty per slot, the weight's;
+    + 2 exchange mbarriers with a cluster), the prologue's L parts of each operand and the
+    weight bulk-copied, one refill site per part, per-warp arrives on the empty barriers, no
+    spill; without room for parts + 1 slots beside the weight (dsum) the whole-row staged
+    kernel is built instead."""
+    _, bwd = kernels
+    vx = 16 // (4 if xd == "float32" else 2)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
+    _, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4), {"kind": kind, "has_bias": bias, "has_dsum": dsum}, cfg)
+    inits = len(re.findall(r"mbarrier\.init", ptx))
+    bulk = len(re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx))
+    arrives = len(re.findall(r"mbarrier\.arrive\.(?:shared|release|b64)", ptx))
+    rows = 3 if dsum else 2
+    xbars = 2 if cfg.cluster_n > 1 else 0
+    if slots:
+        assert inits == 2 * slots + 1 + xbars, inits
+        assert bulk == rows * (slots + cfg.parts) + 1, bulk  # prologue, one refill site per part, weight
+        assert arrives == cfg.parts, arrives  # one release per part of the row
+    else:
+        assert inits < 2 * cfg.parts + 1, inits  # the staged kernel: one full mbarrier per stage
+    ptxas_no_spill(ptx)

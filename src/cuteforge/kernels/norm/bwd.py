@@ -71,11 +71,10 @@ from .config import (
     SMEM_PER_SM,
     NormConfig,
     default_register_config,
-    ring_slots,
     staged_stages,
 )
 from .fwd import KINDS
-from .ring import make_norm_bwd_ring
+from .ring import make_norm_bwd_ring, ring_fit
 
 
 def make_norm_bwd(
@@ -107,11 +106,12 @@ def make_norm_bwd(
     if config.stages:
         if rows_aligned:
             if config.parts:
-                if ring_slots(config, n, x_dtype.width, has_dsum):
+                if ring_fit(config, n, x_dtype, w_dtype, has_dsum, w_aligned):
                     return make_norm_bwd_ring(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned,
                                               _launcher)
-                # dsum's third operand leaves fewer than parts + 1 slots: whole-row stages,
-                # as many as fit (the staged kernel fits them to dsum itself)
+                # no room for parts + 1 slots beside the weight (dsum's third operand), or a
+                # misaligned weight: whole-row stages, as many as fit (the staged kernel fits
+                # them to dsum itself)
                 config = next((c for c in (replace(config, parts=0, stages=s) for s in range(config.stages, 0, -1))
                                if c.smem_bytes(n, True, x_dtype.width) <= SMEM_PER_BLOCK), replace(config, parts=0, stages=1))
             return make_norm_bwd_staged(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned)

@@ -799,13 +799,17 @@ def cluster_staged_config(n: int, dtype_bits: int, elems: int = 32, stages: int 
 def ring_config(base: NormConfig | None, n: int, dtype_bits: int, parts: int, stages: int = 2) -> NormConfig | None:
     """``base`` (a staged backward config) as the part-ring backward (v2.12): its rows cut
     into ``parts`` parts in a ring of up to stages x parts slots; None when that is not
-    valid for n (chunks not of whole rounds, fewer than parts + 1 slots fit)."""
+    valid for n (chunks not of whole rounds) or when, with a weight of x's dtype, fewer than
+    parts + 1 slots fit beside the weight's chunk (the ring keeps it in shared memory;
+    ring.py ``ring_fit``; the kernel would build whole-row stages instead)."""
     if base is None or not base.stages:
         return None
     cfg = replace(base, stages=stages, parts=parts)
     try:
         cfg.validate(n, dtype_bits, backward=True)
     except ValueError:
+        return None
+    if not ring_slots(cfg, n, dtype_bits, False, reserve=_row_bytes(n // cfg.cluster_n, dtype_bits) + 256):
         return None
     return cfg
 

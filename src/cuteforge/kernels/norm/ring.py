@@ -51,6 +51,17 @@ from .common import (
 from .config import NormConfig, ring_slots, staged_rows
 
 
+def ring_fit(config: NormConfig, n: int, x_dtype, w_dtype, has_dsum: bool, w_aligned: bool) -> int:
+    """The ring's slot count L for these operands, or 0 when the ring does not apply: it
+    keeps the weight's chunk in shared memory (in registers, beside the dweight / dbias
+    accumulators, fp32 N = 262144 on 512 threads made ptxas spill 36-132 bytes), so the
+    weight must be 16-byte aligned and leave room for parts + 1 slots."""
+    w_bytes = n // config.cluster_n * w_dtype.width // 8
+    if not (config.parts and w_aligned and w_bytes % 16 == 0):
+        return 0
+    return ring_slots(config, n, x_dtype.width, has_dsum, reserve=w_bytes + 256)
+
+
 def make_part_issue(dtype, nc: int, c: int, n_rows: int, parts: int):
     """@cute.jit issue(a, b, d, sring, full, row, p, slot, cta) for thread 0: arm mbarrier
     ``full + slot`` with one part's bytes of n_rows operands and bulk-copy part p (of
@@ -80,22 +91,16 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                        has_dsum: bool, w_aligned: bool, launcher):
     """The part-ring backward (module docstring). Same launch signature and results as
     bwd.py's ``make_norm_bwd``; rows 16-byte aligned, ``config.parts`` >= 2 validated
-    (chunks of whole rounds) and at least parts + 1 slots fitting (``ring_slots``), which
-    the caller checks with ``has_dsum`` (bwd.py falls back to whole-row stages)."""
+    (chunks of whole rounds) and ``ring_fit`` > 0 for these operands, which the caller
+    checks (bwd.py falls back to whole-row stages)."""
     C = config.cluster_n
     NC = n // C
     T = config.threads
     P = config.parts
-    # the weight's chunk in shared memory when that still leaves parts + 1 slots (at fp32
-    # N = 262144 on 512 threads, 32 weight registers beside the dweight / dbias
-    # accumulators made ptxas spill), else in registers with every slot that fits
     w_bytes = NC * w_dtype.width // 8
-    L = ring_slots(config, n, x_dtype.width, has_dsum, reserve=w_bytes + 256) if w_aligned and w_bytes % 16 == 0 else 0
-    w_smem = L > P
-    if not w_smem:
-        L = ring_slots(config, n, x_dtype.width, has_dsum)
-    if L <= P:
-        raise ValueError(f"parts={P}: only {L} part slots fit ({config}, n={n}, dsum={has_dsum})")
+    L = ring_fit(config, n, x_dtype, w_dtype, has_dsum, w_aligned)
+    if not L:
+        raise ValueError(f"parts={P}: fewer than {P + 1} part slots fit beside the weight ({config}, n={n}, dsum={has_dsum})")
     tile = Tile(NC, vec, T, 1, T)  # the chunk over the CTA's threads
     if tile.REM or tile.TAIL or tile.KT1 % P:
         raise ValueError(f"parts={P} needs the chunk ({NC} elements) in whole rounds of {T} x {vec}, a multiple of {P}")
@@ -163,15 +168,12 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
 
         smem = cutlass.memory.SmemAllocator()
         sring, buf, full, xbar = staged_smem(smem, x_dtype, NC // P, L * n_rows, n_smem, 2 * L + 1, C)
-        sw = sring  # a stand-in unless the weight sits in shared memory
-        if cutlass.const_expr(w_smem):
-            sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
+        sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)  # the weight's chunk
         _init(tidx, full, xbar if cutlass.const_expr(C > 1) else full)
         if tidx == 0:
-            if cutlass.const_expr(w_smem):
-                watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
-                cute.arch.mbarrier_arrive_and_expect_tx(full + L, w_bytes)
-                cute.copy(watom, _chunk(w, cta), sw, mbar_ptr=full + L)
+            watom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), w_dtype, num_bits_per_copy=w_bytes * 8)
+            cute.arch.mbarrier_arrive_and_expect_tx(full + L, w_bytes)
+            cute.copy(watom, _chunk(w, cta), sw, mbar_ptr=full + L)
             for u in cutlass.range_constexpr(L):  # the first L parts of the CTA's stream
                 if q + (u // P) * n_q < m:
                     _issue(x, dy, dsum, sring, full, q + (u // P) * n_q, u % P, u, cta)
@@ -188,12 +190,7 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
         xf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
         dyf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
         wf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        if cutlass.const_expr(not w_smem):
-            wg = _chunk(w, cta)
-            for k in cutlass.range_constexpr(KT1):
-                load_col(wg, wr, g, k)  # the weight stays in registers for the whole launch
-        else:
-            cute.arch.mbarrier_wait(full + L, 0)
+        cute.arch.mbarrier_wait(full + L, 0)
         acc1 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
         acc2 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
         st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
@@ -218,15 +215,17 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
             mean = st[1]
             acc1.fill(0.0)
             acc2.fill(0.0)
+            slot0 = u0 % L
+            phase0 = (u0 // L) % 2
             for p in cutlass.range_constexpr(P):  # row sums, part by part as they land
-                slot = (u0 + p) % L
-                cute.arch.mbarrier_wait(full + slot, ((u0 + p) // L) % 2)
+                wrap = slot0 + p >= L
+                slot = cutlass.select_(wrap, slot0 + p - L, slot0 + p)
+                cute.arch.mbarrier_wait(full + slot, cutlass.select_(wrap, 1 - phase0, phase0))
                 for kk in cutlass.range_constexpr(RP):
                     k = p * RP + kk
                     load_part_col(sring[None, slot * n_rows], xc, g, kk, k)
                     load_part_col(sring[None, slot * n_rows + 1], dyc, g, kk, k)
-                    if cutlass.const_expr(w_smem):
-                        load_col(sw, wr, g, k)
+                    load_col(sw, wr, g, k)
                     widen_x(xc, xf, k)
                     widen_x(dyc, dyf, k)
                     widen_w(wr, wf, k)
@@ -252,13 +251,12 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                 c2 = s2 * Float32(inv_n)
             dxr = _chunk(dx[blk, None], cta)
             for p in cutlass.range_constexpr(P):  # dx, part by part, each slot released after it
-                slot = (u0 + p) % L
+                slot = cutlass.select_(slot0 + p >= L, slot0 + p - L, slot0 + p)
                 for kk in cutlass.range_constexpr(RP):
                     k = p * RP + kk
                     load_part_col(sring[None, slot * n_rows], xc, g, kk, k)
                     load_part_col(sring[None, slot * n_rows + 1], dyc, g, kk, k)
-                    if cutlass.const_expr(w_smem):
-                        load_col(sw, wr, g, k)
+                    load_col(sw, wr, g, k)
                     if cutlass.const_expr(has_dsum):
                         load_part_col(sring[None, slot * n_rows + 2], dsc, g, kk, k)
                     widen_x(xc, xf, k)
