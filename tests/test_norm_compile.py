@@ -57,7 +57,7 @@ def test_default_and_candidates_valid(n, bits, backward):
 def test_large_rows_use_clusters_and_reload():
     assert default_config(65536, 16).cluster_n > 1
     b = default_config(262144, 32, backward=True)  # v2.5: cluster-staged
-    assert b.cluster_n == 16 and b.stages == 1
+    assert b.cluster_n == 16 and b.stages == 2 and b.parts == 8  # v2.12: the part ring
     from cuteforge.kernels.norm.config import default_register_config
 
     r = default_register_config(262144, 32)  # the register path (misaligned rows) still reloads
@@ -501,7 +501,8 @@ def test_staged_backward_defaults_follow_the_sweep():
     # v2.5: even long rows take the cluster-staged backward (h200-norm-staged-longrow.json)
     assert default_config(32768, 16, backward=True) == NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)
     assert default_config(65536, 16, backward=True) == NormConfig(256, 256, 8, 2, exchange="mbar", stages=3)
-    assert default_config(262144, 32, backward=True) == NormConfig(512, 512, 16, 1, exchange="mbar", stages=1)
+    # v2.12: one whole-row stage fits there, so the part ring of 8 parts
+    assert default_config(262144, 32, backward=True) == NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=8)
     for n, bits in ((4096, 16), (8190, 16), (8192, 32), (16385, 16), (65537, 32), (16383, 16)):
         assert default_config(n, bits, backward=True).stages == 0, (n, bits)
     limits = limits_for("sm_90a")
