@@ -54,7 +54,9 @@ stages:           backward (v2.4) and forward (v2.6): 0 keeps the row in registe
 parts:            backward with stages only (v2.12): 0 keeps whole-row stages; P >= 2
                   cuts each CTA's staged chunk into P parts that travel through a ring of
                   part-sized slots (``ring_slots``: stages x P of them, fewer if they do not
-                  fit, at least P + 1), each with its own "full" and "empty" mbarrier. A
+                  fit beside the weight's chunk, which the ring keeps in shared memory; at
+                  least P + 1, else the kernel builds whole-row stages), each with its own
+                  "full" and "empty" mbarrier. A
                   part's slot is refilled with the part a ring ahead as soon as every warp
                   has read it for dx, so the next row streams in under this row's dx pass
                   and exchange instead of waiting for the whole row to be done: the one-stage
