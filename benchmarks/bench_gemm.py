@@ -285,11 +285,12 @@ def compiled_one(m: int, n: int, k: int, epi: str) -> dict:
 
 
 def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: bool = False,
-          act: str | None = None) -> list[dict]:
+          act: str | None = None, pick: Any = None) -> list[dict]:
     """Every candidate config at a few shapes: what the default and the tuner should pick.
     fp8: e4m3 inputs with per-tensor scales, against torch._scaled_mm(use_fast_accum=True).
     act: bf16 with a fused bias + act epilogue, against cuBLAS addmm + the eager act
-    ("none": the bias alone, against addmm, which takes cuBLASLt's bias epilogue)."""
+    ("none": the bias alone, against addmm, which takes cuBLASLt's bias epilogue).
+    pick(m, n, k, fused): the configs to time instead of the candidate lists."""
     from dataclasses import replace
 
     from cuteforge.kernels.gemm.epilogue import GemmEpilogue
@@ -309,7 +310,7 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
             tf = {"gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu,
                   "none": lambda x: x}[act]  # none: bias only, against cuBLASLt's bias epilogue
             cublas = lambda a=a, b=b, bias=bias, tf=tf: tf(torch.addmm(bias, a, b))  # noqa: E731
-            cfgs = candidate_configs(m, n) + EXTRA_CONFIGS + EPI_CONFIGS
+            cfgs = pick(m, n, k, True) if pick else candidate_configs(m, n) + EXTRA_CONFIGS + EPI_CONFIGS
         elif fp8:
             a, b, sa, sb = _fp8_inputs(m, n, k)
             extra = (sa, sb)
@@ -318,10 +319,11 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
         else:
             a, b = _inputs(m, n, k)
             cublas = lambda a=a, b=b: torch.matmul(a, b)  # noqa: E731
-            cfgs = candidate_configs(m, n) + EXTRA_CONFIGS
+            cfgs = pick(m, n, k, False) if pick else candidate_configs(m, n) + EXTRA_CONFIGS
         a3, b3 = a.unsqueeze(0), b.unsqueeze(0)
         out = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-        key = kern.signature.bind((a3, b3, out, *extra))
+        work = torch.zeros(sms * (128 * 256 + 1), dtype=torch.int32, device="cuda")  # any config's stream-K workspace
+        key = kern.signature.bind((a3, b3, out, work, *extra))
         ref = cublas()
         fns: dict[str, Any] = {"cublas": cublas}
         errs: dict[str, Any] = {}
@@ -329,9 +331,9 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
             try:
                 fn = kern.get(key, tuple(sorted(params)), cfg)
                 out.fill_(float("nan"))  # `out` is shared: a config that skips tiles must not inherit the last one's
-                fn(a3, b3, out, *extra)
+                fn(a3, b3, out, work, *extra)
                 errs[repr(cfg)] = _err(out[0], ref)
-                fns[repr(cfg)] = lambda fn=fn, a3=a3, b3=b3, out=out, extra=extra: fn(a3, b3, out, *extra)
+                fns[repr(cfg)] = lambda fn=fn, a3=a3, b3=b3, out=out, work=work, extra=extra: fn(a3, b3, out, work, *extra)
             except Exception as e:  # noqa: BLE001
                 errs[repr(cfg)] = f"{type(e).__name__}: {str(e)[:300]}"
         ms = measure(fns)
@@ -469,6 +471,28 @@ def main() -> None:
         result["epilogue_config_sweep"] = []
         sweep(_shapes(args.sweep_shapes), result["epilogue_config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)),
               act=args.sweep_epilogue)
+    if "streamk" in sets:
+        # the default config with and without the stream-K split, plain and fused, and
+        # stream-K configs of other tiles (swizzle fitted to the problem, as defaults are)
+        def pick(m: int, n: int, k: int, fused: bool) -> list[Any]:
+            from dataclasses import replace
+
+            from cuteforge.kernels.gemm.sm90.config import default_config, fit_swizzle
+
+            d = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=fused)
+            sk = GemmConfig(stream_k=True)
+            tiles = [sk, replace(sk, cluster_m=1, cluster_n=2), replace(sk, tile_n=128),
+                     replace(sk, tile_n=128, cluster_m=1, cluster_n=2)]
+            if m <= 128:
+                tiles += [replace(sk, tile_m=64, tile_n=128, cluster_m=1, cluster_n=2),
+                          replace(sk, tile_m=64, tile_n=256, cluster_m=1, cluster_n=2)]
+            twin = [replace(d, stream_k=not d.stream_k)] if not d.pingpong else []
+            return list(dict.fromkeys([d, *twin, *[fit_swizzle(c, m, n) for c in tiles]]))
+
+        result["streamk"] = []
+        for act in [None, *[a for a in args.sweep_epilogue.split(",") if a]]:
+            sweep(_shapes(args.sweep_shapes), result["streamk"], lambda: out.write_text(json.dumps(result, indent=1)),
+                  act=act, pick=pick)
     if "compile" in sets:
         result["compile"] = compiled(_shapes(args.compile_shapes))
         out.write_text(json.dumps(result, indent=1))

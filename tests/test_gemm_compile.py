@@ -21,7 +21,9 @@ H100 = limits_for("sm_90a")
 def _ptx(a_k: bool, b_k: bool, dtypes: tuple[str, ...], epi: GemmEpilogue | None = None, cfg: GemmConfig | None = None) -> str:
     kinds = epi.kinds if epi else ()
     k = gemm_kernel(a_k, b_k, kinds)
-    key = BoundKey(dtypes, (), tuple(4 if d == "float32" else 8 for d in dtypes))
+    vecs = tuple(4 if d == "float32" else 8 for d in dtypes)
+    # a, b, out, the int32 stream-K workspace, then the epilogue operands
+    key = BoundKey((*dtypes[:3], "int32", *dtypes[3:]), (), (*vecs[:3], 4, *vecs[3:]))
     params = (("sms", 132),) + ((("epilogue", epi.key),) if epi else ())
     spec = k.spec(key, tuple(sorted(params)), cfg, arch="sm_90a")
     res = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), "sm_90a", keep_artifacts=True)
@@ -69,7 +71,7 @@ def test_config_validation() -> None:
     for c in candidate_configs(128, 4096):
         c.validate(2, 2, H100)
     assert default_config(16, 4096, 4096).tile_m == 64
-    assert default_config(8192, 8192, 8192) == GemmConfig()
+    assert default_config(8192, 8192, 8192) == GemmConfig(stream_k=True)
     assert default_config(16384, 16384, 1024).pingpong and default_config(1024, 1024, 1024).tile_n == 64
     assert default_config(1024, 1024, 1024).pingpong and not default_config(128, 4096, 4096).pingpong
     assert kernel_name(True, False, ("col",)) == "gemm_sm90_tt_col"
@@ -204,7 +206,7 @@ def test_arch_and_builder_checks() -> None:
     from cuteforge.arch import ArchError
 
     k = gemm_kernel(True, True)
-    key = BoundKey(("bfloat16",) * 3, (), (8, 8, 8))
+    key = BoundKey(("bfloat16",) * 3 + ("int32",), (), (8, 8, 8, 4))
     for arch in ("sm_80", "sm_100a"):
         with pytest.raises(ArchError, match="requires sm_90a"):
             k.spec(key, (("sms", 132),), arch=arch)
@@ -306,8 +308,9 @@ def _ptx_fp8(dtypes: tuple[str, ...], epi: GemmEpilogue | None = None, cfg: Gemm
     from cuteforge.kernels.gemm.spec import gemm_fp8_kernel
 
     k = gemm_fp8_kernel(epi.kinds if epi else ())
-    full = (*dtypes[:3], "float32", "float32", *dtypes[3:])
-    vec = tuple(16 if d.startswith("float8") else 1 if i in (3, 4) else 4 if d == "float32" else 8 for i, d in enumerate(full))
+    full = (*dtypes[:3], "int32", "float32", "float32", *dtypes[3:])
+    vec = tuple(16 if d.startswith("float8") else 1 if i in (4, 5) else 4 if d in ("float32", "int32") else 8
+                for i, d in enumerate(full))
     params = (("sms", 132),) + ((("epilogue", epi.key),) if epi else ())
     key = BoundKey(full, (), vec)
     spec = k.spec(key, tuple(sorted(params)), cfg, arch="sm_90a")
@@ -355,7 +358,8 @@ def test_fp8_configs() -> None:
     from cuteforge.kernels.gemm.spec import gemm_fp8_kernel
 
     k = gemm_fp8_kernel(("col",))
-    key = BoundKey(("float8_e4m3fn", "float8_e5m2", "bfloat16", "float32", "float32", "bfloat16"), (), (16, 16, 8, 1, 1, 8))
+    key = BoundKey(("float8_e4m3fn", "float8_e5m2", "bfloat16", "int32", "float32", "float32", "bfloat16"), (),
+                   (16, 16, 8, 4, 1, 1, 8))
     spec = k.spec(key, (("sms", 132),), arch="sm_90a")
     valid, invalid = candidates(k, spec)
     assert len(valid) >= 10 and not invalid and all(c.tile_k == 128 for c in valid)
@@ -506,7 +510,7 @@ def test_fused_default_config() -> None:
     """A fused epilogue gives the cooperative 128x256 default 64-wide store subtiles; the
     other tiles and the unfused default keep 32; every one fits sm_90 for 16-bit and fp32
     outputs and fp8 inputs."""
-    assert default_config(8192, 8192, 8192, fused=True) == replace(GemmConfig(), epi_n=64)
+    assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(epi_n=64, stream_k=True)
     assert default_config(8192, 8192, 8192).epi_n == 32
     assert default_config(16384, 16384, 1024, fused=True).epi_n == 32  # pingpong 128x128
     assert default_config(1024, 1024, 1024, fused=True).epi_n == 32  # 128x64
@@ -514,3 +518,103 @@ def test_fused_default_config() -> None:
         for in_b in (2, 1):
             for out_b in (2, 4):
                 default_config(m, n, k, in_bytes=in_b, fused=True).validate(in_b, out_b, H100)
+
+
+def _sk_segments(tiles: int, workers: int, k_tiles: int) -> list[list[tuple[int, int, int]]]:
+    """Each worker's segments (tile, first k-block, end k-block) as the kernel walks them
+    (`Sm90Gemm.sk_plan` / `segment`, restated): whole tiles worker, worker + workers, ...
+    below `tiles - sk`, then this worker's run of the stream-K tiles' k-blocks."""
+    from cuteforge.kernels.gemm.sm90.config import stream_k_split
+
+    sk, w = stream_k_split(tiles, workers, k_tiles)
+    w = w or 1
+    dp = tiles - sk
+    base, extra = divmod(sk * k_tiles, w)
+    out = []
+    for worker in range(workers):
+        segs = [(t, 0, k_tiles) for t in range(worker, dp, workers)]
+        begin = worker * base + min(worker, extra)
+        g, end = begin, begin + (base + (worker < extra) if worker < w and sk else 0)
+        while g < end:
+            t, kb = divmod(g, k_tiles)
+            ke = min(k_tiles, kb + end - g)
+            segs.append((dp + t, kb, ke))
+            g += ke - kb
+        out.append(segs)
+    return out
+
+
+@pytest.mark.parametrize(("tiles", "workers", "k_tiles"), [
+    (1024, 66, 128),   # 8192^3, 128x256 c2x1: 34 tail clusters (> half a wave): whole tiles
+    (16, 66, 16),      # 1024^3 (sub-wave): 4-way split-K
+    (8, 66, 224),      # M = 128, N = 4096, K = 14336 on c1x2: 8-way
+    (16, 66, 18),      # K not a multiple of the split: runs straddle tiles by a k-block
+    (67, 66, 128), (1, 132, 1000), (3, 7, 5), (66, 66, 64), (65, 66, 2), (5, 132, 3), (140, 66, 9),
+])
+def test_stream_k_schedule_covers_every_k_block_once(tiles: int, workers: int, k_tiles: int) -> None:
+    """The split runs every (tile, k-block) exactly once; a cut tile's owner (the run with
+    its first k-block) is its worker's last segment and every other run of it is its
+    worker's first, so an owner only waits on runs that were started first; the owner's
+    walk over workers + 1, + 2, ... covers exactly the rest of the tile."""
+    from cuteforge.kernels.gemm.sm90.config import SK_MAX_SPLIT, SK_MIN_ITERS, stream_k_split
+
+    segs = _sk_segments(tiles, workers, k_tiles)
+    sk, w = stream_k_split(tiles, workers, k_tiles)
+    seen: dict[int, list[tuple[int, int, int]]] = {}
+    for worker, ss in enumerate(segs):
+        n_whole = len(range(worker, tiles - sk, workers))  # whole tiles come first, never wait
+        assert all((kb, ke) == (0, k_tiles) for _, kb, ke in ss[:n_whole])
+        for i, (t, kb, ke) in enumerate(ss):
+            assert 0 <= kb < ke <= k_tiles and 0 <= t < tiles
+            seen.setdefault(t, []).append((kb, ke, worker))
+            if kb > 0:
+                assert i == n_whole, "a run starting inside a tile must be its worker's first stream-K segment"
+            if kb == 0 and ke < k_tiles:
+                assert i == len(ss) - 1, "an owner with peers must be its worker's last segment"
+    assert sorted(seen) == list(range(tiles))
+    base, extra = divmod(sk * k_tiles, w) if w else (0, 0)
+    for runs in seen.values():
+        runs.sort()
+        assert runs[0][0] == 0 and all(a[1] == b[0] for a, b in zip(runs, runs[1:])) and runs[-1][1] == k_tiles
+        assert len(runs) <= SK_MAX_SPLIT + 1
+        owner_end, owner = runs[0][1], runs[0][2]
+        covered, peer = owner_end, owner + 1  # the kernel's fixup walk
+        while covered < k_tiles:
+            covered += min(k_tiles - covered, base + (peer < extra))
+            peer += 1
+        assert covered == k_tiles and peer - owner == len(runs)
+    if sk:
+        assert sk == tiles % workers and w % sk == 0 and 2 <= w // sk <= SK_MAX_SPLIT
+        runs_per_worker = [sum(ke - kb for t, kb, ke in s if t >= tiles - sk) for s in segs]
+        assert min(r for r in runs_per_worker if r) >= SK_MIN_ITERS
+
+
+def test_stream_k_split_policy() -> None:
+    from cuteforge.kernels.gemm.sm90.config import stream_k_split, stream_k_workspace_words
+
+    assert stream_k_split(1024, 66, 128) == (0, 0)  # 34 of 66 busy: more than half a wave
+    assert stream_k_split(1023, 66, 128) == (33, 66)  # half a wave: 2-way
+    assert stream_k_split(16, 66, 16) == (16, 64)  # sub-wave: 4-way split-K (4 k-blocks each)
+    assert stream_k_split(8, 66, 224) == (8, 64)  # small M: 8-way
+    assert stream_k_split(132, 66, 128) == (0, 0)  # whole waves: nothing to split
+    assert stream_k_split(2, 66, 7) == (0, 0)  # too few k-blocks for two runs of 4
+    sk = GemmConfig(stream_k=True, swizzle=1)
+    assert stream_k_workspace_words(GemmConfig(swizzle=1), 66, 1024, 1024, 1024) == 0  # no stream_k
+    # 1024^3 on 128x256 c2x1: 16 clusters, each tile 4-way: 64 clusters of 2 CTAs hold a partial
+    assert stream_k_workspace_words(sk, 66, 1024, 1024, 1024) == 132 + 64 * 2 * 128 * 256
+    assert stream_k_workspace_words(sk, 66, 8192, 8192, 8192) == 0  # 34 of 66 in the last wave: no split
+    assert stream_k_workspace_words(sk, 66, 1024, 1024, 64) == 0  # one k-block
+    with pytest.raises(ValueError, match="stream_k needs the cooperative"):
+        GemmConfig(tile_n=128, pingpong=True, stream_k=True).validate(2, 2, H100)
+
+
+def test_stream_k_compiles() -> None:
+    """stream_k kernels: the flag protocol (gpu-scope fence + acquire loads) is in the PTX
+    and nowhere else; plain and fused compile without spills."""
+    plain = _ptx(True, True, ("bfloat16",) * 3)
+    assert "acquire.gpu" not in plain and "fence.acq_rel.gpu" not in plain
+    sk = _ptx(True, True, ("bfloat16",) * 3, cfg=GemmConfig(stream_k=True))
+    assert "ld.acquire.gpu" in sk and "fence.acq_rel.gpu" in sk and "m64n256k16" in sk
+    fused = _ptx(False, True, ("bfloat16", "bfloat16", "float32", "bfloat16"), GemmEpilogue.preset("gelu", bias="col"),
+                 GemmConfig(tile_n=128, cluster_m=1, cluster_n=2, stream_k=True))
+    assert "ld.acquire.gpu" in fused and "tanh.approx.f32" in fused

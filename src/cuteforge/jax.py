@@ -27,6 +27,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 try:
@@ -792,7 +793,10 @@ def _present_gemm(vecs: tuple[int, ...], kinds: tuple[str, ...]) -> Callable[[li
             if kind != "col":  # pragma: no cover - only presets with a column bias are offered
                 raise ValueError(f"unsupported epilogue operand kind {kind!r}")
             extras.append(cute.make_tensor(t.iterator, cute.make_layout((n_n,), stride=(1,))))
-        return [mat(a_t, n_m, n_k, vecs[0]), mat(b_t, n_k, n_n, vecs[1]), mat(out_t, n_m, n_n, vecs[2]), *extras]
+        # The stream-K workspace argument: JAX runs configs without stream_k (they never
+        # touch it), so one int32 word viewed at the output's address stands in.
+        work = cute.make_tensor(cute.recast_ptr(out_t.iterator, dtype=cutlass.Int32), cute.make_layout((1,)))
+        return [mat(a_t, n_m, n_k, vecs[0]), mat(b_t, n_k, n_n, vecs[1]), mat(out_t, n_m, n_n, vecs[2]), work, *extras]
 
     return arrange
 
@@ -814,7 +818,8 @@ def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tup
     ad, od = _dtype_name(a3.dtype), _dtype_name(odt)
     ab, ob = jnp.dtype(a3.dtype).itemsize, jnp.dtype(odt).itemsize
     vecs = (vector_width(0, (m * k, k), ab), vector_width(0, (k * n, n), ab), vector_width(0, (m * n, n), ob))
-    dtypes: tuple[str, ...] = (ad, ad, od)
+    dtypes: tuple[str, ...] = (ad, ad, od, "int32")  # a, b, out, work (see _present_gemm)
+    vecs += (4,)
     if bias is not None:
         bd = _dtype_name(bias.dtype)
         dtypes += (bd,)
@@ -825,6 +830,7 @@ def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tup
     pm, pn, pk = dims
     tuned = usable_tuned(lookup(kern, key, params, {"M": pm, "N": pn, "K": pk}), ab, ob)
     cfg = fit_swizzle(tuned, pm, pn) if tuned is not None else default_config(pm, pn, pk, sms, ab, fused=epi is not None)
+    cfg = replace(cfg, stream_k=False)  # no persistent zeroed workspace under XLA
     # FFI buffers: inputs a, b[, bias]; output out. Kernel order: a, b, out[, bias].
     forms = (("raw", 3), ("raw", 3)) + ((("raw", 1),) if bias is not None else ()) + (("raw", 3),)
     ffi_dtypes = (ad, ad) + ((dtypes[3],) if bias is not None else ()) + (od,)

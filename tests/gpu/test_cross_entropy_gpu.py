@@ -266,8 +266,9 @@ def _workspaces_idle() -> bool:
     """Every kept workspace's ticket counters are back at 0 (each launch's last CTAs reset
     the counters they drew from)."""
     mod = importlib.import_module("cuteforge.ops.cross_entropy")
+    ws = importlib.import_module("cuteforge.workspace")
     torch.cuda.synchronize()
-    return all(bool(w[: mod.WORK_ZERO].eq(0).all()) for w in mod._WORK.values())
+    return all(bool(w[: mod.WORK_ZERO].eq(0).all()) for k, w in ws._WORK.items() if k[0] == mod.WORKSPACE_OWNER)
 
 
 @pytest.mark.parametrize(("m", "n", "dtype"), [(65537, 1000, torch.float32), (1000, 65537, torch.float32),
@@ -309,7 +310,8 @@ def test_reduced_on_concurrent_streams() -> None:
     for k in range(2):
         assert all(torch.equal(g, want[k]) for g in got[k])
     dev = xs[0][0].get_device()
-    assert all((dev, s.cuda_stream) in mod._WORK for s in streams)
+    ws = importlib.import_module("cuteforge.workspace")
+    assert all((mod.WORKSPACE_OWNER, dev, s.cuda_stream) in ws._WORK for s in streams)
     assert _workspaces_idle()
 
 

@@ -15,15 +15,9 @@ with g the per-row gradient (zero on ignored rows). The softmax is never materia
 
 The reduced forward needs a workspace (int32, `kernels.work_words(grid)`: 128 KiB plus 8
 bytes per CTA): ticket counters that must be 0 when a launch starts (the launch sets them
-back to 0 before it ends) and the partials. Two launches may share one only if they
-cannot overlap, so eager calls use one per (device, current stream), allocated zeroed on
-first use on that stream and kept (`_WORK`; replaced, zeroed, by a larger one when a
-bigger grid needs it): launches on one stream run in order. Under CUDA-graph capture each
-call instead allocates its own (captured: the graph zeroes its counters at every replay;
-memory from the graph's private pool), so graphs never share counters with each other or
-with eager calls and may be replayed on any stream. Not covered: a stream whose handle is
-reused by a new stream while launches of the old one are still pending (an
-`ExternalStream` destroyed early) shares the old one's workspace. Grids beyond
+back to 0 before it ends) and the partials. It comes from `cuteforge.workspace` (one per
+device and current stream for eager calls, a fresh one per call under CUDA-graph capture;
+that module's doc says why). Grids beyond
 `kernels.reduce_fits` (M of millions of rows) reduce with torch ops after the per-row
 kernel instead.
 
@@ -58,6 +52,7 @@ from ..kernels.cross_entropy.spec import (
 )
 from ..native import backward as native
 from ..signature import FLOAT_DTYPES
+from ..workspace import stream_workspace
 
 __all__ = ["cross_entropy", "CHECK_TARGETS"]
 
@@ -67,8 +62,6 @@ _MAX_PLANS = 4096
 _FWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
 _BWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
 _RED: dict[tuple[Any, ...], Callable[..., Any]] = {}
-_WORK: dict[tuple[int, int], torch.Tensor] = {}  # (device, raw stream) -> workspace (module doc)
-_MAX_WORK = 1024
 _WHERE = "cuteforge.ops.cross_entropy"
 
 
@@ -177,27 +170,12 @@ def _red_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
     return fn, words
 
 
-_capturing = torch._C._cuda_isCurrentStreamCapturing
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
+WORKSPACE_OWNER = "cross_entropy"  # its key in cuteforge.workspace
 
 
 def _work(device: int, words: int) -> torch.Tensor:
-    """A workspace of at least `words` for the current stream of `device` (module doc):
-    kept per (device, stream) for eager calls, a fresh one under graph capture."""
-    if _capturing():
-        w = torch.empty(words, dtype=torch.int32, device=device)
-        w[:WORK_ZERO].zero_()  # both captured: the graph zeroes the counters at every replay
-        return w
-    k = (device, _raw_stream(device))
-    w = _WORK.get(k)
-    if w is None or w.shape[0] < words:
-        if len(_WORK) >= _MAX_WORK:
-            _WORK.clear()  # each is freed on the stream it served: safe for pending launches
-        # allocated (stream-ordered) and zeroed on the stream it serves; a replaced smaller
-        # one is freed the same way, after the launches queued before this one
-        size = 1 << max(16, (words - 1).bit_length())  # a power of two: few regrowths
-        w = _WORK[k] = torch.zeros(size, dtype=torch.int32, device=device)
-    return w
+    """A workspace of at least `words` whose ticket counters are zero (module doc)."""
+    return stream_workspace(WORKSPACE_OWNER, device, words, WORK_ZERO)
 
 
 def _empty_result(logits: torch.Tensor, mean: bool) -> torch.Tensor:

@@ -34,14 +34,43 @@ import torch
 
 from ..arch import gpu_info, limits_for
 from ..kernels.gemm.epilogue import ACTIVATIONS, GemmEpilogue
-from ..kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle, usable_tuned
+from ..kernels.gemm.sm90.config import (
+    GemmConfig,
+    default_config,
+    fit_swizzle,
+    stream_k_flag_words,
+    stream_k_workspace_words,
+    usable_tuned,
+)
 from ..kernels.gemm.spec import AB_DTYPES, FP8_DTYPES, gemm_fp8_kernel, gemm_kernel
 from ..signature import FLOAT_DTYPES, dtype_name
+from ..workspace import stream_workspace
 
 _WHERE = "cuteforge.ops.gemm"
 _PLANS: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
 _MAX_PLANS = 4096
 _NONE_KEY = ""
+_NO_WORK: dict[int, torch.Tensor] = {}  # device -> the one-word workspace of configs without stream-K
+
+
+def _no_work(device: int) -> torch.Tensor:
+    w = _NO_WORK.get(device)
+    if w is None:
+        w = _NO_WORK[device] = torch.zeros(4, dtype=torch.int32, device=device)
+    return w
+
+
+def _workspace(device: int, cfg: GemmConfig, sms: int, m: int, n: int, k: int, batch: int) -> Callable[[], torch.Tensor]:
+    """The `work` argument per call: where the config's stream-K split cuts tiles of this
+    problem, flags + partial tiles from `cuteforge.workspace` (per stream; fresh under
+    graph capture), else one word that the kernel never reads."""
+    clusters = sms // (cfg.cluster_m * cfg.cluster_n)
+    words = stream_k_workspace_words(cfg, clusters, m, n, k, batch)
+    if words:
+        flags = stream_k_flag_words(cfg, clusters)
+        return lambda: stream_workspace("gemm", device, words, flags)
+    w = _no_work(device)
+    return lambda: w
 
 
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
@@ -287,7 +316,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)[..., :N]
     shaped = [_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)]
     scale_args = [t.reshape(1) for t in scales]
-    key = kern.signature.bind((a3, b3, out, *scale_args, *shaped), _WHERE)
+    key = kern.signature.bind((a3, b3, out, _no_work(a.device.index), *scale_args, *shaped), _WHERE)
     params = (("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
@@ -296,6 +325,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     # swizzle group fitted to this problem, as the heuristic's does (no padding work).
     cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms, a.element_size(), fused=epi is not None))
     launch = kern.get(key, tuple(sorted(params)), cfg)
+    work = _workspace(a.device.index, cfg, sms, M, N, K, L)
     if plain and n_pad == N and not scales:
         # Operands already in the kernel's form (row (M,) / col (N,) unit-stride vectors, a
         # full (1, M, N) one) pass through; others get their per-call shaping.
@@ -304,13 +334,13 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
             def run_plain(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor],
                           scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
                 out = a.new_empty(M, N, dtype=odt)
-                launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), *ops)
+                launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), work(), *ops)
                 return out
         else:
             def run_plain(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor],
                           scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
                 out = a.new_empty(M, N, dtype=odt)
-                launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0),
+                launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), work(),
                        *[t if f is None else f(t) for t, f in zip(ops, shapers)])
                 return out
 
@@ -320,7 +350,8 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
         a3, b3, _, _ = prepare(a, b)
         out = torch.empty(L, M, n_pad, dtype=odt, device=a.device)
         view = out[..., :N] if n_pad != N else out
-        launch(a3, b3, view, *[t.reshape(1) for t in scales], *[_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)])
+        launch(a3, b3, view, work(), *[t.reshape(1) for t in scales],
+               *[_shape_operand(t, k, L, M, N) for t, k in zip(ops, kinds)])
         if n_pad != N:
             view = view.contiguous()
         return view if batched else view[0]

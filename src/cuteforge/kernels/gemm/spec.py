@@ -37,14 +37,21 @@ def kernel_name(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = (), f
     return base + ("_" + "_".join(kinds) if kinds else "")
 
 
+WORK = TensorArg("work", ("W",), dtypes=(torch.int32,))
+
+
 def signature(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool = False) -> Signature:
-    """a, b, out, then (fp8) the fp32 per-tensor scales scale_a, scale_b of one element
+    """a, b, out, the int32 stream-K workspace `work` (flags zero; at least
+    `stream_k_workspace_words(config, clusters, M, N, K, L)` words for a stream_k config
+    to split the problem's last wave, anything, e.g. one word, otherwise: it then runs
+    whole tiles), then (fp8) the fp32 per-tensor scales scale_a, scale_b of one element
     each, then the epilogue operands e0.. ."""
     if fp8:
         args = [
             TensorArg("a", ("L", "M", "K"), dtypes=FP8_DTYPES, leading=2),
             TensorArg("b", ("L", "K", "N"), dtypes=FP8_DTYPES, leading=1),
             TensorArg("out", ("L", "M", "N"), dtypes=FLOAT_DTYPES),
+            WORK,
             TensorArg("scale_a", ("SA",), dtypes=(torch.float32,)),
             TensorArg("scale_b", ("SB",), dtypes=(torch.float32,)),
         ]
@@ -53,6 +60,7 @@ def signature(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: boo
             TensorArg("a", ("L", "M", "K"), dtypes=AB_DTYPES, leading=2 if a_k_major else 1),
             TensorArg("b", ("L", "K", "N"), dtypes=AB_DTYPES, dtype_like="a", leading=1 if b_k_major else 2),
             TensorArg("out", ("L", "M", "N"), dtypes=FLOAT_DTYPES),
+            WORK,
         ]
     args += [TensorArg(f"e{i}", OPERAND_DIMS[k], dtypes=FLOAT_DTYPES) for i, k in enumerate(kinds)]
     return Signature(*args)
@@ -102,7 +110,8 @@ def _specializations(kinds: tuple[str, ...]) -> Callable[[], Iterable[tuple[Boun
 
     def specs() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
         for dts in STANDARD_DTYPES:
-            yield BoundKey(dts, (), tuple(4 if d == "float32" else 8 for d in dts)), {"sms": STANDARD_SMS}
+            vecs = tuple(4 if d == "float32" else 8 for d in dts)
+            yield BoundKey((*dts, "int32"), (), (*vecs, 4)), {"sms": STANDARD_SMS}
 
     return specs
 

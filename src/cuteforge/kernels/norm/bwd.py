@@ -56,11 +56,11 @@ from .common import (
     launch_bounds,
     make_allreduce,
     make_allreduce_mbar_rows,
+    make_bwd_columns,
     make_chunk,
     make_row_io,
     make_stage_issue,
     make_stage_start,
-    make_widen,
     mbar_tx_bytes,
     persistent_group,
     reduce_smem_elems,
@@ -416,11 +416,11 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
     padded = bool(tile.REM or tile.TAIL)
     NACC = min(V, 4)  # independent chains per row sum (fewer registers than one per vector lane)
-    # bf16 widened by integer ops (common.make_widen): the row's share of x and dy is widened
-    # twice per row; layer bf16 at N = 32768 / 131072 / 262144 measured 90.8 / 88.0 / 82.5 ->
-    # 98.4 / 92.0 / 88.8 % of copy, RMSNorm bf16 within 2 points either way (norm.md v2.9)
-    widen_x = make_widen(x_dtype, V)
-    widen_w = make_widen(w_dtype, V)
+    # the column math, shared with the part ring (common.make_bwd_columns). bf16 is widened
+    # by integer ops (common.make_widen): the row's share of x and dy is widened twice per
+    # row; layer bf16 at N = 32768 / 131072 / 262144 measured 90.8 / 88.0 / 82.5 -> 98.4 /
+    # 92.0 / 88.8 % of copy, RMSNorm bf16 within 2 points either way (norm.md v2.9)
+    sums_col, row_sums, dx_col = make_bwd_columns(tile, x_dtype, w_dtype, is_ln, has_bias, has_dsum)
     # barriers (S stages + the weight's), the weight, the first S rows
     _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, 1, w_smem)
     _bounds = launch_bounds(T, config.ctas_per_sm)
@@ -510,21 +510,8 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 load_col(sdy, dyc, g, k)
                 if cutlass.const_expr(w_smem):
                     load_col(sw, wr, g, k)
-                widen_x(xc, xf, k)
-                widen_x(dyc, dyf, k)
-                widen_w(wr, wf, k)
-                for v in cutlass.range_constexpr(tile.width(k)):
-                    xh = (xf[v, k] - mean) * rstd
-                    gv = dyf[v, k] * wf[v, k]
-                    acc1[v % NACC] = acc1[v % NACC] + gv * xh
-                    if cutlass.const_expr(is_ln):
-                        acc2[v % NACC] = acc2[v % NACC] + gv
-            s1 = acc1[0]
-            s2 = acc2[0]
-            for v in cutlass.range_constexpr(1, NACC):
-                s1 = s1 + acc1[v]
-                if cutlass.const_expr(is_ln):
-                    s2 = s2 + acc2[v]
+                sums_col(xc, dyc, wr, (xf, dyf, wf), (acc1, acc2), mean, rstd, k)
+            s1, s2 = row_sums((acc1, acc2))
             if cutlass.const_expr(C > 1):
                 s1, s2 = allreduce_m(s1, s2, buf, xbar, it % 2, (it // 2) % 2, tidx == 0, 0, g, cta)
             else:
@@ -550,20 +537,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     load_col(sw, wr, g, k)
                 if cutlass.const_expr(has_dsum):
                     load_col(srows[None, stage * n_rows + 2], dsc, g, k)
-                widen_x(xc, xf, k)
-                widen_x(dyc, dyf, k)
-                widen_w(wr, wf, k)
-                for v in cutlass.range_constexpr(tile.width(k)):
-                    xh = (xf[v, k] - mean) * rstd
-                    dyv = dyf[v, k]
-                    gv = dyv * wf[v, k]
-                    dxv = (gv - xh * c1 - c2) * rstd
-                    if cutlass.const_expr(has_dsum):
-                        dxv = dxv + dsc[v, k].to(Float32)
-                    dwa[v, k] = dwa[v, k] + dyv * xh
-                    if cutlass.const_expr(has_bias):
-                        dba[v, k] = dba[v, k] + dyv
-                    oc[v, k] = dxv.to(x_dtype)
+                dx_col(xc, dyc, wr, dsc, (xf, dyf, wf), mean, rstd, c1, c2, dwa, dba, oc, k)
                 store_col(oc, dxr, g, k)
             if cutlass.const_expr(not early_refill):
                 cute.arch.sync_threads()  # every thread is done with this stage

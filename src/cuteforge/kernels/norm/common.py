@@ -43,6 +43,8 @@ cluster); ``make_stage_issue`` is thread 0's refill of one stage: arm the stage'
 mbarrier with the stage's bytes and bring the chunk of one row of each staged operand
 into the stage's slots with ``cp.async.bulk`` global -> shared (completing on that
 mbarrier). Row j of a CTA lives in stage j % S and is waited for with parity (j // S) % 2.
+``make_bwd_columns`` is the per-column math of both staged backwards (whole-row stages,
+bwd.py, and the part ring, ring.py): one copy, so the two cannot compute differently.
 """
 
 from __future__ import annotations
@@ -749,3 +751,75 @@ def make_stage_barrier_init(n_full: int, c: int, xtx: int, n_empty: int = 0, emp
         cute.arch.sync_threads()
 
     return init
+
+
+def make_bwd_columns(tile: Tile, x_dtype, w_dtype, is_ln: bool, has_bias: bool, has_dsum: bool):
+    """The staged backwards' per-column math: @cute.jit (sums_col, row_sums, dx_col).
+
+    Shared by bwd.py ``make_norm_bwd_staged`` (whole-row stages) and ring.py
+    ``make_norm_bwd_ring`` (part slots) so that their numerics cannot drift apart: the two
+    differ only in where a column of x / dy (/ dsum) is read from and when its shared memory
+    is released, not in what is computed from it (bwd.py's module docstring has the
+    formulas). Each works on fragment column k (a Constexpr) of the kernel's compact
+    (vec, KT1) register fragments, only ``tile.width(k)`` lanes (padded slots hold zero):
+
+    - ``sums_col(xc, dyc, wr, f, acc, mean, rstd, k)``: widen column k of x, dy and the
+      weight (``make_widen``) into the fp32 fragments f = (xf, dyf, wf), then add g xhat
+      (and, LayerNorm, g) into the NACC = min(vec, 4) independent chains of acc = (acc1,
+      acc2) (fewer registers than one chain per vector lane);
+    - ``row_sums(acc) -> (s1, s2)``: the chains folded (s2 stays acc2[0] for RMSNorm), the
+      CTA's partial row sums before the row's all-reduce;
+    - ``dx_col(xc, dyc, wr, dsc, f, mean, rstd, c1, c2, dwa, dba, oc, k)``: widen as above,
+      dx = (g - xhat c1 - c2) rstd (+ dsum) into oc (x's dtype) and dy xhat (, dy) added to
+      the dweight (, dbias) accumulators dwa (, dba); c1 = mean(g xhat), c2 = mean(g).
+    """
+    V = tile.vec
+    NACC = min(V, 4)
+    widen_x = make_widen(x_dtype, V)
+    widen_w = make_widen(w_dtype, V)
+
+    @cute.jit
+    def sums_col(xc: cute.Tensor, dyc: cute.Tensor, wr: cute.Tensor, f, acc, mean, rstd, k: cutlass.Constexpr):
+        xf, dyf, wf = f
+        acc1, acc2 = acc
+        widen_x(xc, xf, k)
+        widen_x(dyc, dyf, k)
+        widen_w(wr, wf, k)
+        for v in cutlass.range_constexpr(tile.width(k)):
+            xh = (xf[v, k] - mean) * rstd
+            gv = dyf[v, k] * wf[v, k]
+            acc1[v % NACC] = acc1[v % NACC] + gv * xh
+            if cutlass.const_expr(is_ln):
+                acc2[v % NACC] = acc2[v % NACC] + gv
+
+    @cute.jit
+    def row_sums(acc):
+        acc1, acc2 = acc
+        s1 = acc1[0]
+        s2 = acc2[0]
+        for v in cutlass.range_constexpr(1, NACC):
+            s1 = s1 + acc1[v]
+            if cutlass.const_expr(is_ln):
+                s2 = s2 + acc2[v]
+        return s1, s2
+
+    @cute.jit
+    def dx_col(xc: cute.Tensor, dyc: cute.Tensor, wr: cute.Tensor, dsc: cute.Tensor, f, mean, rstd, c1, c2,
+               dwa: cute.Tensor, dba: cute.Tensor, oc: cute.Tensor, k: cutlass.Constexpr):
+        xf, dyf, wf = f
+        widen_x(xc, xf, k)
+        widen_x(dyc, dyf, k)
+        widen_w(wr, wf, k)
+        for v in cutlass.range_constexpr(tile.width(k)):
+            xh = (xf[v, k] - mean) * rstd
+            dyv = dyf[v, k]
+            gv = dyv * wf[v, k]
+            dxv = (gv - xh * c1 - c2) * rstd
+            if cutlass.const_expr(has_dsum):
+                dxv = dxv + dsc[v, k].to(Float32)
+            dwa[v, k] = dwa[v, k] + dyv * xh
+            if cutlass.const_expr(has_bias):
+                dba[v, k] = dba[v, k] + dyv
+            oc[v, k] = dxv.to(x_dtype)
+
+    return sums_col, row_sums, dx_col

@@ -38,10 +38,10 @@ from .common import (
     launch_bounds,
     make_allreduce,
     make_allreduce_mbar_rows,
+    make_bwd_columns,
     make_chunk,
     make_row_io,
     make_stage_barrier_init,
-    make_widen,
     mbar_tx_bytes,
     persistent_group,
     reduce_smem_elems,
@@ -124,8 +124,8 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
     W = T // 32
     _issue = make_part_issue(x_dtype, NC, C, n_rows, P)
     NACC = min(V, 4)
-    widen_x = make_widen(x_dtype, V)
-    widen_w = make_widen(w_dtype, V)
+    # the column math of bwd.py's whole-row staged kernel (common.make_bwd_columns)
+    sums_col, row_sums, dx_col = make_bwd_columns(tile, x_dtype, w_dtype, is_ln, has_bias, has_dsum)
     # L full mbarriers + the weight's, then L empty ones (one arrival per warp)
     _init = make_stage_barrier_init(L + 1, C, xtx, n_empty=L, empty_count=W)
     _bounds = launch_bounds(T, config.ctas_per_sm)
@@ -226,21 +226,8 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                     load_part_col(sring[None, slot * n_rows], xc, g, kk, k)
                     load_part_col(sring[None, slot * n_rows + 1], dyc, g, kk, k)
                     load_col(sw, wr, g, k)
-                    widen_x(xc, xf, k)
-                    widen_x(dyc, dyf, k)
-                    widen_w(wr, wf, k)
-                    for v in cutlass.range_constexpr(V):
-                        xh = (xf[v, k] - mean) * rstd
-                        gv = dyf[v, k] * wf[v, k]
-                        acc1[v % NACC] = acc1[v % NACC] + gv * xh
-                        if cutlass.const_expr(is_ln):
-                            acc2[v % NACC] = acc2[v % NACC] + gv
-            s1 = acc1[0]
-            s2 = acc2[0]
-            for v in cutlass.range_constexpr(1, NACC):
-                s1 = s1 + acc1[v]
-                if cutlass.const_expr(is_ln):
-                    s2 = s2 + acc2[v]
+                    sums_col(xc, dyc, wr, (xf, dyf, wf), (acc1, acc2), mean, rstd, k)
+            s1, s2 = row_sums((acc1, acc2))
             if cutlass.const_expr(C > 1):
                 s1, s2 = allreduce_m(s1, s2, buf, xbar, it % 2, (it // 2) % 2, tidx == 0, 0, g, cta)
             else:
@@ -259,20 +246,7 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                     load_col(sw, wr, g, k)
                     if cutlass.const_expr(has_dsum):
                         load_part_col(sring[None, slot * n_rows + 2], dsc, g, kk, k)
-                    widen_x(xc, xf, k)
-                    widen_x(dyc, dyf, k)
-                    widen_w(wr, wf, k)
-                    for v in cutlass.range_constexpr(V):
-                        xh = (xf[v, k] - mean) * rstd
-                        dyv = dyf[v, k]
-                        gv = dyv * wf[v, k]
-                        dxv = (gv - xh * c1 - c2) * rstd
-                        if cutlass.const_expr(has_dsum):
-                            dxv = dxv + dsc[v, k].to(Float32)
-                        dwa[v, k] = dwa[v, k] + dyv * xh
-                        if cutlass.const_expr(has_bias):
-                            dba[v, k] = dba[v, k] + dyv
-                        oc[v, k] = dxv.to(x_dtype)
+                    dx_col(xc, dyc, wr, dsc, (xf, dyf, wf), mean, rstd, c1, c2, dwa, dba, oc, k)
                     store_col(oc, dxr, g, k)
                 # the warp is done with this part: release its slot (every lane's reads
                 # precede the elected arrive through the warp barrier)

@@ -31,6 +31,13 @@ class GemmConfig:
     pingpong: two consumer warpgroups own alternate tiles (tile_m 64 or 128, one
       warpgroup's MMA each); their mainloops take turns, so one's epilogue runs under
       the other's mainloop. Default (False) is cooperative: both split one tile.
+    stream_k: (cooperative only) when the last wave of tiles is at most half full, its
+      tiles are cut along K into runs that the idle clusters share (`stream_k_split`);
+      a cut tile is finished by the cluster holding its first k-block, which adds the
+      others' fp32 partial sums from a global workspace (`stream_k_workspace_words`)
+      before the epilogue. Sub-wave problems (fewer tiles than clusters, e.g. small M)
+      become split-K. The kernel decides per launch from the runtime extents and runs
+      whole tiles where no split applies.
     """
 
     tile_m: int = 128
@@ -43,6 +50,7 @@ class GemmConfig:
     swizzle: int = 8
     epi_n: int = 32
     pingpong: bool = False
+    stream_k: bool = False
 
     @property
     def mma_wgs(self) -> int:
@@ -107,6 +115,8 @@ class GemmConfig:
             raise ValueError(f"raster must be one of {RASTER_ORDERS}, got {self.raster!r}")
         if self.swizzle < 1:
             raise ValueError(f"swizzle must be >= 1, got {self.swizzle}")
+        if self.stream_k and self.pingpong:
+            raise ValueError("stream_k needs the cooperative schedule (pingpong=False)")
         stages = self.resolved_stages(in_bytes, out_bytes, limits)
         if stages < 2:
             raise ValueError(f"config {self} leaves room for {stages} pipeline stage(s); need >= 2")
@@ -150,6 +160,52 @@ def scheduled_clusters(cfg: GemmConfig, m: int, n: int, batch: int = 1) -> int:
         else:
             cm = -(-cm // cfg.swizzle) * cfg.swizzle
     return cm * cn * batch
+
+
+# Stream-K policy (the kernel computes it on device from the runtime extents; the Python
+# mirror below is what the CPU tests and the docs check it against).
+SK_MAX_SPLIT = 8  # a tile is cut into at most this many runs (the owner adds the others)
+SK_MIN_ITERS = 4  # k-blocks per run at least: a shorter run is mostly fixup
+
+
+def stream_k_split(tiles: int, workers: int, k_tiles: int) -> tuple[int, int]:
+    """(tiles split, clusters sharing them) for `tiles` scheduled clusters of work over
+    `workers` persistent clusters with `k_tiles` k-blocks per tile; (0, 0): whole tiles
+    only. The split tiles are the last `rem = tiles % workers` (the partly filled wave;
+    all of them when tiles < workers), each cut into s = min(SK_MAX_SPLIT, workers //
+    rem, k_tiles // SK_MIN_ITERS) runs of k-blocks, and only when s >= 2 (the wave is at
+    most half full). Every run of every split tile then starts at the same k-block
+    offsets as its neighbours' (runs of one tile are consecutive workers), so tiles that
+    share A or B rows read the same k-blocks at about the same time, as whole tiles do:
+    an earlier version spread a fuller wave's k-blocks evenly, which put every run at a
+    different offset and cost 4-22 % at K >= 4096 (L2 misses) for ~1 % gained at 8192^3.
+    Mirrors `Sm90Gemm.sk_plan` (device code)."""
+    rem = tiles % workers
+    if rem == 0:
+        return 0, 0
+    split = min(SK_MAX_SPLIT, workers // rem, k_tiles // SK_MIN_ITERS)
+    return (rem, split * rem) if split >= 2 else (0, 0)
+
+
+def stream_k_flag_words(cfg: GemmConfig, max_clusters: int) -> int:
+    """The flags at the start of the stream-K workspace: one int32 per CTA slot, rounded
+    up to 16 bytes (the partial tiles after them stay 16-byte aligned)."""
+    return -(-(max_clusters * cfg.cluster_m * cfg.cluster_n) // 4) * 4
+
+
+def stream_k_workspace_words(cfg: GemmConfig, max_clusters: int, m: int, n: int, k: int, batch: int = 1) -> int:
+    """int32 words of workspace the stream-K split of this problem needs: the flags,
+    then one fp32 tile of partial sums per CTA of the clusters sharing the split tiles.
+    0 when nothing is split (no stream_k, or `stream_k_split` says whole tiles): the
+    kernel then gets a one-word stand-in and runs whole tiles. The kernel computes the
+    same split and checks the workspace's length before it splits."""
+    if not cfg.stream_k:
+        return 0
+    k_tiles = -(-k // cfg.tile_k)
+    _, workers = stream_k_split(scheduled_clusters(cfg, m, n, batch), max_clusters, k_tiles)
+    if not workers:
+        return 0
+    return stream_k_flag_words(cfg, max_clusters) + workers * cfg.cluster_m * cfg.cluster_n * cfg.tile_m * cfg.tile_n
 
 
 def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
@@ -210,7 +266,17 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # both ways in one run (1024^3: 213.7 vs 209.1 TFLOP/s; 2048x14336x4096 +2.2%).
     pingpong = (tm, tn) == (128, 64)
     epi_n = 64 if fused and (tm, tn) == (128, 256) else 32
-    return fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong, epi_n=epi_n), m, n)
+    cfg = fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong, epi_n=epi_n), m, n)
+    # Cooperative tiles of a problem with at least one full wave split a last wave that
+    # is at most half full along K (stream_k; the same schedule as without it where
+    # nothing is split). H100 same-run sweep (h100-gemm-streamk.json): 3072x3072x16384
+    # 0.809 -> 0.979x cuBLAS, 5120x5120x8192 0.895 -> 0.941x, within noise (+-1 %) where
+    # nothing is split. Sub-wave problems (split-K) measured slower (16x4096x14336
+    # 0.952 -> 0.910x, 1024^3 on 128x256 tiles 0.42x): the fixup costs more than the
+    # shorter runs save there, so the default keeps whole tiles.
+    if not pingpong and scheduled_clusters(cfg, m, n) >= sm_count // (cm * cn):
+        cfg = replace(cfg, stream_k=True)
+    return cfg
 
 
 def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[GemmConfig]:
@@ -232,6 +298,9 @@ def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[G
         GemmConfig(tile_n=128, pingpong=True, raster="n"),
         GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2),
         GemmConfig(tile_m=64, tile_n=256, pingpong=True),
+        GemmConfig(stream_k=True),
+        GemmConfig(cluster_m=1, cluster_n=2, stream_k=True),
+        GemmConfig(tile_n=128, stream_k=True),
     ]
     if m is not None and m <= 128:
         out += [

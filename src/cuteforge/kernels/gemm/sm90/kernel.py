@@ -14,8 +14,20 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
   elementwise epilogue in fp32, convert, st.matrix into a staged smem buffer, one
   thread issues the TMA store. The producer already fills the ring for the next tile
   while the consumers run the epilogue.
-- schedule: `StaticPersistentTileScheduler` over (M-tiles, N-tiles, L) in clusters,
-  grouped ("swizzled") rasterization so a band of A and B stays in L2.
+- schedule: the linear cluster order of `StaticPersistentTileScheduler` over (M-tiles,
+  N-tiles, L), grouped ("swizzled") rasterization so a band of A and B stays in L2;
+  cluster c runs tiles c, c + clusters, ... Each cluster walks its work as a sequence
+  of segments (tile, first k-block, end k-block); without stream-K every segment is a
+  whole tile.
+- stream-K (`cfg.stream_k`): a last wave of tiles at most half full is instead cut
+  along K into equal runs of k-blocks, s per tile on consecutive clusters (`sk_plan`,
+  mirrored by `config.stream_k_split`), after every cluster's whole tiles. A run that starts
+  inside a tile is its cluster's first stream-K segment: it stores its fp32 partial
+  sums to the workspace and raises a flag. The run that holds a tile's first k-block
+  (always its cluster's last segment) waits for those flags, adds the partials and
+  runs the epilogue. A flag is raised after whole tiles and one run only, neither of
+  which waits on anything, so no cycle of waits can form (all clusters are resident:
+  the grid is one persistent wave).
 
 fp8 (`scaled`): A and B are e4m3/e5m2 (K-major only, 128-deep k-blocks, wgmma k32) and
 the accumulator is multiplied by scale_a[0] * scale_b[0] (read once per CTA) before the
@@ -43,9 +55,15 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .config import GemmConfig
+from .config import (
+    SK_MAX_SPLIT,
+    SK_MIN_ITERS,
+    GemmConfig,
+    stream_k_flag_words,
+)
 
 WG = 128  # threads per warpgroup
+SK_LOAD_CHUNK = 32  # partial sums loaded ahead of their adds (registers: acc + this)
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 
@@ -83,14 +101,21 @@ class Sm90Gemm:
         # Named barriers: 0 is __syncthreads; 1 (+1 for the second pingpong warpgroup) the
         # epilogue's; 3 and 4 hand the mainloop turn between pingpong warpgroups.
         self.epi_threads = WG * self.mma_wgs
+        # Stream-K workspace (int32 words): a flag per CTA slot, then fp32 partial tiles.
+        self.cluster_size = cfg.cluster_m * cfg.cluster_n
+        self.flag_words = stream_k_flag_words(cfg, max_clusters)
+        self.slot_words = cfg.tile_m * cfg.tile_n
 
     # ---- host side -----------------------------------------------------------------------
     @cute.jit
     def __call__(
-        self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor, sa: Any, sb: Any, e0: Any, e1: Any, e2: Any, stream: Any
+        self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor, work: cute.Tensor, sa: Any, sb: Any, e0: Any, e1: Any,
+        e2: Any, stream: Any,
     ) -> None:
-        """mA (M, K, L), mB (N, K, L), mD (M, N, L); sa/sb: fp32 per-tensor scales (1,) or
-        None; e*: epilogue operands or None. fp8 A and B may differ (e4m3 x e5m2)."""
+        """mA (M, K, L), mB (N, K, L), mD (M, N, L); work: int32 stream-K workspace (flags
+        zero at launch, left zero; shorter than the split needs means whole tiles only);
+        sa/sb: fp32 per-tensor scales (1,) or None; e*: epilogue operands or None. fp8 A
+        and B may differ (e4m3 x e5m2)."""
         self.ab_dtype = mA.element_type
         self.b_dtype = mB.element_type
         self.d_dtype = mD.element_type
@@ -125,7 +150,11 @@ class Sm90Gemm:
         sched = utils.PersistentTileSchedulerParams(
             tiles_mnl, (*self.cluster, 1), self.cfg.swizzle, self.cfg.raster == "m"
         )
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_clusters)
+        if cutlass.const_expr(self.cfg.stream_k):
+            # every cluster slot, even when there are fewer tiles: they share the k-blocks
+            grid = (*self.cluster, self.max_clusters)
+        else:
+            grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_clusters)
 
         @cute.struct
         class Storage:
@@ -136,7 +165,8 @@ class Sm90Gemm:
 
         self.storage = Storage
         self.kernel(
-            self.tiled_mma, tma_a, tA, tma_b, tB, tma_d, tD, mD, sa, sb, e0, e1, e2, a_layout, b_layout, d_layout, sched
+            self.tiled_mma, tma_a, tA, tma_b, tB, tma_d, tD, mD, work, sa, sb, e0, e1, e2, a_layout, b_layout, d_layout,
+            sched,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1), min_blocks_per_mp=1, stream=stream
         )
@@ -153,6 +183,7 @@ class Sm90Gemm:
         tma_d: cute.CopyAtom,
         mD_tma: cute.Tensor,
         mD: cute.Tensor,
+        work: cute.Tensor,
         sa: Any,
         sb: Any,
         e0: Any,
@@ -224,33 +255,95 @@ class Sm90Gemm:
         if wg == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == 0:
-                self.produce(ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles)
+                self.produce(ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles, work)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self.consume(tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, sa, sb, e0, e1, e2, tidx - WG, warp, k_tiles)
+            self.consume(
+                tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, work, sa, sb, e0, e1, e2, tidx - WG, warp, rank,
+                k_tiles,
+            )
+
+    # ---- the schedule: segments of (tile, first k-block, end k-block) ---------------------
+    @cute.jit
+    def sk_plan(self, sched, k_tiles, work):  # noqa: ANN001, ANN201
+        """This cluster's share of the work (device mirror of `config.stream_k_split`):
+        (worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra). Tiles below
+        `dp_tiles` run whole, `n_dp` of them here (this worker + i * workers); the k-blocks
+        of the rest, numbered tile by tile, are cut into runs of `base` (+1 for the first
+        `extra` workers), this worker's starting at `sk_begin`; `v_end` counts the k-blocks
+        this cluster runs in all."""
+        workers = sched.num_persistent_clusters
+        worker = cute.arch.block_idx()[2]  # the cluster's index: grid (cm, cn, clusters)
+        tiles = cute.size(sched.params.problem_layout_ncluster_mnl)
+        sk = cutlass.Int32(0)
+        w = cutlass.Int32(1)
+        if cutlass.const_expr(self.cfg.stream_k):
+            rem = tiles % workers
+            if rem > 0:
+                split = cutlass.min(cutlass.min(workers // rem, k_tiles // SK_MIN_ITERS), SK_MAX_SPLIT)
+                # the workspace must hold a partial tile per CTA of the sharing clusters
+                need = self.flag_words + split * rem * self.cluster_size * self.slot_words
+                if (split >= 2) & (cute.size(work) >= need):
+                    sk = rem
+                    w = split * rem
+        dp_tiles = tiles - sk
+        n_dp = cutlass.Int32(0)
+        if worker < dp_tiles:
+            n_dp = (dp_tiles - worker + workers - 1) // workers
+        total = sk * k_tiles
+        base = total // w
+        extra = total % w
+        sk_begin = worker * base + cutlass.min(worker, extra)
+        sk_len = cutlass.Int32(0)
+        if worker < w:
+            sk_len = base + cutlass.Int32(cutlass.select_(worker < extra, 1, 0))
+        v_end = n_dp * k_tiles + sk_len
+        return worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra
 
     @cute.jit
-    def produce(self, ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles) -> None:  # noqa: ANN001
+    def segment(self, v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end):  # noqa: ANN001, ANN201
+        """(linear tile index, first k-block, end k-block) of this cluster's k-block `v`."""
+        tile = cutlass.Int32(0)
+        kb = cutlass.Int32(0)
+        ke = k_tiles
+        if cutlass.const_expr(self.cfg.stream_k):
+            dp_iters = n_dp * k_tiles
+            if v < dp_iters:
+                tile = worker + (v // k_tiles) * workers
+            else:
+                g = sk_begin + (v - dp_iters)
+                t = g // k_tiles
+                kb = g - t * k_tiles
+                ke = cutlass.min(k_tiles, kb + (v_end - v))
+                tile = dp_tiles + t
+        else:
+            tile = worker + (v // k_tiles) * workers
+        return tile, kb, ke
+
+    @cute.jit
+    def produce(self, ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles, work) -> None:  # noqa: ANN001
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
+        worker, workers, dp_tiles, n_dp, sk_begin, v_end, _, _ = self.sk_plan(sched, k_tiles, work)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        while work.is_valid_tile:
-            m, n, batch = work.tile_idx
+        v = cutlass.Int32(0)
+        while v < v_end:
+            tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end)
+            m, n, batch = sched._get_current_work_for_linear_idx(tile).tile_idx
             a_tiles = tAgA[(None, m, None, batch)]
             b_tiles = tBgB[(None, n, None, batch)]
-            for k in cutlass.range(k_tiles, unroll=1):
+            for k in cutlass.range(ke - kb, unroll=1):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
-                cute.copy(tma_a, a_tiles[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
-                cute.copy(tma_b, b_tiles[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                cute.copy(tma_a, a_tiles[(None, kb + k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
+                cute.copy(tma_b, b_tiles[(None, kb + k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
                 ab_pipe.producer_commit(state)
                 state.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            v += ke - kb
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, sa, sb, e0, e1, e2, ctidx, warp, k_tiles) -> None:  # noqa: ANN001
+    def consume(self, tiled_mma, ab_pipe, sched_params, sA, sB, sD, gD, tma_d, mD, work, sa, sb, e0, e1, e2, ctidx, warp, rank,  # noqa: ANN001
+                k_tiles) -> None:
         # grp: which epilogue group (pingpong warpgroup) this thread belongs to.
         grp = cutlass.Int32(0)
         if cutlass.const_expr(self.pingpong):
@@ -275,7 +368,6 @@ class Sm90Gemm:
         frag_shape = tRS_cD.shape
         rD = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
         rOut = cute.make_rmem_tensor(frag_shape, self.d_dtype)
-        frag = cute.size(rD)
         n_bufs = cute.size(tRS_sD, mode=[3]) // self.cfg.epi_groups  # staging buffers per group
         # Bulk-store groups are per thread: each group's store warp tracks its own buffers.
         store_pipe = pipeline.PipelineTmaStore.create(
@@ -289,33 +381,35 @@ class Sm90Gemm:
             scale = sa[0] * sb[0]
 
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = sched.initial_work_tile_info()
+        worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra = self.sk_plan(sched, k_tiles, work)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v = cutlass.Int32(0)
         if cutlass.const_expr(self.pingpong):
             # Tiles alternate between the warpgroups: the second starts one tile (and that
             # tile's k-blocks in the ring) later; the first may start its mainloop at once.
             if grp == 1:
-                sched.advance_to_next_work()
-                work = sched.get_current_work()
+                v += k_tiles
                 read.advance(cutlass.Int32(k_tiles))
                 release.advance(cutlass.Int32(k_tiles))
             else:
                 cute.arch.barrier_arrive(barrier_id=3, number_of_threads=2 * WG)
-        while work.is_valid_tile:
-            tile_m, tile_n, tile_l = work.tile_idx
+        tiles_done = cutlass.Int32(0)  # epilogues run: the staging buffers rotate with it
+        while v < v_end:
+            tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end)
+            tile_m, tile_n, tile_l = sched._get_current_work_for_linear_idx(tile).tile_idx
             # ---- mainloop: keep one wgmma batch in flight ----
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier(barrier_id=3 + grp, number_of_threads=2 * WG)  # our turn
-            for k in cutlass.range(k_tiles, unroll=1):
+            for k in cutlass.range(ke - kb, unroll=1):
                 ab_pipe.consumer_wait(read)
                 # Order this batch after the register writes before it (fill, previous
                 # batch): without the fence ptxas injects its own and serializes wgmma.
                 warpgroup.fence()
-                for kb in cutlass.range_constexpr(k_blocks):
-                    coord = (None, None, kb, read.index)
+                for kblk in cutlass.range_constexpr(k_blocks):
+                    coord = (None, None, kblk, read.index)
                     cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
@@ -325,56 +419,130 @@ class Sm90Gemm:
                 read.advance()
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier_arrive(barrier_id=4 - grp, number_of_threads=2 * WG)  # their turn
-            # ---- epilogue ----
-            gD_tile = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile)
-            epi_shape = gD_tile.shape[1]
-            epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-            n_epi = cute.size(epi_shape)
-            # Epilogue operands are prefetched one subtile ahead (the first while the last
-            # wgmma batch drains), so their global-load latency hides behind other work.
-            nxt = []
-            if cutlass.const_expr(self.epi_fn is not None):
-                nxt = self.subtile_operands(mD, tRS_cD, epi_order, 0, tile_m, tile_n, tile_l, e0, e1, e2)
-            warpgroup.wait_group(0)
-            if k_tiles > 0:
+            if cutlass.const_expr(self.cfg.stream_k):
+                warpgroup.wait_group(0)
                 ab_pipe.consumer_release(release)
                 release.advance()
-            bSG_sD, bSG_gD = cpasync.tma_partition(
-                tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_tile
-            )
-            done = sched.num_tiles_executed * n_epi
-            for e in cutlass.range_constexpr(n_epi):
-                for v in cutlass.range_constexpr(frag):
-                    if cutlass.const_expr(self.scaled):
-                        rD[v] = tRS_acc[e * frag + v] * scale
-                    else:
-                        rD[v] = tRS_acc[e * frag + v]
-                epi_coord = epi_order.get_hier_coord(e)
-                if cutlass.const_expr(self.epi_fn is not None):
-                    ops = nxt
-                    if cutlass.const_expr(e + 1 < n_epi):
-                        nxt = self.subtile_operands(mD, tRS_cD, epi_order, e + 1, tile_m, tile_n, tile_l, e0, e1, e2)
-                    rD.store(self.epi_fn(rD.load(), *ops))
-                rOut.store(rD.load().to(self.d_dtype))
-                buf = (done + e) % n_bufs + grp * n_bufs
-                cute.copy(r2s, rOut, tRS_sD[(None, None, None, buf)])
-                # Make the generic-proxy smem writes visible to the TMA (async proxy).
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_bar.arrive_and_wait()
-                if warp == store_warp:
-                    cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_coord)])
-                    store_pipe.producer_commit()
-                    store_pipe.producer_acquire()
-                epi_bar.arrive_and_wait()
+                if kb > 0:
+                    # a run that starts inside the tile: hand its partial sums to the owner
+                    self.publish(acc, work, worker * self.cluster_size + rank, ctidx, epi_bar)
+                else:
+                    if ke < k_tiles:
+                        self.fixup(acc, work, worker, rank, ke, base, extra, k_tiles, ctidx, epi_bar)
+                    self.epilogue(
+                        acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,
+                        tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release,
+                        False,
+                    )
+                    tiles_done += 1
+            else:
+                self.epilogue(
+                    acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,
+                    tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, True,
+                )
+                tiles_done += 1
             if cutlass.const_expr(self.pingpong):
                 # Skip the other warpgroup's next tile and its k-blocks in the ring.
-                sched.advance_to_next_work(advance_count=2)
+                v += k_tiles
                 read.advance(cutlass.Int32(k_tiles))
                 release.advance(cutlass.Int32(k_tiles))
-            else:
-                sched.advance_to_next_work()
-            work = sched.get_current_work()
+            v += ke - kb
         store_pipe.producer_tail()
+
+    @cute.jit
+    def epilogue(self, acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,  # noqa: ANN001
+                 tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, drain) -> None:
+        """Per (epi_m x epi_n) subtile: the fused function on the accumulator, convert,
+        st.matrix into a staging buffer, one warp's TMA store. `drain`: the last wgmma
+        batch is still in flight (wait for it and free its stage here, after issuing the
+        first subtile's operand loads, so their latency hides behind the MMAs)."""
+        gD_tile = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile)
+        epi_shape = gD_tile.shape[1]
+        epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+        n_epi = cute.size(epi_shape)
+        frag = cute.size(rD)
+        # Epilogue operands are prefetched one subtile ahead (the first while the last
+        # wgmma batch drains), so their global-load latency hides behind other work.
+        nxt = []
+        if cutlass.const_expr(self.epi_fn is not None):
+            nxt = self.subtile_operands(mD, tRS_cD, epi_order, 0, tile_m, tile_n, tile_l, e0, e1, e2)
+        if cutlass.const_expr(drain):
+            warpgroup.wait_group(0)
+            ab_pipe.consumer_release(release)
+            release.advance()
+        bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_tile)
+        done = tiles_done * n_epi
+        for e in cutlass.range_constexpr(n_epi):
+            for v in cutlass.range_constexpr(frag):
+                if cutlass.const_expr(self.scaled):
+                    rD[v] = tRS_acc[e * frag + v] * scale
+                else:
+                    rD[v] = tRS_acc[e * frag + v]
+            epi_coord = epi_order.get_hier_coord(e)
+            if cutlass.const_expr(self.epi_fn is not None):
+                ops = nxt
+                if cutlass.const_expr(e + 1 < n_epi):
+                    nxt = self.subtile_operands(mD, tRS_cD, epi_order, e + 1, tile_m, tile_n, tile_l, e0, e1, e2)
+                rD.store(self.epi_fn(rD.load(), *ops))
+            rOut.store(rD.load().to(self.d_dtype))
+            buf = (done + e) % n_bufs + grp * n_bufs
+            cute.copy(r2s, rOut, tRS_sD[(None, None, None, buf)])
+            # Make the generic-proxy smem writes visible to the TMA (async proxy).
+            cute.arch.fence_proxy("async.shared", space="cta")
+            epi_bar.arrive_and_wait()
+            if warp == store_warp:
+                cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_coord)])
+                store_pipe.producer_commit()
+                store_pipe.producer_acquire()
+            epi_bar.arrive_and_wait()
+
+    # ---- stream-K fixup through the workspace ----------------------------------------------
+    @cute.jit
+    def publish(self, acc, work, slot, ctidx, epi_bar) -> None:  # noqa: ANN001
+        """Store this CTA's partial accumulator in workspace slot `slot` (value v of
+        thread t at v * threads + t: each store instruction of a warp is one coalesced
+        128-byte line), then raise the slot's flag (release: every thread's stores are
+        ordered before it by the barrier and thread 0's gpu-scope fence)."""
+        parts = cute.recast_ptr(work.iterator + self.flag_words, dtype=cutlass.Float32)
+        dst = parts + (slot * self.slot_words + ctidx)
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            (dst + i * self.epi_threads).store(acc[i])
+        epi_bar.arrive_and_wait()
+        if ctidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.store(work.iterator + slot, cutlass.Int32(1), sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def fixup(self, acc, work, worker, rank, covered, base, extra, k_tiles, ctidx, epi_bar) -> None:  # noqa: ANN001
+        """Add the partial sums of the runs after this one in the tile (workers + 1, + 2,
+        ... until the tile's k-blocks are covered). Thread 0 waits for each flag (acquire)
+        and clears it for the next launch; the barrier then orders every thread's loads
+        after the acquire."""
+        parts = cute.recast_ptr(work.iterator + self.flag_words, dtype=cutlass.Float32)
+        peer = worker + 1
+        while covered < k_tiles:
+            slot = peer * self.cluster_size + rank
+            if ctidx == 0:
+                flag = cute.arch.load(work.iterator + slot, cutlass.Int32, sem="acquire", scope="gpu")
+                while flag == 0:
+                    flag = cute.arch.load(work.iterator + slot, cutlass.Int32, sem="acquire", scope="gpu")
+                cute.arch.store(work.iterator + slot, cutlass.Int32(0), sem="relaxed", scope="gpu")
+            epi_bar.arrive_and_wait()
+            src = parts + (slot * self.slot_words + ctidx)
+            # Weak loads (strong ones are not overlapped: 128 of them in a row cost ~100
+            # us), issued a chunk at a time ahead of their adds; `.cg` reads L2, never an
+            # L1 line left over from before the flag was raised.
+            n_acc = cute.size(acc)
+            for c in cutlass.range_constexpr(0, n_acc, SK_LOAD_CHUNK):
+                vals = [
+                    cute.arch.load(src + i * self.epi_threads, cutlass.Float32, cop="cg")
+                    for i in range(c, min(c + SK_LOAD_CHUNK, n_acc))
+                ]
+                for j in cutlass.range_constexpr(len(vals)):
+                    acc[c + j] = acc[c + j] + vals[j]
+            run = base + cutlass.Int32(cutlass.select_(peer < extra, 1, 0))
+            covered = covered + cutlass.min(k_tiles - covered, run)
+            peer = peer + 1
 
     @cute.jit
     def subtile_operands(self, mD, tRS_cD, epi_order, e, tile_m, tile_n, batch, e0, e1, e2) -> list:  # noqa: ANN001

@@ -1,0 +1,46 @@
+"""Per-stream device workspaces for kernels that keep counters or flags across CTAs.
+
+Such a kernel needs its counters zero when a launch starts and sets them back to zero
+before it ends, so two launches may share a workspace only if they cannot overlap. Eager
+calls therefore get one workspace per (owner, device, current stream), allocated zeroed on
+first use on that stream and kept (launches on one stream run in order); a larger request
+replaces it with a larger zeroed one. Under CUDA-graph capture each call gets its own,
+with the leading `zero_words` zeroed by a captured memset (the graph zeroes them at every
+replay; the memory comes from the graph's private pool), so graphs never share counters
+with each other or with eager calls and may be replayed on any stream.
+
+Not covered: a stream whose handle is reused by a new stream while launches of the old
+one are still pending (an `ExternalStream` destroyed early) shares the old one's
+workspace.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_capturing = torch._C._cuda_isCurrentStreamCapturing
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
+
+_WORK: dict[tuple[str, int, int], torch.Tensor] = {}
+_MAX_WORK = 64  # (owner, device, stream) entries kept before the dict is cleared
+_MIN_WORDS = 1 << 16  # eager workspaces are powers of two from 256 KiB: few regrowths
+
+
+def stream_workspace(owner: str, device: int, words: int, zero_words: int) -> torch.Tensor:
+    """An int32 workspace of at least `words` for `owner`'s kernels on the current stream
+    of `device` (module doc). Its first `zero_words` words are zero when the launch that
+    uses it starts, provided every launch leaves them zero."""
+    if _capturing():
+        w = torch.empty(words, dtype=torch.int32, device=device)
+        w[:zero_words].zero_()
+        return w
+    key = (owner, device, _raw_stream(device))
+    w = _WORK.get(key)
+    if w is None or w.shape[0] < words:
+        if len(_WORK) >= _MAX_WORK:
+            _WORK.clear()  # each is freed on the stream it served: safe for pending launches
+        # allocated (stream-ordered) and zeroed on the stream it serves; a replaced smaller
+        # one is freed the same way, after the launches queued before this one
+        size = 1 << max(_MIN_WORDS.bit_length() - 1, (words - 1).bit_length())
+        w = _WORK[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return w
