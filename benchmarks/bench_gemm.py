@@ -15,6 +15,10 @@ autotuning takes about a minute per shape and graph.
     python benchmarks/bench_gemm.py --set compile --compile-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --out benchmarks/results/h200-gemm.json --plot benchmarks/results/h200-gemm.png
 
+Autotuned configs: after `cuteforge tune gemm_sm90_tn --shapes ...` (and `gemm_sm90_tn_col
+--param act=gelu` for the fused rows) `gemm()` runs the stored winner; those rows then
+also time the untuned heuristic's config (`cuteforge_heuristic`) in the same run.
+
 fp8 (not in the default sets): e4m3 x e4m3 with per-tensor scales, bf16 out, against
 torch._scaled_mm (cuBLASLt fp8) with and without use_fast_accum (this kernel accumulates
 like use_fast_accum=True: no periodic promotion out of the tensor core), plain and with
@@ -28,6 +32,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from cuteforge import timing
+from cuteforge.kernels.gemm.sm90.config import default_config
 from cuteforge.ops.gemm import gemm
 
 BAR = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672)]
@@ -100,10 +106,13 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
         ("cuteforge_pingpong", lambda: gemm(a, b, config=PINGPONG[0])),
         ("quack", lambda: q.gemm(a, b, tuned=False)),
     )
+    tuned = _tuned("gemm_sm90_tn", m, n, k)
+    if tuned is not None:  # gemm() runs the stored tuning result: time the heuristic's beside it
+        row["cuteforge_config"] = repr(tuned)
+        row["heuristic_config"] = repr(cfg)
+        contenders += (("cuteforge_heuristic", lambda: gemm(a, b, config=cfg)),)
     if cfg.swizzle != 8:
         # The default before its swizzle group was fitted to the problem (padding clusters).
-        from dataclasses import replace
-
         contenders += (("cuteforge_swizzle8", lambda: gemm(a, b, config=replace(cfg, swizzle=8))),)
     for name, fn in contenders:
         if name == "quack" and q is None:
@@ -119,8 +128,9 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
         row["vs_cublas"] = round(row["cuteforge_TFLOPs"] / row["cublas_TFLOPs"], 3)
         if "quack_TFLOPs" in row:
             row["vs_quack"] = round(row["cuteforge_TFLOPs"] / row["quack_TFLOPs"], 3)
-    if "cuteforge_pingpong_TFLOPs" in row:
-        row["pingpong_vs_cublas"] = round(row["cuteforge_pingpong_TFLOPs"] / row["cublas_TFLOPs"], 3)
+    for name, short in (("cuteforge_pingpong", "pingpong"), ("cuteforge_heuristic", "heuristic")):
+        if f"{name}_TFLOPs" in row:
+            row[f"{short}_vs_cublas"] = round(row[f"{name}_TFLOPs"] / row["cublas_TFLOPs"], 3)
     print(json.dumps(row), flush=True)
     return row
 
@@ -212,7 +222,21 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
             ours = lambda act=act: gemm(a, b, epilogue=act)  # noqa: E731
         fns: dict[str, Any] = {"cublas_eager": eager}
         pp = lambda act=act, ub=use_bias: gemm(a, b, bias=bias if ub else None, epilogue=act, config=PINGPONG[0])  # noqa: E731
-        for name, fn in (("cuteforge", ours), ("cuteforge_pingpong", pp)):
+        contenders = [("cuteforge", ours), ("cuteforge_pingpong", pp)]
+        heur = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
+        row["cuteforge_config"] = repr(heur)
+        tuned = _tuned("gemm_sm90_tn_col" if use_bias else "gemm_sm90_tn", m, n, k, act)
+        if tuned is not None:  # gemm() runs the stored tuning result: time the heuristic's beside it
+            row["cuteforge_config"], row["heuristic_config"] = repr(tuned), repr(heur)
+            contenders.append(("cuteforge_heuristic", lambda act=act, ub=use_bias, c=heur: gemm(
+                a, b, bias=bias if ub else None, epilogue=act, config=c)))
+        if heur.pingpong:
+            # the cooperative 128x256 tile (64-wide subtiles) that was the fused default before v4.1
+            coop = replace(_default(m, n, k), epi_n=64)
+            row["cooperative_config"] = repr(coop)
+            contenders.append(("cuteforge_cooperative", lambda act=act, ub=use_bias, c=coop: gemm(
+                a, b, bias=bias if ub else None, epilogue=act, config=c)))
+        for name, fn in contenders:
             try:
                 row[f"{name}_rel_err"] = _err(fn(), eager())
                 fns[name] = fn
@@ -228,7 +252,7 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
                 row["quack_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         for name, ms in measure(fns).items():
             row[f"{name}_TFLOPs"] = tflops(m, n, k, ms)
-        for name in ("cuteforge", "cuteforge_pingpong"):
+        for name in ("cuteforge", "cuteforge_pingpong", "cuteforge_heuristic", "cuteforge_cooperative"):
             if f"{name}_TFLOPs" in row:
                 row[f"{name}_vs_cublas_eager"] = round(row[f"{name}_TFLOPs"] / row["cublas_eager_TFLOPs"], 3)
         print(json.dumps(row), flush=True)
@@ -291,8 +315,6 @@ def sweep(shapes: list[tuple[int, int, int]], rows: list[dict], save: Any, fp8: 
     act: bf16 with a fused bias + act epilogue, against cuBLAS addmm + the eager act
     ("none": the bias alone, against addmm, which takes cuBLASLt's bias epilogue).
     pick(m, n, k, fused): the configs to time instead of the candidate lists."""
-    from dataclasses import replace
-
     from cuteforge.kernels.gemm.epilogue import GemmEpilogue
     from cuteforge.kernels.gemm.sm90.config import candidate_configs
     from cuteforge.kernels.gemm.spec import gemm_fp8_kernel, gemm_kernel
@@ -378,9 +400,22 @@ PINGPONG: list[Any] = []  # the pingpong config measured next to the default
 
 
 def _default(m: int, n: int, k: int, in_bytes: int = 2) -> Any:
-    from cuteforge.kernels.gemm.sm90.config import default_config
-
     return default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, in_bytes)
+
+
+def _tuned(kernel: str, m: int, n: int, k: int, act: str = "none") -> Any:
+    """The config `gemm()` takes from the autotuner's store for this call (`cuteforge tune
+    KERNEL --shapes MxNxK --param act=...` stored it), fitted as the op fits it; None when
+    untuned (then it runs the heuristic's)."""
+    from cuteforge.autotune import lookup
+    from cuteforge.autotune.cli import PROBLEMS
+    from cuteforge.kernels.gemm import tune as _register  # noqa: F401 - registers the GEMM problems
+    from cuteforge.kernels.gemm.sm90.config import fit_swizzle
+    from cuteforge.kernels.gemm.spec import gemm_kernel
+
+    p = PROBLEMS[kernel]((m, n, k), "bfloat16", {"act": act})
+    best = lookup(gemm_kernel(True, True, ("col",) if kernel.endswith("_col") else ()), p.key, p.params, p.dims)
+    return None if best is None else fit_swizzle(best, m, n)
 
 
 def _shapes(text: str) -> list[tuple[int, int, int]]:
@@ -475,9 +510,7 @@ def main() -> None:
         # the default config with and without the stream-K split, plain and fused, and
         # stream-K configs of other tiles (swizzle fitted to the problem, as defaults are)
         def pick(m: int, n: int, k: int, fused: bool) -> list[Any]:
-            from dataclasses import replace
-
-            from cuteforge.kernels.gemm.sm90.config import default_config, fit_swizzle
+            from cuteforge.kernels.gemm.sm90.config import fit_swizzle
 
             d = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=fused)
             sk = GemmConfig(stream_k=True)

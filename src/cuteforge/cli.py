@@ -252,15 +252,27 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _params(items: list[str] | None) -> dict[str, Any]:
+    """--param NAME=VALUE pairs: integers as int, anything else as text."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--param {item!r}: expected NAME=VALUE, e.g. act=gelu")
+        out[name.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return out
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .autotune.cli import print_tune, tune_main
 
     result = tune_main(
         args.kernel, args.shapes, args.dtype, args.workers, args.compile_only, args.arch,
-        gpus=args.gpus, force=args.force, progress=not args.json and sys.stderr.isatty(), verbose=not args.json,
+        gpus=args.gpus, params=_params(args.param), force=args.force, progress=not args.json and sys.stderr.isatty(),
+        verbose=not args.json,
     )
     if args.json:
-        print(json.dumps(result, indent=1, default=str))
+        print(json.dumps({"command": "cuteforge " + " ".join(sys.argv[1:]), **result}, indent=1, default=str))
     else:
         print_tune(result)
     return 0
@@ -322,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", help="target, e.g. sm_90a")
     s.add_argument("--gpus", help="'all' or N: one timing process per GPU")
     s.add_argument("--force", action="store_true", help="re-tune even if a stored result exists")
+    s.add_argument("--param", action="append", metavar="NAME=VALUE",
+                   help="a problem parameter (repeatable), e.g. op=amax (row_reduce), act=gelu (gemm_sm90_*)")
     s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("viz", help="render a CuTe layout or thread-value layout to SVG/PNG")

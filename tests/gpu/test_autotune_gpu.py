@@ -135,3 +135,43 @@ def test_tune_main_fans_out_over_gpus(tmp_path: Path, monkeypatch: pytest.Monkey
     assert all(s["source"] == "sweep" and s["best_ms"] and s["compiles"] == 0 for s in r["shapes"])  # compiled up front
     again = tune_main("row_reduce", shapes, "float32", progress=False)  # one GPU, same store
     assert all(s["source"] == "cache" for s in again["shapes"])
+
+
+def test_gemm_tune_main_winner_is_what_ops_gemm_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cuteforge tune gemm_sm90_tn_col --param act=gelu`: every candidate (the heuristic's,
+    stream-K splits of this sub-wave problem through the shared workspace, pingpong)
+    matches the fp32 reference and is timed; ops.gemm then runs the stored winner without
+    consulting the heuristic."""
+    import importlib
+
+    import torch.nn.functional as F
+
+    from cuteforge.autotune import lookup
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    gemm_mod = importlib.import_module("cuteforge.ops.gemm")  # the package attribute is the function
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path))
+    r = tune_main("gemm_sm90_tn_col", "1000x1000x1000", "bfloat16", params={"act": "gelu"}, progress=False)
+    s = r["shapes"][0]
+    assert s["source"] == "sweep" and not s["errors"], s["errors"]
+    assert len(s["times_ms"]) >= 10 and all(t is not None and t > 0 for t in s["times_ms"].values()), s["times_ms"]
+    assert any("stream_k=True" in c for c in s["times_ms"]) and any("pingpong=True" in c for c in s["times_ms"])
+
+    torch.manual_seed(0)
+    a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    kern = gemm_mod.gemm_kernel(True, True, ("col",))
+    stored = lookup(kern, kern.signature.bind((a.unsqueeze(0), w.t().unsqueeze(0), a.unsqueeze(0), torch.zeros(4, dtype=torch.int32, device="cuda"), bias)),
+                    {"sms": torch.cuda.get_device_properties(0).multi_processor_count, "epilogue": gemm_mod.GemmEpilogue.preset("gelu", bias="col").key},
+                    {"M": 1000, "N": 1000, "K": 1000})
+    assert isinstance(stored, GemmConfig) and repr(stored) == s["best"]
+
+    def no_heuristic(*args: object, **kw: object) -> None:
+        raise AssertionError("ops.gemm fell back to the heuristic despite a stored tuning result")
+
+    monkeypatch.setattr(gemm_mod, "default_config", no_heuristic)
+    gemm_mod._PLANS.clear()
+    got = gemm_mod.gemm(a, w.t(), bias=bias, epilogue="gelu")
+    ref = F.gelu(a.float() @ w.float().t() + bias.float(), approximate="tanh")
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)

@@ -149,7 +149,7 @@ def precompile_candidates(
 
 def precompile_problems(
     kernel: Kernel | str,
-    problems: Sequence[tuple[Any, Mapping[str, Any] | Sequence[tuple[str, Any]] | None]],
+    problems: Sequence[tuple[Any, ...]],  # (key, params) or (key, params, configs)
     *,
     configs: Sequence[Any] | None = None,
     workers: int | None = None,
@@ -158,15 +158,17 @@ def precompile_problems(
     on_step: Callable[[str, Any, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """`precompile_candidates` for several (key, params) problems through one worker pool.
-    Rows also carry 'problem' (the index into `problems`)."""
+    A problem may carry its own configs as a third element (None: `configs`). Rows also
+    carry 'problem' (the index into `problems`)."""
     k = resolve_kernel(kernel)
     arch = arch or arch_mod.target_arch()
     rows: dict[Any, dict[str, Any]] = {}
     order: list[Any] = []
     index: dict[Item, int] = {}  # item -> the first problem that asked for it
-    for i, (key, params) in enumerate(problems):
+    for i, (key, params, *own) in enumerate(problems):
         params_t = norm_params(params)
-        cands, invalid = candidates(k, k.spec(key, params_t, None, arch=arch), configs, prune)
+        cfgs = own[0] if own and own[0] is not None else configs
+        cands, invalid = candidates(k, k.spec(key, params_t, None, arch=arch), cfgs, prune)
         for c, e in invalid.items():
             rows[(i, c)] = {"problem": i, "config": repr(c), "status": "invalid", "ms": 0.0, "error": e}
             order.append((i, c))
@@ -175,7 +177,7 @@ def precompile_problems(
             order.append((i, c))
     for it, _fn, status, ms, err in iter_ready(k, list(index), arch, workers):
         row = {"config": repr(it[2]), "status": status, "ms": round(ms, 1), "error": err}
-        for i, (key, params) in enumerate(problems):  # a duplicate problem shares the row
+        for i, (key, params, *_own) in enumerate(problems):  # a duplicate problem shares the row
             if key == it[0] and norm_params(params) == it[1]:
                 rows[(i, it[2])] = {"problem": i, **row}
         if on_step is not None:

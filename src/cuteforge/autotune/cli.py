@@ -13,6 +13,7 @@ reduction's is below).
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from collections.abc import Callable
@@ -30,10 +31,14 @@ class ProblemInputs:
     dims: dict[str, int]  # dynamic extents
     make_tensors: Callable[[], tuple[Any, ...]]  # on the GPU (only called when timing)
     reference: Callable[..., Any] | None = None
+    configs: list[Any] | None = None  # shape-aware candidates (default: the kernel's own list)
+    outputs: tuple[str, ...] | None = None  # the written arguments (default: the last one)
 
 
 ProblemFactory = Callable[[tuple[int, ...], str, dict[str, Any]], ProblemInputs]
 PROBLEMS: dict[str, ProblemFactory] = {}
+# Modules that register kernel families' factories on import (loaded by the first tune).
+PROBLEM_MODULES = ("cuteforge.kernels.gemm.tune",)
 
 
 def register_problem(kernel_name: str, factory: ProblemFactory) -> None:
@@ -117,6 +122,8 @@ def tune_main(
     from .. import arch as arch_mod
 
     k = resolve_kernel(kernel)
+    for mod in PROBLEM_MODULES:
+        importlib.import_module(mod)
     if k.name not in PROBLEMS:
         raise ValueError(f"kernel {k.name!r} has no problem factory for the command line; known: {', '.join(sorted(PROBLEMS))}")
     target = arch_mod.target_arch()
@@ -130,9 +137,10 @@ def tune_main(
         if compile_only or n_gpus > 1:
             from .candidates import candidates
 
-            n = sum(len(candidates(k, k.spec(p.key, tuple(sorted(p.params.items())), None, arch=target))[0]) for p in problems)
+            n = sum(len(candidates(k, k.spec(p.key, tuple(sorted(p.params.items())), None, arch=target), p.configs)[0]) for p in problems)
             bar.start(f"compile {k.name} for {target}", n)
-            rows = precompile_problems(k, [(p.key, p.params) for p in problems], workers=workers, arch=target, on_step=lambda *a: bar.advance())
+            rows = precompile_problems(k, [(p.key, p.params, p.configs) for p in problems], workers=workers, arch=target,
+                                       on_step=lambda *a: bar.advance())
             if compile_only:
                 out_shapes = [{"shape": "x".join(map(str, s)), "candidates": [r for r in rows if r["problem"] == i]} for i, s in enumerate(parsed)]
                 counts = {st: sum(r["status"] == st for r in rows) for st in ("compiled", "loaded", "failed", "invalid")}
@@ -152,7 +160,8 @@ def tune_main(
 
 def _tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | None, force: bool, on_step: Any = None) -> dict[str, Any]:
     tensors = p.make_tensors()
-    res = tune(k, tensors, p.params, reference=p.reference, workers=workers, force=force, dims=p.dims, on_step=on_step)
+    res = tune(k, tensors, p.params, configs=p.configs, reference=p.reference, workers=workers, force=force, dims=p.dims,
+               key=p.key, outputs=p.outputs, on_step=on_step)
     del tensors
     return {
         "shape": "x".join(map(str, shape)),

@@ -246,6 +246,14 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
         return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, raster="n"), m, n)
+    if fused and k is not None and k <= 8192 and m > 128 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
+        # A fused epilogue on a cooperative tile stalls the tensor cores for its math; the
+        # pingpong tile hides it under the other warpgroup's mainloop. H100, bias+gelu /
+        # bias+silu, the autotuner (CUDA-graph timing) and bench_gemm.py (L2 flushed) agree:
+        # 4096^3 +12 % / +4.7 %, 2048x14336x4096 +13 % / +1.9 %, 8192^3 +4 % / +0.5 % over the
+        # cooperative 128x256 epi_n=64 tile (h100-tune-*.json, h100-gemm-tuned.json;
+        # gemm.md v4.1). At K = 28672 the tuner kept the cooperative tile.
+        return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2), m, n)
     if m <= 64:
         shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
     elif m <= 128:
