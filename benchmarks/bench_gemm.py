@@ -223,15 +223,16 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
         fns: dict[str, Any] = {"cublas_eager": eager}
         pp = lambda act=act, ub=use_bias: gemm(a, b, bias=bias if ub else None, epilogue=act, config=PINGPONG[0])  # noqa: E731
         contenders = [("cuteforge", ours), ("cuteforge_pingpong", pp)]
-        heur = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
+        heur = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True,
+                              heavy=act in ("gelu", "silu"))
         row["cuteforge_config"] = repr(heur)
         tuned = _tuned("gemm_sm90_tn_col" if use_bias else "gemm_sm90_tn", m, n, k, act)
         if tuned is not None:  # gemm() runs the stored tuning result: time the heuristic's beside it
             row["cuteforge_config"], row["heuristic_config"] = repr(tuned), repr(heur)
             contenders.append(("cuteforge_heuristic", lambda act=act, ub=use_bias, c=heur: gemm(
                 a, b, bias=bias if ub else None, epilogue=act, config=c)))
-        if heur.pingpong:
-            # the cooperative 128x256 tile (64-wide subtiles) that was the fused default before v4.1
+        if heur.pingpong and not _default(m, n, k).pingpong:
+            # the cooperative 128x256 tile (64-wide subtiles): the default of a cheap epilogue
             coop = replace(_default(m, n, k), epi_n=64)
             row["cooperative_config"] = repr(coop)
             contenders.append(("cuteforge_cooperative", lambda act=act, ub=use_bias, c=coop: gemm(

@@ -46,6 +46,10 @@ def test_fused_bias_gelu_and_fusion_epilogue() -> None:
     ep = Epilogue.from_fn(lambda acc, s, r: silu(acc * s) + r, s="row", r="full")
     ptx = _ptx(False, False, ("float16", "float16", "float32", "float32", "bfloat16"), GemmEpilogue.from_fusion(ep))
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx and ("ex2.approx" in ptx or "tanh.approx" in ptx)
+    assert GemmEpilogue.from_fusion(ep).heavy  # silu: the heuristic's heavy-epilogue tile
+    from cuteforge.fusion import relu
+
+    assert not GemmEpilogue.from_fusion(Epilogue.from_fn(lambda acc, s: relu(acc * s), s="row")).heavy
 
 
 def test_other_tiles_compile() -> None:
@@ -510,11 +514,18 @@ def test_fused_default_config() -> None:
     """A fused epilogue gives the cooperative 128x256 default 64-wide store subtiles; the
     other tiles and the unfused default keep 32; every one fits sm_90 for 16-bit and fp32
     outputs and fp8 inputs."""
-    # fused with K <= 8192 and >= 4 waves of 128x128 tiles: pingpong hides the epilogue
+    assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(epi_n=64, stream_k=True)
+    # gelu / silu with K <= 4096 and >= 4 waves of 128x128 tiles: pingpong hides the epilogue
     pp = GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2)
-    assert default_config(8192, 8192, 8192, fused=True) == pp and default_config(4096, 4096, 4096, fused=True) == pp
-    assert default_config(2048, 8192, 28672, fused=True) == GemmConfig(epi_n=64, stream_k=True)  # long K: cooperative
-    assert default_config(2048, 4096, 4096, fused=True) == GemmConfig(epi_n=64, stream_k=True)  # < 4 waves
+    coop = GemmConfig(epi_n=64, stream_k=True)
+    assert default_config(4096, 4096, 4096, fused=True, heavy=True) == pp
+    assert default_config(2048, 14336, 4096, fused=True, heavy=True) == pp
+    assert default_config(4096, 4096, 4096, fused=True) == coop  # relu, bias only: cheap
+    assert default_config(8192, 8192, 8192, fused=True, heavy=True) == coop  # long mainloop per tile
+    assert default_config(2048, 4096, 4096, fused=True, heavy=True) == coop  # < 4 waves
+    assert default_config(4096, 4096, 4096, 132, 1, fused=True, heavy=True) == replace(pp, tile_k=128)  # fp8
+    assert GemmEpilogue.preset("gelu", bias="col").heavy and GemmEpilogue.preset("silu").heavy
+    assert not GemmEpilogue.preset("relu", bias="col").heavy and not GemmEpilogue.preset("none", bias="col").heavy
     assert default_config(8192, 8192, 8192).epi_n == 32
     assert default_config(16384, 16384, 1024, fused=True).epi_n == 32  # pingpong 128x128
     assert default_config(1024, 1024, 1024, fused=True).epi_n == 32  # 128x64

@@ -829,7 +829,10 @@ def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tup
     params = tuple(sorted((("sms", sms),) + ((("epilogue", epi.key),) if epi is not None else ())))
     pm, pn, pk = dims
     tuned = usable_tuned(lookup(kern, key, params, {"M": pm, "N": pn, "K": pk}), ab, ob)
-    cfg = fit_swizzle(tuned, pm, pn) if tuned is not None else default_config(pm, pn, pk, sms, ab, fused=epi is not None)
+    if tuned is not None:
+        cfg = fit_swizzle(tuned, pm, pn)
+    else:
+        cfg = default_config(pm, pn, pk, sms, ab, fused=epi is not None, heavy=epi is not None and epi.heavy)
     cfg = replace(cfg, stream_k=False)  # no persistent zeroed workspace under XLA
     # FFI buffers: inputs a, b[, bias]; output out. Kernel order: a, b, out[, bias].
     forms = (("raw", 3), ("raw", 3)) + ((("raw", 1),) if bias is not None else ()) + (("raw", 3),)

@@ -384,21 +384,21 @@ def test_fused_default_takes_64_wide_subtiles(act: str) -> None:
     _close(gemm(a, b, bias=bias, epilogue=act), ref, k)
 
 
-@pytest.mark.parametrize("act", ["gelu", "silu", "relu"])
+@pytest.mark.parametrize("act", ["gelu", "silu"])
 def test_fused_default_pingpong(act: str) -> None:
-    """A fused epilogue on >= 4 waves of 128x128 tiles with K <= 8192 defaults to the
-    pingpong 128x128 c1x2 tile: ragged M, N and K, with a column bias and a residual."""
+    """gelu / silu on >= 4 waves of 128x128 tiles with K <= 4096 default to the pingpong
+    128x128 c1x2 tile: ragged M, N and K, with a column bias and a residual."""
     from cuteforge.kernels.gemm.sm90.config import default_config
 
     m, n, k = 4001, 3000, 1100
-    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
+    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True, heavy=True)
     assert cfg.pingpong and (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == (128, 128, 1, 2), cfg
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     ref = _ref(a, b) + bias.float()
-    ref = {"gelu": F.gelu(ref, approximate="tanh"), "silu": F.silu(ref), "relu": F.relu(ref)}[act] + res.float()
+    ref = {"gelu": F.gelu(ref, approximate="tanh"), "silu": F.silu(ref)}[act] + res.float()
     _close(gemm(a, b, bias=bias, epilogue=act, residual=res), ref, k)
 
 

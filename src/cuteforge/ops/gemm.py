@@ -323,7 +323,12 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     tuned = usable_tuned(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), out.element_size())
     # A pinned config runs as given; a tuned one (stored for a bucket of shapes) gets its
     # swizzle group fitted to this problem, as the heuristic's does (no padding work).
-    cfg = config or (fit_swizzle(tuned, M, N) if tuned is not None else default_config(M, N, K, sms, a.element_size(), fused=epi is not None))
+    if config is not None:
+        cfg = config
+    elif tuned is not None:
+        cfg = fit_swizzle(tuned, M, N)
+    else:
+        cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None, heavy=epi is not None and epi.heavy)
     launch = kern.get(key, tuple(sorted(params)), cfg)
     work = _workspace(a.device.index, cfg, sms, M, N, K, L)
     if plain and n_pad == N and not scales:

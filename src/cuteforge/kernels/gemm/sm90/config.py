@@ -224,7 +224,7 @@ def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
 
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
-                   fused: bool = False) -> GemmConfig:
+                   fused: bool = False, heavy: bool = False) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -238,21 +238,23 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     stores 64-wide subtiles (`epi_n=64`, half the epilogue barriers; the staging buffers
     then cost the ring one stage): same-run sweeps measured +0.3 % to +3.7 %
     (h200-gemm-episweep.json, h200-gemm-biassweep.json; docs/kernels/gemm.md v3.1).
+    `heavy` (the epilogue has transcendental math: gelu, silu, exp, ...; implies fused):
+    with K <= 4096 and at least 4 waves of 128x128 tiles, pingpong 128x128 c1x2 (v4.1).
     """
     if in_bytes != 2:
         # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks.
-        return replace(default_config(m, n, k, sm_count, fused=fused), tile_k=k_block(in_bytes))
+        return replace(default_config(m, n, k, sm_count, fused=fused, heavy=heavy), tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
         return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, raster="n"), m, n)
-    if fused and k is not None and k <= 8192 and m > 128 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
-        # A fused epilogue on a cooperative tile stalls the tensor cores for its math; the
-        # pingpong tile hides it under the other warpgroup's mainloop. H100, bias+gelu /
-        # bias+silu, the autotuner (CUDA-graph timing) and bench_gemm.py (L2 flushed) agree:
-        # 4096^3 +12 % / +4.7 %, 2048x14336x4096 +13 % / +1.9 %, 8192^3 +4 % / +0.5 % over the
-        # cooperative 128x256 epi_n=64 tile (h100-tune-*.json, h100-gemm-tuned.json;
-        # gemm.md v4.1). At K = 28672 the tuner kept the cooperative tile.
+    if heavy and k is not None and k <= 4096 and m > 128 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
+        # gelu / silu on a cooperative tile stall the tensor cores for their math; the
+        # pingpong tile hides it under the other warpgroup's mainloop, which pays where the
+        # mainloop per tile is short. H100, same run (bench_gemm.py, h100-gemm-v4.1-epilogue.json),
+        # over the cooperative 128x256 epi_n=64 tile: bias+gelu 4096^3 +6.5 %, 2048x14336x4096
+        # +3.9 %; bias+silu +6.5 % / +0.7 %; but 8192^3 -0.8 % / -0.5 % and relu (no bias, one
+        # op) -2.5 % to -7.2 %, so cheap epilogues and K > 4096 stay cooperative (gemm.md v4.1).
         return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2), m, n)
     if m <= 64:
         shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
