@@ -437,6 +437,13 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
     padded = bool(tile.REM or tile.TAIL)
     NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
+    # Weight (and bias) widened to fp32 once per launch and held in registers across rows,
+    # instead of a shared-memory load and a widen per element per row, where the register
+    # file allows it: one <= 256-thread CTA per SM (up to 255 registers a thread; the
+    # LayerNorm 262144 kernel takes 251, no spill) holding <= 64 elements of the row. On the
+    # H200 LayerNorm bf16 at N = 262144 issues ~790 instructions a row per warp and is
+    # instruction-bound (norm.md v2.9); this drops up to 4 per element (norm.md v2.13).
+    HOIST_W = T <= 256 and config.ctas_per_sm == 1 and V * KT1 <= 64
     # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
     # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
     # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds (norm.md v2.9)
@@ -460,6 +467,21 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         """(row sum, row M2) from the warp's sum and centred sum of squares (traced inline;
         u as in ``_reduce``)."""
         return allreduce_m(s, m2, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
+
+    def _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k):
+        """Column k of this thread's weight (and bias) share, widened to fp32 in wf (bf)
+        (traced inline): from shared memory when staged there, else global memory."""
+        if cutlass.const_expr(w_smem):
+            load_col(sw, wr, g, k)
+            if cutlass.const_expr(has_bias):
+                load_col(sb, br, g, k)
+        else:
+            load_col(wg, wr, g, k)
+            if cutlass.const_expr(has_bias):
+                load_col(bg, br, g, k)
+        widen_w(wr, wf, k)
+        if cutlass.const_expr(has_bias):
+            widen_w(br, bf, k)
 
     @cute.kernel
     def _kernel(
@@ -508,6 +530,9 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             cute.arch.mbarrier_wait(full + S, 0)
         wg = _part(w, cta)
         bg = _part(b, cta)
+        if cutlass.const_expr(HOIST_W):
+            for k in cutlass.range_constexpr(KT1):
+                _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
         acc = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
@@ -589,17 +614,8 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             # ---- pass 3: y = (s - mean) * rstd * w (+ b)
             yo = _part(y[blk, None], cta)
             for k in cutlass.range_constexpr(KT1):
-                if cutlass.const_expr(w_smem):
-                    load_col(sw, wr, g, k)
-                    if cutlass.const_expr(has_bias):
-                        load_col(sb, br, g, k)
-                else:
-                    load_col(wg, wr, g, k)
-                    if cutlass.const_expr(has_bias):
-                        load_col(bg, br, g, k)
-                widen_w(wr, wf, k)
-                if cutlass.const_expr(has_bias):
-                    widen_w(br, bf, k)
+                if cutlass.const_expr(not HOIST_W):
+                    _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
                 for v in cutlass.range_constexpr(tile.width(k)):
                     yv = (xf[v, k] - mean) * rstd * wf[v, k]
                     if cutlass.const_expr(has_bias):
