@@ -302,3 +302,23 @@ def test_parse_shapes() -> None:
     for bad in ("", "8xq", "0x16"):
         with pytest.raises(ValueError):
             parse_shapes(bad)
+
+
+def test_heuristic_default_kept_within_margin(warm, tmp_path: Path) -> None:
+    """The kernel's default (GOOD[0] for this key) stays unless another config beats it by
+    more than keep_default (2 %): the sweep and a later store hit choose alike."""
+    from cuteforge.autotune.tuner import pick
+
+    assert row_reduce.spec(KEY, SUM, arch=ARCH).config == GOOD[0]
+    close = FakeTimer({GOOD[0]: 1.015, GOOD[1]: 1.0, GOOD[2]: 1.5})
+    st = TuneStore(tmp_path)
+    res = tune(row_reduce, None, SUM, key=KEY, dims={"M": 32768}, configs=GOOD, timer=close, store=st, rounds=3)
+    assert res.best_config == GOOD[0] and res.runner_up == (GOOD[1], 1.0)
+    hit = tune(row_reduce, None, SUM, key=KEY, dims={"M": 32768}, configs=GOOD, timer=close, store=st)
+    assert hit.source == "cache" and hit.best_config == GOOD[0]
+    fastest = tune(row_reduce, None, SUM, key=KEY, dims={"M": 32768}, configs=GOOD, timer=close, store=False, keep_default=0.0)
+    assert fastest.best_config == GOOD[1]
+    far = FakeTimer({GOOD[0]: 1.03, GOOD[1]: 1.0, GOOD[2]: 1.5})
+    assert tune(row_reduce, None, SUM, key=KEY, dims={"M": 32768}, configs=GOOD, timer=far, store=False).best_config == GOOD[1]
+    assert pick({GOOD[1]: 1.0, GOOD[2]: float("inf")}, GOOD[0]) == GOOD[1]  # the default untimed
+    assert pick({GOOD[0]: float("inf"), GOOD[1]: 1.0}, GOOD[0]) == GOOD[1]  # the default failed
