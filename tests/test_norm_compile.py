@@ -670,8 +670,10 @@ _FWD_STAGED = [
     ("rms", "float32", "float32", 262144, False, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=3)),
     ("layer", "float32", "float32", 262144, True, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=2)),
     ("layer", "float16", "float16", 8192, True, True, NormConfig(256, 256, 1, 2, stages=2)),
-    # the LayerNorm 262144 default: weight and bias held in registers across rows (v2.13)
+    # the LayerNorm 16-bit defaults: weight and bias held in registers across rows (v2.13)
     ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=4)),
+    ("layer", "float16", "float16", 65536, True, True, NormConfig(512, 512, 4, 1, exchange="mbar", stages=4)),
+    ("layer", "bfloat16", "bfloat16", 32768, True, False, NormConfig(1024, 1024, 2, 1, exchange="mbar", stages=4)),
 ]
 
 

@@ -437,13 +437,17 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
     padded = bool(tile.REM or tile.TAIL)
     NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
-    # Weight (and bias) widened to fp32 once per launch and held in registers across rows,
-    # instead of a shared-memory load and a widen per element per row, where the register
-    # file allows it: one <= 256-thread CTA per SM (up to 255 registers a thread; the
-    # LayerNorm 262144 kernel takes 251, no spill) holding <= 64 elements of the row. On the
-    # H200 LayerNorm bf16 at N = 262144 issues ~790 instructions a row per warp and is
-    # instruction-bound (norm.md v2.9); this drops up to 4 per element (norm.md v2.13).
-    HOIST_W = T <= 256 and config.ctas_per_sm == 1 and V * KT1 <= 64
+    # A 16-bit weight (and bias) widened to fp32 once per launch and held in registers across
+    # rows, instead of a shared-memory load and a widen per element per row, where a thread
+    # has >= 128 registers (<= 512 threads per SM) and those take at most half of them (a
+    # quarter with a fused residual, which needs its own). No staged forward candidate then
+    # spills (ptxas survey, norm.md v2.13; LayerNorm bf16 262144 takes 251 registers at 256
+    # threads, 65536 127 at 512); 1024-thread CTAs keep the weight per row (64 registers:
+    # the 16-CTA 262144 candidate spilled 36 bytes with it). H100 A/B: LayerNorm bf16 65536
+    # / 262144 +2.0 / +0.5 points of copy (32768 on 1024 threads +1.9, not taken); an fp32
+    # weight (nothing to widen) level to -0.6, so it stays per row.
+    budget = 65536 // (T * config.ctas_per_sm)
+    HOIST_W = w_dtype.width == 16 and budget >= 128 and V * KT1 * n_w <= budget // (4 if has_residual else 2)
     # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
     # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
     # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds (norm.md v2.9)
