@@ -409,12 +409,11 @@ def _tuned(kernel: str, m: int, n: int, k: int, act: str = "none") -> Any:
     KERNEL --shapes MxNxK --param act=...` stored it), fitted as the op fits it; None when
     untuned (then it runs the heuristic's)."""
     from cuteforge.autotune import lookup
-    from cuteforge.autotune.cli import PROBLEMS
-    from cuteforge.kernels.gemm import tune as _register  # noqa: F401 - registers the GEMM problems
+    from cuteforge.autotune.cli import problem_factory
     from cuteforge.kernels.gemm.sm90.config import fit_swizzle
     from cuteforge.kernels.gemm.spec import gemm_kernel
 
-    p = PROBLEMS[kernel]((m, n, k), "bfloat16", {"act": act})
+    p = problem_factory(kernel)((m, n, k), "bfloat16", {"act": act})
     best = lookup(gemm_kernel(True, True, ("col",) if kernel.endswith("_col") else ()), p.key, p.params, p.dims)
     return None if best is None else fit_swizzle(best, m, n)
 

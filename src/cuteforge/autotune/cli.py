@@ -45,6 +45,16 @@ def register_problem(kernel_name: str, factory: ProblemFactory) -> None:
     PROBLEMS[kernel_name] = factory
 
 
+def problem_factory(kernel_name: str) -> ProblemFactory:
+    """The registered factory of a kernel (loading `PROBLEM_MODULES` first), or a ValueError
+    naming the kernels that have one."""
+    for mod in PROBLEM_MODULES:
+        importlib.import_module(mod)
+    if kernel_name not in PROBLEMS:
+        raise ValueError(f"kernel {kernel_name!r} has no problem factory for the command line; known: {', '.join(sorted(PROBLEMS))}")
+    return PROBLEMS[kernel_name]
+
+
 def _row_reduce_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
     import torch
 
@@ -122,13 +132,10 @@ def tune_main(
     from .. import arch as arch_mod
 
     k = resolve_kernel(kernel)
-    for mod in PROBLEM_MODULES:
-        importlib.import_module(mod)
-    if k.name not in PROBLEMS:
-        raise ValueError(f"kernel {k.name!r} has no problem factory for the command line; known: {', '.join(sorted(PROBLEMS))}")
+    factory = problem_factory(k.name)
     target = arch_mod.target_arch()
     parsed = parse_shapes(shapes)
-    problems = [PROBLEMS[k.name](s, dtype, dict(params or {})) for s in parsed]
+    problems = [factory(s, dtype, dict(params or {})) for s in parsed]
     t0 = time.perf_counter()
     if not compile_only and arch_mod.compile_only():
         raise RuntimeError(f"no GPU of the target arch {target} here: tuning needs one (use --compile-only to only compile)")
@@ -199,7 +206,7 @@ def _gpu_main(index: int, queue: Any, kernel: str, shapes: list[tuple[int, ...]]
         k = resolve_kernel(kernel)
         rows = []
         for s in shapes:
-            row = _tune_one(k, s, PROBLEMS[k.name](s, dtype, dict(params or {})), 0, force)
+            row = _tune_one(k, s, problem_factory(k.name)(s, dtype, dict(params or {})), 0, force)
             rows.append({**row, "gpu_index": index})
         queue.put((index, rows, None))
     except Exception as e:  # reported to the parent, which raises it
