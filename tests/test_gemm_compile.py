@@ -671,3 +671,21 @@ def test_cli_param_parsing() -> None:
     assert _params(["act=gelu", "sms=114", "op = amax"]) == {"act": "gelu", "sms": 114, "op": "amax"}
     with pytest.raises(ValueError, match="NAME=VALUE"):
         _params(["gelu"])
+
+
+def test_bench_flags_wrong_results() -> None:
+    """bench_gemm.py lists every contender whose error against the reference is above
+    ERR_TOL (or NaN) under "flagged" and exits 1; rounding-level errors pass."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_gemm.py"
+    spec = importlib.util.spec_from_file_location("bench_gemm_for_test", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = {"command": "x", "plain": [{"set": "bar", "M": 8, "N": 8, "K": 8, "cuteforge_rel_err": 0.004, "quack_rel_err": 0.5}],
+              "epilogue": [{"M": 8, "N": 8, "K": 8, "epilogue": "bias+gelu", "cuteforge_rel_err": float("nan")}],
+              "config_sweep": [{"M": 8, "N": 8, "K": 8, "config": "c", "rel_err": 0.03}, {"config": "d", "error": "boom"}]}
+    flagged = bench.flag_errors(result)
+    assert [(f["section"], f["contender"]) for f in flagged] == [("plain", "quack"), ("epilogue", "cuteforge"), ("config_sweep", "cuteforge")]
+    assert flagged[0]["set"] == "bar" and flagged[2]["config"] == "c"
