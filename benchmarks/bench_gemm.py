@@ -429,10 +429,9 @@ def _tuned(kernel: str, m: int, n: int, k: int, act: str = "none") -> Any:
     from cuteforge.autotune import lookup
     from cuteforge.autotune.cli import problem_factory
     from cuteforge.kernels.gemm.sm90.config import fit_swizzle
-    from cuteforge.kernels.gemm.spec import gemm_kernel
 
     p = problem_factory(kernel)((m, n, k), "bfloat16", {"act": act})
-    best = lookup(gemm_kernel(True, True, ("col",) if kernel.endswith("_col") else ()), p.key, p.params, p.dims)
+    best = lookup(kernel, p.key, p.params, p.dims)
     return None if best is None else fit_swizzle(best, m, n)
 
 

@@ -836,7 +836,7 @@ def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tup
     cfg = replace(cfg, stream_k=False)  # no persistent zeroed workspace under XLA
     # FFI buffers: inputs a, b[, bias]; output out. Kernel order: a, b, out, work[, bias].
     forms = (("raw", 3), ("raw", 3)) + ((("raw", 1),) if bias is not None else ()) + (("raw", 3),)
-    ffi_dtypes = (ad, ad) + ((dtypes[4],) if bias is not None else ()) + (od,)  # dtypes[3] is the kernel's work
+    ffi_dtypes = (ad, ad) + ((bd,) if bias is not None else ()) + (od,)
     layout = f"gemm:a,b{',bias' if bias is not None else ''}->out"
     obj = _module(kern, key, params, cfg, forms, ffi_dtypes, layout, _present_gemm(vecs, kinds))
     ins = [a3, b3] + ([bias] if bias is not None else [])
