@@ -78,6 +78,10 @@ def test_config_validation() -> None:
     assert default_config(8192, 8192, 8192) == GemmConfig(stream_k=True)
     assert default_config(16384, 16384, 1024).pingpong and default_config(1024, 1024, 1024).tile_n == 64
     assert default_config(1024, 1024, 1024).pingpong and not default_config(128, 4096, 4096).pingpong
+    # sub-wave 128x64 tiles multicast A (the 128-row operand) across an N pair (v4.2);
+    # a single N tile leaves nothing to pair along N, so B is shared along M instead
+    assert (default_config(1024, 1024, 1024).cluster_m, default_config(1024, 1024, 1024).cluster_n) == (1, 2)
+    assert (default_config(2048, 64, 1024).cluster_m, default_config(2048, 64, 1024).cluster_n) == (2, 1)
     assert kernel_name(True, False, ("col",)) == "gemm_sm90_tt_col"
 
 

@@ -273,6 +273,12 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             break
     m_tiles, n_tiles = -(-m // tm), -(-n // tn)
     cm, cn = (2, 1) if m_tiles >= 2 else ((1, 2) if n_tiles >= 2 else (1, 1))
+    if (tm, tn) == (128, 64) and n_tiles >= 2:
+        # Sub-wave problems are bound by L2->SM traffic: multicast the larger operand.
+        # A's 128-row k-block (16 KiB) across an N pair leaves 16 KiB a CTA per k-block
+        # against 20 KiB with B's shared across an M pair. H100, both timers
+        # (gemm.md v4.2): 1024^3 0.925 -> 0.988x cuBLAS (L2 flushed), 0.786 -> 0.814 (graph).
+        cm, cn = 1, 2
     # 128x64 (sub-wave problems with M > 128) runs pingpong: in the H200 sweep
     # (h200-gemm.json) 128x64 c2x1 pingpong was >= cooperative at all 5 shapes measured
     # both ways in one run (1024^3: 213.7 vs 209.1 TFLOP/s; 2048x14336x4096 +2.2%).
