@@ -53,7 +53,7 @@ SETS: dict[str, dict[str, GemmConfig]] = {
         "co128x128_c1x2": G(tile_n=128, cluster_m=1, cluster_n=2),
         "co128x128_c2x1": G(tile_n=128),
     },
-    # M = 16 (decode): 64-row tiles, narrower N tiles, split-K through stream_k
+    # M <= 64 (decode): 64-row tiles, narrower N tiles, split-K through stream_k
     "m16": {
         "64x64_c1x2": G(tile_m=64, tile_n=64, cluster_m=1, cluster_n=2),
         "64x64_c1x1": G(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1),
@@ -64,7 +64,10 @@ SETS: dict[str, dict[str, GemmConfig]] = {
         "64x128_c1x1_sk": G(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, stream_k=True),
     },
 }
-DEFAULT_SHAPES = {"sub": "1024x1024x1024,2048x1024x1024,1024x2048x2048", "m16": "16x4096x4096,16x14336x4096,16x4096x14336"}
+DEFAULT_SHAPES = {
+    "sub": "1024x1024x1024,2048x1024x1024,1024x2048x2048",
+    "m16": "16x4096x4096,16x14336x4096,16x4096x14336,16x4096x28672,32x2048x8192,16x8192x14336,64x4096x14336",
+}
 
 
 def kernel_times(a: torch.Tensor, b: torch.Tensor, reps: int = 20) -> dict[str, list[tuple[str, float]]]:

@@ -248,9 +248,12 @@ def _reference_red_launcher(calls, works):
     (in `calls`, like _reference_launcher) and each launch's workspace (in `works`)."""
     import torch
 
-    from cuteforge.kernels.cross_entropy.kernels import WORK_ZERO
+    from cuteforge.kernels.cross_entropy.kernels import WORK_ZERO, ce_config
 
-    def build(key, n, bits, ignore_index, mean, with_lse):
+    def build(key, cfg, ignore_index, mean, with_lse):
+        # key: the stand-in _red_key's ("key", dtype, N); cfg: the row config (_row_config)
+        n, bits = key[2], key[1].itemsize * 8
+        assert cfg == ce_config(n, bits)
         calls.append((key, n, bits, ignore_index, mean, with_lse))
 
         def fn(lg, tg, out, lse, work):
@@ -283,6 +286,8 @@ def _patch_kernels(monkeypatch, ce):
     monkeypatch.setattr(ce, "_fwd_launcher", _reference_launcher(calls))
     monkeypatch.setattr(ce, "_red_key", lambda logits, target: ("key", logits.dtype, logits.shape[1]))
     monkeypatch.setattr(ce, "_red_get", _reference_red_launcher(calls, works))
+    # the row config without a store lookup (which binds CUDA tensors): the heuristic
+    monkeypatch.setattr(ce, "_row_config", lambda lg, tg, ii: ce.config_for(lg.shape[1], lg.element_size() * 8))
     monkeypatch.setattr(ce, "_PLANS", {})
     monkeypatch.setattr(ce, "_RED", {})
     # the C++ autograd node without a kernel: every backward takes its fallback, ce._bwd
@@ -448,6 +453,7 @@ def test_reduce_launcher_params_match_precompile(monkeypatch):
 
     monkeypatch.setattr(ce, "cross_entropy_fwd_reduce", Fake)
     monkeypatch.setattr(ce, "_RED", {})
+    monkeypatch.setattr(ce, "_row_config", lambda lg, tg, ii: ce.config_for(lg.shape[1], lg.element_size() * 8))
     fn, words = ce._red_launcher(torch.randn(6, 40), torch.zeros(6, dtype=torch.long), -100, True, True)
     _, params = next(iter(cross_entropy_fwd_reduce.specializations()))
     assert asked == [tuple(sorted(params.items()))] and callable(fn) and words == ce.work_words(1)
@@ -489,11 +495,15 @@ def test_long_16bit_rows_take_the_per_row_kernel() -> None:
     assert k.reduce_wanted(k.RED_MAX_N_16BIT, 16) and not k.reduce_wanted(k.RED_MAX_N_16BIT + 1, 16)
     assert k.reduce_wanted(151936, 32)
     big = 2 * k.RED_SMALL_BYTES // (2 * (k.RED_MAX_N_16BIT + 1)) + 1  # rows past the small-problem size
-    assert ce._red_words(torch.empty(big, k.RED_MAX_N_16BIT + 1, dtype=torch.bfloat16, device="meta")) == 0
-    assert ce._red_words(torch.empty(big, k.RED_MAX_N_16BIT, dtype=torch.bfloat16, device="meta")) > 0
-    assert ce._red_words(torch.empty(8, 65536, dtype=torch.float32)) > 0
+
+    def words(m: int, n: int, dt: torch.dtype) -> int:
+        return ce._red_words(torch.empty(m, n, dtype=dt, device="meta"), k.ce_config(n, dt.itemsize * 8))
+
+    assert words(big, k.RED_MAX_N_16BIT + 1, torch.bfloat16) == 0
+    assert words(big, k.RED_MAX_N_16BIT, torch.bfloat16) > 0
+    assert words(8, 65536, torch.float32) > 0
     # a small problem takes the reduced kernel at any N: the per-row path's torch ops cost more
-    assert ce._red_words(torch.empty(8, k.RED_MAX_N_16BIT + 1, dtype=torch.bfloat16)) > 0
+    assert words(8, k.RED_MAX_N_16BIT + 1, torch.bfloat16) > 0
     assert k.reduce_wanted(65536, 16, 1) and not k.reduce_wanted(65536, 16, 32768)
     widths = {key.dtypes[0] for key, _ in spec._reduce_specs()}
     assert widths == {"float32"}  # every STANDARD_N is past the 16-bit limit

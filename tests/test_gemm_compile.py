@@ -82,6 +82,12 @@ def test_config_validation() -> None:
     # a single N tile leaves nothing to pair along N, so B is shared along M instead
     assert (default_config(1024, 1024, 1024).cluster_m, default_config(1024, 1024, 1024).cluster_n) == (1, 2)
     assert (default_config(2048, 64, 1024).cluster_m, default_config(2048, 64, 1024).cluster_n) == (2, 1)
+    # decode-sized M with long K: single 64x64 CTAs with stream-K (v4.3); K = 4096 keeps the 1x2 pair,
+    # M = 64 keeps it too, and fp8 keeps the pair (the rule was measured on 16-bit inputs)
+    assert default_config(16, 4096, 14336) == GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, stream_k=True)
+    assert default_config(32, 2048, 8192).stream_k and not default_config(16, 4096, 4096).stream_k
+    assert default_config(16, 4096, 4096).cluster_n == 2 and default_config(64, 4096, 14336).cluster_n == 2
+    assert not default_config(16, 4096, 14336, in_bytes=1).stream_k
     assert kernel_name(True, False, ("col",)) == "gemm_sm90_tt_col"
 
 

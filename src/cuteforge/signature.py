@@ -119,6 +119,16 @@ class Signature:
 
     def bind(self, tensors: tuple[torch.Tensor, ...] | list[torch.Tensor], where: str = "") -> BoundKey:
         """Validate one call's tensors and derive their key. Errors name the argument."""
+        return self._bind(tensors, where, fresh=False)
+
+    def fresh_key(self, tensors: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> BoundKey:
+        """The key `bind` gives tensors of these dtypes, shapes and strides at fresh
+        (256-byte aligned) allocations, on any device ("meta" included): what an op's
+        call with freshly allocated operands looks up, computed without a GPU (problem
+        factories of `cuteforge tune`)."""
+        return self._bind(tensors, "", fresh=True)
+
+    def _bind(self, tensors: tuple[torch.Tensor, ...] | list[torch.Tensor], where: str, fresh: bool) -> BoundKey:
         prefix = f"{where}: " if where else ""
         if len(tensors) != len(self.args):
             raise TypeError(f"{prefix}expected {len(self.args)} tensors ({', '.join(self.names)}), got {len(tensors)}")
@@ -128,7 +138,7 @@ class Signature:
         for spec, t in zip(self.args, tensors):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{prefix}argument {spec.name!r} must be a torch.Tensor, got {type(t).__name__}")
-            if not t.is_cuda:
+            if not (t.is_cuda or fresh):
                 raise ValueError(f"{prefix}argument {spec.name!r} must be a CUDA tensor, got one on {t.device}")
             if t.dtype not in spec.dtypes:
                 allowed = ", ".join(dtype_name(d) for d in spec.dtypes)
@@ -156,7 +166,7 @@ class Signature:
                 raise ValueError(f"{prefix}argument {spec.name!r} must have {what}, got strides {tuple(stride)}")
             dtypes.append(dtype_name(t.dtype))
             outer = stride[:lead] + stride[lead + 1 :]
-            vecs.append(vector_width(t.data_ptr(), outer, t.element_size()))
+            vecs.append(vector_width(256 if fresh else t.data_ptr(), outer, t.element_size()))
         static = tuple((s, extents[s]) for s in self.static)
         return BoundKey(tuple(dtypes), static, tuple(vecs))
 

@@ -447,6 +447,32 @@ def test_stream_k_matches_torch(mnk: tuple[int, int, int]) -> None:
         _close(fused, fused_ref, k)
 
 
+@pytest.mark.parametrize("mnk", [(16, 4096, 14336), (7, 1000, 9001), (32, 2048, 8192), (1, 4096, 8192)])
+def test_decode_default_split_k(mnk: tuple[int, int, int]) -> None:
+    """The heuristic for M <= 32 and K >= 8192 (single 64x64 CTAs with stream-K, v4.3),
+    through ops.gemm as a user calls it: plain, bf16 / fp32 out, fused bias + gelu +
+    residual, batched; repeated calls bitwise equal."""
+    from cuteforge.kernels.gemm.sm90.config import default_config
+
+    m, n, k = mnk
+    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert cfg.stream_k and (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == (64, 64, 1, 1)
+    torch.manual_seed(m + n + k)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ref = _ref(a, w.t())
+    got = gemm(a, w.t())
+    _close(got, ref, k)
+    assert torch.equal(gemm(a, w.t()), got)
+    _close(gemm(a, w.t(), out_dtype=torch.float32), ref, k)
+    _close(gemm(a, w.t(), bias=bias, epilogue="gelu", residual=res),
+           F.gelu(ref + bias.float(), approximate="tanh") + res.float(), k)
+    a3 = torch.randn(3, m, k, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a3, w.t()), _ref(a3, w.t()), k)
+
+
 def test_stream_k_batched_and_fp8() -> None:
     """A batch of 3 (tiles numbered across the batch) and an fp8 GEMM with scales, split."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig

@@ -7,8 +7,8 @@ every valid candidate for every shape, through one worker pool, without a GPU (t
 the caches of a CI runner or an image) and reports each as compiled | loaded | failed.
 
 A kernel is tunable from the command line once it has a *problem factory*: a function
-`(shape, dtype, params) -> ProblemInputs` registered with `register_problem` (the row
-reduction's is below).
+`(shape, dtype, params) -> ProblemInputs` registered with `register_problem`; each kernel
+family keeps its factories in its own `tune.py` (listed in `PROBLEM_MODULES`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,20 @@ class ProblemInputs:
 ProblemFactory = Callable[[tuple[int, ...], str, dict[str, Any]], ProblemInputs]
 PROBLEMS: dict[str, ProblemFactory] = {}
 # Modules that register kernel families' factories on import (loaded by the first tune).
-PROBLEM_MODULES = ("cuteforge.kernels.gemm.tune",)
+PROBLEM_MODULES = (
+    "cuteforge.kernels.reduce.tune",
+    "cuteforge.kernels.softmax.tune",
+    "cuteforge.kernels.norm.tune",
+    "cuteforge.kernels.cross_entropy.tune",
+    "cuteforge.kernels.gemm.tune",
+)
+
+
+def rows_shape(kernel_name: str, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(M, N) of a row kernel's `--shapes MxN` entry, or a ValueError naming the kernel."""
+    if len(shape) != 2:
+        raise ValueError(f"{kernel_name} takes shapes MxN, got {'x'.join(map(str, shape))}")
+    return shape[0], shape[1]
 
 
 def register_problem(kernel_name: str, factory: ProblemFactory) -> None:
@@ -53,34 +66,6 @@ def problem_factory(kernel_name: str) -> ProblemFactory:
     if kernel_name not in PROBLEMS:
         raise ValueError(f"kernel {kernel_name!r} has no problem factory for the command line; known: {', '.join(sorted(PROBLEMS))}")
     return PROBLEMS[kernel_name]
-
-
-def _row_reduce_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
-    import torch
-
-    from ..kernels.reduce.spec import out_dtype
-    from ..signature import BoundKey, dtype_name, torch_dtype, vector_width
-
-    if len(shape) != 2:
-        raise ValueError(f"row_reduce takes shapes MxN, got {'x'.join(map(str, shape))}")
-    m, n = shape
-    op = params.setdefault("op", "sum")
-    dt = torch_dtype(dtype)
-    odt = out_dtype(op, dt)
-    # Keys of fresh contiguous tensors: (allocations are 256-byte aligned).
-    key = BoundKey((dtype_name(dt), dtype_name(odt)), (("N", n),), (vector_width(256, (n,), dt.itemsize), vector_width(256, (), odt.itemsize)))
-
-    def make() -> tuple[Any, ...]:
-        x = torch.randn(m, n, device="cuda", dtype=dt)
-        return x, torch.empty(m, device="cuda", dtype=odt)
-
-    def reference(x: Any, out: Any) -> Any:
-        return {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin, "argmax": torch.argmax}[op](x.float(), dim=-1)
-
-    return ProblemInputs(key, params, {"M": m}, make, reference)
-
-
-register_problem("row_reduce", _row_reduce_problem)
 
 
 def parse_shapes(shapes: list[str] | str) -> list[tuple[int, ...]]:

@@ -113,6 +113,33 @@ def _skip(*args: Any) -> None:
     """M == 0: nothing to launch."""
 
 
+def _tuned(kernel: Any, key: Any, ignore_index: int, logits: torch.Tensor) -> Any:
+    """A stored tuning result (`cuteforge tune cross_entropy_fwd` / `_bwd`) for this call,
+    else the heuristic (also where a stored config does not validate: another version)."""
+    from ..autotune import lookup  # slow path only
+
+    m, n = logits.shape
+    bits = logits.element_size() * 8
+    cfg = lookup(kernel, key, (("ignore_index", ignore_index),), {"M": m})
+    if cfg is not None:
+        try:
+            if cfg.cluster_n != 1:
+                raise ValueError("cluster")
+            cfg.validate(n, bits)
+        except (AttributeError, TypeError, ValueError):
+            cfg = None
+    return cfg or config_for(n, bits)
+
+
+def _row_config(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Any:
+    """The forward's row config (M > 0). The reduced forward runs the per-row forward's
+    row loop, so it takes the same config: a stored result for `cross_entropy_fwd` and
+    this layout, or the heuristic."""
+    loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    key = cross_entropy_fwd.signature.bind((logits, target, loss, loss), _WHERE)
+    return _tuned(cross_entropy_fwd, key, ignore_index, logits)
+
+
 def _fwd_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Callable[..., Any]:
     m, n = logits.shape
     loss = torch.empty(m, dtype=torch.float32, device=logits.device)
@@ -120,7 +147,7 @@ def _fwd_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int)
     fn: Callable[..., Any] = _skip
     if m > 0:
         params = (("ignore_index", ignore_index),)
-        fn = cross_entropy_fwd.get(key, params, config_for(n, logits.element_size() * 8))
+        fn = cross_entropy_fwd.get(key, params, _tuned(cross_entropy_fwd, key, ignore_index, logits))
     if len(_FWD) >= _MAX_PLANS:
         _FWD.clear()
     _FWD[_key(logits, target, ignore_index)] = fn
@@ -137,33 +164,32 @@ def _red_key(logits: torch.Tensor, target: torch.Tensor) -> Any:
     return cross_entropy_fwd_reduce.signature.bind((logits, target, out, lse, work), _WHERE)
 
 
-def _red_words(logits: torch.Tensor) -> int:
-    """The workspace words a reduced forward of these logits needs, or 0 where the caller
-    reduces with torch ops instead: a grid beyond kernels.reduce_fits, or rows where the
-    per-row kernel measured faster (kernels.reduce_wanted)."""
+def _red_words(logits: torch.Tensor, cfg: Any) -> int:
+    """The workspace words a reduced forward of these logits under `cfg` needs, or 0 where
+    the caller reduces with torch ops instead: a grid beyond kernels.reduce_fits, or rows
+    where the per-row kernel measured faster (kernels.reduce_wanted)."""
     m, n = logits.shape
     if not reduce_wanted(n, logits.element_size() * 8, m):
         return 0
-    cfg = config_for(n, logits.element_size() * 8)
     ctas = -(-m // cfg.rows_per_cta)
     return work_words(ctas) if reduce_fits(ctas, cfg.threads) else 0
 
 
-def _red_get(key: Any, n: int, bits: int, ignore_index: int, mean: bool, with_lse: bool) -> Callable[..., Any]:
+def _red_get(key: Any, cfg: Any, ignore_index: int, mean: bool, with_lse: bool) -> Callable[..., Any]:
     """fn(logits, target, out (1,), lse, work): compiled once ever, loaded, or an L1 hit."""
     params = (("ignore_index", ignore_index), ("lse", with_lse), ("mean", mean))  # sorted, as precompile's
-    return cross_entropy_fwd_reduce.get(key, params, config_for(n, bits))
+    return cross_entropy_fwd_reduce.get(key, params, cfg)
 
 
 def _red_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
                   with_lse: bool) -> tuple[Callable[..., Any] | None, int]:
     """(reduced forward, workspace words) for this layout (M >= 1), memoized in _RED;
     (None, 0) where the grid is beyond kernels.reduce_fits."""
-    words = _red_words(logits)
+    cfg = _row_config(logits, target, ignore_index)
+    words = _red_words(logits, cfg)
     fn = None
     if words:
-        fn = _red_get(_red_key(logits, target), logits.shape[1], logits.element_size() * 8, ignore_index, mean,
-                      with_lse)
+        fn = _red_get(_red_key(logits, target), cfg, ignore_index, mean, with_lse)
     if len(_RED) >= _MAX_PLANS:
         _RED.clear()
     _RED[(*_key(logits, target, ignore_index), mean, with_lse)] = fn, words
@@ -202,7 +228,7 @@ def _bwd_kernel(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, d
                 ignore_index: int) -> Any:
     """The compiled backward for these operands (M > 0)."""
     key = cross_entropy_bwd.signature.bind((logits, target, lse, dloss, dlogits), _WHERE)
-    return cross_entropy_bwd.get(key, (("ignore_index", ignore_index),), config_for(logits.shape[1], logits.element_size() * 8))
+    return cross_entropy_bwd.get(key, (("ignore_index", ignore_index),), _tuned(cross_entropy_bwd, key, ignore_index, logits))
 
 
 def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
@@ -458,7 +484,8 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return _empty_result(lg, mean)
 
-    elif not _red_words(logits):  # a grid beyond the reduced kernel's two levels
+    # (cfg: the row config the reduced forward shares with the per-row one)
+    elif not _red_words(logits, cfg := _row_config(logits, tgt, ignore_index)):  # a grid beyond two levels
         fn = _fwd_launcher(logits, tgt, ignore_index)
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -472,8 +499,8 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
         # validated now; compiled on the first call without grad (a call with grad runs
         # the variant with lse instead: _EagerReduced), then this plan replaces itself
         key = _red_key(logits, tgt)
-        words = _red_words(logits)
-        args = (logits.shape[1], logits.element_size() * 8, ignore_index, reduction == "mean", False)
+        words = _red_words(logits, cfg)
+        args = (cfg, ignore_index, reduction == "mean", False)
         unused = logits.new_empty(1, dtype=f32)  # the lse argument, never touched without lse
         device = logits.get_device()
         memo = _memo_key(logits, target, reduction, ignore_index)

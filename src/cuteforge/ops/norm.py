@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..arch import limits_for, target_arch
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
 from ..native import backward as native
@@ -162,7 +163,23 @@ def _fwd_plan(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | No
     if m == 0:
         return None
     params = (("eps", float(eps)), ("has_bias", b is not None), ("has_residual", r2 is not None), ("kind", kind))
-    return norm_fwd.get(key, params, config or _small_m_config(kind, x2))
+    return norm_fwd.get(key, params, config or _tuned_fwd(key, params, x2) or _small_m_config(kind, x2))
+
+
+def _tuned_fwd(key: Any, params: tuple[tuple[str, Any], ...], x2: torch.Tensor) -> Any:
+    """A stored tuning result for this forward (`cuteforge tune norm_fwd`), or None: none
+    stored, or one this version cannot run (written by another), then the heuristic."""
+    from ..autotune import lookup  # slow path only
+
+    m, n = x2.shape
+    cfg = lookup(norm_fwd, key, params, {"M": m})
+    if cfg is None:
+        return None
+    try:
+        cfg.validate(n, x2.element_size() * 8, limits_for(target_arch()))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return cfg
 
 
 def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, r2: torch.Tensor | None, eps: float,

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ...autotune.cli import ProblemInputs, register_problem
-from ...signature import BoundKey, dtype_name, torch_dtype, vector_width
+from ...signature import torch_dtype
 from .epilogue import ACTIVATIONS, GemmEpilogue
 from .sm90.config import (
     GemmConfig,
@@ -53,17 +53,6 @@ def tune_configs(m: int, n: int, k: int, sms: int, in_bytes: int, fused: bool, h
     return out
 
 
-def _key(tensors: list[torch.Tensor], leading: tuple[int, ...]) -> BoundKey:
-    """The key `Signature.bind` gives these tensors' layouts at 256-byte aligned
-    addresses (fresh allocations), without needing them on a GPU (`leading`: each
-    argument's unit-stride dim)."""
-    vecs = []
-    for t, lead in zip(tensors, leading):
-        outer = tuple(s for i, s in enumerate(t.stride()) if i != lead)
-        vecs.append(vector_width(256, outer, t.element_size()))
-    return BoundKey(tuple(dtype_name(t.dtype) for t in tensors), (), tuple(vecs))
-
-
 def _rows(shape: tuple[int, int, int], dim: int, dtype: torch.dtype, device: str) -> torch.Tensor:
     """An empty (L, X, Y) tensor with `dim` unit-stride and 16-byte aligned rows: the
     layout `ops.gemm` launches with (an operand whose rows are not aligned is copied into
@@ -79,7 +68,6 @@ def _rows(shape: tuple[int, int, int], dim: int, dtype: torch.dtype, device: str
 def gemm_problem(a_k: bool, b_k: bool, kinds: tuple[str, ...]) -> Any:
     """The `(shape, dtype, params) -> ProblemInputs` factory of one GEMM kernel."""
     kern = gemm_kernel(a_k, b_k, kinds)
-    leading = tuple(a.leading for a in kern.signature.args)
 
     def factory(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
         if len(shape) not in (3, 4):
@@ -113,7 +101,7 @@ def gemm_problem(a_k: bool, b_k: bool, kinds: tuple[str, ...]) -> Any:
             ops = [torch.empty(N, dtype=dt, device=device)] if kinds else []
             return [a, b, _rows((L, M, N), 2, dt, device), torch.zeros(4, dtype=torch.int32, device=device), *ops]
 
-        key = _key(layout("meta"), leading)
+        key = kern.signature.fresh_key(layout("meta"))
 
         def make() -> tuple[Any, ...]:
             a, b, out, _, *ops = layout("cuda")

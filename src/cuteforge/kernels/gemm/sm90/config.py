@@ -224,7 +224,7 @@ def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
 
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
-                   fused: bool = False, heavy: bool = False) -> GemmConfig:
+                   fused: bool = False, heavy: bool = False, decode_split: bool = True) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -241,11 +241,13 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     `heavy` (the epilogue has transcendental math: gelu, silu, exp, ...; implies fused):
     with K <= 4096 and at least 4 waves of 128x128 tiles, pingpong 128x128 c1x2 (v4.1;
     16-bit inputs: fp8 keeps its cooperative tile, not measured with this rule).
+    `decode_split`: M <= 32 with K >= 8192 on 64x64 tiles runs single CTAs with stream-K
+    (v4.3; the fp8 path turns it off: measured on 16-bit inputs only).
     """
     if in_bytes != 2:
         # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks.
         # (not `heavy`: the pingpong rule below was measured for 16-bit inputs only)
-        return replace(default_config(m, n, k, sm_count, fused=fused), tile_k=k_block(in_bytes))
+        return replace(default_config(m, n, k, sm_count, fused=fused, decode_split=False), tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
@@ -273,6 +275,15 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             break
     m_tiles, n_tiles = -(-m // tm), -(-n // tn)
     cm, cn = (2, 1) if m_tiles >= 2 else ((1, 2) if n_tiles >= 2 else (1, 1))
+    if decode_split and (tm, tn) == (64, 64) and m <= 32 and k is not None and k >= 8192:
+        # Decode-sized M with long K: the weight streams through too few CTAs, and the
+        # A multicast of a 1x2 pair buys nothing (A is 16-32 rows). Single CTAs with
+        # stream-K (a sub-wave problem becomes split-K) put every SM on the weight.
+        # H100, both timers (gemm.md v4.3; L2 flushed / graph): 16x4096x28672 0.812 /
+        # 0.793 -> 0.961 / 0.957x cuBLAS, 32x2048x8192 0.853 / 0.737 -> 0.925 / 0.842,
+        # 16x8192x14336 (a full wave: nothing split) 0.915 / 0.908 -> 0.953 / 0.957; at
+        # K = 4096 the 1x2 pair stays (16x4096x4096: 0.994 / 0.898 against 0.942 / 0.841).
+        return fit_swizzle(GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, stream_k=True), m, n)
     if (tm, tn) == (128, 64) and n_tiles >= 2:
         # Sub-wave problems are bound by L2->SM traffic: multicast the larger operand.
         # A's 128-row k-block (16 KiB) across an N pair leaves 16 KiB a CTA per k-block
@@ -327,6 +338,9 @@ def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[G
             GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=2),
             GemmConfig(tile_m=64, tile_n=64, cluster_m=2),
             GemmConfig(tile_n=64, cluster_m=1, cluster_n=2),
+            GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1),
+            GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, stream_k=True),
+            GemmConfig(tile_m=64, tile_n=128, cluster_m=1, cluster_n=1, stream_k=True),
         ]
     seen: list[GemmConfig] = []
     for c in out:
