@@ -279,10 +279,13 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         # Decode-sized M with long K: the weight streams through too few CTAs, and the
         # A multicast of a 1x2 pair buys nothing (A is 16-32 rows). Single CTAs with
         # stream-K (a sub-wave problem becomes split-K) put every SM on the weight.
-        # H100, both timers (gemm.md v4.3; L2 flushed / graph): 16x4096x28672 0.812 /
-        # 0.793 -> 0.961 / 0.957x cuBLAS, 32x2048x8192 0.853 / 0.737 -> 0.925 / 0.842,
-        # 16x8192x14336 (a full wave: nothing split) 0.915 / 0.908 -> 0.953 / 0.957; at
-        # K = 4096 the 1x2 pair stays (16x4096x4096: 0.994 / 0.898 against 0.942 / 0.841).
+        # H100, same run, x cuBLAS (L2 flushed / graph over rotated operands; gemm.md
+        # v4.3, h100-gemm-small-m16-v4.3.json), 1x2 pair -> this: 16x4096x28672 0.897 /
+        # 0.844 -> 0.967 / 0.947, 16x4096x14336 0.964 / 0.843 -> 0.973 / 0.925,
+        # 32x2048x8192 0.859 / 0.738 -> 0.906 / 0.849, 16x8192x14336 (a full wave:
+        # nothing split) 0.909 / 0.896 -> 0.952 / 0.956. At K = 4096 the pair stays
+        # (16x4096x4096: 0.979 / 0.889 against 0.978 / 0.840); at M = 64 too (64x4096x14336:
+        # 1.008 / 1.023 against 1.011 / 0.995).
         return fit_swizzle(GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, stream_k=True), m, n)
     if (tm, tn) == (128, 64) and n_tiles >= 2:
         # Sub-wave problems are bound by L2->SM traffic: multicast the larger operand.
