@@ -121,14 +121,12 @@ def _tuned(kernel: Any, key: Any, ignore_index: int, logits: torch.Tensor) -> An
     m, n = logits.shape
     bits = logits.element_size() * 8
     cfg = lookup(kernel, key, (("ignore_index", ignore_index),), {"M": m})
-    if cfg is not None:
-        try:
-            if cfg.cluster_n != 1:
-                raise ValueError("cluster")
-            cfg.validate(n, bits)
-        except (AttributeError, TypeError, ValueError):
-            cfg = None
-    return cfg or config_for(n, bits)
+    try:
+        cfg.validate(n, bits)
+        usable = cfg.cluster_n == 1  # the cross-entropy kernels do not split rows over clusters
+    except (AttributeError, TypeError, ValueError):  # None, or a config of another version
+        usable = False
+    return cfg if usable else config_for(n, bits)
 
 
 def _row_config(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Any:
@@ -466,6 +464,8 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
     tgt = target.contiguous() if copy else target
     m, dtype, f32 = logits.shape[0], logits.dtype, torch.float32
     same = dtype == f32
+    # mean / sum: the row config the reduced forward shares with the per-row one
+    cfg = _row_config(logits, tgt, ignore_index) if reduction != "none" and m > 0 else None
 
     if reduction == "none":
         fn = _fwd_launcher(logits, tgt, ignore_index)
@@ -484,8 +484,7 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return _empty_result(lg, mean)
 
-    # (cfg: the row config the reduced forward shares with the per-row one)
-    elif not _red_words(logits, cfg := _row_config(logits, tgt, ignore_index)):  # a grid beyond two levels
+    elif not _red_words(logits, cfg):  # a grid beyond the reduced kernel's two levels
         fn = _fwd_launcher(logits, tgt, ignore_index)
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
