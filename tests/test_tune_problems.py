@@ -67,3 +67,35 @@ def test_cross_entropy_and_row_reduce_problems() -> None:
     assert red.key == BoundKey(("bfloat16", "int64"), N, (8, 2)) and red.params == {"op": "argmax"}
     with pytest.raises(ValueError, match="op must be one of"):
         problem_factory("row_reduce")((8, 8), "float32", {"op": "median"})
+
+
+def test_ops_ignore_stored_configs_they_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored result that does not validate (another version wrote it, or a config of
+    another family) falls back to the heuristic instead of failing a compile; a valid
+    one is used as stored."""
+    import importlib
+
+    import torch
+
+    import cuteforge.autotune as autotune
+    from cuteforge.kernels.cross_entropy.kernels import ce_config
+    from cuteforge.kernels.norm import config as norm_config
+    from cuteforge.kernels.reduce.row import RowReduceConfig
+
+    norm_ops = importlib.import_module("cuteforge.ops.norm")
+    ce_ops = importlib.import_module("cuteforge.ops.cross_entropy")
+    x = torch.empty(64, 1000, dtype=torch.bfloat16)
+    stored: list = []
+    monkeypatch.setattr(autotune, "lookup", lambda *a, **k: stored[0])
+
+    good_norm = norm_config.candidate_configs(1000, 16, False, "layer")[2]
+    for value, want in ((None, None), (good_norm, good_norm), (RowReduceConfig(256, 32, 4), None),
+                        (norm_config.NormConfig(128, 256, 1, 1), None)):  # more threads per row than threads
+        stored[:] = [value]
+        assert norm_ops._tuned_fwd("key", (), x) == want
+    heuristic = ce_config(1000, 16)
+    good_ce = RowReduceConfig(256, 64, 2)
+    for value, want in ((None, heuristic), (good_ce, good_ce), (good_norm, heuristic),
+                        (RowReduceConfig(256, 64, 2, cluster_n=2), heuristic)):
+        stored[:] = [value]
+        assert ce_ops._tuned(None, "key", -100, x) == want

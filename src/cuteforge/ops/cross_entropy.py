@@ -50,6 +50,7 @@ from ..kernels.cross_entropy.spec import (
     cross_entropy_fwd,
     cross_entropy_fwd_reduce,
 )
+from ..kernels.reduce.row import RowReduceConfig
 from ..native import backward as native
 from ..signature import FLOAT_DTYPES
 from ..workspace import stream_workspace
@@ -121,10 +122,11 @@ def _tuned(kernel: Any, key: Any, ignore_index: int, logits: torch.Tensor) -> An
     m, n = logits.shape
     bits = logits.element_size() * 8
     cfg = lookup(kernel, key, (("ignore_index", ignore_index),), {"M": m})
+    usable = isinstance(cfg, RowReduceConfig) and cfg.cluster_n == 1  # no cluster split of rows here
     try:
-        cfg.validate(n, bits)
-        usable = cfg.cluster_n == 1  # the cross-entropy kernels do not split rows over clusters
-    except (AttributeError, TypeError, ValueError):  # None, or a config of another version
+        if usable:
+            cfg.validate(n, bits)
+    except ValueError:  # a config of another version
         usable = False
     return cfg if usable else config_for(n, bits)
 

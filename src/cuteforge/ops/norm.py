@@ -173,7 +173,7 @@ def _tuned_fwd(key: Any, params: tuple[tuple[str, Any], ...], x2: torch.Tensor) 
 
     m, n = x2.shape
     cfg = lookup(norm_fwd, key, params, {"M": m})
-    if cfg is None:
+    if not isinstance(cfg, norm_config.NormConfig):
         return None
     try:
         cfg.validate(n, x2.element_size() * 8, limits_for(target_arch()))
