@@ -216,6 +216,13 @@ def test_second_tune_hits_the_store(warm, tmp_path: Path, caplog, monkeypatch: p
     # The dispatch-side query: the stored best (rebuilt from JSON), or None.
     assert lookup(row_reduce, KEY, SUM, {"M": 17000}, store=st) == GOOD[1]
     assert lookup(row_reduce, KEY, SUM, {"M": 70000}, store=st) is None
+    # A record whose config this version's validate rejects (written by another version)
+    # is not handed to the op: the op's heuristic decides instead of a failed compile.
+    stale = dict(rec, best_config={**rec["best_config"], "fields": {**rec["best_config"]["fields"], "threads_per_row": 48}})
+    Path(first.path).write_text(json.dumps(stale))
+    assert lookup(row_reduce, KEY, SUM, {"M": 17000}, store=st) is None
+    assert any("no longer validates" in r.getMessage() for r in caplog.records)
+    Path(first.path).write_text(json.dumps(rec))
     monkeypatch.setenv("CUTEFORGE_AUTOTUNE", "off")
     assert lookup(row_reduce, KEY, SUM, {"M": 17000}, store=st) is None
 

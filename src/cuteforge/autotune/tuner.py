@@ -210,9 +210,10 @@ def lookup(
     bucket: Bucket | None = None,
     store: TuneStore | None = None,
 ) -> Any:
-    """The stored best config for a problem, or None (never tuned here, or
-    CUTEFORGE_AUTOTUNE=off). No compile, no timing: for dispatch paths that should use a
-    tuned config when one exists and the heuristic otherwise."""
+    """The stored best config for a problem, or None (never tuned here, a stored config
+    the kernel's `validate` hook now rejects, or CUTEFORGE_AUTOTUNE=off). No compile, no
+    timing: for dispatch paths that should use a tuned config when one exists and the
+    heuristic otherwise."""
     if mode() == "off":
         return None
     k = resolve_kernel(kernel)
@@ -221,6 +222,15 @@ def lookup(
     if rec is None:
         return None
     best = config_from_json(rec.get("best_config", {}))
+    if best is not None and k.validate_config is not None:
+        # a record written by another version may hold a config this one cannot run:
+        # the caller's heuristic then decides instead of a failed compile
+        try:
+            k.validate_config(k.spec(key, norm_params(params), best, arch=problem.arch), best)
+        except (ValueError, TypeError, AttributeError) as e:
+            log.warning("cuteforge autotune: %s: stored config %r no longer validates (%s); not used [%s]",
+                        problem.describe(), best, e, rec["path"])
+            return None
     if best is not None:
         log.info("cuteforge autotune: %s on %s: cache hit, best %r [%s]", problem.describe(), rec["identity"]["gpu"], best, rec["path"])
     return best

@@ -116,19 +116,12 @@ def _skip(*args: Any) -> None:
 
 def _tuned(kernel: Any, key: Any, ignore_index: int, logits: torch.Tensor) -> Any:
     """A stored tuning result (`cuteforge tune cross_entropy_fwd` / `_bwd`) for this call,
-    else the heuristic (also where a stored config does not validate: another version)."""
+    else the heuristic. `lookup` has checked it against the kernel's validate hook."""
     from ..autotune import lookup  # slow path only
 
     m, n = logits.shape
-    bits = logits.element_size() * 8
     cfg = lookup(kernel, key, (("ignore_index", ignore_index),), {"M": m})
-    usable = isinstance(cfg, RowReduceConfig) and cfg.cluster_n == 1  # no cluster split of rows here
-    try:
-        if usable:
-            cfg.validate(n, bits)
-    except ValueError:  # a config of another version
-        usable = False
-    return cfg if usable else config_for(n, bits)
+    return cfg if isinstance(cfg, RowReduceConfig) else config_for(n, logits.element_size() * 8)
 
 
 def _row_config(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Any:
