@@ -2,7 +2,7 @@
 # Run the GPU tests and benchmarks on a CUDA machine that has torch but no registry
 # access (the H200 lent through the device tool). Writes logs and JSON under $OUT.
 #   source .gpu/env.sh is done here; carry .gpu (see README "GPU runs").
-# Usage: bash scripts/gpu_run.sh [tests|bench|autotune|all] [pytest paths/args...]
+# Usage: bash scripts/gpu_run.sh [tests|bench|bars|autotune|all] [pytest paths/args...]
 #        bash scripts/gpu_run.sh cmd COMMAND...   (any command in the same environment)
 #        bash scripts/gpu_run.sh ptests [JOBS]     (tests/gpu files spread over JOBS pytest
 #                                                   processes sharing the GPU: compile-bound)
@@ -28,6 +28,15 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 -m cuteforge library --quick 2>&1 | tee "$OUT/library.log"
   python3 benchmarks/bench_dispatch.py --out "$OUT/h200-dispatch.json" 2>&1 | tail -20
   python3 benchmarks/bench_sum.py --out "$OUT/h200-sum.json" 2>&1 | tee "$OUT/bench-sum.log" | tail -60
+fi
+if [ "$what" = bars ]; then
+  # The issues' bar measurements in one call (~4-5 min on an H200 with a cold cache), files
+  # named after the card: GEMM (issue 7: bar shapes, squares, skinny LLM shapes, fused
+  # epilogues) and the memory-bound bar ops at N >= 4096, forward and backward (issue 6).
+  tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace('nvidia ', '').split()[0])")
+  python3 benchmarks/bench_gemm.py --set bar,square,skinny,epilogue --out "$OUT/$tag-gemm-bars.json" 2>&1 | tail -40 || rc=1
+  python3 benchmarks/bench_membound.py --ops layer_norm,rms_norm,softmax,sum --ns 4096,16384,65536,131072,262144 \
+    --no-compile --out "$OUT/$tag-membound-bars.json" 2>&1 | tail -60 || rc=1
 fi
 if [ "$what" = autotune ]; then
   python3 benchmarks/bench_autotune.py --out "$OUT/h200-autotune.json" 2>&1 | tee "$OUT/bench-autotune.log" | tail -60
