@@ -326,8 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", help="target, e.g. sm_90a")
 
     s = sub.add_parser("tune", help="autotune a kernel for shapes (or compile every candidate, no GPU)")
-    s.add_argument("kernel", help="kernel name, e.g. row_reduce")
-    s.add_argument("--shapes", required=True, help="comma-separated MxN, e.g. 32768x4096,4096x65536")
+    s.add_argument("kernel", help="row_reduce, softmax_fwd, softmax_bwd, norm_fwd, cross_entropy_fwd, "
+                   "cross_entropy_bwd, gemm_sm90_{tn,nt,nn,tt}[_col]")
+    s.add_argument("--shapes", required=True, help="comma-separated MxN (GEMMs: MxNxK), e.g. 32768x4096,4096x65536")
     s.add_argument("--dtype", default="float32")
     s.add_argument("--workers", type=int, help="compile processes (default: CPU count)")
     s.add_argument("--compile-only", action="store_true", help="compile every valid candidate; no GPU needed")
@@ -335,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus", help="'all' or N: one timing process per GPU")
     s.add_argument("--force", action="store_true", help="re-tune even if a stored result exists")
     s.add_argument("--param", action="append", metavar="NAME=VALUE",
-                   help="a problem parameter (repeatable), e.g. op=amax (row_reduce), act=gelu (gemm_sm90_*)")
+                   help="a problem parameter (repeatable), e.g. op=amax (row_reduce), mode=log_softmax "
+                   "(softmax_*), kind=layer (norm_fwd), ignore_index=-1 (cross_entropy_*), act=gelu (gemm_sm90_*)")
     s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("viz", help="render a CuTe layout or thread-value layout to SVG/PNG")
