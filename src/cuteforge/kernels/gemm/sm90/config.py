@@ -291,7 +291,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         # Sub-wave problems are bound by L2->SM traffic: multicast the larger operand.
         # A's 128-row k-block (16 KiB) across an N pair leaves 16 KiB a CTA per k-block
         # against 20 KiB with B's shared across an M pair. H100, 1024^3, three runs (gemm.md
-        # v4.2): +1 to +3 % under the graph timer; flushed, +7 % twice and level once
+        # v4.2): +1 to +4 % under the graph timer; flushed, +7 % twice and level once
         # (the committed h100-gemm-small-sub.json: 0.886 / 0.820 against 0.889 / 0.805).
         cm, cn = 1, 2
     # 128x64 (sub-wave problems with M > 128) runs pingpong: in the H200 sweep
