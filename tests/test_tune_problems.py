@@ -34,7 +34,8 @@ def test_norm_fwd_problem() -> None:
     assert fp32w.key.dtypes[1:3] == ("float32", "float32") and fp32w.key.vec[1] == 4
     for params, msg in (({"kind": "batch"}, "kind must be rms or layer"), ({"bias": True}, "takes no bias"),
                         ({"residual": "maybe"}, "residual must be true or false"), ({"wieght": "x"}, "unknown parameter"),
-                        ({"weight": "float16"}, "weight must be x or float32")):
+                        ({"weight": "float16"}, "weight must be x or float32"),
+                        ({"eps": "-1e-5"}, "eps must be a finite number >= 0"), ({"eps": "tiny"}, "eps must be")):
         with pytest.raises(ValueError, match=msg):
             f((8, 8), "float32", dict(params))
 
@@ -58,11 +59,13 @@ def test_cross_entropy_and_row_reduce_problems() -> None:
     fwd = problem_factory("cross_entropy_fwd")((4096, 1000), "bfloat16", {})
     assert fwd.key == BoundKey(("bfloat16", "int64", "float32", "float32"), N, (8, 2, 4, 4))
     assert fwd.params == {"ignore_index": -100} and fwd.outputs == ("loss",)
-    bwd = problem_factory("cross_entropy_bwd")((4096, 1000), "float32", {"ignore_index": "-1"})
+    bwd = problem_factory("cross_entropy_bwd")((4096, 1000), "float32", {"ignore_index": -1})
     assert bwd.key == BoundKey(("float32", "int64", "float32", "float32", "float32"), N, (4, 2, 4, 4, 4))
     assert bwd.params == {"ignore_index": -1} and bwd.outputs == ("dlogits",)
     with pytest.raises(ValueError, match="unknown parameter"):
         problem_factory("cross_entropy_fwd")((8, 8), "float32", {"label_smoothing": 0.1})
+    with pytest.raises(ValueError, match="ignore_index must be an integer"):
+        problem_factory("cross_entropy_bwd")((8, 8), "float32", {"ignore_index": "none"})
     red = problem_factory("row_reduce")((4096, 1000), "bfloat16", {"op": "argmax"})
     assert red.key == BoundKey(("bfloat16", "int64"), N, (8, 2)) and red.params == {"op": "argmax"}
     with pytest.raises(ValueError, match="op must be one of"):

@@ -23,7 +23,10 @@ def _params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(params) - {"ignore_index"})
     if unknown:
         raise ValueError(f"{name}: unknown parameter(s) {unknown}; known: ignore_index")
-    return {"ignore_index": int(params.get("ignore_index", -100))}
+    value = params.get("ignore_index", -100)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: ignore_index must be an integer, got {value!r}")
+    return {"ignore_index": value}
 
 
 def _tensors(m: int, n: int, dt: torch.dtype, device: str, backward: bool) -> list[torch.Tensor]:

@@ -14,6 +14,7 @@ set by the config, so no one set of tensors serves every candidate."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -44,7 +45,12 @@ def fwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> P
     kind = str(params.get("kind", "rms"))
     if kind not in EPS:
         raise ValueError(f"norm_fwd: kind must be rms or layer, got {kind!r}")
-    eps = float(params.get("eps", EPS[kind]))
+    try:
+        eps = float(params.get("eps", EPS[kind]))
+    except ValueError:
+        eps = math.nan
+    if not (math.isfinite(eps) and eps >= 0):  # as the ops require
+        raise ValueError(f"norm_fwd: eps must be a finite number >= 0, got {params['eps']!r}")
     has_bias = _flag("bias", params.get("bias", kind == "layer"))
     if has_bias and kind == "rms":
         raise ValueError("norm_fwd: rms_norm takes no bias (bias=true needs kind=layer)")
