@@ -159,21 +159,32 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     ns = [int(v) for v in args.ns.split(",") if v]
     from cuteforge.arch import target_arch
     from cuteforge.autotune.pool import CompileJob, compile_all
+    from cuteforge.kernels.norm.config import NormConfig
     from cuteforge.kernels.norm.spec import norm_fwd
 
     arch = target_arch()
     todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async)
     if args.defaults_only:
         todo = [t for t in todo if t[4]]
+    extra = [eval(c, {"NormConfig": NormConfig}) for c in args.configs.split(";") if c.strip()]  # noqa: S307 - CLI input
+    todo += [(op, dt, n, c, False) for op, dt, n, _, d in list(todo) if d for c in extra]
     tc = time.time()
     jobs = []
+    res = args.residual
+
+    def key_params(op: str, case: dict[str, Any]) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+        key, nparams = _norm_key_params(op, case)
+        return key, tuple((k, res if k == "has_residual" else v) for k, v in nparams)
+
     for op, dt, n, c, _ in todo:
-        key, nparams = _norm_key_params(op, _norm_case(op, dt, n, 1))
+        key, nparams = key_params(op, _norm_case(op, dt, n, 1))
         jobs.append(CompileJob.of(norm_fwd, key, nparams, c, arch))
     outcomes = compile_all(jobs)
     failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
     result = result_header("bench_norm_staged.py", arch, time.time() - tc, len(jobs), len(failed),
-                           "bytes = 2*M*N*size (x read, y written); the launch alone")
+                           "bytes = 2*M*N*size (x read, y written; with --residual 4*M*N*size: x, r read, "
+                           "y, x + r written); the launch alone")
+    result["residual"] = res
     result["quack"] = None if args.no_quack else getattr(sys.modules.get("quack"), "__version__", None)
     copy_bps = result["copy_GBps"] * 1e9
     out = Path(args.out)
@@ -196,16 +207,18 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
         torch.cuda.empty_cache()
         case = _norm_case(op, dt, n, m)
         x, w, b, y = case["x"], case["w"], case["b"], case["y"]
-        xf = x.float()
+        r = torch.randn_like(x) if res else x  # the residual (x stands in when unfused)
+        s_out = torch.empty_like(x) if res else y
+        xf = (x.float() + r.float()).to(x.dtype).float() if res else x.float()  # what gets normalised
         if op == "rms_norm":
             ref = torch.nn.functional.rms_norm(xf, (n,), w.float(), 1e-6)
         else:
             ref = torch.nn.functional.layer_norm(xf, (n,), w.float(), b.float(), 1e-5)
         del xf
-        nbytes = 2 * x.numel() * x.element_size()
+        nbytes = (4 if res else 2) * x.numel() * x.element_size()
         shape: dict[str, Any] = {"op": op, "dtype": dt, "M": m, "N": n, "rows": []}
         result["shapes"].append(shape)
-        qn = None if args.no_quack else _quack_norm(op)
+        qn = None if args.no_quack or res else _quack_norm(op)
         if qn is not None:
             try:
                 qy = qn(case)
@@ -213,34 +226,36 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
                 shape["quack"] = {**_time(lambda qn=qn, c=case: qn(c), nbytes), **_norm_check(qy, ref, dt)}
             except Exception as e:  # reported, never fatal
                 shape["quack"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-        key, nparams = _norm_key_params(op, case)
+        key, nparams = key_params(op, case)
         bb = w if b is None else b
         for i, c, d in cfgs:
-            r: dict[str, Any] = {"config": repr(c), "threads": c.threads, "cluster_n": c.cluster_n,
-                                 "ctas_per_sm": c.ctas_per_sm, "stages": c.stages, "cp_async": c.cp_async, "default": d}
+            row: dict[str, Any] = {"config": repr(c), "threads": c.threads, "cluster_n": c.cluster_n,
+                                   "ctas_per_sm": c.ctas_per_sm, "stages": c.stages, "cp_async": c.cp_async, "default": d}
             if i in failed:
-                r["error"] = "compile: " + failed[i]
+                row["error"] = "compile: " + failed[i]
             else:
                 try:
                     fn = norm_fwd.get(key, nparams, c)
-                    args_ = (x, w, bb, x, y, y, case["mean"] if b is not None else case["rstd"], case["rstd"])
+                    args_ = (x, w, bb, r, y, s_out, case["mean"] if b is not None else case["rstd"], case["rstd"])
                     y.fill_(float("nan"))
                     fn(*args_)
                     torch.cuda.synchronize()
-                    r.update(_norm_check(y, ref, dt))
-                    r.update(_time(lambda fn=fn, a=args_: fn(*a), nbytes))
+                    row.update(_norm_check(y, ref, dt))
+                    if res and not torch.equal(s_out, (x.float() + r.float()).to(x.dtype)):
+                        row["correct"] = False  # x + r must come back exactly
+                    row.update(_time(lambda fn=fn, a=args_: fn(*a), nbytes))
                     q = shape.get("quack", {})
                     if "GBps" in q:
-                        r["vs_quack"] = round(r["GBps"] / q["GBps"], 3)
+                        row["vs_quack"] = round(row["GBps"] / q["GBps"], 3)
                 except Exception as e:
-                    r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            shape["rows"].append(r)
-            print(op, dt, m, n, json.dumps(r), flush=True)
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            shape["rows"].append(row)
+            print(op, dt, m, n, json.dumps(row), flush=True)
         ok = [r for r in shape["rows"] if r.get("correct") and "GBps" in r]
         if ok:
             bst = max(ok, key=lambda r: r["GBps"])
             shape["best"] = {k: bst.get(k) for k in ("config", "GBps", "pct_copy", "vs_quack")}
-        del case, x, y, ref
+        del case, x, y, r, s_out, ref
         save()
 
     print(f"copy {result['copy_GBps']} GB/s")
@@ -269,6 +284,11 @@ def main() -> None:
     p.add_argument("--rep-ms", type=float, default=25.0)
     p.add_argument("--no-quack", action="store_true")
     p.add_argument("--defaults-only", action="store_true", help="time only each shape's default config")
+    p.add_argument("--residual", action="store_true",
+                   help="--fwd: fuse the residual add (x + r normalised and written): bytes = 4 M N")
+    p.add_argument("--configs", default="",
+                   help="--fwd: ';'-separated NormConfig(...) reprs timed beside the default (and the candidates "
+                        "unless --defaults-only), e.g. a previous default")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     t0 = time.time()

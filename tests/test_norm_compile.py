@@ -220,10 +220,8 @@ def test_long_row_forward_defaults_follow_the_sweep():
         assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async, d.ctas_per_sm) == ("mbar", 256, cluster, 0, 2, 1), d
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages for c in cands) and any(not (c.stages or c.cp_async) for c in cands)
-    # fp32 LayerNorm at 262144: the row only through cp_async, 512 threads under a 2-CTA budget
-    d = default_config(262144, 32, kind="layer")
-    assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async, d.ctas_per_sm) == ("mbar", 512, 16, 0, 1, 2), d
-    staged = {("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 4),
+    staged = {("layer", 32, 262144): (512, 16, 2), ("layer", 32, 196608): (512, 16, 2),  # v2.15: weight in registers
+              ("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 4),
               ("layer", 16, 131072): (256, 8, 4), ("layer", 16, 262144): (256, 16, 4), ("layer", 32, 65536): (256, 8, 4),
               ("layer", 32, 131072): (256, 16, 4)}
     for (kind, bits, n), (threads, cluster, stages) in staged.items():
@@ -669,6 +667,8 @@ _FWD_STAGED = [
     ("layer", "bfloat16", "bfloat16", 262144, True, True, NormConfig(1024, 1024, 16, 1, exchange="mbar", stages=3)),
     ("rms", "float32", "float32", 262144, False, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=3)),
     ("layer", "float32", "float32", 262144, True, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=2)),
+    # an fp32 weight and bias that do not fit beside the stages, held in registers (v2.15)
+    ("layer", "float32", "float32", 262144, True, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=3)),
     ("layer", "float16", "float16", 8192, True, True, NormConfig(256, 256, 1, 2, stages=2)),
     # the LayerNorm 16-bit defaults: weight and bias held in registers across rows (v2.13)
     ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=4)),

@@ -36,15 +36,31 @@ def activation(name: str, x: Any) -> Any:
         return x
     if name == "relu":
         return cute.where(x > 0.0, x, cute.full_like(x, 0.0))
-    if name == "gelu":
-        inner = x * (_GELU_K0 + (_GELU_K0 * _GELU_K1) * (x * x))
-        return 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
-    if name == "silu":
-        # x * sigmoid(x) with sigmoid(x) = (1 + tanh(x / 2)) / 2: one MUFU tanh, no divide
-        # (a full-precision fp32 divide per element cost 15% of a large GEMM).
-        hx = 0.5 * x
-        return hx + hx * cute.math.tanh(hx, fastmath=True)
+    if name in HALF_FORM:
+        return activation_of_half(name, 0.5 * x)
     raise ValueError(f"unknown activation {name!r}; known: {ACTIVATIONS}")
+
+
+# Activations computed from h = x / 2: the caller can fold the halving into the FMA that
+# forms x (acc * alpha / 2 + bias / 2: bias / 2 is formed once per distinct bias value),
+# one instruction per element fewer on an epilogue the cooperative tile does not overlap.
+HALF_FORM = ("gelu", "silu")
+
+
+def activation_of_half(name: str, h: Any) -> Any:
+    """gelu or silu of x = 2 h, from h (an fp32 TensorSSA inside @cute.jit code). Every
+    scaling is by a power of two, so the results are those of the x form bit for bit."""
+    import cutlass.cute as cute
+
+    if name == "gelu":
+        # x/2 (1 + tanh(k0 (x + k1 x^3))) = h + h tanh(u), u = h (2 k0 + 8 k0 k1 h^2)
+        u = h * ((2.0 * _GELU_K0) + (8.0 * _GELU_K0 * _GELU_K1) * (h * h))
+        return h + h * cute.math.tanh(u, fastmath=True)
+    if name == "silu":
+        # x sigmoid(x) with sigmoid(x) = (1 + tanh(x / 2)) / 2: one MUFU tanh, no divide
+        # (a full-precision fp32 divide per element cost 15% of a large GEMM).
+        return h + h * cute.math.tanh(h, fastmath=True)
+    raise ValueError(f"{name!r} has no half form; those that do: {HALF_FORM}")
 
 
 def activation_torch(name: str, x: Any) -> Any:
@@ -142,16 +158,19 @@ class GemmEpilogue:
             return self._fusion().apply
         act, bias, c, res, alpha, beta = self._preset_fields()
 
+        # gelu / silu take x / 2: every term of x is scaled by 1/2 as it is formed
+        k = 0.5 if act in HALF_FORM else 1.0
+
         def preset(acc: Any, *frags: Any) -> Any:
             it = iter(frags)
-            x = acc * alpha if alpha != 1.0 else acc
+            x = acc * (alpha * k) if alpha * k != 1.0 else acc
             if bias:
                 b = next(it)
             if c:
-                x = x + (next(it) * beta if beta != 1.0 else next(it))
+                x = x + (next(it) * (beta * k) if beta * k != 1.0 else next(it))
             if bias:
-                x = x + b
-            x = activation(act, x)
+                x = x + (b * k if k != 1.0 else b)
+            x = activation_of_half(act, x) if act in HALF_FORM else activation(act, x)
             if res:
                 x = x + next(it)
             return x

@@ -464,12 +464,16 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 #     93.0 / 80.1, 4 stages (81.6 / 76.5 / 71.4 / 62.9); bf16 262144 84.7 since v2.9's integer
 #     widening (norm.md);
 #   layer fp32 65536 / 131072, 256 threads, 4 stages: 93.1 / 92.3 (87.4 / 77.7).
-# rms fp32 <= 131072 and layer fp32 at 32768 stay in registers (within a point, or faster);
-# layer fp32 at 262144 too (its 64 KiB chunks leave weight and bias no room: 51-60 %).
+# rms fp32 <= 131072 and layer fp32 at 32768 stay in registers (within a point, or faster).
+# layer fp32 above 131072 (v2.15): 16 CTAs of 512 threads, 2 stages of the 64 KiB chunks,
+# weight and bias held in registers across rows (they have no room in shared memory beside
+# the stages; read per row from L2 this shape measured 51-60 %): 262144 93.3 / 93.1 in two
+# runs against the cp_async register default's 73.4 / 73.8
+# (benchmarks/results/h200-norm-fwd-layer-fp32-hoist.json, h200-norm-fwd-layer-deep-hoist.json).
 STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
     ("rms", 32): ((131073, 262144, 1024, 2),),
     ("layer", 16): ((32768, 32768, 1024, 4), (32769, 65536, 512, 4), (65537, 262144, 256, 4)),
-    ("layer", 32): ((65536, 131072, 256, 4),),
+    ("layer", 32): ((65536, 131072, 256, 4), (131073, 262144, 512, 2)),
 }
 _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 
@@ -487,7 +491,7 @@ _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 #   layer fp32 32768, 256 threads (4 CTAs, 32 elements), level 2: 93.8 / 93.5 (91.0 / 91.2) in
 #     h200-norm-async-fwd.json / -layer.json;
 #   layer fp32 262144, 512 threads (16 CTAs, 32 elements), level 1 under a 2-CTA budget:
-#     73.5 (66.6); level 2 there 58.8.
+#     73.5 (66.6); level 2 there 58.8 (the default until v2.15 took the staged forward).
 # rms fp32 at 32768 keeps its register default (97.7, cp_async 97.4) and at 262144 the staged
 # one (90.8-92.7; cp_async at 64 elements per thread 74). LayerNorm otherwise keeps the staged
 # forward (92.8-93.6 vs 86-92 at best with cp_async: its weight and bias shares take shared
@@ -497,7 +501,7 @@ _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 ASYNC_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int, int, int], ...]] = {
     ("rms", 16): ((32768, 262144, 256, 32, 2, 1),),
     ("rms", 32): ((32769, 131072, 256, 32, 2, 1),),
-    ("layer", 32): ((32768, 32768, 256, 32, 2, 1), (262144, 262144, 512, 32, 1, 2)),
+    ("layer", 32): ((32768, 32768, 256, 32, 2, 1),),
 }
 
 

@@ -444,10 +444,17 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     # spills (ptxas survey, norm.md v2.13; LayerNorm bf16 262144 takes 251 registers at 256
     # threads, 65536 127 at 512); 1024-thread CTAs keep the weight per row (64 registers:
     # the 16-CTA 262144 candidate spilled 36 bytes with it). H100 A/B: LayerNorm bf16 65536
-    # / 262144 +2.0 / +0.5 points of copy (32768 on 1024 threads +1.9, not taken); an fp32
-    # weight (nothing to widen) level to -0.6, so it stays per row.
+    # / 262144 +2.0 / +0.5 points of copy (32768 on 1024 threads +1.9, not taken). An fp32
+    # weight (nothing to widen) that fits in shared memory beside the stages measured level to
+    # -0.6, so it stays per row there; one that does not fit (LayerNorm fp32 at N = 262144:
+    # 64 KiB chunks of x, weight and bias) is held within half the registers, residual or not,
+    # rather than read from L2 for every row (v2.15: 73 -> 93 % of copy; with the residual,
+    # 128 registers at 512 threads, no spill).
     budget = 65536 // (T * config.ctas_per_sm)
-    HOIST_W = w_dtype.width == 16 and budget >= 128 and V * KT1 * n_w <= budget // (4 if has_residual else 2)
+    w_elems = V * KT1 * n_w  # fp32 registers the held weight (and bias) take
+    HOIST_W = budget >= 128 and (
+        (w_dtype.width == 16 and w_elems <= budget // (4 if has_residual else 2))
+        or (w_dtype.width == 32 and not w_smem and w_elems <= budget // 2))
     # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
     # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
     # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds (norm.md v2.9)

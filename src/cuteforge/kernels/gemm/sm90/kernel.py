@@ -556,23 +556,39 @@ class Sm90Gemm:
         """Each epilogue operand as an fp32 fragment laid out like the accumulator's."""
         M, N = mD.shape[0], mD.shape[1]
         tensors = (e0, e1, e2)
+        # A thread's values sit at its base coordinate plus offsets known when tracing
+        # (e.g. rows r, r + 8 x column pairs): a row (col) operand is loaded once per distinct
+        # row (column) offset, not once per value (half the loads and predicates for a bias
+        # per column on the 64xN wgmma layout).
+        cm0, cn0 = tRS_cD[0]
+        offsets = [tRS_cD.layout(v) for v in range(cute.size(tRS_cD))]
         out = []
         for i in cutlass.range_constexpr(len(self.kinds)):
             kind = self.kinds[i]
             t = tensors[i]
             r = cute.make_rmem_tensor(tRS_cD.shape, cutlass.Float32)
             r.fill(0.0)
-            for v in cutlass.range_constexpr(cute.size(r)):
-                cm, cn = tRS_cD[v]
-                m = row0 + cm
-                n = col0 + cn
-                if cutlass.const_expr(kind == "row"):
-                    if m < M:
-                        r[v] = t[m].to(cutlass.Float32)
-                elif cutlass.const_expr(kind == "col"):
-                    if n < N:
-                        r[v] = t[n].to(cutlass.Float32)
-                else:
+            if cutlass.const_expr(kind in ("row", "col")):
+                axis = 0 if kind == "row" else 1
+                first: dict[int, int] = {}  # offset along the operand's axis -> first value there
+                for v in cutlass.range_constexpr(cute.size(r)):
+                    off = offsets[v][axis]
+                    if cutlass.const_expr(off in first):
+                        r[v] = r[first[off]]
+                    else:
+                        first[off] = v
+                        if cutlass.const_expr(kind == "row"):
+                            m = row0 + cm0 + off
+                            if m < M:
+                                r[v] = t[m].to(cutlass.Float32)
+                        else:
+                            n = col0 + cn0 + off
+                            if n < N:
+                                r[v] = t[n].to(cutlass.Float32)
+            else:
+                for v in cutlass.range_constexpr(cute.size(r)):
+                    m = row0 + cm0 + offsets[v][0]
+                    n = col0 + cn0 + offsets[v][1]
                     if m < M:
                         if n < N:
                             r[v] = t[(m, n, batch)].to(cutlass.Float32)
