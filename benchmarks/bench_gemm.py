@@ -10,6 +10,8 @@ autotuning takes about a minute per shape and graph.
 
     python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,sweep] [--out FILE]
     python benchmarks/bench_gemm.py --set episweep --sweep-epilogue gelu --sweep-shapes 8192x8192x8192
+    python benchmarks/bench_gemm.py --set raster --sweep-epilogue gelu --sweep-shapes 2048x14336x4096
+    python benchmarks/bench_gemm.py --set defaults --sweep-epilogue gelu,silu --sweep-shapes 8192x8192x8192
     python benchmarks/bench_gemm.py --set fp8,fp8sweep --fp8-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --set custom --shapes 65536x128x4096,1024x1024x1024
     python benchmarks/bench_gemm.py --set compile --compile-shapes 8192x8192x8192,4096x4096x4096
@@ -543,6 +545,46 @@ def main() -> int:
         for act in [None, *[a for a in args.sweep_epilogue.split(",") if a]]:
             sweep(_shapes(args.sweep_shapes), result["streamk"], lambda: out.write_text(json.dumps(result, indent=1)),
                   act=act, pick=pick)
+    if "raster" in sets or "defaults" in sets:
+        from cuteforge.kernels.gemm.sm90.config import fit_swizzle, scheduled_clusters
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+        def v43_default(m: int, n: int, k: int, fused: bool, heavy: bool) -> Any:
+            """The v4.3 heuristic: cooperative tiles raster "m", stream-K wherever there is
+            a full wave (split or not)."""
+            d = default_config(m, n, k, sms, fused=fused, heavy=heavy)
+            if d.pingpong or d.tile_m == 64:
+                return d
+            d = fit_swizzle(replace(d, raster="m"), m, n)
+            return replace(d, stream_k=scheduled_clusters(d, m, n) >= sms // (d.cluster_m * d.cluster_n))
+
+        def pick_for(act: str | None):
+            heavy = act in ("gelu", "silu")
+
+            def pick(m: int, n: int, k: int, fused: bool) -> list[Any]:
+                d = default_config(m, n, k, sms, fused=fused, heavy=heavy)
+                if "defaults" in sets:
+                    # today's default, the v4.3 one, and (heavy) the cooperative default
+                    return list(dict.fromkeys([d, v43_default(m, n, k, fused, heavy),
+                                               default_config(m, n, k, sms, fused=fused)]))
+                # the default against its raster order flipped (swizzle fitted to the
+                # problem), with and without stream-K, and the cooperative 128x256 2x1 tile
+                out = []
+                for c in (d, GemmConfig(), GemmConfig(stream_k=True)):
+                    for r in ("m", "n"):
+                        out += [fit_swizzle(replace(c, raster=r), m, n)]
+                        if not c.pingpong:
+                            out += [fit_swizzle(replace(c, raster=r, stream_k=not c.stream_k), m, n)]
+                return list(dict.fromkeys([d, *out]))
+
+            return pick
+
+        tag = "defaults" if "defaults" in sets else "raster"
+        result[tag] = []
+        for act in [None, *[a for a in args.sweep_epilogue.split(",") if a]]:
+            sweep(_shapes(args.sweep_shapes), result[tag], lambda: out.write_text(json.dumps(result, indent=1)),
+                  act=act, pick=pick_for(act))
     if "compile" in sets:
         result["compile"] = compiled(_shapes(args.compile_shapes))
         out.write_text(json.dumps(result, indent=1))

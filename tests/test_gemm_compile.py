@@ -75,7 +75,9 @@ def test_config_validation() -> None:
     for c in candidate_configs(128, 4096):
         c.validate(2, 2, H100)
     assert default_config(16, 4096, 4096).tile_m == 64
-    assert default_config(8192, 8192, 8192) == GemmConfig(stream_k=True)
+    # stream-K only where the plan splits a last wave (v4.4): 8192^3's is 34 of 66 clusters
+    assert default_config(8192, 8192, 8192) == GemmConfig()
+    assert default_config(16384, 16384, 16384).stream_k and default_config(3072, 3072, 16384).stream_k
     assert default_config(16384, 16384, 1024).pingpong and default_config(1024, 1024, 1024).tile_n == 64
     assert default_config(1024, 1024, 1024).pingpong and not default_config(128, 4096, 4096).pingpong
     # sub-wave 128x64 tiles multicast A (the 128-row operand) across an N pair (v4.2);
@@ -524,10 +526,11 @@ def test_fused_default_config() -> None:
     """A fused epilogue gives the cooperative 128x256 default 64-wide store subtiles; the
     other tiles and the unfused default keep 32; every one fits sm_90 for 16-bit and fp32
     outputs and fp8 inputs."""
-    assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(epi_n=64, stream_k=True)
+    # fused cooperative tiles walk N first (raster "n", v4.4)
+    assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(epi_n=64, raster="n")
     # gelu / silu with K <= 4096 and >= 4 waves of 128x128 tiles: pingpong hides the epilogue
     pp = GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2)
-    coop = GemmConfig(epi_n=64, stream_k=True)
+    coop = GemmConfig(epi_n=64, raster="n")
     assert default_config(4096, 4096, 4096, fused=True, heavy=True) == pp
     assert default_config(2048, 14336, 4096, fused=True, heavy=True) == pp
     assert default_config(4096, 4096, 4096, fused=True) == coop  # relu, bias only: cheap
@@ -672,7 +675,7 @@ def test_tune_problem_factory_keys_like_ops_gemm() -> None:
         problem_factory("gemm_sm90_tn")((8, 8, 8), "float32", {})
     with pytest.raises(ValueError, match="no problem factory.*gemm_sm90_tn_col"):
         problem_factory("gemm_sm90_tn_row")
-    assert gemm_tune.tune_configs(8192, 8192, 8192, 132, 2, False)[0].stream_k  # the heuristic's own first
+    assert gemm_tune.tune_configs(16384, 16384, 16384, 132, 2, False)[0].stream_k  # the heuristic's own first
 
 
 def test_cli_param_parsing() -> None:

@@ -221,7 +221,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages for c in cands) and any(not (c.stages or c.cp_async) for c in cands)
     staged = {("layer", 32, 262144): (512, 16, 2), ("layer", 32, 196608): (512, 16, 2),  # v2.15: weight in registers
-              ("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 4),
+              ("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 6),
               ("layer", 16, 131072): (256, 8, 4), ("layer", 16, 262144): (256, 16, 4), ("layer", 32, 65536): (256, 8, 4),
               ("layer", 32, 131072): (256, 16, 4)}
     for (kind, bits, n), (threads, cluster, stages) in staged.items():

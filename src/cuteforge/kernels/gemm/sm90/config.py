@@ -299,15 +299,24 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # both ways in one run (1024^3: 213.7 vs 209.1 TFLOP/s; 2048x14336x4096 +2.2%).
     pingpong = (tm, tn) == (128, 64)
     epi_n = 64 if fused and (tm, tn) == (128, 256) else 32
-    cfg = fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong, epi_n=epi_n), m, n)
+    # A fused epilogue on a cooperative tile walks the clusters along N first (raster "n"):
+    # H200, two same-run sweeps (bench_gemm.py --set raster, gemm.md v4.4), bias + gelu on
+    # 128x256 2x1 without stream-K, raster n over m: +0.5 to +2 % at all six shapes.
+    raster = "n" if fused and not pingpong else "m"
+    cfg = fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong, epi_n=epi_n,
+                                 raster=raster), m, n)
     # Cooperative tiles of a problem with at least one full wave split a last wave that
-    # is at most half full along K (stream_k; the same schedule as without it where
-    # nothing is split). H100 same-run sweep (h100-gemm-streamk.json): 3072x3072x16384
-    # 0.809 -> 0.979x cuBLAS, 5120x5120x8192 0.895 -> 0.941x, within noise (+-1 %) where
-    # nothing is split. Sub-wave problems (split-K) measured slower (16x4096x14336
-    # 0.952 -> 0.910x, 1024^3 on 128x256 tiles 0.42x): the fixup costs more than the
-    # shorter runs save there, so the default keeps whole tiles.
-    if not pingpong and scheduled_clusters(cfg, m, n) >= sm_count // (cm * cn):
+    # is at most half full along K (stream_k). H100 same-run sweep (h100-gemm-streamk.json):
+    # 3072x3072x16384 0.809 -> 0.979x cuBLAS, 5120x5120x8192 0.895 -> 0.941x. Sub-wave
+    # problems (split-K) measured slower (16x4096x14336 0.952 -> 0.910x, 1024^3 on 128x256
+    # tiles 0.42x): the fixup costs more than the shorter runs save there, so the default
+    # keeps whole tiles. Where the plan splits nothing (a last wave more than half full)
+    # the stream-K kernel runs the same schedule with more code: level to -2 % plain, -1 to
+    # -4 % with a fused bias + gelu on the H200 (gemm.md v4.4), so it is set only where it
+    # splits (with K unknown: wherever there is a full wave).
+    clusters = scheduled_clusters(cfg, m, n)
+    workers = sm_count // (cm * cn)
+    if not pingpong and clusters >= workers and (k is None or stream_k_split(clusters, workers, -(-k // 64))[0]):
         cfg = replace(cfg, stream_k=True)
     return cfg
 
