@@ -3,6 +3,7 @@ specializations (PTX must hold wgmma, TMA and the fused math), argument errors."
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -36,6 +37,16 @@ def test_plain_bf16_tn_default_config() -> None:
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in ptx
     assert "cp.async.bulk.tensor" in ptx and "multicast" in ptx  # 2x1 cluster: B multicast
     assert "stmatrix" in ptx and "setmaxnreg" in ptx
+
+
+def test_bias_loaded_once_per_distinct_offset() -> None:
+    """A column (row) bias is loaded once per distinct column (row) a thread's accumulator
+    values sit in, not once per value (v4.4): on the cooperative 128x256 tile a thread holds
+    128 values per tile, in 64 columns, and per 64x32 subtile 2 rows (8 subtiles)."""
+    cfg = GemmConfig()
+    loads = {kind: len(re.findall(r"\bld\.global", _ptx(True, True, ("bfloat16",) * 4, GemmEpilogue.preset("none", bias=kind), cfg)))
+             for kind in ("col", "row")}
+    assert loads == {"col": 64, "row": 16}, loads
 
 
 def test_fused_bias_gelu_and_fusion_epilogue() -> None:
@@ -339,8 +350,6 @@ def test_fp8_compiles() -> None:
     """fp8 WGMMA (k32, both operands K-major) for e4m3, e5m2 and a mix, with and without a
     fused bias epilogue; the per-tensor scales multiply the accumulator (one fp32 multiply
     per accumulator register, which the 16-bit kernel does not have)."""
-    import re
-
     ptx = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16"))
     assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3" in ptx and "multicast" in ptx
     assert len(re.findall(r"\bmul(\.rn)?\.f32", ptx)) >= 128
