@@ -27,6 +27,13 @@ elements (x read, y written), as bench_longrow.py counts a forward.
 
     python benchmarks/bench_norm_staged.py --fwd --dtypes bfloat16,float16,float32 \\
         --ns 4096,8192,16384,32768,65536,131072,262144 --out $OUT/h200-norm-staged-fwd.json
+
+``--residual`` fuses the residual add (x + r is normalised and written too; bytes 4 M N);
+``--configs "NormConfig(...);..."`` times those configs beside each shape's default (a
+previous default, say), with ``--defaults-only`` nothing else:
+
+    python benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes float32 --ns 262144 \\
+        --defaults-only --residual --configs "NormConfig(512,512,16,2,exchange='mbar',cp_async=1)" --out X.json
 """
 
 from __future__ import annotations
