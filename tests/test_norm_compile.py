@@ -710,6 +710,23 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
     assert regs * cfg.threads * cfg.ctas_per_sm <= 65536, regs
 
 
+@pytest.mark.parametrize("xd, res", [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)])
+def test_held_fp32_weight_never_spills(kernels, xd, res):
+    """Every staged forward candidate of LayerNorm at N = 262144 with an fp32 weight and bias
+    (fp32 x, or bf16 x: chunks the weight does not fit beside, v2.15 holds it in registers
+    within half the budget) assembles with no local memory, residual fused or not."""
+    from cuteforge.kernels.norm.config import longrow_staged_fwd_candidates
+
+    bits = 32 if xd == "float32" else 16
+    cands = longrow_staged_fwd_candidates(262144, bits)
+    assert cands
+    for cfg in cands:
+        _, _, ptx = _compile_fwd_case(kernels[0], "layer", xd, "float32", 262144, True, res, cfg)
+        info = ptxas_no_spill(ptx)
+        regs = int(re.search(r"Used (\d+) registers", info).group(1))
+        assert regs * cfg.threads * cfg.ctas_per_sm <= 65536, (cfg, regs)
+
+
 def test_staged_fwd_misaligned_rows_build_the_register_path(kernels):
     """A staged forward config on rows that are not 16-byte aligned builds the register
     forward's default instead (no bulk copies)."""
