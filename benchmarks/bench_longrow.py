@@ -138,14 +138,14 @@ def _norm_case(op: str, dt: str, n: int, m: int) -> dict[str, Any]:
     return {"x": x, "w": w, "b": b, "y": torch.empty_like(x), "mean": torch.empty_like(stats), "rstd": stats}
 
 
-def _norm_key_params(op: str, case: dict[str, Any]) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+def _norm_key_params(op: str, case: dict[str, Any], residual: bool = False) -> tuple[Any, tuple[tuple[str, Any], ...]]:
     from cuteforge.kernels.norm.spec import norm_fwd
 
     x, w, b, y, r = case["x"], case["w"], case["b"], case["y"], case["rstd"]
     key = norm_fwd.signature.bind((x[:1], w, w if b is None else b, x[:1], y[:1], y[:1], r[:1], r[:1]), "bench_longrow")
     kind = "rms" if op == "rms_norm" else "layer"
     eps = 1e-6 if kind == "rms" else 1e-5
-    return key, (("eps", eps), ("has_bias", b is not None), ("has_residual", False), ("kind", kind))
+    return key, (("eps", eps), ("has_bias", b is not None), ("has_residual", residual), ("kind", kind))
 
 
 def _norm_check(y: torch.Tensor, ref: torch.Tensor, dt: str) -> dict[str, Any]:

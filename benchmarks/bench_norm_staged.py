@@ -178,13 +178,8 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     tc = time.time()
     jobs = []
     res = args.residual
-
-    def key_params(op: str, case: dict[str, Any]) -> tuple[Any, tuple[tuple[str, Any], ...]]:
-        key, nparams = _norm_key_params(op, case)
-        return key, tuple((k, res if k == "has_residual" else v) for k, v in nparams)
-
     for op, dt, n, c, _ in todo:
-        key, nparams = key_params(op, _norm_case(op, dt, n, 1))
+        key, nparams = _norm_key_params(op, _norm_case(op, dt, n, 1), res)
         jobs.append(CompileJob.of(norm_fwd, key, nparams, c, arch))
     outcomes = compile_all(jobs)
     failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
@@ -233,7 +228,7 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
                 shape["quack"] = {**_time(lambda qn=qn, c=case: qn(c), nbytes), **_norm_check(qy, ref, dt)}
             except Exception as e:  # reported, never fatal
                 shape["quack"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-        key, nparams = key_params(op, case)
+        key, nparams = _norm_key_params(op, case, res)
         bb = w if b is None else b
         for i, c, d in cfgs:
             row: dict[str, Any] = {"config": repr(c), "threads": c.threads, "cluster_n": c.cluster_n,
