@@ -57,10 +57,6 @@ def test_fused_bias_gelu_and_fusion_epilogue() -> None:
     ep = Epilogue.from_fn(lambda acc, s, r: silu(acc * s) + r, s="row", r="full")
     ptx = _ptx(False, False, ("float16", "float16", "float32", "float32", "bfloat16"), GemmEpilogue.from_fusion(ep))
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx and ("ex2.approx" in ptx or "tanh.approx" in ptx)
-    assert GemmEpilogue.from_fusion(ep).heavy  # silu: the heuristic's heavy-epilogue tile
-    from cuteforge.fusion import relu
-
-    assert not GemmEpilogue.from_fusion(Epilogue.from_fn(lambda acc, s: relu(acc * s), s="row")).heavy
 
 
 def test_other_tiles_compile() -> None:
@@ -537,17 +533,13 @@ def test_fused_default_config() -> None:
     outputs and fp8 inputs."""
     # fused cooperative tiles walk N first (raster "n", v4.4)
     assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(epi_n=64, raster="n")
-    # gelu / silu with K <= 4096 and >= 4 waves of 128x128 tiles: pingpong hides the epilogue
-    pp = GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2)
+    # every fused epilogue, gelu / silu included, keeps the cooperative tile (v4.5: its
+    # stores overlap the next mainloop; the v4.1 pingpong rule for them is gone)
     coop = GemmConfig(epi_n=64, raster="n")
-    assert default_config(4096, 4096, 4096, fused=True, heavy=True) == pp
-    assert default_config(2048, 14336, 4096, fused=True, heavy=True) == pp
-    assert default_config(4096, 4096, 4096, fused=True) == coop  # relu, bias only: cheap
-    assert default_config(8192, 8192, 8192, fused=True, heavy=True) == coop  # long mainloop per tile
-    assert default_config(2048, 4096, 4096, fused=True, heavy=True) == coop  # < 4 waves
-    assert default_config(4096, 4096, 4096, 132, 1, fused=True, heavy=True) == replace(coop, tile_k=128)  # fp8: unmeasured
-    assert GemmEpilogue.preset("gelu", bias="col").heavy and GemmEpilogue.preset("silu").heavy
-    assert not GemmEpilogue.preset("relu", bias="col").heavy and not GemmEpilogue.preset("none", bias="col").heavy
+    assert default_config(4096, 4096, 4096, fused=True) == coop
+    assert default_config(2048, 14336, 4096, fused=True) == coop
+    assert default_config(4096, 4096, 4096, 132, 1, fused=True) == replace(coop, tile_k=128)
+    assert coop.store_overlap and default_config(8192, 8192, 8192).store_overlap
     assert default_config(8192, 8192, 8192).epi_n == 32
     assert default_config(16384, 16384, 1024, fused=True).epi_n == 32  # pingpong 128x128
     assert default_config(1024, 1024, 1024, fused=True).epi_n == 32  # 128x64

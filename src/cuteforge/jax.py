@@ -832,7 +832,7 @@ def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tup
     if tuned is not None:
         cfg = fit_swizzle(tuned, pm, pn)
     else:
-        cfg = default_config(pm, pn, pk, sms, ab, fused=epi is not None, heavy=epi is not None and epi.heavy)
+        cfg = default_config(pm, pn, pk, sms, ab, fused=epi is not None)
     cfg = replace(cfg, stream_k=False)  # no persistent zeroed workspace under XLA
     # FFI buffers: inputs a, b[, bias]; output out. Kernel order: a, b, out, work[, bias].
     forms = (("raw", 3), ("raw", 3)) + ((("raw", 1),) if bias is not None else ()) + (("raw", 3),)

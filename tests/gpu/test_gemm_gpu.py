@@ -173,6 +173,33 @@ def test_pingpong_batched_fused(tm: int, tn: int) -> None:
     _close(gemm(a, b, config=cfg, out_dtype=torch.float32), _ref(a, b), 2048)
 
 
+@pytest.mark.parametrize("k", [64, 200, 1000])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_store_overlap_many_tiles(k: int, overlap: bool) -> None:
+    """store_overlap holds each tile's converted output and stores it under the next
+    tile's first k-blocks: every CTA runs several ragged tiles, K of 1 and 4 k-blocks
+    (fewer than the 8 / 4 subtiles a held tile stores, so stores outlast the mainloop)
+    and 16; plain, fused, 64-wide subtiles, 128x128 tiles, fp16 out, batched, stream-K."""
+    from dataclasses import replace
+
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    a = torch.randn(2, 2049, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2, k, 4103, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(4103, device="cuda", dtype=torch.bfloat16)
+    ref = _ref(a, b)
+    gelu = F.gelu(ref + bias.float(), approximate="tanh")
+    for cfg in (GemmConfig(), GemmConfig(epi_n=64, raster="n"), GemmConfig(tile_n=128, cluster_m=1, cluster_n=2),
+                GemmConfig(stream_k=True)):
+        cfg = replace(cfg, store_overlap=overlap)
+        try:
+            _close(gemm(a, b, config=cfg), ref, k)
+            _close(gemm(a, b, bias=bias, epilogue="gelu", config=cfg, out_dtype=torch.float16), gelu, k)
+            _close(gemm(a[0], b[0], bias=bias, epilogue="gelu", config=cfg), gelu[0], k)
+        except AssertionError as e:
+            raise AssertionError(f"config {cfg}: {e}") from None
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [((0, 64), (64, 24)), ((16, 64), (64, 0)), ((16, 0), (0, 24)), ((0, 16, 64), (0, 64, 24))])
 def test_empty_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
     """M, N, K or L == 0: torch's answer (K == 0: the epilogue of a zero accumulator)."""
@@ -369,8 +396,7 @@ def test_fp8_torch_compile_and_errors() -> None:
 @pytest.mark.parametrize("act", ["none", "gelu", "silu"])
 def test_fused_default_takes_64_wide_subtiles(act: str) -> None:
     """With a fused epilogue the heuristic's cooperative 128x256 tile stores 64-wide
-    subtiles (epi_n=64): ragged M, N and K, a column bias, against torch. (Fewer than 4
-    waves of 128x128 tiles: with more, a fused default is pingpong 128x128.)"""
+    subtiles (epi_n=64): ragged M, N and K, a column bias, against torch."""
     from cuteforge.kernels.gemm.sm90.config import default_config
 
     m, n, k = 2000, 3000, 1100
@@ -385,14 +411,15 @@ def test_fused_default_takes_64_wide_subtiles(act: str) -> None:
 
 
 @pytest.mark.parametrize("act", ["gelu", "silu"])
-def test_fused_default_pingpong(act: str) -> None:
-    """gelu / silu on >= 4 waves of 128x128 tiles with K <= 4096 default to the pingpong
-    128x128 c1x2 tile: ragged M, N and K, with a column bias and a residual."""
+def test_fused_default_many_waves(act: str) -> None:
+    """gelu / silu on >= 4 waves of tiles with K <= 4096 (pingpong 128x128 until v4.4) take
+    the cooperative default with overlapped stores: ragged M, N and K, with a column bias
+    and a residual."""
     from cuteforge.kernels.gemm.sm90.config import default_config
 
     m, n, k = 4001, 3000, 1100
-    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True, heavy=True)
-    assert cfg.pingpong and (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.cluster_n) == (128, 128, 1, 2), cfg
+    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
+    assert not cfg.pingpong and cfg.store_overlap and (cfg.tile_m, cfg.tile_n) == (128, 256), cfg
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)

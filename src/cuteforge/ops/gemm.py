@@ -328,7 +328,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     elif tuned is not None:
         cfg = fit_swizzle(tuned, M, N)
     else:
-        cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None, heavy=epi is not None and epi.heavy)
+        cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None)
     launch = kern.get(key, tuple(sorted(params)), cfg)
     work = _workspace(a.device.index, cfg, sms, M, N, K, L)
     if plain and n_pad == N and not scales:

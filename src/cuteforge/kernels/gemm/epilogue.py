@@ -14,15 +14,12 @@ one fragment per operand, in the accumulator's thread-value layout). Two sources
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 TENSOR_KINDS = ("row", "col", "full")
-# fusion expression functions that cost a MUFU op (or several) per element
-HEAVY_FUNCTIONS = ("exp", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu", "erf", "log", "sqrt", "rsqrt")
 
 _GELU_K0 = 0.7978845608028654  # sqrt(2 / pi)
 _GELU_K1 = 0.044715
@@ -110,15 +107,6 @@ class GemmEpilogue:
             if kind not in TENSOR_KINDS:
                 raise ValueError(f"epilogue operand {name!r}: kind {kind!r} is not supported by the GEMM (row, col, full)")
         return GemmEpilogue("fusion:" + str(ep.key), tuple(kind for _, kind in ep.operands))
-
-    @property
-    def heavy(self) -> bool:
-        """Transcendental math per element (gelu, silu, or a fusion expression with exp,
-        tanh, sigmoid, erf, log, sqrt ...): the heuristic then prefers a tile that hides the
-        epilogue under MMAs (`default_config(heavy=True)`)."""
-        if self.key.startswith("fusion:"):  # the expression's operators: "(name " in its s-expression
-            return any(op in HEAVY_FUNCTIONS for op in re.findall(r"\(([a-z_]+) ", self.key))
-        return self._preset_fields()[0] in ("gelu", "silu")
 
     def _fusion(self) -> Any:
         from ...fusion import Epilogue

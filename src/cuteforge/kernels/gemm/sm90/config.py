@@ -38,6 +38,11 @@ class GemmConfig:
       before the epilogue. Sub-wave problems (fewer tiles than clusters, e.g. small M)
       become split-K. The kernel decides per launch from the runtime extents and runs
       whole tiles where no split applies.
+    store_overlap: (cooperative tiles with a 16-bit output) the epilogue math runs as soon
+      as a tile's accumulator is complete, but the converted tile stays in registers and
+      its subtiles go out (st.matrix, barrier, TMA store) one per k-block under the next
+      tile's first MMAs, so the tensor cores wait only for the math. False: the subtiles
+      are stored before the next mainloop starts (v4.4).
     """
 
     tile_m: int = 128
@@ -51,6 +56,7 @@ class GemmConfig:
     epi_n: int = 32
     pingpong: bool = False
     stream_k: bool = False
+    store_overlap: bool = True
 
     @property
     def mma_wgs(self) -> int:
@@ -224,7 +230,7 @@ def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
 
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
-                   fused: bool = False, heavy: bool = False, decode_split: bool = True) -> GemmConfig:
+                   fused: bool = False, decode_split: bool = True) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -238,28 +244,19 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     stores 64-wide subtiles (`epi_n=64`, half the epilogue barriers; the staging buffers
     then cost the ring one stage): same-run sweeps measured +0.3 % to +3.7 %
     (h200-gemm-episweep.json, h200-gemm-biassweep.json; docs/kernels/gemm.md v3.1).
-    `heavy` (the epilogue has transcendental math: gelu, silu, exp, ...; implies fused):
-    with K <= 4096 and at least 4 waves of 128x128 tiles, pingpong 128x128 c1x2 (v4.1;
-    16-bit inputs: fp8 keeps its cooperative tile, not measured with this rule).
+    v4.1-v4.4 ran gelu / silu (K <= 4096, >= 4 waves of 128x128 tiles) on pingpong 128x128
+    c1x2 to hide the epilogue math; v4.5's store_overlap made the cooperative tile level
+    to 4 % ahead there (docs/kernels/gemm.md v4.5), so every fused epilogue takes it.
     `decode_split`: M <= 32 with K >= 8192 on 64x64 tiles runs single CTAs with stream-K
     (v4.3; the fp8 path turns it off: measured on 16-bit inputs only).
     """
     if in_bytes != 2:
         # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks.
-        # (not `heavy`: the pingpong rule below was measured for 16-bit inputs only)
         return replace(default_config(m, n, k, sm_count, fused=fused, decode_split=False), tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
     if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
         return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, raster="n"), m, n)
-    if heavy and k is not None and k <= 4096 and m > 128 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
-        # gelu / silu on a cooperative tile stall the tensor cores for their math; the
-        # pingpong tile hides it under the other warpgroup's mainloop, which pays where the
-        # mainloop per tile is short. H100, same run (bench_gemm.py, h100-gemm-v4.1-epilogue.json),
-        # over the cooperative 128x256 epi_n=64 tile: bias+gelu 4096^3 +6.5 %, 2048x14336x4096
-        # +3.9 %; bias+silu +6.5 % / +0.7 %; but 8192^3 -0.8 % / -0.5 % and relu (no bias, one
-        # op) -2.5 % to -7.2 %, so cheap epilogues and K > 4096 stay cooperative (gemm.md v4.1).
-        return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, cluster_m=1, cluster_n=2), m, n)
     if m <= 64:
         shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
     elif m <= 128:

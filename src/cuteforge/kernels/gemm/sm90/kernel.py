@@ -13,7 +13,10 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
   epilogue: per (epi_m x epi_n) subtile, copy the accumulator fragment, apply the fused
   elementwise epilogue in fp32, convert, st.matrix into a staged smem buffer, one
   thread issues the TMA store. The producer already fills the ring for the next tile
-  while the consumers run the epilogue.
+  while the consumers run the epilogue. With `cfg.store_overlap` (cooperative, 16-bit
+  out) the converted tile stays in registers instead, and its subtiles are stored one
+  per k-block under the next tile's first wgmma batches (the first n_epi k-blocks of
+  every mainloop are unrolled for it; the last tile's are stored after the loop).
 - schedule: the linear cluster order of `StaticPersistentTileScheduler` over (M-tiles,
   N-tiles, L), grouped ("swizzled") rasterization so a band of A and B stays in L2;
   cluster c runs tiles c, c + clusters, ... Each cluster walks its work as a sequence
@@ -119,6 +122,9 @@ class Sm90Gemm:
         self.ab_dtype = mA.element_type
         self.b_dtype = mB.element_type
         self.d_dtype = mD.element_type
+        # Held converted tiles cost tile_m * tile_n / (2 * threads) registers at 16 bits;
+        # pingpong already runs its epilogue under the other warpgroup's mainloop.
+        self.overlap = self.cfg.store_overlap and not self.pingpong and self.d_dtype.width == 16
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
             self.b_dtype,
@@ -394,7 +400,14 @@ class Sm90Gemm:
                 release.advance(cutlass.Int32(k_tiles))
             else:
                 cute.arch.barrier_arrive(barrier_id=3, number_of_threads=2 * WG)
-        tiles_done = cutlass.Int32(0)  # epilogues run: the staging buffers rotate with it
+        tiles_done = cutlass.Int32(0)  # tiles stored: the staging buffers rotate with it
+        # store_overlap: the last tile's converted subtiles, stored under the next mainloop.
+        n_epi = (self.tile[0] // self.epi_tile[0]) * (self.tile[1] // self.epi_tile[1])
+        held = [cute.make_rmem_tensor(frag_shape, self.d_dtype) for _ in range(n_epi if self.overlap else 0)]
+        pending = cutlass.Int32(0)  # 1 while `held` waits for its stores
+        held_m = cutlass.Int32(0)
+        held_n = cutlass.Int32(0)
+        held_l = cutlass.Int32(0)
         while v < v_end:
             tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end)
             tile_m, tile_n, tile_l = sched._get_current_work_for_linear_idx(tile).tile_idx
@@ -403,15 +416,31 @@ class Sm90Gemm:
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             if cutlass.const_expr(self.pingpong):
                 cute.arch.barrier(barrier_id=3 + grp, number_of_threads=2 * WG)  # our turn
-            for k in cutlass.range(ke - kb, unroll=1):
+            k_first = 0
+            if cutlass.const_expr(self.overlap):
+                # The first n_epi k-blocks, unrolled (a subtile's registers need a static
+                # index): each stores one subtile of the held tile while its wgmma batch
+                # runs. A segment shorter than n_epi k-blocks still stores them all.
+                for e in cutlass.range_constexpr(n_epi):
+                    if e < ke - kb:
+                        ab_pipe.consumer_wait(read)
+                        self.mma_batch(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
+                    if pending > 0:
+                        self.store_subtile(held[e], e, held_m, held_n, held_l, tiles_done, n_bufs, grp, warp, store_warp, r2s,
+                                           tRS_sD, sD, tma_d, gD, store_pipe, epi_bar)
+                    if e < ke - kb:
+                        warpgroup.wait_group(1)
+                        if cutlass.const_expr(e > 0):
+                            ab_pipe.consumer_release(release)
+                            release.advance()
+                        read.advance()
+                if pending > 0:
+                    tiles_done += 1
+                pending = cutlass.Int32(0)
+                k_first = n_epi
+            for k in cutlass.range(k_first, ke - kb, unroll=1):
                 ab_pipe.consumer_wait(read)
-                # Order this batch after the register writes before it (fill, previous
-                # batch): without the fence ptxas injects its own and serializes wgmma.
-                warpgroup.fence()
-                for kblk in cutlass.range_constexpr(k_blocks):
-                    coord = (None, None, kblk, read.index)
-                    cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                warpgroup.commit_group()
+                self.mma_batch(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
                 warpgroup.wait_group(1)
                 if k > 0:
                     ab_pipe.consumer_release(release)
@@ -432,32 +461,56 @@ class Sm90Gemm:
                     self.epilogue(
                         acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,
                         tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release,
-                        False,
+                        False, held,
                     )
-                    tiles_done += 1
+                    if cutlass.const_expr(self.overlap):
+                        pending = cutlass.Int32(1)
+                        held_m, held_n, held_l = tile_m, tile_n, tile_l
+                    else:
+                        tiles_done += 1
             else:
                 self.epilogue(
                     acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,
-                    tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, True,
+                    tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, True, held,
                 )
-                tiles_done += 1
+                if cutlass.const_expr(self.overlap):
+                    pending = cutlass.Int32(1)
+                    held_m, held_n, held_l = tile_m, tile_n, tile_l
+                else:
+                    tiles_done += 1
             if cutlass.const_expr(self.pingpong):
                 # Skip the other warpgroup's next tile and its k-blocks in the ring.
                 v += k_tiles
                 read.advance(cutlass.Int32(k_tiles))
                 release.advance(cutlass.Int32(k_tiles))
             v += ke - kb
+        if cutlass.const_expr(self.overlap):
+            if pending > 0:  # the last tile's subtiles
+                for e in cutlass.range_constexpr(n_epi):
+                    self.store_subtile(held[e], e, held_m, held_n, held_l, tiles_done, n_bufs, grp, warp, store_warp, r2s,
+                                       tRS_sD, sD, tma_d, gD, store_pipe, epi_bar)
         store_pipe.producer_tail()
 
     @cute.jit
+    def mma_batch(self, tiled_mma, acc, tCrA, tCrB, stage, k_blocks) -> None:  # noqa: ANN001
+        """Issue one ring stage's wgmma batch into `acc` and commit it."""
+        # Order this batch after the register writes before it (fill, previous batch):
+        # without the fence ptxas injects its own and serializes wgmma.
+        warpgroup.fence()
+        for kblk in cutlass.range_constexpr(k_blocks):
+            coord = (None, None, kblk, stage)
+            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
     def epilogue(self, acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,  # noqa: ANN001
-                 tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, drain) -> None:
-        """Per (epi_m x epi_n) subtile: the fused function on the accumulator, convert,
-        st.matrix into a staging buffer, one warp's TMA store. `drain`: the last wgmma
-        batch is still in flight (wait for it and free its stage here, after issuing the
-        first subtile's operand loads, so their latency hides behind the MMAs)."""
-        gD_tile = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile)
-        epi_shape = gD_tile.shape[1]
+                 tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, drain, held) -> None:
+        """Per (epi_m x epi_n) subtile: the fused function on the accumulator, convert, then
+        either keep it in `held` (store_overlap: stored under the next mainloop) or store it
+        now (`store_subtile`). `drain`: the last wgmma batch is still in flight (wait for
+        it and free its stage here, after issuing the first subtile's operand loads, so
+        their latency hides behind the MMAs)."""
+        epi_shape = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile).shape[1]
         epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
         n_epi = cute.size(epi_shape)
         frag = cute.size(rD)
@@ -470,31 +523,44 @@ class Sm90Gemm:
             warpgroup.wait_group(0)
             ab_pipe.consumer_release(release)
             release.advance()
-        bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_tile)
-        done = tiles_done * n_epi
         for e in cutlass.range_constexpr(n_epi):
             for v in cutlass.range_constexpr(frag):
                 if cutlass.const_expr(self.scaled):
                     rD[v] = tRS_acc[e * frag + v] * scale
                 else:
                     rD[v] = tRS_acc[e * frag + v]
-            epi_coord = epi_order.get_hier_coord(e)
             if cutlass.const_expr(self.epi_fn is not None):
                 ops = nxt
                 if cutlass.const_expr(e + 1 < n_epi):
                     nxt = self.subtile_operands(mD, tRS_cD, epi_order, e + 1, tile_m, tile_n, tile_l, e0, e1, e2)
                 rD.store(self.epi_fn(rD.load(), *ops))
-            rOut.store(rD.load().to(self.d_dtype))
-            buf = (done + e) % n_bufs + grp * n_bufs
-            cute.copy(r2s, rOut, tRS_sD[(None, None, None, buf)])
-            # Make the generic-proxy smem writes visible to the TMA (async proxy).
-            cute.arch.fence_proxy("async.shared", space="cta")
-            epi_bar.arrive_and_wait()
-            if warp == store_warp:
-                cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_coord)])
-                store_pipe.producer_commit()
-                store_pipe.producer_acquire()
-            epi_bar.arrive_and_wait()
+            if cutlass.const_expr(self.overlap):
+                held[e].store(rD.load().to(self.d_dtype))
+            else:
+                rOut.store(rD.load().to(self.d_dtype))
+                self.store_subtile(rOut, e, tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, r2s, tRS_sD,
+                                   sD, tma_d, gD, store_pipe, epi_bar)
+
+    @cute.jit
+    def store_subtile(self, frag, e, tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, r2s, tRS_sD, sD,  # noqa: ANN001
+                      tma_d, gD, store_pipe, epi_bar) -> None:
+        """Subtile `e` of tile (tile_m, tile_n, tile_l) from registers `frag`: st.matrix into
+        the next staging buffer, then the group's store warp issues the TMA store and waits
+        until the oldest buffer has been read (so the next subtile may overwrite it)."""
+        gD_tile = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile)
+        epi_shape = gD_tile.shape[1]
+        epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+        bSG_sD, bSG_gD = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_tile)
+        buf = (tiles_done * cute.size(epi_shape) + e) % n_bufs + grp * n_bufs
+        cute.copy(r2s, frag, tRS_sD[(None, None, None, buf)])
+        # Make the generic-proxy smem writes visible to the TMA (async proxy).
+        cute.arch.fence_proxy("async.shared", space="cta")
+        epi_bar.arrive_and_wait()
+        if warp == store_warp:
+            cute.copy(tma_d, bSG_sD[(None, buf)], bSG_gD[(None, epi_order.get_hier_coord(e))])
+            store_pipe.producer_commit()
+            store_pipe.producer_acquire()
+        epi_bar.arrive_and_wait()
 
     # ---- stream-K fixup through the workspace ----------------------------------------------
     @cute.jit
