@@ -62,18 +62,25 @@ def _quack() -> Any:
         return None
 
 
-ROUNDS = 3
+ROUNDS = 4
 
 
-def measure(fns: dict[str, Any]) -> dict[str, float]:
-    """Median ms of each contender over ROUNDS interleaved rounds (each round is a
-    `timing.bench` median): clock and power drift hit every contender alike."""
+def measure(fns: dict[str, Any], rounds: int | None = None) -> dict[str, float]:
+    """Median ms of each contender over interleaved rounds (each round is a `timing.bench`
+    median), so that clock and power drift hit every contender alike. Round r starts the
+    list at a different contender (offset r * len / rounds): with a fixed order the first
+    one listed read up to 2-3.5 % faster than an identical kernel listed later (gemm.md
+    v4.5), and cuBLAS is always listed first. With as many rounds as contenders, each
+    contender takes each position once."""
     import statistics
 
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
-            times[name].append(timing.bench(fn, warmup_ms=10.0, rep_ms=60.0))
+    rounds = rounds or ROUNDS
+    names = list(fns)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        start = r * len(names) // rounds
+        for name in names[start:] + names[:start]:
+            times[name].append(timing.bench(fns[name], warmup_ms=10.0, rep_ms=60.0))
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -505,7 +512,8 @@ def main() -> int:
         "torch": torch.__version__,
         "quack": getattr(sys.modules.get("quack"), "__version__", None),
         "layout": "A (M,K) row-major, B = W.t() with W (N,K): TN; bf16 in/out, fp32 accumulate",
-        "timing": "cuteforge.timing.bench: CUDA events, L2 flushed before each rep, median",
+        "timing": ("cuteforge.timing.bench: CUDA events, L2 flushed before each rep, median; the median of "
+                   f"{ROUNDS} interleaved rounds, each round starting at a different contender"),
         "torch_compile": "the 'compile' set: torch.compile(mode='max-autotune-no-cudagraphs') at --compile-shapes",
     }
     t0 = time.time()
