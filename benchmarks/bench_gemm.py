@@ -63,22 +63,27 @@ def _quack() -> Any:
 
 
 ROUNDS = 4
+BALANCED_UP_TO = 6  # contenders: up to this many, every one takes every position equally often
 
 
 def measure(fns: dict[str, Any], rounds: int | None = None) -> dict[str, float]:
     """Median ms of each contender over interleaved rounds (each round is a `timing.bench`
-    median), so that clock and power drift hit every contender alike. Round r starts the
-    list at a different contender (offset r * len / rounds): with a fixed order the first
-    one listed read up to 2-3.5 % faster than an identical kernel listed later (gemm.md
-    v4.5), and cuBLAS is always listed first. With as many rounds as contenders, each
-    contender takes each position once."""
+    median), so that clock and power drift hit every contender alike. Each round starts the
+    list at a different contender: with a fixed order, a kernel read up to 3 % apart from an
+    identical copy of itself listed elsewhere (gemm.md v4.6). Up to BALANCED_UP_TO
+    contenders, the rounds are a multiple of their count (at least `rounds`) and round r
+    starts at contender r, so each takes each position equally often; longer lists (config
+    sweeps) get `rounds` rounds starting at evenly spaced contenders."""
     import statistics
 
     rounds = rounds or ROUNDS
     names = list(fns)
+    n = len(names)
+    if n <= BALANCED_UP_TO:
+        rounds = -(-rounds // n) * n
     times: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
-        start = r * len(names) // rounds
+        start = r % n if n <= BALANCED_UP_TO else r * n // rounds
         for name in names[start:] + names[:start]:
             times[name].append(timing.bench(fns[name], warmup_ms=10.0, rep_ms=60.0))
     return {k: statistics.median(v) for k, v in times.items()}
@@ -513,7 +518,8 @@ def main() -> int:
         "quack": getattr(sys.modules.get("quack"), "__version__", None),
         "layout": "A (M,K) row-major, B = W.t() with W (N,K): TN; bf16 in/out, fp32 accumulate",
         "timing": ("cuteforge.timing.bench: CUDA events, L2 flushed before each rep, median; the median of "
-                   f"{ROUNDS} interleaved rounds, each round starting at a different contender"),
+                   f"interleaved rounds (at least {ROUNDS}), each starting at a different contender; up to "
+                   f"{BALANCED_UP_TO} contenders, each takes each position equally often"),
         "torch_compile": "the 'compile' set: torch.compile(mode='max-autotune-no-cudagraphs') at --compile-shapes",
     }
     t0 = time.time()
