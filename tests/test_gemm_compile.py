@@ -687,9 +687,7 @@ def test_cli_param_parsing() -> None:
         _params(["gelu"])
 
 
-def test_bench_flags_wrong_results() -> None:
-    """bench_gemm.py lists every contender whose error against the reference is above
-    ERR_TOL (or NaN) under "flagged" and exits 1; rounding-level errors pass."""
+def _bench_gemm():
     import importlib.util
     from pathlib import Path
 
@@ -697,6 +695,36 @@ def test_bench_flags_wrong_results() -> None:
     spec = importlib.util.spec_from_file_location("bench_gemm_for_test", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7, 13])
+def test_bench_measure_rotates_the_order(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_gemm.measure times every contender once per round and starts each round at a
+    different contender; up to BALANCED_UP_TO contenders each takes each position equally
+    often (gemm.md v4.6: a fixed order favoured one position by up to 3 %)."""
+    from collections import Counter
+
+    bench = _bench_gemm()
+    calls: list[int] = []
+    monkeypatch.setattr(bench.timing, "bench", lambda fn, **kw: calls.append(fn()) or 1.0)
+    ms = bench.measure({i: (lambda i=i: i) for i in range(n)})
+    assert ms == {i: 1.0 for i in range(n)}
+    rounds = len(calls) // n
+    assert len(calls) == rounds * n and rounds >= bench.ROUNDS
+    orders = [calls[r * n:(r + 1) * n] for r in range(rounds)]
+    assert all(sorted(o) == list(range(n)) for o in orders)  # each round: everyone once
+    positions = Counter((pos, c) for o in orders for pos, c in enumerate(o))
+    if n <= bench.BALANCED_UP_TO:
+        assert set(positions.values()) == {rounds // n}, positions
+    else:
+        assert len({o[0] for o in orders}) == rounds  # every round starts elsewhere
+
+
+def test_bench_flags_wrong_results() -> None:
+    """bench_gemm.py lists every contender whose error against the reference is above
+    ERR_TOL (or NaN) under "flagged" and exits 1; rounding-level errors pass."""
+    bench = _bench_gemm()
     result = {"command": "x", "plain": [{"set": "bar", "M": 8, "N": 8, "K": 8, "cuteforge_rel_err": 0.004, "quack_rel_err": 0.5}],
               "epilogue": [{"M": 8, "N": 8, "K": 8, "epilogue": "bias+gelu", "cuteforge_rel_err": float("nan")}],
               "config_sweep": [{"M": 8, "N": 8, "K": 8, "config": "c", "rel_err": 0.03}, {"config": "d", "error": "boom"}]}
