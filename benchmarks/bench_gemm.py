@@ -66,17 +66,17 @@ ROUNDS = 4
 BALANCED_UP_TO = 6  # contenders: up to this many, every one takes every position equally often
 
 
-def measure(fns: dict[str, Any], rounds: int | None = None) -> dict[str, float]:
+def measure(fns: dict[str, Any]) -> dict[str, float]:
     """Median ms of each contender over interleaved rounds (each round is a `timing.bench`
     median), so that clock and power drift hit every contender alike. Each round starts the
     list at a different contender: with a fixed order, a kernel read up to 3 % apart from an
     identical copy of itself listed elsewhere (gemm.md v4.6). Up to BALANCED_UP_TO
-    contenders, the rounds are a multiple of their count (at least `rounds`) and round r
+    contenders, the rounds are a multiple of their count (at least ROUNDS) and round r
     starts at contender r, so each takes each position equally often; longer lists (config
-    sweeps) get `rounds` rounds starting at evenly spaced contenders."""
+    sweeps) get ROUNDS rounds starting at evenly spaced contenders."""
     import statistics
 
-    rounds = rounds or ROUNDS
+    rounds = ROUNDS
     names = list(fns)
     n = len(names)
     if n <= BALANCED_UP_TO:

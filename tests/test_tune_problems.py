@@ -35,7 +35,8 @@ def test_norm_fwd_problem() -> None:
     for params, msg in (({"kind": "batch"}, "kind must be rms or layer"), ({"bias": True}, "takes no bias"),
                         ({"residual": "maybe"}, "residual must be true or false"), ({"wieght": "x"}, "unknown parameter"),
                         ({"weight": "float16"}, "weight must be x or float32"),
-                        ({"eps": "-1e-5"}, "eps must be a finite number >= 0"), ({"eps": "tiny"}, "eps must be")):
+                        ({"eps": "-1e-5"}, "eps must be a finite number >= 0"), ({"eps": "tiny"}, "eps must be"),
+                        ({"eps": [1e-5]}, "eps must be")):
         with pytest.raises(ValueError, match=msg):
             f((8, 8), "float32", dict(params))
 

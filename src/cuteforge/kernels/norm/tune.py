@@ -47,7 +47,7 @@ def fwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> P
         raise ValueError(f"norm_fwd: kind must be rms or layer, got {kind!r}")
     try:
         eps = float(params.get("eps", EPS[kind]))
-    except ValueError:
+    except (TypeError, ValueError):
         eps = math.nan
     if not (math.isfinite(eps) and eps >= 0):  # as the ops require
         raise ValueError(f"norm_fwd: eps must be a finite number >= 0, got {params['eps']!r}")

@@ -315,7 +315,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # where the plan splits (with K unknown: wherever there is a full wave).
     clusters = scheduled_clusters(cfg, m, n)
     workers = sm_count // (cm * cn)
-    if not pingpong and clusters >= workers and (k is None or stream_k_split(clusters, workers, -(-k // 64))[0]):
+    if not pingpong and clusters >= workers and (k is None or stream_k_split(clusters, workers, -(-k // cfg.tile_k))[0]):
         cfg = replace(cfg, stream_k=True)
     return cfg
 
