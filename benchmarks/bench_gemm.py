@@ -8,7 +8,7 @@ torch.compile max-autotune (Inductor's Triton GEMM templates against cuBLAS, wit
 epilogue fused into the template) is the "compile" set, at --compile-shapes only: its
 autotuning takes about a minute per shape and graph.
 
-    python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,sweep] [--out FILE]
+    python benchmarks/bench_gemm.py [--set bar,square,skinny,epilogue,shortk,sweep] [--out FILE]
     python benchmarks/bench_gemm.py --set episweep --sweep-epilogue gelu --sweep-shapes 8192x8192x8192
     python benchmarks/bench_gemm.py --set raster --sweep-epilogue gelu --sweep-shapes 2048x14336x4096
     python benchmarks/bench_gemm.py --set defaults --sweep-epilogue gelu,silu --sweep-shapes 8192x8192x8192
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from cuteforge import timing
-from cuteforge.kernels.gemm.sm90.config import default_config
+from cuteforge.kernels.gemm.sm90.config import SHORT_K, SHORT_K_NARROW, default_config, fit_swizzle
 from cuteforge.ops.gemm import gemm
 
 BAR = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672)]
@@ -50,6 +50,8 @@ SQUARE = [(s, s, s) for s in (1024, 2048, 4096, 8192, 16384)]
 # 8B-model feature sizes (K, N): attention out / MLP up / MLP down; M = tokens in flight.
 SKINNY = [(m, n, k) for m in (16, 128, 2048) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))]
 EPILOGUE = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672), (2048, 14336, 4096)]
+# Short K on many tiles (the pingpong default's range; 4096^2 x 1024 keeps 128x128 tiles).
+SHORTK = [(8192, 8192, 512), (8192, 8192, 1024), (4096, 16384, 512), (16384, 4096, 1024), (4096, 4096, 1024)]
 
 
 def _quack() -> Any:
@@ -143,6 +145,11 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
         row["cuteforge_config"] = repr(tuned)
         row["heuristic_config"] = repr(cfg)
         contenders += (("cuteforge_heuristic", lambda: gemm(a, b, config=cfg)),)
+    if cfg.pingpong and cfg.tile_n == SHORT_K.tile_n:
+        # The short-K default before v4.7: pingpong 128x128 (6 stages).
+        narrow = fit_swizzle(SHORT_K_NARROW, m, n)
+        row["pingpong128_config"] = repr(narrow)
+        contenders += (("cuteforge_pingpong128", lambda: gemm(a, b, config=narrow)),)
     if cfg.swizzle != 8:
         # The default before its swizzle group was fitted to the problem (padding clusters).
         contenders += (("cuteforge_swizzle8", lambda: gemm(a, b, config=replace(cfg, swizzle=8))),)
@@ -160,7 +167,8 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
         row["vs_cublas"] = round(row["cuteforge_TFLOPs"] / row["cublas_TFLOPs"], 3)
         if "quack_TFLOPs" in row:
             row["vs_quack"] = round(row["cuteforge_TFLOPs"] / row["quack_TFLOPs"], 3)
-    for name, short in (("cuteforge_pingpong", "pingpong"), ("cuteforge_heuristic", "heuristic")):
+    for name, short in (("cuteforge_pingpong", "pingpong"), ("cuteforge_heuristic", "heuristic"),
+                        ("cuteforge_pingpong128", "pingpong128")):
         if f"{name}_TFLOPs" in row:
             row[f"{short}_vs_cublas"] = round(row[f"{name}_TFLOPs"] / row["cublas_TFLOPs"], 3)
     print(json.dumps(row), flush=True)
@@ -441,7 +449,6 @@ def _tuned(kernel: str, m: int, n: int, k: int, act: str = "none") -> Any:
     untuned (then it runs the heuristic's)."""
     from cuteforge.autotune import lookup
     from cuteforge.autotune.cli import problem_factory
-    from cuteforge.kernels.gemm.sm90.config import fit_swizzle
 
     p = problem_factory(kernel)((m, n, k), "bfloat16", {"act": act})
     best = lookup(kernel, p.key, p.params, p.dims)
@@ -524,7 +531,8 @@ def main() -> int:
     }
     t0 = time.time()
     sets = args.set.split(",")
-    for tag, shapes in (("bar", BAR), ("square", SQUARE), ("skinny", SKINNY), ("custom", _shapes(args.shapes))):
+    for tag, shapes in (("bar", BAR), ("square", SQUARE), ("skinny", SKINNY), ("shortk", SHORTK),
+                        ("custom", _shapes(args.shapes))):
         if tag in sets:
             result.setdefault("plain", []).extend(plain([s for s in shapes if tag in ("bar", "custom") or s not in BAR], q, tag))
             out.write_text(json.dumps(result, indent=1))
@@ -542,8 +550,6 @@ def main() -> int:
         # the default config with and without the stream-K split, plain and fused, and
         # stream-K configs of other tiles (swizzle fitted to the problem, as defaults are)
         def pick(m: int, n: int, k: int, fused: bool) -> list[Any]:
-            from cuteforge.kernels.gemm.sm90.config import fit_swizzle
-
             d = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=fused)
             sk = GemmConfig(stream_k=True)
             tiles = [sk, replace(sk, cluster_m=1, cluster_n=2), replace(sk, tile_n=128),
@@ -559,8 +565,6 @@ def main() -> int:
             sweep(_shapes(args.sweep_shapes), result["streamk"], lambda: out.write_text(json.dumps(result, indent=1)),
                   act=act, pick=pick)
     if "raster" in sets or "defaults" in sets:
-        from cuteforge.kernels.gemm.sm90.config import fit_swizzle
-
         sms = torch.cuda.get_device_properties(0).multi_processor_count
 
         def v44_default(m: int, n: int, k: int, fused: bool, heavy: bool) -> Any:

@@ -69,6 +69,72 @@ def test_other_tiles_compile() -> None:
     assert "m64n128k16" in ptx and "bar.arrive" in ptx
 
 
+def test_192_accumulator_tiles_assemble_without_spill() -> None:
+    """Tiles of 192 fp32 accumulators per consumer thread (pingpong 128x192, the short-K
+    default since v4.7, and the cooperative 256x192 candidate) fit the 232 registers
+    setmaxnreg gives a consumer warpgroup: no spill, and no wgmma serialized by a
+    warpgroup.arrive that ptxas injects (C7519), plain or with bias + gelu."""
+    from ptxas_check import ptxas_no_spill
+
+    from cuteforge.kernels.gemm.sm90.config import SHORT_K
+
+    gelu = GemmEpilogue.preset("gelu", bias="col")
+    for epi, cfg in ((None, SHORT_K), (gelu, SHORT_K), (None, GemmConfig(tile_m=256, tile_n=192, raster="n"))):
+        dtypes = ("bfloat16",) * (4 if epi else 3)
+        ptx = _ptx(True, True, dtypes, epi, cfg)
+        assert "m64n192k16" in ptx
+        info = ptxas_no_spill(ptx)
+        assert "C7519" not in info, (cfg, info[-600:])
+
+
+def test_wide_accumulators_and_staging_buffers() -> None:
+    """192 accumulators a thread validate, 256 do not; such tiles never hold converted
+    stores (store_overlap); epi_bufs sets the staging buffers and so the ring's depth."""
+    from cuteforge.kernels.gemm.sm90.config import SHORT_K
+
+    assert SHORT_K.acc_regs == 192 and GemmConfig(tile_m=256, tile_n=192).acc_regs == 192
+    assert GemmConfig().acc_regs == 128 and GemmConfig(tile_n=128, pingpong=True).acc_regs == 128
+    for cfg in (SHORT_K, GemmConfig(tile_m=256, tile_n=192)):
+        for out_b in (2, 4):
+            cfg.validate(2, out_b, H100)
+        assert not cfg.holds_stores(2)
+    assert GemmConfig().holds_stores(2) and not GemmConfig().holds_stores(4)
+    assert not GemmConfig(store_overlap=False).holds_stores(2)
+    with pytest.raises(ValueError, match="256 accumulator registers"):
+        GemmConfig(tile_n=256, pingpong=True).validate(2, 2, H100)
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match="epi_bufs"):
+            GemmConfig(epi_bufs=bad).validate(2, 2, H100)
+    # 128x192 pingpong: 4 buffers of 64x32 per warpgroup leave 4 stages of 40 KiB, 2 leave 5
+    assert replace(SHORT_K, epi_bufs=0).resolved_stages(2, 2, H100) == 4
+    assert SHORT_K.resolved_stages(2, 2, H100) == 5 and SHORT_K.epi_stages(2) == SHORT_K.epi_stages(4) == 2
+    assert GemmConfig().epi_stages(2) == 4 and GemmConfig().epi_stages(4) == 2
+
+
+def test_short_k_default_tile() -> None:
+    """Short K with many tiles: pingpong 128x192 (5 stages) where its tiles fit the problem
+    about as well as 128x128's (v4.7), 128x128 where 192-wide tiles waste a wave (4096^2);
+    fp8 keeps 128x128."""
+    from cuteforge.kernels.gemm.sm90.config import (
+        SHORT_K,
+        SHORT_K_NARROW,
+        fit_swizzle,
+        tile_efficiency,
+    )
+
+    for m, n, k in ((16384, 16384, 1024), (8192, 8192, 512), (4096, 16384, 512), (16384, 4096, 1024)):
+        assert default_config(m, n, k) == fit_swizzle(SHORT_K, m, n), (m, n, k)
+        assert default_config(m, n, k, fused=True) == fit_swizzle(SHORT_K, m, n)
+        assert default_config(m, n, k, in_bytes=1) == replace(fit_swizzle(SHORT_K_NARROW, m, n), tile_k=128)
+    assert default_config(4096, 4096, 1024) == fit_swizzle(SHORT_K_NARROW, 4096, 4096)
+    assert not default_config(8192, 8192, 2048).pingpong
+    # 8192 = 64 row tiles in 32 pairs x 43 column tiles (the last a third full): 1376
+    # clusters on 66 -> 21 rounds; the 128-wide tiles take 2048 -> 32 rounds of 66
+    eff = tile_efficiency(fit_swizzle(SHORT_K, 8192, 8192), 8192, 8192, 132)
+    assert eff == pytest.approx(8192 * 8192 / (21 * 66 * 256 * 192))
+    assert tile_efficiency(GemmConfig(), 8192, 8192, 132) == pytest.approx(1024 / 1056)
+
+
 def test_config_validation() -> None:
     GemmConfig().validate(2, 2, H100)
     assert GemmConfig().resolved_stages(2, 2, H100) == 4

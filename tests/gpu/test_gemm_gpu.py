@@ -156,13 +156,14 @@ def test_every_candidate_config() -> None:
             raise AssertionError(f"config {cfg}: {e}") from None
 
 
-@pytest.mark.parametrize("tm,tn", [(128, 128), (64, 256)])
-def test_pingpong_batched_fused(tm: int, tn: int) -> None:
+@pytest.mark.parametrize("tm,tn,bufs", [(128, 128, 0), (64, 256, 0), (128, 192, 2), (128, 192, 1)])
+def test_pingpong_batched_fused(tm: int, tn: int, bufs: int) -> None:
     """Pingpong warpgroups (alternate tiles, own epilogue buffers) on ragged batched
-    shapes with a fused epilogue; small N-tiles make each CTA run several tiles."""
+    shapes with a fused epilogue; small N-tiles make each CTA run several tiles. 128x192
+    holds 192 accumulators a thread (v4.7), with 2 staging buffers (5 stages) or 1."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig
 
-    cfg = GemmConfig(tile_m=tm, tile_n=tn, pingpong=True)
+    cfg = GemmConfig(tile_m=tm, tile_n=tn, pingpong=True, epi_bufs=bufs)
     a = torch.randn(3, 1000, 520, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(3, 520, 1500, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(1500, device="cuda", dtype=torch.bfloat16)
@@ -427,6 +428,28 @@ def test_fused_default_many_waves(act: str) -> None:
     ref = _ref(a, b) + bias.float()
     ref = {"gelu": F.gelu(ref, approximate="tanh"), "silu": F.silu(ref)}[act] + res.float()
     _close(gemm(a, b, bias=bias, epilogue=act, residual=res), ref, k)
+
+
+@pytest.mark.parametrize("act", ["none", "gelu"])
+def test_short_k_default_many_tiles(act: str) -> None:
+    """Short K on many tiles takes pingpong 128x192 with a 5-stage ring (v4.7): ragged M,
+    N and K (the last k-block partial), each CTA running many tiles on both warpgroups;
+    plain, and bias + gelu + residual into fp32."""
+    from cuteforge.arch import limits_for
+    from cuteforge.kernels.gemm.sm90.config import default_config
+
+    m, n, k = 6001, 12001, 1000
+    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=act != "none")
+    assert cfg.pingpong and cfg.tile_n == 192 and cfg.resolved_stages(2, 2, limits_for("sm_90a")) == 5, cfg
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    if act == "none":
+        _close(gemm(a, b), _ref(a, b), k)
+        return
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ref = F.gelu(_ref(a, b) + bias.float(), approximate="tanh") + res.float()
+    _close(gemm(a, b, bias=bias, epilogue=act, residual=res, out_dtype=torch.float32), ref, k)
 
 
 # ---- stream-K --------------------------------------------------------------------------

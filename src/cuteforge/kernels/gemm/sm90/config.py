@@ -15,6 +15,7 @@ from ....arch import DeviceLimits, limits_for
 RASTER_ORDERS = ("m", "n")
 K_BLOCK_BYTES = 128  # a k-block is one 128-byte swizzle row: 64 bf16/fp16, 128 fp8
 BARRIER_BYTES = 1024  # mbarriers + alignment slack of the shared-storage struct
+MAX_ACC_REGS = 192  # fp32 accumulators a consumer thread holds (validate)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,13 @@ class GemmConfig:
       as a tile's accumulator is complete, but the converted tile stays in registers and
       its subtiles go out (st.matrix, barrier, TMA store) one per k-block under the next
       tile's first MMAs, so the tensor cores wait only for the math. False: the subtiles
-      are stored before the next mainloop starts (v4.4).
+      are stored before the next mainloop starts (v4.4). Tiles of more than 128
+      accumulators per thread (256x192, pingpong 128x192) store as with False: the held
+      tile would not fit beside them.
+    epi_bufs: TMA-store staging buffers per epilogue group (each epi_m x epi_n); 0 takes
+      4 for a 16-bit output and 2 for fp32. Fewer buffers leave room for another A/B
+      stage: pingpong 128x192 has 4 stages with 4 buffers per warpgroup and 5 with 2
+      (gemm.md v4.7).
     """
 
     tile_m: int = 128
@@ -57,6 +64,7 @@ class GemmConfig:
     pingpong: bool = False
     stream_k: bool = False
     store_overlap: bool = True
+    epi_bufs: int = 0
 
     @property
     def mma_wgs(self) -> int:
@@ -76,7 +84,18 @@ class GemmConfig:
         return (min(self.tile_m, 64 * self.mma_wgs), min(self.epi_n, self.tile_n))
 
     def epi_stages(self, out_bytes: int) -> int:
-        return 4 if out_bytes <= 2 else 2
+        """Staging buffers per epilogue group."""
+        return self.epi_bufs or (4 if out_bytes <= 2 else 2)
+
+    @property
+    def acc_regs(self) -> int:
+        """fp32 accumulator registers per consumer thread."""
+        return self.tile_m * self.tile_n // (128 * self.mma_wgs)
+
+    def holds_stores(self, out_bytes: int) -> bool:
+        """Whether the kernel runs `store_overlap` (the converted tile held in registers:
+        tile_m * tile_n / 256 of them at 16 bits, beside at most 128 accumulators)."""
+        return self.store_overlap and not self.pingpong and out_bytes == 2 and self.acc_regs <= 128
 
     def smem_bytes(self, in_bytes: int, out_bytes: int, stages: int | None = None) -> int:
         s = self.stages if stages is None else stages
@@ -103,13 +122,16 @@ class GemmConfig:
         if self.tile_k != k_block(in_bytes):
             what = "16-bit inputs (4 wgmma k-steps of 16)" if in_bytes == 2 else "fp8 inputs (4 wgmma k-steps of 32)"
             raise ValueError(f"tile_k must be {k_block(in_bytes)} for {what}: one 128-byte swizzled K row, got {self.tile_k}")
-        # Accumulator registers per consumer thread; more than 128 fp32 spills under the
-        # 232-register budget that setmaxnreg gives a consumer warpgroup.
+        # Accumulator registers per consumer thread, within the 232 that setmaxnreg gives a
+        # consumer warpgroup: ptxas assembles 192 (256x192, pingpong 128x192, plain or with
+        # a fused bias + gelu) without a spill; 256 cannot fit.
         if self.pingpong and self.tile_m not in (64, 128):
             raise ValueError(f"pingpong needs tile_m 64 or 128 (one warpgroup per tile), got {self.tile_m}")
-        acc = self.tile_m * self.tile_n // (128 * self.mma_wgs)
-        if acc > 128:
-            raise ValueError(f"tile {self.tile_m}x{self.tile_n} needs {acc} accumulator registers per thread (max 128)")
+        if self.acc_regs > MAX_ACC_REGS:
+            raise ValueError(f"tile {self.tile_m}x{self.tile_n} needs {self.acc_regs} accumulator registers per thread "
+                             f"(max {MAX_ACC_REGS})")
+        if not 0 <= self.epi_bufs <= 4:
+            raise ValueError(f"epi_bufs must be 0 (the default) or 1..4, got {self.epi_bufs}")
         if self.epi_n not in (16, 32, 64) or self.tile_n % min(self.epi_n, self.tile_n):
             raise ValueError(f"epi_n must be 16, 32 or 64 and divide tile_n, got {self.epi_n}")
         for name, c in (("cluster_m", self.cluster_m), ("cluster_n", self.cluster_n)):
@@ -229,6 +251,31 @@ def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:
     return cfg if size == cfg.swizzle else replace(cfg, swizzle=size)
 
 
+# Short K (<= 1024) with >= 4 waves of 128x128 tiles: pingpong 128x192 (192 accumulators a
+# warpgroup), clusters walked along N, 2 staging buffers per warpgroup so the ring holds 5
+# stages. H200, one run of two passes, balanced order (gemm.md v4.7, h200-gemm-shortk-v4.7.json),
+# x cuBLAS against the pingpong 128x128 it replaces: 8192x8192x512 1.061 / 1.073 vs 0.999 /
+# 1.005, 16384x16384x1024 1.079 / 1.067 vs 1.042 / 1.036, 8192x8192x1024 1.088 / 1.080 vs
+# 1.031 / 1.029, 4096x16384x512 1.063 / 1.060 vs 1.000 / 0.991, 16384x4096x1024 1.036 /
+# 1.035 vs 1.004 / 1.008 (4 stages, 4 buffers: +0.2 to +4 % only).
+SHORT_K = GemmConfig(tile_n=192, pingpong=True, raster="n", epi_bufs=2)
+SHORT_K_NARROW = GemmConfig(tile_n=128, pingpong=True, raster="n")  # the short-K tile before v4.7
+# SHORT_K's speed over SHORT_K_NARROW at equal tile efficiency: the gains above are 3 to 7 %
+# and track the two tiles' `tile_efficiency` ratio. Where 192-wide tiles fit the problem
+# much worse (4096x4096x1024: 5.3 waves, ragged N; 4 stages measured 0.95-0.96x cuBLAS
+# against 1.01-1.02 for 128x128), the narrow tile stays.
+SHORT_K_GAIN = 1.04
+
+
+def tile_efficiency(cfg: GemmConfig, m: int, n: int, sm_count: int) -> float:
+    """The share of the MMA work the schedule runs that lands in the output: tiles cut by
+    the problem's edge, the swizzle's padding clusters and the idle clusters of the last
+    wave all lower it."""
+    workers = max(1, sm_count // (cfg.cluster_m * cfg.cluster_n))
+    waves = -(-scheduled_clusters(cfg, m, n) // workers)
+    return m * n / (waves * workers * cfg.cluster_m * cfg.tile_m * cfg.cluster_n * cfg.tile_n)
+
+
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
                    fused: bool = False, decode_split: bool = True) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
@@ -239,7 +286,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     tiles. Cluster pairs go along M when there
     are two M tiles to pair (B multicast), else along N (A multicast). Short K (<= 1024)
     with many tiles goes pingpong: each tile's mainloop is short, so hiding its epilogue
-    under the other warpgroup's mainloop pays (16384x16384x1024: 635 vs 611 TFLOP/s).
+    under the other warpgroup's mainloop pays (16384x16384x1024: 635 vs 611 TFLOP/s on
+    128x128); since v4.7 on 128x192 tiles with a 5-stage ring (`SHORT_K`).
     `fused` (an epilogue with operands or an activation): the cooperative 128x256 tile
     stores 64-wide subtiles (`epi_n=64`, half the epilogue barriers; the staging buffers
     then cost the ring one stage): same-run sweeps measured +0.3 % to +3.7 %
@@ -250,13 +298,23 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     `decode_split`: M <= 32 with K >= 8192 on 64x64 tiles runs single CTAs with stream-K
     (v4.3; the fp8 path turns it off: measured on 16-bit inputs only).
     """
+    short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
+        -(-m // 128) * -(-n // 128) >= 4 * sm_count)
     if in_bytes != 2:
-        # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks.
-        return replace(default_config(m, n, k, sm_count, fused=fused, decode_split=False), tile_k=k_block(in_bytes))
+        # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks;
+        # short K keeps the pingpong 128x128 tile there (128x192 was measured on bf16 only).
+        if short_k:
+            cfg = fit_swizzle(SHORT_K_NARROW, m, n)  # type: ignore[arg-type]
+        else:
+            cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False)
+        return replace(cfg, tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
-    if k is not None and k <= 1024 and m > 64 and -(-m // 128) * -(-n // 128) >= 4 * sm_count:
-        return fit_swizzle(GemmConfig(tile_n=128, pingpong=True, raster="n"), m, n)
+    if short_k:
+        wide, narrow = fit_swizzle(SHORT_K, m, n), fit_swizzle(SHORT_K_NARROW, m, n)
+        if SHORT_K_GAIN * tile_efficiency(wide, m, n, sm_count) >= tile_efficiency(narrow, m, n, sm_count):
+            return wide
+        return narrow
     if m <= 64:
         shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
     elif m <= 128:
@@ -342,6 +400,10 @@ def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[G
         GemmConfig(stream_k=True),
         GemmConfig(cluster_m=1, cluster_n=2, stream_k=True),
         GemmConfig(tile_n=128, stream_k=True),
+        SHORT_K,
+        replace(SHORT_K, raster="m"),
+        GemmConfig(tile_n=128, pingpong=True, raster="n", epi_bufs=2),
+        GemmConfig(tile_m=256, tile_n=192, raster="n"),
     ]
     if m is not None and m <= 128:
         out += [

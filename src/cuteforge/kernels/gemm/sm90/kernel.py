@@ -124,7 +124,7 @@ class Sm90Gemm:
         self.d_dtype = mD.element_type
         # Held converted tiles cost tile_m * tile_n / (2 * threads) registers at 16 bits;
         # pingpong already runs its epilogue under the other warpgroup's mainloop.
-        self.overlap = self.cfg.store_overlap and not self.pingpong and self.d_dtype.width == 16
+        self.overlap = self.cfg.holds_stores(self.d_dtype.width // 8)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
             self.b_dtype,
