@@ -28,6 +28,12 @@ elements (x read, y written), as bench_longrow.py counts a forward.
     python benchmarks/bench_norm_staged.py --fwd --dtypes bfloat16,float16,float32 \\
         --ns 4096,8192,16384,32768,65536,131072,262144 --out $OUT/h200-norm-staged-fwd.json
 
+``--ab-lag`` times each staged cluster default, then it with ``lag=1`` (LayerNorm's lagged
+statistics, v2.17), then the default again (A B A in one process):
+
+    python benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes bfloat16,float16,float32 \
+        --ns 32768,65536,131072,262144 --defaults-only --no-quack --ab-lag --out $OUT/lag-ab.json
+
 ``--residual`` fuses the residual add (x + r is normalised and written too; bytes 4 M N);
 ``--configs "NormConfig(...);..."`` times those configs beside each shape's default (a
 previous default, say), with ``--defaults-only`` nothing else:
@@ -42,6 +48,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +100,6 @@ def deep_fwd_candidates(n: int, bits: int) -> list[Any]:
     of 2..16 CTAs of 256 / 512 / 1024 threads at 1, 2, 3, 4 and 6 stages (those that fit
     whole), as many CTAs per SM as fit, and one-stage shapes at one CTA per SM too (room
     for weight and bias in shared memory)."""
-    from dataclasses import replace
 
     from cuteforge.kernels.norm.config import staged_config
 
@@ -118,7 +124,6 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = Fal
     candidate (v2.6); with ``deep`` also ``deep_fwd_candidates`` at N >= 32768. With
     ``cp_async`` (v2.8) instead: the default, the staged and register long-row defaults,
     every ``async_fwd_candidates`` config and the register shapes they come from."""
-    from dataclasses import replace
 
     from cuteforge.kernels.norm.config import (
         async_fwd_candidates,
@@ -175,6 +180,9 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
         todo = [t for t in todo if t[4]]
     extra = [eval(c, {"NormConfig": NormConfig}) for c in args.configs.split(";") if c.strip()]  # noqa: S307 - CLI input
     todo += [(op, dt, n, c, False) for op, dt, n, _, d in list(todo) if d for c in extra]
+    if args.ab_lag:  # each staged cluster default, then it with lag = 1, then it again
+        todo += [(op, dt, n, cc, False) for op, dt, n, c, d in list(todo) if d and c.stages >= 2 and c.cluster_n > 1
+                 for cc in (replace(c, lag=1), c)]
     tc = time.time()
     jobs = []
     res = args.residual
@@ -232,7 +240,8 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
         bb = w if b is None else b
         for i, c, d in cfgs:
             row: dict[str, Any] = {"config": repr(c), "threads": c.threads, "cluster_n": c.cluster_n,
-                                   "ctas_per_sm": c.ctas_per_sm, "stages": c.stages, "cp_async": c.cp_async, "default": d}
+                                   "ctas_per_sm": c.ctas_per_sm, "stages": c.stages, "cp_async": c.cp_async,
+                                   "lag": c.lag, "default": d}
             if i in failed:
                 row["error"] = "compile: " + failed[i]
             else:
@@ -291,6 +300,8 @@ def main() -> None:
     p.add_argument("--configs", default="",
                    help="--fwd: ';'-separated NormConfig(...) reprs timed beside the default (and the candidates "
                         "unless --defaults-only), e.g. a previous default")
+    p.add_argument("--ab-lag", action="store_true",
+                   help="also time each staged cluster default with lag=1 (v2.17), then the default again")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     t0 = time.time()

@@ -220,13 +220,15 @@ def test_long_row_forward_defaults_follow_the_sweep():
         assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async, d.ctas_per_sm) == ("mbar", 256, cluster, 0, 2, 1), d
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages for c in cands) and any(not (c.stages or c.cp_async) for c in cands)
-    staged = {("layer", 32, 262144): (512, 16, 2), ("layer", 32, 196608): (512, 16, 2),  # v2.15: weight in registers
-              ("rms", 32, 262144): (1024, 16, 2), ("layer", 16, 32768): (1024, 2, 4), ("layer", 16, 65536): (512, 4, 6),
-              ("layer", 16, 131072): (256, 8, 4), ("layer", 16, 262144): (256, 16, 4), ("layer", 32, 65536): (256, 8, 4),
-              ("layer", 32, 131072): (256, 16, 4)}
-    for (kind, bits, n), (threads, cluster, stages) in staged.items():
+    staged = {("layer", 32, 262144): (512, 16, 2, 0), ("layer", 32, 196608): (512, 16, 2, 0),  # v2.15: weight in registers
+              ("rms", 32, 262144): (1024, 16, 2, 0), ("layer", 16, 32768): (1024, 2, 4, 0),
+              ("layer", 16, 65536): (512, 4, 6, 0), ("layer", 16, 131072): (256, 8, 4, 0),
+              ("layer", 16, 262144): (256, 16, 3, 1), ("layer", 16, 196608): (256, 16, 3, 1),  # v2.17: lagged
+              ("layer", 32, 65536): (256, 8, 4, 0), ("layer", 32, 131072): (256, 16, 3, 1)}
+    for (kind, bits, n), (threads, cluster, stages, lag) in staged.items():
         d = default_config(n, bits, kind=kind)
-        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.ctas_per_sm) == ("mbar", threads, cluster, stages, 1), (kind, bits, n, d)
+        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.ctas_per_sm, d.lag) == (
+            "mbar", threads, cluster, stages, 1, lag), (kind, bits, n, d)
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages == 0 for c in cands)  # the register path stays a candidate
     assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row
@@ -674,6 +676,10 @@ _FWD_STAGED = [
     ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=4)),
     ("layer", "float16", "float16", 65536, True, True, NormConfig(512, 512, 4, 1, exchange="mbar", stages=4)),
     ("layer", "bfloat16", "bfloat16", 32768, True, False, NormConfig(1024, 1024, 2, 1, exchange="mbar", stages=4)),
+    # v2.17: the lagged LayerNorm defaults (the residual builds the unlagged form)
+    ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
+    ("layer", "float32", "float32", 131072, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
+    ("layer", "float16", "float16", 262144, True, True, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
 ]
 
 
@@ -681,9 +687,9 @@ _FWD_STAGED = [
 def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
     """Per stage one bulk copy per staged operand chunk (x, residual) in the prologue and one
     set per refill (+ one per weight / bias when they sit in shared memory), S + 1 stage
-    mbarriers (+ the exchange's two), parity waits, with a cluster the row sums through
-    st.async (one per reduction: 1 rms, 2 layer) and only the prologue's cluster barrier,
-    no local memory (no spill)."""
+    mbarriers (+ the exchange's two, four when lagged), parity waits, with a cluster the row
+    sums through st.async (one per reduction: 1 rms, 2 layer) and only the prologue's
+    cluster barrier, no local memory (no spill)."""
 
     from cuteforge.kernels.norm.config import staged_rows, staged_stages
 
@@ -694,7 +700,8 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
     bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx)
     assert len(bulk) in (rows * (s + 1), rows * (s + 1) + n_w), len(bulk)
     c = cfg.cluster_n
-    assert len(re.findall(r"mbarrier\.init", ptx)) == s + 1 + (2 if c > 1 else 0)
+    lagged = bool(cfg.lag) and not res  # four exchange mbarriers, the tail's finish traced twice
+    assert len(re.findall(r"mbarrier\.init", ptx)) == s + 1 + ((4 if lagged else 2) if c > 1 else 0)
     assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
     assert re.search(r"ld\.shared\.v[24]", ptx)
     if c > 1:

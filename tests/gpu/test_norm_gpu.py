@@ -428,7 +428,9 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
 
     cfgs = [NormConfig(256, 256, 8, 1, exchange="mbar"), NormConfig(512, 512, 4, 1, exchange="mbar"),
             NormConfig(512, 512, 16, 1, exchange="mbar"), NormConfig(512, 512, 4, 1, exchange="mbar", stages=2),
-            NormConfig(256, 256, 16, 2, exchange="mbar", stages=3), NormConfig(512, 512, 16, 1, exchange="mbar", stages=2)]
+            NormConfig(256, 256, 16, 2, exchange="mbar", stages=3), NormConfig(512, 512, 16, 1, exchange="mbar", stages=2),
+            NormConfig(512, 512, 4, 1, exchange="mbar", stages=6, lag=1),
+            NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1)]
     bits = dtype.itemsize * 8
     for n in (65536, 65537, 262144):
         ran = []
@@ -909,6 +911,65 @@ def test_staged_fwd_fp32_weight_and_one_cta_rows():
                     x, w, b, r = _inputs(301, n, torch.bfloat16, w_dtype=wd, bias=kind == "layer", res=True, seed=43)
                     got = impl._forward(kind, x, w, b, r, 1e-5, cfg)
                     _check_fwd(kind, x, w, b, r, 1e-5, got, torch.bfloat16, f"{kind} {n} {wd} {cfg}")
+
+
+# v2.17: the lagged staged forward (NormConfig.lag = 1: LayerNorm over a cluster posts row
+# j's moments, then finishes row j - 1 from its stage). Select with `-k lagged`.
+
+def _lagged_cases():
+    """(kind, dtype, n, config, residual): LayerNorm with each dtype at N = 32768, 65536,
+    262144 on two staged shapes (3 stages of 256 threads, the 16-bit 262144 default), lag = 1, with and without the
+    residual (which builds the unlagged form); RMSNorm once (lag does not apply)."""
+    from dataclasses import replace
+
+    from cuteforge.kernels.norm.config import staged_fwd_config
+
+    out = []
+    for dt in DTYPES:
+        bits = dt.itemsize * 8
+        for n in (32768, 65536, 262144):
+            cfgs = []
+            for threads, stages in ((256, 3), (512, 6), (256, 4), (1024, 3)):
+                c = staged_fwd_config(n, bits, threads, stages)
+                if c is not None and c.cluster_n > 1 and replace(c, lag=1, ctas_per_sm=1) not in cfgs:
+                    cfgs.append(replace(c, lag=1, ctas_per_sm=1))
+            for c in cfgs[:2]:
+                out += [("layer", dt, n, c, res) for res in (False, True)]
+    out.append(("rms", torch.bfloat16, 262144, out[-1][3], False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def _warm_norm_lagged():
+    _warm_fwd_cases(_lagged_cases())
+    yield
+
+
+@pytest.mark.parametrize("kind, dtype, n, cfg, res", _lagged_cases(),
+                         ids=lambda v: repr(v).replace(" ", "") if not isinstance(v, str) else v)
+def test_lagged_fwd_matches_torch(_warm_norm_lagged, kind, dtype, n, cfg, res):
+    """M = 1 (only the tail finish), 2, 7 (fewer rows than groups), 1000 (every exchange slot
+    and stage phase reused many times) against the fp64 reference."""
+    _check_fwd_rows(kind, dtype, n, cfg, res, (1, 2, 7, 1000))
+
+
+def test_lagged_fwd_many_rows_per_group():
+    """More rows than stages x groups at the 262144 / 65536 defaults with lag (every group
+    wraps its stage ring and its four exchange slots), and a strided view."""
+    from dataclasses import replace
+
+    from cuteforge.kernels.norm.config import staged_fwd_config
+    from cuteforge.ops import norm as impl
+
+    for n, threads, stages, m in ((262144, 256, 4, 131), (65536, 512, 6, 1311)):
+        cfg = replace(staged_fwd_config(n, 16, threads, stages), lag=1)
+        x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=True, seed=m)
+        got = impl._forward("layer", x, w, b, None, 1e-5, cfg)
+        _check_fwd("layer", x, w, b, None, 1e-5, got, torch.bfloat16, f"{cfg} m={m}")
+        base = torch.randn(9, n + 8, device="cuda", dtype=torch.bfloat16)
+        xv = base[:, 8:]
+        got = impl._forward("layer", xv, w, b, None, 1e-5, cfg)
+        _check_fwd("layer", xv, w, b, None, 1e-5, got, torch.bfloat16, f"view {cfg}")
 
 
 def test_staged_fwd_strided_views():

@@ -619,6 +619,54 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False):
     return allreduce
 
 
+def make_moments_lagged(tile: Tile):
+    """LayerNorm's moments exchange split in two, for the staged forward that finishes each
+    row one row late (``NormConfig.lag``, v2.17): @cute.jit send(s, m2, buf, mbar, slot, t,
+    cta) posts the warp's (sum, centred M2) pair of row j (slot j % config.LAG_SLOTS) to every CTA of the
+    cluster, and @cute.jit recv(buf, mbar, slot, phase, arm, t) -> (row sum, row M2) waits
+    for row j's pairs and folds them (``make_moments_fold``), one row later. In between the
+    CTA reads and sends row j + 1, so the cluster round trip runs under that work instead of
+    stalling every warp. One row per CTA (R = 1); ``buf`` holds 2 * config.LAG_SLOTS * S fp32,
+    ``mbar`` LAG_SLOTS (four) mbarriers (count 1), each armed once with 2 * ``mbar_tx_bytes`` before the cluster
+    arrive whose wait precedes the first send; ``arm`` (thread 0) re-arms after the wait.
+
+    Why four slots: a CTA in its iteration j has sent rows <= j and folded rows <= j - 2.
+    A peer finishes row k only when every CTA has sent row k, so a peer has finished at
+    most row j and sent at most row j + 2 (its iteration j + 2 sends, then waits for
+    row j + 1). Rows j - 1 .. j + 2 are then in flight into this CTA: four slots, and
+    row j + 3 (slot (j - 1) % 4) waits on this CTA's send of row j + 1, which each warp
+    issues after folding row j - 1 (a data dependence through its shuffles). The mbarrier
+    argument of ``make_allreduce_mbar_rows`` carries over with four in place of two:
+    use k + 1 of a slot (row j + 4) is sent only after every warp here sent row j + 2,
+    after thread 0's wait on use k and its re-arm."""
+    W, S, C, R = tile.W, tile.S, tile.C, tile.R
+    if C < 2 or R != 1:
+        raise ValueError(f"the lagged exchange runs one row per CTA over a cluster (C={C}, R={R})")
+    fold = make_moments_fold(tile)
+    tx = 2 * mbar_tx_bytes(tile)
+
+    @cute.jit
+    def send(s, m2, buf: cute.Tensor, mbar, slot, t, cta):
+        base_s = 2 * slot * S
+        words = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+        words[0] = s
+        words[1] = m2
+        iw = cute.recast_tensor(words, Int32)
+        mine = cta * W + t // 32
+        if t % 32 < C:  # lane l sends the warp's pair to CTA l
+            cute.arch.store_async_dsmem(buf.iterator + (base_s + mine), iw[0], mbar + slot, t % 32)
+            cute.arch.store_async_dsmem(buf.iterator + (base_s + S + mine), iw[1], mbar + slot, t % 32)
+
+    @cute.jit
+    def recv(buf: cute.Tensor, mbar, slot, phase, arm, t):
+        cute.arch.mbarrier_wait(mbar + slot, phase)
+        if arm:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar + slot, tx)
+        return fold(buf, 2 * slot * S, 2 * slot * S + S, t % 32)
+
+    return send, recv
+
+
 def launch_bounds(threads: int, ctas_per_sm: int) -> dict:
     """Launch keywords: ``threads`` per CTA and, with ctas_per_sm > 1, ptxas's register budget
     for that many CTAs per SM (nvvm.minctasm). ptxas then uses up to that budget, so it must
@@ -667,15 +715,16 @@ def make_stage_issue(dtype, nc: int, c: int, n_rows: int):
 
 
 def make_stage_start(x_dtype, w_dtype, nc: int, c: int, stages: int, n_rows: int, xtx: int, n_w: int,
-                     w_smem: bool):
+                     w_smem: bool, n_xbar: int = 2):
     """@cute.jit start(tidx, cta, q, n_q, m, a, b, d, w, bias, srows, full, xbar, sw, sb): the
     staged kernels' prologue once their shared memory is allocated (``staged_smem``): the
     mbarriers (``make_stage_barrier_init``); with ``w_smem`` thread 0 bulk-copies this CTA's
     chunk of the weight (and, n_w == 2, the bias) into sw (sb), completing on mbarrier
     ``full + stages``; then it issues the CTA group's first ``stages`` rows (q, q + n_q, ...)
     of a, b, d into the stages (``make_stage_issue``). Stand-ins for what a kernel lacks (xbar
-    without a cluster, sw / sb without ``w_smem``, bias with n_w == 1) are never touched."""
-    init = make_stage_barrier_init(stages + 1, c, xtx)
+    without a cluster, sw / sb without ``w_smem``, bias with n_w == 1) are never touched.
+    ``n_xbar``: the cluster's exchange mbarriers (2; 4 for the lagged LayerNorm forward)."""
+    init = make_stage_barrier_init(stages + 1, c, xtx, n_xbar=n_xbar)
     issue = make_stage_issue(x_dtype, nc, c, n_rows)
     part = make_chunk(nc, c)
     w_bytes = nc * w_dtype.width // 8
@@ -710,24 +759,24 @@ def persistent_group(c: int):
     return 0, bidx, gdim
 
 
-def staged_smem(smem, dtype, nc: int, slots: int, n_smem: int, n_full: int, c: int):
+def staged_smem(smem, dtype, nc: int, slots: int, n_smem: int, n_full: int, c: int, n_xbar: int = 2):
     """The staged kernels' shared memory, in allocation order: the stage slots ((nc, slots)
     of dtype, 128-byte aligned for the bulk copies), the fp32 reduction buffer (n_smem),
-    n_full "full" mbarriers (one per stage, plus the weight's) and, with a cluster, the two
-    mbarriers of the row sums' exchange (else None)."""
+    n_full "full" mbarriers (one per stage, plus the weight's) and, with a cluster, the
+    ``n_xbar`` mbarriers of the row sums' exchange (else None)."""
     srows = smem.allocate_tensor(dtype, cute.make_layout((nc, slots), stride=(1, nc)), byte_alignment=128)
     buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
     full = smem.allocate_array(Int64, n_full, byte_alignment=8)
-    xbar = smem.allocate_array(Int64, 2, byte_alignment=8) if c > 1 else None
+    xbar = smem.allocate_array(Int64, n_xbar, byte_alignment=8) if c > 1 else None
     return srows, buf, full, xbar
 
 
-def make_stage_barrier_init(n_full: int, c: int, xtx: int, n_empty: int = 0, empty_count: int = 1):
+def make_stage_barrier_init(n_full: int, c: int, xtx: int, n_empty: int = 0, empty_count: int = 1, n_xbar: int = 2):
     """@cute.jit init(tidx, full, xbar) for the staged kernels' prologue: thread 0
     initialises the n_full "full" mbarriers (one arrival each: the expect_tx of the thread
     issuing the copies), then ``n_empty`` "empty" mbarriers right after them (``full +
     n_full + i``, ``empty_count`` arrivals each: the part-ring backward's per-warp releases)
-    and, with a cluster (c > 1), the two exchange mbarriers, armed for
+    and, with a cluster (c > 1), the ``n_xbar`` exchange mbarriers, armed for
     their first rows' xtx bytes; then the init fence, the relaxed cluster arrive whose wait
     (before the row loop) precedes the first remote st.async, and a CTA barrier. Without a
     cluster xbar is a stand-in, never touched."""
@@ -740,12 +789,12 @@ def make_stage_barrier_init(n_full: int, c: int, xtx: int, n_empty: int = 0, emp
             for i in cutlass.range_constexpr(n_empty):
                 cute.arch.mbarrier_init(full + n_full + i, empty_count)
             if cutlass.const_expr(c > 1):
-                for i in cutlass.range_constexpr(2):
+                for i in cutlass.range_constexpr(n_xbar):
                     cute.arch.mbarrier_init(xbar + i, 1)
         cute.arch.mbarrier_init_fence()
         if cutlass.const_expr(c > 1):
             if tidx == 0:
-                for i in cutlass.range_constexpr(2):
+                for i in cutlass.range_constexpr(n_xbar):
                     cute.arch.mbarrier_arrive_and_expect_tx(xbar + i, xtx)
             cute.arch.cluster_arrive_relaxed()
         cute.arch.sync_threads()

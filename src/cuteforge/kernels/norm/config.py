@@ -73,6 +73,14 @@ cp_async:         forward only, row in registers (stages = 0; v2.8): 0 loads str
                   ctas_per_sm > 1 ptxas gets the register budget of that many CTAs per SM
                   (else it reads the weight and bias shares back all at once: LayerNorm
                   63 registers where 48 do).
+lag:              staged LayerNorm forward over a cluster only (v2.17): 0 finishes each row
+                  (its statistics' exchange, then y) before reading the next; 1 sends a
+                  row's (sum, M2) pairs, then finishes the row before it, reading its x
+                  again from its stage (common.make_moments_lagged): the cluster round trip
+                  runs under the next row's first pass, at the price of a second read of
+                  the chunk from shared memory and a stage held one row longer. Rows whose
+                  statistics need two exchanges (padded chunks) and a fused residual build
+                  the same config without it.
 """
 
 from __future__ import annotations
@@ -107,6 +115,7 @@ __all__ = [
 ]
 
 EXCHANGES = ("barrier", "mbar")
+LAG_SLOTS = 4  # the lagged forward's exchange slots (common.make_moments_lagged says why four)
 
 _REGS_PER_SM = 65536
 _MAX_REGS = 255
@@ -182,6 +191,7 @@ class NormConfig:
     stages: int = 0
     cp_async: int = 0
     parts: int = 0
+    lag: int = 0
 
     @property
     def rows_per_cta(self) -> int:
@@ -217,7 +227,8 @@ class NormConfig:
 
     def smem_bytes(self, n: int, backward: bool, dtype_bits: int = 32, has_dsum: bool = False) -> int:
         slots = max(self.threads_per_row // 32, 1) * self.cluster_n
-        red = 2 * 2 * self.rows_per_cta * slots * 4
+        n_slots = LAG_SLOTS if self.lag else 2  # exchange slots (the lagged forward: 4)
+        red = n_slots * 2 * self.rows_per_cta * slots * 4
         acc = 2 * self.rows_per_cta * n * 4 if backward and self.rows_per_cta > 1 else 0
         staged = 0
         c_ = self.cluster_n
@@ -238,7 +249,7 @@ class NormConfig:
             rounds = -(-elems_per_thread(n, self.threads_per_row, self.cluster_n) // vec_e)
             arrays = (2 if has_dsum else 1) + (2 if self.cp_async == 2 else 0)
             shares = arrays * self.threads * rounds * 16
-        return red + acc + (16 if self.exchange == "mbar" else 0) + staged + shares
+        return red + acc + (8 * n_slots if self.exchange == "mbar" else 0) + staged + shares
 
     def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None, backward: bool = False) -> None:
         """Raise ValueError if this config cannot run rows of n elements."""
@@ -295,6 +306,11 @@ class NormConfig:
                     f"stages={self.stages}: {self.ctas_per_sm} CTAs x {per_cta} B of shared memory exceed "
                     f"the SM's {sm_smem} B; fewer stages or ctas_per_sm"
                 )
+        if self.lag not in (0, 1) or isinstance(self.lag, bool):
+            raise ValueError(f"lag={self.lag!r}: 0 or 1")
+        if self.lag and (backward or self.stages < 2 or c == 1):
+            # one stage cannot hold row j - 1 (finished late) while row j comes in
+            raise ValueError("lag is a knob of the staged forward over a cluster (stages >= 2, cluster_n > 1)")
         if self.parts:
             if not isinstance(self.parts, int) or self.parts not in (2, 4, 8, 16) or not backward or not self.stages:
                 raise ValueError(f"parts={self.parts!r}: 2, 4, 8 or 16, a knob of the staged backward (stages >= 1)")
@@ -472,10 +488,17 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 # the stages; read per row from L2 this shape measured 51-60 %): 262144 93.3 / 93.1 in two
 # runs against the cp_async register default's 73.4 / 73.8
 # (benchmarks/results/h200-norm-fwd-layer-fp32-hoist.json, h200-norm-fwd-layer-deep-hoist.json).
-STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int], ...]] = {
+# A fifth entry is ``lag`` (v2.17, LayerNorm on 16-CTA clusters: the statistics finished one
+# row late). H100, A B A in two processes (h100-norm-fwd-lag-ab-1.json, -2.json; % of copy,
+# lagged against the unlagged default's two readings): 16-bit 262144 on 3 stages 95.3-95.6
+# against 92.3-93.4 (4 stages lagged 94.6-95.0); fp32 131072 on 3 stages 96.1 / 96.2 against
+# 94.2-94.8. Level or behind at 32768-131072 on 2-8 CTAs and at fp32 262144 (96.7 / 96.8
+# against 97.2-97.4), which keep the unlagged form.
+STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
     ("rms", 32): ((131073, 262144, 1024, 2),),
-    ("layer", 16): ((32768, 32768, 1024, 4), (32769, 65536, 512, 6), (65537, 262144, 256, 4)),
-    ("layer", 32): ((65536, 131072, 256, 4), (131073, 262144, 512, 2)),
+    ("layer", 16): ((32768, 32768, 1024, 4), (32769, 65536, 512, 6), (65537, 131072, 256, 4),
+                    (131073, 262144, 256, 3, 1)),
+    ("layer", 32): ((65536, 65536, 256, 4), (65537, 131072, 256, 3, 1), (131073, 262144, 512, 2)),
 }
 _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 
@@ -553,10 +576,13 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
             cfg = async_fwd_config(n, dtype_bits, threads, elems, level, occ)
             if cfg is not None:
                 return cfg
-    for lo, hi, threads, stages in STAGED_FWD.get((kind, dtype_bits), ()):
+    for lo, hi, threads, stages, *lag in STAGED_FWD.get((kind, dtype_bits), ()):
         if lo <= n <= hi:
             cfg = staged_fwd_config(n, dtype_bits, threads, stages)
             if cfg is not None:
+                if lag and cfg.cluster_n > 1:
+                    # one CTA per SM, as measured: the weight and bias stay in registers
+                    return replace(cfg, lag=lag[0], ctas_per_sm=1)
                 return cfg
     return default_register_fwd_config(n, dtype_bits, kind)
 

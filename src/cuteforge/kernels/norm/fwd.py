@@ -41,6 +41,7 @@ from .common import (
     make_allreduce_mbar,
     make_allreduce_mbar_rows,
     make_chunk,
+    make_moments_lagged,
     make_moments_mbar,
     make_row_async,
     make_row_io,
@@ -55,6 +56,7 @@ from .common import (
     staged_smem,
 )
 from .config import (
+    LAG_SLOTS,
     SMEM_PER_BLOCK,
     SMEM_PER_SM,
     NormConfig,
@@ -415,15 +417,19 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             warp_moments = make_warp_moments(tile, min(vec, 4), xtile.S / n)
         allreduce_m = make_allreduce_mbar_rows(xtile, 2 if moments else 1, moments=moments)
         xtx = mbar_tx_bytes(xtile) * (2 if moments else 1)
-        n_smem = reduce_smem_elems(xtile, 2)
         allreduce = None
     else:
         allreduce = make_allreduce(tile)
         allreduce_m = None
         xtx = 0
-        n_smem = reduce_smem_elems(tile, 2)
     n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
     S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
+    # the lagged form (config.lag, v2.17): one moments exchange per row, x not rewritten in
+    # shared memory (no residual), and a second stage to bring the next row into
+    LAG = bool(config.lag) and moments and not has_residual and S >= 2
+    n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
+    n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
+    lag_send, lag_recv = make_moments_lagged(xtile) if LAG else (None, None)
     n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)
     _part = make_chunk(NC, C)
@@ -461,7 +467,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     widen_x = make_widen(x_dtype, V, pairs=C >= 8)
     widen_w = make_widen(w_dtype, V, pairs=C >= 8)
     # barriers (S stages + the weight's and bias'), weight and bias, the first S rows
-    _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem)
+    _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem, n_xbar)
     QMAX = int(groups) if groups else device_fwd_groups(config)
     _bounds = launch_bounds(T, config.ctas_per_sm)
 
@@ -494,6 +500,33 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         if cutlass.const_expr(has_bias):
             widen_w(br, bf, k)
 
+    @cute.jit
+    def _finish_lagged(y: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, srows: cute.Tensor,
+                       buf: cute.Tensor, xbar, sw: cute.Tensor, sb: cute.Tensor, wg: cute.Tensor, bg: cute.Tensor,
+                       xc: cute.Tensor, xf: cute.Tensor, wr: cute.Tensor, br: cute.Tensor, wf: cute.Tensor,
+                       bf: cute.Tensor, oc: cute.Tensor, blk, it, tidx, cta):
+        """The lagged forward's second half for the CTA's it-th row ``blk``: its statistics
+        from the exchange posted one row earlier, then y from x read again from its stage."""
+        tot, m2 = lag_recv(buf, xbar, it % LAG_SLOTS, (it // LAG_SLOTS) % 2, tidx == 0, tidx)
+        mean = tot * Float32(inv_n)
+        rstd = cute.math.rsqrt(m2 * Float32(inv_n) + Float32(eps))
+        if (tidx == 0) & (cta == 0):
+            rstd_out[blk] = rstd
+            mean_out[blk] = mean
+        sx = srows[None, (it % S) * n_rows]
+        yo = _part(y[blk, None], cta)
+        for k in cutlass.range_constexpr(KT1):
+            load_col(sx, xc, tidx, k)
+            widen_x(xc, xf, k)
+            if cutlass.const_expr(not HOIST_W):
+                _weight_col(sw, sb, wg, bg, wr, br, wf, bf, tidx, k)
+            for v in cutlass.range_constexpr(tile.width(k)):
+                yv = (xf[v, k] - mean) * rstd * wf[v, k]
+                if cutlass.const_expr(has_bias):
+                    yv = yv + bf[v, k]
+                oc[v, k] = yv.to(x_dtype)
+            store_col(oc, yo, tidx, k)
+
     @cute.kernel
     def _kernel(
         x: cute.Tensor,
@@ -513,7 +546,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         smem = cutlass.memory.SmemAllocator()
         # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
         # with a cluster the row sums' exchange mbarriers
-        srows, buf, full, xbar = staged_smem(smem, x_dtype, NC, S * n_rows, n_smem, S + 1, C)
+        srows, buf, full, xbar = staged_smem(smem, x_dtype, NC, S * n_rows, n_smem, S + 1, C, n_xbar)
         sw = srows  # stand-ins unless weight and bias sit in shared memory
         sb = srows
         if cutlass.const_expr(w_smem):
@@ -548,96 +581,127 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
 
-        for blk in cutlass.range(q, m, n_q, unroll=1):
-            it = (blk - q) // n_q  # this CTA's row count so far
-            stage = it % S
-            sx = srows[None, stage * n_rows]
-            sr = srows[None, stage * n_rows + (n_rows - 1)]  # the residual's chunk (x's when unfused)
-            cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
-
-            # ---- pass 1: sum s (layer) or s^2 (rms); s = x + residual also goes out
-            ro = _part(res_out[blk, None], cta)
-            acc.fill(0.0)
-            for k in cutlass.range_constexpr(KT1):
-                load_col(sx, xc, g, k)
-                if cutlass.const_expr(has_residual):
-                    load_col(sr, rc, g, k)
-                widen_x(xc, xf, k)
-                if cutlass.const_expr(has_residual):
-                    widen_x(rc, rf, k)
-                    for v in cutlass.range_constexpr(tile.width(k)):
-                        xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)  # xc holds s from here on
-                    widen_x(xc, xf, k)
-                for v in cutlass.range_constexpr(tile.width(k)):
-                    sv = xf[v, k]
-                    if cutlass.const_expr(is_ln):
-                        acc[v % NACC] = acc[v % NACC] + sv
-                    else:
-                        acc[v % NACC] = acc[v % NACC] + sv * sv
-                if cutlass.const_expr(has_residual):
-                    store_col(xc, ro, g, k)
-            tot = acc[0]
-            for v in cutlass.range_constexpr(1, NACC):
-                tot = tot + acc[v]
-            mean = Float32(0.0)
-            if cutlass.const_expr(moments):
-                # pass 2 before the exchange: squares centred on the warp's own mean
-                wsum, wm2 = warp_moments(xf, tot, acc)
-                tot, m2 = _moments(wsum, wm2, buf, xbar, it, tidx, cta)
-                mean = tot * Float32(inv_n)
-                tot = m2
-            else:
-                tot = _reduce(tot, buf, xbar, it * n_red, tidx, cta)
-            if cutlass.const_expr(early_refill):
-                # every thread of this CTA is past this row's first reduction, so done reading
-                # this row's stage (the row now lives in registers): refill it with the row S
-                # ahead, while this row's statistics and output are still being formed
-                if tidx == 0:
-                    nr = blk + S * n_q
-                    if nr < m:
-                        _issue(x, res, res, srows, full, nr, stage, cta)
-            if cutlass.const_expr(is_ln and not moments):
-                # ---- pass 2: the centred sum of squares (exact two-pass variance)
-                mean = tot * Float32(inv_n)
+        if cutlass.const_expr(LAG):
+            # row it: pass 1 and its moments posted, then row it - 1 finished (its exchange
+            # was in flight meanwhile) and its stage refilled with the row S ahead of it
+            for blk in cutlass.range(q, m, n_q, unroll=1):
+                it = (blk - q) // n_q
+                stage = it % S
+                sx = srows[None, stage * n_rows]
+                cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
+                    load_col(sx, xc, g, k)
+                    widen_x(xc, xf, k)
                     for v in cutlass.range_constexpr(tile.width(k)):
-                        d = xf[v, k] - mean
-                        kind_k = tile.kind(k)
-                        if cutlass.const_expr(kind_k == "partial"):
-                            d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
-                        elif cutlass.const_expr(kind_k == "tail"):
-                            d = Float32(cutlass.select_(g < tile.TAIL, d, Float32(0.0)))
-                        acc[v % NACC] = acc[v % NACC] + d * d
+                        acc[v % NACC] = acc[v % NACC] + xf[v, k]
                 tot = acc[0]
                 for v in cutlass.range_constexpr(1, NACC):
                     tot = tot + acc[v]
-                tot = _reduce(tot, buf, xbar, it * n_red + 1, tidx, cta)
-            rstd = cute.math.rsqrt(tot * Float32(inv_n) + Float32(eps))
-            leader = tidx == 0
-            if cutlass.const_expr(C > 1):
-                leader = leader & (cta == 0)
-            if leader:
-                rstd_out[blk] = rstd
-                if cutlass.const_expr(is_ln):
-                    mean_out[blk] = mean
+                wsum, wm2 = warp_moments(xf, tot, acc)
+                lag_send(wsum, wm2, buf, xbar, it % LAG_SLOTS, tidx, cta)
+                if it > 0:
+                    _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, xf, wr, br, wf,
+                                   bf, oc, blk - n_q, it - 1, tidx, cta)
+                    cute.arch.sync_threads()  # every thread is done with row it - 1's stage
+                    if tidx == 0:
+                        nr = blk + (S - 1) * n_q
+                        if nr < m:
+                            _issue(x, res, res, srows, full, nr, (it - 1) % S, cta)
+            last = (m - 1 - q) // n_q  # the CTA's last row (the grid is at most m groups)
+            _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, xf, wr, br, wf, bf, oc,
+                           q + last * n_q, last, tidx, cta)
+        else:
+            for blk in cutlass.range(q, m, n_q, unroll=1):
+                it = (blk - q) // n_q  # this CTA's row count so far
+                stage = it % S
+                sx = srows[None, stage * n_rows]
+                sr = srows[None, stage * n_rows + (n_rows - 1)]  # the residual's chunk (x's when unfused)
+                cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
 
-            # ---- pass 3: y = (s - mean) * rstd * w (+ b)
-            yo = _part(y[blk, None], cta)
-            for k in cutlass.range_constexpr(KT1):
-                if cutlass.const_expr(not HOIST_W):
-                    _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
-                for v in cutlass.range_constexpr(tile.width(k)):
-                    yv = (xf[v, k] - mean) * rstd * wf[v, k]
-                    if cutlass.const_expr(has_bias):
-                        yv = yv + bf[v, k]
-                    oc[v, k] = yv.to(x_dtype)
-                store_col(oc, yo, g, k)
-            if cutlass.const_expr(not early_refill):
-                cute.arch.sync_threads()  # every thread is done with this stage
-                if tidx == 0:
-                    nr = blk + S * n_q
-                    if nr < m:
-                        _issue(x, res, res, srows, full, nr, stage, cta)
+                # ---- pass 1: sum s (layer) or s^2 (rms); s = x + residual also goes out
+                ro = _part(res_out[blk, None], cta)
+                acc.fill(0.0)
+                for k in cutlass.range_constexpr(KT1):
+                    load_col(sx, xc, g, k)
+                    if cutlass.const_expr(has_residual):
+                        load_col(sr, rc, g, k)
+                    widen_x(xc, xf, k)
+                    if cutlass.const_expr(has_residual):
+                        widen_x(rc, rf, k)
+                        for v in cutlass.range_constexpr(tile.width(k)):
+                            xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)  # xc holds s from here on
+                        widen_x(xc, xf, k)
+                    for v in cutlass.range_constexpr(tile.width(k)):
+                        sv = xf[v, k]
+                        if cutlass.const_expr(is_ln):
+                            acc[v % NACC] = acc[v % NACC] + sv
+                        else:
+                            acc[v % NACC] = acc[v % NACC] + sv * sv
+                    if cutlass.const_expr(has_residual):
+                        store_col(xc, ro, g, k)
+                tot = acc[0]
+                for v in cutlass.range_constexpr(1, NACC):
+                    tot = tot + acc[v]
+                mean = Float32(0.0)
+                if cutlass.const_expr(moments):
+                    # pass 2 before the exchange: squares centred on the warp's own mean
+                    wsum, wm2 = warp_moments(xf, tot, acc)
+                    tot, m2 = _moments(wsum, wm2, buf, xbar, it, tidx, cta)
+                    mean = tot * Float32(inv_n)
+                    tot = m2
+                else:
+                    tot = _reduce(tot, buf, xbar, it * n_red, tidx, cta)
+                if cutlass.const_expr(early_refill):
+                    # every thread of this CTA is past this row's first reduction, so done reading
+                    # this row's stage (the row now lives in registers): refill it with the row S
+                    # ahead, while this row's statistics and output are still being formed
+                    if tidx == 0:
+                        nr = blk + S * n_q
+                        if nr < m:
+                            _issue(x, res, res, srows, full, nr, stage, cta)
+                if cutlass.const_expr(is_ln and not moments):
+                    # ---- pass 2: the centred sum of squares (exact two-pass variance)
+                    mean = tot * Float32(inv_n)
+                    acc.fill(0.0)
+                    for k in cutlass.range_constexpr(KT1):
+                        for v in cutlass.range_constexpr(tile.width(k)):
+                            d = xf[v, k] - mean
+                            kind_k = tile.kind(k)
+                            if cutlass.const_expr(kind_k == "partial"):
+                                d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
+                            elif cutlass.const_expr(kind_k == "tail"):
+                                d = Float32(cutlass.select_(g < tile.TAIL, d, Float32(0.0)))
+                            acc[v % NACC] = acc[v % NACC] + d * d
+                    tot = acc[0]
+                    for v in cutlass.range_constexpr(1, NACC):
+                        tot = tot + acc[v]
+                    tot = _reduce(tot, buf, xbar, it * n_red + 1, tidx, cta)
+                rstd = cute.math.rsqrt(tot * Float32(inv_n) + Float32(eps))
+                leader = tidx == 0
+                if cutlass.const_expr(C > 1):
+                    leader = leader & (cta == 0)
+                if leader:
+                    rstd_out[blk] = rstd
+                    if cutlass.const_expr(is_ln):
+                        mean_out[blk] = mean
+
+                # ---- pass 3: y = (s - mean) * rstd * w (+ b)
+                yo = _part(y[blk, None], cta)
+                for k in cutlass.range_constexpr(KT1):
+                    if cutlass.const_expr(not HOIST_W):
+                        _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
+                    for v in cutlass.range_constexpr(tile.width(k)):
+                        yv = (xf[v, k] - mean) * rstd * wf[v, k]
+                        if cutlass.const_expr(has_bias):
+                            yv = yv + bf[v, k]
+                        oc[v, k] = yv.to(x_dtype)
+                    store_col(oc, yo, g, k)
+                if cutlass.const_expr(not early_refill):
+                    cute.arch.sync_threads()  # every thread is done with this stage
+                    if tidx == 0:
+                        nr = blk + S * n_q
+                        if nr < m:
+                            _issue(x, res, res, srows, full, nr, stage, cta)
 
     return _launcher(_kernel, lambda m: cutlass.min(m, QMAX), T, C, _bounds)
