@@ -220,15 +220,24 @@ def test_long_row_forward_defaults_follow_the_sweep():
         assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async, d.ctas_per_sm) == ("mbar", 256, cluster, 0, 2, 1), d
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages for c in cands) and any(not (c.stages or c.cp_async) for c in cands)
-    staged = {("layer", 32, 262144): (512, 16, 2, 0), ("layer", 32, 196608): (512, 16, 2, 0),  # v2.15: weight in registers
-              ("rms", 32, 262144): (1024, 16, 2, 0), ("layer", 16, 32768): (1024, 2, 4, 0),
-              ("layer", 16, 65536): (512, 4, 6, 0), ("layer", 16, 131072): (256, 8, 4, 0),
-              ("layer", 16, 262144): (256, 16, 3, 1), ("layer", 16, 196608): (256, 16, 3, 1),  # v2.17: lagged
-              ("layer", 32, 65536): (256, 8, 4, 0), ("layer", 32, 131072): (256, 16, 3, 1)}
-    for (kind, bits, n), (threads, cluster, stages, lag) in staged.items():
+    # (threads, cluster, stages, CTAs per SM, lag) without and with a fused residual
+    staged = {("layer", 32, 262144): ((512, 16, 2, 1, 0),) * 2, ("layer", 32, 196608): ((512, 16, 2, 1, 0),) * 2,
+              ("rms", 32, 262144): ((1024, 16, 2, 1, 0),) * 2,
+              # v2.17: lagged where no residual is fused
+              ("layer", 16, 32768): ((512, 2, 2, 3, 1), (1024, 2, 4, 1, 0)),
+              ("layer", 16, 65536): ((512, 4, 2, 3, 1), (512, 4, 6, 1, 0)),
+              ("layer", 16, 131072): ((512, 8, 2, 3, 1), (256, 8, 4, 1, 0)),
+              ("layer", 16, 262144): ((256, 16, 3, 1, 1), (256, 16, 4, 1, 0)),
+              ("layer", 16, 196608): ((256, 16, 3, 1, 1), (256, 16, 4, 2, 0)),
+              ("layer", 16, 40000): ((512, 4, 6, 1, 0),) * 2,  # chunks of part rounds: unlagged
+              ("layer", 32, 65536): ((256, 8, 4, 1, 0),) * 2,
+              ("layer", 32, 131072): ((256, 16, 3, 1, 1), (256, 16, 4, 1, 0))}
+    for (kind, bits, n), wants in staged.items():
+        for residual, want in zip((False, True), wants):
+            d = default_config(n, bits, kind=kind, residual=residual)
+            assert (d.exchange, d.threads, d.cluster_n, d.stages, d.ctas_per_sm, d.lag) == ("mbar", *want), (kind, bits, n, d)
+            d.validate(n, bits)
         d = default_config(n, bits, kind=kind)
-        assert (d.exchange, d.threads, d.cluster_n, d.stages, d.ctas_per_sm, d.lag) == (
-            "mbar", threads, cluster, stages, 1, lag), (kind, bits, n, d)
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages == 0 for c in cands)  # the register path stays a candidate
     assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row
@@ -680,6 +689,7 @@ _FWD_STAGED = [
     ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
     ("layer", "float32", "float32", 131072, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
     ("layer", "float16", "float16", 262144, True, True, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
+    ("layer", "bfloat16", "bfloat16", 65536, True, False, NormConfig(512, 512, 4, 3, exchange="mbar", stages=2, lag=1)),
 ]
 
 

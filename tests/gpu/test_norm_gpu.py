@@ -918,18 +918,20 @@ def test_staged_fwd_fp32_weight_and_one_cta_rows():
 
 def _lagged_cases():
     """(kind, dtype, n, config, residual): LayerNorm with each dtype at N = 32768, 65536,
-    262144 on two staged shapes (3 stages of 256 threads, the 16-bit 262144 default), lag = 1, with and without the
-    residual (which builds the unlagged form); RMSNorm once (lag does not apply)."""
+    131072, 262144 on the lagged default where there is one and on 3 stages of 256 threads
+    at one CTA per SM, lag = 1, with and without the residual (which builds the unlagged
+    form); RMSNorm once (lag does not apply)."""
     from dataclasses import replace
 
-    from cuteforge.kernels.norm.config import staged_fwd_config
+    from cuteforge.kernels.norm.config import default_config, staged_fwd_config
 
     out = []
     for dt in DTYPES:
         bits = dt.itemsize * 8
-        for n in (32768, 65536, 262144):
-            cfgs = []
-            for threads, stages in ((256, 3), (512, 6), (256, 4), (1024, 3)):
+        for n in (32768, 65536, 131072, 262144):
+            d = default_config(n, bits, kind="layer")
+            cfgs = [d] if d.lag else []
+            for threads, stages in ((256, 3), (512, 6), (256, 4)):
                 c = staged_fwd_config(n, bits, threads, stages)
                 if c is not None and c.cluster_n > 1 and replace(c, lag=1, ctas_per_sm=1) not in cfgs:
                     cfgs.append(replace(c, lag=1, ctas_per_sm=1))
@@ -961,8 +963,8 @@ def test_lagged_fwd_many_rows_per_group():
     from cuteforge.kernels.norm.config import staged_fwd_config
     from cuteforge.ops import norm as impl
 
-    for n, threads, stages, m in ((262144, 256, 4, 131), (65536, 512, 6, 1311)):
-        cfg = replace(staged_fwd_config(n, 16, threads, stages), lag=1)
+    for n, threads, stages, occ, m in ((262144, 256, 3, 1, 131), (65536, 512, 2, 3, 1311), (65536, 512, 6, 1, 1311)):
+        cfg = replace(staged_fwd_config(n, 16, threads, stages), lag=1, ctas_per_sm=occ)
         x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=True, seed=m)
         got = impl._forward("layer", x, w, b, None, 1e-5, cfg)
         _check_fwd("layer", x, w, b, None, 1e-5, got, torch.bfloat16, f"{cfg} m={m}")

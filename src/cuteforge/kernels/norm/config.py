@@ -488,17 +488,26 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 # the stages; read per row from L2 this shape measured 51-60 %): 262144 93.3 / 93.1 in two
 # runs against the cp_async register default's 73.4 / 73.8
 # (benchmarks/results/h200-norm-fwd-layer-fp32-hoist.json, h200-norm-fwd-layer-deep-hoist.json).
-# A fifth entry is ``lag`` (v2.17, LayerNorm on 16-CTA clusters: the statistics finished one
-# row late). H100, A B A in two processes (h100-norm-fwd-lag-ab-1.json, -2.json; % of copy,
-# lagged against the unlagged default's two readings): 16-bit 262144 on 3 stages 95.3-95.6
-# against 92.3-93.4 (4 stages lagged 94.6-95.0); fp32 131072 on 3 stages 96.1 / 96.2 against
-# 94.2-94.8. Level or behind at 32768-131072 on 2-8 CTAs and at fp32 262144 (96.7 / 96.8
-# against 97.2-97.4), which keep the unlagged form.
+# Entries with (lag, CTAs per SM) after the stages are the lagged form (v2.17: LayerNorm's
+# statistics finished one row late), taken where it is built (no residual: with one the
+# unlagged entries after them apply; chunks of whole vector rounds). H100, kernel alone,
+# % of copy, against the unlagged default in the same process:
+#   16-bit 262144, 256 threads, 3 stages, 1 CTA per SM: 95.3-95.6 against 92.3-93.4 (A B A in
+#     two processes, h100-norm-fwd-lag-ab-1.json, -2.json);
+#   fp32 131072, the same shape: 96.1 / 96.2 against 94.2-94.8 (ibid.);
+#   16-bit 32768..131072, 512 threads, 2 stages, 3 CTAs per SM (the 32 KiB chunks of three
+#     rows' clusters share an SM; 40 registers, no spill): 65536 93.1-93.6 against 89.4-90.6
+#     in three processes, bf16 and fp16 (h100-norm-fwd-layer-65536-lag2-1.json, -2.json,
+#     h100-norm-fwd-layer-lag-occ.json); 32768 94.6 against 92.6, 131072 93.6 against 92.1
+#     (-lag-occ.json). Lagged on one CTA per SM 32768-131072 measured level (-lag-ab).
+# fp32 65536 (94.5 against 93.9) and 262144 (lagged 96.7 / 96.8 against 97.2-97.4) keep the
+# unlagged form.
 STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
     ("rms", 32): ((131073, 262144, 1024, 2),),
-    ("layer", 16): ((32768, 32768, 1024, 4), (32769, 65536, 512, 6), (65537, 131072, 256, 4),
-                    (131073, 262144, 256, 3, 1)),
-    ("layer", 32): ((65536, 65536, 256, 4), (65537, 131072, 256, 3, 1), (131073, 262144, 512, 2)),
+    ("layer", 16): ((32768, 131072, 512, 2, 1, 3), (131073, 262144, 256, 3, 1, 1),  # lagged
+                    (32768, 32768, 1024, 4), (32769, 65536, 512, 6), (65537, 262144, 256, 4)),
+    ("layer", 32): ((65537, 131072, 256, 3, 1, 1),  # lagged
+                    (65536, 131072, 256, 4), (131073, 262144, 512, 2)),
 }
 _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 
@@ -544,12 +553,14 @@ def staged_fwd_config(n: int, dtype_bits: int, threads: int, stages: int) -> Nor
     return cfg
 
 
-def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms") -> NormConfig:
+def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms",
+                   residual: bool = False) -> NormConfig:
     """Heuristic: long forward rows (V2_FWD_MIN_N) take the mbar exchange shaped by
     V2_FWD_SHAPE; backward rows in STAGED_BWD's range the row-staged backward; otherwise
     ~_TARGET_E elements per thread; rows longer than 512 threads' worth split over a
     cluster (up to 16 CTAs); then, if the registers do not fit, the backward reloads x/dy
-    and finally gives each thread a larger share."""
+    and finally gives each thread a larger share. ``residual``: the forward fuses a
+    residual add (the lagged staged shapes do not apply)."""
     if backward:
         for lo, hi, elems, stages in STAGED_BWD.get(dtype_bits, ()):
             if lo <= n <= hi:
@@ -576,15 +587,29 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
             cfg = async_fwd_config(n, dtype_bits, threads, elems, level, occ)
             if cfg is not None:
                 return cfg
-    for lo, hi, threads, stages, *lag in STAGED_FWD.get((kind, dtype_bits), ()):
+    for lo, hi, threads, stages, *lagged in STAGED_FWD.get((kind, dtype_bits), ()):
         if lo <= n <= hi:
             cfg = staged_fwd_config(n, dtype_bits, threads, stages)
+            if cfg is not None and lagged:
+                cfg = _lagged_fwd_config(cfg, n, dtype_bits, lagged[1]) if not residual else None
             if cfg is not None:
-                if lag and cfg.cluster_n > 1:
-                    # one CTA per SM, as measured: the weight and bias stay in registers
-                    return replace(cfg, lag=lag[0], ctas_per_sm=1)
                 return cfg
     return default_register_fwd_config(n, dtype_bits, kind)
+
+
+def _lagged_fwd_config(cfg: NormConfig, n: int, dtype_bits: int, ctas_per_sm: int) -> NormConfig | None:
+    """``cfg`` with lag = 1 at ``ctas_per_sm`` CTAs per SM, or None where the lagged form
+    would not be built (a chunk that leaves a warp part of a vector round: the statistics
+    then take two exchanges) or that occupancy does not fit."""
+    vec = 128 // dtype_bits
+    if cfg.cluster_n < 2 or (n // cfg.cluster_n) % (cfg.threads * vec):
+        return None
+    out = replace(cfg, lag=1, ctas_per_sm=ctas_per_sm)
+    try:
+        out.validate(n, dtype_bits)
+    except ValueError:
+        return None
+    return out
 
 
 def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> NormConfig:
