@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 
 import pytest
 from ptxas_check import ptxas_no_spill
@@ -199,6 +200,22 @@ def test_mbar_exchange_validate_and_candidates():
         assert default_config(262144, bits).exchange == ("barrier" if V2_FWD_MIN_N[bits] is None else "mbar")
 
 
+def test_lag_validation():
+    """lag (v2.17) is a knob of the staged forward over a cluster with two stages at least."""
+    ok = NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)
+    ok.validate(262144, 16)
+    for bad, why in ((replace(ok, stages=1), "stages >= 2"), (replace(ok, lag=2), "0 or 1"),
+                     (replace(ok, lag=True), "0 or 1")):
+        with pytest.raises(ValueError, match=why):
+            bad.validate(262144, 16)
+    with pytest.raises(ValueError, match="lag"):
+        ok.validate(262144, 16, backward=True)
+    with pytest.raises(ValueError, match="lag"):
+        NormConfig(256, 256, 1, 1, stages=3, lag=1).validate(8192, 16)
+    # the four exchange slots are in the shared memory estimate
+    assert ok.smem_bytes(262144, False, 16) > replace(ok, lag=0).smem_bytes(262144, False, 16)
+
+
 def test_long_row_forward_defaults_follow_the_sweep():
     """The measured winners (h200-longrow-v2.json, h200-norm-staged-fwd-deep.json,
     h200-norm-async-fwd.json) per kind and dtype class: rows in registers over a cluster,
@@ -240,6 +257,8 @@ def test_long_row_forward_defaults_follow_the_sweep():
         d = default_config(n, bits, kind=kind)
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages == 0 for c in cands)  # the register path stays a candidate
+        if d.lag:  # the unlagged shape it replaced is the tuner's second candidate
+            assert cands[1] == default_config(n, bits, kind=kind, residual=True) and not cands[1].lag
     assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row
     limits = limits_for("sm_90a")
     for kind in ("rms", "layer"):

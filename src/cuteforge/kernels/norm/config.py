@@ -691,7 +691,9 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str
         # register path and the candidates around it
         out = [base]
         reg = default_register_fwd_config(n, dtype_bits, kind)
-        alts = async_fwd_candidates(n, dtype_bits)[:3]
+        # a lagged default (v2.17, measured on an H100 only) next to the unlagged shape it replaced
+        alts = [default_config(n, dtype_bits, backward, kind, residual=True)] if base.lag else []
+        alts += async_fwd_candidates(n, dtype_bits)[:3]
         alts += [staged_fwd_config(n, dtype_bits, t, s) for t, s in ((256, 4), (512, 4), (1024, 4), (256, 6))]
         for cfg in alts + [reg] + candidate_configs_around(reg, n, dtype_bits, False):
             if cfg is not None and cfg not in out:
