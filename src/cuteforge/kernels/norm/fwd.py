@@ -26,6 +26,11 @@ shared memory is only ever written by the copies), reduce (with a cluster throug
 u % 2, phase (u // 2) % 2), refill the stage with the row S ahead right after the first
 reduction (v2.7: every thread has read it by then), then form the statistics' other
 passes and y from registers and write y (and s) straight to global memory.
+
+``lag`` (v2.17, LayerNorm over a cluster, no residual): a CTA posts row j's moments, then
+finishes row j - 1 (its exchange was in flight meanwhile) from x read again out of its
+stage, and only then refills that stage; the cluster round trip no longer stalls every
+warp of the SM, and x is not held in registers across it (3 CTAs of 512 threads fit).
 """
 
 from __future__ import annotations
