@@ -119,7 +119,7 @@ def deep_fwd_candidates(n: int, bits: int) -> list[Any]:
 
 
 def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = False,
-              cp_async: bool = False) -> list[tuple[str, str, int, Any, bool]]:
+              cp_async: bool = False, residual: bool = False) -> list[tuple[str, str, int, Any, bool]]:
     """(op, dtype, n, config, is_default): the forward default and every staged forward
     candidate (v2.6); with ``deep`` also ``deep_fwd_candidates`` at N >= 32768. With
     ``cp_async`` (v2.8) instead: the default, the staged and register long-row defaults,
@@ -152,7 +152,7 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = Fal
         for dt in dtypes:
             bits = getattr(torch, dt).itemsize * 8
             for n in ns:
-                d = default_config(n, bits, False, kind)
+                d = default_config(n, bits, False, kind, residual)
                 out.append((op, dt, n, d, True))
                 seen = [d]
                 for c in candidates(n, bits, kind):
@@ -175,7 +175,7 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     from cuteforge.kernels.norm.spec import norm_fwd
 
     arch = target_arch()
-    todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async)
+    todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async, args.residual)
     if args.defaults_only:
         todo = [t for t in todo if t[4]]
     extra = [eval(c, {"NormConfig": NormConfig}) for c in args.configs.split(";") if c.strip()]  # noqa: S307 - CLI input

@@ -489,8 +489,8 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 # runs against the cp_async register default's 73.4 / 73.8
 # (benchmarks/results/h200-norm-fwd-layer-fp32-hoist.json, h200-norm-fwd-layer-deep-hoist.json).
 # Entries with (lag, CTAs per SM) after the stages are the lagged form (v2.17: LayerNorm's
-# statistics finished one row late), taken where it is built (no residual: with one the
-# unlagged entries after them apply; chunks of whole vector rounds). H100, kernel alone,
+# statistics finished one row late), taken where it is built (chunks of whole vector rounds);
+# a fused residual takes STAGED_FWD_RESIDUAL's entries first, and these only after them. H100, kernel alone,
 # % of copy, against the unlagged default in the same process:
 #   16-bit 262144, 256 threads, 3 stages, 1 CTA per SM: 95.3-95.6 against 92.3-93.4 (A B A in
 #     two processes, h100-norm-fwd-lag-ab-1.json, -2.json);
@@ -508,6 +508,18 @@ STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
                     (32768, 32768, 1024, 4), (32769, 65536, 512, 6), (65537, 262144, 256, 4)),
     ("layer", 32): ((65537, 131072, 256, 3, 1, 1),  # lagged
                     (65536, 131072, 256, 4), (131073, 262144, 512, 2)),
+}
+# With a fused residual (x and the residual staged: two rows per stage, so fewer stages fit),
+# ahead of STAGED_FWD's unlagged entries: LayerNorm 16-bit, lagged. H100, kernel alone, the
+# residual's bytes counted, A B A in one process against the unlagged default
+# (h100-norm-fwd-lag-residual-ab.json, bf16; the config as given, stages then cut to fit):
+# 32768 1024 threads 94.9 against 93.1 / 93.4; 65536 512 threads 92.6 against 87.8 / 87.9;
+# 131072 512 threads at 2 CTAs per SM 92.1 against 72.8 / 72.7; 262144 256 threads, 2 stages
+# 93.5 against 71.6 / 71.8. fp32 measured level (94.8-97.1 against 95.0-97.2) and keeps it.
+STAGED_FWD_RESIDUAL: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
+    ("layer", 16): ((32768, 32768, 1024, 4, 1, 1), (32769, 65536, 512, 6, 1, 1), (65537, 131072, 512, 2, 1, 2),
+                    (131073, 262144, 256, 2, 1, 1)),
+    ("layer", 32): ((65536, 131072, 256, 4),),  # unlagged
 }
 _STAGED_FWD_CHUNK_BYTES = 32 * 1024
 
@@ -560,7 +572,7 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
     ~_TARGET_E elements per thread; rows longer than 512 threads' worth split over a
     cluster (up to 16 CTAs); then, if the registers do not fit, the backward reloads x/dy
     and finally gives each thread a larger share. ``residual``: the forward fuses a
-    residual add (the lagged staged shapes do not apply)."""
+    residual add (``STAGED_FWD_RESIDUAL``'s shapes come first)."""
     if backward:
         for lo, hi, elems, stages in STAGED_BWD.get(dtype_bits, ()):
             if lo <= n <= hi:
@@ -587,13 +599,24 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
             cfg = async_fwd_config(n, dtype_bits, threads, elems, level, occ)
             if cfg is not None:
                 return cfg
-    for lo, hi, threads, stages, *lagged in STAGED_FWD.get((kind, dtype_bits), ()):
+    table = STAGED_FWD.get((kind, dtype_bits), ())
+    if residual:
+        table = STAGED_FWD_RESIDUAL.get((kind, dtype_bits), ()) + table
+    for lo, hi, threads, stages, *lagged in table:
         if lo <= n <= hi:
             cfg = staged_fwd_config(n, dtype_bits, threads, stages)
             if cfg is not None and lagged:
-                cfg = _lagged_fwd_config(cfg, n, dtype_bits, lagged[1]) if not residual else None
+                cfg = _lagged_fwd_config(cfg, n, dtype_bits, lagged[1])
             if cfg is not None:
                 return cfg
+    return default_register_fwd_config(n, dtype_bits, kind)
+
+
+def _unlagged_default(n: int, dtype_bits: int, kind: str) -> NormConfig:
+    """The forward default that STAGED_FWD's first unlagged entry for n gives (v2.16's)."""
+    for lo, hi, threads, stages, *lagged in STAGED_FWD.get((kind, dtype_bits), ()):
+        if lo <= n <= hi and not lagged and (cfg := staged_fwd_config(n, dtype_bits, threads, stages)) is not None:
+            return cfg
     return default_register_fwd_config(n, dtype_bits, kind)
 
 
@@ -691,8 +714,9 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str
         # register path and the candidates around it
         out = [base]
         reg = default_register_fwd_config(n, dtype_bits, kind)
-        # a lagged default (v2.17, measured on an H100 only) next to the unlagged shape it replaced
-        alts = [default_config(n, dtype_bits, backward, kind, residual=True)] if base.lag else []
+        # a lagged default (v2.17, measured on an H100 only) next to the unlagged shape it
+        # replaced (the residual's entries skipped)
+        alts = [_unlagged_default(n, dtype_bits, kind)] if base.lag else []
         alts += async_fwd_candidates(n, dtype_bits)[:3]
         alts += [staged_fwd_config(n, dtype_bits, t, s) for t, s in ((256, 4), (512, 4), (1024, 4), (256, 6))]
         for cfg in alts + [reg] + candidate_configs_around(reg, n, dtype_bits, False):

@@ -27,7 +27,7 @@ u % 2, phase (u // 2) % 2), refill the stage with the row S ahead right after th
 reduction (v2.7: every thread has read it by then), then form the statistics' other
 passes and y from registers and write y (and s) straight to global memory.
 
-``lag`` (v2.17, LayerNorm over a cluster, no residual): a CTA posts row j's moments, then
+``lag`` (v2.17, LayerNorm over a cluster): a CTA posts row j's moments, then
 finishes row j - 1 (its exchange was in flight meanwhile) from x read again out of its
 stage, and only then refills that stage; the cluster round trip no longer stalls every
 warp of the SM, and x is not held in registers across it (3 CTAs of 512 threads fit).
@@ -429,9 +429,9 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         xtx = 0
     n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
     S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
-    # the lagged form (config.lag, v2.17): one moments exchange per row, x not rewritten in
-    # shared memory (no residual), and a second stage to bring the next row into
-    LAG = bool(config.lag) and moments and not has_residual and S >= 2
+    # the lagged form (config.lag, v2.17): one moments exchange per row and a second stage to
+    # bring the next row into
+    LAG = bool(config.lag) and moments and S >= 2
     n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
     n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
     lag_send, lag_recv = make_moments_lagged(xtile) if LAG else (None, None)
@@ -505,13 +505,27 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         if cutlass.const_expr(has_bias):
             widen_w(br, bf, k)
 
+    def _sum_col(sx, sr, xc, rc, xf, rf, g, k):
+        """Column k of this thread's share of s from the stage, widened to fp32 in xf (traced
+        inline): x, or with a residual (x + residual) rounded to x's dtype, left in xc."""
+        load_col(sx, xc, g, k)
+        if cutlass.const_expr(has_residual):
+            load_col(sr, rc, g, k)
+        widen_x(xc, xf, k)
+        if cutlass.const_expr(has_residual):
+            widen_x(rc, rf, k)
+            for v in range(tile.width(k)):  # a plain function: Python unrolls it when tracing
+                xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)
+            widen_x(xc, xf, k)
+
     @cute.jit
     def _finish_lagged(y: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, srows: cute.Tensor,
                        buf: cute.Tensor, xbar, sw: cute.Tensor, sb: cute.Tensor, wg: cute.Tensor, bg: cute.Tensor,
-                       xc: cute.Tensor, xf: cute.Tensor, wr: cute.Tensor, br: cute.Tensor, wf: cute.Tensor,
-                       bf: cute.Tensor, oc: cute.Tensor, blk, it, tidx, cta):
+                       xc: cute.Tensor, rc: cute.Tensor, xf: cute.Tensor, rf: cute.Tensor, wr: cute.Tensor,
+                       br: cute.Tensor, wf: cute.Tensor, bf: cute.Tensor, oc: cute.Tensor, blk, it, tidx, cta):
         """The lagged forward's second half for the CTA's it-th row ``blk``: its statistics
-        from the exchange posted one row earlier, then y from x read again from its stage."""
+        from the exchange posted one row earlier, then y from x read again from its stage
+        (with a residual, s = x + residual formed again, as pass 1 rounded it)."""
         tot, m2 = lag_recv(buf, xbar, it % LAG_SLOTS, (it // LAG_SLOTS) % 2, tidx == 0, tidx)
         mean = tot * Float32(inv_n)
         rstd = cute.math.rsqrt(m2 * Float32(inv_n) + Float32(eps))
@@ -519,10 +533,10 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             rstd_out[blk] = rstd
             mean_out[blk] = mean
         sx = srows[None, (it % S) * n_rows]
+        sr = srows[None, (it % S) * n_rows + (n_rows - 1)]
         yo = _part(y[blk, None], cta)
         for k in cutlass.range_constexpr(KT1):
-            load_col(sx, xc, tidx, k)
-            widen_x(xc, xf, k)
+            _sum_col(sx, sr, xc, rc, xf, rf, tidx, k)
             if cutlass.const_expr(not HOIST_W):
                 _weight_col(sw, sb, wg, bg, wr, br, wf, bf, tidx, k)
             for v in cutlass.range_constexpr(tile.width(k)):
@@ -593,11 +607,14 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 it = (blk - q) // n_q
                 stage = it % S
                 sx = srows[None, stage * n_rows]
+                sr = srows[None, stage * n_rows + (n_rows - 1)]  # the residual's chunk (x's when unfused)
                 cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
+                ro = _part(res_out[blk, None], cta)
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
-                    load_col(sx, xc, g, k)
-                    widen_x(xc, xf, k)
+                    _sum_col(sx, sr, xc, rc, xf, rf, g, k)
+                    if cutlass.const_expr(has_residual):
+                        store_col(xc, ro, g, k)
                     for v in cutlass.range_constexpr(tile.width(k)):
                         acc[v % NACC] = acc[v % NACC] + xf[v, k]
                 tot = acc[0]
@@ -606,16 +623,16 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 wsum, wm2 = warp_moments(xf, tot, acc)
                 lag_send(wsum, wm2, buf, xbar, it % LAG_SLOTS, tidx, cta)
                 if it > 0:
-                    _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, xf, wr, br, wf,
-                                   bf, oc, blk - n_q, it - 1, tidx, cta)
+                    _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, rc, xf, rf, wr, br,
+                                   wf, bf, oc, blk - n_q, it - 1, tidx, cta)
                     cute.arch.sync_threads()  # every thread is done with row it - 1's stage
                     if tidx == 0:
                         nr = blk + (S - 1) * n_q
                         if nr < m:
                             _issue(x, res, res, srows, full, nr, (it - 1) % S, cta)
             last = (m - 1 - q) // n_q  # the CTA's last row (the grid is at most m groups)
-            _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, xf, wr, br, wf, bf, oc,
-                           q + last * n_q, last, tidx, cta)
+            _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, rc, xf, rf, wr, br, wf, bf,
+                           oc, q + last * n_q, last, tidx, cta)
         else:
             for blk in cutlass.range(q, m, n_q, unroll=1):
                 it = (blk - q) // n_q  # this CTA's row count so far
