@@ -510,18 +510,19 @@ STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
                     (65536, 131072, 256, 4), (131073, 262144, 512, 2)),
 }
 # With a fused residual (x and the residual staged: two rows per stage, so fewer stages fit),
-# ahead of STAGED_FWD's unlagged entries: LayerNorm 16-bit, lagged. H100, kernel alone, the
-# residual's bytes counted, A B A in one process against the unlagged default
-# (h100-norm-fwd-lag-residual-ab.json, bf16; the config as given, stages then cut to fit):
-# 32768 1024 threads 94.9 against 93.1 / 93.4; 65536 512 threads 92.6 against 87.8 / 87.9;
-# 131072 512 threads at 2 CTAs per SM 92.1 against 72.8 / 72.7; 262144 256 threads, 2 stages
-# 93.5 against 71.6 / 71.8. fp32 measured level (94.8-97.1 against 95.0-97.2) and keeps it.
+# ahead of STAGED_FWD: LayerNorm 16-bit; a 7th entry is the chunk target in KiB (32 if not
+# given). H100, kernel alone, the residual's bytes counted, one process each, bf16 / fp16
+# (h100-norm-fwd-lag-residual-ab.json, h100-norm-fwd-residual-defaults-v2.17.json), against
+# v2.16's defaults: 32768 lagged 1024 threads 94.9-95.0 / 94.7 against 93.1-93.4 / 93.3;
+# 65536 and 131072 unlagged 256 threads on 16 KiB chunks (8 / 16 CTAs) 94.1 / 94.1 and
+# 95.2 / 95.3 against 87.7-87.9 / 89.3 and 72.7-73.8 / 74.4 (lagged 512 threads measured
+# 92.3-92.7 and 92.0-92.1 there); 262144 lagged 256 threads, 2 stages, 93.4-93.5 / 95.3
+# against 69.1-71.8 / 69.4. fp32 measured level with lag (94.8-97.1 against 95.0-97.2) and
+# keeps v2.16's shapes.
 STAGED_FWD_RESIDUAL: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
-    ("layer", 16): ((32768, 32768, 1024, 4, 1, 1), (32769, 65536, 512, 6, 1, 1), (65537, 131072, 512, 2, 1, 2),
-                    (131073, 262144, 256, 2, 1, 1)),
+    ("layer", 16): ((32768, 32768, 1024, 4, 1, 1), (32769, 131072, 256, 4, 0, 1, 16), (131073, 262144, 256, 2, 1, 1)),
     ("layer", 32): ((65536, 131072, 256, 4),),  # unlagged
 }
-_STAGED_FWD_CHUNK_BYTES = 32 * 1024
 
 # cp_async register forward (v2.8) as the default, ahead of STAGED_FWD: per (kind, dtype
 # bits), the N ranges (inclusive) with (threads per CTA, elements per thread, cp_async level,
@@ -551,13 +552,14 @@ ASYNC_FWD: dict[tuple[str, int], tuple[tuple[int, int, int, int, int, int], ...]
 }
 
 
-def staged_fwd_config(n: int, dtype_bits: int, threads: int, stages: int) -> NormConfig | None:
+def staged_fwd_config(n: int, dtype_bits: int, threads: int, stages: int,
+                      chunk_bytes: int = 32 * 1024) -> NormConfig | None:
     """The staged forward with ``threads``-thread CTAs and ``stages`` stages on the smallest
-    cluster (1..16) whose chunks hold <= 32 KiB (16 CTAs at most: fp32 N = 262144 has 64 KiB
-    chunks), as many CTAs per SM as fit; None when it is not valid for n (N not cut into
-    16-byte multiples, too many elements per thread, the stages do not fit)."""
+    cluster (1..16) whose chunks hold <= ``chunk_bytes`` (16 CTAs at most: fp32 N = 262144
+    has 64 KiB chunks), as many CTAs per SM as fit; None when it is not valid for n (N not
+    cut into 16-byte multiples, too many elements per thread, the stages do not fit)."""
     c = 1
-    while c < 16 and _row_bytes(n, dtype_bits) > c * _STAGED_FWD_CHUNK_BYTES:
+    while c < 16 and _row_bytes(n, dtype_bits) > c * chunk_bytes:
         c *= 2
     cfg = staged_config(n, dtype_bits, 1 << 30, stages, threads=threads, cluster_n=c, backward=False)
     if cfg is None or cfg.stages != stages:
@@ -602,11 +604,12 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
     table = STAGED_FWD.get((kind, dtype_bits), ())
     if residual:
         table = STAGED_FWD_RESIDUAL.get((kind, dtype_bits), ()) + table
-    for lo, hi, threads, stages, *lagged in table:
+    for lo, hi, threads, stages, *extra in table:
         if lo <= n <= hi:
-            cfg = staged_fwd_config(n, dtype_bits, threads, stages)
-            if cfg is not None and lagged:
-                cfg = _lagged_fwd_config(cfg, n, dtype_bits, lagged[1])
+            lag, ctas, chunk_kib = (*extra, *(0, 0, 32)[len(extra):])  # (lag, CTAs per SM, chunk KiB)
+            cfg = staged_fwd_config(n, dtype_bits, threads, stages, chunk_kib * 1024)
+            if cfg is not None and (lag or ctas):
+                cfg = _fitted_fwd_config(cfg, n, dtype_bits, lag, ctas)
             if cfg is not None:
                 return cfg
     return default_register_fwd_config(n, dtype_bits, kind)
@@ -620,14 +623,14 @@ def _unlagged_default(n: int, dtype_bits: int, kind: str) -> NormConfig:
     return default_register_fwd_config(n, dtype_bits, kind)
 
 
-def _lagged_fwd_config(cfg: NormConfig, n: int, dtype_bits: int, ctas_per_sm: int) -> NormConfig | None:
-    """``cfg`` with lag = 1 at ``ctas_per_sm`` CTAs per SM, or None where the lagged form
-    would not be built (a chunk that leaves a warp part of a vector round: the statistics
-    then take two exchanges) or that occupancy does not fit."""
+def _fitted_fwd_config(cfg: NormConfig, n: int, dtype_bits: int, lag: int, ctas_per_sm: int) -> NormConfig | None:
+    """``cfg`` with ``lag`` at ``ctas_per_sm`` CTAs per SM (0: as it is), or None where that
+    occupancy does not fit or the lagged form would not be built (a chunk that leaves a warp
+    part of a vector round: the statistics then take two exchanges)."""
     vec = 128 // dtype_bits
-    if cfg.cluster_n < 2 or (n // cfg.cluster_n) % (cfg.threads * vec):
+    if lag and (cfg.cluster_n < 2 or (n // cfg.cluster_n) % (cfg.threads * vec)):
         return None
-    out = replace(cfg, lag=1, ctas_per_sm=ctas_per_sm)
+    out = replace(cfg, lag=lag, ctas_per_sm=ctas_per_sm or cfg.ctas_per_sm)
     try:
         out.validate(n, dtype_bits)
     except ValueError:
