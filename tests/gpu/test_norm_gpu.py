@@ -919,8 +919,8 @@ def test_staged_fwd_fp32_weight_and_one_cta_rows():
 def _lagged_cases():
     """(kind, dtype, n, config, residual): LayerNorm with each dtype at N = 32768, 65536,
     131072, 262144 on the lagged default where there is one and on 3 stages of 256 threads
-    at one CTA per SM, lag = 1, with and without the residual (which builds the unlagged
-    form); RMSNorm once (lag does not apply)."""
+    at one CTA per SM, lag = 1, with and without the residual (s formed again from the
+    stage); RMSNorm once (lag does not apply)."""
     from dataclasses import replace
 
     from cuteforge.kernels.norm.config import default_config, staged_fwd_config

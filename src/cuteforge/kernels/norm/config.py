@@ -78,9 +78,10 @@ lag:              staged LayerNorm forward over a cluster only (v2.17): 0 finish
                   row's (sum, M2) pairs, then finishes the row before it, reading its x
                   again from its stage (common.make_moments_lagged): the cluster round trip
                   runs under the next row's first pass, at the price of a second read of
-                  the chunk from shared memory and a stage held one row longer. Rows whose
-                  statistics need two exchanges (padded chunks) and a fused residual build
-                  the same config without it.
+                  the chunk from shared memory and a stage held one row longer (with a
+                  fused residual, s = x + residual formed again there). Rows whose
+                  statistics need two exchanges (padded chunks) build the same config
+                  without it.
 """
 
 from __future__ import annotations
