@@ -622,13 +622,14 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False):
 def make_moments_lagged(tile: Tile):
     """LayerNorm's moments exchange split in two, for the staged forward that finishes each
     row one row late (``NormConfig.lag``, v2.17): @cute.jit send(s, m2, buf, mbar, slot, t,
-    cta) posts the warp's (sum, centred M2) pair of row j (slot j % config.LAG_SLOTS) to every CTA of the
+    cta) posts the warp's (sum, centred M2) pair of row j (slot j % 4) to every CTA of the
     cluster, and @cute.jit recv(buf, mbar, slot, phase, arm, t) -> (row sum, row M2) waits
     for row j's pairs and folds them (``make_moments_fold``), one row later. In between the
     CTA reads and sends row j + 1, so the cluster round trip runs under that work instead of
-    stalling every warp. One row per CTA (R = 1); ``buf`` holds 2 * config.LAG_SLOTS * S fp32,
-    ``mbar`` LAG_SLOTS (four) mbarriers (count 1), each armed once with 2 * ``mbar_tx_bytes`` before the cluster
-    arrive whose wait precedes the first send; ``arm`` (thread 0) re-arms after the wait.
+    stalling every warp. One row per CTA (R = 1); ``buf`` holds 2 * 4 * S fp32, ``mbar``
+    four mbarriers (count 1; four is ``config.LAG_SLOTS``), each armed once with
+    2 * ``mbar_tx_bytes`` before the cluster arrive whose wait precedes the first send;
+    ``arm`` (thread 0) re-arms after the wait.
 
     Why four slots: a CTA in its iteration j has sent rows <= j and folded rows <= j - 2.
     A peer finishes row k only when every CTA has sent row k, so a peer has finished at
