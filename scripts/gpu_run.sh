@@ -30,13 +30,19 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_sum.py --out "$OUT/h200-sum.json" 2>&1 | tee "$OUT/bench-sum.log" | tail -60
 fi
 if [ "$what" = bars ]; then
-  # The issues' bar measurements in one call (~4-5 min on an H200 with a cold cache), files
+  # The issues' bar measurements in one call (~6-7 min on an H200 with a cold cache), files
   # named after the card: GEMM (issue 7: bar shapes, squares, skinny LLM shapes, fused
   # epilogues) and the memory-bound bar ops at N >= 4096, forward and backward (issue 6).
   tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace('nvidia ', '').split()[0])")
-  python3 benchmarks/bench_gemm.py --set bar,square,skinny,epilogue --out "$OUT/$tag-gemm-bars.json" 2>&1 | tail -40 || rc=1
+  python3 benchmarks/bench_gemm.py --set bar,square,skinny,epilogue,shortk --out "$OUT/$tag-gemm-bars.json" 2>&1 | tail -40 || rc=1
   python3 benchmarks/bench_membound.py --ops layer_norm,rms_norm,softmax,sum --ns 4096,16384,65536,131072,262144 \
     --no-compile --out "$OUT/$tag-membound-bars.json" 2>&1 | tail -60 || rc=1
+  # LayerNorm's lagged defaults (norm v2.17, chosen on an H100) against the unlagged shapes
+  # they replaced, kernel alone, A B A in one process
+  python3 benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes bfloat16,float16,float32 \
+    --ns 32768,65536,131072,262144 --defaults-only --no-quack \
+    --configs "NormConfig(1024,1024,2,1,exchange='mbar',stages=4);NormConfig(512,512,4,1,exchange='mbar',stages=6);NormConfig(256,256,8,1,exchange='mbar',stages=4);NormConfig(256,256,16,1,exchange='mbar',stages=4)" \
+    --out "$OUT/$tag-norm-fwd-layer-lag-check.json" 2>&1 | tail -20 || rc=1
 fi
 if [ "$what" = autotune ]; then
   python3 benchmarks/bench_autotune.py --out "$OUT/h200-autotune.json" 2>&1 | tee "$OUT/bench-autotune.log" | tail -60
