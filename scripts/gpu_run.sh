@@ -30,7 +30,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_sum.py --out "$OUT/h200-sum.json" 2>&1 | tee "$OUT/bench-sum.log" | tail -60
 fi
 if [ "$what" = bars ]; then
-  # The issues' bar measurements in one call (~6-7 min on an H200 with a cold cache), files
+  # The issues' bar measurements (~6-8 min on an H200 with a cold cache: near the device
+  # tool's 10-minute call; run the commands below in two calls if it runs out), files
   # named after the card: GEMM (issue 7: bar shapes, squares, skinny LLM shapes, fused
   # epilogues) and the memory-bound bar ops at N >= 4096, forward and backward (issue 6).
   tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace('nvidia ', '').split()[0])")
