@@ -259,6 +259,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
         assert cands[0] == d and any(c.stages == 0 for c in cands)  # the register path stays a candidate
         if d.lag:  # the unlagged shape it replaced is the tuner's second candidate
             assert not cands[1].lag and cands[1].stages and cands[1].cluster_n == d.cluster_n, cands[1]
+        assert candidate_configs(n, bits, kind=kind, residual=True)[0] == default_config(n, bits, kind=kind, residual=True)
     assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row
     limits = limits_for("sm_90a")
     for kind in ("rms", "layer"):

@@ -709,10 +709,11 @@ def _with_prefetch(cfg: NormConfig, n: int, dtype_bits: int) -> NormConfig:
     return pf
 
 
-def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms") -> list[NormConfig]:
+def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str = "rms",
+                      residual: bool = False) -> list[NormConfig]:
     """A few (<= 8) distinct valid configs around the heuristic; the first is the default.
-    ``kind`` shapes the forward's (rms / layer defaults differ at long rows)."""
-    base = default_config(n, dtype_bits, backward, kind)
+    ``kind`` and ``residual`` shape the forward's (the long-row defaults differ by both)."""
+    base = default_config(n, dtype_bits, backward, kind, residual)
     if not backward and (base.stages or base.cp_async):
         # a long-row default: the cp_async and staged shapes that measured close, then the
         # register path and the candidates around it

@@ -65,7 +65,9 @@ def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
 
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
     kind = "rms" if backward else spec.param("kind")  # the forward's defaults differ by kind
-    return config.candidate_configs(spec.static("N"), spec.dtype("x").width, backward, kind)  # filtered by `validate`
+    residual = not backward and bool(spec.param("has_residual"))  # and, at long rows, by the residual
+    return config.candidate_configs(spec.static("N"), spec.dtype("x").width, backward, kind,
+                                    residual)  # filtered by `validate`
 
 
 def _specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
