@@ -518,6 +518,18 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)
             widen_x(xc, xf, k)
 
+    def _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k):
+        """Pass 3 for column k (traced inline): y = (s - mean) * rstd * w (+ b) from s in xf,
+        stored to this row's chunk yo."""
+        if cutlass.const_expr(not HOIST_W):
+            _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
+        for v in range(tile.width(k)):
+            yv = (xf[v, k] - mean) * rstd * wf[v, k]
+            if cutlass.const_expr(has_bias):
+                yv = yv + bf[v, k]
+            oc[v, k] = yv.to(x_dtype)
+        store_col(oc, yo, g, k)
+
     @cute.jit
     def _finish_lagged(y: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, srows: cute.Tensor,
                        buf: cute.Tensor, xbar, sw: cute.Tensor, sb: cute.Tensor, wg: cute.Tensor, bg: cute.Tensor,
@@ -537,14 +549,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         yo = _part(y[blk, None], cta)
         for k in cutlass.range_constexpr(KT1):
             _sum_col(sx, sr, xc, rc, xf, rf, tidx, k)
-            if cutlass.const_expr(not HOIST_W):
-                _weight_col(sw, sb, wg, bg, wr, br, wf, bf, tidx, k)
-            for v in cutlass.range_constexpr(tile.width(k)):
-                yv = (xf[v, k] - mean) * rstd * wf[v, k]
-                if cutlass.const_expr(has_bias):
-                    yv = yv + bf[v, k]
-                oc[v, k] = yv.to(x_dtype)
-            store_col(oc, yo, tidx, k)
+            _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, tidx, k)
 
     @cute.kernel
     def _kernel(
@@ -645,15 +650,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 ro = _part(res_out[blk, None], cta)
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
-                    load_col(sx, xc, g, k)
-                    if cutlass.const_expr(has_residual):
-                        load_col(sr, rc, g, k)
-                    widen_x(xc, xf, k)
-                    if cutlass.const_expr(has_residual):
-                        widen_x(rc, rf, k)
-                        for v in cutlass.range_constexpr(tile.width(k)):
-                            xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)  # xc holds s from here on
-                        widen_x(xc, xf, k)
+                    _sum_col(sx, sr, xc, rc, xf, rf, g, k)  # xc holds s from here on
                     for v in cutlass.range_constexpr(tile.width(k)):
                         sv = xf[v, k]
                         if cutlass.const_expr(is_ln):
@@ -711,14 +708,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 # ---- pass 3: y = (s - mean) * rstd * w (+ b)
                 yo = _part(y[blk, None], cta)
                 for k in cutlass.range_constexpr(KT1):
-                    if cutlass.const_expr(not HOIST_W):
-                        _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
-                    for v in cutlass.range_constexpr(tile.width(k)):
-                        yv = (xf[v, k] - mean) * rstd * wf[v, k]
-                        if cutlass.const_expr(has_bias):
-                            yv = yv + bf[v, k]
-                        oc[v, k] = yv.to(x_dtype)
-                    store_col(oc, yo, g, k)
+                    _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k)
                 if cutlass.const_expr(not early_refill):
                     cute.arch.sync_threads()  # every thread is done with this stage
                     if tidx == 0:
