@@ -14,7 +14,7 @@ vs N per op come from it on any machine: `cuteforge bench --from FILE --plot DIR
 Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
                                       [--ns 256,4096,...] [--no-compile | --compile-ns 4096,65536]
-                                      [--no-quack] [--m M (small-M sweeps)] [--out F]
+                                      [--no-quack] [--m M (small-M sweeps)] [--flush zero|read] [--out F]
 """
 
 from __future__ import annotations
@@ -49,8 +49,12 @@ def main() -> None:
     p.add_argument("--compile-ns", help="run torch.compile only at these N (each shape is a fresh compile: seconds)")
     p.add_argument("--no-quack", action="store_true")
     p.add_argument("--m", type=int, help="rows for every shape (default: 32768, capped at 2**28 elements)")
+    p.add_argument("--flush", default="zero", choices=timing.FLUSH_MODES,
+                   help="how L2 is flushed before each timed call: zero (the default, Triton's: leaves "
+                        "dirty lines whose write-back a short read-only kernel pays) or read (clean lines)")
     p.add_argument("--out")
     args = p.parse_args()
+    timing.set_flush_mode(args.flush)
     copy_bps = timing.copy_bandwidth()
     print(f"copy: {copy_bps / 1e9:.0f} GB/s", flush=True)
     name = torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-")
@@ -63,6 +67,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "copy_GBps": round(copy_bps / 1e9, 1),
+            "flush": args.flush,
             "complete": complete,
             "summary": _summary(rows),
             "membound": rows,

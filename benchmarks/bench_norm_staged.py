@@ -34,6 +34,13 @@ statistics, v2.17), then the default again (A B A in one process):
     python benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes bfloat16,float16,float32 \
         --ns 32768,65536,131072,262144 --defaults-only --no-quack --ab-lag --out $OUT/lag-ab.json
 
+``--deep-lag`` (v2.18) times the default against every cluster-staged shape of >= 2 stages
+(``deep_fwd_candidates``), each also lagged at 1, 2 and 3 CTAs per SM where that fits: the
+sweep the v2.18 LayerNorm defaults were picked from on the H200:
+
+    python benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes bfloat16 \
+        --ns 65536,131072,262144 --deep-lag --no-quack --rep-ms 15 --out $OUT/h200-norm-fwd-layer-deep-lag.json
+
 ``--residual`` fuses the residual add (x + r is normalised and written too; bytes 4 M N);
 ``--configs "NormConfig(...);..."`` times those configs beside each shape's default (a
 previous default, say), with ``--defaults-only`` nothing else:
@@ -95,13 +102,14 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, s
     return out
 
 
-def deep_fwd_candidates(n: int, bits: int) -> list[Any]:
+def deep_fwd_candidates(n: int, bits: int, lag: bool = False) -> list[Any]:
     """--deep: every cluster-staged forward shape with 8..64 elements per thread: clusters
     of 2..16 CTAs of 256 / 512 / 1024 threads at 1, 2, 3, 4 and 6 stages (those that fit
     whole), as many CTAs per SM as fit, and one-stage shapes at one CTA per SM too (room
-    for weight and bias in shared memory)."""
+    for weight and bias in shared memory). With ``lag`` (--deep-lag) each shape of >= 2
+    stages also lagged (v2.17) at 1, 2 and 3 CTAs per SM where they fit."""
 
-    from cuteforge.kernels.norm.config import staged_config
+    from cuteforge.kernels.norm.config import _fitted_fwd_config, staged_config
 
     out = []
     for c in (2, 4, 8, 16):
@@ -112,14 +120,18 @@ def deep_fwd_candidates(n: int, bits: int) -> list[Any]:
                 cfg = staged_config(n, bits, 64, s, threads=t, cluster_n=c, backward=False)
                 if cfg is None or cfg.stages != s:
                     continue
-                for c_ in (cfg, replace(cfg, ctas_per_sm=1)) if s == 1 else (cfg,):
-                    if c_ not in out:
+                shapes = [cfg, replace(cfg, ctas_per_sm=1)] if s == 1 else [cfg]
+                if lag and s >= 2:
+                    shapes += [_fitted_fwd_config(cfg, n, bits, 1, occ) for occ in (1, 2, 3)]
+                for c_ in shapes:
+                    if c_ is not None and c_ not in out:
                         out.append(c_)
     return out
 
 
 def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = False,
-              cp_async: bool = False, residual: bool = False) -> list[tuple[str, str, int, Any, bool]]:
+              cp_async: bool = False, residual: bool = False,
+              deep_lag: bool = False) -> list[tuple[str, str, int, Any, bool]]:
     """(op, dtype, n, config, is_default): the forward default and every staged forward
     candidate (v2.6); with ``deep`` also ``deep_fwd_candidates`` at N >= 32768. With
     ``cp_async`` (v2.8) instead: the default, the staged and register long-row defaults,
@@ -142,7 +154,9 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = Fal
                 cands += [c, replace(c, cp_async=0, ctas_per_sm=1)]
             return cands
         cands = longrow_staged_fwd_candidates(n, bits)
-        if deep and n >= 32768:  # and the register forward's long-row candidates
+        if deep_lag and n >= 32768:  # the staged shapes of >= 2 stages, lagged and not
+            cands += [c for c in deep_fwd_candidates(n, bits, True) if c.stages >= 2]
+        elif deep and n >= 32768:  # and the register forward's long-row candidates
             cands += deep_fwd_candidates(n, bits) + longrow_candidates(n, bits)
         return cands
 
@@ -175,7 +189,7 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     from cuteforge.kernels.norm.spec import norm_fwd
 
     arch = target_arch()
-    todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async, args.residual)
+    todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async, args.residual, args.deep_lag)
     if args.defaults_only:
         todo = [t for t in todo if t[4]]
     extra = [eval(c, {"NormConfig": NormConfig}) for c in args.configs.split(";") if c.strip()]  # noqa: S307 - CLI input
@@ -289,6 +303,8 @@ def main() -> None:
                    help="--fwd: the cp_async register forward (v2.8) shapes and their plain twins instead")
     p.add_argument("--deep", action="store_true",
                    help="--fwd: also every cluster-staged shape and the register long-row candidates at N >= 32768")
+    p.add_argument("--deep-lag", action="store_true",
+                   help="--fwd: --deep, and each staged cluster shape of >= 2 stages lagged too (v2.17)")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtypes", default="bfloat16,float16,float32")
     p.add_argument("--ns", default="4096,8192,16384")

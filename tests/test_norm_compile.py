@@ -241,14 +241,17 @@ def test_long_row_forward_defaults_follow_the_sweep():
     staged = {("layer", 32, 262144): ((512, 16, 2, 1, 0),) * 2, ("layer", 32, 196608): ((512, 16, 2, 1, 0),) * 2,
               ("rms", 32, 262144): ((1024, 16, 2, 1, 0),) * 2,
               # v2.17: lagged, with its own shapes where a residual is fused (16-bit)
-              ("layer", 16, 32768): ((512, 2, 2, 3, 1), (1024, 2, 4, 1, 1)),
-              ("layer", 16, 65536): ((512, 4, 2, 3, 1), (256, 8, 4, 1, 0)),
-              ("layer", 16, 131072): ((512, 8, 2, 3, 1), (256, 16, 4, 1, 0)),
-              ("layer", 16, 262144): ((256, 16, 3, 1, 1), (256, 16, 2, 1, 1)),
-              ("layer", 16, 196608): ((256, 16, 3, 1, 1), (256, 16, 2, 1, 1)),
+              ("layer", 16, 32768): ((1024, 2, 3, 1, 0), (256, 4, 3, 1, 1)),
+              # v2.18: the H200's picks (32768 unlagged on 3 stages, 16 KiB chunks at 65536,
+              # 131072 unlagged; with the residual 32768 lagged on 16 KiB chunks, 262144 on
+              # 1024 threads unlagged)
+              ("layer", 16, 65536): ((256, 8, 3, 2, 1), (256, 8, 4, 1, 0)),
+              ("layer", 16, 131072): ((256, 8, 4, 1, 0), (256, 16, 4, 1, 0)),
+              ("layer", 16, 262144): ((256, 16, 4, 1, 1), (1024, 16, 2, 1, 0)),
+              ("layer", 16, 196608): ((256, 16, 4, 1, 1), (1024, 16, 2, 1, 0)),
               ("layer", 16, 40000): ((512, 4, 6, 1, 0), (256, 8, 4, 1, 0)),  # part rounds: unlagged
               ("layer", 32, 65536): ((256, 8, 4, 1, 0),) * 2,
-              ("layer", 32, 131072): ((256, 16, 3, 1, 1), (256, 16, 4, 1, 0))}
+              ("layer", 32, 131072): ((512, 16, 6, 1, 1), (256, 16, 4, 1, 0))}
     for (kind, bits, n), wants in staged.items():
         for residual, want in zip((False, True), wants):
             d = default_config(n, bits, kind=kind, residual=residual)
@@ -258,8 +261,14 @@ def test_long_row_forward_defaults_follow_the_sweep():
         cands = candidate_configs(n, bits, kind=kind)
         assert cands[0] == d and any(c.stages == 0 for c in cands)  # the register path stays a candidate
         if d.lag:  # the unlagged shape it replaced is the tuner's second candidate
-            assert not cands[1].lag and cands[1].stages and cands[1].cluster_n == d.cluster_n, cands[1]
+            assert not cands[1].lag and cands[1].stages and cands[1].cluster_n > 1, cands[1]
         assert candidate_configs(n, bits, kind=kind, residual=True)[0] == default_config(n, bits, kind=kind, residual=True)
+    # v2.18: the H100's lagged picks (v2.17's defaults) stay tuner candidates
+    for n, bits, h100 in ((65536, 16, NormConfig(512, 512, 4, 3, exchange="mbar", stages=2, lag=1)),
+                          (32768, 16, NormConfig(512, 512, 2, 3, exchange="mbar", stages=2, lag=1)),
+                          (262144, 16, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
+                          (131072, 32, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1))):
+        assert h100 in candidate_configs(n, bits, kind="layer"), (n, bits)
     assert default_config(16384, 16, kind="rms").exchange == "barrier"  # one CTA still holds the row
     limits = limits_for("sm_90a")
     for kind in ("rms", "layer"):
@@ -710,6 +719,10 @@ _FWD_STAGED = [
     ("layer", "float32", "float32", 131072, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
     ("layer", "float16", "float16", 262144, True, True, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
     ("layer", "bfloat16", "bfloat16", 65536, True, False, NormConfig(512, 512, 4, 3, exchange="mbar", stages=2, lag=1)),
+    # v2.18: the H200's lagged picks (two CTAs per SM on 16 KiB chunks; four stages)
+    ("layer", "bfloat16", "bfloat16", 65536, True, False, NormConfig(256, 256, 8, 2, exchange="mbar", stages=3, lag=1)),
+    ("layer", "float16", "float16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1)),
+    ("layer", "float32", "float32", 131072, True, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=6, lag=1)),
 ]
 
 

@@ -920,7 +920,7 @@ def _lagged_cases():
     """(kind, dtype, n, config, residual): LayerNorm with each dtype at N = 32768, 65536,
     131072, 262144 on the lagged default where there is one and on 3 stages of 256 threads
     at one CTA per SM, lag = 1, with and without the residual (s formed again from the
-    stage); RMSNorm once (lag does not apply)."""
+    stage), and the residual's own lagged default; RMSNorm once (lag does not apply)."""
     from dataclasses import replace
 
     from cuteforge.kernels.norm.config import default_config, staged_fwd_config
@@ -937,6 +937,9 @@ def _lagged_cases():
                     cfgs.append(replace(c, lag=1, ctas_per_sm=1))
             for c in cfgs[:2]:
                 out += [("layer", dt, n, c, res) for res in (False, True)]
+            dr = default_config(n, bits, kind="layer", residual=True)
+            if dr.lag and dr not in cfgs[:2]:  # the residual's own lagged default
+                out.append(("layer", dt, n, dr, True))
     out.append(("rms", torch.bfloat16, 262144, out[-1][3], False))
     return out
 
@@ -963,8 +966,10 @@ def test_lagged_fwd_many_rows_per_group():
     from cuteforge.kernels.norm.config import staged_fwd_config
     from cuteforge.ops import norm as impl
 
-    for n, threads, stages, occ, m in ((262144, 256, 3, 1, 131), (65536, 512, 2, 3, 1311), (65536, 512, 6, 1, 1311)):
-        cfg = replace(staged_fwd_config(n, 16, threads, stages), lag=1, ctas_per_sm=occ)
+    for n, threads, stages, occ, kib, m in ((262144, 256, 3, 1, 32, 131), (262144, 256, 4, 1, 32, 131),
+                                            (65536, 512, 2, 3, 32, 1311), (65536, 512, 6, 1, 32, 1311),
+                                            (65536, 256, 3, 2, 16, 1311)):
+        cfg = replace(staged_fwd_config(n, 16, threads, stages, kib * 1024), lag=1, ctas_per_sm=occ)
         x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=True, seed=m)
         got = impl._forward("layer", x, w, b, None, 1e-5, cfg)
         _check_fwd("layer", x, w, b, None, 1e-5, got, torch.bfloat16, f"{cfg} m={m}")

@@ -503,11 +503,22 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 #     (-lag-occ.json). Lagged on one CTA per SM 32768-131072 measured level (-lag-ab).
 # fp32 65536 (94.5 against 93.9) and 262144 (lagged 96.7 / 96.8 against 97.2-97.4) keep the
 # unlagged form.
+# v2.18: the H100's picks ranked differently on the H200, where the bars are set (kernel
+# alone, % of copy, every staged shape of >= 2 stages lagged and not, same process:
+# h200-norm-fwd-layer-deep-lag.json, -32768-deep-lag.json, -fp32-deep-lag.json), so the
+# table now holds the H200's: 16-bit 32768 1024 threads, 3 stages, unlagged 93.8 (the H100's
+# 512-thread lagged pick 86.7); 65536 lagged on 16 KiB chunks, 256 threads, 3 stages, 2 CTAs
+# per SM 92.1 (the H100's 84.1; v2.16's 90.2-90.6); 131072 v2.16's unlagged 256 threads, 4
+# stages 92.8 (the H100's lagged 512 threads 83.5); 262144 lagged 256 threads, 4 stages
+# 90.1-90.3 (3 stages 89.4-89.6, unlagged 86.9-87.0); fp32 131072 lagged 512 threads, 6
+# stages 94.9 (the H100's 91.5). On the H100 the H200's picks measured up to 3 points under
+# its own (65536: a 4-stage form of the new shape 90.3 against 93.1-93.6; 262144 on 4
+# stages 94.6-94.7 against 95.3-95.6; h100-norm-fwd-*.json), still above 90.
 STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
     ("rms", 32): ((131073, 262144, 1024, 2),),
-    ("layer", 16): ((32768, 131072, 512, 2, 1, 3), (131073, 262144, 256, 3, 1, 1),  # lagged
-                    (32768, 32768, 1024, 4), (32769, 65536, 512, 6), (65537, 262144, 256, 4)),
-    ("layer", 32): ((65537, 131072, 256, 3, 1, 1),  # lagged
+    ("layer", 16): ((32769, 65536, 256, 3, 1, 2, 16), (131073, 262144, 256, 4, 1, 1),  # lagged
+                    (32768, 32768, 1024, 3), (32769, 65536, 512, 6), (65537, 262144, 256, 4)),
+    ("layer", 32): ((65537, 131072, 512, 6, 1, 1),  # lagged
                     (65536, 131072, 256, 4), (131073, 262144, 512, 2)),
 }
 # With a fused residual (x and the residual staged: two rows per stage, so fewer stages fit),
@@ -519,10 +530,22 @@ STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
 # 95.2 / 95.3 against 87.7-87.9 / 89.3 and 72.7-73.8 / 74.4 (lagged 512 threads measured
 # 92.3-92.7 and 92.0-92.1 there); 262144 lagged 256 threads, 2 stages, 93.4-93.5 / 95.3
 # against 69.1-71.8 / 69.4. fp32 measured level with lag (94.8-97.1 against 95.0-97.2) and
-# keeps v2.16's shapes.
+# keeps v2.16's shapes. v2.18, H200 (h200-norm-fwd-layer-residual-*deep-lag.json,
+# -residual-32768-v2.18.json): 32768 lagged on 16 KiB chunks, 256 threads, 3 stages 92.5-92.8
+# (the H100's 1024-thread pick 88.1-88.7); 65536 / 131072 as chosen on the H100 (92.6 /
+# 92.5, the best of the sweep); 262144 1024 threads, 2 stages, unlagged 87.7-88.2 (bf16; fp16
+# 84.6) against the H100's lagged 256-thread pick 78.1.
 STAGED_FWD_RESIDUAL: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
-    ("layer", 16): ((32768, 32768, 1024, 4, 1, 1), (32769, 131072, 256, 4, 0, 1, 16), (131073, 262144, 256, 2, 1, 1)),
+    ("layer", 16): ((32768, 32768, 256, 3, 1, 1, 16), (32769, 131072, 256, 4, 0, 1, 16), (131073, 262144, 1024, 2)),
     ("layer", 32): ((65536, 131072, 256, 4),),  # unlagged
+}
+
+# The H100's lagged picks (v2.17, table as STAGED_FWD), no longer defaults since v2.18 (the
+# H200 ranked them 84-92 %, under its own picks) but still tuner candidates: on the H100 they
+# measured 93.1-95.6 % of copy (STAGED_FWD's comment).
+H100_LAGGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
+    ("layer", 16): ((32768, 131072, 512, 2, 1, 3), (131073, 262144, 256, 3, 1, 1)),
+    ("layer", 32): ((65537, 131072, 256, 3, 1, 1),),
 }
 
 # cp_async register forward (v2.8) as the default, ahead of STAGED_FWD: per (kind, dtype
@@ -605,6 +628,12 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
     table = STAGED_FWD.get((kind, dtype_bits), ())
     if residual:
         table = STAGED_FWD_RESIDUAL.get((kind, dtype_bits), ()) + table
+    return _staged_table_config(table, n, dtype_bits) or default_register_fwd_config(n, dtype_bits, kind)
+
+
+def _staged_table_config(table: tuple[tuple[int, ...], ...], n: int, dtype_bits: int) -> NormConfig | None:
+    """The first entry of a ``STAGED_FWD``-style table whose N range holds n and that builds
+    for it (lagged entries only where the lagged form is built), or None."""
     for lo, hi, threads, stages, *extra in table:
         if lo <= n <= hi:
             lag, ctas, chunk_kib = (*extra, *(0, 0, 32)[len(extra):])  # (lag, CTAs per SM, chunk KiB)
@@ -613,7 +642,7 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
                 cfg = _fitted_fwd_config(cfg, n, dtype_bits, lag, ctas)
             if cfg is not None:
                 return cfg
-    return default_register_fwd_config(n, dtype_bits, kind)
+    return None
 
 
 def _unlagged_default(n: int, dtype_bits: int, kind: str) -> NormConfig:
@@ -719,9 +748,10 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str
         # register path and the candidates around it
         out = [base]
         reg = default_register_fwd_config(n, dtype_bits, kind)
-        # a lagged default (v2.17, measured on an H100 only) next to the unlagged shape it
-        # replaced (the residual's entries skipped)
+        # a lagged default next to STAGED_FWD's unlagged shape for n (the residual's
+        # entries skipped): the cards ranked them differently (v2.17 on the H100, v2.18)
         alts = [_unlagged_default(n, dtype_bits, kind)] if base.lag else []
+        alts.append(_staged_table_config(H100_LAGGED_FWD.get((kind, dtype_bits), ()), n, dtype_bits))
         alts += async_fwd_candidates(n, dtype_bits)[:3]
         alts += [staged_fwd_config(n, dtype_bits, t, s) for t, s in ((256, 4), (512, 4), (1024, 4), (256, 6))]
         for cfg in alts + [reg] + candidate_configs_around(reg, n, dtype_bits, False):
