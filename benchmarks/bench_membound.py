@@ -14,7 +14,8 @@ vs N per op come from it on any machine: `cuteforge bench --from FILE --plot DIR
 Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
                                       [--ns 256,4096,...] [--no-compile | --compile-ns 4096,65536]
-                                      [--no-quack] [--m M (small-M sweeps)] [--flush zero|read] [--out F]
+                                      [--no-quack] [--m M (small-M sweeps)] [--flush zero|read]
+                                      [--timer event|stream] [--out F]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from cuteforge import timing
-from cuteforge.library_bench import WITH_BACKWARD, contenders, measure
+from cuteforge.library_bench import TIMERS, WITH_BACKWARD, contenders, measure
 
 NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 MAX_ELEMS = 1 << 28
@@ -52,6 +53,10 @@ def main() -> None:
     p.add_argument("--flush", default="zero", choices=timing.FLUSH_MODES,
                    help="how L2 is flushed before each timed call: zero (the default, Triton's: leaves "
                         "dirty lines whose write-back a short read-only kernel pays) or read (clean lines)")
+    p.add_argument("--timer", default="event", choices=TIMERS,
+                   help="event: CUDA events around each call, L2 flushed (the default); stream: wall time per "
+                        "call of calls made back to back, contenders interleaved (small M / small N, where a "
+                        "call is host-bound and one event pair reads the host's jitter)")
     p.add_argument("--out")
     args = p.parse_args()
     timing.set_flush_mode(args.flush)
@@ -68,6 +73,7 @@ def main() -> None:
             "torch": torch.__version__,
             "copy_GBps": round(copy_bps / 1e9, 1),
             "flush": args.flush,
+            "timer": args.timer,
             "complete": complete,
             "summary": _summary(rows),
             "membound": rows,
@@ -84,7 +90,7 @@ def main() -> None:
                     torch._dynamo.reset()  # a fresh compile per shape (dynamo's recompile limit)
                     compiled = not args.no_compile and (compile_ns is None or n in compile_ns)
                     fns = contenders(op, compiled, with_quack=not args.no_quack)
-                    row = measure(op, m, n, dtype, fns, copy_bps, backward, warmup_ms=10, rep_ms=40)
+                    row = measure(op, m, n, dtype, fns, copy_bps, backward, warmup_ms=10, rep_ms=40, timer=args.timer)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     save(False)

@@ -2,7 +2,7 @@
 # Run the GPU tests and benchmarks on a CUDA machine that has torch but no registry
 # access (the H200 lent through the device tool). Writes logs and JSON under $OUT.
 #   source .gpu/env.sh is done here; carry .gpu (see README "GPU runs").
-# Usage: bash scripts/gpu_run.sh [tests|bench|bars|autotune|all] [pytest paths/args...]
+# Usage: bash scripts/gpu_run.sh [tests|bench|bars|small|autotune|all] [pytest paths/args...]
 #        bash scripts/gpu_run.sh cmd COMMAND...   (any command in the same environment)
 #        bash scripts/gpu_run.sh ptests [JOBS]     (tests/gpu files spread over JOBS pytest
 #                                                   processes sharing the GPU: compile-bound)
@@ -49,6 +49,19 @@ if [ "$what" = bars ]; then
     --ns 32768,65536,131072,262144 --defaults-only --no-quack \
     --configs "NormConfig(512,512,4,3,exchange='mbar',stages=2,lag=1);NormConfig(256,256,16,1,exchange='mbar',stages=3,lag=1);NormConfig(512,512,4,1,exchange='mbar',stages=6);NormConfig(256,256,8,1,exchange='mbar',stages=4)" \
     --out "$OUT/$tag-norm-fwd-layer-defaults-check.json" 2>&1 | grep default || rc=1
+fi
+if [ "$what" = small ]; then
+  # issue 6's small-N and small-M bar ("never slower than torch eager"), forward and backward
+  # through autograd, timed back to back (--timer stream: these calls are host-bound, and one
+  # event pair around one call reads the host's jitter; library_bench.measure)
+  tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace('nvidia ', '').split()[0])")
+  ops=sum,softmax,log_softmax,rms_norm,layer_norm,cross_entropy
+  python3 benchmarks/bench_membound.py --ops $ops --ns 256,512,1024,2048 --no-compile --no-quack --timer stream \
+    --out "$OUT/$tag-membound-smalln-stream.json" 2>&1 | tail -30 || rc=1
+  for m in 1 8 128; do
+    python3 benchmarks/bench_membound.py --ops $ops --ns 256,4096,32768 --m $m --no-compile --no-quack --timer stream \
+      --out "$OUT/$tag-membound-smallm-$m-stream.json" 2>&1 | tail -30 || rc=1
+  done
 fi
 if [ "$what" = autotune ]; then
   python3 benchmarks/bench_autotune.py --out "$OUT/h200-autotune.json" 2>&1 | tee "$OUT/bench-autotune.log" | tail -60

@@ -17,3 +17,42 @@ def test_flush_mode_switch_and_bad_mode():
     finally:
         timing.set_flush_mode("zero")
     assert timing._flush_mode == "zero"
+
+
+def test_stream_interleaves_and_divides_by_calls(monkeypatch):
+    """timing.stream (CPU, synchronize stubbed): every contender warmed up, then timed once
+    per round with the first contender rotating; per-call time is the loop's wall time over
+    `calls`, so a contender that sleeps 2 ms per call reads ~2 ms and one that does nothing
+    reads far less."""
+    import time
+
+    syncs = []
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: syncs.append(1))
+    order: list[str] = []
+    counts = {"slow": 0, "fast": 0}
+
+    def slow():
+        counts["slow"] += 1
+        order.append("slow")
+        time.sleep(0.002)
+
+    def fast():
+        counts["fast"] += 1
+        order.append("fast")
+
+    out = timing.stream({"slow": slow, "fast": fast}, calls=3, rounds=4, warmup=2)
+    assert counts == {"slow": 2 + 3 * 4, "fast": 2 + 3 * 4}
+    assert 1.9 < out["slow"] < 20 and out["fast"] < 0.5, out
+    timed = order[4:]  # after the warm-up: blocks of 3 calls, first contender rotating per round
+    firsts = [timed[i * 6] for i in range(4)]
+    assert firsts == ["slow", "fast", "slow", "fast"], firsts
+    assert len(syncs) == 1 + 2 * 2 * 4  # after the warm-up, then before and after each timed loop
+    with pytest.raises(ValueError, match="calls=0"):
+        timing.stream({"fast": fast}, calls=0)
+
+
+def test_measure_rejects_unknown_timer():
+    from cuteforge.library_bench import measure
+
+    with pytest.raises(ValueError, match=r"timer='wall'.*'event', 'stream'"):
+        measure("sum", 1, 256, timing.torch.float32, {}, 1.0, timer="wall")

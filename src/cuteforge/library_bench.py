@@ -112,15 +112,27 @@ def _close(got: torch.Tensor, ref: torch.Tensor, op: str, dtype: torch.dtype, n:
     return bool(torch.allclose(got.float(), ref.float(), rtol=tol, atol=atol))
 
 
+TIMERS = ("event", "stream")
+
+
 def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], copy_bps: float, backward: bool = False,
-            warmup_ms: float = 25.0, rep_ms: float = 100.0) -> dict[str, Any]:
-    """One row: per contender us, GB/s, % of copy; `correct` compares cuteforge with torch."""
+            warmup_ms: float = 25.0, rep_ms: float = 100.0, timer: str = "event") -> dict[str, Any]:
+    """One row: per contender us, GB/s, % of copy; `correct` compares cuteforge with torch.
+    ``timer``: "event" (`timing.bench`, L2 flushed, each contender in turn) or "stream"
+    (`timing.stream`, back-to-back calls, contenders interleaved: for host-bound small
+    shapes)."""
+    if timer not in TIMERS:
+        raise ValueError(f"timer={timer!r}: expected one of {TIMERS}")
     ins = inputs(op, m, n, dtype)
     row: dict[str, Any] = {"op": op + ("_bwd" if backward else ""), "M": m, "N": n,
                            "dtype": str(dtype).removeprefix("torch.")}
+    if timer != "event":
+        row["timer"] = timer
     nbytes = bytes_moved(op, ins, backward)
     ref = None
     dys: list[torch.Tensor] = []  # one upstream gradient, shared by every contender
+    calls: dict[str, Callable[[], Any]] = {}
+    times: dict[str, float] = {}  # ms per call
     for name, fn in fns.items():
         try:
             if backward:
@@ -143,11 +155,20 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
                 ref = out
             elif ref is not None:
                 row[f"{name}_correct"] = _close(out, ref, op, dtype, n)
-            ms = timing.bench(call, warmup_ms=warmup_ms, rep_ms=rep_ms)
+            calls[name] = call
+            if timer == "event":
+                times[name] = timing.bench(call, warmup_ms=warmup_ms, rep_ms=rep_ms)
         except Exception as e:  # record and go on: one failing contender must not end a sweep
             row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             traceback.print_exc(limit=2)
-            continue
+    if timer == "stream" and calls:
+        try:
+            times = timing.stream(calls)
+        except Exception as e:  # recorded as every contender's error: the row goes on
+            for name in calls:
+                row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            traceback.print_exc(limit=2)
+    for name, ms in times.items():
         row[f"{name}_us"] = round(ms * 1e3, 2)
         row[f"{name}_GBps"] = round(nbytes / (ms * 1e-3) / 1e9, 1)
         row[f"{name}_pct_copy"] = round(100 * nbytes / (ms * 1e-3) / copy_bps, 1)

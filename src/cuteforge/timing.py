@@ -1,8 +1,10 @@
 """GPU timing shared by benchmarks, the `cuteforge` command and the autotuner.
 
-Times are medians of CUDA-event measurements after a warm-up. Between repetitions a
+`bench`: medians of CUDA-event measurements after a warm-up. Between repetitions a
 buffer larger than L2 is rewritten, so each measurement starts with a cold cache, as a
-kernel inside a real model would.
+kernel inside a real model would. `stream`: wall time per call of calls made back to back,
+for calls bound by host time (small M / small N through autograd), where one event pair
+around one call reads the host's jitter.
 """
 
 from __future__ import annotations
@@ -69,6 +71,42 @@ def bench(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def stream(fns: dict[str, Callable[[], Any]], *, calls: int = 50, rounds: int = 15,
+           warmup: int = 100) -> dict[str, float]:
+    """Median milliseconds per call of each of ``fns`` called back to back: wall time of
+    ``calls`` calls and the synchronize after them, divided by ``calls``; ``rounds`` rounds,
+    each timing every contender once, starting at a different one each round.
+
+    For calls too short for `bench`'s CUDA events: where the host takes longer per call
+    than the GPU (a tiny backward through autograd: tens of us of host time for a few us of
+    kernel), an event pair around one call after an L2 flush reads whichever of the two
+    ends last, with the host's jitter. Back to back, a call costs what it costs a loop that
+    makes it repeatedly, host or GPU, whichever is slower. No L2 flush: small inputs stay
+    in L2 as they do in such a loop. ``calls`` is small enough that the launch queue does
+    not fill for the tiny calls this is for.
+    """
+    import time
+
+    if calls < 1 or rounds < 1:
+        raise ValueError(f"calls={calls}, rounds={rounds}: both must be >= 1")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    names = list(fns)
+    samples: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def host_us(fn: Callable[[], Any], calls: int = 200, loops: int = 50) -> float:
