@@ -541,8 +541,8 @@ STAGED_FWD_RESIDUAL: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
 }
 
 # The H100's lagged picks (v2.17, table as STAGED_FWD), no longer defaults since v2.18 (the
-# H200 ranked them 84-92 %, under its own picks) but still tuner candidates: on the H100 they
-# measured 93.1-95.6 % of copy (STAGED_FWD's comment).
+# H200 read them at 83.5-91.5 % of copy, under its own picks) but still tuner candidates: on
+# the H100 they measured 93.1-96.2 % (STAGED_FWD's comment).
 H100_LAGGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
     ("layer", 16): ((32768, 131072, 512, 2, 1, 3), (131073, 262144, 256, 3, 1, 1)),
     ("layer", 32): ((65537, 131072, 256, 3, 1, 1),),
