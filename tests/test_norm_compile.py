@@ -903,3 +903,24 @@ def test_compile_bwd_ring(kernels, kind, xd, wd, n, bias, dsum, cfg, slots):
     else:
         assert inits < 2 * cfg.parts + 1, inits  # the staged kernel: one full mbarrier per stage
     ptxas_no_spill(ptx)
+
+
+def test_lagged_holds_16bit_weight_as_loaded(kernels):
+    """v2.19: LayerNorm bf16 at N = 262144 lagged on 2 CTAs per SM (128 registers: no room
+    for fp32 copies of the 64 weight and bias values a thread owns, nor shared memory beside
+    the stages) holds them as loaded: their global loads are the prologue's 8 + 8 16-byte
+    vectors only, where the weight read per row puts them at both of the lagged loop's
+    finish sites (32); within the 2-CTA register budget, at most a small spill."""
+    cfg = NormConfig(256, 256, 16, 2, exchange="mbar", stages=3, lag=1)
+    _, _, ptx = _compile_fwd_case(kernels[0], "layer", "bfloat16", "bfloat16", 262144, True, False, cfg)
+    assert len(re.findall(r"ld\.global", ptx)) == 16
+    from ptxas_check import ptxas_report
+
+    info = ptxas_report(ptx)
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spill = int(re.search(r"(\d+) bytes spill stores", info).group(1))
+    assert regs <= 128 and spill <= 64, info[-400:]
+    # the unlagged form holds x across the exchange: it keeps reading the weight per row
+    unlagged = NormConfig(256, 256, 16, 2, exchange="mbar", stages=2)
+    _, _, ptx = _compile_fwd_case(kernels[0], "layer", "bfloat16", "bfloat16", 262144, True, False, unlagged)
+    assert "0 bytes spill stores" in ptxas_report(ptx)

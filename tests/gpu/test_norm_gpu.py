@@ -968,7 +968,9 @@ def test_lagged_fwd_many_rows_per_group():
 
     for n, threads, stages, occ, kib, m in ((262144, 256, 3, 1, 32, 131), (262144, 256, 4, 1, 32, 131),
                                             (65536, 512, 2, 3, 32, 1311), (65536, 512, 6, 1, 32, 1311),
-                                            (65536, 256, 3, 2, 16, 1311)):
+                                            (65536, 256, 3, 2, 16, 1311),
+                                            # v2.19: weight and bias held as loaded (2 CTAs per SM)
+                                            (262144, 256, 3, 2, 32, 131), (131072, 256, 3, 2, 32, 263)):
         cfg = replace(staged_fwd_config(n, 16, threads, stages, kib * 1024), lag=1, ctas_per_sm=occ)
         x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=True, seed=m)
         got = impl._forward("layer", x, w, b, None, 1e-5, cfg)

@@ -463,9 +463,21 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     # 128 registers at 512 threads, no spill).
     budget = 65536 // (T * config.ctas_per_sm)
     w_elems = V * KT1 * n_w  # fp32 registers the held weight (and bias) take
+    w_share = budget // (4 if has_residual else 2)
     HOIST_W = budget >= 128 and (
-        (w_dtype.width == 16 and w_elems <= budget // (4 if has_residual else 2))
+        (w_dtype.width == 16 and w_elems <= w_share)
         or (w_dtype.width == 32 and not w_smem and w_elems <= budget // 2))
+    # v2.19: in the lagged form (x is not held across the exchange), a 16-bit weight (and
+    # bias) whose fp32 copies would take more than that share but whose 16-bit values fit it
+    # (half the registers), with no room in shared memory, is held as loaded and widened
+    # column by column when y is formed, instead of read from L2 for every row: the shapes
+    # that fill every SM at N = 262144 (2 CTAs per SM, or 8-CTA clusters of 64 KiB chunks)
+    # read 59-77 % of copy on the H200 with the weight per row (norm.md v2.18). ptxas,
+    # sm_90a, at 128 registers: 28 bytes of spill (84-96 registers before); the unlagged
+    # form, which holds x too, spills 348 and is left as it was. Not measured yet; no default
+    # takes it.
+    HOLD_W16 = (LAG and not HOIST_W and budget >= 128 and w_dtype.width == 16 and not w_smem
+                and w_elems // 2 <= w_share)
     # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
     # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
     # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds (norm.md v2.9)
@@ -521,7 +533,11 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     def _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k):
         """Pass 3 for column k (traced inline): y = (s - mean) * rstd * w (+ b) from s in xf,
         stored to this row's chunk yo."""
-        if cutlass.const_expr(not HOIST_W):
+        if cutlass.const_expr(HOLD_W16):
+            widen_w(wr, wf, k)
+            if cutlass.const_expr(has_bias):
+                widen_w(br, bf, k)
+        elif cutlass.const_expr(not HOIST_W):
             _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
         for v in range(tile.width(k)):
             yv = (xf[v, k] - mean) * rstd * wf[v, k]
@@ -601,6 +617,11 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         if cutlass.const_expr(HOIST_W):
             for k in cutlass.range_constexpr(KT1):
                 _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
+        if cutlass.const_expr(HOLD_W16):  # loaded once, widened per column in _y_col
+            for k in cutlass.range_constexpr(KT1):
+                load_col(wg, wr, g, k)
+                if cutlass.const_expr(has_bias):
+                    load_col(bg, br, g, k)
         acc = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
