@@ -72,7 +72,7 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "copy_GBps": round(copy_bps / 1e9, 1),
-            "flush": args.flush,
+            "flush": args.flush if args.timer == "event" else None,  # stream: no flush
             "timer": args.timer,
             "complete": complete,
             "summary": _summary(rows),

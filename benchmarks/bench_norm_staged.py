@@ -304,7 +304,8 @@ def main() -> None:
     p.add_argument("--deep", action="store_true",
                    help="--fwd: also every cluster-staged shape and the register long-row candidates at N >= 32768")
     p.add_argument("--deep-lag", action="store_true",
-                   help="--fwd: --deep, and each staged cluster shape of >= 2 stages lagged too (v2.17)")
+                   help="--fwd: instead of --deep's set, every staged cluster shape of >= 2 stages, each also "
+                        "lagged (v2.17) at 1-3 CTAs per SM")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtypes", default="bfloat16,float16,float32")
     p.add_argument("--ns", default="4096,8192,16384")

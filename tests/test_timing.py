@@ -56,3 +56,27 @@ def test_measure_rejects_unknown_timer():
 
     with pytest.raises(ValueError, match=r"timer='wall'.*'event', 'stream'"):
         measure("sum", 1, 256, timing.torch.float32, {}, 1.0, timer="wall")
+
+
+def test_stream_drops_a_failing_contender(monkeypatch):
+    """A contender that raises (in its warm-up or in a timed loop) is dropped and reported in
+    `errors`; the others are still timed. Without `errors` the exception propagates. No
+    contenders: no times."""
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    calls = {"n": 0}
+
+    def late_fail():
+        calls["n"] += 1
+        if calls["n"] > 3:  # after the warm-up: in the first timed loop
+            raise RuntimeError("boom")
+
+    def bad():
+        raise ValueError("bad input")
+
+    errors: dict = {}
+    out = timing.stream({"ok": lambda: None, "bad": bad, "late": late_fail}, calls=2, rounds=3, warmup=3, errors=errors)
+    assert set(out) == {"ok"} and set(errors) == {"bad", "late"}
+    assert isinstance(errors["bad"], ValueError) and isinstance(errors["late"], RuntimeError)
+    with pytest.raises(ValueError, match="bad input"):
+        timing.stream({"bad": bad}, warmup=1)
+    assert timing.stream({}) == {}

@@ -155,19 +155,18 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
                 ref = out
             elif ref is not None:
                 row[f"{name}_correct"] = _close(out, ref, op, dtype, n)
-            calls[name] = call
             if timer == "event":
                 times[name] = timing.bench(call, warmup_ms=warmup_ms, rep_ms=rep_ms)
+            else:  # timed together below; kept alive (with its autograd graph) until then
+                calls[name] = call
         except Exception as e:  # record and go on: one failing contender must not end a sweep
             row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             traceback.print_exc(limit=2)
-    if timer == "stream" and calls:
-        try:
-            times = timing.stream(calls)
-        except Exception as e:  # recorded as every contender's error: the row goes on
-            for name in calls:
-                row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-            traceback.print_exc(limit=2)
+    if timer == "stream":
+        errors: dict[str, BaseException] = {}
+        times = timing.stream(calls, errors=errors)
+        for name, e in errors.items():  # that contender dropped, the others timed
+            row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
     for name, ms in times.items():
         row[f"{name}_us"] = round(ms * 1e3, 2)
         row[f"{name}_GBps"] = round(nbytes / (ms * 1e-3) / 1e9, 1)

@@ -73,8 +73,8 @@ def bench(fn: Callable[[], Any], *, warmup_ms: float = 25.0, rep_ms: float = 100
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def stream(fns: dict[str, Callable[[], Any]], *, calls: int = 50, rounds: int = 15,
-           warmup: int = 100) -> dict[str, float]:
+def stream(fns: dict[str, Callable[[], Any]], *, calls: int = 50, rounds: int = 15, warmup: int = 100,
+           errors: dict[str, BaseException] | None = None) -> dict[str, float]:
     """Median milliseconds per call of each of ``fns`` called back to back: wall time of
     ``calls`` calls and the synchronize after them, divided by ``calls``; ``rounds`` rounds,
     each timing every contender once, starting at a different one each round.
@@ -85,25 +85,44 @@ def stream(fns: dict[str, Callable[[], Any]], *, calls: int = 50, rounds: int = 
     ends last, with the host's jitter. Back to back, a call costs what it costs a loop that
     makes it repeatedly, host or GPU, whichever is slower. No L2 flush: small inputs stay
     in L2 as they do in such a loop. ``calls`` is small enough that the launch queue does
-    not fill for the tiny calls this is for.
+    not fill for the tiny calls this is for. A contender that raises is dropped, the others
+    timed on; its exception goes to ``errors`` when given, else it propagates.
     """
     import time
 
     if calls < 1 or rounds < 1:
         raise ValueError(f"calls={calls}, rounds={rounds}: both must be >= 1")
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
+    names: list[str] = []
+
+    def failed(name: str, e: BaseException) -> None:
+        if errors is None:
+            raise e
+        errors[name] = e
+
+    for name, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            names.append(name)
+        except Exception as e:  # noqa: BLE001 - reported through `errors`
+            failed(name, e)
     torch.cuda.synchronize()
-    names = list(fns)
     samples: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        live = [k for k in names if k in samples]
+        if not live:
+            break
+        for name in live[r % len(live):] + live[:r % len(live)]:
             fn = fns[name]
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
+            try:
+                for _ in range(calls):
+                    fn()
+            except Exception as e:  # noqa: BLE001 - reported through `errors`
+                del samples[name]
+                failed(name, e)
+                continue
             torch.cuda.synchronize()
             samples[name].append((time.perf_counter() - t0) / calls * 1e3)
     return {k: statistics.median(v) for k, v in samples.items()}

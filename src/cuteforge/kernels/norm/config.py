@@ -751,7 +751,8 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str
         # a lagged default next to STAGED_FWD's unlagged shape for n (the residual's
         # entries skipped): the cards ranked them differently (v2.17 on the H100, v2.18)
         alts = [_unlagged_default(n, dtype_bits, kind)] if base.lag else []
-        alts.append(_staged_table_config(H100_LAGGED_FWD.get((kind, dtype_bits), ()), n, dtype_bits))
+        if not residual:  # H100_LAGGED_FWD's shapes were measured without one
+            alts.append(_staged_table_config(H100_LAGGED_FWD.get((kind, dtype_bits), ()), n, dtype_bits))
         alts += async_fwd_candidates(n, dtype_bits)[:3]
         alts += [staged_fwd_config(n, dtype_bits, t, s) for t, s in ((256, 4), (512, 4), (1024, 4), (256, 6))]
         for cfg in alts + [reg] + candidate_configs_around(reg, n, dtype_bits, False):
