@@ -647,10 +647,8 @@ def _staged_table_config(table: tuple[tuple[int, ...], ...], n: int, dtype_bits:
 
 def _unlagged_default(n: int, dtype_bits: int, kind: str) -> NormConfig:
     """The forward default that STAGED_FWD's first unlagged entry for n gives (v2.16's)."""
-    for lo, hi, threads, stages, *lagged in STAGED_FWD.get((kind, dtype_bits), ()):
-        if lo <= n <= hi and not lagged and (cfg := staged_fwd_config(n, dtype_bits, threads, stages)) is not None:
-            return cfg
-    return default_register_fwd_config(n, dtype_bits, kind)
+    plain = tuple(e for e in STAGED_FWD.get((kind, dtype_bits), ()) if len(e) == 4)  # no (lag, CTAs, chunk)
+    return _staged_table_config(plain, n, dtype_bits) or default_register_fwd_config(n, dtype_bits, kind)
 
 
 def _fitted_fwd_config(cfg: NormConfig, n: int, dtype_bits: int, lag: int, ctas_per_sm: int) -> NormConfig | None:
