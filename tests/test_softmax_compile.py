@@ -406,10 +406,14 @@ def test_warm_path_memo_key():
     def launch(*ts: torch.Tensor) -> None:
         calls.append(tuple(ts[-1].shape))
 
+    def run(t: torch.Tensor) -> torch.Tensor:  # a forward plan: run(x) -> y
+        calls.append(tuple(t.shape))
+        return torch.empty(t.shape)
+
     x = torch.randn(4, 64)
     for mode, fn in (("softmax", sm.softmax), ("log_softmax", sm.log_softmax)):
-        sm._remember(sm._memo_key(mode, -1, x), ((4, 64), launch))
-        sm._remember(sm._memo_key(mode, 1, x), ((4, 64), launch))
+        sm._FWD[sm._memo_key(mode, -1, x)] = run
+        sm._FWD[sm._memo_key(mode, 1, x)] = run
         assert fn(x).shape == (4, 64) and fn(x, 1).shape == (4, 64)
         assert calls == [(4, 64)] * 2
         calls.clear()
@@ -426,6 +430,7 @@ def test_warm_path_memo_key():
             sm.softmax_backward(dy, y)
     assert len(calls) == 1
     sm._PLANS.clear()
+    sm._FWD.clear()
 
 
 # --------------------------------------------------------------------------- backward, path mbar (chunked.py)

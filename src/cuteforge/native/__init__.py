@@ -1,2 +1,3 @@
-"""Native (C++) pieces built on the user's machine: the eager autograd node
-(`backward`, `build`, `ffi_backward.cpp`)."""
+"""Native (C++) pieces built on the user's machine, one torch extension (`build`): the
+eager autograd node (`backward`, `ffi_backward.cpp`) and the eager forward launch
+(`launch`, `ffi_launch.cpp`)."""

@@ -1,4 +1,5 @@
-"""Build and load the C++ autograd node (ffi_backward.cpp) as a torch extension.
+"""Build and load cuteforge's C++ extension: the eager autograd node (ffi_backward.cpp) and
+the eager forward launch (ffi_launch.cpp), as one torch extension.
 
 Built once per machine for each (source, torch, tvm-ffi, Python) combination, into the
 cuteforge cache directory (`CUTEFORGE_CACHE_DIR`, default ~/.cache/cuteforge) under a
@@ -7,7 +8,7 @@ object in milliseconds. A build takes ~25-35 s (torch's headers); `cuteforge lib
 does it ahead of time. It needs a C++ compiler (and ninja, a dependency), no CUDA toolkit.
 
 When the build cannot run (no compiler, `CUTEFORGE_NATIVE_AUTOGRAD=0`), `load()` returns
-None after one warning and the ops keep their Python autograd nodes.
+None after one warning and the ops keep their Python autograd nodes and Python launches.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from types import ModuleType
 
 from filelock import FileLock
 
-SOURCE = Path(__file__).with_name("ffi_backward.cpp")
+# the backward node, the forward launch, and what they share
+SOURCES = [Path(__file__).with_name(f) for f in ("ffi_backward.cpp", "ffi_launch.cpp")]
+HEADERS = [Path(__file__).with_name("ffi_common.h")]
 _state: dict[str, object] = {}
 log = logging.getLogger("cuteforge.native")
 
@@ -36,7 +39,9 @@ def build_tag() -> str:
     import torch
     import tvm_ffi
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for f in SOURCES + HEADERS:
+        h.update(f.read_bytes())
     h.update(f"{torch.__version__}|{tvm_ffi.__version__}|{sys.version}|{sys.platform}".encode())
     return h.hexdigest()[:16]
 
@@ -87,10 +92,10 @@ def _build_and_load() -> ModuleType:
     includes = sorted({*ffi_info.include_paths(), ffi_info.find_dlpack_include_path()})
     with FileLock(str(directory) + ".lock"):
         if not any(directory.glob("*.so")):
-            log.warning("cuteforge: building the C++ autograd node once for this torch (~30 s) in %s", directory)
+            log.warning("cuteforge: building the C++ extension (autograd node, forward launch) once for this torch (~30 s) in %s", directory)
         return cpp_extension.load(
             name=f"cuteforge_ffi_backward_{build_tag()}",
-            sources=[str(SOURCE)],
+            sources=[str(f) for f in SOURCES],
             extra_include_paths=includes,
             extra_cflags=["-O2"],
             extra_ldflags=[f"-L{libdir}", "-ltvm_ffi", f"-Wl,-rpath,{libdir}"],

@@ -16,15 +16,12 @@
 // double backward (grad mode on) or a plan without a kernel goes to the plan's Python
 // fallback, which is the op's ordinary backward.
 
-#include <torch/extension.h>
+#include "ffi_common.h"
+
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-
-#include <tvm/ffi/c_api.h>
-#include <tvm/ffi/extra/c_env_api.h>
 
 #include <memory>
 #include <string>
@@ -48,27 +45,7 @@ auto make_node() {
   }
 }
 
-at::ScalarType scalar_type(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "float64") return at::kDouble;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  if (name == "int64") return at::kLong;
-  if (name == "int32") return at::kInt;
-  throw std::invalid_argument("cuteforge native node: unsupported dtype " + name);
-}
-
-DLDataType dl_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return {kDLFloat, 32, 1};
-    case at::kDouble: return {kDLFloat, 64, 1};
-    case at::kHalf: return {kDLFloat, 16, 1};
-    case at::kBFloat16: return {kDLBfloat, 16, 1};
-    case at::kLong: return {kDLInt, 64, 1};
-    case at::kInt: return {kDLInt, 32, 1};
-    default: throw std::invalid_argument("cuteforge native node: no DLPack dtype for this tensor");
-  }
-}
+using cuteforge_native::scalar_type;
 
 enum Source : int { kSaved = 0, kGrad = 1, kBuffer = 2 };
 
@@ -115,19 +92,6 @@ struct Plan {
     }
   }
 };
-
-[[noreturn]] void raise_ffi_error(const std::string& where) {
-  TVMFFIObjectHandle err = nullptr;
-  TVMFFIErrorMoveFromRaised(&err);
-  std::string msg = where + ": the kernel call failed";
-  if (err) {
-    TVMFFIErrorCell* cell = TVMFFIErrorGetCellPtr(err);
-    msg += std::string(" (") + std::string(cell->kind.data, cell->kind.size) + ": " +
-           std::string(cell->message.data, cell->message.size) + ")";
-    TVMFFIObjectDecRef(err);
-  }
-  throw std::runtime_error(msg);
-}
 
 bool aligned(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
 
@@ -177,20 +141,11 @@ struct FfiBackward : public ag::Node {
 
     std::vector<DLTensor> dl(p.args.size());
     std::vector<TVMFFIAny> any(p.args.size());
-    const DLDevice dev{p.device.is_cuda() ? kDLCUDA : kDLCPU, p.device.is_cuda() ? p.device.index() : 0};
+    const DLDevice dev = cuteforge_native::dl_device(p.device);
     for (size_t i = 0; i < p.args.size(); ++i) {
       const ArgSpec& a = p.args[i];
       const at::Tensor& t = a.source == kSaved ? sv[a.index] : a.source == kGrad ? g[a.index] : bufs[a.index];
-      dl[i].data = static_cast<char*>(t.data_ptr()) + a.offset * t.element_size();
-      dl[i].device = dev;
-      dl[i].ndim = static_cast<int32_t>(a.sizes.size());
-      dl[i].dtype = dl_dtype(t.scalar_type());
-      dl[i].shape = const_cast<int64_t*>(a.sizes.data());
-      dl[i].strides = const_cast<int64_t*>(a.strides.data());
-      dl[i].byte_offset = 0;
-      any[i].type_index = kTVMFFIDLTensorPtr;
-      any[i].zero_padding = 0;
-      any[i].v_ptr = &dl[i];
+      cuteforge_native::fill_dltensor(dl[i], any[i], t, a.sizes, a.strides, a.offset, dev);
     }
     call(any);
 
@@ -210,25 +165,7 @@ struct FfiBackward : public ag::Node {
   }
 
   void call(std::vector<TVMFFIAny>& any) {
-    const Plan& p = *plan;
-    TVMFFIAny result;
-    result.type_index = kTVMFFINone;
-    result.zero_padding = 0;
-    result.v_int64 = 0;
-    int rc;
-    if (p.device.is_cuda()) {
-      // The kernels launch on TVM-FFI's environment stream: make it torch's current one
-      // (the engine has set the forward's stream for this node), then put back the old.
-      void* stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(p.device).native_handle();
-      TVMFFIStreamHandle previous = nullptr;
-      if (TVMFFIEnvSetStream(kDLCUDA, p.device.index(), stream, &previous) != 0) raise_ffi_error(p.name);
-      rc = TVMFFIFunctionCall(p.fn, any.data(), static_cast<int32_t>(any.size()), &result);
-      TVMFFIEnvSetStream(kDLCUDA, p.device.index(), previous, nullptr);
-    } else {
-      rc = TVMFFIFunctionCall(p.fn, any.data(), static_cast<int32_t>(any.size()), &result);
-    }
-    if (rc != 0) raise_ffi_error(p.name);
-    if (result.type_index >= kTVMFFIStaticObjectBegin && result.v_obj) TVMFFIObjectDecRef(result.v_obj);
+    cuteforge_native::call_on_current_stream(plan->fn, any.data(), static_cast<int32_t>(any.size()), plan->device, plan->name);
   }
 
   ag::variable_list fallback(const ag::variable_list& grads, const std::vector<at::Tensor>& sv) {
@@ -309,8 +246,13 @@ void attach(const std::shared_ptr<Plan>& plan, const std::vector<std::optional<a
 
 }  // namespace
 
+namespace cuteforge_native {
+void register_launch(py::module_& m);  // ffi_launch.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan");
   m.def("make_plan", &make_plan, "A backward plan (see cuteforge/native/backward.py)");
   m.def("attach", &attach, "Attach a C++ backward node to computed outputs");
+  cuteforge_native::register_launch(m);
 }

@@ -15,3 +15,12 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     if t.stride(1) != 1:
         t = t.as_strided(t.shape, (t.stride(0), 1)) if n == 1 else t.contiguous()
     return t
+
+
+def rows_view(t: torch.Tensor) -> torch.Tensor | None:
+    """`as_rows(t)` where it is a view of t's memory from t's data pointer (what a launch
+    plan can read in place, `native.launch`), None where it would copy."""
+    r = as_rows(t)
+    if r.data_ptr() != t.data_ptr() or r.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+        return None
+    return r

@@ -31,7 +31,9 @@ import torch
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
 from ..native import backward as native
-from .layout import as_rows
+from ..native import launch as native_launch
+from ..native.backward import arg, contiguous_arg
+from .layout import as_rows, rows_view
 
 MAX_N = 262144
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -494,19 +496,20 @@ def _eager_plan(kind: str, where: str, x: Any, weight: Any, bias: Any, residual:
     m, n = x2.shape
     shape = tuple(x.shape)
     f32 = torch.float32
-    run: _Run
-    if launch is None:  # M == 0
+    # one C call where the operands are read in place, else a Python closure
+    run = None if launch is None else _native_run(where, launch, x, weight, bias, residual)
+    if run is None and launch is None:  # M == 0
         def run(x: torch.Tensor, w: torch.Tensor, b: Any, r: Any) -> Any:
             y = x.new_empty(*shape)
             return y if r is None else (y, x.new_empty(*shape))
-    elif x2 is x and w2 is weight and b2 is bias and residual is None:
+    elif run is None and x2 is x and w2 is weight and b2 is bias and residual is None:
         # the plain case: 2-D rows, unit-stride vectors, no residual; nothing but allocations
         def run(x: torch.Tensor, w: torch.Tensor, b: Any, r: Any) -> Any:
             y = x.new_empty(m, n)
             st = x.new_empty(m, dtype=f32)
             launch(x, w, w if b is None else b, x, y, y, st, st)
             return y
-    else:
+    elif run is None:
         xv, rv, wc = x2 is not x, r2 is not residual, w2 is not weight
         bc = b2 is not bias
         flat = len(shape) != 2
@@ -530,6 +533,27 @@ def _eager_plan(kind: str, where: str, x: Any, weight: Any, bias: Any, residual:
         _EAGER.clear()
     _EAGER[_eager_key(kind, x, weight, bias, residual, eps)] = run
     return run
+
+
+def _native_run(where: str, launch: Any, x: torch.Tensor, weight: torch.Tensor, bias: Any, residual: Any) -> _Run | None:
+    """run(x, weight, bias, residual) as one C call (`native.launch`: the outputs allocated
+    and the kernel called without Python between), where every operand is read in place
+    (x and residual as row views, unit-stride weight and bias); else None."""
+    xv = rows_view(x)
+    rv = None if residual is None else rows_view(residual)
+    if xv is None or (residual is not None and rv is None) or weight.stride(0) != 1 or (
+            bias is not None and bias.stride(0) != 1):
+        return None
+    m, n = xv.shape
+    shape, IN, OUT = tuple(x.shape), native_launch.INPUT, native_launch.OUTPUT
+    y = contiguous_arg(OUT, 0, (m, n))
+    st = contiguous_arg(OUT, 1, (m,))  # mean and rstd share it: nobody reads them without grad
+    ro = y if residual is None else contiguous_arg(OUT, 2, (m, n))
+    w = contiguous_arg(IN, 1, (n,))
+    args = [arg(IN, 0, xv), w, w if bias is None else contiguous_arg(IN, 2, (n,)),
+            arg(IN, 0, xv) if rv is None else arg(IN, 3, rv), y, ro, st, st]
+    outs = [(shape, x.dtype), ((m,), torch.float32)] + ([] if residual is None else [(shape, x.dtype)])
+    return native_launch.runner(where, launch, x.device, 4, outs, args, [0] if residual is None else [0, 2])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residual: torch.Tensor | None = None) -> Any:

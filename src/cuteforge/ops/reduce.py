@@ -23,13 +23,16 @@ import torch
 
 from ..arch import target_arch
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
+from ..native import launch as native_launch
+from ..native.backward import contiguous_arg
 
 _MAX_PLANS = 4096
 
 
-# A plan is what the warm path needs, as a plain tuple (attribute access costs):
-# (output shape, launch(x, out), the output dtype or None when it equals x's dtype).
-_Plan = tuple[Any, Callable[[torch.Tensor, torch.Tensor], Any], "torch.dtype | None"]
+# A plan is what the warm path needs: run(x) -> out. Where x's rows are read in place by
+# the row kernel it is one C call (`native.launch`: allocation and launch), else a
+# Python closure allocating the output and calling launch(x, out).
+_Plan = Callable[[torch.Tensor], torch.Tensor]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
 
 
@@ -92,17 +95,43 @@ def _plan(op: str, x: Any, dim: Any, keepdim: Any = False) -> _Plan:
     if x.dim() == 2 and d == 1 and not keepdim:
         out_shape = o  # the measured warm path allocates with an int
     s_outer = _flat_stride(shape[:d], strides[:d], 0)
+    run = None
     if i == 1:  # nothing but size-1 dims after the reduced one: a row reduction
         ok = s_outer is not None and (strides[d] == 1 or n == 1)
-        launch = _row_launch(op, x if ok else x.contiguous(), where, d, o, n, ok, isinstance(out_shape, int))
+        launch, kernel = _row_launch(op, x if ok else x.contiguous(), where, d, o, n, ok, isinstance(out_shape, int))
+        if ok and kernel is not None:
+            run = _row_native(where, kernel, x, d, o, n, out_shape, odt)
     else:
         ok = s_outer is not None and _flat_stride(shape[d + 1 :], strides[d + 1 :], 1) == 1
         launch = _col_launch(op, x if ok else x.contiguous(), where, d, o, n, i, ok)
-    plan = (out_shape, launch, None if odt == x.dtype else odt)
+    plan = run or _python_run(launch, out_shape, None if odt == x.dtype else odt)
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
     _PLANS[_memo_key(op, x, dim, keepdim)] = plan
     return plan
+
+
+def _python_run(launch: Callable[..., Any], out_shape: Any, odt: torch.dtype | None) -> _Plan:
+    if odt is None:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            out = x.new_empty(out_shape)
+            launch(x, out)
+            return out
+    else:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            out = x.new_empty(out_shape, dtype=odt)
+            launch(x, out)
+            return out
+    return run
+
+
+def _row_native(where: str, kernel: Any, x: torch.Tensor, d: int, m: int, n: int, out_shape: Any,
+                odt: torch.dtype) -> _Plan | None:
+    """The row reduction as one C call (`native.launch`): x's rows, a view of x, read in place."""
+    s_row = _flat_stride(x.shape[:d], x.stride()[:d], n)
+    shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
+    rows = (native_launch.INPUT, 0, [m, n], [s_row, 1], 0)
+    return native_launch.runner(where, kernel, x.device, 1, [(shape, odt)], [rows, contiguous_arg(native_launch.OUTPUT, 0, (m,))], [0])
 
 
 def _rows(t: torch.Tensor, d: int, m: int, n: int) -> torch.Tensor:
@@ -113,21 +142,22 @@ def _rows(t: torch.Tensor, d: int, m: int, n: int) -> torch.Tensor:
 
 def _row_launch(
     op: str, x: torch.Tensor, where: str, d: int, m: int, n: int, viewable: bool, flat_out: bool
-) -> Callable[..., Any]:
+) -> tuple[Callable[..., Any], Any]:
+    """(launch(x, out), the compiled kernel or None when there is nothing to launch)."""
     xv = _rows(x, d, m, n)
     out = torch.empty(m, dtype=out_dtype(op, x.dtype), device=x.device)
     key = row_reduce.signature.bind((xv, out), where)  # device, dtype checks even when M == 0
     if m == 0:
-        return _skip
+        return _skip, None
     from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
     cfg = lookup(row_reduce, key, (("op", op),), {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, m)
     fn = row_reduce.get(key, (("op", op),), cfg)
     if viewable and flat_out and x.stride(1) == 1:
-        return fn  # the plain 2-D case: no views on the warm path
+        return fn, fn  # the plain 2-D case: no views on the warm path
     if viewable:
-        return lambda t, out: fn(_rows(t, d, m, n), out.view(m))
-    return lambda t, out: fn(_rows(t.contiguous(), d, m, n), out.view(m))  # a layout no view can express
+        return (lambda t, out: fn(_rows(t, d, m, n), out.view(m))), fn
+    return (lambda t, out: fn(_rows(t.contiguous(), d, m, n), out.view(m))), fn  # a layout no view can express
 
 
 def _col_launch(op: str, x: torch.Tensor, where: str, d: int, o: int, r: int, i: int, viewable: bool) -> Callable[..., Any]:
@@ -197,13 +227,10 @@ def _col_runner(op: str, xv: torch.Tensor, out: torch.Tensor, vec: int, split: i
 def _run(op: str, x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     """The custom op's body (torch.compile, autograd); eager calls take `_entry`'s copy."""
     try:
-        plan = _PLANS[_memo_key(op, x, dim, keepdim)]
+        run = _PLANS[_memo_key(op, x, dim, keepdim)]
     except (AttributeError, KeyError, TypeError):
-        plan = _plan(op, x, dim, keepdim)
-    shape, launch, odt = plan
-    out = x.new_empty(shape) if odt is None else x.new_empty(shape, dtype=odt)
-    launch(x, out)
-    return out
+        run = _plan(op, x, dim, keepdim)
+    return run(x)
 
 
 # --- torch.library registration: what torch.compile and CUDA graphs see -------------------
@@ -285,10 +312,7 @@ def _entry(op: str) -> Callable[..., torch.Tensor]:
             return custom(x, dim, keepdim)
         if plan is None:
             plan = _plan(op, x, dim, keepdim)
-        shape, launch, odt = plan
-        out = x.new_empty(shape) if odt is None else x.new_empty(shape, dtype=odt)
-        launch(x, out)
-        return out
+        return plan(x)
 
     fn.__name__ = op
     fn.__qualname__ = op

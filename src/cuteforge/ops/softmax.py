@@ -26,8 +26,10 @@ import torch
 from ..arch import target_arch
 from ..kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
 from ..native import backward as native
+from ..native import launch as native_launch
+from ..native.backward import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, dtype_name
-from .layout import as_rows
+from .layout import as_rows, rows_view
 
 __all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
 
@@ -35,12 +37,16 @@ _MAX_PLANS = 4096
 # Longest row the configs hold (backward: 16 CTAs x 512 threads x 32 elements); the
 # tested range. Longer rows would fail in the config heuristic without naming x.
 MAX_N = 262144
-# plan: (output shape as a tuple of ints, launch(*operands, out)). launch takes the
+# backward plan: (output shape as a tuple of ints, launch(*operands, out)). launch takes the
 # caller's tensors as they are (a 2-D operand goes straight to the compiled function; other
 # layouts get a wrapper that views or copies them into rows; an empty problem gets a no-op),
 # so the warm path is one lookup, one allocation and one call with no further checks.
 _Plan = tuple[tuple[int, ...], Callable[..., Any]]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
+# the forward's memo: run(x) -> y, the C launch of `native.launch` where x's rows can be
+# read in place (one C call: allocation, argument views, launch), else a Python closure
+_Run = Callable[[torch.Tensor], torch.Tensor]
+_FWD: dict[tuple[Any, ...], _Run] = {}
 
 
 def _check(where: str, name: str, t: Any) -> None:
@@ -93,14 +99,18 @@ def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
     return plan
 
 
-def _plan_fwd(mode: str, x: Any, dim: Any) -> _Plan:
+def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
     where = f"cuteforge.ops.{mode}"
     _check(where, "x", x)
     _check_dim(where, dim, x.dim())
     x2 = as_rows(x)
     m, n = x2.shape
-    launch: Callable[..., Any] = _skip
-    if m > 0 and n > 0:
+    shape = tuple(x.shape)
+    run: _Run | None = None
+    if m == 0 or n == 0:
+        def run(t: torch.Tensor) -> torch.Tensor:
+            return t.new_empty(*shape)
+    else:
         y2 = torch.empty(m, n, dtype=x.dtype, device=x.device)
         key = softmax_fwd.signature.bind((x2, y2), where)
         from ..autotune import lookup  # slow path only: a tuned config if one was stored
@@ -108,22 +118,32 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Plan:
         params = (("mode", mode),)
         cfg = lookup(softmax_fwd, key, params, {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m)
         fn = softmax_fwd.get(key, params, cfg)
-        if _direct(x):
-            launch = fn
-        else:
-            def launch(t: torch.Tensor, y: torch.Tensor) -> None:
+        xv = rows_view(x)
+        if xv is not None:  # x read in place: allocation and launch in one C call
+            run = native_launch.runner(where, fn, x.device, 1, [(shape, x.dtype)],
+                                [arg(native_launch.INPUT, 0, xv), contiguous_arg(native_launch.OUTPUT, 0, (m, n))], [0])
+        if run is None and _direct(x):
+            def run(t: torch.Tensor) -> torch.Tensor:
+                y = t.new_empty(m, n)
+                fn(t, y)
+                return y
+        elif run is None:
+            def run(t: torch.Tensor) -> torch.Tensor:
+                y = t.new_empty(*shape)
                 fn(as_rows(t), y.view(-1, n))
-    return _remember(_memo_key(mode, dim, x), (tuple(x.shape), launch))
+                return y
+    if len(_FWD) >= _MAX_PLANS:
+        _FWD.clear()
+    _FWD[_memo_key(mode, dim, x)] = run
+    return run
 
 
 def _fwd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     try:
-        shape, launch = _PLANS[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
+        run = _FWD[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
     except (AttributeError, KeyError, TypeError):
-        shape, launch = _plan_fwd(mode, x, dim)
-    y = x.new_empty(*shape)
-    launch(x, y)
-    return y
+        run = _plan_fwd(mode, x, dim)
+    return run(x)
 
 
 def _bwd_kernel(mode: str, dy2: torch.Tensor, y2: torch.Tensor, where: str) -> Any:
@@ -280,7 +300,7 @@ def _native_autograd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor | Non
 def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
-    plans = _PLANS
+    plans = _FWD
     apply = _eager_function(mode).apply
 
     def fn(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -293,13 +313,10 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
             y = _native_autograd(mode, x, dim)
             return apply(x, dim) if y is None else y
         try:
-            shape, launch = plans[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
+            run = plans[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
         except (AttributeError, KeyError, TypeError):
-            shape, launch = _plan_fwd(mode, x, dim)
-        # new_empty(*ints): torch parses ints faster than a torch.Size (~1 us on the host)
-        y = x.new_empty(*shape)
-        launch(x, y)
-        return y
+            run = _plan_fwd(mode, x, dim)
+        return run(x)
 
     fn.__name__ = fn.__qualname__ = mode
     fn.__doc__ = (

@@ -1,0 +1,45 @@
+"""Plans for the eager forward launch (ffi_launch.cpp): an op's outputs allocated and its
+compiled kernel called in one C call, for the layouts its warm path memoizes.
+
+A Plan is made once per call layout (the op's memo key fixes every shape and stride) and
+says:
+
+- outs: (shape, dtype) of each tensor the call allocates;
+- args: the kernel's operands in order, each an input (`INPUT`, by position in the call)
+  or an output (`OUTPUT`) with the (sizes, strides) view the kernel reads
+  (`backward.arg`, `backward.contiguous_arg` build them);
+- returns: which outputs the call returns (one: the tensor; more: a tuple).
+
+`runner(...)` gives ``run(*inputs) -> outputs`` (None where the extension is unavailable:
+the op keeps its Python launch). ``run`` checks only the count of inputs, that each is a
+tensor on the plan's device or None where no argument reads it (an absent bias); the
+layout is the memo key's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..signature import dtype_name
+from . import build
+
+INPUT, OUTPUT = 0, 1
+
+
+def runner(name: str, fn: Any, device: torch.device, n_inputs: int, outs: Sequence[tuple[Sequence[int], torch.dtype]],
+           args: Sequence[tuple[Any, ...]], returns: Sequence[int]) -> Callable[..., Any] | None:
+    """``run(*inputs)`` calling the compiled TVM-FFI function ``fn``, or None where the
+    extension is disabled or cannot be built, or ``fn`` is no TVM-FFI function (a test's
+    stand-in kernel)."""
+    if not hasattr(fn, "__chandle__"):
+        return None
+    mod = build.load()
+    if mod is None:
+        return None
+    plan = mod.make_launch_plan(name, int(fn.__chandle__()), device.type, device.index or 0, n_inputs,
+                                [(list(s), dtype_name(d)) for s, d in outs], list(args), list(returns))
+    return functools.partial(mod.launch, plan)

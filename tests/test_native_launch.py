@@ -1,0 +1,166 @@
+"""The eager forward launch (cuteforge/native/ffi_launch.cpp) on the CPU: plans whose
+"kernel" is a Python function exposed through TVM-FFI (the C ABI the compiled CuTe
+kernels use) run every path but the CUDA stream here: allocation, argument views and
+offsets, returns, and errors. The ops' use of it on the GPU is in tests/gpu."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from cuteforge.native import build
+from cuteforge.native import launch as native_launch
+from cuteforge.native.backward import arg, contiguous_arg
+
+pytestmark = pytest.mark.skipif(build.load() is None, reason="the C++ extension could not be built here")
+
+IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+CPU = torch.device("cpu")
+SEEN: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+
+def _view(t: object) -> torch.Tensor:
+    """A torch CPU tensor over a TVM-FFI tensor view's memory (fp32, any strides)."""
+    shape, strides = tuple(t.shape), tuple(t.strides)
+    SEEN.append((shape, strides))
+    span = 1 + sum((d - 1) * s for d, s in zip(shape, strides)) if all(shape) else 0
+    ptr = t.data_ptr() if callable(t.data_ptr) else t.data_ptr
+    flat = torch.frombuffer((ctypes.c_float * max(span, 1)).from_address(ptr), dtype=torch.float32)
+    return flat.as_strided(shape, strides)
+
+
+def _double_and_row_sums(x: object, y: object, s: object) -> None:
+    x, y, s = (_view(t) for t in (x, y, s))
+    y.copy_(2 * x)
+    s.copy_(x.sum(-1))
+
+
+def _fail(x: object, y: object) -> None:
+    raise ValueError("the kernel refused this")
+
+
+def _ffi(f):
+    import tvm_ffi
+
+    return tvm_ffi.convert(f)
+
+
+def _run(m: int, n: int, returns=(0,), x_arg=None):
+    return native_launch.runner(
+        "TestLaunch", _ffi(_double_and_row_sums), CPU, 1, [((m, n), torch.float32), ((m,), torch.float32)],
+        [x_arg or contiguous_arg(IN, 0, (m, n)), contiguous_arg(OUT, 0, (m, n)), contiguous_arg(OUT, 1, (m,))], returns)
+
+
+def test_allocates_calls_and_returns_the_outputs_asked_for() -> None:
+    x = torch.randn(3, 5)
+    y = _run(3, 5)(x)
+    assert y.shape == (3, 5) and y.dtype == torch.float32 and y.is_contiguous()
+    torch.testing.assert_close(y, 2 * x)
+    y2, s = _run(3, 5, returns=(0, 1))(x)
+    torch.testing.assert_close(y2, 2 * x)
+    torch.testing.assert_close(s, x.sum(-1))
+    (s_only,) = (_run(3, 5, returns=(1,))(x),)
+    torch.testing.assert_close(s_only, x.sum(-1))
+
+
+def test_each_call_gets_fresh_outputs() -> None:
+    run = _run(2, 4)
+    a, b = torch.ones(2, 4), torch.full((2, 4), 3.0)
+    ya, yb = run(a), run(b)
+    assert ya.data_ptr() != yb.data_ptr()
+    torch.testing.assert_close(ya, 2 * a)
+    torch.testing.assert_close(yb, 2 * b)
+
+
+def test_the_kernel_reads_the_planned_view() -> None:
+    # x a (4, 6) view with row stride 10 of a larger buffer: the kernel sees those strides
+    base = torch.randn(4, 10)
+    x = base[:, 2:8]
+    SEEN.clear()
+    run = _run(4, 6, x_arg=(IN, 0, [4, 6], [10, 1], 0))
+    torch.testing.assert_close(run(x), 2 * x)
+    assert SEEN[0] == ((4, 6), (10, 1))
+
+
+def test_element_offset_into_an_input() -> None:
+    base = torch.randn(5, 3)
+    run = native_launch.runner(
+        "TestOffset", _ffi(_double_and_row_sums), CPU, 1, [((2, 3), torch.float32), ((2,), torch.float32)],
+        [contiguous_arg(IN, 0, (2, 3), offset=6), contiguous_arg(OUT, 0, (2, 3)), contiguous_arg(OUT, 1, (2,))], [0])
+    torch.testing.assert_close(run(base), 2 * base[2:4])
+
+
+def test_one_input_as_several_arguments() -> None:
+    # the norms pass x twice (x and "no residual"); arg() takes a tensor's own layout
+    x = torch.randn(2, 3)
+
+    def add(a: object, b: object, y: object) -> None:
+        a, b, y = (_view(t) for t in (a, b, y))
+        y.copy_(a + b)
+
+    run = native_launch.runner("TestTwice", _ffi(add), CPU, 1, [((2, 3), torch.float32)],
+                               [arg(IN, 0, x), arg(IN, 0, x), arg(OUT, 0, x)], [0])
+    torch.testing.assert_close(run(x), 2 * x)
+
+
+def test_none_for_an_input_no_argument_reads() -> None:
+    run = native_launch.runner(
+        "TestOptional", _ffi(_double_and_row_sums), CPU, 2, [((2, 3), torch.float32), ((2,), torch.float32)],
+        [contiguous_arg(IN, 0, (2, 3)), contiguous_arg(OUT, 0, (2, 3)), contiguous_arg(OUT, 1, (2,))], [0])
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(run(x, None), 2 * x)
+    with pytest.raises(TypeError, match="TestOptional: input 0 must be a torch.Tensor, got NoneType"):
+        run(None, None)
+
+
+def test_wrong_count_or_type_of_inputs_is_a_clear_error() -> None:
+    run = _run(2, 2)
+    with pytest.raises(TypeError, match="TestLaunch: expected 1 input tensors, got 2"):
+        run(torch.zeros(2, 2), torch.zeros(2, 2))
+    with pytest.raises(TypeError, match="TestLaunch: input 0 must be a torch.Tensor, got list"):
+        run([1.0])
+    with pytest.raises(TypeError, match="missing the plan"):
+        build.load().launch()
+
+
+def test_input_on_another_device_is_refused_before_anything_runs() -> None:
+    SEEN.clear()
+    run = native_launch.runner("TestDevice", _ffi(_double_and_row_sums), torch.device("cuda", 0), 1,
+                               [((2, 2), torch.float32), ((2,), torch.float32)],
+                               [contiguous_arg(IN, 0, (2, 2)), contiguous_arg(OUT, 0, (2, 2)), contiguous_arg(OUT, 1, (2,))], [0])
+    with pytest.raises(ValueError, match="TestDevice: input 0 is on cpu, the plan on cuda:0"):
+        run(torch.zeros(2, 2))
+    assert SEEN == []
+
+
+def test_kernel_errors_name_the_plan() -> None:
+    run = native_launch.runner("TestFailing", _ffi(_fail), CPU, 1, [((2, 2), torch.float32)],
+                               [contiguous_arg(IN, 0, (2, 2)), contiguous_arg(OUT, 0, (2, 2))], [0])
+    with pytest.raises(RuntimeError, match="TestFailing: the kernel call failed.*the kernel refused this"):
+        run(torch.zeros(2, 2))
+
+
+def test_bad_plans_are_refused_when_made() -> None:
+    fn = _ffi(_double_and_row_sums)
+    with pytest.raises(ValueError, match="names no input or output"):
+        native_launch.runner("TestBad", fn, CPU, 1, [((2, 2), torch.float32)], [contiguous_arg(OUT, 3, (2, 2))], [0])
+    with pytest.raises(ValueError, match="returned output does not exist"):
+        native_launch.runner("TestBad", fn, CPU, 1, [((2, 2), torch.float32)], [contiguous_arg(OUT, 0, (2, 2))], [1])
+    with pytest.raises(ValueError, match="at least one output"):
+        native_launch.runner("TestBad", fn, CPU, 1, [((2, 2), torch.float32)], [contiguous_arg(OUT, 0, (2, 2))], [])
+
+
+def test_plan_keeps_its_kernel_alive() -> None:
+    import gc
+
+    run = _run(2, 3)
+    gc.collect()  # the TVM-FFI function object of _run is gone from Python; the plan holds it
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(run(x), 2 * x)
+
+
+def test_disabled_extension_gives_no_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build, "load", lambda: None)
+    assert _run(2, 2) is None
