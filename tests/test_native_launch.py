@@ -164,3 +164,76 @@ def test_plan_keeps_its_kernel_alive() -> None:
 def test_disabled_extension_gives_no_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(build, "load", lambda: None)
     assert _run(2, 2) is None
+
+
+# --------------------------------------------------------------------------- launch tables
+
+
+def test_table_launches_the_plan_keyed_by_the_call_layout() -> None:
+    table = native_launch.Table(1)
+    assert table.call is None and len(table) == 0
+    x = torch.randn(3, 5)
+    table.put((-1,), (x,), _run(3, 5))
+    torch.testing.assert_close(table.call(-1, x), 2 * x)
+    ones = torch.ones(3, 5)
+    torch.testing.assert_close(table.call(-1, ones), 2 * ones)  # another tensor of that layout
+    assert len(table) == 1
+
+
+def test_table_misses_on_any_change_of_the_key() -> None:
+    table = native_launch.Table(1)
+    x = torch.randn(3, 5)
+    table.put((-1,), (x,), _run(3, 5))
+    big = torch.randn(3, 9)
+    for scalar, t in ((1, x), (True, x), (-1.0, x), (None, x), (-1, x.double()), (-1, x[:2]), (-1, x.t()),
+                      (-1, big[:, :5]), (-1, torch.randn(16)[1:].view(3, 5)), (-1, None), ("a", x), (-1, [1.0])):
+        assert table.call(scalar, t) is None, (scalar, t)
+    assert table.call(-1) is None and table.call() is None  # too few arguments: no key
+
+
+def test_table_leaves_grad_to_python() -> None:
+    table = native_launch.Table(1)
+    x = torch.randn(3, 5)
+    table.put((-1,), (x,), _run(3, 5))
+    xg = x.clone().requires_grad_()
+    assert table.call(-1, xg) is None
+    with torch.no_grad():
+        torch.testing.assert_close(table.call(-1, xg), 2 * x)
+
+
+def test_table_keys_absent_inputs_and_several_scalars() -> None:
+    table = native_launch.Table(2)
+    x = torch.randn(2, 3)
+    run = native_launch.runner(
+        "TestOptional", _ffi(_double_and_row_sums), CPU, 2, [((2, 3), torch.float32), ((2,), torch.float32)],
+        [contiguous_arg(IN, 0, (2, 3)), contiguous_arg(OUT, 0, (2, 3)), contiguous_arg(OUT, 1, (2,))], [0])
+    table.put((1e-5, False), (x, None), run)
+    torch.testing.assert_close(table.call(1e-5, False, x, None), 2 * x)
+    assert table.call(1e-5, False, x, x) is None
+    assert table.call(1e-5, 0, x, None) is None
+    assert table.call(1e-6, False, x, None) is None
+
+
+def test_table_put_ignores_python_runs_and_refuses_bad_keys() -> None:
+    table = native_launch.Table(1)
+    x = torch.randn(3, 5)
+    table.put((-1,), (x,), lambda t: 2 * t)  # a Python run stays in the op's Python memo
+    assert table.call is None
+    with pytest.raises(ValueError, match="wrong number of scalars"):
+        table.put((-1, 0), (x,), _run(3, 5))
+    with pytest.raises(ValueError, match="wrong number of inputs"):
+        table.put((-1,), (x, x), _run(3, 5))
+    with pytest.raises(ValueError, match="int, float, bool or None scalars"):
+        table.put(("dim",), (x,), _run(3, 5))
+
+
+def test_table_clear_and_plans_outliving_their_runner() -> None:
+    import gc
+
+    table = native_launch.Table(1)
+    x = torch.randn(3, 5)
+    table.put((-1,), (x,), _run(3, 5))
+    gc.collect()  # the runner (and its capsule) is gone; the table shares the plan
+    torch.testing.assert_close(table.call(-1, x), 2 * x)
+    table.clear()
+    assert table.call is None and len(table) == 0

@@ -36,6 +36,13 @@ def _clear() -> None:
     reduce_ops._PLANS.clear()
     softmax_ops._FWD.clear()
     norm_ops._EAGER.clear()
+    for mod in (reduce_ops, softmax_ops, norm_ops):
+        for table in mod._TABLES.values():
+            table.clear()
+
+
+def _tables_hold() -> int:
+    return sum(len(t) for mod in (reduce_ops, softmax_ops, norm_ops) for t in mod._TABLES.values())
 
 
 def _layouts(m: int, n: int, dtype: torch.dtype):
@@ -54,11 +61,14 @@ def _both(f, args: tuple, memo: dict, monkeypatch: pytest.MonkeyPatch):
     _clear()
     got = f(*args)
     assert memo and all(_is_c_launch(r) for r in memo.values()), "the memo holds a Python launch"
+    assert _tables_hold() == 1
+    again = f(*args)  # warm: through the C table
+    _same(again, got)
     _clear()
     with monkeypatch.context() as mp:
         mp.setattr(native_launch.build, "load", lambda: None)
         ref = f(*args)
-        assert memo and not any(_is_c_launch(r) for r in memo.values())
+        assert memo and not any(_is_c_launch(r) for r in memo.values()) and _tables_hold() == 0
     _clear()
     return got, ref
 
@@ -106,6 +116,22 @@ def test_reductions_softmax_norms_match_the_python_launch(m: int, n: int, dtype:
             torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2, msg=f"{label} {name}")
             if "res" in label:
                 torch.testing.assert_close(got[1], x + r, msg=f"{label} {name}")
+
+
+def test_the_c_table_leaves_autograd_to_python() -> None:
+    _clear()
+    x = torch.randn(8, 512, device="cuda")
+    w = torch.randn(512, device="cuda")
+    ops.softmax(x), ops.rms_norm(x, w), ops.sum(x, -1)  # plans in the C tables
+    assert _tables_hold() == 3
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    for out, leaves in ((ops.softmax(xg), (xg,)), (ops.rms_norm(xg, wg), (xg, wg)), (ops.sum(xg, -1), (xg,))):
+        assert out.grad_fn is not None
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+        assert all(g is not None and g.shape == t.shape for g, t in zip(grads, leaves))
+    with torch.no_grad():
+        assert ops.softmax(xg).grad_fn is None
+    _clear()
 
 
 def test_layouts_it_cannot_read_in_place_keep_the_python_launch() -> None:

@@ -19,7 +19,12 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <c10/util/SmallVector.h>
+
+#include <cstring>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -56,8 +61,16 @@ struct LaunchPlan {
   }
 };
 
+using PlanPtr = std::shared_ptr<const LaunchPlan>;
+
+// A plan's capsule holds a PlanPtr: launch tables share the plan.
 void free_plan(PyObject* capsule) {
-  delete static_cast<LaunchPlan*>(PyCapsule_GetPointer(capsule, kCapsule));
+  delete static_cast<PlanPtr*>(PyCapsule_GetPointer(capsule, kCapsule));
+}
+
+const LaunchPlan* plan_of(PyObject* capsule) {
+  auto* h = static_cast<PlanPtr*>(PyCapsule_GetPointer(capsule, kCapsule));
+  return h ? h->get() : nullptr;
 }
 
 py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::string& device_type, int64_t device_index,
@@ -67,7 +80,7 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
   if (n_inputs > kMaxTensors || outs.size() > kMaxTensors || args.size() > kMaxTensors)
     throw std::invalid_argument(name + ": at most 16 inputs, outputs and kernel arguments each");
   if (returns.empty()) throw std::invalid_argument(name + ": a launch plan returns at least one output");
-  auto p = std::make_unique<LaunchPlan>();
+  auto p = std::make_shared<LaunchPlan>();
   p->name = name;
   p->device = device_type == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)) : at::Device(at::kCPU);
   p->dl_device = dl_device(p->device);
@@ -93,10 +106,62 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
   p->returns = returns;
   p->fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
   TVMFFIObjectIncRef(p->fn);
-  PyObject* cap = PyCapsule_New(p.get(), kCapsule, free_plan);
-  if (!cap) throw py::error_already_set();
-  p.release();
+  auto* h = new PlanPtr(std::move(p));
+  PyObject* cap = PyCapsule_New(h, kCapsule, free_plan);
+  if (!cap) {
+    delete h;
+    throw py::error_already_set();
+  }
   return py::reinterpret_steal<py::object>(cap);
+}
+
+// Allocate p's outputs, call its kernel on `inputs`, return the output or a tuple of them;
+// nullptr with a Python error set on bad input.
+PyObject* run_plan(const LaunchPlan& p, PyObject* const* inputs, size_t n) {
+  if (n != p.n_inputs) {
+    PyErr_Format(PyExc_TypeError, "%s: expected %zu input tensors, got %zu", p.name.c_str(), p.n_inputs, n);
+    return nullptr;
+  }
+  const at::Tensor* in[kMaxTensors];
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* o = inputs[i];
+    if (o == Py_None && !p.read[i]) {
+      in[i] = nullptr;
+      continue;
+    }
+    if (!THPVariable_Check(o)) {
+      PyErr_Format(PyExc_TypeError, "%s: input %zu must be a torch.Tensor, got %s", p.name.c_str(), i, Py_TYPE(o)->tp_name);
+      return nullptr;
+    }
+    in[i] = &THPVariable_Unpack(o);
+    if (in[i]->device() != p.device) {
+      PyErr_Format(PyExc_ValueError, "%s: input %zu is on %s, the plan on %s", p.name.c_str(), i,
+                   in[i]->device().str().c_str(), p.device.str().c_str());
+      return nullptr;
+    }
+  }
+  at::Tensor out[kMaxTensors];
+  for (size_t j = 0; j < p.out_sizes.size(); ++j) out[j] = at::empty(p.out_sizes[j], p.out_options[j]);
+  DLTensor dl[kMaxTensors];
+  TVMFFIAny any[kMaxTensors];
+  for (size_t i = 0; i < p.args.size(); ++i) {
+    const LaunchArg& a = p.args[i];
+    fill_dltensor(dl[i], any[i], a.source == kInput ? *in[a.index] : out[a.index], a.sizes, a.strides, a.offset, p.dl_device);
+  }
+  // the GIL stays held: the call is a launch, microseconds
+  call_on_current_stream(p.fn, any, static_cast<int32_t>(p.args.size()), p.device, p.name);
+  if (p.returns.size() == 1) return THPVariable_Wrap(std::move(out[p.returns[0]]));
+  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(p.returns.size()));
+  if (!tup) return nullptr;
+  for (size_t k = 0; k < p.returns.size(); ++k) {
+    PyObject* t = THPVariable_Wrap(out[p.returns[k]]);
+    if (!t) {
+      Py_DECREF(tup);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(k), t);
+  }
+  return tup;
 }
 
 // launch(plan, *inputs) -> the returned output, or a tuple of them (METH_FASTCALL: no
@@ -107,66 +172,175 @@ PyObject* launch(PyObject* /*self*/, PyObject* const* argv, Py_ssize_t argc) {
     PyErr_SetString(PyExc_TypeError, "launch(plan, *inputs): missing the plan");
     return nullptr;
   }
-  auto* p = static_cast<LaunchPlan*>(PyCapsule_GetPointer(argv[0], kCapsule));
+  const LaunchPlan* p = plan_of(argv[0]);
   if (!p) return nullptr;
-  const size_t n = static_cast<size_t>(argc - 1);
-  if (n != p->n_inputs) {
-    PyErr_Format(PyExc_TypeError, "%s: expected %zu input tensors, got %zu", p->name.c_str(), p->n_inputs, n);
+  return run_plan(*p, argv + 1, static_cast<size_t>(argc - 1));
+  END_HANDLE_TH_ERRORS
+}
+
+// ---------------------------------------------------------------- launch tables
+// An op's eager memo on the C side: its call layout -> plan, so that a warm call is one C
+// call with no Python key. The key is the call's leading scalars (each an exact int,
+// float, bool or None: its type is part of the key, so eps=True never meets eps=1's
+// plan) and, per input, None or (dtype, device, sizes, strides, 16-byte alignment of the
+// data pointer): what the ops' Python memo keys hold. Only plans the Python slow path
+// made (after its checks) are put in; a miss, or an input that needs autograd while grad
+// mode is on, returns None and the op takes its Python path.
+
+using Key = c10::SmallVector<int64_t, 40>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = k.size();
+    for (int64_t v : k) h ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+struct LaunchTable {
+  size_t n_scalars = 0;
+  std::unordered_map<Key, PlanPtr, KeyHash> plans;
+};
+
+constexpr const char* kTable = "cuteforge.native.LaunchTable";
+constexpr size_t kMaxPlans = 4096;
+
+void free_table(PyObject* capsule) { delete static_cast<LaunchTable*>(PyCapsule_GetPointer(capsule, kTable)); }
+
+// Append o (a leading scalar) to the key; false for any other type (no plan is keyed so).
+bool key_scalar(Key& k, PyObject* o) {
+  if (o == Py_None) {
+    k.push_back(0);
+  } else if (PyBool_Check(o)) {
+    k.push_back(1);
+    k.push_back(o == Py_True);
+  } else if (PyLong_CheckExact(o)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    k.push_back(2);
+    k.push_back(v);
+  } else if (PyFloat_CheckExact(o)) {
+    double d = PyFloat_AS_DOUBLE(o);
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    k.push_back(3);
+    k.push_back(bits);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Append input o to the key; false where it is neither None nor a tensor. `grad` is set
+// when o needs autograd.
+bool key_input(Key& k, PyObject* o, bool& grad) {
+  if (o == Py_None) {
+    k.push_back(-1);
+    return true;
+  }
+  if (!THPVariable_Check(o)) return false;
+  const at::Tensor& t = THPVariable_Unpack(o);
+  grad = grad || t.requires_grad();
+  const int64_t nd = t.dim();
+  k.push_back(static_cast<int64_t>(t.scalar_type()));
+  k.push_back((static_cast<int64_t>(t.device().type()) << 16) | static_cast<int64_t>(t.device().index() + 1));
+  k.push_back(nd);
+  for (int64_t v : t.sizes()) k.push_back(v);
+  for (int64_t v : t.strides()) k.push_back(v);
+  k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15));
+  return true;
+}
+
+// Build the key of argv = (scalars..., inputs...); false when no plan can be keyed so.
+bool make_key(const LaunchTable& tab, PyObject* const* argv, size_t argc, Key& k, bool& grad) {
+  if (argc < tab.n_scalars) return false;
+  for (size_t i = 0; i < tab.n_scalars; ++i) {
+    if (!key_scalar(k, argv[i])) return false;
+  }
+  for (size_t i = tab.n_scalars; i < argc; ++i) {
+    if (!key_input(k, argv[i], grad)) return false;
+  }
+  return true;
+}
+
+py::object make_table(size_t n_scalars) {
+  auto* t = new LaunchTable();
+  t->n_scalars = n_scalars;
+  PyObject* cap = PyCapsule_New(t, kTable, free_table);
+  if (!cap) {
+    delete t;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(cap);
+}
+
+// table_put(table, scalars: tuple, inputs: tuple, plan): key the plan by that call.
+void table_put(py::handle table, py::tuple scalars, py::tuple inputs, py::handle plan) {
+  auto* tab = static_cast<LaunchTable*>(PyCapsule_GetPointer(table.ptr(), kTable));
+  auto* h = static_cast<PlanPtr*>(PyCapsule_GetPointer(plan.ptr(), kCapsule));
+  if (!tab || !h) throw py::error_already_set();
+  if (scalars.size() != tab->n_scalars) throw std::invalid_argument("table_put: wrong number of scalars for this table");
+  std::vector<PyObject*> argv;
+  for (auto o : scalars) argv.push_back(o.ptr());
+  for (auto o : inputs) argv.push_back(o.ptr());
+  if (inputs.size() != (*h)->n_inputs) throw std::invalid_argument((*h)->name + ": table_put with the wrong number of inputs");
+  Key k;
+  bool grad = false;
+  if (!make_key(*tab, argv.data(), argv.size(), k, grad))
+    throw std::invalid_argument((*h)->name + ": table_put needs int, float, bool or None scalars and tensor or None inputs");
+  if (tab->plans.size() >= kMaxPlans) tab->plans.clear();
+  tab->plans[k] = *h;
+}
+
+size_t table_size(py::handle table) {
+  auto* tab = static_cast<LaunchTable*>(PyCapsule_GetPointer(table.ptr(), kTable));
+  if (!tab) throw py::error_already_set();
+  return tab->plans.size();
+}
+
+// table_launch(table, *scalars, *inputs) -> the plan's outputs, or None: no plan for this
+// layout, or an input needs autograd with grad mode on (the op's Python path decides).
+PyObject* table_launch(PyObject* /*self*/, PyObject* const* argv, Py_ssize_t argc) {
+  HANDLE_TH_ERRORS
+  if (argc < 1) {
+    PyErr_SetString(PyExc_TypeError, "table_launch(table, *scalars, *inputs): missing the table");
     return nullptr;
   }
-  const at::Tensor* in[kMaxTensors];
-  for (size_t i = 0; i < n; ++i) {
-    PyObject* o = argv[i + 1];
-    if (o == Py_None && !p->read[i]) {
-      in[i] = nullptr;
-      continue;
-    }
-    if (!THPVariable_Check(o)) {
-      PyErr_Format(PyExc_TypeError, "%s: input %zu must be a torch.Tensor, got %s", p->name.c_str(), i, Py_TYPE(o)->tp_name);
-      return nullptr;
-    }
-    in[i] = &THPVariable_Unpack(o);
-    if (in[i]->device() != p->device) {
-      PyErr_Format(PyExc_ValueError, "%s: input %zu is on %s, the plan on %s", p->name.c_str(), i,
-                   in[i]->device().str().c_str(), p->device.str().c_str());
-      return nullptr;
-    }
-  }
-  at::Tensor out[kMaxTensors];
-  for (size_t j = 0; j < p->out_sizes.size(); ++j) out[j] = at::empty(p->out_sizes[j], p->out_options[j]);
-  DLTensor dl[kMaxTensors];
-  TVMFFIAny any[kMaxTensors];
-  for (size_t i = 0; i < p->args.size(); ++i) {
-    const LaunchArg& a = p->args[i];
-    fill_dltensor(dl[i], any[i], a.source == kInput ? *in[a.index] : out[a.index], a.sizes, a.strides, a.offset, p->dl_device);
-  }
-  // the GIL stays held: the call is a launch, microseconds
-  call_on_current_stream(p->fn, any, static_cast<int32_t>(p->args.size()), p->device, p->name);
-  if (p->returns.size() == 1) return THPVariable_Wrap(std::move(out[p->returns[0]]));
-  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(p->returns.size()));
-  if (!tup) return nullptr;
-  for (size_t k = 0; k < p->returns.size(); ++k) {
-    PyObject* t = THPVariable_Wrap(out[p->returns[k]]);
-    if (!t) {
-      Py_DECREF(tup);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(tup, static_cast<Py_ssize_t>(k), t);
-  }
-  return tup;
+  auto* tab = static_cast<LaunchTable*>(PyCapsule_GetPointer(argv[0], kTable));
+  if (!tab) return nullptr;
+  Key k;
+  bool grad = false;
+  const size_t n = static_cast<size_t>(argc - 1);
+  if (!make_key(*tab, argv + 1, n, k, grad) || (grad && at::GradMode::is_enabled())) Py_RETURN_NONE;
+  auto it = tab->plans.find(k);
+  if (it == tab->plans.end()) Py_RETURN_NONE;
+  PlanPtr p = it->second;  // a launch may not outlive a clear() of the table under it
+  return run_plan(*p, argv + 1 + tab->n_scalars, n - tab->n_scalars);
   END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef launch_def = {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&launch)), METH_FASTCALL,
                           "launch(plan, *inputs): allocate the plan's outputs, call its kernel, return its outputs"};
+PyMethodDef table_launch_def = {
+    "table_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&table_launch)), METH_FASTCALL,
+    "table_launch(table, *scalars, *inputs): the plan keyed by this call's layout, launched; None where there is none"};
 
 }  // namespace
 
 void register_launch(py::module_& m) {
   m.def("make_launch_plan", &make_launch_plan, "A forward launch plan (see cuteforge/native/launch.py)");
-  PyObject* f = PyCFunction_NewEx(&launch_def, nullptr, m.attr("__name__").ptr());
-  if (!f) throw py::error_already_set();
-  m.add_object("launch", py::reinterpret_steal<py::object>(f));
+  m.def("make_table", &make_table, "A launch table keyed by `n_scalars` leading scalars and the inputs' layouts");
+  m.def("table_put", &table_put, "Key a plan in a launch table by one call's scalars and inputs");
+  m.def("table_size", &table_size, "The number of plans a launch table holds");
+  for (PyMethodDef* def : {&launch_def, &table_launch_def}) {
+    PyObject* f = PyCFunction_NewEx(def, nullptr, m.attr("__name__").ptr());
+    if (!f) throw py::error_already_set();
+    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(f));
+  }
 }
 
 }  // namespace cuteforge_native

@@ -43,3 +43,36 @@ def runner(name: str, fn: Any, device: torch.device, n_inputs: int, outs: Sequen
     plan = mod.make_launch_plan(name, int(fn.__chandle__()), device.type, device.index or 0, n_inputs,
                                 [(list(s), dtype_name(d)) for s, d in outs], list(args), list(returns))
     return functools.partial(mod.launch, plan)
+
+
+class Table:
+    """An op's eager memo on the C side (ffi_launch.cpp, "launch tables"): the layout of a
+    call -> its plan, so a warm call is one C call with no Python key. ``call(*scalars,
+    *inputs)`` is None until a plan is put in, then returns the plan's outputs, or None
+    for a layout without a plan or an input that needs autograd while grad mode is on
+    (the op's Python path takes those). The key is what the ops' Python memo keys hold:
+    the ``n_scalars`` leading scalars with their types (exact int, float, bool or None)
+    and per input None or (dtype, device, shape, strides, 16-byte pointer alignment)."""
+
+    def __init__(self, n_scalars: int) -> None:
+        self.n_scalars = n_scalars
+        self.call: Callable[..., Any] | None = None
+        self._handle: Any = None
+
+    def put(self, scalars: tuple[Any, ...], inputs: tuple[Any, ...], run: Any) -> None:
+        """Key ``run`` (what `runner` returned; anything else is ignored: the Python memo
+        keeps it) by this call's scalars and inputs."""
+        mod = build.load()
+        if mod is None or not (isinstance(run, functools.partial) and run.func is mod.launch):
+            return
+        if self._handle is None:
+            self._handle = mod.make_table(self.n_scalars)
+            self.call = functools.partial(mod.table_launch, self._handle)
+        mod.table_put(self._handle, scalars, inputs, run.args[0])
+
+    def __len__(self) -> int:
+        return 0 if self._handle is None else build.load().table_size(self._handle)
+
+    def clear(self) -> None:
+        self.call = None
+        self._handle = None
