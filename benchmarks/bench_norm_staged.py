@@ -81,8 +81,12 @@ OPS = ("rms_norm_bwd", "layer_norm_bwd")
 FWD_OPS = ("rms_norm", "layer_norm")
 
 
-def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, str, int, Any, bool]]:
+def plans(ops: list[str], dtypes: list[str], ns: list[int], register: bool = False) -> list[tuple[str, str, int, Any, bool]]:
+    """(op, dtype, N, config, is_default) for the backward: each shape's default, then its
+    staged candidates; with ``register`` (--register) also the register-backward tuner
+    candidates (`candidate_configs(backward=True)`: threads, occupancy, prefetch, reload)."""
     from cuteforge.kernels.norm.config import (
+        candidate_configs,
         default_config,
         longrow_staged_candidates,
         staged_candidates,
@@ -98,6 +102,8 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str, s
                 cands = staged_candidates(n, bits) if n <= 16384 else []
                 if n > 16384 or not cands:  # rows split over a cluster (v2.5)
                     cands += [c for c in longrow_staged_candidates(n, bits) if c not in cands]
+                if register:
+                    cands += [c for c in candidate_configs(n, bits, backward=True) if c not in cands]
                 out += [(op, dt, n, c, False) for c in cands if c != d]
     return out
 
@@ -317,6 +323,8 @@ def main() -> None:
     p.add_argument("--configs", default="",
                    help="--fwd: ';'-separated NormConfig(...) reprs timed beside the default (and the candidates "
                         "unless --defaults-only), e.g. a previous default")
+    p.add_argument("--register", action="store_true",
+                   help="backward: also every register-backward tuner candidate (threads, occupancy, prefetch, reload)")
     p.add_argument("--ab-lag", action="store_true",
                    help="also time each staged cluster default with lag=1 (v2.17), then the default again")
     p.add_argument("--out", required=True)
@@ -335,7 +343,7 @@ def main() -> None:
     from cuteforge.kernels.norm.spec import norm_bwd
 
     arch = target_arch()
-    todo = plans(ops, dtypes, ns)
+    todo = plans(ops, dtypes, ns, args.register)
     if args.defaults_only:
         todo = [t for t in todo if t[4]]
     tc = time.time()
