@@ -237,3 +237,16 @@ def test_table_clear_and_plans_outliving_their_runner() -> None:
     torch.testing.assert_close(table.call(-1, x), 2 * x)
     table.clear()
     assert table.call is None and len(table) == 0
+
+
+def test_table_misses_for_tensors_without_plain_memory() -> None:
+    """Sparse tensors and Python-dispatch subclasses are no key (the op's Python path and
+    its checks answer them), not an error from reading their data pointer."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    table = native_launch.Table(1)
+    x = torch.randn(3, 5)
+    table.put((-1,), (x,), _run(3, 5))
+    assert table.call(-1, x.to_sparse()) is None
+    assert table.call(-1, TwoTensor(x.clone(), x.clone())) is None
+    torch.testing.assert_close(table.call(-1, x), 2 * x)

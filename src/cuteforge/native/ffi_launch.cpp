@@ -244,6 +244,9 @@ bool key_input(Key& k, PyObject* o, bool& grad) {
   }
   if (!THPVariable_Check(o)) return false;
   const at::Tensor& t = THPVariable_Unpack(o);
+  // plain strided tensors with memory only: sparse, nested, functorch-wrapped and Python
+  // dispatch subclasses (FakeTensor, DTensor) go to the op's Python path and its checks
+  if (t.layout() != at::kStrided || !t.has_storage() || t.key_set().has(c10::DispatchKey::Python)) return false;
   grad = grad || t.requires_grad();
   const int64_t nd = t.dim();
   k.push_back(static_cast<int64_t>(t.scalar_type()));
