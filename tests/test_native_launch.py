@@ -214,17 +214,28 @@ def test_table_keys_absent_inputs_and_several_scalars() -> None:
     assert table.call(1e-6, False, x, None) is None
 
 
-def test_table_put_ignores_python_runs_and_refuses_bad_keys() -> None:
+def test_table_put_ignores_python_runs_and_calls_it_cannot_key() -> None:
+    import enum
+
+    import numpy as np
+
+    class Dim(enum.IntEnum):
+        LAST = -1
+
     table = native_launch.Table(1)
     x = torch.randn(3, 5)
-    table.put((-1,), (x,), lambda t: 2 * t)  # a Python run stays in the op's Python memo
-    assert table.call is None
+    assert not table.put((-1,), (x,), lambda t: 2 * t)  # a Python run stays in the op's Python memo
+    # scalars that pass an op's isinstance checks but are no exact int / float: not keyed
+    # (the op's Python memo serves them), and no error on the op's first call
+    for scalar in (np.float64(1e-6), Dim.LAST, "dim"):
+        assert not table.put((scalar,), (x,), _run(3, 5))
+    assert table.call is None and len(table) == 0
+    assert table.put((-1,), (x,), _run(3, 5))
+    assert table.call(Dim.LAST, x) is None and table.call(np.float64(-1.0), x) is None
     with pytest.raises(ValueError, match="wrong number of scalars"):
         table.put((-1, 0), (x,), _run(3, 5))
     with pytest.raises(ValueError, match="wrong number of inputs"):
         table.put((-1,), (x, x), _run(3, 5))
-    with pytest.raises(ValueError, match="int, float, bool or None scalars"):
-        table.put(("dim",), (x,), _run(3, 5))
 
 
 def test_table_clear_and_plans_outliving_their_runner() -> None:
@@ -239,14 +250,74 @@ def test_table_clear_and_plans_outliving_their_runner() -> None:
     assert table.call is None and len(table) == 0
 
 
-def test_table_misses_for_tensors_without_plain_memory() -> None:
-    """Sparse tensors and Python-dispatch subclasses are no key (the op's Python path and
-    its checks answer them), not an error from reading their data pointer."""
+def test_table_misses_for_anything_but_plain_tensors() -> None:
+    """Sparse, Python-dispatch, functionalized, lazily negated and __torch_function__
+    tensors, and calls under a dispatch mode, are no key: the op's Python path and its
+    checks answer them (not a launch on a null pointer, not a result of the wrong type)."""
     from torch.testing._internal.two_tensor import TwoTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sub(torch.Tensor):
+        pass
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
 
     table = native_launch.Table(1)
     x = torch.randn(3, 5)
     table.put((-1,), (x,), _run(3, 5))
-    assert table.call(-1, x.to_sparse()) is None
-    assert table.call(-1, TwoTensor(x.clone(), x.clone())) is None
+    functional = torch._to_functional_tensor(x)
+    assert functional.data_ptr() == 0  # what a launch would have read
+    for t in (x.to_sparse(), TwoTensor(x.clone(), x.clone()), functional, torch._neg_view(x), x.as_subclass(Sub)):
+        assert table.call(-1, t) is None, type(t)
+    with Seen():
+        assert table.call(-1, x) is None
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        assert table.call(-1, x) is None
+    w = torch.nn.Parameter(torch.randn(3, 5))  # a Parameter is a plain tensor here
+    table.put((-1,), (w.detach(),), _run(3, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(table.call(-1, w), 2 * w)
     torch.testing.assert_close(table.call(-1, x), 2 * x)
+
+
+def test_plans_and_tables_own_their_kernel_until_released() -> None:
+    import gc
+    import weakref
+
+    def make_kernel():
+        def kernel(x: object, y: object, s: object) -> None:
+            _double_and_row_sums(x, y, s)
+
+        return kernel
+
+    kernel = make_kernel()
+    alive = weakref.ref(kernel)
+    run = native_launch.runner("TestLife", _ffi(kernel), CPU, 1, [((2, 3), torch.float32), ((2,), torch.float32)],
+                               [contiguous_arg(IN, 0, (2, 3)), contiguous_arg(OUT, 0, (2, 3)), contiguous_arg(OUT, 1, (2,))],
+                               [0])
+    del kernel
+    gc.collect()
+    assert alive() is not None  # the plan holds the TVM-FFI function, which holds the kernel
+    table = native_launch.Table(1)
+    x = torch.randn(2, 3)
+    table.put((-1,), (x,), run)
+    del run
+    gc.collect()
+    assert alive() is not None
+    torch.testing.assert_close(table.call(-1, x), 2 * x)
+    table.clear()
+    gc.collect()
+    assert alive() is None  # released with the last plan: no leak
+
+
+def test_plans_run_on_cuda_or_cpu_only() -> None:
+    with pytest.raises(ValueError, match="runs on cuda or cpu, not meta"):
+        native_launch.runner("TestMeta", _ffi(_double_and_row_sums), torch.device("meta"), 1,
+                             [((2, 2), torch.float32)], [contiguous_arg(IN, 0, (2, 2)), contiguous_arg(OUT, 0, (2, 2))], [0])

@@ -356,3 +356,18 @@ def test_plan_two_stage_split(fake_kernels):
         assert red._pick_split("sum", x.unsqueeze(0) if x.dim() == 2 else x, 1) > 1
         for op in ("sum", "mean", "amax", "amin", "argmax"):
             torch.testing.assert_close(getattr(red, op)(x, dim), getattr(torch, op)(x, dim=dim), rtol=1e-5, atol=1e-3)
+
+
+def test_warm_plan_is_not_reused_for_other_argument_types(fake_kernels):
+    """The memo keys dim and keepdim with their types: keepdim=0 after a keepdim=False
+    call still meets the check (and dim=True the dim check), as the launch table keys them."""
+    import torch
+
+    red = fake_kernels
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(red.sum(x, -1, False), x.sum(-1))
+    torch.testing.assert_close(red.sum(x, 1, False), x.sum(-1))
+    with pytest.raises(TypeError, match="'keepdim' must be a bool"):
+        red.sum(x, -1, 0)
+    with pytest.raises(TypeError, match="'dim' must be an int"):
+        red.sum(x, True, False)

@@ -136,7 +136,7 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
         "loaded": sum(r["status"] == "loaded" for r in rows),
         "total_ms": round(sum(r["ms"] for r in rows), 1),
     }
-    if not args.kernel:  # the whole library: the C++ autograd node too (cuteforge/native)
+    if not args.kernel:  # the whole library: the C++ extension too (cuteforge/native: launch, autograd node)
         from .native import build
 
         t0 = time.perf_counter()
@@ -158,8 +158,8 @@ def _print_precompile(r: dict[str, Any]) -> None:
     print(f"{r['compiled']} compiled, {r['loaded']} loaded from cache, {r['total_ms'] / 1e3:.1f} s in all; artifacts in {r['cache_dir']}")
     node = r.get("native_autograd")
     if node:
-        state = f"ready in {node['dir']}" if node["built"] else "not built (eager backward uses Python autograd nodes)"
-        print(f"C++ autograd node: {state} ({node['s']:.1f} s)")
+        state = f"ready in {node['dir']}" if node["built"] else "not built (eager calls use Python launches and autograd nodes)"
+        print(f"C++ extension (forward launch, autograd node): {state} ({node['s']:.1f} s)")
 
 
 def cmd_library(args: argparse.Namespace) -> dict[str, Any]:

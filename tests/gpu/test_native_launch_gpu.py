@@ -53,6 +53,10 @@ def _layouts(m: int, n: int, dtype: torch.dtype):
             ("row_stride", base[:, :n])]
 
 
+def _no_planning(*args, **kwargs):
+    raise AssertionError("a warm call was planned again instead of taken from the C table")
+
+
 def _both(f, args: tuple, memo: dict, monkeypatch: pytest.MonkeyPatch):
     """f(*args) through the C launch (checked to be in the memo) and through the Python
     launch (the extension hidden from the planner), from fresh memos."""
@@ -62,7 +66,12 @@ def _both(f, args: tuple, memo: dict, monkeypatch: pytest.MonkeyPatch):
     got = f(*args)
     assert memo and all(_is_c_launch(r) for r in memo.values()), "the memo holds a Python launch"
     assert _tables_hold() == 1
-    again = f(*args)  # warm: through the C table
+    memo.clear()  # the second call can only be answered by the C table: no Python plan left,
+    with monkeypatch.context() as mp:  # and planning again would raise
+        for mod, planner in ((reduce_ops, "_plan"), (softmax_ops, "_plan_fwd"), (norm_ops, "_eager_plan")):
+            mp.setattr(mod, planner, _no_planning)
+        again = f(*args)
+    assert not memo
     _same(again, got)
     _clear()
     with monkeypatch.context() as mp:
@@ -116,6 +125,26 @@ def test_reductions_softmax_norms_match_the_python_launch(m: int, n: int, dtype:
             torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2, msg=f"{label} {name}")
             if "res" in label:
                 torch.testing.assert_close(got[1], x + r, msg=f"{label} {name}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_reduction_output_shapes(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keepdim, trailing size-1 dims and 1-D x: the C launch allocates the output in the
+    op's shape (the kernel writes its M values contiguously)."""
+    cases = [
+        (torch.randn(7, 1000, device="cuda", dtype=dtype), -1, True),
+        (torch.randn(3, 1000, 1, device="cuda", dtype=dtype), 1, False),
+        (torch.randn(3, 1000, 1, device="cuda", dtype=dtype), 1, True),
+        (torch.randn(1000, device="cuda", dtype=dtype), 0, False),
+        (torch.randn(1000, device="cuda", dtype=dtype), 0, True),
+        (torch.randn(2, 5, 1, device="cuda", dtype=dtype)[:, :, :1].transpose(1, 2), 2, False),
+    ]
+    for x, dim, keepdim in cases:
+        for op in ("sum", "amax", "argmax"):
+            got, ref = _both(getattr(ops, op), (x, dim, keepdim), reduce_ops._PLANS, monkeypatch)
+            _same(got, ref)
+            want = getattr(torch, op)(x, dim=dim, keepdim=keepdim)
+            assert got.shape == want.shape and got.dtype == want.dtype, (op, tuple(x.shape), dim, keepdim)
 
 
 def test_the_c_table_leaves_autograd_to_python() -> None:

@@ -7,7 +7,8 @@ file lock, so concurrent processes build it once; later processes load the share
 object in milliseconds. A build takes ~25-35 s (torch's headers); `cuteforge library`
 does it ahead of time. It needs a C++ compiler (and ninja, a dependency), no CUDA toolkit.
 
-When the build cannot run (no compiler, `CUTEFORGE_NATIVE_AUTOGRAD=0`), `load()` returns
+`CUTEFORGE_NATIVE_AUTOGRAD=0` turns off both jobs (the name predates the forward launch).
+When the build cannot run (no compiler, or that setting), `load()` returns
 None after one warning and the ops keep their Python autograd nodes and Python launches.
 """
 
@@ -62,9 +63,9 @@ def load() -> ModuleType | None:
         try:
             mod = _build_and_load()
         except Exception as e:  # no compiler, headers missing: keep the Python nodes
-            warnings.warn(f"cuteforge: the C++ autograd node could not be built ({type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); eager backward "
-                          "passes use Python autograd nodes (set CUTEFORGE_NATIVE_AUTOGRAD=0 to silence)",
+            warnings.warn(f"cuteforge: the C++ extension could not be built ({type(e).__name__}: "
+                          f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); eager calls use "
+                          "Python launches and Python autograd nodes (set CUTEFORGE_NATIVE_AUTOGRAD=0 to silence)",
                           RuntimeWarning, stacklevel=3)
     _state["module"] = mod
     return mod

@@ -16,6 +16,8 @@
 
 #include "ffi_common.h"
 
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -80,6 +82,8 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
   if (n_inputs > kMaxTensors || outs.size() > kMaxTensors || args.size() > kMaxTensors)
     throw std::invalid_argument(name + ": at most 16 inputs, outputs and kernel arguments each");
   if (returns.empty()) throw std::invalid_argument(name + ": a launch plan returns at least one output");
+  if (device_type != "cuda" && device_type != "cpu")
+    throw std::invalid_argument(name + ": a launch plan runs on cuda or cpu, not " + device_type);
   auto p = std::make_shared<LaunchPlan>();
   p->name = name;
   p->device = device_type == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)) : at::Device(at::kCPU);
@@ -203,6 +207,10 @@ struct LaunchTable {
 };
 
 constexpr const char* kTable = "cuteforge.native.LaunchTable";
+const c10::DispatchKeySet kNotPlain({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                     c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+                                     c10::DispatchKey::Negative, c10::DispatchKey::Conjugate,
+                                     c10::DispatchKey::ZeroTensor});
 constexpr size_t kMaxPlans = 4096;
 
 void free_table(PyObject* capsule) { delete static_cast<LaunchTable*>(PyCapsule_GetPointer(capsule, kTable)); }
@@ -235,18 +243,24 @@ bool key_scalar(Key& k, PyObject* o) {
   return true;
 }
 
-// Append input o to the key; false where it is neither None nor a tensor. `grad` is set
-// when o needs autograd.
+// Append input o to the key; false where it is neither None nor a plain tensor. `grad` is
+// set when o needs autograd.
 bool key_input(Key& k, PyObject* o, bool& grad) {
   if (o == Py_None) {
     k.push_back(-1);
     return true;
   }
-  if (!THPVariable_Check(o)) return false;
+  // plain strided tensors with their own memory only; everything else goes to the op's
+  // Python path and its checks: __torch_function__ subclasses (their results must stay
+  // theirs), sparse and nested tensors, Python-dispatch subclasses (FakeTensor, DTensor),
+  // functionalized and functorch-wrapped tensors (no data pointer of their own), and
+  // tensors with a lazy negation or conjugation bit. (torch.Tensor and nn.Parameter only:
+  // THPVariable_CheckExact.)
+  if (!THPVariable_CheckExact(o)) return false;
   const at::Tensor& t = THPVariable_Unpack(o);
-  // plain strided tensors with memory only: sparse, nested, functorch-wrapped and Python
-  // dispatch subclasses (FakeTensor, DTensor) go to the op's Python path and its checks
-  if (t.layout() != at::kStrided || !t.has_storage() || t.key_set().has(c10::DispatchKey::Python)) return false;
+  if (t.layout() != at::kStrided || !t.has_storage() || t.key_set().has_any(kNotPlain) ||
+      (t.numel() > 0 && t.data_ptr() == nullptr))
+    return false;
   grad = grad || t.requires_grad();
   const int64_t nd = t.dim();
   k.push_back(static_cast<int64_t>(t.scalar_type()));
@@ -259,8 +273,11 @@ bool key_input(Key& k, PyObject* o, bool& grad) {
 }
 
 // Build the key of argv = (scalars..., inputs...); false when no plan can be keyed so.
+// Under a Python dispatch or torch-function mode nothing is keyed: the mode must see the
+// op's calls.
 bool make_key(const LaunchTable& tab, PyObject* const* argv, size_t argc, Key& k, bool& grad) {
-  if (argc < tab.n_scalars) return false;
+  if (argc < tab.n_scalars || c10::impl::TorchDispatchModeTLS::any_modes_set() || at::impl::torch_function_mode_enabled())
+    return false;
   for (size_t i = 0; i < tab.n_scalars; ++i) {
     if (!key_scalar(k, argv[i])) return false;
   }
@@ -281,8 +298,11 @@ py::object make_table(size_t n_scalars) {
   return py::reinterpret_steal<py::object>(cap);
 }
 
-// table_put(table, scalars: tuple, inputs: tuple, plan): key the plan by that call.
-void table_put(py::handle table, py::tuple scalars, py::tuple inputs, py::handle plan) {
+// table_put(table, scalars: tuple, inputs: tuple, plan) -> whether the plan was keyed by
+// that call: False where the call has no key (a scalar of another type, such as a numpy
+// float or an IntEnum, or an input that is no plain tensor): such calls stay on the op's
+// Python path.
+bool table_put(py::handle table, py::tuple scalars, py::tuple inputs, py::handle plan) {
   auto* tab = static_cast<LaunchTable*>(PyCapsule_GetPointer(table.ptr(), kTable));
   auto* h = static_cast<PlanPtr*>(PyCapsule_GetPointer(plan.ptr(), kCapsule));
   if (!tab || !h) throw py::error_already_set();
@@ -293,10 +313,10 @@ void table_put(py::handle table, py::tuple scalars, py::tuple inputs, py::handle
   if (inputs.size() != (*h)->n_inputs) throw std::invalid_argument((*h)->name + ": table_put with the wrong number of inputs");
   Key k;
   bool grad = false;
-  if (!make_key(*tab, argv.data(), argv.size(), k, grad))
-    throw std::invalid_argument((*h)->name + ": table_put needs int, float, bool or None scalars and tensor or None inputs");
+  if (!make_key(*tab, argv.data(), argv.size(), k, grad)) return false;
   if (tab->plans.size() >= kMaxPlans) tab->plans.clear();
   tab->plans[k] = *h;
+  return true;
 }
 
 size_t table_size(py::handle table) {

@@ -52,23 +52,30 @@ class Table:
     for a layout without a plan or an input that needs autograd while grad mode is on
     (the op's Python path takes those). The key is what the ops' Python memo keys hold:
     the ``n_scalars`` leading scalars with their types (exact int, float, bool or None)
-    and per input None or (dtype, device, shape, strides, 16-byte pointer alignment)."""
+    and per input None or (dtype, device, shape, strides, 16-byte pointer alignment), for
+    plain tensors only (no subclass with ``__torch_function__``, no Python dispatch, no
+    functionalized or functorch-wrapped tensor) and outside Python dispatch modes."""
 
     def __init__(self, n_scalars: int) -> None:
         self.n_scalars = n_scalars
         self.call: Callable[..., Any] | None = None
         self._handle: Any = None
 
-    def put(self, scalars: tuple[Any, ...], inputs: tuple[Any, ...], run: Any) -> None:
-        """Key ``run`` (what `runner` returned; anything else is ignored: the Python memo
-        keeps it) by this call's scalars and inputs."""
+    def put(self, scalars: tuple[Any, ...], inputs: tuple[Any, ...], run: Any) -> bool:
+        """Key ``run`` (what `runner` returned) by this call's scalars and inputs; False,
+        and nothing kept, for any other run (the Python memo keeps it) and for a call the
+        table cannot key (a numpy float eps, an IntEnum dim, a tensor subclass: such calls
+        stay on the op's Python path)."""
         mod = build.load()
         if mod is None or not (isinstance(run, functools.partial) and run.func is mod.launch):
-            return
+            return False
+        handle = self._handle if self._handle is not None else mod.make_table(self.n_scalars)
+        if not mod.table_put(handle, scalars, inputs, run.args[0]):
+            return False
         if self._handle is None:
-            self._handle = mod.make_table(self.n_scalars)
-            self.call = functools.partial(mod.table_launch, self._handle)
-        mod.table_put(self._handle, scalars, inputs, run.args[0])
+            self._handle = handle
+            self.call = functools.partial(mod.table_launch, handle)
+        return True
 
     def __len__(self) -> int:
         return 0 if self._handle is None else build.load().table_size(self._handle)

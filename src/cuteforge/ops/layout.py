@@ -17,10 +17,11 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def rows_view(t: torch.Tensor) -> torch.Tensor | None:
-    """`as_rows(t)` where it is a view of t's memory from t's data pointer (what a launch
-    plan can read in place, `native.launch`), None where it would copy."""
-    r = as_rows(t)
+def rows_view(t: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor | None:
+    """`as_rows(t)` (``rows`` when the caller has it already) where it is a view of t's
+    memory from t's data pointer (what a launch plan can read in place, `native.launch`),
+    None where it is a copy."""
+    r = as_rows(t) if rows is None else rows
     if r.data_ptr() != t.data_ptr() or r.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
         return None
     return r

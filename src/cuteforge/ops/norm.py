@@ -12,7 +12,9 @@ Registered ops (what torch.compile sees): ``cuteforge::rms_norm``,
 ``cuteforge::layer_norm`` (forward, always on 2-D x) and ``cuteforge::rms_norm_backward``,
 ``cuteforge::layer_norm_backward``. Eager calls skip that boundary: a memo keyed by the
 call's layout (dtypes, shapes, strides, 16-byte alignment of every operand, eps) goes
-straight to the compiled launcher; with grad, the forward's outputs get the C++ autograd
+straight to the compiled launcher, and a warm no-grad call whose operands are read in
+place is one C call (the op's launch table in ``cuteforge.native.launch``: outputs
+allocated and the kernel launched there); with grad, the forward's outputs get the C++ autograd
 node of ``cuteforge.native`` (``_autograd``), whose backward launches the backward kernel
 without Python, or a plain torch.autograd.Function where that node is unavailable.
 Backward dweight/dbias: the kernel writes fp32 partials (Q, N), one per persistent
@@ -500,7 +502,7 @@ def _eager_plan(kind: str, where: str, x: Any, weight: Any, bias: Any, residual:
     shape = tuple(x.shape)
     f32 = torch.float32
     # one C call where the operands are read in place, else a Python closure
-    run = None if launch is None else _native_run(where, launch, x, weight, bias, residual)
+    run = None if launch is None else _native_run(where, launch, x, weight, bias, residual, x2, r2)
     if run is None and launch is None:  # M == 0
         def run(x: torch.Tensor, w: torch.Tensor, b: Any, r: Any) -> Any:
             y = x.new_empty(*shape)
@@ -539,12 +541,14 @@ def _eager_plan(kind: str, where: str, x: Any, weight: Any, bias: Any, residual:
     return run
 
 
-def _native_run(where: str, launch: Any, x: torch.Tensor, weight: torch.Tensor, bias: Any, residual: Any) -> _Run | None:
+def _native_run(where: str, launch: Any, x: torch.Tensor, weight: torch.Tensor, bias: Any, residual: Any,
+                x2: torch.Tensor, r2: torch.Tensor | None) -> _Run | None:
     """run(x, weight, bias, residual) as one C call (`native.launch`: the outputs allocated
     and the kernel called without Python between), where every operand is read in place
-    (x and residual as row views, unit-stride weight and bias); else None."""
-    xv = rows_view(x)
-    rv = None if residual is None else rows_view(residual)
+    (x and residual as row views, x2 / r2 their `as_rows`; unit-stride weight and bias);
+    else None."""
+    xv = rows_view(x, x2)
+    rv = None if residual is None else rows_view(residual, r2)
     if xv is None or (residual is not None and rv is None) or weight.stride(0) != 1 or (
             bias is not None and bias.stride(0) != 1):
         return None

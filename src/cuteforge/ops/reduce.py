@@ -5,10 +5,13 @@ reduction (leading dims flattened into M); otherwise an (outer, R, inner) column
 reduction with the inner dims contiguous. Layouts that no such view expresses are
 copied with `.contiguous()` first (the only copy; ordinary tensors never take it).
 
-The warm path is one dict lookup keyed by (op, dim, keepdim, dtype, shape, strides, pointer
-alignment, device): a hit skips validation and key derivation, which already happened
-for that exact layout. A miss (or anything unusual, including bad input) takes the slow
-path, which validates with clear errors and compiles at most once per key, ever.
+The warm path is one C call for row reductions whose rows are a view of x (the op's
+launch table in `cuteforge.native.launch`: keyed by dim and keepdim with their types and
+x's dtype, shape, strides, pointer alignment and device; it allocates the output and
+launches), else one dict lookup keyed by the same: a hit skips validation and key
+derivation, which already happened for that exact layout. A miss (or anything unusual,
+including bad input) takes the slow path, which validates with clear errors and compiles
+at most once per key, ever.
 
 Under torch.compile the ops go through `torch.ops.cuteforge.*` (custom ops with fake
 impls); in eager mode they skip that boundary, which costs tens of microseconds.
@@ -44,7 +47,9 @@ def _skip(x: torch.Tensor, out: torch.Tensor) -> None:
 
 def _memo_key(op: str, x: torch.Tensor, dim: int, keepdim: bool) -> tuple[Any, ...]:
     # Everything the plan depends on; the pointer only through its 16-byte alignment.
-    return (op, dim, keepdim, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())
+    # dim and keepdim with their types: keepdim=0 must not reuse keepdim=False's plan (the
+    # check refuses it), as the launch table keys them
+    return (op, dim, type(dim), keepdim, type(keepdim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())
 
 
 def _flat_stride(shape: Any, strides: Any, empty: int) -> int | None:
@@ -312,7 +317,8 @@ def _entry(op: str) -> Callable[..., torch.Tensor]:
             if out is not None:
                 return out
         try:
-            plan = plans[(op, dim, keepdim, x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
+            plan = plans[(op, dim, type(dim), keepdim, type(keepdim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15,
+                          x.get_device())]
         except (AttributeError, KeyError, TypeError):
             plan = None
         if getattr(x, "requires_grad", False) and grad_enabled():

@@ -6,9 +6,11 @@ output in x's dtype, contiguous). Leading dims are flattened (a view when they c
 a 2-D view with a row stride runs without a copy). A last dim that is not unit-stride
 is copied first.
 
-The warm path is one dict lookup keyed by the call's layout (dtype, shape, strides,
-16-byte pointer alignment, device); a miss validates (errors name the argument), picks
-the config and compiles at most once per key, ever. Under torch.compile the ops go
+The warm no-grad path is one C call where x's rows are a view of it (the op's launch
+table in `cuteforge.native.launch`, keyed by dim with its type and x's dtype, shape,
+strides, 16-byte pointer alignment and device: it allocates y and launches), else one
+dict lookup keyed by the same; a miss validates (errors name the argument), picks the
+config and compiles at most once per key, ever. Under torch.compile the ops go
 through `torch.ops.cuteforge.{softmax,log_softmax}` and their backward ops (custom ops
 with fake impls and autograd). Eager calls skip that boundary, which costs more than the
 kernel at small sizes: with grad the forward's output gets the C++ autograd node of
@@ -120,7 +122,7 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
         params = (("mode", mode),)
         cfg = lookup(softmax_fwd, key, params, {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m)
         fn = softmax_fwd.get(key, params, cfg)
-        xv = rows_view(x)
+        xv = rows_view(x, x2)
         if xv is not None:  # x read in place: allocation and launch in one C call
             run = native_launch.runner(where, fn, x.device, 1, [(shape, x.dtype)],
                                 [arg(native_launch.INPUT, 0, xv), contiguous_arg(native_launch.OUTPUT, 0, (m, n))], [0])
