@@ -229,6 +229,60 @@ def test_weight_and_bias_partials_share_one_buffer() -> None:
     torch.testing.assert_close(db, g.sum(0))
 
 
+@pytest.mark.parametrize("q", [1, 2])
+def test_one_partial_row_is_not_summed(q: int) -> None:
+    """Q = 1 (few rows, one CTA group): the partial row is the column sum; the node casts
+    it and launches no sum (aten.sum is seen only for Q = 2)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+            self.in_kernel = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not self.in_kernel:  # the node's own ops, not the stand-in kernel's
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    seen = Seen()
+
+    def kernel(x: object, w: object, dy: object, dx: object, dwp: object, dbp: object) -> None:
+        seen.in_kernel = True
+        x, w, dy, dx, dwp, dbp = (_torch_view(t) for t in (x, w, dy, dx, dwp, dbp))
+        dx.copy_(dy * w)
+        for part, rows in enumerate(torch.arange(x.shape[0]).chunk(q)):
+            dwp[part].copy_((dy[rows] * x[rows]).sum(0))
+            dbp[part].copy_(dy[rows].sum(0))
+        seen.in_kernel = False
+
+    m, n = 6, 5
+    plan = native.make_plan(
+        "TestOnePartBackward", _ffi(kernel), torch.device("cpu"),
+        [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, q, n), torch.float32)],
+        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.SAVED, 1, (n,)),
+         native.contiguous_arg(native.GRAD, 0, (m, n)), native.contiguous_arg(native.BUFFER, 0, (m, n)),
+         native.contiguous_arg(native.BUFFER, 1, (q, n)), native.contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
+        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, torch.float64, 0),
+         (native.COLUMN_SUM, 1, torch.float32, 1)],
+        lambda g, s: [None, None, None])
+    x = torch.randn(m, n, requires_grad=True)
+    w = torch.randn(n, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(n, requires_grad=True)
+    w32 = w.detach().float()
+    y = x.detach() * w32 + b.detach()
+    native.attach(plan, [x, w, b], [y], [x, w32])
+    g = torch.randn(m, n)
+    with seen:
+        dx, dw, db = torch.autograd.grad(y, (x, w, b), g)
+    assert dw.dtype == torch.float64 and db.dtype == torch.float32
+    torch.testing.assert_close(dx, g * w32)
+    torch.testing.assert_close(dw, (g * x.detach()).sum(0).double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(db, g.sum(0))
+    assert any(op.startswith("aten.sum") for op in seen.ops) == (q > 1), seen.ops
+
+
 def test_input_without_grad_gets_no_edge() -> None:
     m, n = 4, 3
     x = torch.randn(m, n, requires_grad=True)

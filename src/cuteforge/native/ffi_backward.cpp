@@ -157,7 +157,12 @@ struct FfiBackward : public ag::Node {
         out[i] = bufs[o.index];
       } else if (o.kind == 2 && task_should_compute_output(i)) {
         at::Tensor& sum = sums[o.index];
-        if (!sum.defined()) sum = bufs[o.index].sum(-2).to(o.dtype);
+        if (!sum.defined()) {
+          // one partial row (a backward of few rows: one CTA group) needs no sum, only
+          // the cast (none for an fp32 weight): one launch fewer on a host-bound call
+          const at::Tensor& b = bufs[o.index];
+          sum = b.size(-2) == 1 ? b.select(-2, 0).to(o.dtype) : b.sum(-2).to(o.dtype);
+        }
         out[i] = o.row >= 0 ? sum.select(0, o.row) : sum;
       }
     }
