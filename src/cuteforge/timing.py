@@ -149,6 +149,29 @@ def host_us(fn: Callable[[], Any], calls: int = 200, loops: int = 50) -> float:
     return statistics.median(samples)
 
 
+def host_us_interleaved(fns: dict[str, Callable[[], Any]], calls: int = 200, loops: int = 50) -> dict[str, float]:
+    """`host_us` of each of ``fns``, their loops interleaved (loop i times every function
+    once, starting at a different one each loop): contenders compared in one call share
+    the host's drift, which moves a separately measured median by 1-2 us."""
+    import time
+
+    names = list(fns)
+    for name in names:
+        for _ in range(200):
+            fns[name]()
+    samples: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(loops):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            fn = fns[name]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
