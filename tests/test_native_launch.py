@@ -166,6 +166,14 @@ def test_disabled_extension_gives_no_runner(monkeypatch: pytest.MonkeyPatch) -> 
     assert _run(2, 2) is None
 
 
+def test_launch_alone_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUTEFORGE_NATIVE_LAUNCH", "0")
+    assert _run(2, 2) is None
+    assert build.load() is not None  # the autograd node stays
+    monkeypatch.setenv("CUTEFORGE_NATIVE_LAUNCH", "1")
+    assert _run(2, 2) is not None
+
+
 # --------------------------------------------------------------------------- launch tables
 
 

@@ -10,8 +10,8 @@ says:
   (`backward.arg`, `backward.contiguous_arg` build them);
 - returns: which outputs the call returns (one: the tensor; more: a tuple).
 
-`runner(...)` gives ``run(*inputs) -> outputs`` (None where the extension is unavailable:
-the op keeps its Python launch). ``run`` checks only the count of inputs, that each is a
+`runner(...)` gives ``run(*inputs) -> outputs`` (None where the extension is unavailable
+or `CUTEFORGE_NATIVE_LAUNCH=0`: the op keeps its Python launch). ``run`` checks only the count of inputs, that each is a
 tensor on the plan's device or None where no argument reads it (an absent bias); the
 layout is the memo key's.
 """
@@ -19,6 +19,7 @@ layout is the memo key's.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,12 +31,18 @@ from . import build
 INPUT, OUTPUT = 0, 1
 
 
+def enabled() -> bool:
+    """`CUTEFORGE_NATIVE_LAUNCH=0` turns the C launch off alone (the ops then launch from
+    Python, as before it; the C++ autograd node stays), read when a plan is made."""
+    return os.environ.get("CUTEFORGE_NATIVE_LAUNCH", "1") != "0"
+
+
 def runner(name: str, fn: Any, device: torch.device, n_inputs: int, outs: Sequence[tuple[Sequence[int], torch.dtype]],
            args: Sequence[tuple[Any, ...]], returns: Sequence[int]) -> Callable[..., Any] | None:
     """``run(*inputs)`` calling the compiled TVM-FFI function ``fn``, or None where the
     extension is disabled or cannot be built, or ``fn`` is no TVM-FFI function (a test's
     stand-in kernel)."""
-    if not hasattr(fn, "__chandle__"):
+    if not hasattr(fn, "__chandle__") or not enabled():
         return None
     mod = build.load()
     if mod is None:
