@@ -11,9 +11,10 @@ says:
 - returns: which outputs the call returns (one: the tensor; more: a tuple).
 
 `runner(...)` gives ``run(*inputs) -> outputs`` (None where the extension is unavailable
-or `CUTEFORGE_NATIVE_LAUNCH=0`: the op keeps its Python launch). ``run`` checks only the count of inputs, that each is a
-tensor on the plan's device or None where no argument reads it (an absent bias); the
-layout is the memo key's.
+or `CUTEFORGE_NATIVE_LAUNCH=0`: the op keeps its Python launch). ``run`` checks only the
+count of inputs, that each is a tensor on the plan's device or None where no argument
+reads it (an absent bias); the layout is the memo key's. `Table` is an op's memo of such
+plans on the C side.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def enabled() -> bool:
 def runner(name: str, fn: Any, device: torch.device, n_inputs: int, outs: Sequence[tuple[Sequence[int], torch.dtype]],
            args: Sequence[tuple[Any, ...]], returns: Sequence[int]) -> Callable[..., Any] | None:
     """``run(*inputs)`` calling the compiled TVM-FFI function ``fn``, or None where the
-    extension is disabled or cannot be built, or ``fn`` is no TVM-FFI function (a test's
-    stand-in kernel)."""
+    extension or the launch is turned off, the extension cannot be built, or ``fn`` is no
+    TVM-FFI function (a test's stand-in kernel)."""
     if not hasattr(fn, "__chandle__") or not enabled():
         return None
     mod = build.load()
