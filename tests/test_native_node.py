@@ -205,18 +205,23 @@ def _affine_kernel(x: object, w: object, dy: object, dx: object, dwp: object, db
         dbp[part].copy_(dy[rows].sum(0))
 
 
-def test_weight_and_bias_partials_share_one_buffer() -> None:
-    """(2, Q, N) partials, the bias half at an element offset; one sum gives both rows."""
-    m, n, q = 6, 5, 2
-    plan = native.make_plan(
-        "TestAffineBackward", _ffi(_affine_kernel), torch.device("cpu"),
+def _affine_plan(name: str, kernel, m: int, n: int, q: int, w_dtype: torch.dtype):
+    """y = x * w + b: dx, and (2, Q, N) dweight / dbias partials, the bias half at an
+    element offset; dweight cast to w_dtype."""
+    return native.make_plan(
+        name, _ffi(kernel), torch.device("cpu"),
         [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, q, n), torch.float32)],
         [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.SAVED, 1, (n,)),
          native.contiguous_arg(native.GRAD, 0, (m, n)), native.contiguous_arg(native.BUFFER, 0, (m, n)),
          native.contiguous_arg(native.BUFFER, 1, (q, n)), native.contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
-        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, torch.float32, 0),
-         (native.COLUMN_SUM, 1, torch.float32, 1)],
+        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, w_dtype, 0), (native.COLUMN_SUM, 1, torch.float32, 1)],
         lambda g, s: [None, None, None])
+
+
+def test_weight_and_bias_partials_share_one_buffer() -> None:
+    """(2, Q, N) partials, the bias half at an element offset; one sum gives both rows."""
+    m, n, q = 6, 5, 2
+    plan = _affine_plan("TestAffineBackward", _affine_kernel, m, n, q, torch.float32)
     x = torch.randn(m, n, requires_grad=True)
     w = torch.randn(n, requires_grad=True)
     b = torch.randn(n, requires_grad=True)
@@ -258,15 +263,7 @@ def test_one_partial_row_is_not_summed(q: int) -> None:
         seen.in_kernel = False
 
     m, n = 6, 5
-    plan = native.make_plan(
-        "TestOnePartBackward", _ffi(kernel), torch.device("cpu"),
-        [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, q, n), torch.float32)],
-        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.SAVED, 1, (n,)),
-         native.contiguous_arg(native.GRAD, 0, (m, n)), native.contiguous_arg(native.BUFFER, 0, (m, n)),
-         native.contiguous_arg(native.BUFFER, 1, (q, n)), native.contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
-        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, torch.float64, 0),
-         (native.COLUMN_SUM, 1, torch.float32, 1)],
-        lambda g, s: [None, None, None])
+    plan = _affine_plan("TestOnePartBackward", kernel, m, n, q, torch.float64)
     x = torch.randn(m, n, requires_grad=True)
     w = torch.randn(n, dtype=torch.float64, requires_grad=True)
     b = torch.randn(n, requires_grad=True)
