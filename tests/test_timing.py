@@ -80,3 +80,31 @@ def test_stream_drops_a_failing_contender(monkeypatch):
     with pytest.raises(ValueError, match="bad input"):
         timing.stream({"bad": bad}, warmup=1)
     assert timing.stream({}) == {}
+
+
+def test_host_us_interleaved_rotates_and_host_us_is_its_single_case(monkeypatch):
+    """timing.host_us_interleaved (CPU, synchronize stubbed): 200 warm-up calls each, then
+    per loop every contender once, the first one rotating; microseconds per call. host_us
+    is the one-contender case."""
+    import time
+
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda: None)
+    order: list[str] = []
+
+    def make(name: str, sleep_s: float):
+        def fn() -> None:
+            order.append(name)
+            if sleep_s:
+                time.sleep(sleep_s)
+        return fn
+
+    us = timing.host_us_interleaved({"a": make("a", 0.0), "b": make("b", 0.001)}, calls=3, loops=4)
+    assert order[:400] == ["a"] * 200 + ["b"] * 200
+    timed = order[400:]
+    assert len(timed) == 4 * 2 * 3
+    firsts = [timed[i * 6] for i in range(4)]
+    assert firsts == ["a", "b", "a", "b"]
+    assert us["b"] >= 900 and us["a"] < us["b"] / 5
+    order.clear()
+    assert timing.host_us(make("c", 0.0), calls=2, loops=3) < 900
+    assert order == ["c"] * (200 + 6)

@@ -134,25 +134,14 @@ def host_us(fn: Callable[[], Any], calls: int = 200, loops: int = 50) -> float:
     The GPU is synchronized between loops and a loop is short enough that the launch
     queue never fills: a full queue would block the host and measure the GPU instead.
     """
-    import time
-
-    for _ in range(200):
-        fn()
-    samples = []
-    for _ in range(loops):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+    return host_us_interleaved({"fn": fn}, calls, loops)["fn"]
 
 
 def host_us_interleaved(fns: dict[str, Callable[[], Any]], calls: int = 200, loops: int = 50) -> dict[str, float]:
     """`host_us` of each of ``fns``, their loops interleaved (loop i times every function
     once, starting at a different one each loop): contenders compared in one call share
-    the host's drift, which moves a separately measured median by 1-2 us."""
+    the host's drift, which moves a separately measured median by 1-2 us. Each function is
+    called 200 times first (warm-up)."""
     import time
 
     names = list(fns)
