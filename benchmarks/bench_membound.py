@@ -15,7 +15,7 @@ Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
                                       [--ns 256,4096,...] [--no-compile | --compile-ns 4096,65536]
                                       [--no-quack] [--m M (small-M sweeps)] [--flush zero|read]
-                                      [--timer event|stream] [--out F]
+                                      [--timer event|stream] [--train-weight] [--out F]
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ def main() -> None:
                    help="event: CUDA events around each call, L2 flushed (the default); stream: wall time per "
                         "call of calls made back to back, contenders interleaved (small M / small N, where a "
                         "call is host-bound and one event pair reads the host's jitter)")
+    p.add_argument("--train-weight", action="store_true",
+                   help="norm backward with weight and bias requiring grad (dweight / dbias computed by both "
+                        "torch and cuteforge); without it they are frozen and neither computes them")
     p.add_argument("--out")
     args = p.parse_args()
     timing.set_flush_mode(args.flush)
@@ -90,7 +93,8 @@ def main() -> None:
                     torch._dynamo.reset()  # a fresh compile per shape (dynamo's recompile limit)
                     compiled = not args.no_compile and (compile_ns is None or n in compile_ns)
                     fns = contenders(op, compiled, with_quack=not args.no_quack)
-                    row = measure(op, m, n, dtype, fns, copy_bps, backward, warmup_ms=10, rep_ms=40, timer=args.timer)
+                    row = measure(op, m, n, dtype, fns, copy_bps, backward, warmup_ms=10, rep_ms=40, timer=args.timer,
+                                  train_params=args.train_weight)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     save(False)

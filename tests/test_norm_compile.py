@@ -136,6 +136,36 @@ def test_compile_bwd(kernels, kind, xd, wd, n, bias, dsum):
         assert "st.shared::cluster" in ptx or "st.async" in ptx
 
 
+# (kind, x dtype, weight dtype, n, has_bias, config): the register path with several rows
+# per CTA (partials folded in shared memory), one row per CTA, the row-staged default, the
+# cluster-staged default and the part ring (fp32 262144's default)
+_BWD_NO_DW = [
+    ("layer", "float32", "float32", 1000, True, NormConfig(128, 32, 1, 2)),
+    ("rms", "bfloat16", "bfloat16", 1024, False, None),
+    ("rms", "bfloat16", "bfloat16", 8192, False, None),
+    ("layer", "bfloat16", "bfloat16", 65536, True, None),
+    ("rms", "float32", "float32", 262144, False, None),
+]
+
+
+@pytest.mark.parametrize("kind, xd, wd, n, bias, cfg", _BWD_NO_DW)
+def test_compile_bwd_without_partials(kernels, kind, xd, wd, n, bias, cfg):
+    """has_dw=False (frozen weights: ops/norm.py's node plan) writes dx and nothing else:
+    fewer global stores than the kernel with partials, on every backward path."""
+    _, bwd = kernels
+    vx = 16 // (4 if xd == "float32" else 2)
+    vw = min(vx, 16 // (4 if wd == "float32" else 2))
+    dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
+    stores = {}
+    for has_dw in (True, False):
+        params = {"kind": kind, "has_bias": bias, "has_dsum": False} | ({} if has_dw else {"has_dw": False})
+        spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4), params, cfg)
+        stores[has_dw] = len(re.findall(r"\bst\.global", ptx))
+    if cfg is None and n >= 8192:
+        assert spec.config.stages  # the staged / cluster / ring paths, as the comment says
+    assert 0 < stores[False] < stores[True], stores
+
+
 def test_bad_builder_arguments():
     import cutlass
 

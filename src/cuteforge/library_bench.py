@@ -116,16 +116,22 @@ TIMERS = ("event", "stream")
 
 
 def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], copy_bps: float, backward: bool = False,
-            warmup_ms: float = 25.0, rep_ms: float = 100.0, timer: str = "event") -> dict[str, Any]:
+            warmup_ms: float = 25.0, rep_ms: float = 100.0, timer: str = "event",
+            train_params: bool = False) -> dict[str, Any]:
     """One row: per contender us, GB/s, % of copy; `correct` compares cuteforge with torch.
     ``timer``: "event" (`timing.bench`, L2 flushed, each contender in turn) or "stream"
     (`timing.stream`, back-to-back calls, contenders interleaved: for host-bound small
-    shapes)."""
+    shapes). ``train_params``: a norm's weight and bias require grad, and the backward
+    returns their gradients too (training; without it they are frozen, and both torch
+    and cuteforge skip dweight / dbias)."""
     if timer not in TIMERS:
         raise ValueError(f"timer={timer!r}: expected one of {TIMERS}")
     ins = inputs(op, m, n, dtype)
     row: dict[str, Any] = {"op": op + ("_bwd" if backward else ""), "M": m, "N": n,
                            "dtype": str(dtype).removeprefix("torch.")}
+    train = backward and train_params and op in ("rms_norm", "layer_norm")
+    if train:
+        row["train_params"] = True
     if timer != "event":
         row["timer"] = timer
     nbytes = bytes_moved(op, ins, backward)
@@ -136,15 +142,18 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
     for name, fn in fns.items():
         try:
             if backward:
-                x = ins[0].detach().requires_grad_(True)
-                y = fn(x, *ins[1:])
+                # x, and with train_params the norm's weight and bias (the rms contenders
+                # ignore their bias: it gets no gradient, allow_unused)
+                leaves = [t.detach().requires_grad_(i == 0 or train) for i, t in enumerate(ins)]
+                wrt = leaves if train else leaves[:1]
+                y = fn(*leaves)
                 if not dys:
                     dys.append(torch.randn_like(y))
                 dy = dys[0]
-                out = torch.autograd.grad(y, x, dy, retain_graph=True)[0]
+                out = torch.autograd.grad(y, wrt, dy, retain_graph=True, allow_unused=True)[0]
 
-                def call(y: torch.Tensor = y, x: torch.Tensor = x, dy: torch.Tensor = dy) -> Any:
-                    return torch.autograd.grad(y, x, dy, retain_graph=True)
+                def call(y: torch.Tensor = y, wrt: list[torch.Tensor] = wrt, dy: torch.Tensor = dy) -> Any:
+                    return torch.autograd.grad(y, wrt, dy, retain_graph=True, allow_unused=True)
             else:
                 out = fn(*ins)
 

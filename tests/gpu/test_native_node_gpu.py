@@ -161,3 +161,58 @@ def test_plans_do_not_keep_their_first_forward_alive() -> None:
         del outs, leaves
         gc.collect()
         assert all(r() is None for r in refs), _name
+
+
+FROZEN_NS = [1, 7, 1000, 4096, 8192, 32768, 65536, 65537, 262144]  # register, staged, cluster and ring paths
+
+
+@pytest.mark.parametrize("n", FROZEN_NS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["rms", "rms_res", "layer", "layer_bias_res"])
+def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case: str) -> None:
+    """Weight (and bias) without requires_grad: the node runs the kernel that writes no
+    dweight partials (its partial operands a stride-0 stand-in of the saved rstd), gives
+    the weight no gradient, and dx (and the residual's gradient) bitwise as the kernel
+    that writes partials, which the same call with a trainable weight runs."""
+    from cuteforge.ops import norm as norm_ops
+
+    m = 3 if n >= 65536 else 37
+    g = torch.Generator(device="cuda").manual_seed(n)
+    x = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    w = (1 + 0.5 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+    b = (0.5 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+    r = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+
+    def run(train_w: bool):
+        xl, rl = x.clone().requires_grad_(), r.clone().requires_grad_()
+        wl, bl = w.clone().requires_grad_(train_w), b.clone().requires_grad_(train_w)
+        if case == "rms":
+            outs, leaves = [ops.rms_norm(xl, wl)], [xl]
+        elif case == "rms_res":
+            outs, leaves = list(ops.rms_norm(xl, wl, residual=rl)), [xl, rl]
+        elif case == "layer":
+            outs, leaves = [ops.layer_norm(xl, wl)], [xl]
+        else:
+            outs, leaves = list(ops.layer_norm(xl, wl, bl, residual=rl)), [xl, rl]
+        assert "Cuteforge" in outs[0].grad_fn.name()
+        grads = torch.autograd.grad(outs[0], leaves + ([wl] if train_w else []), dy)
+        assert wl.grad is None and bl.grad is None
+        return outs, grads
+
+    outs, frozen = run(False)
+    kind, has_bias, has_res = case.split("_")[0], "bias" in case, case.endswith("res")
+    plans = [k for k in norm_ops._NODE_PLANS if k[:4] == (kind, has_bias, dtype, (m, n)) and k[9] == has_res]
+    assert any(k[-1] is False for k in plans), plans  # the plan without partials was built
+    _, trained = run(True)
+    for a, t in zip(frozen, trained):
+        assert torch.equal(a, t), (a.float() - t.float()).abs().max().item()
+    # and against torch
+    xr = ((x + r) if has_res else x).float().requires_grad_()  # the forward normalises x + r in x's dtype
+    if case.startswith("rms"):
+        yr = torch.nn.functional.rms_norm(xr, (n,), w.float(), 1e-6)
+    else:
+        yr = torch.nn.functional.layer_norm(xr, (n,), w.float(), b.float() if has_bias else None, 1e-5)
+    (dxr,) = torch.autograd.grad(yr, xr, dy.float())
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(frozen[0].float(), dxr, atol=tol * max(1.0, dxr.abs().max().item()), rtol=tol)

@@ -212,8 +212,10 @@ def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
 
 
 def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor | None,
-                rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None) -> tuple[int, Any]:
-    """(Q, the compiled backward) for (M, N) rows, M > 0: Q is the dweight partials' rows."""
+                rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None,
+                need_dw: bool = True) -> tuple[int, Any]:
+    """(Q, the compiled backward) for (M, N) rows, M > 0: Q is the dweight partials' rows.
+    ``need_dw=False``: the kernel that writes no partials (Q then only sizes its grid)."""
     m, n = xs.shape
     cfg = config or norm_config.default_config(n, xs.element_size() * 8, backward=True)
     q = bwd_groups(xs.device, cfg, m)
@@ -222,7 +224,10 @@ def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, 
     dx = torch.empty((m, n), dtype=xs.dtype, device=xs.device)
     key = norm_bwd.signature.bind((xs, w, dy, dy if dsum is None else dsum, st, rstd, dx, probe, probe),
                                   f"cuteforge.ops.{kind}_norm backward")
-    return q, norm_bwd.get(key, (("has_bias", has_bias), ("has_dsum", dsum is not None), ("kind", kind)), cfg)
+    params = (("has_bias", has_bias), ("has_dsum", dsum is not None), ("kind", kind))
+    if not need_dw:  # named only when False: the keys of the kernels that write partials stay as they were
+        params += (("has_dw", False),)
+    return q, norm_bwd.get(key, params, cfg)
 
 
 def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, mean: torch.Tensor | None,
@@ -397,26 +402,37 @@ _NODE_PLANS: dict[tuple[Any, ...], Any] = {}
 
 
 def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, mean: torch.Tensor | None,
-               rstd: torch.Tensor, has_bias: bool, has_res: bool) -> Any:
+               rstd: torch.Tensor, has_bias: bool, has_res: bool, need_dw: bool = True) -> Any:
     """The C++ node's plan: saved (xs, w, [mean], rstd); inputs (x, weight, [bias], residual);
     the kernel writes dx and fp32 (Q, N) dweight / dbias partials, which the node sums over
-    Q (with bias both halves of one (2, Q, N) buffer: one sum, one cast)."""
+    Q (with bias both halves of one (2, Q, N) buffer: one sum, one cast).
+
+    ``need_dw=False`` (neither weight nor bias requires grad: frozen norms, as under
+    LoRA): the kernel without partials, and no partial buffer allocated per backward (one
+    allocation of two on a host-bound call). Its partial operands are a stand-in that only
+    gives the grid its Q rows: the saved rstd (fp32, 16-byte aligned: allocated by the
+    forward) viewed as (Q, N) with row stride 0, which that kernel never touches."""
     m, n = xs.shape
-    q, fn = _bwd_kernel(kind, xs, w, y, mean, rstd, y if has_res else None, has_bias)
+    q, fn = _bwd_kernel(kind, xs, w, y, mean, rstd, y if has_res else None, has_bias, need_dw=need_dw)
     f32 = torch.float32
     i_rstd = 2 if mean is None else 3
     rows = (m, n)
-    # dweight and dbias partials in one (2, Q, N) buffer: one sum and one cast for both
+    buffers: list[tuple[Any, torch.dtype]] = [(rows, xs.dtype)]
+    if need_dw:  # dweight and dbias partials in one (2, Q, N) buffer: one sum and one cast for both
+        parts = [native.contiguous_arg(native.BUFFER, 1, (q, n)),
+                 native.contiguous_arg(native.BUFFER, 1, (q, n), q * n if has_bias else 0)]
+        buffers.append(((2, q, n) if has_bias else (q, n), f32))
+    else:
+        parts = [(native.SAVED, i_rstd, [q, n], [0, 1], 0)] * 2
     args = [native.arg(native.SAVED, 0, xs), native.arg(native.SAVED, 1, w),
             native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.GRAD, 1 if has_res else 0, rows),
             native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.SAVED, i_rstd, (m,)),
-            native.contiguous_arg(native.BUFFER, 0, rows), native.contiguous_arg(native.BUFFER, 1, (q, n)),
-            native.contiguous_arg(native.BUFFER, 1, (q, n), q * n if has_bias else 0)]
-    buffers = [(rows, xs.dtype), ((2, q, n) if has_bias else (q, n), f32)]
+            native.contiguous_arg(native.BUFFER, 0, rows), *parts]
     res_out = (native.AS_IS, 0, xs.dtype) if has_res else (native.NO_GRAD, 0, xs.dtype)
-    outs = [(native.AS_IS, 0, xs.dtype), (native.COLUMN_SUM, 1, w.dtype, 0 if has_bias else -1)]
+    no_grad = (native.NO_GRAD, 0, w.dtype)
+    outs = [(native.AS_IS, 0, xs.dtype), (native.COLUMN_SUM, 1, w.dtype, 0 if has_bias else -1) if need_dw else no_grad]
     if kind == "layer":
-        outs.append((native.COLUMN_SUM, 1, w.dtype, 1) if has_bias else (native.NO_GRAD, 0, w.dtype))
+        outs.append((native.COLUMN_SUM, 1, w.dtype, 1) if has_bias and need_dw else no_grad)
     outs.append(res_out)
 
     def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
@@ -446,13 +462,18 @@ def _autograd(kind: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         return _LayerFn.apply(x2, weight, bias, r2, eps)
     y, ro, mean, rstd = _forward(kind, x2, weight, bias, r2, eps)
     xs = x2 if ro is None else ro
+    # partials only where a dweight or dbias is wanted (the input edges are fixed now); the
+    # kernel without them views rstd as its stand-in, which needs rstd 16-byte aligned
+    # (`_forward` allocates it, so it is; checked, since that kernel's key assumes it)
+    need_dw = weight.requires_grad or (bias is not None and bias.requires_grad) or rstd.data_ptr() % 16 != 0
     key = (kind, bias is not None, xs.dtype, xs.shape, xs.stride(), xs.data_ptr() & 15, xs.get_device(),
-           weight.dtype, weight.data_ptr() & 15, r2 is not None)
+           weight.dtype, weight.data_ptr() & 15, r2 is not None, need_dw)
     plan = _NODE_PLANS.get(key)
     if plan is None:
         if len(_NODE_PLANS) >= _MAX_PLANS:
             _NODE_PLANS.clear()
-        plan = _NODE_PLANS[key] = _node_plan(kind, xs, weight, y, mean, rstd, bias is not None, r2 is not None)
+        plan = _NODE_PLANS[key] = _node_plan(kind, xs, weight, y, mean, rstd, bias is not None, r2 is not None,
+                                             need_dw)
     if kind == "rms":
         native.attach(plan, [x2, weight, r2], [y] if ro is None else [y, ro], [xs, weight, rstd])
     else:

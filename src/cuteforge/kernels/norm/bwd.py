@@ -88,6 +88,7 @@ def make_norm_bwd(
     has_dsum: bool,
     rows_aligned: bool = True,
     w_aligned: bool = False,
+    has_dw: bool = True,
 ):
     """@cute.jit f(x, weight, dy, dsum, mean, rstd, dx, dwp, dbp, stream).
 
@@ -97,6 +98,9 @@ def make_norm_bwd(
     stride), which the staged path's bulk copies need; without it a staged config builds
     the register path's default config instead (same results; the caller's Q stays valid:
     the persistent loop takes any grid).
+    ``has_dw=False`` (no dweight / dbias wanted: frozen norm weights) writes no partial rows;
+    dwp then only sizes the grid (Q = dwp.shape[0]) and may be a never-written stand-in (a
+    stride-0 view). The partial sums go dead and the compiler drops them.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
@@ -108,13 +112,13 @@ def make_norm_bwd(
             if config.parts:
                 if ring_fit(config, n, x_dtype, w_dtype, has_dsum, w_aligned):
                     return make_norm_bwd_ring(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned,
-                                              _launcher)
+                                              _launcher, has_dw)
                 # no room for parts + 1 slots beside the weight (dsum's third operand), or a
                 # misaligned weight: whole-row stages, as many as fit (the staged kernel fits
                 # them to dsum itself)
                 config = next((c for c in (replace(config, parts=0, stages=s) for s in range(config.stages, 0, -1))
                                if c.smem_bytes(n, True, x_dtype.width) <= SMEM_PER_BLOCK), replace(config, parts=0, stages=1))
-            return make_norm_bwd_staged(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned)
+            return make_norm_bwd_staged(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned, has_dw)
         config = default_register_config(n, x_dtype.width)
     tile = Tile.of(n, vec, config)
     load, store, store_scalar, _, _ = make_row_io(tile)
@@ -133,7 +137,7 @@ def make_norm_bwd(
     # The persistent grid assumes ctas_per_sm CTAs fit on an SM: make ptxas honour it
     # (minctasm caps registers).
     _bounds = launch_bounds(T, config.ctas_per_sm)
-    fold = R > 1  # several rows per CTA: fold the row-slots' partials in smem
+    fold = R > 1 and has_dw  # several rows per CTA: fold the row-slots' partials in smem
     n_fold = n_acc * R * n if fold else 1
 
     @cute.kernel
@@ -298,35 +302,36 @@ def make_norm_bwd(
                 st[1] = stn[1]
 
         # ---- one fp32 partial row per CTA group
-        if cutlass.const_expr(fold):
-            for a in cutlass.range_constexpr(n_acc):
-                src = dwa if a == 0 else dba
-                for k in cutlass.range_constexpr(KT1):
-                    for v in cutlass.range_constexpr(tile.width(k)):
-                        col = column_of(tile, g, k, v)
-                        kind_k = tile.kind(k)
-                        if cutlass.const_expr(kind_k == "full"):
-                            sfold[(a * R + r) * n + col] = src[v, k]
-                        elif cutlass.const_expr(kind_k == "partial"):
-                            if g < tile.REM:
+        if cutlass.const_expr(has_dw):
+            if cutlass.const_expr(fold):
+                for a in cutlass.range_constexpr(n_acc):
+                    src = dwa if a == 0 else dba
+                    for k in cutlass.range_constexpr(KT1):
+                        for v in cutlass.range_constexpr(tile.width(k)):
+                            col = column_of(tile, g, k, v)
+                            kind_k = tile.kind(k)
+                            if cutlass.const_expr(kind_k == "full"):
                                 sfold[(a * R + r) * n + col] = src[v, k]
-                        else:
-                            if g < tile.TAIL:
-                                sfold[(a * R + r) * n + col] = src[v, k]
-            cute.arch.sync_threads()
-            for a in cutlass.range_constexpr(n_acc):
-                out = dwp if a == 0 else dbp
-                for i in cutlass.range_constexpr((n + T - 1) // T):
-                    col = tidx + i * T
-                    if col < n:
-                        tot = sfold[(a * R) * n + col]
-                        for rr in cutlass.range_constexpr(1, R):
-                            tot = tot + sfold[(a * R + rr) * n + col]
-                        out[q, col] = tot
-        else:
-            store_scalar(dwa, dwp[q, None], g)
-            if cutlass.const_expr(has_bias):
-                store_scalar(dba, dbp[q, None], g)
+                            elif cutlass.const_expr(kind_k == "partial"):
+                                if g < tile.REM:
+                                    sfold[(a * R + r) * n + col] = src[v, k]
+                            else:
+                                if g < tile.TAIL:
+                                    sfold[(a * R + r) * n + col] = src[v, k]
+                cute.arch.sync_threads()
+                for a in cutlass.range_constexpr(n_acc):
+                    out = dwp if a == 0 else dbp
+                    for i in cutlass.range_constexpr((n + T - 1) // T):
+                        col = tidx + i * T
+                        if col < n:
+                            tot = sfold[(a * R) * n + col]
+                            for rr in cutlass.range_constexpr(1, R):
+                                tot = tot + sfold[(a * R + rr) * n + col]
+                            out[q, col] = tot
+            else:
+                store_scalar(dwa, dwp[q, None], g)
+                if cutlass.const_expr(has_bias):
+                    store_scalar(dba, dbp[q, None], g)
 
     return _launcher(_kernel, T, C, _bounds)
 
@@ -365,7 +370,7 @@ def _launcher(kernel, T: int, C: int, bounds: dict):
 
 
 def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
-                         has_dsum: bool, w_aligned: bool = False):
+                         has_dsum: bool, w_aligned: bool = False, has_dw: bool = True):
     """The row-staged backward (``config.stages`` > 0; module docstring). Same launch
     signature and results as ``make_norm_bwd``'s register path. Rows of x / dy / dsum must
     start 16-byte aligned and hold a multiple of 16 bytes (``NormConfig.validate``).
@@ -548,8 +553,9 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             st[0] = stn[0]
             st[1] = stn[1]
 
-        store_scalar(dwa, _part(dwp[q, None], cta), g)
-        if cutlass.const_expr(has_bias):
-            store_scalar(dba, _part(dbp[q, None], cta), g)
+        if cutlass.const_expr(has_dw):
+            store_scalar(dwa, _part(dwp[q, None], cta), g)
+            if cutlass.const_expr(has_bias):
+                store_scalar(dba, _part(dbp[q, None], cta), g)
 
     return _launcher(_kernel, T, C, _bounds)

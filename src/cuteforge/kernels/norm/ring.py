@@ -88,7 +88,7 @@ def make_part_issue(dtype, nc: int, c: int, n_rows: int, parts: int):
 
 
 def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
-                       has_dsum: bool, w_aligned: bool, launcher):
+                       has_dsum: bool, w_aligned: bool, launcher, has_dw: bool = True):
     """The part-ring backward (module docstring). Same launch signature and results as
     bwd.py's ``make_norm_bwd``; rows 16-byte aligned, ``config.parts`` >= 2 validated
     (chunks of whole rounds) and ``ring_fit`` > 0 for these operands, which the caller
@@ -261,8 +261,9 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
             st[0] = stn[0]
             st[1] = stn[1]
 
-        store_scalar(dwa, _chunk(dwp[q, None], cta), g)
-        if cutlass.const_expr(has_bias):
-            store_scalar(dba, _chunk(dbp[q, None], cta), g)
+        if cutlass.const_expr(has_dw):
+            store_scalar(dwa, _chunk(dwp[q, None], cta), g)
+            if cutlass.const_expr(has_bias):
+                store_scalar(dba, _chunk(dbp[q, None], cta), g)
 
     return launcher(_kernel, T, C, _bounds)

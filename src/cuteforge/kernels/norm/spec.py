@@ -111,6 +111,7 @@ def norm_bwd(spec: CompileSpec) -> Any:
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _BWD_ROWS),
         spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
         _rows_aligned(spec), spec.vec("weight") * spec.dtype("weight").width == 128,
+        bool(spec.param("has_dw", True)),  # absent: True (the keys from before it existed)
     )
 
 
