@@ -215,8 +215,10 @@ def _quack_bwd(op: str):
 
 
 def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tuple[int, Any, bool]],
-                  failed: dict[int, str], time_fn: Any, qbwd: Any) -> None:
-    """Time and check the default and every candidate backward config at one shape."""
+                  failed: dict[int, str], time_fn: Any, qbwd: Any, frozen: bool = False) -> None:
+    """Time and check the default and every candidate backward config at one shape.
+    ``frozen``: also the launch alone of the kernel without partials (has_dw=False, what
+    a backward with frozen weight and bias runs; dx checked), as kernel_frozen_*."""
     from cuteforge.kernels.norm.spec import norm_bwd
     from cuteforge.ops import norm as impl
     from cuteforge.ops.norm import bwd_groups
@@ -294,6 +296,14 @@ def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tu
                 a = (x, w, dy, dy, st, rstd, dxo, dwp, dbp)
                 k = time_fn(lambda fn=fn, a=a: fn(*a), nbytes)
                 r.update({"kernel_us": k["us"], "kernel_pct_copy": k["pct_copy"], "Q": q})
+                if frozen:
+                    fn0 = norm_bwd.get(key, bparams + (("has_dw", False),), c)
+                    dxo.zero_()
+                    fn0(*a)
+                    torch.cuda.synchronize()
+                    r["frozen_dx_correct"] = _norm_check(dxo, ref_dx, dt)["correct"]
+                    k0 = time_fn(lambda fn=fn0, a=a: fn(*a), nbytes)
+                    r.update({"kernel_frozen_us": k0["us"], "kernel_frozen_pct_copy": k0["pct_copy"]})
                 del dxo, dwp, dbp, a
                 qs = shape.get("quack", {})
                 if "GBps" in qs:

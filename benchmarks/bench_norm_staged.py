@@ -323,6 +323,8 @@ def main() -> None:
     p.add_argument("--configs", default="",
                    help="--fwd: ';'-separated NormConfig(...) reprs timed beside the default (and the candidates "
                         "unless --defaults-only), e.g. a previous default")
+    p.add_argument("--frozen", action="store_true",
+                   help="backward: also each config's kernel without partials (frozen weight and bias), launch alone")
     p.add_argument("--register", action="store_true",
                    help="backward: also every register-backward tuner candidate (threads, occupancy, prefetch, reload)")
     p.add_argument("--ab-lag", action="store_true",
@@ -351,8 +353,11 @@ def main() -> None:
     for op, dt, n, c, _ in todo:
         key, bparams = _bwd_key_params(op, dt, n)
         jobs.append(CompileJob.of(norm_bwd, key, bparams, c, arch))
+        if args.frozen:  # the same config without partials, compiled alongside
+            jobs.append(CompileJob.of(norm_bwd, key, bparams + (("has_dw", False),), c, arch))
     outcomes = compile_all(jobs)
-    failed = {i: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
+    per = 2 if args.frozen else 1  # jobs per plan
+    failed = {i // per: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}
     result = result_header("bench_norm_staged.py", arch, time.time() - tc, len(jobs), len(failed),
                            "bytes = 3*M*N*size + weight/bias")
     copy_bps = result["copy_GBps"] * 1e9
@@ -375,7 +380,7 @@ def main() -> None:
         torch.cuda.empty_cache()
         shape: dict[str, Any] = {"op": op, "dtype": dt, "M": rows_for(n), "N": n, "rows": []}
         result["shapes"].append(shape)
-        run_bwd_shape(shape, op, dt, n, cfgs, failed, _time, None if args.no_quack else _quack_bwd(op))
+        run_bwd_shape(shape, op, dt, n, cfgs, failed, _time, None if args.no_quack else _quack_bwd(op), args.frozen)
         for r in shape["rows"]:
             r["stages"] = next((c.stages for i, c, _ in cfgs if repr(c) == r["config"]), 0)
             r["cluster_n"] = next((c.cluster_n for i, c, _ in cfgs if repr(c) == r["config"]), 1)
