@@ -142,6 +142,7 @@ def test_compile_bwd(kernels, kind, xd, wd, n, bias, dsum):
 _BWD_NO_DW = [
     ("layer", "float32", "float32", 1000, True, NormConfig(128, 32, 1, 2)),
     ("rms", "bfloat16", "bfloat16", 1024, False, None),
+    ("layer", "float32", "float32", 1024, True, None),  # REGISTER_BWD's one row per CTA, prefetching
     ("rms", "bfloat16", "bfloat16", 8192, False, None),
     ("layer", "bfloat16", "bfloat16", 65536, True, None),
     ("rms", "float32", "float32", 262144, False, None),

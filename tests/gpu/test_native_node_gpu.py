@@ -163,7 +163,7 @@ def test_plans_do_not_keep_their_first_forward_alive() -> None:
         assert all(r() is None for r in refs), _name
 
 
-FROZEN_NS = [1, 7, 1000, 4096, 8192, 32768, 65536, 65537, 262144]  # register, staged, cluster and ring paths
+FROZEN_NS = [1, 7, 1000, 1024, 4096, 8192, 32768, 65536, 65537, 262144]  # register, staged, cluster and ring paths
 
 
 @pytest.mark.parametrize("n", FROZEN_NS)
