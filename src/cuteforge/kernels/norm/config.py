@@ -440,13 +440,16 @@ def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 
 # Row-staged backward (v2.4, NormConfig.stages) as the default: per dtype bits, the N
 # ranges (inclusive) that take it with their (elements per thread, stages). From the
-# Register-path backward defaults picked by measurement where the heuristic's shape lost:
-# (dtype bits, N) -> config. fp32 N = 1024 (v2.21, H200, the kernel without partials at M =
-# 32768, h200-norm-bwd-fp32-1024-grid.json): one row per CTA of 256 threads, 4 CTAs per SM,
-# prefetching the next row, read 95.6 / 96.5 % of copy back to back (layer / rms) against
-# the heuristic's 64 threads a row, 2 CTAs per SM at 92.8 / 91.8, and 91.8 / 92.8 % against
-# 91.5 / 91.5 with L2 flushed; torch's LayerNorm backward read 96.5 back to back, 92.6 flushed.
-REGISTER_BWD: dict[tuple[int, int], NormConfig] = {
+# The backward without partials (frozen weight and bias, `has_dw=False`): defaults picked by
+# measurement where the heuristic's shape lost, (dtype bits, N) -> config. fp32 N = 1024
+# (v2.21, H200, M = 32768, h200-norm-bwd-fp32-1024-grid.json): one row per CTA of 256
+# threads, 4 CTAs per SM, prefetching the next row, read 95.6 / 96.5 % of copy back to back
+# (layer / rms) against the heuristic's 64 threads a row, 2 CTAs per SM at 92.8 / 91.8, and
+# 91.8 / 92.8 % against 91.5 / 91.5 with L2 flushed; torch's LayerNorm backward read 96.5
+# back to back, 92.6 flushed. Not for the kernel with partials: its Q doubles with the
+# occupancy, and the op with the partials' sum fell from 85.0 / 84.5 % to 82.6 / 74.9 %
+# (rms / layer, h200-v221-normbwd-train-1024.json).
+FROZEN_BWD: dict[tuple[int, int], NormConfig] = {
     (32, 1024): NormConfig(256, 256, 1, 4, prefetch=True),
 }
 
@@ -629,7 +632,7 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
                     cfg = ring_config(cfg, n, dtype_bits, RING_PARTS) or cfg
                 if cfg is not None:
                     return cfg
-        return REGISTER_BWD.get((dtype_bits, n)) or default_register_config(n, dtype_bits)
+        return default_register_config(n, dtype_bits)
     for lo, hi, threads, elems, level, occ in ASYNC_FWD.get((kind, dtype_bits), ()):
         if lo <= n <= hi:
             cfg = async_fwd_config(n, dtype_bits, threads, elems, level, occ)
@@ -680,6 +683,12 @@ def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> N
     """The forward default with the row in registers (stages = 0): what a staged config
     falls back to when its rows are not 16-byte aligned."""
     return _heuristic_config(n, dtype_bits, False, kind)
+
+
+def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True) -> NormConfig:
+    """The backward's default: ``default_config(backward=True)``, or for the kernel without
+    partials (``has_dw=False``) its own pick where ``FROZEN_BWD`` has one."""
+    return (None if has_dw else FROZEN_BWD.get((dtype_bits, n))) or default_config(n, dtype_bits, backward=True)
 
 
 def default_register_config(n: int, dtype_bits: int) -> NormConfig:

@@ -102,7 +102,7 @@ def norm_fwd(spec: CompileSpec) -> Any:
     name="norm_bwd",
     signature=BWD_SIGNATURE,
     archs=("sm_90+",),
-    default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, True),
+    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True))),
     configs=lambda s: _configs(s, True),
     validate=lambda spec, cfg: _validate(spec, cfg, True),
 )
