@@ -15,7 +15,7 @@ Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
                                       [--ns 256,4096,...] [--no-compile | --compile-ns 4096,65536]
                                       [--no-quack] [--m M (small-M sweeps)] [--flush zero|read]
-                                      [--timer event|stream] [--train-weight] [--out F]
+                                      [--timer event|stream [--repeat K]] [--train-weight] [--out F]
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def main() -> None:
                    help="event: CUDA events around each call, L2 flushed (the default); stream: wall time per "
                         "call of calls made back to back, contenders interleaved (small M / small N, where a "
                         "call is host-bound and one event pair reads the host's jitter)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="stream timer: time each shape this many times (median; each run's ratio to torch kept)")
     p.add_argument("--train-weight", action="store_true",
                    help="norm backward with weight and bias requiring grad (dweight / dbias computed by both "
                         "torch and cuteforge); without it they are frozen and neither computes them")
@@ -94,7 +96,7 @@ def main() -> None:
                     compiled = not args.no_compile and (compile_ns is None or n in compile_ns)
                     fns = contenders(op, compiled, with_quack=not args.no_quack)
                     row = measure(op, m, n, dtype, fns, copy_bps, backward, warmup_ms=10, rep_ms=40, timer=args.timer,
-                                  train_params=args.train_weight)
+                                  train_params=args.train_weight, repeat=args.repeat)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     save(False)

@@ -55,12 +55,14 @@ if [ "$what" = small ]; then
   # through autograd, timed back to back (--timer stream: these calls are host-bound, and one
   # event pair around one call reads the host's jitter; library_bench.measure)
   tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace('nvidia ', '').split()[0])")
-  ops=sum,softmax,log_softmax,rms_norm,layer_norm,cross_entropy
+  ops=${SMALL_OPS:-sum,softmax,log_softmax,rms_norm,layer_norm,cross_entropy}
+  # SMALL_REPEAT=K: each shape timed K times (median, and each run's ratio kept): a cell
+  # within a few percent of torch needs it to tell a gap from one run's noise
   python3 benchmarks/bench_membound.py --ops $ops --ns 256,512,1024,2048 --no-compile --no-quack --timer stream \
-    --out "$OUT/$tag-membound-smalln-stream.json" 2>&1 | tail -30 || rc=1
+    --repeat "${SMALL_REPEAT:-1}" --out "$OUT/$tag-membound-smalln-stream.json" 2>&1 | tail -30 || rc=1
   for m in 1 8 128; do
     python3 benchmarks/bench_membound.py --ops $ops --ns 256,4096,32768 --m $m --no-compile --no-quack --timer stream \
-      --out "$OUT/$tag-membound-smallm-$m-stream.json" 2>&1 | tail -30 || rc=1
+      --repeat "${SMALL_REPEAT:-1}" --out "$OUT/$tag-membound-smallm-$m-stream.json" 2>&1 | tail -30 || rc=1
   done
 fi
 if [ "$what" = autotune ]; then

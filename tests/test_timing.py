@@ -108,3 +108,31 @@ def test_host_us_interleaved_rotates_and_host_us_is_its_single_case(monkeypatch)
     order.clear()
     assert timing.host_us(make("c", 0.0), calls=2, loops=3) < 900
     assert order == ["c"] * (200 + 6)
+
+
+def test_measure_stream_repeat_keeps_each_runs_ratio(monkeypatch):
+    """library_bench.measure with the stream timer and repeat=3 (CPU: inputs on the CPU,
+    timing.stream stubbed with three runs): each contender's time is its median over the
+    runs, and each run's torch / cuteforge ratio is kept; with repeat=1 there is no list."""
+    import torch
+
+    from cuteforge import library_bench
+
+    monkeypatch.setattr(library_bench, "inputs", lambda op, m, n, dtype: (torch.randn(m, n),))
+    runs = iter([{"torch": 1.0, "cuteforge": 0.5}, {"torch": 1.2, "cuteforge": 1.5}, {"torch": 0.9, "cuteforge": 0.6}])
+    seen: list[set[str]] = []
+
+    def fake_stream(calls, errors=None):
+        seen.append(set(calls))
+        return next(runs)
+
+    monkeypatch.setattr(library_bench.timing, "stream", fake_stream)
+    fns = {"torch": lambda x: torch.softmax(x, -1), "cuteforge": lambda x: torch.softmax(x, -1)}
+    row = library_bench.measure("softmax", 1024, 1024, torch.float32, fns, 1e12, timer="stream", repeat=3)
+    assert seen == [{"torch", "cuteforge"}] * 3
+    assert row["torch_us"] == 1000.0 and row["cuteforge_us"] == 600.0  # medians of 1.0/1.2/0.9 and 0.5/1.5/0.6 ms
+    assert row["cuteforge_over_torch_reps"] == [2.0, 0.8, 1.5]
+    assert row["cuteforge_over_torch"] == pytest.approx(1000.0 / 600.0, abs=0.01)  # from the medians
+    monkeypatch.setattr(library_bench.timing, "stream", lambda calls, errors=None: {"torch": 1.0, "cuteforge": 1.0})
+    assert "cuteforge_over_torch_reps" not in library_bench.measure("softmax", 4, 8, torch.float32, fns, 1e12,
+                                                                    timer="stream")

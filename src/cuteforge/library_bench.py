@@ -8,6 +8,7 @@ through autograd (`torch.autograd.grad` of a saved forward), the way training ca
 
 from __future__ import annotations
 
+import statistics
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -117,13 +118,16 @@ TIMERS = ("event", "stream")
 
 def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], copy_bps: float, backward: bool = False,
             warmup_ms: float = 25.0, rep_ms: float = 100.0, timer: str = "event",
-            train_params: bool = False) -> dict[str, Any]:
+            train_params: bool = False, repeat: int = 1) -> dict[str, Any]:
     """One row: per contender us, GB/s, % of copy; `correct` compares cuteforge with torch.
     ``timer``: "event" (`timing.bench`, L2 flushed, each contender in turn) or "stream"
     (`timing.stream`, back-to-back calls, contenders interleaved: for host-bound small
     shapes). ``train_params``: a norm's weight and bias require grad, and the backward
     returns their gradients too (training; without it they are frozen, and both torch
-    and cuteforge skip dweight / dbias)."""
+    and cuteforge skip dweight / dbias). ``repeat`` (stream timer): that many `timing.stream`
+    runs; each contender's time is its median over them, and the row keeps each run's
+    torch / cuteforge ratio (`cuteforge_over_torch_reps`), to tell a real gap from one
+    run's noise."""
     if timer not in TIMERS:
         raise ValueError(f"timer={timer!r}: expected one of {TIMERS}")
     ins = inputs(op, m, n, dtype)
@@ -173,7 +177,11 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
             traceback.print_exc(limit=2)
     if timer == "stream":
         errors: dict[str, BaseException] = {}
-        times = timing.stream(calls, errors=errors)
+        reps = [timing.stream({k: c for k, c in calls.items() if k not in errors}, errors=errors)
+                for _ in range(max(1, repeat))]
+        times = {k: statistics.median(r[k] for r in reps) for k in calls if k not in errors}
+        if repeat > 1 and "torch" in times and "cuteforge" in times:
+            row["cuteforge_over_torch_reps"] = [round(r["torch"] / r["cuteforge"], 3) for r in reps]
         for name, e in errors.items():  # that contender dropped, the others timed
             row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
     for name, ms in times.items():
