@@ -438,8 +438,6 @@ def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     return out
 
 
-# Row-staged backward (v2.4, NormConfig.stages) as the default: per dtype bits, the N
-# ranges (inclusive) that take it with their (elements per thread, stages). From the
 # The backward without partials (frozen weight and bias, `has_dw=False`): defaults picked by
 # measurement where the heuristic's shape lost, (dtype bits, N) -> config. fp32 N = 1024
 # (v2.21, H200, M = 32768, h200-norm-bwd-fp32-1024-grid.json): one row per CTA of 256
@@ -453,6 +451,8 @@ FROZEN_BWD: dict[tuple[int, int], NormConfig] = {
     (32, 1024): NormConfig(256, 256, 1, 4, prefetch=True),
 }
 
+# Row-staged backward (v2.4, NormConfig.stages) as the default: per dtype bits, the N
+# ranges (inclusive) that take it with their (elements per thread, stages). From the
 # H200 sweep (benchmarks/results/h200-norm-staged.json, M = min(32768, 2^28 / N), % of copy
 # through ops/norm.py's _backward): 16-bit N = 8192 at 2 stages (256 threads, 2 CTAs/SM)
 # 89-94 % vs the register default 85-92 %; N = 16384 at 3 stages (512 threads) 87-97 % vs
