@@ -297,7 +297,7 @@ def run_bwd_shape(shape: dict[str, Any], op: str, dt: str, n: int, cfgs: list[tu
                 k = time_fn(lambda fn=fn, a=a: fn(*a), nbytes)
                 r.update({"kernel_us": k["us"], "kernel_pct_copy": k["pct_copy"], "Q": q})
                 if frozen:
-                    fn0 = norm_bwd.get(key, bparams + (("has_dw", False),), c)
+                    fn0 = norm_bwd.get(key, tuple(sorted(bparams + (("has_dw", False),))), c)
                     dxo.zero_()
                     fn0(*a)
                     torch.cuda.synchronize()

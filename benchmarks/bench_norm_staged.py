@@ -354,7 +354,7 @@ def main() -> None:
         key, bparams = _bwd_key_params(op, dt, n)
         jobs.append(CompileJob.of(norm_bwd, key, bparams, c, arch))
         if args.frozen:  # the same config without partials, compiled alongside
-            jobs.append(CompileJob.of(norm_bwd, key, bparams + (("has_dw", False),), c, arch))
+            jobs.append(CompileJob.of(norm_bwd, key, tuple(sorted(bparams + (("has_dw", False),))), c, arch))
     outcomes = compile_all(jobs)
     per = 2 if args.frozen else 1  # jobs per plan
     failed = {i // per: str(o.error)[:300] for i, o in enumerate(outcomes) if not o.ok}

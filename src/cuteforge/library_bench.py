@@ -124,7 +124,7 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
     (`timing.stream`, back-to-back calls, contenders interleaved: for host-bound small
     shapes). ``train_params``: a norm's weight and bias require grad, and the backward
     returns their gradients too (training; without it they are frozen, and both torch
-    and cuteforge skip dweight / dbias). ``repeat`` (stream timer): that many `timing.stream`
+    and cuteforge skip dweight / dbias); `correct` still compares dx only. ``repeat`` (stream timer): that many `timing.stream`
     runs; each contender's time is its median over them, and the row keeps each run's
     torch / cuteforge ratio (`cuteforge_over_torch_reps`), to tell a real gap from one
     run's noise."""

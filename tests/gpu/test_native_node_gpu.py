@@ -173,7 +173,10 @@ def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case
     """Weight (and bias) without requires_grad: the node runs the kernel that writes no
     dweight partials (its partial operands a stride-0 stand-in of the saved rstd), gives
     the weight no gradient, and dx (and the residual's gradient) bitwise as the kernel
-    that writes partials, which the same call with a trainable weight runs."""
+    that writes partials, which the same call with a trainable weight runs, where both
+    take the same config (else within fp32 rounding: FROZEN_BWD's own shape sums a row in
+    another order)."""
+    from cuteforge.kernels.norm.config import default_bwd_config
     from cuteforge.ops import norm as norm_ops
 
     m = 3 if n >= 65536 else 37
@@ -195,9 +198,11 @@ def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case
             outs, leaves = [ops.layer_norm(xl, wl)], [xl]
         else:
             outs, leaves = list(ops.layer_norm(xl, wl, bl, residual=rl)), [xl, rl]
-        assert "Cuteforge" in outs[0].grad_fn.name()
+        node = outs[0].grad_fn
+        assert "Cuteforge" in node.name()
+        # the weight's edge (next_functions[1]) exists only when it is trained
+        assert (node.next_functions[1][0] is not None) == train_w
         grads = torch.autograd.grad(outs[0], leaves + ([wl] if train_w else []), dy)
-        assert wl.grad is None and bl.grad is None
         return outs, grads
 
     outs, frozen = run(False)
@@ -205,8 +210,13 @@ def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case
     plans = [k for k in norm_ops._NODE_PLANS if k[:4] == (kind, has_bias, dtype, (m, n)) and k[9] == has_res]
     assert any(k[-1] is False for k in plans), plans  # the plan without partials was built
     _, trained = run(True)
+    bits = x.element_size() * 8
+    same_config = default_bwd_config(n, bits, False) == default_bwd_config(n, bits, True)
     for a, t in zip(frozen, trained):
-        assert torch.equal(a, t), (a.float() - t.float()).abs().max().item()
+        if same_config:
+            assert torch.equal(a, t), (a.float() - t.float()).abs().max().item()
+        else:
+            torch.testing.assert_close(a, t, rtol=1e-5, atol=1e-5 * max(1.0, t.abs().max().item()))
     # and against torch
     xr = ((x + r) if has_res else x).float().requires_grad_()  # the forward normalises x + r in x's dtype
     if case.startswith("rms"):

@@ -226,7 +226,7 @@ def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, 
                                   f"cuteforge.ops.{kind}_norm backward")
     params = (("has_bias", has_bias), ("has_dsum", dsum is not None), ("kind", kind))
     if not need_dw:  # named only when False: the keys of the kernels that write partials stay as they were
-        params += (("has_dw", False),)
+        params = tuple(sorted(params + (("has_dw", False),)))  # sorted, as Kernel.launcher keys its parameters
     return q, norm_bwd.get(key, params, cfg)
 
 
@@ -442,7 +442,7 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
         if has_res:
             dro = saved[0].new_zeros(m, n) if grads[1] is None else grads[1]
         t_mean = saved[2] if kind == "layer" else None
-        dx, dw, db = _backward(kind, dy, saved[0], saved[1], t_mean, saved[-1], dro, has_bias)
+        dx, dw, db = _backward(kind, dy, saved[0], saved[1], t_mean, saved[-1], dro, has_bias, need_dw=need_dw)
         return [dx, dw] + ([db] if kind == "layer" else []) + [dx if has_res else None]
 
     grads = [native.grad_as_is(y)] * (2 if has_res else 1)
