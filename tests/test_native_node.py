@@ -346,3 +346,61 @@ def test_build_failure_warns_and_returns_none(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(build, "_build_and_load", fail)
     with pytest.warns(RuntimeWarning, match="could not be built.*c\\+\\+: not found"):
         assert build.load() is None
+
+
+@pytest.mark.parametrize("need_dw", [True, False])
+def test_norm_plan_without_partials(monkeypatch: pytest.MonkeyPatch, need_dw: bool) -> None:
+    """ops/norm.py's node plan (`_node_plan`, a stand-in kernel): for frozen weight and
+    bias (need_dw=False) the node allocates dx alone, hands the kernel the saved rstd viewed
+    as (Q, N) with row stride 0 for both partial operands, and gives the weight no
+    gradient; with need_dw, a (Q, N) partials buffer whose column sum is dweight."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cuteforge.ops import norm as norm_ops
+
+    class Empties(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += str(func).startswith("aten.empty")
+            return func(*args, **(kwargs or {}))
+
+    m, n, q = 6, 5, 2
+    x = torch.randn(m, n)
+    w = torch.randn(n)
+    rstd = torch.rand(m) + 0.5
+    seen: dict[str, object] = {}
+
+    def kernel(x: object, w: object, dy: object, dsum: object, mean: object, rstd_in: object, dx: object,
+               dwp: object, dbp: object) -> None:
+        seen["part"] = (tuple(dwp.shape), tuple(dwp.strides), _ptr(dwp), _ptr(dbp))
+        xv, wv, dyv, rv, dxv = (_torch_view(t) for t in (x, w, dy, rstd_in, dx))
+        dxv.copy_(dyv * wv * rv[:, None])  # a stand-in formula: the node's plumbing is under test
+        if need_dw:
+            dw_part = _torch_view(dwp)
+            for part, rows in enumerate(torch.arange(m).chunk(q)):
+                dw_part[part].copy_((dyv[rows] * xv[rows] * rv[rows, None]).sum(0))
+
+    monkeypatch.setattr(norm_ops, "_bwd_kernel", lambda *a, **k: (q, _ffi(kernel)))
+    y = x * rstd[:, None] * w
+    plan = norm_ops._node_plan("rms", x, w, y, None, rstd, False, False, need_dw)
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_(need_dw)
+    native.attach(plan, [xl, wl, None], [y], [x, w, rstd])
+    g = torch.randn(m, n)
+    counter = Empties()
+    with counter:
+        grads = torch.autograd.grad(y, [xl, wl] if need_dw else [xl], g)
+    torch.testing.assert_close(grads[0], g * w * rstd[:, None])
+    if need_dw:
+        assert seen["part"][:2] == ((q, n), (n, 1)) and counter.count == 2
+        torch.testing.assert_close(grads[1], (g * x * rstd[:, None]).sum(0))
+    else:
+        assert seen["part"] == ((q, n), (0, 1), rstd.data_ptr(), rstd.data_ptr())
+        assert counter.count == 1
+        assert y.grad_fn.next_functions[1][0] is None  # no edge: the weight gets no gradient
+
+
+def _ptr(t: object) -> int:
+    return t.data_ptr() if callable(t.data_ptr) else t.data_ptr
