@@ -49,6 +49,30 @@ def test_bias_loaded_once_per_distinct_offset() -> None:
     assert loads == {"col": 64, "row": 16}, loads
 
 
+def test_epilogue_operands_load_into_32_bit_registers() -> None:
+    """16-bit epilogue operands are loaded each zero-extended into a 32-bit register and
+    converted where they are used (v4.10): in 16-bit registers they were packed in pairs
+    (PRMT) right after their loads, and the packing waits for the loads. With
+    early_operands (the default where the tile has at most 128 accumulators) a tile's
+    bias is loaded while its mainloop runs; without it, one subtile ahead in the epilogue."""
+    from cuteforge.kernels.gemm.sm90.config import SHORT_K
+
+    cfg = default_config(8192, 8192, 8192, 132, fused=True)
+    assert cfg.loads_operands_early and not replace(cfg, early_operands=False).loads_operands_early
+    assert not SHORT_K.loads_operands_early and not GemmConfig(tile_m=256, tile_n=192).loads_operands_early
+
+    def loads(c: GemmConfig, epi: GemmEpilogue, dtypes: tuple[str, ...]) -> dict[str, int]:
+        ptx = _ptx(True, True, dtypes, epi, c)
+        return {reg: len(re.findall(r"ld\.global\.b16\s+%" + reg + r"\d", ptx)) for reg in ("r", "rs")}
+
+    bias_gelu = GemmEpilogue.preset("gelu", bias="col")
+    for c in (cfg, replace(cfg, early_operands=False)):
+        assert loads(c, bias_gelu, ("bfloat16",) * 4) == {"r": 64, "rs": 0}
+    # a residual (full): 32 values a thread per 128x64 subtile, 4 subtiles
+    res = GemmEpilogue.preset("none", residual=True)
+    assert loads(cfg, res, ("bfloat16",) * 4) == {"r": 128, "rs": 0}
+
+
 def test_fused_bias_gelu_and_fusion_epilogue() -> None:
     ptx = _ptx(True, True, ("bfloat16",) * 4, GemmEpilogue.preset("gelu", bias="col"))
     assert "tanh.approx.f32" in ptx

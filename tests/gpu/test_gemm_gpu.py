@@ -174,6 +174,33 @@ def test_pingpong_batched_fused(tm: int, tn: int, bufs: int) -> None:
     _close(gemm(a, b, config=cfg, out_dtype=torch.float32), _ref(a, b), 2048)
 
 
+@pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kind", ["col", "row"])
+def test_early_operands_match_late(kind: str, bias_dtype: torch.dtype) -> None:
+    """A bias loaded while the mainloop runs (early_operands, the default) gives the bits
+    of one loaded in the epilogue, and torch's answer: every CTA runs several ragged
+    tiles; K of 1, 4 and 16 k-blocks (shorter than the 4 subtiles whose stores the first
+    k-blocks carry, and longer); bias per column (N odd: the last tile is cut mid-pair)
+    and per row, in bf16, fp16 and fp32."""
+    from dataclasses import replace
+
+    from cuteforge.kernels.gemm.sm90.config import default_config
+
+    m, n = 2049, 4103
+    bias = torch.randn(n if kind == "col" else m, device="cuda", dtype=bias_dtype)
+    bias2 = bias if kind == "col" else bias[:, None]
+    for k in (64, 200, 1000):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        ref = F.gelu(_ref(a, b) + (bias.float() if kind == "col" else bias.float()[:, None]), approximate="tanh")
+        cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
+        assert cfg.loads_operands_early
+        early = gemm(a, b, bias=bias2, epilogue="gelu", config=cfg)
+        late = gemm(a, b, bias=bias2, epilogue="gelu", config=replace(cfg, early_operands=False))
+        assert torch.equal(early, late), (k, (early.float() - late.float()).abs().max().item())
+        _close(early, ref, k)
+
+
 @pytest.mark.parametrize("k", [64, 200, 1000])
 @pytest.mark.parametrize("overlap", [True, False])
 def test_store_overlap_many_tiles(k: int, overlap: bool) -> None:

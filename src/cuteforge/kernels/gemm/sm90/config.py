@@ -50,6 +50,11 @@ class GemmConfig:
       4 for a 16-bit output and 2 for fp32. Fewer buffers leave room for another A/B
       stage: pingpong 128x192 has 4 stages with 4 buffers per warpgroup and 5 with 2
       (gemm.md v4.7).
+    early_operands: epilogue operands of kind row / col (a bias per row or per column) are
+      loaded into registers while the tile's mainloop runs, so the epilogue finds them
+      there; False: each subtile's are loaded one subtile ahead, inside the epilogue,
+      whose short subtiles cannot hide the global-load latency (gemm.md v4.10). Tiles of
+      more than 128 accumulators per thread load them in the epilogue either way.
     """
 
     tile_m: int = 128
@@ -65,6 +70,7 @@ class GemmConfig:
     stream_k: bool = False
     store_overlap: bool = True
     epi_bufs: int = 0
+    early_operands: bool = True
 
     @property
     def mma_wgs(self) -> int:
@@ -96,6 +102,13 @@ class GemmConfig:
         """Whether the kernel runs `store_overlap` (the converted tile held in registers:
         tile_m * tile_n / 256 of them at 16 bits, beside at most 128 accumulators)."""
         return self.store_overlap and not self.pingpong and out_bytes == 2 and self.acc_regs <= 128
+
+    @property
+    def loads_operands_early(self) -> bool:
+        """Whether the kernel runs `early_operands` (the row / col operands of a whole tile
+        held beside at most 128 accumulators: tile_n / 4 registers for a bias per column
+        on a 128-row tile)."""
+        return self.early_operands and self.acc_regs <= 128
 
     def smem_bytes(self, in_bytes: int, out_bytes: int, stages: int | None = None) -> int:
         s = self.stages if stages is None else stages

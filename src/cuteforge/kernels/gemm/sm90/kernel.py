@@ -92,6 +92,10 @@ class Sm90Gemm:
         self.b_layout = LayoutEnum.ROW_MAJOR if b_k_major else LayoutEnum.COL_MAJOR
         self.c_layout = LayoutEnum.ROW_MAJOR
         self.kinds = operand_kinds
+        # Row / col operands (a bias) of a whole tile are loaded while its mainloop runs
+        # (`cfg.early_operands`); the rest, full tiles (C, a residual), one subtile ahead.
+        vector = tuple(k in ("row", "col") for k in operand_kinds)
+        self.early = vector if cfg.loads_operands_early else (False,) * len(operand_kinds)
         self.epi_fn = epi_fn
         self.max_clusters = max_clusters
         self.tile = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
@@ -408,9 +412,15 @@ class Sm90Gemm:
         held_m = cutlass.Int32(0)
         held_n = cutlass.Int32(0)
         held_l = cutlass.Int32(0)
+        # the subtiles' order, as the epilogue walks them
+        epi_grid = (self.tile[0] // self.epi_tile[0], self.tile[1] // self.epi_tile[1])
+        epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
         while v < v_end:
             tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end)
             tile_m, tile_n, tile_l = sched._get_current_work_for_linear_idx(tile).tile_idx
+            early = []  # per subtile, the operands loaded while the mainloop runs
+            if cutlass.const_expr(self.epi_fn is not None and any(self.early) and not self.overlap):
+                early = self.tile_operands(mD, tRS_cD, epi_order, tile_m, tile_n, tile_l, e0, e1, e2)
             # ---- mainloop: keep one wgmma batch in flight ----
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -438,6 +448,9 @@ class Sm90Gemm:
                     tiles_done += 1
                 pending = cutlass.Int32(0)
                 k_first = n_epi
+                # after the held tile is out: its registers are free for the operands
+                if cutlass.const_expr(self.epi_fn is not None and any(self.early)):
+                    early = self.tile_operands(mD, tRS_cD, epi_order, tile_m, tile_n, tile_l, e0, e1, e2)
             for k in cutlass.range(k_first, ke - kb, unroll=1):
                 ab_pipe.consumer_wait(read)
                 self.mma_batch(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
@@ -461,7 +474,7 @@ class Sm90Gemm:
                     self.epilogue(
                         acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,
                         tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release,
-                        False, held,
+                        False, held, early,
                     )
                     if cutlass.const_expr(self.overlap):
                         pending = cutlass.Int32(1)
@@ -472,6 +485,7 @@ class Sm90Gemm:
                 self.epilogue(
                     acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,
                     tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, True, held,
+                    early,
                 )
                 if cutlass.const_expr(self.overlap):
                     pending = cutlass.Int32(1)
@@ -504,21 +518,24 @@ class Sm90Gemm:
 
     @cute.jit
     def epilogue(self, acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,  # noqa: ANN001
-                 tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, drain, held) -> None:
+                 tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release, drain, held,
+                 early) -> None:
         """Per (epi_m x epi_n) subtile: the fused function on the accumulator, convert, then
         either keep it in `held` (store_overlap: stored under the next mainloop) or store it
         now (`store_subtile`). `drain`: the last wgmma batch is still in flight (wait for
         it and free its stage here, after issuing the first subtile's operand loads, so
-        their latency hides behind the MMAs)."""
+        their latency hides behind the MMAs). `early`: per subtile, the operands loaded
+        during the mainloop (`cfg.early_operands`); the others are loaded here."""
         epi_shape = cute.zipped_divide(gD[(None, None, tile_m, tile_n, tile_l)], self.epi_tile).shape[1]
         epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
         n_epi = cute.size(epi_shape)
         frag = cute.size(rD)
         # Epilogue operands are prefetched one subtile ahead (the first while the last
         # wgmma batch drains), so their global-load latency hides behind other work.
+        late = tuple(not x for x in self.early)
         nxt = []
         if cutlass.const_expr(self.epi_fn is not None):
-            nxt = self.subtile_operands(mD, tRS_cD, epi_order, 0, tile_m, tile_n, tile_l, e0, e1, e2)
+            nxt = self.subtile_operands(mD, tRS_cD, epi_order, 0, tile_m, tile_n, tile_l, e0, e1, e2, late)
         if cutlass.const_expr(drain):
             warpgroup.wait_group(0)
             ab_pipe.consumer_release(release)
@@ -530,9 +547,14 @@ class Sm90Gemm:
                 else:
                     rD[v] = tRS_acc[e * frag + v]
             if cutlass.const_expr(self.epi_fn is not None):
-                ops = nxt
+                ops = []
+                for i in cutlass.range_constexpr(len(self.kinds)):
+                    if cutlass.const_expr(self.early[i]):
+                        ops.append(self.from_raw(early[e][i], (e0, e1, e2)[i]))
+                    else:
+                        ops.append(self.from_raw(nxt[i], (e0, e1, e2)[i]))
                 if cutlass.const_expr(e + 1 < n_epi):
-                    nxt = self.subtile_operands(mD, tRS_cD, epi_order, e + 1, tile_m, tile_n, tile_l, e0, e1, e2)
+                    nxt = self.subtile_operands(mD, tRS_cD, epi_order, e + 1, tile_m, tile_n, tile_l, e0, e1, e2, late)
                 rD.store(self.epi_fn(rD.load(), *ops))
             if cutlass.const_expr(self.overlap):
                 held[e].store(rD.load().to(self.d_dtype))
@@ -611,15 +633,26 @@ class Sm90Gemm:
             peer = peer + 1
 
     @cute.jit
-    def subtile_operands(self, mD, tRS_cD, epi_order, e, tile_m, tile_n, batch, e0, e1, e2) -> list:  # noqa: ANN001
+    def tile_operands(self, mD, tRS_cD, epi_order, tile_m, tile_n, batch, e0, e1, e2) -> list:  # noqa: ANN001
+        """The early operands (`self.early`) of every subtile of a tile, in their own dtype:
+        converted where the epilogue uses them, because a conversion next to its load
+        would wait there for the load (ptxas places it so), stalling the mainloop."""
+        out = []
+        for e in cutlass.range_constexpr(cute.size(epi_order)):
+            out.append(self.subtile_operands(mD, tRS_cD, epi_order, e, tile_m, tile_n, batch, e0, e1, e2, self.early))
+        return out
+
+    @cute.jit
+    def subtile_operands(self, mD, tRS_cD, epi_order, e, tile_m, tile_n, batch, e0, e1, e2, which) -> list:  # noqa: ANN001
         coord = epi_order.get_hier_coord(e)
         row0 = tile_m * self.tile[0] + coord[0] * self.epi_tile[0]
         col0 = tile_n * self.tile[1] + coord[1] * self.epi_tile[1]
-        return self.load_operands(mD, tRS_cD, row0, col0, batch, e0, e1, e2)
+        return self.load_operands(mD, tRS_cD, row0, col0, batch, e0, e1, e2, which)
 
     @cute.jit
-    def load_operands(self, mD, tRS_cD, row0, col0, batch, e0, e1, e2) -> list:  # noqa: ANN001
-        """Each epilogue operand as an fp32 fragment laid out like the accumulator's."""
+    def load_operands(self, mD, tRS_cD, row0, col0, batch, e0, e1, e2, which) -> list:  # noqa: ANN001
+        """Each epilogue operand `which` selects as a fragment laid out like the
+        accumulator's, unconverted (`load_operand`); None for the others."""
         M, N = mD.shape[0], mD.shape[1]
         tensors = (e0, e1, e2)
         # A thread's values sit at its base coordinate plus offsets known when tracing
@@ -630,33 +663,57 @@ class Sm90Gemm:
         offsets = [tRS_cD.layout(v) for v in range(cute.size(tRS_cD))]
         out = []
         for i in cutlass.range_constexpr(len(self.kinds)):
-            kind = self.kinds[i]
-            t = tensors[i]
-            r = cute.make_rmem_tensor(tRS_cD.shape, cutlass.Float32)
-            r.fill(0.0)
-            if cutlass.const_expr(kind in ("row", "col")):
-                axis = 0 if kind == "row" else 1
-                first: dict[int, int] = {}  # offset along the operand's axis -> first value there
-                for v in cutlass.range_constexpr(cute.size(r)):
-                    off = offsets[v][axis]
-                    if cutlass.const_expr(off in first):
-                        r[v] = r[first[off]]
-                    else:
-                        first[off] = v
-                        if cutlass.const_expr(kind == "row"):
-                            m = row0 + cm0 + off
-                            if m < M:
-                                r[v] = t[m].to(cutlass.Float32)
-                        else:
-                            n = col0 + cn0 + off
-                            if n < N:
-                                r[v] = t[n].to(cutlass.Float32)
+            if cutlass.const_expr(which[i]):
+                out.append(self.load_operand(self.kinds[i], tensors[i], tRS_cD, offsets, row0 + cm0, col0 + cn0, M, N,
+                                             batch))
             else:
-                for v in cutlass.range_constexpr(cute.size(r)):
-                    m = row0 + cm0 + offsets[v][0]
-                    n = col0 + cn0 + offsets[v][1]
-                    if m < M:
-                        if n < N:
-                            r[v] = t[(m, n, batch)].to(cutlass.Float32)
-            out.append(r.load())
+                out.append(None)
         return out
+
+    @cute.jit
+    def load_operand(self, kind, t, tRS_cD, offsets, row0, col0, M, N, batch):  # noqa: ANN001, ANN201
+        """Operand `t` of `kind` at the thread's values of the subtile whose thread-base
+        coordinate is (row0, col0), zero outside (M, N), unconverted: fp32 as it is, a
+        16-bit value zero-extended in an Int32 word. Converted where it is used
+        (`from_raw`): ptxas places a conversion (or the packing of two 16-bit registers)
+        next to its load, where it waits for the load; an early tile's loads would stall
+        the mainloop, a subtile ahead's the epilogue."""
+        r = cute.make_rmem_tensor(tRS_cD.shape, cutlass.Int32 if t.element_type.width == 16 else t.element_type)
+        r.fill(0)
+        if cutlass.const_expr(kind in ("row", "col")):
+            axis = 0 if kind == "row" else 1
+            first: dict[int, int] = {}  # offset along the operand's axis -> first value there
+            for v in cutlass.range_constexpr(cute.size(r)):
+                off = offsets[v][axis]
+                if cutlass.const_expr(off in first):
+                    r[v] = r[first[off]]
+                else:
+                    first[off] = v
+                    if cutlass.const_expr(kind == "row"):
+                        m = row0 + off
+                        if m < M:
+                            r[v] = self.raw(t[m])
+                    else:
+                        n = col0 + off
+                        if n < N:
+                            r[v] = self.raw(t[n])
+        else:
+            for v in cutlass.range_constexpr(cute.size(r)):
+                m = row0 + offsets[v][0]
+                n = col0 + offsets[v][1]
+                if m < M:
+                    if n < N:
+                        r[v] = self.raw(t[(m, n, batch)])
+        return r.load()
+
+    @staticmethod
+    def raw(x):  # noqa: ANN001, ANN205
+        """A loaded value as `load_operand` keeps it: 16 bits zero-extended into an Int32."""
+        return x.bitcast(cutlass.Uint16).to(cutlass.Int32) if x.width == 16 else x
+
+    @staticmethod
+    def from_raw(v, t):  # noqa: ANN001, ANN205
+        """`load_operand`'s fragment of operand `t` as fp32."""
+        if t.element_type.width == 16:
+            return v.to(cutlass.Uint16).bitcast(t.element_type).reshape(v.shape).to(cutlass.Float32)
+        return v.to(cutlass.Float32)
