@@ -41,8 +41,9 @@ TMA stores clip, so M, N, K need not be multiples of the tile.
 
 The epilogue hook: `epi_fn(acc, *operands) -> value` on fp32 TensorSSA fragments, where
 each operand is brought into registers in the accumulator's thread-value layout from a
-tensor of kind "row" (M,), "col" (N,) or "full" (M, N, L). A preset string or a
-`cuteforge.fusion.Epilogue.apply` plugs in the same way.
+tensor of kind "row" (M,), "col" (N,) or "full" (M, N, L), unconverted until used; a
+tile's row / col operands while its mainloop runs (`cfg.early_operands`), the others one
+subtile ahead. A preset string or a `cuteforge.fusion.Epilogue.apply` plugs in the same way.
 """
 
 from __future__ import annotations
