@@ -531,8 +531,8 @@ class Sm90Gemm:
         epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
         n_epi = cute.size(epi_shape)
         frag = cute.size(rD)
-        # Epilogue operands are prefetched one subtile ahead (the first while the last
-        # wgmma batch drains), so their global-load latency hides behind other work.
+        # The operands not loaded early are prefetched one subtile ahead (the first while
+        # the last wgmma batch drains), so their global-load latency hides behind other work.
         late = tuple(not x for x in self.early)
         nxt = []
         if cutlass.const_expr(self.epi_fn is not None):
@@ -635,9 +635,8 @@ class Sm90Gemm:
 
     @cute.jit
     def tile_operands(self, mD, tRS_cD, epi_order, tile_m, tile_n, batch, e0, e1, e2) -> list:  # noqa: ANN001
-        """The early operands (`self.early`) of every subtile of a tile, in their own dtype:
-        converted where the epilogue uses them, because a conversion next to its load
-        would wait there for the load (ptxas places it so), stalling the mainloop."""
+        """The early operands (`self.early`) of every subtile of a tile, unconverted
+        (`load_operand`): the mainloop goes on while they load."""
         out = []
         for e in cutlass.range_constexpr(cute.size(epi_order)):
             out.append(self.subtile_operands(mD, tRS_cD, epi_order, e, tile_m, tile_n, batch, e0, e1, e2, self.early))
