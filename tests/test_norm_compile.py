@@ -172,6 +172,39 @@ def test_compile_bwd_without_partials(kernels, kind, xd, wd, n, bias, cfg):
     assert 0 < stores[False] < stores[True], stores
 
 
+def _loop_loads(ptx: str) -> int:
+    """16-byte global loads inside the kernel's first loop (from the label a backward
+    branch jumps to, to that branch)."""
+    lines = ptx.splitlines()
+    labels = {ln.strip()[:-1]: i for i, ln in enumerate(lines) if re.match(r"^\$L__BB\d+_\d+:$", ln.strip())}
+    for i, ln in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__BB\d+_\d+);", ln)
+        if m and labels.get(m.group(1), i + 1) < i:
+            return sum("ld.global.v4" in x for x in lines[labels[m.group(1)]:i])
+    raise AssertionError("no loop in the PTX")
+
+
+def test_bwd_early_weight_loads_the_weight_once(kernels):
+    """early_weight in the register backward (v2.22): the weight is loaded before the row
+    loop and held, so the loop loads only x and dy (the next row's, with prefetch); the
+    default reads the weight again every row. Not with reload or stages."""
+    _, bwd = kernels
+    dts = ("float32",) * 4 + ("float32",) * 5
+    params = {"kind": "rms", "has_bias": False, "has_dsum": False, "has_dw": False}
+    base = NormConfig(256, 256, 1, 4, prefetch=True)
+    loads = {}
+    for cfg in (base, replace(base, early_weight=True)):
+        cfg.validate(1024, 32, backward=True)
+        _, ptx = _compile(bwd, dts, 1024, (4,) * 9, params, cfg)
+        loads[cfg.early_weight] = _loop_loads(ptx)
+        ptxas_no_spill(ptx)
+    assert loads == {False: 3, True: 2}, loads
+    with pytest.raises(ValueError, match="reload"):
+        NormConfig(256, 256, 1, 2, reload=True, early_weight=True).validate(1024, 32, backward=True)
+    with pytest.raises(ValueError, match="early_weight"):
+        NormConfig(256, 256, 1, 2, stages=2, early_weight=True).validate(1024, 32, backward=True)
+
+
 def test_bad_builder_arguments():
     import cutlass
 

@@ -214,6 +214,9 @@ def make_norm_bwd(
             if cutlass.const_expr(is_ln):
                 st[1] = mean_in[row0]
 
+        if cutlass.const_expr(config.early_weight):
+            load(w, wr, g)  # held across the rows (the columns a thread covers never change)
+
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident before the first DSMEM store
 
@@ -236,7 +239,8 @@ def make_norm_bwd(
             else:
                 load(x[row_c, None], xr, g)
                 load(dy[row_c, None], dyr, g)
-            load(w, wr, g)
+            if cutlass.const_expr(not config.early_weight):
+                load(w, wr, g)
             mean = Float32(0.0)
             if cutlass.const_expr(prefetch):
                 # prefetched with x/dy: no global load on the path to the row sums

@@ -19,8 +19,11 @@ ctas_per_sm:      backward only: the persistent grid is sm_count * ctas_per_sm /
 reload:           backward only: do not keep x and dy in registers across the row
                   reduction; read them again (from L2: the cluster just read them) for
                   dx. Frees registers for the dweight/dbias accumulators at huge N.
-early_weight:     forward only: load weight (and bias) together with x, before the row
-                  reduction, instead of after it (shorter critical path, more registers).
+early_weight:     register kernels. Forward: load weight (and bias) together with x, before
+                  the row reduction, instead of after it (shorter critical path, more
+                  registers). Backward (v2.22, not with reload): load the weight once,
+                  before the row loop, and hold it across the CTA group's rows instead of
+                  reading it again (from L1, on the path to the row sums) for every row.
 prefetch:         backward only: issue the loads of the CTA group's next row block
                   before working on the current one (a second register set for x and
                   dy), so loads stay in flight across the reduction and the dx stores.
@@ -273,10 +276,10 @@ class NormConfig:
             raise ValueError(f"exchange={self.exchange!r}: must be one of {EXCHANGES}")
         if self.exchange == "mbar" and c == 1:
             raise ValueError("exchange='mbar' needs a cluster (cluster_n > 1)")
-        if self.early_weight and backward:
-            raise ValueError("early_weight is a forward-only knob")
+        if self.early_weight and backward and self.reload:
+            raise ValueError("early_weight holds the weight across rows; reload is for when the registers do not fit")
         if self.early_weight and self.stages:
-            raise ValueError("early_weight is a knob of the register forward; the staged forward reads the weight per column")
+            raise ValueError("early_weight is a knob of the register kernels; the staged ones read the weight per column")
         if self.cp_async not in (0, 1, 2) or isinstance(self.cp_async, bool):
             raise ValueError(f"cp_async={self.cp_async!r}: 0 (off), 1 (the row) or 2 (the row, weight and bias)")
         if self.cp_async and (backward or self.stages or self.early_weight):
