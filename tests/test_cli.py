@@ -125,8 +125,35 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], needle: str, tm
 def test_show_sass_is_sass_or_one_clear_line(cache: Path) -> None:
     import shutil
 
+    from cuteforge.compiler import _wheel_nvdisasm
+
     r = cli("show", "row_reduce", "--sass", cache=cache)
-    if shutil.which("nvdisasm") or shutil.which("cuobjdump"):
-        assert r.returncode == 0 and "Function" in r.stdout, r.stderr[-800:]
+    if shutil.which("nvdisasm") or shutil.which("cuobjdump") or _wheel_nvdisasm():
+        assert r.returncode == 0 and "EXIT" in r.stdout, r.stderr[-800:]  # every kernel ends in one
     else:  # no CUDA toolkit here: a one-line error, exit 2, never a traceback
         assert r.returncode == 2 and "nvdisasm or cuobjdump" in r.stderr and "Traceback" not in r.stderr
+        assert "pip install nvidia-cuda-nvdisasm" in r.stderr
+
+
+def test_disassemble_finds_the_nvdisasm_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a CUDA toolkit on PATH, `disassemble` runs the nvdisasm that the
+    nvidia-cuda-nvdisasm wheel puts under the `nvidia` namespace package (here a stand-in
+    script in a stand-in package)."""
+    import sys
+    import types
+
+    from cuteforge import compiler
+
+    exe = tmp_path / "nvidia" / "cu13" / "bin" / "nvdisasm"
+    exe.parent.mkdir(parents=True)
+    exe.write_text('#!/bin/sh\necho "Function : from the wheel $2"\n')
+    exe.chmod(0o755)
+    pkg = types.ModuleType("nvidia")
+    pkg.__path__ = [str(tmp_path / "nvidia")]
+    monkeypatch.setitem(sys.modules, "nvidia", pkg)
+    monkeypatch.setattr(compiler.shutil, "which", lambda _tool: None)
+    assert compiler._wheel_nvdisasm() == str(exe)
+    assert compiler.disassemble("k.cubin").strip() == "Function : from the wheel k.cubin"
+    exe.chmod(0o644)  # not executable: not taken, and the error names both ways to get one
+    with pytest.raises(RuntimeError, match="pip install nvidia-cuda-nvdisasm"):
+        compiler.disassemble("k.cubin")

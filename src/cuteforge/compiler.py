@@ -81,12 +81,31 @@ def sass(cubin: bytes) -> str:
         return disassemble(f.name)
 
 
+def _wheel_nvdisasm() -> str | None:
+    """nvdisasm from the `nvidia-cuda-nvdisasm` wheel (pip puts it under the `nvidia`
+    namespace package: `cu13/bin`, or `cuda_nvdisasm/bin` in the CUDA 12 wheels), which
+    brings SASS to a machine without the CUDA toolkit."""
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        return None
+    for base in getattr(nvidia, "__path__", []):
+        for sub in ("cu13", "cuda_nvdisasm"):
+            exe = os.path.join(base, sub, "bin", "nvdisasm")
+            if os.access(exe, os.X_OK):
+                return exe
+    return None
+
+
 def disassemble(cubin_path: str) -> str:
-    """SASS for a cubin, through nvdisasm or cuobjdump where the machine has one."""
-    for tool, argv in (("nvdisasm", ["-c"]), ("cuobjdump", ["-sass"])):
-        exe = shutil.which(tool)
+    """SASS for a cubin, through nvdisasm (on PATH or from the nvidia-cuda-nvdisasm wheel)
+    or cuobjdump, where the machine has one."""
+    tools = (("nvdisasm", shutil.which("nvdisasm") or _wheel_nvdisasm(), ["-c"]),
+             ("cuobjdump", shutil.which("cuobjdump"), ["-sass"]))
+    for _, exe, argv in tools:
         if exe:
             out = subprocess.run([exe, *argv, cubin_path], capture_output=True, text=True, check=False)
             if out.returncode == 0:
                 return out.stdout
-    raise RuntimeError("SASS needs nvdisasm or cuobjdump on PATH (CUDA toolkit); PTX and CUBIN are kept")
+    raise RuntimeError("SASS needs nvdisasm or cuobjdump (CUDA toolkit on PATH, or `pip install "
+                       "nvidia-cuda-nvdisasm`); PTX and CUBIN are kept")
