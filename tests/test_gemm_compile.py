@@ -60,6 +60,7 @@ def test_epilogue_operands_load_into_32_bit_registers() -> None:
     cfg = default_config(8192, 8192, 8192, 132, fused=True)
     assert cfg.loads_operands_early and not replace(cfg, early_operands=False).loads_operands_early
     assert not SHORT_K.loads_operands_early and not GemmConfig(tile_m=256, tile_n=192).loads_operands_early
+    assert not GemmConfig(tile_n=128, pingpong=True).loads_operands_early  # its epilogue overlaps already
 
     def loads(c: GemmConfig, epi: GemmEpilogue, dtypes: tuple[str, ...]) -> dict[str, int]:
         ptx = _ptx(True, True, dtypes, epi, c)

@@ -53,8 +53,8 @@ class GemmConfig:
     early_operands: epilogue operands of kind row / col (a bias per row or per column) are
       loaded into registers while the tile's mainloop runs, so the epilogue finds them
       there; False: one subtile ahead, inside the epilogue (about 1 % slower with a fused
-      bias + gelu on the H100, gemm.md v4.10). Tiles of more than 128 accumulators per
-      thread load them in the epilogue either way.
+      bias + gelu on the H100, gemm.md v4.10). Pingpong tiles, and tiles of more than 128
+      accumulators per thread, load them in the epilogue either way.
     """
 
     tile_m: int = 128
@@ -105,10 +105,12 @@ class GemmConfig:
 
     @property
     def loads_operands_early(self) -> bool:
-        """Whether the kernel runs `early_operands` (the row / col operands of a whole tile
-        held beside at most 128 accumulators: tile_n / 4 registers for a bias per column
-        on a 128-row tile)."""
-        return self.early_operands and self.acc_regs <= 128
+        """Whether the kernel runs `early_operands`: cooperative tiles of at most 128
+        accumulators (the row / col operands of a whole tile held beside them: tile_n / 4
+        registers for a bias per column on a 128-row tile). Pingpong warpgroups run their
+        epilogue under the other's mainloop already, and there the held operands made
+        ptxas spill with a bias, C and a residual (128x128)."""
+        return self.early_operands and not self.pingpong and self.acc_regs <= 128
 
     def smem_bytes(self, in_bytes: int, out_bytes: int, stages: int | None = None) -> int:
         s = self.stages if stages is None else stages
