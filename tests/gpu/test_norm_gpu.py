@@ -1053,3 +1053,36 @@ def test_cp_async_fwd_partial_rounds_views_and_fp32_weight():
             for xv in (base[:, :n], base[::2, 3:n + 3]):
                 got = impl._forward(kind, xv, w, None, None, 1e-5, cfg)
                 _check_fwd(kind, xv, w, None, None, 1e-5, got, torch.bfloat16, f"{kind} view {cfg}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_bwd_early_weight_matches_per_row_weight(kind, dtype):
+    """early_weight in the register backward (v2.22: the weight loaded once and held
+    across the rows) gives the bits of the default, which reads it every row: dx, dweight
+    and dbias, with and without partials (frozen weight), over row counts from one row to
+    many rows per CTA group, ragged N (the padded tail) and the prefetching default."""
+    from dataclasses import replace
+
+    from cuteforge.kernels.norm.config import default_bwd_config
+    from cuteforge.ops import norm as impl
+
+    bits = 32 if dtype == torch.float32 else 16
+    bias = kind == "layer"
+    for n in (7, 1000, 1024, 4096):
+        for need_dw in (True, False):
+            cfg = default_bwd_config(n, bits, need_dw)
+            if cfg.stages or cfg.reload:
+                continue
+            held = replace(cfg, early_weight=True)
+            for m in (1, 7, 3000):
+                x, w, b, _ = _inputs(m, n, dtype, bias=bias, seed=m + n)
+                dy = torch.randn_like(x)
+                _, _, mean, rstd = impl._forward(kind, x, w, b, None, 1e-5)
+                base = impl._backward(kind, dy, x, w, mean, rstd, None, bias, cfg, need_dw)
+                got = impl._backward(kind, dy, x, w, mean, rstd, None, bias, held, need_dw)
+                for a, c, what in zip(base, got, ("dx", "dweight", "dbias")):
+                    if a is None:
+                        assert c is None, what
+                        continue
+                    assert torch.equal(a, c), f"{what} n={n} m={m} need_dw={need_dw} {cfg}"
