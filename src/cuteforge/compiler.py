@@ -100,9 +100,8 @@ def _wheel_nvdisasm() -> str | None:
 def disassemble(cubin_path: str) -> str:
     """SASS for a cubin, through nvdisasm (on PATH or from the nvidia-cuda-nvdisasm wheel)
     or cuobjdump, where the machine has one."""
-    tools = (("nvdisasm", shutil.which("nvdisasm") or _wheel_nvdisasm(), ["-c"]),
-             ("cuobjdump", shutil.which("cuobjdump"), ["-sass"]))
-    for _, exe, argv in tools:
+    tools = ((shutil.which("nvdisasm") or _wheel_nvdisasm(), ["-c"]), (shutil.which("cuobjdump"), ["-sass"]))
+    for exe, argv in tools:
         if exe:
             out = subprocess.run([exe, *argv, cubin_path], capture_output=True, text=True, check=False)
             if out.returncode == 0:
