@@ -143,6 +143,7 @@ _BWD_NO_DW = [
     ("layer", "float32", "float32", 1000, True, NormConfig(128, 32, 1, 2)),
     ("rms", "bfloat16", "bfloat16", 1024, False, None),
     ("layer", "float32", "float32", 1024, True, None),  # FROZEN_BWD's one row per CTA (no fold)
+    ("rms", "float32", "float32", 1024, False, None),  # ... at 6 CTAs per SM for RMSNorm
     ("rms", "bfloat16", "bfloat16", 8192, False, None),
     ("layer", "bfloat16", "bfloat16", 65536, True, None),
     ("rms", "float32", "float32", 262144, False, None),
@@ -157,7 +158,7 @@ def test_compile_bwd_without_partials(kernels, kind, xd, wd, n, bias, cfg):
     vx = 16 // (4 if xd == "float32" else 2)
     vw = min(vx, 16 // (4 if wd == "float32" else 2))
     dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
-    from cuteforge.kernels.norm.config import FROZEN_BWD
+    from cuteforge.kernels.norm.config import FROZEN_BWD, FROZEN_EARLY_WEIGHT_N
 
     stores, configs = {}, {}
     for has_dw in (False, True):  # with partials on the same config as without
@@ -166,7 +167,10 @@ def test_compile_bwd_without_partials(kernels, kind, xd, wd, n, bias, cfg):
         stores[has_dw], configs[has_dw] = len(re.findall(r"\bst\.global", ptx)), spec.config
     bits = 32 if xd == "float32" else 16
     if cfg is None:  # the kernel without partials takes FROZEN_BWD's pick where it has one
-        assert configs[False] == FROZEN_BWD.get((bits, n), default_config(n, bits, backward=True))
+        want = FROZEN_BWD.get((kind, bits, n), default_config(n, bits, backward=True))
+        if bits == 16 and FROZEN_EARLY_WEIGHT_N[0] <= n <= FROZEN_EARLY_WEIGHT_N[1] and want.prefetch:
+            want = replace(want, early_weight=True)  # ... else the weight held where that measured faster
+        assert configs[False] == want
     if cfg is None and n >= 8192:
         assert spec.config.stages  # the staged / cluster / ring paths, as the comment says
     assert 0 < stores[False] < stores[True], stores
@@ -203,6 +207,36 @@ def test_bwd_early_weight_loads_the_weight_once(kernels):
         NormConfig(256, 256, 1, 2, reload=True, early_weight=True).validate(1024, 32, backward=True)
     with pytest.raises(ValueError, match="early_weight"):
         NormConfig(256, 256, 1, 2, stages=2, early_weight=True).validate(1024, 32, backward=True)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_frozen_bwd_defaults(kernels, kind):
+    """The kernel without partials has its own defaults (v2.23): fp32 N = 1024 by kind from
+    FROZEN_BWD, 16-bit rows at N = 1024..4096 with the weight held across rows where the
+    default prefetches; the kernel with partials keeps the heuristic's, and fp32 elsewhere
+    too. The measured shapes assemble without spilling under their CTAs' register budget."""
+    from cuteforge.kernels.norm.config import FROZEN_BWD, default_bwd_config
+
+    for bits in (16, 32):
+        for n in (256, 1000, 1024, 2048, 4096, 8192):
+            heuristic = default_config(n, bits, backward=True)
+            assert default_bwd_config(n, bits, True, kind) == heuristic
+            frozen = default_bwd_config(n, bits, False, kind)
+            if (kind, bits, n) in FROZEN_BWD:
+                assert frozen == FROZEN_BWD[(kind, bits, n)]
+            elif bits == 16 and n in (1024, 2048, 4096):
+                assert frozen == replace(heuristic, early_weight=True) and heuristic.prefetch
+            else:
+                assert frozen == heuristic and not frozen.early_weight
+    assert FROZEN_BWD[("layer", 32, 1024)] != FROZEN_BWD[("rms", 32, 1024)]
+    _, bwd = kernels
+    params = {"kind": kind, "has_bias": kind == "layer", "has_dsum": False, "has_dw": False}
+    for xd, n in (("float32", 1024), ("bfloat16", 1024), ("bfloat16", 4096)):
+        v = 4 if xd == "float32" else 8
+        dts = (xd, xd, xd, xd, "float32", "float32", xd, "float32", "float32")
+        spec, ptx = _compile(bwd, dts, n, (v, v, v, v, 4, 4, v, 4, 4), params)
+        assert spec.config == default_bwd_config(n, 32 if xd == "float32" else 16, False, kind)
+        ptxas_no_spill(ptx)
 
 
 def test_bad_builder_arguments():

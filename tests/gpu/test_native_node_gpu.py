@@ -211,7 +211,7 @@ def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case
     assert any(k[-1] is False for k in plans), plans  # the plan without partials was built
     _, trained = run(True)
     bits = x.element_size() * 8
-    same_config = default_bwd_config(n, bits, False) == default_bwd_config(n, bits, True)
+    same_config = default_bwd_config(n, bits, False, kind) == default_bwd_config(n, bits, True, kind)
     for a, t in zip(frozen, trained):
         if same_config:
             assert torch.equal(a, t), (a.float() - t.float()).abs().max().item()

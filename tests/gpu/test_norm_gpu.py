@@ -1071,7 +1071,7 @@ def test_bwd_early_weight_matches_per_row_weight(kind, dtype):
     bias = kind == "layer"
     for n in (7, 1000, 1024, 4096):
         for need_dw in (True, False):
-            cfg = default_bwd_config(n, bits, need_dw)
+            cfg = replace(default_bwd_config(n, bits, need_dw, kind), early_weight=False)
             if cfg.stages or cfg.reload:
                 continue
             held = replace(cfg, early_weight=True)
@@ -1086,3 +1086,33 @@ def test_bwd_early_weight_matches_per_row_weight(kind, dtype):
                         assert c is None, what
                         continue
                     assert torch.equal(a, c), f"{what} n={n} m={m} need_dw={need_dw} {cfg}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype, n", [(torch.float32, 1024), (torch.bfloat16, 1024), (torch.float16, 2048),
+                                      (torch.bfloat16, 4096)])
+def test_frozen_default_backward_matches_torch(kind, dtype, n):
+    """The frozen-weight defaults of v2.23 (fp32 N = 1024 by kind: 8 x 128 or 6 x 256
+    threads per SM; 16-bit N = 1024..4096 with the weight held) through autograd, weight
+    and bias frozen, from one row to more rows than the grid has CTAs (each CTA group
+    then loops), against torch in fp32."""
+    from cuteforge.kernels.norm.config import default_bwd_config
+
+    bits = 32 if dtype == torch.float32 else 16
+    cfg = default_bwd_config(n, bits, False, kind)
+    assert cfg != default_bwd_config(n, bits, True, kind)  # these shapes have their own frozen default
+    for m in (1, 7, 3001, 40000):
+        x, w, b, _ = _inputs(m, n, dtype, bias=kind == "layer", seed=m)
+        dy = torch.randn_like(x)
+        xl = x.clone().requires_grad_()
+        y = ops.rms_norm(xl, w) if kind == "rms" else ops.layer_norm(xl, w, b)
+        (dx,) = torch.autograd.grad(y, xl, dy)
+        xr = x.float().requires_grad_()
+        if kind == "rms":
+            yr = torch.nn.functional.rms_norm(xr, (n,), w.float(), 1e-6)
+        else:
+            yr = torch.nn.functional.layer_norm(xr, (n,), w.float(), b.float(), 1e-5)
+        (dxr,) = torch.autograd.grad(yr, xr, dy.float())
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(dx.float(), dxr, atol=tol * max(1.0, dxr.abs().max().item()), rtol=tol,
+                                   msg=lambda s, m=m: f"m={m} {cfg}: {s}")

@@ -442,17 +442,29 @@ def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 
 
 # The backward without partials (frozen weight and bias, `has_dw=False`): defaults picked by
-# measurement where the heuristic's shape lost, (dtype bits, N) -> config. fp32 N = 1024
-# (v2.21, H200, M = 32768, h200-norm-bwd-fp32-1024-grid.json): one row per CTA of 256
-# threads, 4 CTAs per SM, prefetching the next row, read 95.6 / 96.5 % of copy back to back
-# (layer / rms) against the heuristic's 64 threads a row, 2 CTAs per SM at 92.8 / 91.8, and
-# 91.8 / 92.8 % against 91.5 / 91.5 with L2 flushed; torch's LayerNorm backward read 96.5
-# back to back, 92.6 flushed. Not for the kernel with partials: its Q doubles with the
-# occupancy, and the op with the partials' sum fell from 85.0 / 84.5 % to 82.6 / 74.9 %
-# (rms / layer, h200-v221-normbwd-train-1024.json).
-FROZEN_BWD: dict[tuple[int, int], NormConfig] = {
-    (32, 1024): NormConfig(256, 256, 1, 4, prefetch=True),
+# measurement where the heuristic's shape lost, (kind, dtype bits, N) -> config. fp32 N = 1024
+# (H200, M = 32768, L2 flushed / back to back, % of copy): v2.21 took one row per CTA of 256
+# threads, 4 CTAs per SM, prefetching the next row (h200-norm-bwd-fp32-1024-grid.json: 91.8 /
+# 95.6 layer, 92.8 / 96.5 rms, against the heuristic's 91.5 / 92.8 and 91.5 / 91.8). v2.23
+# (h200-norm-s23a-frozen-occupancy.json, up to 24 CTAs per SM) splits it by kind: LayerNorm on
+# one row per CTA of 128 threads, 8 CTAs per SM, no prefetch 93.6 / 97.1 (the v2.21 shape 92.1
+# / 95.6, torch's LayerNorm backward 93.3 / 95.1); RMSNorm on 256 threads at 6 CTAs per SM, no
+# prefetch 93.5 / 97.5 (v2.21's 93.2 / 96.8). Each loses on the other kind (LayerNorm holds a
+# mean more per row: at 6 x 256 threads' register budget 84.3; RMSNorm on 8 x 128 93.5). Not
+# for the kernel with partials: its Q grows with the occupancy, and the op with the partials'
+# sum fell from 85.0 / 84.5 % to 82.6 / 74.9 % at 4 CTAs per SM (rms / layer,
+# h200-v221-normbwd-train-1024.json).
+FROZEN_BWD: dict[tuple[str, int, int], NormConfig] = {
+    ("layer", 32, 1024): NormConfig(128, 128, 1, 8),
+    ("rms", 32, 1024): NormConfig(256, 256, 1, 6),
 }
+
+# 16-bit rows of the frozen backward at N in this range (inclusive) hold the weight across
+# rows (`early_weight`) where the default prefetches. H200, M = 32768, bf16, back to back
+# (h200-norm-s22c-early-weight.json): +1.1 to +4.3 % of copy at N = 1024..4096 (LayerNorm
+# 84.4 -> 88.0 at 1024, 91.3 -> 93.3 at 4096), -0.4 to -3.6 at N = 256 / 512 (no prefetch
+# there); fp32 +-0.6 % except RMSNorm at N = 1024 (-6.5 %): not for fp32.
+FROZEN_EARLY_WEIGHT_N = (1024, 4096)
 
 # Row-staged backward (v2.4, NormConfig.stages) as the default: per dtype bits, the N
 # ranges (inclusive) that take it with their (elements per thread, stages). From the
@@ -688,10 +700,25 @@ def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> N
     return _heuristic_config(n, dtype_bits, False, kind)
 
 
-def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True) -> NormConfig:
-    """The backward's default: ``default_config(backward=True)``, or for the kernel without
-    partials (``has_dw=False``) its own pick where ``FROZEN_BWD`` has one."""
-    return (None if has_dw else FROZEN_BWD.get((dtype_bits, n))) or default_config(n, dtype_bits, backward=True)
+def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True, kind: str = "rms") -> NormConfig:
+    """The backward's default: ``default_config(backward=True)``; for the kernel without
+    partials (``has_dw=False``) ``FROZEN_BWD``'s pick where it has one, else that default
+    with the weight held across rows where it measured faster (``FROZEN_EARLY_WEIGHT_N``)."""
+    cfg = default_config(n, dtype_bits, backward=True)
+    if has_dw:
+        return cfg
+    frozen = FROZEN_BWD.get((kind, dtype_bits, n))
+    if frozen is not None:
+        return frozen
+    lo, hi = FROZEN_EARLY_WEIGHT_N
+    if dtype_bits == 16 and lo <= n <= hi and cfg.prefetch and not cfg.stages:
+        held = replace(cfg, early_weight=True)
+        try:
+            held.validate(n, dtype_bits, backward=True)
+        except ValueError:
+            return cfg
+        return held
+    return cfg
 
 
 def default_register_config(n: int, dtype_bits: int) -> NormConfig:
@@ -818,6 +845,8 @@ def candidate_configs_around(base: NormConfig, n: int, dtype_bits: int, backward
         # fp32 rows double the prefetch registers: halve the occupancy target there
         trial.insert(0, NormConfig(t, p, c, o if dtype_bits == 16 else max(1, o // 2), False, True))
     if backward:
+        if not rl and not base.stages:  # the weight held across rows, or read every row (v2.22)
+            trial.insert(1, replace(base, early_weight=not base.early_weight))
         trial += [NormConfig(t, p, c, max(1, o // 2), rl), NormConfig(t, p, c, o * 2, rl), NormConfig(t, p, c, o, not rl)]
     for cfg in trial:
         try:

@@ -64,10 +64,13 @@ def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
 
 
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
-    kind = "rms" if backward else spec.param("kind")  # the forward's defaults differ by kind
-    residual = not backward and bool(spec.param("has_residual"))  # and, at long rows, by the residual
-    return config.candidate_configs(spec.static("N"), spec.dtype("x").width, backward, kind,
-                                    residual)  # filtered by `validate`
+    n, bits = spec.static("N"), spec.dtype("x").width
+    if backward:  # the backward's candidates around the heuristic, after this kernel's own default
+        base = config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)), spec.param("kind"))
+        return [base] + [c for c in config.candidate_configs(n, bits, True) if c != base][:7]
+    # the forward's defaults differ by kind and, at long rows, by the residual
+    return config.candidate_configs(n, bits, False, spec.param("kind"),
+                                    bool(spec.param("has_residual")))  # filtered by `validate`
 
 
 def _specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
@@ -102,7 +105,8 @@ def norm_fwd(spec: CompileSpec) -> Any:
     name="norm_bwd",
     signature=BWD_SIGNATURE,
     archs=("sm_90+",),
-    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True))),
+    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True)),
+                                                          s.param("kind")),
     configs=lambda s: _configs(s, True),
     validate=lambda spec, cfg: _validate(spec, cfg, True),
 )
