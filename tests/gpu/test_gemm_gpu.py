@@ -181,10 +181,11 @@ def test_early_operands_match_late(kind: str, bias_dtype: torch.dtype) -> None:
     of one loaded in the epilogue, and torch's answer: every CTA runs several ragged
     tiles; K of 1, 4 and 16 k-blocks (shorter than the 4 subtiles whose stores the first
     k-blocks carry, and longer); bias per column (N odd: the last tile is cut mid-pair)
-    and per row, in bf16, fp16 and fp32."""
+    and per row, in bf16, fp16 and fp32. On the large shapes' fused default (cooperative
+    128x256) and on this shape's own default (pingpong, where early_operands is a no-op)."""
     from dataclasses import replace
 
-    from cuteforge.kernels.gemm.sm90.config import default_config
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig, default_config
 
     m, n = 2049, 4103
     bias = torch.randn(n if kind == "col" else m, device="cuda", dtype=bias_dtype)
@@ -193,12 +194,14 @@ def test_early_operands_match_late(kind: str, bias_dtype: torch.dtype) -> None:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         ref = F.gelu(_ref(a, b) + (bias.float() if kind == "col" else bias.float()[:, None]), approximate="tanh")
-        cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
-        assert cfg.loads_operands_early
-        early = gemm(a, b, bias=bias2, epilogue="gelu", config=cfg)
-        late = gemm(a, b, bias=bias2, epilogue="gelu", config=replace(cfg, early_operands=False))
-        assert torch.equal(early, late), (k, (early.float() - late.float()).abs().max().item())
-        _close(early, ref, k)
+        large = GemmConfig(epi_n=64, raster="n")
+        assert large.loads_operands_early
+        own = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
+        for cfg in (large, own):
+            early = gemm(a, b, bias=bias2, epilogue="gelu", config=cfg)
+            late = gemm(a, b, bias=bias2, epilogue="gelu", config=replace(cfg, early_operands=False))
+            assert torch.equal(early, late), (k, cfg, (early.float() - late.float()).abs().max().item())
+            _close(early, ref, k)
 
 
 @pytest.mark.parametrize("k", [64, 200, 1000])
