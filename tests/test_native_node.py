@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -346,6 +347,27 @@ def test_build_failure_warns_and_returns_none(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(build, "_build_and_load", fail)
     with pytest.warns(RuntimeWarning, match="could not be built.*c\\+\\+: not found"):
         assert build.load() is None
+
+
+def test_build_clears_a_killed_builds_lock(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A build killed mid-way (a timeout, Ctrl-C) leaves torch's `lock` baton in the build
+    directory, on which torch's next build waits forever. Under cuteforge's own file lock
+    (no other build of that directory is running) the stale baton is removed first."""
+    from torch.utils import cpp_extension
+
+    directory = tmp_path / "ffi"
+    directory.mkdir()
+    (directory / "lock").write_text("")  # left by the killed build
+    seen = []
+
+    def fake_load(**kwargs):  # what torch's baton would wait on
+        seen.append((Path(kwargs["build_directory"]) / "lock").exists())
+        return "module"
+
+    monkeypatch.setattr(build, "build_dir", lambda: directory)
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    assert build._build_and_load() == "module"
+    assert seen == [False]
 
 
 @pytest.mark.parametrize("need_dw", [True, False])

@@ -92,6 +92,11 @@ def _build_and_load() -> ModuleType:
     libdir = str(Path(ffi_info.find_libtvm_ffi()).parent)
     includes = sorted({*ffi_info.include_paths(), ffi_info.find_dlpack_include_path()})
     with FileLock(str(directory) + ".lock"):
+        # torch's own build lock (a `lock` file its FileBaton creates in the build
+        # directory and removes when done) outlives a build that was killed; every later
+        # build would then wait for it forever. Holding our lock, no other build of this
+        # directory runs, so such a file is stale.
+        (directory / "lock").unlink(missing_ok=True)
         if not any(directory.glob("*.so")):
             log.warning("cuteforge: building the C++ extension (autograd node, forward launch) once for this torch (~30 s) in %s", directory)
         return cpp_extension.load(
