@@ -190,8 +190,9 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
         row[f"{name}_pct_copy"] = round(100 * nbytes / (ms * 1e-3) / copy_bps, 1)
     row["correct"] = row.get("cuteforge_correct")
     for other in ("quack", "torch"):
-        if row.get("cuteforge_GBps") and row.get(f"{other}_GBps"):
-            row[f"cuteforge_over_{other}"] = round(row["cuteforge_GBps"] / row[f"{other}_GBps"], 3)
+        # from the unrounded times: at a few rows the GB/s fields round to 0.0-0.3
+        if times.get("cuteforge") and times.get(other):
+            row[f"cuteforge_over_{other}"] = round(times[other] / times["cuteforge"], 3)
     return row
 
 
