@@ -449,11 +449,10 @@ def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 # (h200-norm-s23a-frozen-occupancy.json, up to 24 CTAs per SM) splits it by kind: LayerNorm on
 # one row per CTA of 128 threads, 8 CTAs per SM, no prefetch 93.6 / 97.1 (the v2.21 shape 92.1
 # / 95.6, torch's LayerNorm backward 93.3 / 95.1); RMSNorm on 256 threads at 6 CTAs per SM, no
-# prefetch 93.5 / 97.5 (v2.21's 93.2 / 96.8). Each loses on the other kind (LayerNorm holds a
-# mean more per row: at 6 x 256 threads' register budget 84.3; RMSNorm on 8 x 128 93.5). Not
-# for the kernel with partials: its Q grows with the occupancy, and the op with the partials'
-# sum fell from 85.0 / 84.5 % to 82.6 / 74.9 % at 4 CTAs per SM (rms / layer,
-# h200-v221-normbwd-train-1024.json).
+# prefetch 93.5 / 97.5 (v2.21's 93.2 / 96.8). Each loses on the other kind (back to back,
+# LayerNorm on 6 x 256 threads 84.3, RMSNorm on 8 x 128 93.5). Not for the kernel with
+# partials: its Q grows with the occupancy, and the op with the partials' sum fell from 85.0 /
+# 84.5 % to 82.6 / 74.9 % at 4 CTAs per SM (rms / layer, h200-v221-normbwd-train-1024.json).
 FROZEN_BWD: dict[tuple[str, int, int], NormConfig] = {
     ("layer", 32, 1024): NormConfig(128, 128, 1, 8),
     ("rms", 32, 1024): NormConfig(256, 256, 1, 6),
