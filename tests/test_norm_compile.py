@@ -142,9 +142,9 @@ def test_compile_bwd(kernels, kind, xd, wd, n, bias, dsum):
 _BWD_NO_DW = [
     ("layer", "float32", "float32", 1000, True, NormConfig(128, 32, 1, 2)),
     ("rms", "bfloat16", "bfloat16", 1024, False, None),
-    ("layer", "float32", "float32", 1024, True, None),  # FROZEN_BWD's one row per CTA (no fold)
-    ("rms", "float32", "float32", 1024, False, None),  # ... at 6 CTAs per SM for RMSNorm
-    ("rms", "bfloat16", "bfloat16", 8192, False, None),
+    ("layer", "float32", "float32", 1024, True, None),  # the row grid's one row per CTA (no fold)
+    ("rms", "bfloat16", "bfloat16", 512, False, None),  # ... and 4 rows per CTA
+    ("rms", "bfloat16", "bfloat16", 16384, False, None),
     ("layer", "bfloat16", "bfloat16", 65536, True, None),
     ("rms", "float32", "float32", 262144, False, None),
 ]
@@ -158,20 +158,18 @@ def test_compile_bwd_without_partials(kernels, kind, xd, wd, n, bias, cfg):
     vx = 16 // (4 if xd == "float32" else 2)
     vw = min(vx, 16 // (4 if wd == "float32" else 2))
     dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
-    from cuteforge.kernels.norm.config import FROZEN_BWD, FROZEN_EARLY_WEIGHT_N
+    from cuteforge.kernels.norm.config import frozen_row_grid_config
 
     stores, configs = {}, {}
     for has_dw in (False, True):  # with partials on the same config as without
         params = {"kind": kind, "has_bias": bias, "has_dsum": False} | ({} if has_dw else {"has_dw": False})
-        spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4), params, configs.get(False, cfg))
+        same = replace(configs[False], row_grid=False) if False in configs else cfg  # the persistent grid's twin
+        spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4), params, same)
         stores[has_dw], configs[has_dw] = len(re.findall(r"\bst\.global", ptx)), spec.config
     bits = 32 if xd == "float32" else 16
-    if cfg is None:  # the kernel without partials takes FROZEN_BWD's pick where it has one
-        want = FROZEN_BWD.get((kind, bits, n), default_config(n, bits, backward=True))
-        if bits == 16 and FROZEN_EARLY_WEIGHT_N[0] <= n <= FROZEN_EARLY_WEIGHT_N[1] and want.prefetch:
-            want = replace(want, early_weight=True)  # ... else the weight held where that measured faster
-        assert configs[False] == want
-    if cfg is None and n >= 8192:
+    if cfg is None:  # the kernel without partials takes the row grid where it was measured
+        assert configs[False] == (frozen_row_grid_config(n, bits) or default_config(n, bits, backward=True))
+    if cfg is None and n > 8192:
         assert spec.config.stages  # the staged / cluster / ring paths, as the comment says
     assert 0 < stores[False] < stores[True], stores
 
@@ -211,32 +209,82 @@ def test_bwd_early_weight_loads_the_weight_once(kernels):
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_frozen_bwd_defaults(kernels, kind):
-    """The kernel without partials has its own defaults (v2.23): fp32 N = 1024 by kind from
-    FROZEN_BWD, 16-bit rows at N = 1024..4096 with the weight held across rows where the
-    default prefetches; the kernel with partials keeps the heuristic's, and fp32 elsewhere
-    too. The measured shapes assemble without spilling under their CTAs' register budget."""
-    from cuteforge.kernels.norm.config import FROZEN_BWD, default_bwd_config
+    """The kernel without partials has its own defaults (v2.24): the row grid at N = 256..4096
+    (fp32) / 256..8192 (16-bit), each thread holding 32 bytes of its row (fp32 from N = 2048:
+    64), CTAs of 128..512 threads under a 128-register budget; elsewhere, and for the kernel
+    with partials everywhere, the heuristic's persistent grid. The measured shapes (H200,
+    h200-norm-s24a-row-grid-sweep.json) assemble without spilling under that budget."""
+    from cuteforge.kernels.norm.config import (
+        default_bwd_config,
+        frozen_row_grid_config,
+        row_grid_candidates,
+    )
 
+    measured = {(32, 256): (128, 32), (32, 512): (128, 64), (32, 1024): (128, 128), (32, 2048): (128, 128),
+                (32, 4096): (256, 256), (16, 256): (128, 16), (16, 512): (128, 32), (16, 1024): (128, 64),
+                (16, 2048): (128, 128), (16, 4096): (256, 256), (16, 8192): (512, 512)}
     for bits in (16, 32):
-        for n in (256, 1000, 1024, 2048, 4096, 8192):
+        for n in (7, 255, 256, 1000, 1024, 2048, 3000, 4096, 8192, 16384):
             heuristic = default_config(n, bits, backward=True)
-            assert default_bwd_config(n, bits, True, kind) == heuristic
-            frozen = default_bwd_config(n, bits, False, kind)
-            if (kind, bits, n) in FROZEN_BWD:
-                assert frozen == FROZEN_BWD[(kind, bits, n)]
-            elif bits == 16 and n in (1024, 2048, 4096):
-                assert frozen == replace(heuristic, early_weight=True) and heuristic.prefetch
+            assert default_bwd_config(n, bits, True) == heuristic and not heuristic.row_grid
+            frozen = default_bwd_config(n, bits, False)
+            if (bits, n) in measured:
+                assert (frozen.threads, frozen.threads_per_row) == measured[(bits, n)], (bits, n, frozen)
+            if frozen_row_grid_config(n, bits) is None:
+                assert frozen == heuristic and (n < 256 or n > (4096 if bits == 32 else 8192))
             else:
-                assert frozen == heuristic and not frozen.early_weight
-    assert FROZEN_BWD[("layer", 32, 1024)] != FROZEN_BWD[("rms", 32, 1024)]
+                assert frozen.row_grid and frozen.ctas_per_sm * frozen.threads == 512
+                frozen.validate(n, bits, backward=True)
+                near = row_grid_candidates(frozen, n, bits)
+                assert near and all(c.row_grid and c != frozen for c in near)
     _, bwd = kernels
     params = {"kind": kind, "has_bias": kind == "layer", "has_dsum": False, "has_dw": False}
-    for xd, n in (("float32", 1024), ("bfloat16", 1024), ("bfloat16", 4096)):
+    for xd, n in (("float32", 1024), ("float32", 4096), ("bfloat16", 1024), ("bfloat16", 8192)):
         v = 4 if xd == "float32" else 8
         dts = (xd, xd, xd, xd, "float32", "float32", xd, "float32", "float32")
         spec, ptx = _compile(bwd, dts, n, (v, v, v, v, 4, 4, v, 4, 4), params)
-        assert spec.config == default_bwd_config(n, 32 if xd == "float32" else 16, False, kind)
+        assert spec.config == default_bwd_config(n, 32 if xd == "float32" else 16, False)
         ptxas_no_spill(ptx)
+    # the tuner's candidates for it: its own default first, then the row grid's neighbours
+    key = _key(("float32",) * 4 + ("float32",) * 5, 1024, (4,) * 9)
+    cands = bwd.configs(bwd.spec(key, tuple(sorted(params.items()))))
+    assert cands[0] == default_bwd_config(1024, 32, False) and cands[1].row_grid
+
+
+def test_row_grid_only_for_the_backward_without_partials(kernels):
+    """row_grid (v2.24) runs one CTA per row block: a knob of the register backward
+    without a cluster, refused by the kernel with partials (its Q rows would be one per row
+    block) and everywhere else; bwd_groups gives the row grid its M / rows-per-CTA CTAs, the
+    persistent configs their groups as before."""
+    import torch
+
+    from cuteforge.ops.norm import bwd_groups
+
+    row = NormConfig(128, 128, 1, 4, row_grid=True)
+    row.validate(1024, 32, backward=True)
+    for bad in (replace(row, stages=1), NormConfig(256, 256, 2, 1, row_grid=True)):
+        with pytest.raises(ValueError, match="row_grid"):
+            bad.validate(4096, 16, backward=True)
+    with pytest.raises(ValueError, match="row_grid"):
+        row.validate(1024, 32, backward=False)
+    dev = torch.device("cuda", 0)  # not touched: the row grid needs no SM count
+    assert bwd_groups(dev, row, 32768) == 32768 and bwd_groups(dev, row, 0) == 1
+    assert bwd_groups(dev, NormConfig(256, 64, 1, 4, row_grid=True), 1001) == 251
+    _, bwd = kernels
+    dts = ("float32",) * 4 + ("float32", "float32", "float32", "float32", "float32")
+    vecs = (4, 4, 4, 4, 4, 4, 4, 4, 4)
+    with pytest.raises(ValueError, match="row_grid"):
+        bwd.validate_config(bwd.spec(_key(dts, 1024, vecs), (("has_bias", False), ("has_dsum", False), ("kind", "rms"))),
+                            row)
+    params = {"kind": "rms", "has_bias": False, "has_dsum": False, "has_dw": False}
+    _, ptx = _compile(bwd, dts, 1024, vecs, params, row)
+    ptxas_no_spill(ptx)
+
+
+def _key(dtypes, n, vecs):
+    from cuteforge.signature import BoundKey
+
+    return BoundKey(dtypes, (("N", n),), vecs)
 
 
 def test_bad_builder_arguments():

@@ -174,8 +174,8 @@ def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case
     dweight partials (its partial operands a stride-0 stand-in of the saved rstd), gives
     the weight no gradient, and dx (and the residual's gradient) bitwise as the kernel
     that writes partials, which the same call with a trainable weight runs, where both
-    take the same config (else within fp32 rounding: FROZEN_BWD's own shape sums a row in
-    another order)."""
+    take the same config (else within a last-bit rounding: the frozen kernel's row-grid
+    shape, v2.24, sums a row in another order)."""
     from cuteforge.kernels.norm.config import default_bwd_config
     from cuteforge.ops import norm as norm_ops
 
@@ -211,12 +211,13 @@ def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case
     assert any(k[-1] is False for k in plans), plans  # the plan without partials was built
     _, trained = run(True)
     bits = x.element_size() * 8
-    same_config = default_bwd_config(n, bits, False, kind) == default_bwd_config(n, bits, True, kind)
+    same_config = default_bwd_config(n, bits, False) == default_bwd_config(n, bits, True)
     for a, t in zip(frozen, trained):
         if same_config:
             assert torch.equal(a, t), (a.float() - t.float()).abs().max().item()
-        else:
-            torch.testing.assert_close(a, t, rtol=1e-5, atol=1e-5 * max(1.0, t.abs().max().item()))
+        else:  # one ulp of the output dtype (fp32 math in both)
+            tol = 1e-5 if dtype == torch.float32 else 2.0**-7
+            torch.testing.assert_close(a.float(), t.float(), rtol=tol, atol=tol * max(1.0, t.float().abs().max().item()))
     # and against torch
     xr = ((x + r) if has_res else x).float().requires_grad_()  # the forward normalises x + r in x's dtype
     if case.startswith("rms"):

@@ -73,7 +73,10 @@ def bwd_groups(device: torch.device, cfg: Any, m: int) -> int:
     """Q, the persistent backward's CTA groups for m rows: sm_count x ctas_per_sm /
     cluster_n, at most the number of row blocks; for a cluster-staged config (v2.5) also
     at most the clusters the device runs at once (x ctas_per_sm): a group that does not
-    fit would run as a second wave after the others, doubling the time."""
+    fit would run as a second wave after the others, doubling the time. A ``row_grid``
+    config (the kernel without partials) runs one CTA per row block instead."""
+    if cfg.row_grid:
+        return max(1, -(-m // cfg.rows_per_cta))
     q = max(1, min(-(-m // cfg.rows_per_cta), _sm_count(device) * cfg.ctas_per_sm // cfg.cluster_n))
     if cfg.cluster_n > 1 and cfg.stages:
         cap = _max_clusters(device, cfg.cluster_n)
@@ -217,7 +220,9 @@ def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, 
     """(Q, the compiled backward) for (M, N) rows, M > 0: Q is the dweight partials' rows.
     ``need_dw=False``: the kernel that writes no partials (Q then only sizes its grid)."""
     m, n = xs.shape
-    cfg = config or norm_config.default_bwd_config(n, xs.element_size() * 8, need_dw, kind)
+    cfg = config or norm_config.default_bwd_config(n, xs.element_size() * 8, need_dw)
+    if cfg.row_grid and need_dw:
+        raise ValueError(f"config {cfg}: row_grid is for the backward without dweight / dbias partials")
     q = bwd_groups(xs.device, cfg, m)
     probe = torch.empty((q, n), dtype=torch.float32, device=xs.device)
     st = rstd if mean is None else mean

@@ -85,6 +85,14 @@ lag:              staged LayerNorm forward over a cluster only (v2.17): 0 finish
                   fused residual, s = x + residual formed again there). Rows whose
                   statistics need two exchanges (padded chunks) build the same config
                   without it.
+row_grid:         the backward without partials only (frozen weight and bias, has_dw=False;
+                  v2.24), row in registers, no cluster: one CTA per row block (Q = M /
+                  rows per CTA) instead of the persistent grid, so each CTA runs once and
+                  the block scheduler fills the SMs as CTAs finish, as torch's dx kernel
+                  does. ctas_per_sm then only sets ptxas's register budget. The kernel is
+                  the same (it loops over row blocks with a stride of its grid size); the
+                  kernel with partials keeps the persistent grid (its Q partial rows are
+                  summed afterwards).
 """
 
 from __future__ import annotations
@@ -196,6 +204,7 @@ class NormConfig:
     cp_async: int = 0
     parts: int = 0
     lag: int = 0
+    row_grid: bool = False
 
     @property
     def rows_per_cta(self) -> int:
@@ -310,6 +319,9 @@ class NormConfig:
                     f"stages={self.stages}: {self.ctas_per_sm} CTAs x {per_cta} B of shared memory exceed "
                     f"the SM's {sm_smem} B; fewer stages or ctas_per_sm"
                 )
+        if self.row_grid and (not backward or self.stages or c > 1):
+            raise ValueError("row_grid is a knob of the register backward without a cluster (stages = 0, "
+                             "cluster_n = 1)")
         if self.lag not in (0, 1) or isinstance(self.lag, bool):
             raise ValueError(f"lag={self.lag!r}: 0 or 1")
         if self.lag and (backward or self.stages < 2 or c == 1):
@@ -441,29 +453,53 @@ def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
     return out
 
 
-# The backward without partials (frozen weight and bias, `has_dw=False`): defaults picked by
-# measurement where the heuristic's shape lost, (kind, dtype bits, N) -> config. fp32 N = 1024
-# (H200, M = 32768, L2 flushed / back to back, % of copy): v2.21 took one row per CTA of 256
-# threads, 4 CTAs per SM, prefetching the next row (h200-norm-bwd-fp32-1024-grid.json: 91.8 /
-# 95.6 layer, 92.8 / 96.5 rms, against the heuristic's 91.5 / 92.8 and 91.5 / 91.8). v2.23
-# (h200-norm-s23a-frozen-occupancy.json, up to 24 CTAs per SM) splits it by kind: LayerNorm on
-# one row per CTA of 128 threads, 8 CTAs per SM, no prefetch 93.6 / 97.1 (the v2.21 shape 92.1
-# / 95.6, torch's LayerNorm backward 93.3 / 95.1); RMSNorm on 256 threads at 6 CTAs per SM, no
-# prefetch 93.5 / 97.5 (v2.21's 93.2 / 96.8). Each loses on the other kind (back to back,
-# LayerNorm on 6 x 256 threads 84.3, RMSNorm on 8 x 128 93.5). Not for the kernel with
-# partials: its Q grows with the occupancy, and the op with the partials' sum fell from 85.0 /
-# 84.5 % to 82.6 / 74.9 % at 4 CTAs per SM (rms / layer, h200-v221-normbwd-train-1024.json).
-FROZEN_BWD: dict[tuple[str, int, int], NormConfig] = {
-    ("layer", 32, 1024): NormConfig(128, 128, 1, 8),
-    ("rms", 32, 1024): NormConfig(256, 256, 1, 6),
-}
+# The backward without partials (frozen weight and bias, `has_dw=False`) runs on the row grid
+# (`row_grid`, v2.24) at N in [lo, hi] per dtype bits: one CTA per row block, the block
+# scheduler filling the SMs as CTAs finish. Its shape: each thread holds FROZEN_ROW_BYTES of
+# its row (fp32 at N >= 2048: twice that), threads_per_row the power of two that gives it
+# (16..512), CTAs of at least 128 threads, and a register budget of 128 per thread (512 /
+# threads CTAs per SM). H200, M = 32768, back to back / L2 flushed, % of copy, this rule's
+# shape against the persistent default it replaces (h200-norm-s24a-row-grid-sweep.json):
+# fp32 N = 256..4096 RMSNorm 87.8 / 80.1 vs 85.8 / 76.0, 95.0 / 89.6 vs 91.2 / 85.2, 98.0 /
+# 95.0 vs 95.6 / 93.4, 99.4 / 98.6 vs 92.8 / 95.2, 101.2 / 100.4 vs 94.9 / 96.5 (LayerNorm
+# alike); bf16 N = 256..8192 +1 to +8 points, e.g. 1024: 95.8 / 88.4 vs 89.6 / 83.2 (the
+# weight held across rows, v2.22-v2.23, and the v2.21-v2.23 fp32 1024 picks are superseded).
+# fp32 N = 8192 stays persistent (RMSNorm 85.1 on the row grid vs 87.5); longer rows and
+# rows under 256 were not measured on the row grid.
+FROZEN_ROW_GRID_N = {32: (256, 4096), 16: (256, 8192)}
+FROZEN_ROW_BYTES = 32
 
-# 16-bit rows of the frozen backward at N in this range (inclusive) hold the weight across
-# rows (`early_weight`) where the default prefetches. H200, M = 32768, bf16, back to back
-# (h200-norm-s22c-early-weight.json): +1.1 to +4.3 % of copy at N = 1024..4096 (LayerNorm
-# 84.4 -> 88.0 at 1024, 91.3 -> 93.3 at 4096), -0.4 to -3.6 at N = 256 / 512 (no prefetch
-# there); fp32 +-0.6 % except RMSNorm at N = 1024 (-6.5 %): not for fp32.
-FROZEN_EARLY_WEIGHT_N = (1024, 4096)
+
+def frozen_row_grid_config(n: int, dtype_bits: int) -> NormConfig | None:
+    """The row-grid shape of the backward without partials for rows of n, None outside
+    ``FROZEN_ROW_GRID_N`` (see there)."""
+    lo, hi = FROZEN_ROW_GRID_N.get(dtype_bits, (0, -1))
+    if not lo <= n <= hi:
+        return None
+    e = FROZEN_ROW_BYTES * 8 // dtype_bits * (2 if dtype_bits == 32 and n >= 2048 else 1)
+    p = min(512, max(16, _pow2_ceil(-(-n // e))))
+    t = max(128, p)
+    return NormConfig(t, p, 1, 512 // t, row_grid=True)
+
+
+def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormConfig]:
+    """Valid row-grid configs one step from ``base`` (threads per row halved or doubled,
+    CTA size, register budget), ``base`` excluded: the tuner's neighbours for the backward
+    without partials."""
+    t, p, o = base.threads, base.threads_per_row, base.ctas_per_sm
+    trial = [NormConfig(max(128, 2 * p), 2 * p, 1, max(1, 512 // max(128, 2 * p)), row_grid=True),
+             NormConfig(max(128, p // 2), p // 2, 1, max(1, 512 // max(128, p // 2)), row_grid=True),
+             replace(base, threads=2 * t, ctas_per_sm=max(1, o // 2)), replace(base, ctas_per_sm=2 * o)]
+    out: list[NormConfig] = []
+    for cfg in trial:
+        try:
+            cfg.validate(n, dtype_bits, backward=True)
+        except ValueError:
+            continue
+        if cfg != base and cfg not in out:
+            out.append(cfg)
+    return out
+
 
 # Row-staged backward (v2.4, NormConfig.stages) as the default: per dtype bits, the N
 # ranges (inclusive) that take it with their (elements per thread, stages). From the
@@ -699,25 +735,15 @@ def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> N
     return _heuristic_config(n, dtype_bits, False, kind)
 
 
-def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True, kind: str = "rms") -> NormConfig:
+def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True) -> NormConfig:
     """The backward's default: ``default_config(backward=True)``; for the kernel without
-    partials (``has_dw=False``) ``FROZEN_BWD``'s pick where it has one, else that default
-    with the weight held across rows where it measured faster (``FROZEN_EARLY_WEIGHT_N``)."""
-    cfg = default_config(n, dtype_bits, backward=True)
-    if has_dw:
-        return cfg
-    frozen = FROZEN_BWD.get((kind, dtype_bits, n))
-    if frozen is not None:
-        return frozen
-    lo, hi = FROZEN_EARLY_WEIGHT_N
-    if dtype_bits == 16 and lo <= n <= hi and cfg.prefetch and not cfg.stages:
-        held = replace(cfg, early_weight=True)
-        try:
-            held.validate(n, dtype_bits, backward=True)
-        except ValueError:
-            return cfg
-        return held
-    return cfg
+    partials (``has_dw=False``) the row grid's shape where it was measured faster
+    (``frozen_row_grid_config``; one rule for RMSNorm and LayerNorm)."""
+    if not has_dw:
+        row = frozen_row_grid_config(n, dtype_bits)
+        if row is not None:
+            return row
+    return default_config(n, dtype_bits, backward=True)
 
 
 def default_register_config(n: int, dtype_bits: int) -> NormConfig:

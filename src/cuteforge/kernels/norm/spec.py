@@ -61,13 +61,18 @@ def _vec(spec: CompileSpec, names: tuple[str, ...]) -> int:
 def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
     """The kernels' `validate=` hook: the autotuner's check before compiling a candidate."""
     cfg.validate(spec.static("N"), spec.dtype("x").width, limits_for(spec.arch), backward)
+    if cfg.row_grid and spec.param("has_dw", True):
+        raise ValueError("row_grid is for the backward without partials (has_dw=False): the partials' Q rows "
+                         "would be one per row block")
 
 
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
     n, bits = spec.static("N"), spec.dtype("x").width
     if backward:  # the backward's candidates around the heuristic, after this kernel's own default
-        base = config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)), spec.param("kind"))
-        return [base] + [c for c in config.candidate_configs(n, bits, True) if c != base][:7]
+        base = config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)))
+        near = config.row_grid_candidates(base, n, bits) if base.row_grid else []  # the frozen kernel's
+        rest = [c for c in config.candidate_configs(n, bits, True) if c != base]
+        return ([base] + near + rest)[:8]
     # the forward's defaults differ by kind and, at long rows, by the residual
     return config.candidate_configs(n, bits, False, spec.param("kind"),
                                     bool(spec.param("has_residual")))  # filtered by `validate`
@@ -105,8 +110,7 @@ def norm_fwd(spec: CompileSpec) -> Any:
     name="norm_bwd",
     signature=BWD_SIGNATURE,
     archs=("sm_90+",),
-    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True)),
-                                                          s.param("kind")),
+    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True))),
     configs=lambda s: _configs(s, True),
     validate=lambda spec, cfg: _validate(spec, cfg, True),
 )
