@@ -477,9 +477,14 @@ def frozen_row_grid_config(n: int, dtype_bits: int) -> NormConfig | None:
     if not lo <= n <= hi:
         return None
     e = FROZEN_ROW_BYTES * 8 // dtype_bits * (2 if dtype_bits == 32 and n >= 2048 else 1)
-    p = min(512, max(16, _pow2_ceil(-(-n // e))))
+    return _row_grid_shape(min(512, max(16, _pow2_ceil(-(-n // e)))))
+
+
+def _row_grid_shape(p: int) -> NormConfig:
+    """A row-grid config of p threads per row: CTAs of at least 128 threads (several rows
+    each when p is smaller), a register budget of 128 per thread (512 / threads CTAs)."""
     t = max(128, p)
-    return NormConfig(t, p, 1, 512 // t, row_grid=True)
+    return NormConfig(t, p, 1, max(1, 512 // t), row_grid=True)
 
 
 def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormConfig]:
@@ -487,8 +492,7 @@ def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormC
     CTA size, register budget), ``base`` excluded: the tuner's neighbours for the backward
     without partials."""
     t, p, o = base.threads, base.threads_per_row, base.ctas_per_sm
-    trial = [NormConfig(max(128, 2 * p), 2 * p, 1, max(1, 512 // max(128, 2 * p)), row_grid=True),
-             NormConfig(max(128, p // 2), p // 2, 1, max(1, 512 // max(128, p // 2)), row_grid=True),
+    trial = [_row_grid_shape(2 * p), _row_grid_shape(p // 2),
              replace(base, threads=2 * t, ctas_per_sm=max(1, o // 2)), replace(base, ctas_per_sm=2 * o)]
     out: list[NormConfig] = []
     for cfg in trial:
