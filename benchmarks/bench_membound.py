@@ -15,7 +15,7 @@ Run on a GPU machine:
   python benchmarks/bench_membound.py [--ops softmax,rms_norm] [--dtypes bfloat16,float32]
                                       [--ns 256,4096,...] [--no-compile | --compile-ns 4096,65536]
                                       [--no-quack] [--m M (small-M sweeps)] [--flush zero|read]
-                                      [--timer event|stream [--repeat K]] [--train-weight] [--out F]
+                                      [--timer event|stream] [--repeat K] [--train-weight] [--out F]
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def main() -> None:
                         "call of calls made back to back, contenders interleaved (small M / small N, where a "
                         "call is host-bound and one event pair reads the host's jitter)")
     p.add_argument("--repeat", type=int, default=1,
-                   help="stream timer: time each shape this many times (median; each run's ratio to torch kept)")
+                   help="time each shape this many times (median; each run's ratio to torch and to quack kept; "
+                        "the event timer rotates the contenders' order each run)")
     p.add_argument("--train-weight", action="store_true",
                    help="norm backward with weight and bias requiring grad (dweight / dbias computed by both "
                         "torch and cuteforge); without it they are frozen and neither computes them")

@@ -138,3 +138,36 @@ def test_measure_stream_repeat_keeps_each_runs_ratio(monkeypatch):
     assert "cuteforge_over_torch_reps" not in tiny
     # 256 bytes a millisecond: both GB/s fields round to 0.0; the ratio comes from the times
     assert tiny["cuteforge_GBps"] == tiny["torch_GBps"] == 0.0 and tiny["cuteforge_over_torch"] == 2.0
+
+
+def test_measure_event_repeat_rotates_order_and_keeps_ratios(monkeypatch):
+    """library_bench.measure with the event timer and repeat=3 (CPU, timing.bench stubbed):
+    each run times every contender once, the first place rotating run by run; the times
+    are medians over the runs; per-run ratios to torch and to quack are kept; a contender
+    that raises in a later run is dropped with its error recorded, the others still timed."""
+    import torch
+
+    from cuteforge import library_bench
+
+    monkeypatch.setattr(library_bench, "inputs", lambda op, m, n, dtype: (torch.randn(m, n),))
+    order: list[str] = []
+    ms = {"torch": [1.0, 1.2, 0.9], "cuteforge": [0.5, 1.5, 0.6], "quack": [0.6, 1.5, 0.3], "flaky": [1.0]}
+
+    def fake_bench(call, warmup_ms, rep_ms):
+        name = call()
+        order.append(name)
+        if not ms[name]:
+            raise RuntimeError("flaky failed")
+        return ms[name].pop(0)
+
+    monkeypatch.setattr(library_bench.timing, "bench", fake_bench)
+    names = ("torch", "cuteforge", "quack", "flaky")
+    fns = {k: (lambda x, k=k: k) for k in names}
+    monkeypatch.setattr(library_bench, "_close", lambda *a: True)
+    row = library_bench.measure("softmax", 4, 8, torch.float32, fns, 1e12, timer="event", repeat=3)
+    assert order == ["torch", "cuteforge", "quack", "flaky", "cuteforge", "quack", "flaky", "torch", "quack", "torch",
+                     "cuteforge"]
+    assert row["torch_us"] == 1000.0 and row["cuteforge_us"] == 600.0 and row["quack_us"] == 600.0
+    assert row["cuteforge_over_torch_reps"] == [2.0, 0.8, 1.5]
+    assert row["cuteforge_over_quack_reps"] == [1.2, 1.0, 0.5]
+    assert row["flaky_error"] == "RuntimeError: flaky failed" and "flaky_us" not in row

@@ -124,10 +124,12 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
     (`timing.stream`, back-to-back calls, contenders interleaved: for host-bound small
     shapes). ``train_params``: a norm's weight and bias require grad, and the backward
     returns their gradients too (training; without it they are frozen, and both torch
-    and cuteforge skip dweight / dbias); `correct` still compares dx only. ``repeat`` (stream timer): that many `timing.stream`
-    runs; each contender's time is its median over them, and the row keeps each run's
-    torch / cuteforge ratio (`cuteforge_over_torch_reps`), to tell a real gap from one
-    run's noise."""
+    and cuteforge skip dweight / dbias); `correct` still compares dx only. ``repeat``: that
+    many timing runs (stream: `timing.stream` runs; event: each contender timed once per
+    run, the order rotated by one each run so that no contender always goes first); each
+    contender's time is its median over them, and the row keeps each run's torch /
+    cuteforge and quack / cuteforge ratios (`cuteforge_over_torch_reps`,
+    `cuteforge_over_quack_reps`), to tell a real gap from one run's noise."""
     if timer not in TIMERS:
         raise ValueError(f"timer={timer!r}: expected one of {TIMERS}")
     ins = inputs(op, m, n, dtype)
@@ -168,22 +170,22 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
                 ref = out
             elif ref is not None:
                 row[f"{name}_correct"] = _close(out, ref, op, dtype, n)
-            if timer == "event":
-                times[name] = timing.bench(call, warmup_ms=warmup_ms, rep_ms=rep_ms)
-            else:  # timed together below; kept alive (with its autograd graph) until then
-                calls[name] = call
+            calls[name] = call  # timed below; kept alive (with its autograd graph) until then
         except Exception as e:  # record and go on: one failing contender must not end a sweep
             row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             traceback.print_exc(limit=2)
+    errors: dict[str, BaseException] = {}
     if timer == "stream":
-        errors: dict[str, BaseException] = {}
         reps = [timing.stream({k: c for k, c in calls.items() if k not in errors}, errors=errors)
                 for _ in range(max(1, repeat))]
-        times = {k: statistics.median(r[k] for r in reps) for k in calls if k not in errors}
-        if repeat > 1 and "torch" in times and "cuteforge" in times:
-            row["cuteforge_over_torch_reps"] = [round(r["torch"] / r["cuteforge"], 3) for r in reps]
-        for name, e in errors.items():  # that contender dropped, the others timed
-            row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    else:
+        reps = [_event_run(calls, i, errors, warmup_ms, rep_ms) for i in range(max(1, repeat))]
+    times = {k: statistics.median(r[k] for r in reps) for k in calls if k not in errors}
+    for other in ("torch", "quack"):
+        if repeat > 1 and other in times and "cuteforge" in times:
+            row[f"cuteforge_over_{other}_reps"] = [round(r[other] / r["cuteforge"], 3) for r in reps]
+    for name, e in errors.items():  # that contender dropped, the others timed
+        row[f"{name}_error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
     for name, ms in times.items():
         row[f"{name}_us"] = round(ms * 1e3, 2)
         row[f"{name}_GBps"] = round(nbytes / (ms * 1e-3) / 1e9, 1)
@@ -194,6 +196,23 @@ def measure(op: str, m: int, n: int, dtype: torch.dtype, fns: dict[str, Fn], cop
         if times.get("cuteforge") and times.get(other):
             row[f"cuteforge_over_{other}"] = round(times[other] / times["cuteforge"], 3)
     return row
+
+
+def _event_run(calls: dict[str, Callable[[], Any]], run: int, errors: dict[str, BaseException],
+               warmup_ms: float, rep_ms: float) -> dict[str, float]:
+    """One run of the event timer: each contender not yet failed timed once (`timing.bench`,
+    L2 flushed), starting with the `run`-th (mod their number) so that over runs each
+    takes each place in the order. A contender that raises is put in `errors` and dropped."""
+    names = [k for k in calls if k not in errors]
+    first = run % len(names) if names else 0
+    times: dict[str, float] = {}
+    for name in names[first:] + names[:first]:
+        try:
+            times[name] = timing.bench(calls[name], warmup_ms=warmup_ms, rep_ms=rep_ms)
+        except Exception as e:
+            errors[name] = e
+            traceback.print_exc(limit=2)
+    return times
 
 
 def measure_shapes(op: str, shapes: list[tuple[int, int]], dtype: torch.dtype, copy_bps: float, compiled: bool = True,
