@@ -191,15 +191,13 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     ns = [int(v) for v in args.ns.split(",") if v]
     from cuteforge.arch import target_arch
     from cuteforge.autotune.pool import CompileJob, compile_all
-    from cuteforge.kernels.norm.config import NormConfig
     from cuteforge.kernels.norm.spec import norm_fwd
 
     arch = target_arch()
     todo = fwd_plans(ops, dtypes, ns, args.deep, args.cp_async, args.residual, args.deep_lag)
     if args.defaults_only:
         todo = [t for t in todo if t[4]]
-    extra = [eval(c, {"NormConfig": NormConfig}) for c in args.configs.split(";") if c.strip()]  # noqa: S307 - CLI input
-    todo += [(op, dt, n, c, False) for op, dt, n, _, d in list(todo) if d for c in extra]
+    todo += [(op, dt, n, c, False) for op, dt, n, _, d in list(todo) if d for c in _extra_configs(args.configs, n, dt, False)]
     if args.ab_lag:  # each staged cluster default, then it with lag = 1, then it again
         todo += [(op, dt, n, cc, False) for op, dt, n, c, d in list(todo) if d and c.stages >= 2 and c.cluster_n > 1
                  for cc in (replace(c, lag=1), c)]
@@ -302,6 +300,22 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
     print("wrote", out, "in", result["seconds"], "s")
 
 
+def _extra_configs(configs: str, n: int, dtype: str, backward: bool) -> list[Any]:
+    """--configs: those of the ';'-separated NormConfig(...) reprs that validate for this N
+    and dtype (one list can name shapes for several N; the others are skipped)."""
+    from cuteforge.kernels.norm.config import NormConfig
+
+    out = []
+    for text in filter(str.strip, configs.split(";")):
+        cfg = eval(text, {"NormConfig": NormConfig})  # noqa: S307 - CLI input
+        try:
+            cfg.validate(n, 32 if dtype == "float32" else 16, backward=backward)
+        except ValueError:
+            continue
+        out.append(cfg)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--fwd", action="store_true", help="the staged forward (v2.6) against the forward default")
@@ -321,8 +335,9 @@ def main() -> None:
     p.add_argument("--residual", action="store_true",
                    help="--fwd: fuse the residual add (x + r normalised and written): bytes = 4 M N")
     p.add_argument("--configs", default="",
-                   help="--fwd: ';'-separated NormConfig(...) reprs timed beside the default (and the candidates "
-                        "unless --defaults-only), e.g. a previous default")
+                   help="';'-separated NormConfig(...) reprs timed beside each shape's default (and the "
+                        "candidates unless --defaults-only), e.g. a previous default; those that do not validate for a "
+                        "shape are skipped there")
     p.add_argument("--frozen", action="store_true",
                    help="backward: also each config's kernel without partials (frozen weight and bias), launch alone")
     p.add_argument("--register", action="store_true",
@@ -348,6 +363,7 @@ def main() -> None:
     todo = plans(ops, dtypes, ns, args.register)
     if args.defaults_only:
         todo = [t for t in todo if t[4]]
+    todo += [(op, dt, n, c, False) for op, dt, n, _, d in list(todo) if d for c in _extra_configs(args.configs, n, dt, True)]
     tc = time.time()
     jobs = []
     for op, dt, n, c, _ in todo:

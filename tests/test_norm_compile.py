@@ -147,6 +147,7 @@ _BWD_NO_DW = [
     ("rms", "bfloat16", "bfloat16", 16384, False, None),
     ("layer", "bfloat16", "bfloat16", 65536, True, None),
     ("rms", "float32", "float32", 262144, False, None),
+    ("layer", "bfloat16", "bfloat16", 262144, True, None),  # the frozen long-row ring (FROZEN_LONGROW_RING)
 ]
 
 
@@ -158,7 +159,7 @@ def test_compile_bwd_without_partials(kernels, kind, xd, wd, n, bias, cfg):
     vx = 16 // (4 if xd == "float32" else 2)
     vw = min(vx, 16 // (4 if wd == "float32" else 2))
     dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
-    from cuteforge.kernels.norm.config import frozen_row_grid_config
+    from cuteforge.kernels.norm.config import default_bwd_config
 
     stores, configs = {}, {}
     for has_dw in (False, True):  # with partials on the same config as without
@@ -167,8 +168,8 @@ def test_compile_bwd_without_partials(kernels, kind, xd, wd, n, bias, cfg):
         spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4), params, same)
         stores[has_dw], configs[has_dw] = len(re.findall(r"\bst\.global", ptx)), spec.config
     bits = 32 if xd == "float32" else 16
-    if cfg is None:  # the kernel without partials takes the row grid where it was measured
-        assert configs[False] == (frozen_row_grid_config(n, bits) or default_config(n, bits, backward=True))
+    if cfg is None:  # the kernel without partials takes its own defaults where they were measured
+        assert configs[False] == default_bwd_config(n, bits, False)
     if cfg is None and n > 8192:
         assert spec.config.stages  # the staged / cluster / ring paths, as the comment says
     assert 0 < stores[False] < stores[True], stores
@@ -237,6 +238,14 @@ def test_frozen_bwd_defaults(kernels, kind):
                 frozen.validate(n, bits, backward=True)
                 near = row_grid_candidates(frozen, n, bits)
                 assert near and all(c.row_grid and c != frozen for c in near)
+    # the longest 16-bit rows (v2.25): the default's cluster as a 4-part ring of 2 stages on
+    # 256 threads where the chunks divide (FROZEN_LONGROW_RING), else the default
+    long = default_bwd_config(262144, 16, False)
+    heuristic = default_config(262144, 16, backward=True)
+    assert long == replace(heuristic, threads=256, threads_per_row=256, ctas_per_sm=1, stages=2, parts=4)
+    long.validate(262144, 16, backward=True)
+    for bits, n in ((16, 131072), (16, 147456), (32, 262144)):
+        assert default_bwd_config(n, bits, False) == default_config(n, bits, backward=True), (bits, n)
     _, bwd = kernels
     params = {"kind": kind, "has_bias": kind == "layer", "has_dsum": False, "has_dw": False}
     for xd, n in (("float32", 1024), ("float32", 4096), ("bfloat16", 1024), ("bfloat16", 8192)):

@@ -535,6 +535,22 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 }
 
 
+# The cluster-staged backward without partials (frozen weight and bias) at the longest
+# 16-bit rows: per dtype bits, (lowest N, highest N, threads, stages, parts) on the
+# default's cluster. There the default's shape (16 CTAs of 512 threads, 3 whole-row stages)
+# without partials ran well below itself with them: H200, 1024 x 262144, kernel alone, %
+# of copy, three runs each (h200-norm-s25b-retime-{1,2,3}.json): RMSNorm bf16 86.4 against
+# 94.0 with partials, LayerNorm bf16 77.6 against 88.9 (fp16 80.4 / 77.1). Of the 47 shapes
+# of the cluster sweep (h200-norm-s25b-frozen-262144.json) this one was the best for both
+# norms at once: 256 threads, a 4-part ring of 2 stages: RMSNorm 93.4 (fp16 94.5), LayerNorm
+# 88.7 (fp16 88.5). Single shapes read higher for one norm and far lower for the other
+# (512 threads, 2 stages of 2 parts: RMSNorm 95.3, LayerNorm 54.0). Why the kernel without
+# partials is slower on the default's shape was not found (ptxas: 64 / 86 registers against
+# 127 / 128, no spills). At N = 131072 the default without partials was level with it
+# with partials (94.8 / 93.6 against 94.9 / 92.0, h200-norm-bwd-longrow-frozen.json).
+FROZEN_LONGROW_RING: dict[int, tuple[int, int, int, int, int]] = {16: (131073, 262144, 256, 2, 4)}
+
+
 # Staged forward (v2.7) as the default for long rows: per (kind, dtype bits), the N ranges
 # (inclusive) with (threads per CTA, stages); the cluster is the smallest that cuts the row
 # into chunks of <= 32 KiB, 16 at most (``staged_fwd_config``). From the H200 sweep of the
@@ -742,12 +758,23 @@ def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> N
 def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True) -> NormConfig:
     """The backward's default: ``default_config(backward=True)``; for the kernel without
     partials (``has_dw=False``) the row grid's shape where it was measured faster
-    (``frozen_row_grid_config``; one rule for RMSNorm and LayerNorm)."""
-    if not has_dw:
-        row = frozen_row_grid_config(n, dtype_bits)
-        if row is not None:
-            return row
-    return default_config(n, dtype_bits, backward=True)
+    (``frozen_row_grid_config``) and the long-row ring of ``FROZEN_LONGROW_RING`` (one rule
+    for RMSNorm and LayerNorm each time)."""
+    cfg = default_config(n, dtype_bits, backward=True)
+    if has_dw:
+        return cfg
+    row = frozen_row_grid_config(n, dtype_bits)
+    if row is not None:
+        return row
+    lo, hi, threads, stages, parts = FROZEN_LONGROW_RING.get(dtype_bits, (0, -1, 0, 0, 0))
+    if lo <= n <= hi and cfg.stages and cfg.cluster_n > 1:
+        ring = replace(cfg, threads=threads, threads_per_row=threads, ctas_per_sm=1, stages=stages, parts=parts)
+        try:
+            ring.validate(n, dtype_bits, backward=True)
+            return ring
+        except ValueError:
+            pass  # rows whose chunks the ring cannot cut: the default
+    return cfg
 
 
 def default_register_config(n: int, dtype_bits: int) -> NormConfig:
