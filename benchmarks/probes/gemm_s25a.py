@@ -1,4 +1,5 @@
-"""Staged in session 24 (not run): a 16-bit column bias read in 32-bit pairs.
+"""Staged in session 24, run in session 25 (level; not adopted, gemm.md): a 16-bit column
+bias read in 32-bit pairs.
 
 Needs `gemm_s25a.patch` applied (`git apply benchmarks/probes/gemm_s25a.patch`). With it, a
 16-bit column operand whose elements pairs start 4-byte aligned (the key's vec >= 2) is
