@@ -147,7 +147,8 @@ _BWD_NO_DW = [
     ("rms", "bfloat16", "bfloat16", 16384, False, None),
     ("layer", "bfloat16", "bfloat16", 65536, True, None),
     ("rms", "float32", "float32", 262144, False, None),
-    ("layer", "bfloat16", "bfloat16", 262144, True, None),  # the frozen long-row ring (FROZEN_LONGROW_RING)
+    ("layer", "bfloat16", "bfloat16", 262144, True, None),  # the frozen long-row ring (FROZEN_BWD_SHAPES)
+    ("rms", "float32", "float32", 8192, False, None),  # the frozen 2-CTA staged shape (FROZEN_BWD_SHAPES)
 ]
 
 
@@ -212,9 +213,10 @@ def test_bwd_early_weight_loads_the_weight_once(kernels):
 def test_frozen_bwd_defaults(kernels, kind):
     """The kernel without partials has its own defaults (v2.24): the row grid at N = 256..4096
     (fp32) / 256..8192 (16-bit), each thread holding 32 bytes of its row (fp32 from N = 2048:
-    64), CTAs of 128..512 threads under a 128-register budget; elsewhere, and for the kernel
-    with partials everywhere, the heuristic's persistent grid. The measured shapes (H200,
-    h200-norm-s24a-row-grid-sweep.json) assemble without spilling under that budget."""
+    64), CTAs of 128..512 threads under a 128-register budget; v2.25's FROZEN_BWD_SHAPES at
+    fp32 8192 and 16-bit 262144; elsewhere, and for the kernel with partials everywhere, the
+    heuristic's. The measured row-grid shapes (H200, h200-norm-s24a-row-grid-sweep.json)
+    assemble without spilling under that budget."""
     from cuteforge.kernels.norm.config import (
         default_bwd_config,
         frozen_row_grid_config,
@@ -231,6 +233,8 @@ def test_frozen_bwd_defaults(kernels, kind):
             frozen = default_bwd_config(n, bits, False)
             if (bits, n) in measured:
                 assert (frozen.threads, frozen.threads_per_row) == measured[(bits, n)], (bits, n, frozen)
+            if (bits, n) == (32, 8192):
+                continue  # its own shape, below
             if frozen_row_grid_config(n, bits) is None:
                 assert frozen == heuristic and (n < 256 or n > (4096 if bits == 32 else 8192))
             else:
@@ -239,12 +243,14 @@ def test_frozen_bwd_defaults(kernels, kind):
                 near = row_grid_candidates(frozen, n, bits)
                 assert near and all(c.row_grid and c != frozen for c in near)
     # the longest 16-bit rows (v2.25): the default's cluster as a 4-part ring of 2 stages on
-    # 256 threads where the chunks divide (FROZEN_LONGROW_RING), else the default
+    # 256 threads where the chunks divide (FROZEN_BWD_SHAPES), else the default
     long = default_bwd_config(262144, 16, False)
     heuristic = default_config(262144, 16, backward=True)
     assert long == replace(heuristic, threads=256, threads_per_row=256, ctas_per_sm=1, stages=2, parts=4)
     long.validate(262144, 16, backward=True)
-    for bits, n in ((16, 131072), (16, 147456), (32, 262144)):
+    # fp32 8192 (v2.25): 2-CTA clusters of 128 threads, 2 stages, 2 CTAs per SM
+    assert default_bwd_config(8192, 32, False) == NormConfig(128, 128, 2, 2, exchange="mbar", stages=2)
+    for bits, n in ((16, 131072), (16, 147456), (32, 262144), (32, 6000), (32, 8193)):
         assert default_bwd_config(n, bits, False) == default_config(n, bits, backward=True), (bits, n)
     _, bwd = kernels
     params = {"kind": kind, "has_bias": kind == "layer", "has_dsum": False, "has_dw": False}

@@ -1094,10 +1094,10 @@ def test_bwd_early_weight_matches_per_row_weight(kind, dtype):
 @pytest.mark.parametrize("dtype, n", [(torch.float32, 256), (torch.float32, 1000), (torch.float32, 1024),
                                       (torch.float32, 4096), (torch.bfloat16, 256), (torch.bfloat16, 1024),
                                       (torch.float16, 2048), (torch.bfloat16, 3000), (torch.bfloat16, 8192),
-                                      (torch.bfloat16, 262144), (torch.float16, 262144)])
+                                      (torch.float32, 8192), (torch.bfloat16, 262144), (torch.float16, 262144)])
 def test_frozen_default_backward_matches_torch(kind, dtype, n):
     """The frozen-weight defaults (v2.24: one CTA per row block on the row grid; v2.25: the
-    part ring at 16-bit N = 262144) through autograd, weight and bias frozen, from one row
+    part ring at 16-bit N = 262144, 2-CTA staged clusters at fp32 8192) through autograd, weight and bias frozen, from one row
     to 40000 rows (more CTAs than fit the GPU at once: the block scheduler runs them in
     waves; 300 rows at N = 262144: more than the clusters' row slots), N ragged (1000, 3000:
     padded tails) or whole, against torch in fp32."""
@@ -1106,7 +1106,7 @@ def test_frozen_default_backward_matches_torch(kind, dtype, n):
     bits = 32 if dtype == torch.float32 else 16
     cfg = default_bwd_config(n, bits, False)
     assert cfg != default_bwd_config(n, bits, True)  # these shapes have their own frozen default
-    assert cfg.row_grid or cfg.parts
+    assert cfg.row_grid or cfg.stages
     for m in (1, 7, 300) if n > 65536 else (1, 7, 3001, 40000):
         x, w, b, _ = _inputs(m, n, dtype, bias=kind == "layer", seed=m)
         dy = torch.randn_like(x)

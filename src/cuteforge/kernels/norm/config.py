@@ -98,6 +98,7 @@ row_grid:         the backward without partials only (frozen weight and bias, ha
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ...arch import DeviceLimits
 
@@ -535,20 +536,31 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 }
 
 
-# The cluster-staged backward without partials (frozen weight and bias) at the longest
-# 16-bit rows: per dtype bits, (lowest N, highest N, threads, stages, parts) on the
-# default's cluster. There the default's shape (16 CTAs of 512 threads, 3 whole-row stages)
-# without partials ran well below itself with them: H200, 1024 x 262144, kernel alone, %
-# of copy, three runs each (h200-norm-s25b-retime-{1,2,3}.json): RMSNorm bf16 86.4 against
-# 94.0 with partials, LayerNorm bf16 77.6 against 88.9 (fp16 80.4 / 77.1). Of the 47 shapes
-# of the cluster sweep (h200-norm-s25b-frozen-262144.json) this one was the best for both
-# norms at once: 256 threads, a 4-part ring of 2 stages: RMSNorm 93.4 (fp16 94.5), LayerNorm
-# 88.7 (fp16 88.5). Single shapes read higher for one norm and far lower for the other
-# (512 threads, 2 stages of 2 parts: RMSNorm 95.3, LayerNorm 54.0). Why the kernel without
-# partials is slower on the default's shape was not found (ptxas: 64 / 86 registers against
-# 127 / 128, no spills). At N = 131072 the default without partials was level with it
-# with partials (94.8 / 93.6 against 94.9 / 92.0, h200-norm-bwd-longrow-frozen.json).
-FROZEN_LONGROW_RING: dict[int, tuple[int, int, int, int, int]] = {16: (131073, 262144, 256, 2, 4)}
+# The backward without partials (frozen weight and bias) where the heuristic's shape ran
+# well below itself with partials: per dtype bits, (lowest N, highest N, the fields that
+# replace the heuristic's), taken where the result validates (else the heuristic). Why the
+# kernel without partials is slower on those shapes was not found (ptxas at bf16 262144:
+# 64 / 86 registers against 127 / 128, no spills). H200, kernel alone, % of copy.
+# - 16-bit 131073..262144: a ring of 4 parts and 2 stages on 256 threads, on the
+#   heuristic's cluster. At 1024 x 262144 the heuristic (16 CTAs of 512 threads, 3
+#   whole-row stages) without partials read RMSNorm bf16 86.4 against 94.0 with partials,
+#   LayerNorm bf16 77.6 against 88.9 (fp16 80.4 / 77.1), three runs each
+#   (h200-norm-s25b-retime-{1,2,3}.json). Of the 47 shapes of the cluster sweep
+#   (h200-norm-s25b-frozen-262144.json) this one was the best for both norms at once:
+#   RMSNorm 93.4 (fp16 94.5), LayerNorm 88.7 (fp16 88.5). Single shapes read higher for
+#   one norm and far lower for the other (512 threads, 2 stages of 2 parts: RMSNorm 95.3,
+#   LayerNorm 54.0). At 131072 the heuristic without partials was level with it with
+#   partials (94.8 / 93.6 against 94.9 / 92.0, h200-norm-bwd-longrow-frozen.json).
+# - fp32 8192 (the one N measured): 2-CTA clusters of 128 threads, 2 stages of the row's halves, 2 CTAs
+#   per SM. At 32768 x 8192 the heuristic (one 512-thread CTA per SM, row in registers)
+#   without partials read RMSNorm 87.3 against 98.3 with partials (LayerNorm 98.2 / 97.8);
+#   this shape read 98.7 / 98.4, the best of 44 shapes for RMSNorm and within 0.1 of the
+#   best for LayerNorm (h200-norm-s25c-fp32-8192-frozen.json).
+FROZEN_BWD_SHAPES: dict[int, tuple[tuple[int, int, dict[str, Any]], ...]] = {
+    16: ((131073, 262144, {"threads": 256, "threads_per_row": 256, "ctas_per_sm": 1, "stages": 2, "parts": 4}),),
+    32: ((8192, 8192, {"threads": 128, "threads_per_row": 128, "cluster_n": 2, "ctas_per_sm": 2, "exchange": "mbar",
+                       "stages": 2}),),
+}
 
 
 # Staged forward (v2.7) as the default for long rows: per (kind, dtype bits), the N ranges
@@ -758,22 +770,22 @@ def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> N
 def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True) -> NormConfig:
     """The backward's default: ``default_config(backward=True)``; for the kernel without
     partials (``has_dw=False``) the row grid's shape where it was measured faster
-    (``frozen_row_grid_config``) and the long-row ring of ``FROZEN_LONGROW_RING`` (one rule
-    for RMSNorm and LayerNorm each time)."""
+    (``frozen_row_grid_config``) and the shapes of ``FROZEN_BWD_SHAPES`` (one rule for
+    RMSNorm and LayerNorm each time)."""
     cfg = default_config(n, dtype_bits, backward=True)
     if has_dw:
         return cfg
     row = frozen_row_grid_config(n, dtype_bits)
     if row is not None:
         return row
-    lo, hi, threads, stages, parts = FROZEN_LONGROW_RING.get(dtype_bits, (0, -1, 0, 0, 0))
-    if lo <= n <= hi and cfg.stages and cfg.cluster_n > 1:
-        ring = replace(cfg, threads=threads, threads_per_row=threads, ctas_per_sm=1, stages=stages, parts=parts)
-        try:
-            ring.validate(n, dtype_bits, backward=True)
-            return ring
-        except ValueError:
-            pass  # rows whose chunks the ring cannot cut: the default
+    for lo, hi, fields in FROZEN_BWD_SHAPES.get(dtype_bits, ()):
+        if lo <= n <= hi:
+            shape = replace(cfg, **fields)
+            try:
+                shape.validate(n, dtype_bits, backward=True)
+                return shape
+            except ValueError:
+                pass  # rows whose chunks the shape cannot cut: the default
     return cfg
 
 
