@@ -538,9 +538,11 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 
 # The backward without partials (frozen weight and bias) where the heuristic's shape ran
 # well below itself with partials: per dtype bits, (lowest N, highest N, the fields that
-# replace the heuristic's), taken where the result validates (else the heuristic). Why the
-# kernel without partials is slower on those shapes was not found (ptxas at bf16 262144:
-# 64 / 86 registers against 127 / 128, no spills). H200, kernel alone, % of copy.
+# replace the heuristic's), taken where the result validates (else the heuristic). At fp32
+# 8192 the cause is in the SASS: without partials ptxas issues 5 of the row loop's 12
+# 128-bit loads after the row's first multiply, in a second batch that waits for the first
+# (benchmarks/probes/norm_s25d.py; with partials all 12 come first). At bf16 262144 (the
+# staged kernel, rows from shared memory) it was not found. H200, kernel alone, % of copy.
 # - 16-bit 131073..262144: a ring of 4 parts and 2 stages on 256 threads, on the
 #   heuristic's cluster. At 1024 x 262144 the heuristic (16 CTAs of 512 threads, 3
 #   whole-row stages) without partials read RMSNorm bf16 86.4 against 94.0 with partials,
