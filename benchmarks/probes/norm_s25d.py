@@ -20,25 +20,13 @@ from __future__ import annotations
 import re
 import sys
 
+sys.path.insert(0, "tests")  # run from the repository root
+from ptxas_check import loop_loads  # noqa: E402
+
 from cuteforge import compiler
 from cuteforge.kernels.norm.config import NormConfig, default_bwd_config
 from cuteforge.kernels.norm.spec import norm_bwd
 from cuteforge.signature import BoundKey
-
-
-def loop_loads(sass: str) -> tuple[int, int] | None:
-    """(late, all) global vector loads of the first loop (from the label a later branch jumps
-    back to, to that branch); None when there is no loop."""
-    lines = [ln for ln in sass.splitlines() if ";" in ln or ln.strip().startswith(".L_x")]
-    labels = {ln.strip().rstrip(":"): i for i, ln in enumerate(lines) if ln.strip().startswith(".L_x")}
-    for i, ln in enumerate(lines):
-        m = re.search(r"BRA `?\(?(\.L_x_\d+)", ln)
-        if m and labels.get(m.group(1), i) < i:
-            body = lines[labels[m.group(1)]:i]
-            first = next((k for k, b in enumerate(body) if re.search(r"\b(FMUL|FFMA|HMUL2|HFMA2)\b(?!\.MMA)", b)), len(body))
-            loads = [k for k, b in enumerate(body) if re.search(r"LDG\.E\.(64|128)", b)]
-            return sum(k > first for k in loads), len(loads)
-    return None
 
 
 def report(kind: str, dtype: str, n: int, cfg: NormConfig | None = None) -> list[dict]:
