@@ -553,8 +553,8 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 #   one norm and far lower for the other (512 threads, 2 stages of 2 parts: RMSNorm 95.3,
 #   LayerNorm 54.0). At 131072 the heuristic without partials was level with it with
 #   partials (94.8 / 93.6 against 94.9 / 92.0, h200-norm-bwd-longrow-frozen.json).
-# - fp32 8192 (the one N measured): 2-CTA clusters of 128 threads, 2 stages of the row's halves, 2 CTAs
-#   per SM. At 32768 x 8192 the heuristic (one 512-thread CTA per SM, row in registers)
+# - fp32 8192 (the one N measured): 2-CTA clusters of 128 threads, 2 stages of the row's
+#   halves, 2 CTAs per SM. At 32768 x 8192 the heuristic (one 512-thread CTA per SM, row in registers)
 #   without partials read RMSNorm 87.3 against 98.3 with partials (LayerNorm 98.2 / 97.8);
 #   this shape read 98.7 / 98.4, the best of 44 shapes for RMSNorm and within 0.1 of the
 #   best for LayerNorm (h200-norm-s25c-fp32-8192-frozen.json).
