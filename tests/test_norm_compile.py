@@ -306,6 +306,28 @@ def test_register_backward_issues_a_rows_loads_together(kernels, kind, xd, n, cf
         assert late == 0, (late, total, spec.config)
 
 
+def test_kept_artifacts_are_each_compiles_own(kernels):
+    """compiler.compile_jit(keep_artifacts=True) hands back the PTX and cubin of the config it
+    compiled and leaves no files in the working directory. The DSL names these files after
+    the kernel function and its argument types, not the config, and by default writes them
+    into the directory the process started in: two configs compiled there by two processes
+    read back each other's kernel (seen in a parallel SASS sweep, session 25). Each compile
+    now has its own temporary directory."""
+    import time
+    from pathlib import Path
+
+    _, bwd = kernels
+    start = time.time() - 1  # file times may be coarser than time.time()
+    dts = ("float32",) * 9
+    params = {"kind": "rms", "has_bias": False, "has_dsum": False}
+    for threads in (256, 512):
+        spec, ptx, cubin = _compile(bwd, dts, 8192, (4,) * 9, params, NormConfig(threads, threads, 1, 1), cubin=True)
+        assert f".maxntid {threads}, 1, 1" in ptx
+        assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
+    left = [p.name for ext in ("*.ptx", "*.cubin") for p in Path.cwd().glob(ext) if p.stat().st_mtime >= start]
+    assert left == []
+
+
 def test_row_grid_only_for_the_backward_without_partials(kernels):
     """row_grid (v2.24) runs one CTA per row block: a knob of the register backward
     without a cluster, refused by the kernel with partials (its Q rows would be one per row

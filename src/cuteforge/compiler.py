@@ -6,11 +6,13 @@ parallel compilation uses processes (see the autotuner), never threads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,23 +39,41 @@ class CompileResult:
     cubin: bytes | None
 
 
+@contextlib.contextmanager
+def artifact_options(keep: bool) -> Iterator[str]:
+    """The `cute.compile` options that keep a compile's PTX and cubin (empty without
+    ``keep``), in a temporary directory of this compile's own, removed on exit. The DSL
+    names these files after the kernel function and its argument types, not its
+    compile-time config, and by default writes them into the directory the process started
+    in: two configs compiled there by two processes (the compile pool, parallel test runs)
+    would overwrite each other's files and read back the other's kernel. Read the
+    artifacts (`__ptx__`, `__cubin__`) inside the block."""
+    if not keep:
+        yield ""
+        return
+    dump = tempfile.mkdtemp(prefix="cuteforge-artifacts-")
+    try:
+        yield f" --keep-ptx --keep-cubin --dump-dir {dump}"
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+
+
 def compile_jit(jit_fn: Any, args: list[Any], arch: str, keep_artifacts: bool = False) -> CompileResult:
     """cute.compile a `@cute.jit` function against fake arguments, TVM-FFI enabled.
 
     `args` are the fake tensors; the environment stream is appended here so every
-    kernel launches on torch's current stream.
+    kernel launches on torch's current stream. ``keep_artifacts``: also the PTX and cubin
+    (`artifact_options`).
     """
     prepare_dsl(arch)
     import cutlass.cute as cute
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    options = f"--enable-tvm-ffi --gpu-arch {arch}"
-    if keep_artifacts:
-        options += " --keep-ptx --keep-cubin"
-    with COMPILE_LOCK:
-        compiled = cute.compile(jit_fn, *args, stream, options=options)
-    ptx = getattr(compiled, "__ptx__", None) if keep_artifacts else None
-    cubin = getattr(compiled, "__cubin__", None) if keep_artifacts else None
+    with artifact_options(keep_artifacts) as keep:
+        with COMPILE_LOCK:
+            compiled = cute.compile(jit_fn, *args, stream, options=f"--enable-tvm-ffi --gpu-arch {arch}{keep}")
+        ptx = getattr(compiled, "__ptx__", None) if keep_artifacts else None
+        cubin = getattr(compiled, "__cubin__", None) if keep_artifacts else None
     return CompileResult(compiled, compiled.__tvm_ffi_object__(), ptx, cubin)
 
 
@@ -73,8 +93,6 @@ def load_object(path: str) -> Callable[..., Any]:
 
 def sass(cubin: bytes) -> str:
     """SASS for cubin bytes (see `disassemble`)."""
-    import tempfile
-
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()

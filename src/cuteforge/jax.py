@@ -171,14 +171,12 @@ def _build(spec: CompileSpec, kernel: Kernel, forms: tuple[tuple[Any, ...], ...]
 
         entry = _make_entry(kernel.builder(spec), forms, arrange)
         args = [_placeholder(d, f) for d, f in zip(dtypes, forms)]
-        options = f"--gpu-arch {spec.arch}"
-        if keep_artifacts:
-            options += " --keep-ptx --keep-cubin"
-        with _compiler.COMPILE_LOCK:
-            compiled = cute.compile(entry, CUstream(0), *args, options=options)
-            module = compiled.dump_to_object(FFI_PREFIX)
-        ptx = getattr(compiled, "__ptx__", None) if keep_artifacts else None
-        cubin = getattr(compiled, "__cubin__", None) if keep_artifacts else None
+        with _compiler.artifact_options(keep_artifacts) as keep:
+            with _compiler.COMPILE_LOCK:
+                compiled = cute.compile(entry, CUstream(0), *args, options=f"--gpu-arch {spec.arch}{keep}")
+                module = compiled.dump_to_object(FFI_PREFIX)
+            ptx = getattr(compiled, "__ptx__", None) if keep_artifacts else None
+            cubin = getattr(compiled, "__cubin__", None) if keep_artifacts else None
         return _compiler.CompileResult(module, None, ptx, cubin)  # type: ignore[arg-type]
 
     return build
