@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -53,7 +54,7 @@ def artifact_options(keep: bool) -> Iterator[str]:
         return
     dump = tempfile.mkdtemp(prefix="cuteforge-artifacts-")
     try:
-        yield f" --keep-ptx --keep-cubin --dump-dir {dump}"
+        yield f" --keep-ptx --keep-cubin --dump-dir {shlex.quote(dump)}"  # the DSL shlex-splits options
     finally:
         shutil.rmtree(dump, ignore_errors=True)
 
