@@ -1097,10 +1097,10 @@ def test_bwd_early_weight_matches_per_row_weight(kind, dtype):
                                       (torch.float32, 8192), (torch.bfloat16, 262144), (torch.float16, 262144)])
 def test_frozen_default_backward_matches_torch(kind, dtype, n):
     """The frozen-weight defaults (v2.24: one CTA per row block on the row grid; v2.25: the
-    part ring at 16-bit N = 262144, 2-CTA staged clusters at fp32 8192) through autograd, weight and bias frozen, from one row
-    to 40000 rows (more CTAs than fit the GPU at once: the block scheduler runs them in
-    waves; 300 rows at N = 262144: more than the clusters' row slots), N ragged (1000, 3000:
-    padded tails) or whole, against torch in fp32."""
+    part ring at 16-bit N = 262144, 2-CTA staged clusters at fp32 8192) through autograd,
+    weight and bias frozen, from one row to 40000 rows (more CTAs than fit the GPU at once:
+    the block scheduler runs them in waves; 300 rows at N = 262144: more than the clusters'
+    row slots), N ragged (1000, 3000: padded tails) or whole, against torch in fp32."""
     from cuteforge.kernels.norm.config import default_bwd_config
 
     bits = 32 if dtype == torch.float32 else 16
