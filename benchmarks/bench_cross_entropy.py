@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -108,8 +109,21 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
     return row
 
 
-def config_sweep(n: int, dtype: torch.dtype, copy_bps: float) -> list[dict]:
-    """Forward and backward kernel bandwidth of every candidate config at one shape."""
+def sweep_grid(n: int, dtype: torch.dtype) -> list:
+    """--sweep-grid: one row per CTA of 128..1024 threads x 4 / 8 / 16 vectors in flight (those
+    that fit the row), beside the kernel's own candidates."""
+    from cuteforge.kernels.reduce.row import RowReduceConfig
+
+    nv = n // (16 // torch.tensor([], dtype=dtype).element_size())
+    return [RowReduceConfig(t, t, u) for t in (128, 256, 512, 1024) for u in (4, 8, 16) if nv // t >= u]
+
+
+def config_sweep(n: int, dtype: torch.dtype, copy_bps: float, grid: bool = False, quack: dict | None = None,
+                 phases: tuple[str, ...] = ("fwd", "bwd")) -> list[dict]:
+    """Kernel bandwidth of every candidate config at one shape (compiled in parallel first);
+    with quack, its forward at the same shape as the row before them."""
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob, compile_all
     from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd, cross_entropy_fwd
 
     m = min(32768, MAX_BYTES // (n * torch.tensor([], dtype=dtype).element_size()))
@@ -122,11 +136,21 @@ def config_sweep(n: int, dtype: torch.dtype, copy_bps: float) -> list[dict]:
     e = x.element_size()
     rows = []
     params = (("ignore_index", -100),)
-    for phase, k, args, nbytes in (("fwd", cross_entropy_fwd, (x, t, loss, lse), m * n * e),
-                                   ("bwd", cross_entropy_bwd, (x, t, lse, g, dx), 2 * m * n * e)):
+    if quack and "fwd" in quack and "fwd" in phases:
+        ms = timing.bench(lambda: quack["fwd"](x, t, return_lse=True))
+        rows.append({"phase": "fwd", "M": m, "N": n, "dtype": str(dtype)[6:], "config": "quack", "default": False,
+                     "us": round(ms * 1e3, 1), "pct_copy": round(100 * m * n * e / (ms * 1e-3) / copy_bps, 1)})
+    todo = [(ph, k, a, nb) for ph, k, a, nb in (("fwd", cross_entropy_fwd, (x, t, loss, lse), m * n * e),
+                                               ("bwd", cross_entropy_bwd, (x, t, lse, g, dx), 2 * m * n * e))
+            if ph in phases]
+    for phase, k, args, nbytes in todo:
         key = k.signature.bind(args)
         spec = k.spec(key, params)
-        for cfg in k.configs(spec):
+        cfgs = list(k.configs(spec))
+        if grid:
+            cfgs += [c for c in sweep_grid(n, dtype) if c not in cfgs]
+        compile_all([CompileJob.of(k, key, params, c, target_arch()) for c in cfgs])
+        for cfg in cfgs:
             try:
                 fn = k.get(key, params, cfg)
                 ms = timing.bench(lambda fn=fn, args=args: fn(*args))
@@ -144,9 +168,14 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--ns", default=",".join(map(str, NS)))
     p.add_argument("--compile-ns", default="", help="N values that get the torch.compile contender (default: all)")
-    p.add_argument("--sweep-ns", default="", help="N values (bf16) whose kernel configs are swept")
+    p.add_argument("--sweep-ns", default="", help="N values whose kernel configs are swept")
+    p.add_argument("--sweep-dtypes", default="bfloat16", help="dtypes of the config sweep")
+    p.add_argument("--sweep-grid", action="store_true", help="also sweep threads x vectors in flight (sweep_grid)")
+    p.add_argument("--sweep-phases", default="fwd,bwd", help="kernels of the config sweep: fwd, bwd")
+    p.add_argument("--flush", default="zero", choices=timing.FLUSH_MODES, help="L2 flush before each timed call")
     args = p.parse_args()
     t0 = time.time()
+    timing.set_flush_mode(args.flush)
     copy_bps = timing.copy_bandwidth()
     quack = _quack()
     result = {
@@ -156,10 +185,12 @@ def main() -> None:
         "cuteforge": cuteforge.__version__,
         "quack": quack.get("error", "quack-kernels (../shared/gpu/wheels)"),
         "copy_GBps": round(copy_bps / 1e9, 1),
+        "flush": args.flush,
+        "ring": os.environ.get("CUTEFORGE_CE_RING", "1"),
         "rows": [],
     }
     for dtype in (torch.bfloat16, torch.float32):
-        for n in map(int, args.ns.split(",")):
+        for n in [int(v) for v in args.ns.split(",") if v]:
             m = min(32768, MAX_BYTES // (n * torch.tensor([], dtype=dtype).element_size()))
             with_compile = not args.no_compile and (not args.compile_ns or str(n) in args.compile_ns.split(","))
             row = measure(m, n, dtype, copy_bps, with_compile, quack)
@@ -167,8 +198,11 @@ def main() -> None:
             print(row, flush=True)
             torch.cuda.empty_cache()
     result["config_sweep"] = []
-    for n in [int(v) for v in args.sweep_ns.split(",") if v]:
-        result["config_sweep"] += config_sweep(n, torch.bfloat16, copy_bps)
+    for dt in [getattr(torch, d) for d in args.sweep_dtypes.split(",") if d]:
+        for n in [int(v) for v in args.sweep_ns.split(",") if v]:
+            result["config_sweep"] += config_sweep(n, dt, copy_bps, args.sweep_grid, quack,
+                                                   tuple(args.sweep_phases.split(",")))
+            torch.cuda.empty_cache()
     for r in result["config_sweep"]:
         print("sweep", r, flush=True)
     result["seconds"] = round(time.time() - t0, 1)

@@ -662,7 +662,7 @@ def _ce_key(logits: Any, with_grad: bool) -> tuple[BoundKey, Any]:
         key = BoundKey((d, "int64", "float32", "float32", d), (("N", n),), (v, 2, 4, 4, v))
     else:
         key = BoundKey((d, "int64", "float32", "float32"), (("N", n),), (v, 2, 4, 4))
-    return key, config_for(n, itemsize * 8)
+    return key, config_for(n, itemsize * 8, with_grad)
 
 
 def _ce_fwd_impl(ignore_index: int, logits: Any, pairs: Any) -> tuple[Any, Any]:

@@ -1108,17 +1108,44 @@ def test_frozen_default_backward_matches_torch(kind, dtype, n):
     assert cfg != default_bwd_config(n, bits, True)  # these shapes have their own frozen default
     assert cfg.row_grid or cfg.stages
     for m in (1, 7, 300) if n > 65536 else (1, 7, 3001, 40000):
-        x, w, b, _ = _inputs(m, n, dtype, bias=kind == "layer", seed=m)
-        dy = torch.randn_like(x)
-        xl = x.clone().requires_grad_()
-        y = ops.rms_norm(xl, w) if kind == "rms" else ops.layer_norm(xl, w, b)
-        (dx,) = torch.autograd.grad(y, xl, dy)
-        xr = x.float().requires_grad_()
-        if kind == "rms":
-            yr = torch.nn.functional.rms_norm(xr, (n,), w.float(), 1e-6)
-        else:
-            yr = torch.nn.functional.layer_norm(xr, (n,), w.float(), b.float(), 1e-5)
-        (dxr,) = torch.autograd.grad(yr, xr, dy.float())
-        tol = 1e-4 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(dx.float(), dxr, atol=tol * max(1.0, dxr.abs().max().item()), rtol=tol,
-                                   msg=lambda s, m=m: f"m={m} {cfg}: {s}")
+        _frozen_dx_case(kind, m, n, dtype, cfg)
+
+
+def _frozen_dx_case(kind, m, n, dtype, cfg):
+    """dx through autograd with the weight (and bias) frozen, against torch in fp32."""
+    x, w, b, _ = _inputs(m, n, dtype, bias=kind == "layer", seed=m)
+    dy = torch.randn_like(x)
+    xl = x.clone().requires_grad_()
+    y = ops.rms_norm(xl, w) if kind == "rms" else ops.layer_norm(xl, w, b)
+    (dx,) = torch.autograd.grad(y, xl, dy)
+    xr = x.float().requires_grad_()
+    if kind == "rms":
+        yr = torch.nn.functional.rms_norm(xr, (n,), w.float(), 1e-6)
+    else:
+        yr = torch.nn.functional.layer_norm(xr, (n,), w.float(), b.float(), 1e-5)
+    (dxr,) = torch.autograd.grad(yr, xr, dy.float())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(dx.float(), dxr, atol=tol * max(1.0, dxr.abs().max().item()), rtol=tol,
+                               msg=lambda s: f"m={m} {cfg}: {s}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype, n", [(torch.float32, 4104), (torch.float32, 4608), (torch.float32, 5000),
+                                      (torch.float32, 5120), (torch.float32, 7168), (torch.float32, 8184),
+                                      (torch.bfloat16, 4608), (torch.bfloat16, 5640), (torch.float16, 6144),
+                                      (torch.bfloat16, 7168)])
+def test_row_staged_backward_below_8192(kind, dtype, n):
+    """norm v2.26: fp32 rows of 4097..8191 take the row-staged backward (256 threads, 3
+    stages) with partials (training: dx, dweight, dbias and the residual's gradient against
+    fp64) and without (frozen weight: dx against torch); 16-bit rows of 5633..8191 with
+    partials and 4097..8191 without (256 threads, 2 stages). From one row to more rows
+    than the persistent CTAs hold stages."""
+    from cuteforge.kernels.norm.config import default_bwd_config
+
+    bits = 32 if dtype == torch.float32 else 16
+    assert default_bwd_config(n, bits).stages == (3 if bits == 32 else 2 if n > 5632 else 0)
+    cfg = default_bwd_config(n, bits, False)
+    assert cfg.stages == (3 if bits == 32 else 2) and cfg.threads == 256, cfg
+    for m in (1, 7, 3001):
+        _grad_case(kind, m, n, dtype, bias=True, res=m == 7)
+        _frozen_dx_case(kind, m, n, dtype, cfg)

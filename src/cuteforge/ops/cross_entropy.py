@@ -121,7 +121,8 @@ def _tuned(kernel: Any, key: Any, ignore_index: int, logits: torch.Tensor) -> An
 
     m, n = logits.shape
     cfg = lookup(kernel, key, (("ignore_index", ignore_index),), {"M": m})
-    return cfg if isinstance(cfg, RowReduceConfig) else config_for(n, logits.element_size() * 8)
+    return cfg if isinstance(cfg, RowReduceConfig) else config_for(n, logits.element_size() * 8,
+                                                                   kernel is cross_entropy_bwd)
 
 
 def _row_config(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Any:

@@ -7,13 +7,17 @@ lse[i]) - [j == t_i]) * g[i]``, reading x once and writing dx once, in x's dtype
 Work decomposition: the row kernel's (``reduce/row.py``): P = ``threads_per_row`` threads
 share a row, each owning the 16-byte vectors j = t, t + P, ... (compile-time N, so the
 full rounds, the predicated partial round and the scalar tail are resolved while
-tracing), ``unroll`` vectors loaded before any arithmetic. No cluster: cross-entropy rows
-come in thousands (one per token), which fills the GPU.
+tracing), ``unroll`` vectors in flight per thread. No cluster: cross-entropy rows come in
+thousands (one per token), which fills the GPU. The forward (v3) moves 16-byte vectors
+through a per-thread cp.async ring in shared memory: the next ``unroll`` vectors are
+copied while the current ones are folded; the backward loads ``unroll`` vectors into
+registers before any arithmetic.
 
 Online logsumexp: each thread keeps a running (max m, sum s of exp(x - m)). A chunk of
-``unroll * vec`` elements is folded with one rescale: m' = max(m, max(chunk)),
-s' = s * 2^((m - m') log2 e) + sum 2^((x - m') log2 e), i.e. one ex2 per element. Lanes,
-then warps (shared memory), merge their (m, s) pairs the same way. A max of -inf (all
+values (FOLD_VALUES through the ring; ``unroll * vec`` in v2's loop) is folded
+with one rescale: m' = max(m, max(chunk)), s' = s * 2^((m - m') log2 e) + sum 2^((x - m')
+log2 e), i.e. one ex2 per element and one per chunk. Lanes, then warps (shared memory),
+merge their (m, s) pairs the same way. A max of -inf (all
 inputs -inf so far) is replaced by 0 in the exponents so that no inf - inf appears; NaN
 inputs propagate to the row's lse and loss.
 
@@ -21,8 +25,8 @@ Targets: ``t == ignore_index`` gives loss 0 (its lse is still written) and a zer
 row. A target outside [0, N) gives loss NaN and a NaN gradient row: nothing is clamped or
 silently read out of bounds; the ops layer can also check targets on the host.
 
-Configs: :func:`ce_config`: one row per CTA (unless a row takes under a warp), about 4
-vectors per thread (8 for rows of 1025-2048 vectors), at most 1024 threads per row.
+Configs: :func:`ce_config`: one row per CTA (unless a row takes under a warp), a few
+vectors per thread, at most 512 (forward) / 1024 (backward) threads per row.
 
 Reduced forward (:func:`make_ce_fwd_reduce`): the same row work, and the mean or sum of
 the losses in the same launch, deterministically (no float atomics): each CTA writes one
@@ -37,28 +41,48 @@ every run.
 from __future__ import annotations
 
 import math
+import os
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync
 
 from ..reduce.row import RowReduceConfig, _pow2_ceil
 
 __all__ = ["ce_config", "make_ce_fwd", "make_ce_fwd_reduce", "make_ce_bwd", "reduce_fits", "work_words"]
 
 _LOG2E = math.log2(math.e)
+# The forward's row loop (v3): 16-byte vectors go through a per-thread cp.async ring in
+# shared memory (two buffers of `unroll` vectors; one when the row takes one chunk), the
+# next chunk copied while the current one is folded FOLD_VALUES values at a time. Rows of
+# narrower vectors, and rings over RING_MAX_BYTES a CTA, keep v2's loop (load `unroll`
+# vectors into registers, then fold them as one chunk); PIPELINE = False builds v2's loop
+# everywhere: CUTEFORGE_CE_RING=0 at import, for A/B probes (compile workers inherit it).
+PIPELINE = os.environ.get("CUTEFORGE_CE_RING", "1") != "0"
+FOLD_VALUES = 16
+RING_MAX_BYTES = 96 * 1024
 _FLOATS = (Float32, cutlass.BFloat16, cutlass.Float16)
 
 
-def ce_config(n: int, dtype_bits: int) -> RowReduceConfig:
+def ce_config(n: int, dtype_bits: int, backward: bool = False) -> RowReduceConfig:
     """One row per CTA from 64 threads per row up (a CTA holding several long rows makes
     each wait for the others at the cross-warp merge: the forward lost 10-30 % that way
-    on the H200), 4 vectors per thread, 8 for rows of 1025-2048 vectors (measured:
-    docs/kernels/cross_entropy.md), at most 1024 threads looping over longer rows."""
+    on the H200), then (H200 sweeps, docs/kernels/cross_entropy.md v3):
+
+    - forward: 4 vectors in flight per thread (the cp.async ring's chunk), a row share of
+      about 4 vectors (8 for rows of 1025-2048 vectors and 16-bit rows of 1024), at most
+      512 threads looping over longer rows (1024-thread CTAs ran one per SM: 59-88 % of
+      copy at 16-bit N = 32768-65536 against 107-109 %);
+    - backward: about 4 vectors per thread (8 for rows of 1025-2048 vectors), up to 1024
+      threads; rows of 4096 vectors and more 512 threads x 8 vectors in flight."""
     nv = -(-n // (128 // dtype_bits))
-    per = 8 if 1024 < nv <= 2048 else 4
-    p = min(1024, _pow2_ceil(max(1, -(-nv // per))))
-    cfg = RowReduceConfig(256 if p <= 32 else p, p, max(1, min(per, -(-nv // p))))
+    if backward and nv >= 4096:
+        cfg = RowReduceConfig(512, 512, 8)
+    else:
+        per = 8 if 1024 < nv <= 2048 or (not backward and dtype_bits == 16 and nv == 1024) else 4
+        p = min(1024 if backward else 512, _pow2_ceil(max(1, -(-nv // per))))
+        cfg = RowReduceConfig(256 if p <= 32 else p, p, max(1, min(per if backward else 4, -(-nv // p))))
     cfg.validate(n, dtype_bits)
     return cfg
 
@@ -114,6 +138,11 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
     P, R, G, W = p["P"], p["R"], p["G"], p["W"]
     NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
     L = _LOG2E
+    FV = max(1, FOLD_VALUES // vec)  # vectors folded at once from the cp.async ring
+    NB = 2 if N_OUTER > 1 else 1  # ring buffers of U vectors a thread
+    ring = bool(PIPELINE and N_OUTER > 0 and vec * in_dtype.width == 128
+                and NB * U * 16 * config.threads <= RING_MAX_BYTES)
+    T = config.threads
     hint = {"num_bits_per_copy": vec * in_dtype.width}
 
     def fmax(a, b):
@@ -132,6 +161,9 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
 
     def _fold_frag(m, s, frag, nu):
         return _fold(m, s, [frag[v, u].to(Float32) for u in range(nu) for v in range(vec)])
+
+    def _fold_slots(m, s, frag, lo, hi):
+        return _fold(m, s, [frag[v, u].to(Float32) for u in range(lo, hi) for v in range(vec)])
 
     def _merge(m, s, om, os):
         m_new = fmax(m, om)
@@ -164,11 +196,43 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
                 None, t, None
             ]
             frag = cute.make_rmem_tensor(cute.make_layout((vec, U)), in_dtype)
-            if cutlass.const_expr(N_OUTER > 0):
+            if cutlass.const_expr(N_OUTER > 0 and not ring):
                 for o in cutlass.range(N_OUTER, unroll=1):
                     for u in cutlass.range_constexpr(U):
                         cute.copy(atom, g_thr[None, o * U + u], frag[None, u])
                     m, s = _fold_frag(m, s, frag, U)
+            if cutlass.const_expr(N_OUTER > 0 and ring):
+                # cp.async ring (v3): chunk o + 1's U vectors are copied into shared memory
+                # while chunk o is folded from there FV vectors at a time, so U vectors stay
+                # in flight while the thread computes and no register waits on a load
+                # (plain loads: ptxas sinks them to their use, or, folded as one chunk, the
+                # chunk's fp32 copies take 120-154 registers at 8-16 vectors of bf16). Each
+                # thread reads back only its own slots, so no barrier; a buffer is refilled
+                # one iteration after the thread's own reads of it were issued.
+                smem = cutlass.memory.SmemAllocator()
+                buf = smem.allocate_tensor(
+                    in_dtype, cute.make_layout((vec, T, U, NB), stride=(1, vec, vec * T, vec * T * U)), byte_alignment=128
+                )
+                mine = buf[None, r * P + t, None, None]
+                cp = cute.make_copy_atom(
+                    cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), in_dtype, num_bits_per_copy=128
+                )
+                for u in cutlass.range_constexpr(U):
+                    cute.copy(cp, g_thr[None, u], mine[None, u, 0])
+                cute.arch.cp_async_commit_group()
+                for o in cutlass.range(N_OUTER, unroll=1):
+                    if cutlass.const_expr(NB > 1):
+                        if o + 1 < N_OUTER:
+                            for u in cutlass.range_constexpr(U):
+                                cute.copy(cp, g_thr[None, (o + 1) * U + u], mine[None, u, (o + 1) % NB])
+                        cute.arch.cp_async_commit_group()  # possibly empty: wait_group(1) stays uniform
+                        cute.arch.cp_async_wait_group(1)
+                    else:
+                        cute.arch.cp_async_wait_group(0)
+                    for j in cutlass.range_constexpr(0, U, FV):
+                        for u in cutlass.range_constexpr(j, min(j + FV, U)):
+                            cute.autovec_copy(mine[None, u, o % NB], frag[None, u])
+                        m, s = _fold_slots(m, s, frag, j, min(j + FV, U))
             if cutlass.const_expr(K_LEFT > 0):
                 for u in cutlass.range_constexpr(K_LEFT):
                     cute.copy(atom, g_thr[None, N_OUTER * U + u], frag[None, u])

@@ -58,22 +58,38 @@ REDUCE_SIGNATURE = Signature(
 )
 
 
-def config_for(n: int, dtype_bits: int) -> Any:
-    return kernels.ce_config(n, dtype_bits)
+def config_for(n: int, dtype_bits: int, backward: bool = False) -> Any:
+    return kernels.ce_config(n, dtype_bits, backward)
 
 
 def _default_config(spec: CompileSpec) -> Any:
     return kernels.ce_config(spec.static("N"), spec.dtype("logits").width)
 
 
-def _configs(spec: CompileSpec) -> list[Any]:
-    """The heuristic, then the row reduction's candidates (none with a cluster)."""
+def _default_bwd_config(spec: CompileSpec) -> Any:
+    return kernels.ce_config(spec.static("N"), spec.dtype("logits").width, backward=True)
+
+
+def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
+    """The heuristic, one-row CTAs of 128 / 256 / 512 threads with 4 or 8 vectors in
+    flight (those that fit the row), then the row reduction's candidates (none with a
+    cluster)."""
     n, bits = spec.static("N"), spec.dtype("logits").width
-    out = [kernels.ce_config(n, bits)]
-    for c in row.candidate_configs(n, bits):
-        if c.cluster_n == 1 and c not in out:
+    out = [kernels.ce_config(n, bits, backward)]
+    nv = -(-n // (128 // bits))
+    shapes = [row.RowReduceConfig(t, t, u) for t, u in ((512, 4), (256, 4), (512, 8), (128, 4)) if nv // t >= u]
+    for c in shapes + [c for c in row.candidate_configs(n, bits) if c.cluster_n == 1]:
+        if c not in out:
             out.append(c)
     return out[:8]
+
+
+def _configs(spec: CompileSpec) -> list[Any]:
+    return _candidates(spec, False)
+
+
+def _bwd_configs(spec: CompileSpec) -> list[Any]:
+    return _candidates(spec, True)
 
 
 def _validate(spec: CompileSpec, config: Any) -> None:
@@ -153,8 +169,8 @@ def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
     name="cross_entropy_bwd",
     signature=BWD_SIGNATURE,
     archs=("sm_80+",),
-    default_config=_default_config,
-    configs=_configs,
+    default_config=_default_bwd_config,
+    configs=_bwd_configs,
     specializations=lambda: _specs(True),
     validate=_validate,
 )

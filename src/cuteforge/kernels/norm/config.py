@@ -466,16 +466,19 @@ def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 # alike); bf16 N = 256..8192 +1 to +8 points, e.g. 1024: 95.8 / 88.4 vs 89.6 / 83.2 (the
 # weight held across rows, v2.22-v2.23, and the v2.21-v2.23 fp32 1024 picks are superseded).
 # fp32 N = 8192 stays persistent (RMSNorm 85.1 on the row grid vs 87.5); longer rows and
-# rows under 256 were not measured on the row grid.
-FROZEN_ROW_GRID_N = {32: (256, 4096), 16: (256, 8192)}
+# rows under 256 were not measured on the row grid. 16-bit rows of 4097..8191 left it in
+# v2.26: through autograd (h200-membound-norm-v2.26-bf16.json) bf16 4608 / 5120 / 6144 read
+# RMSNorm 78.9 / 83.6 / 91.0 and LayerNorm 70.8 / 76.5 / 86.2 % on it (512 threads for
+# 576..768 vectors: a second, mostly idle round), where the row-staged shape without
+# partials read 92.8-96.5 % kernel alone (h200-norm-s26-bf16-5120.json).
+FROZEN_ROW_GRID_N = {32: ((256, 4096),), 16: ((256, 4096), (8192, 8192))}
 FROZEN_ROW_BYTES = 32
 
 
 def frozen_row_grid_config(n: int, dtype_bits: int) -> NormConfig | None:
     """The row-grid shape of the backward without partials for rows of n, None outside
     ``FROZEN_ROW_GRID_N`` (see there)."""
-    lo, hi = FROZEN_ROW_GRID_N.get(dtype_bits, (0, -1))
-    if not lo <= n <= hi:
+    if not any(lo <= n <= hi for lo, hi in FROZEN_ROW_GRID_N.get(dtype_bits, ())):
         return None
     e = FROZEN_ROW_BYTES * 8 // dtype_bits * (2 if dtype_bits == 32 and n >= 2048 else 1)
     return _row_grid_shape(min(512, max(16, _pow2_ceil(-(-n // e)))))
@@ -513,10 +516,20 @@ def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormC
 # 89-94 % vs the register default 85-92 %; N = 16384 at 3 stages (512 threads) 87-97 % vs
 # 62-72 % (the register default needs a 2-CTA cluster there); fp32 N = 16384 (one stage
 # of 128 KiB fits) 95-96 % vs 91-94 %. N = 4096 (16-bit and fp32) and fp32 N = 8192 stay in
-# registers: the default was 1-4 points faster there.
+# registers: the default was 1-4 points faster there. fp32 N = 4097..8191 (norm v2.26,
+# h200-norm-s26-fp32-5120.json, kernel alone, M = 32768, N = 4608 / 5120 / 5632 / 6144):
+# 256 threads, 3 stages read 97.3-101.4 % with partials and 97.3-98.2 % without, where the
+# register default (512 threads, one CTA per SM) read 67.6-91.6 % (RMSNorm) / 81.7-90.7 %
+# with partials and 61.0-91.8 % without (ptxas issued part of its loads late, v2.25).
+# 16-bit N = 5633..8191 with partials (h200-norm-s26-bf16-5120.json, bf16 6144 / 7168):
+# 256 threads, 2 stages read 94.2 / 95.8 (RMSNorm) and 92.5 / 94.0 % (LayerNorm) against
+# the register default's 84.2 / 90.3 and 76.7 / 84.1 %. Not below: at 4608 / 5120 the same
+# shape read 93.4 / 94.4 % for RMSNorm but 46.0 / 48.8 % for LayerNorm (register default
+# 75.9 / 79.0 and 62.7 / 68.4 %; one rule serves both). Without partials these rows take
+# the row grid (frozen_row_grid_config) before this table.
 STAGED_BWD: dict[int, tuple[tuple[int, int, int, int], ...]] = {
-    16: ((8192, 8192, 32, 2), (8193, 16384, 32, 3)),
-    32: ((8193, 16384, 32, 3),),
+    16: ((5633, 8192, 32, 2), (8193, 16384, 32, 3)),
+    32: ((4097, 8191, 32, 3), (8193, 16384, 32, 3)),
 }
 
 
@@ -553,13 +566,17 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 #   one norm and far lower for the other (512 threads, 2 stages of 2 parts: RMSNorm 95.3,
 #   LayerNorm 54.0). At 131072 the heuristic without partials was level with it with
 #   partials (94.8 / 93.6 against 94.9 / 92.0, h200-norm-bwd-longrow-frozen.json).
+# - 16-bit 4097..5632 (v2.26, h200-norm-s26-bf16-5120.json, bf16 4608 / 5120, kernel
+#   alone): 256 threads, 2 stages, 3 CTAs per SM read 94.4 / 95.1 (RMSNorm) and 92.8 /
+#   94.7 % (LayerNorm) without partials (5633..8191 get the same shape from STAGED_BWD).
 # - fp32 8192 (the one N measured): 2-CTA clusters of 128 threads, 2 stages of the row's
 #   halves, 2 CTAs per SM. At 32768 x 8192 the heuristic (one 512-thread CTA per SM, row in registers)
 #   without partials read RMSNorm 87.3 against 98.3 with partials (LayerNorm 98.2 / 97.8);
 #   this shape read 98.7 / 98.4, the best of 44 shapes for RMSNorm and within 0.1 of the
 #   best for LayerNorm (h200-norm-s25c-fp32-8192-frozen.json).
 FROZEN_BWD_SHAPES: dict[int, tuple[tuple[int, int, dict[str, Any]], ...]] = {
-    16: ((131073, 262144, {"threads": 256, "threads_per_row": 256, "ctas_per_sm": 1, "stages": 2, "parts": 4}),),
+    16: ((4097, 5632, {"threads": 256, "threads_per_row": 256, "ctas_per_sm": 3, "stages": 2, "prefetch": False}),
+         (131073, 262144, {"threads": 256, "threads_per_row": 256, "ctas_per_sm": 1, "stages": 2, "parts": 4})),
     32: ((8192, 8192, {"threads": 128, "threads_per_row": 128, "cluster_n": 2, "ctas_per_sm": 2, "exchange": "mbar",
                        "stages": 2}),),
 }
