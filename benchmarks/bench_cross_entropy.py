@@ -9,6 +9,11 @@ Per shape (M x N, bf16 and fp32, tensors <= 4 GiB) and contender:
 % of copy is against a device-to-device copy measured in the same run (L2 flushed).
 
 Run on a GPU machine:  python benchmarks/bench_cross_entropy.py [--out FILE] [--no-compile]
+Config sweep, kernels alone (quack's forward first, at the same shape):
+  python benchmarks/bench_cross_entropy.py --ns "" --sweep-ns 4096,32768 --sweep-dtypes bfloat16,float32
+                                           [--sweep-grid] [--sweep-phases fwd,bwd] [--flush zero|read]
+(CUTEFORGE_CE_RING=0 in the environment builds the forward's v2 loop, for A/B runs; give
+that process its own CUTEFORGE_CACHE_DIR.)
 """
 
 from __future__ import annotations
