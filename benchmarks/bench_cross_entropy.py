@@ -12,15 +12,12 @@ Run on a GPU machine:  python benchmarks/bench_cross_entropy.py [--out FILE] [--
 Config sweep, kernels alone (quack's forward first, at the same shape):
   python benchmarks/bench_cross_entropy.py --ns "" --sweep-ns 4096,32768 --sweep-dtypes bfloat16,float32
                                            [--sweep-grid] [--sweep-phases fwd,bwd] [--flush zero|read]
-(CUTEFORGE_CE_RING=0 in the environment builds the forward's v2 loop, for A/B runs; give
-that process its own CUTEFORGE_CACHE_DIR.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -191,7 +188,6 @@ def main() -> None:
         "quack": quack.get("error", "quack-kernels (../shared/gpu/wheels)"),
         "copy_GBps": round(copy_bps / 1e9, 1),
         "flush": args.flush,
-        "ring": os.environ.get("CUTEFORGE_CE_RING", "1"),
         "rows": [],
     }
     for dtype in (torch.bfloat16, torch.float32):
