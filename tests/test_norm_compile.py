@@ -271,8 +271,8 @@ def test_frozen_bwd_defaults(kernels, kind):
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_row_staged_defaults_below_8192(kernels, kind):
     """norm v2.26 (H200): fp32 rows of 4097..8191 take the row-staged backward (256 threads,
-    3 stages) with and without partials; 16-bit rows of 5633..8191 with partials and
-    4097..8191 without take it on 2 stages. The power-of-two ends keep theirs (4096 and
+    3 stages) with and without partials; 16-bit rows of 5633..8191 with partials (at most 2
+    CTAs per SM) and 4097..8191 without take it on 2 stages. The power-of-two ends keep theirs (4096 and
     16-bit 8192 without partials: the row grid; fp32 8192: the register kernel with
     partials, 2-CTA clusters without). They assemble without spilling."""
     from cuteforge.kernels.norm.config import default_bwd_config
@@ -287,12 +287,14 @@ def test_row_staged_defaults_below_8192(kernels, kind):
         for has_dw in (True, False):
             cfg = default_bwd_config(n, 16, has_dw)
             assert (cfg.threads, cfg.stages) == (256, 2), (n, has_dw, cfg)
+        assert default_bwd_config(n, 16).ctas_per_sm <= 2
     assert default_bwd_config(4096, 16, False).row_grid and default_bwd_config(8192, 16, False).row_grid
     assert default_bwd_config(4096, 32, False).row_grid and default_bwd_config(4097, 32).stages == 0  # unaligned
     assert default_bwd_config(8192, 32).stages == 0 and default_bwd_config(8192, 32, False).cluster_n == 2
     _, bwd = kernels
+    # 16-bit 5640 / 6400 with partials: 3 CTAs per SM spilled LayerNorm (164 / 348 bytes)
     for xd, n, has_dw in (("float32", 5120, True), ("float32", 7168, False), ("bfloat16", 4608, False),
-                          ("bfloat16", 7168, True)):
+                          ("bfloat16", 5640, True), ("float16", 6400, True), ("bfloat16", 7168, True)):
         bits = 32 if xd == "float32" else 16
         v = 16 * 8 // bits
         params = {"kind": kind, "has_bias": kind == "layer", "has_dsum": False} | ({} if has_dw else {"has_dw": False})

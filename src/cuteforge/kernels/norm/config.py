@@ -525,10 +525,13 @@ def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormC
 # 256 threads, 2 stages read 94.2 / 95.8 (RMSNorm) and 92.5 / 94.0 % (LayerNorm) against
 # the register default's 84.2 / 90.3 and 76.7 / 84.1 %. Not below: at 4608 / 5120 the same
 # shape read 93.4 / 94.4 % for RMSNorm but 46.0 / 48.8 % for LayerNorm (register default
-# 75.9 / 79.0 and 62.7 / 68.4 %; one rule serves both). Without partials these rows take
-# the row grid (frozen_row_grid_config) before this table.
-STAGED_BWD: dict[int, tuple[tuple[int, int, int, int], ...]] = {
-    16: ((5633, 8192, 32, 2), (8193, 16384, 32, 3)),
+# 75.9 / 79.0 and 62.7 / 68.4 %; one rule serves both): that shape ran 3 CTAs per SM, and
+# under their 80-register budget LayerNorm's kernel with partials spills 164 bytes (ptxas;
+# also at 5640 / 5888 / 6400, and 8 bytes for fp16 RMSNorm), so 5633..8191 are held to 2
+# CTAs per SM (the 7168 reading's shape). A fifth field caps the CTAs per SM. Without
+# partials 16-bit rows of 4097..8191 take FROZEN_STAGED_BWD before this table.
+STAGED_BWD: dict[int, tuple[tuple[int, ...], ...]] = {
+    16: ((5633, 8191, 32, 2, 2), (8192, 8192, 32, 2), (8193, 16384, 32, 3)),
     32: ((4097, 8191, 32, 3), (8193, 16384, 32, 3)),
 }
 
@@ -566,19 +569,25 @@ STAGED_BWD_CLUSTER: dict[int, tuple[tuple[int, int, int, int, bool], ...]] = {
 #   one norm and far lower for the other (512 threads, 2 stages of 2 parts: RMSNorm 95.3,
 #   LayerNorm 54.0). At 131072 the heuristic without partials was level with it with
 #   partials (94.8 / 93.6 against 94.9 / 92.0, h200-norm-bwd-longrow-frozen.json).
-# - 16-bit 4097..5632 (v2.26, h200-norm-s26-bf16-5120.json, bf16 4608 / 5120, kernel
-#   alone): 256 threads, 2 stages, 3 CTAs per SM read 94.4 / 95.1 (RMSNorm) and 92.8 /
-#   94.7 % (LayerNorm) without partials (5633..8191 get the same shape from STAGED_BWD).
 # - fp32 8192 (the one N measured): 2-CTA clusters of 128 threads, 2 stages of the row's
 #   halves, 2 CTAs per SM. At 32768 x 8192 the heuristic (one 512-thread CTA per SM, row in registers)
 #   without partials read RMSNorm 87.3 against 98.3 with partials (LayerNorm 98.2 / 97.8);
 #   this shape read 98.7 / 98.4, the best of 44 shapes for RMSNorm and within 0.1 of the
 #   best for LayerNorm (h200-norm-s25c-fp32-8192-frozen.json).
 FROZEN_BWD_SHAPES: dict[int, tuple[tuple[int, int, dict[str, Any]], ...]] = {
-    16: ((4097, 5632, {"threads": 256, "threads_per_row": 256, "ctas_per_sm": 3, "stages": 2, "prefetch": False}),
-         (131073, 262144, {"threads": 256, "threads_per_row": 256, "ctas_per_sm": 1, "stages": 2, "parts": 4})),
+    16: ((131073, 262144, {"threads": 256, "threads_per_row": 256, "ctas_per_sm": 1, "stages": 2, "parts": 4}),),
     32: ((8192, 8192, {"threads": 128, "threads_per_row": 128, "cluster_n": 2, "ctas_per_sm": 2, "exchange": "mbar",
                        "stages": 2}),),
+}
+
+
+# The row-staged backward without partials (v2.26), as staged_config(n, bits, elems,
+# stages) with its own CTAs per SM: 16-bit 4097..8191 (h200-norm-s26-bf16-5120.json, kernel
+# alone, bf16 4608 / 5120 / 6144 / 7168: RMSNorm 94.4 / 95.1 / 94.9 / 96.5 and LayerNorm
+# 92.8 / 94.7 / 94.6 / 95.1 % on 256 threads, 2 stages, 3 CTAs per SM up to 6143, 2 at
+# 7168; the row grid read 70.8-97.4 % there through autograd). No spill (ptxas).
+FROZEN_STAGED_BWD: dict[int, tuple[tuple[int, int, int, int], ...]] = {
+    16: ((4097, 8191, 32, 2),),
 }
 
 
@@ -714,11 +723,11 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
     and finally gives each thread a larger share. ``residual``: the forward fuses a
     residual add (``STAGED_FWD_RESIDUAL``'s shapes come first)."""
     if backward:
-        for lo, hi, elems, stages in STAGED_BWD.get(dtype_bits, ()):
+        for lo, hi, elems, stages, *cap in STAGED_BWD.get(dtype_bits, ()):
             if lo <= n <= hi:
                 cfg = staged_config(n, dtype_bits, elems, stages)
                 if cfg is not None:
-                    return cfg
+                    return replace(cfg, ctas_per_sm=min(cfg.ctas_per_sm, *cap)) if cap else cfg
         for lo, hi, elems, stages, more in STAGED_BWD_CLUSTER.get(dtype_bits, ()):
             if lo <= n <= hi:
                 cfg = cluster_staged_config(n, dtype_bits, elems, stages)
@@ -789,14 +798,19 @@ def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> N
 def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True) -> NormConfig:
     """The backward's default: ``default_config(backward=True)``; for the kernel without
     partials (``has_dw=False``) the row grid's shape where it was measured faster
-    (``frozen_row_grid_config``) and the shapes of ``FROZEN_BWD_SHAPES`` (one rule for
-    RMSNorm and LayerNorm each time)."""
+    (``frozen_row_grid_config``), the row-staged shapes of ``FROZEN_STAGED_BWD`` and the
+    shapes of ``FROZEN_BWD_SHAPES`` (one rule for RMSNorm and LayerNorm each time)."""
     cfg = default_config(n, dtype_bits, backward=True)
     if has_dw:
         return cfg
     row = frozen_row_grid_config(n, dtype_bits)
     if row is not None:
         return row
+    for lo, hi, elems, stages in FROZEN_STAGED_BWD.get(dtype_bits, ()):
+        if lo <= n <= hi:
+            staged = staged_config(n, dtype_bits, elems, stages)
+            if staged is not None:
+                return staged
     for lo, hi, fields in FROZEN_BWD_SHAPES.get(dtype_bits, ()):
         if lo <= n <= hi:
             shape = replace(cfg, **fields)
