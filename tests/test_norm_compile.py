@@ -214,8 +214,9 @@ def test_bwd_early_weight_loads_the_weight_once(kernels):
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_frozen_bwd_defaults(kernels, kind):
     """The kernel without partials has its own defaults (v2.24): the row grid at N = 256..4096
-    (fp32) / 256..4096 and 8192 (16-bit; v2.26), each thread holding 32 bytes of its row (fp32 from N = 2048:
-    64), CTAs of 128..512 threads under a 128-register budget; v2.25's FROZEN_BWD_SHAPES at
+    (fp32) / 256..4096 and 8192 (16-bit; 256..8192 before v2.26), each thread holding 32
+    bytes of its row (fp32 from N = 2048: 64), CTAs of 128..512 threads under a 128-register
+    budget; v2.25's FROZEN_BWD_SHAPES at
     fp32 8192 and 16-bit 262144; elsewhere, and for the kernel with partials everywhere, the
     heuristic's. The measured row-grid shapes (H200, h200-norm-s24a-row-grid-sweep.json)
     assemble without spilling under that budget."""
@@ -272,9 +273,9 @@ def test_frozen_bwd_defaults(kernels, kind):
 def test_row_staged_defaults_below_8192(kernels, kind):
     """norm v2.26 (H200): fp32 rows of 4097..8191 take the row-staged backward (256 threads,
     3 stages) with and without partials; 16-bit rows of 5633..8191 with partials (at most 2
-    CTAs per SM) and 4097..8191 without take it on 2 stages. The power-of-two ends keep theirs (4096 and
-    16-bit 8192 without partials: the row grid; fp32 8192: the register kernel with
-    partials, 2-CTA clusters without). They assemble without spilling."""
+    CTAs per SM) and 4097..8191 without take it on 2 stages. The power-of-two ends keep
+    theirs (4096 and 16-bit 8192 without partials: the row grid; fp32 8192: the register
+    kernel with partials, 2-CTA clusters without). They assemble without spilling."""
     from cuteforge.kernels.norm.config import default_bwd_config
 
     for n in (4104, 4608, 5000, 6144, 8184):

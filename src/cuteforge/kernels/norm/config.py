@@ -467,7 +467,7 @@ def async_fwd_candidates(n: int, dtype_bits: int) -> list[NormConfig]:
 # weight held across rows, v2.22-v2.23, and the v2.21-v2.23 fp32 1024 picks are superseded).
 # fp32 N = 8192 stays persistent (RMSNorm 85.1 on the row grid vs 87.5); longer rows and
 # rows under 256 were not measured on the row grid. 16-bit rows of 4097..8191 left it in
-# v2.26: through autograd (h200-membound-norm-v2.26-bf16.json) bf16 4608 / 5120 / 6144 read
+# v2.26: through autograd (h200-membound-norm-v2.26-bf16-rowgrid.json) bf16 4608 / 5120 / 6144 read
 # RMSNorm 78.9 / 83.6 / 91.0 and LayerNorm 70.8 / 76.5 / 86.2 % on it (512 threads for
 # 576..768 vectors: a second, mostly idle round), where the row-staged shape without
 # partials read 92.8-96.5 % kernel alone (h200-norm-s26-bf16-5120.json).
@@ -522,13 +522,15 @@ def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormC
 # register default (512 threads, one CTA per SM) read 67.6-91.6 % (RMSNorm) / 81.7-90.7 %
 # with partials and 61.0-91.8 % without (ptxas issued part of its loads late, v2.25).
 # 16-bit N = 5633..8191 with partials (h200-norm-s26-bf16-5120.json, bf16 6144 / 7168):
-# 256 threads, 2 stages read 94.2 / 95.8 (RMSNorm) and 92.5 / 94.0 % (LayerNorm) against
-# the register default's 84.2 / 90.3 and 76.7 / 84.1 %. Not below: at 4608 / 5120 the same
+# 256 threads, 2 stages (3 CTAs per SM at 6144, 2 at 7168) read 94.2 / 95.8 (RMSNorm) and
+# 92.5 / 94.0 % (LayerNorm) against the register default's 84.2 / 90.3 and 76.7 / 84.1 %.
+# Not below: at 4608 / 5120 the same
 # shape read 93.4 / 94.4 % for RMSNorm but 46.0 / 48.8 % for LayerNorm (register default
 # 75.9 / 79.0 and 62.7 / 68.4 %; one rule serves both): that shape ran 3 CTAs per SM, and
 # under their 80-register budget LayerNorm's kernel with partials spills 164 bytes (ptxas;
 # also at 5640 / 5888 / 6400, and 8 bytes for fp16 RMSNorm), so 5633..8191 are held to 2
-# CTAs per SM (the 7168 reading's shape). A fifth field caps the CTAs per SM. Without
+# CTAs per SM (the 7168 reading's shape; not timed on 2 at 5633..7167). A fifth field caps
+# the CTAs per SM. Without
 # partials 16-bit rows of 4097..8191 take FROZEN_STAGED_BWD before this table.
 STAGED_BWD: dict[int, tuple[tuple[int, ...], ...]] = {
     16: ((5633, 8191, 32, 2, 2), (8192, 8192, 32, 2), (8193, 16384, 32, 3)),
