@@ -216,9 +216,8 @@ def test_frozen_bwd_defaults(kernels, kind):
     """The kernel without partials has its own defaults (v2.24): the row grid at N = 256..4096
     (fp32) / 256..4096 and 8192 (16-bit; 256..8192 before v2.26), each thread holding 32
     bytes of its row (fp32 from N = 2048: 64), CTAs of 128..512 threads under a 128-register
-    budget; v2.25's FROZEN_BWD_SHAPES at
-    fp32 8192 and 16-bit 262144; elsewhere, and for the kernel with partials everywhere, the
-    heuristic's. The measured row-grid shapes (H200, h200-norm-s24a-row-grid-sweep.json)
+    budget; v2.25's FROZEN_BWD_SHAPES at fp32 8192 and 16-bit 262144; elsewhere, and for
+    the kernel with partials everywhere, the heuristic's. The measured row-grid shapes (H200, h200-norm-s24a-row-grid-sweep.json)
     assemble without spilling under that budget."""
     from cuteforge.kernels.norm.config import (
         default_bwd_config,
