@@ -304,6 +304,24 @@ def test_row_staged_defaults_below_8192(kernels, kind):
         ptxas_no_spill(ptx)
 
 
+@pytest.mark.parametrize("xd, n", [("bfloat16", 3584), ("float32", 5640), ("bfloat16", 6656), ("float32", 12288)])
+def test_defaults_at_hidden_sizes_do_not_spill(kernels, xd, n):
+    """The defaults at hidden sizes between powers of two (which the bar sweep never runs)
+    assemble without spilling: the forward, and the backward with and without partials,
+    for both norms. A spill in the row loop cost LayerNorm half its bandwidth at bf16 4608
+    (norm v2.26). Known exception, not changed yet: LayerNorm's register backward with
+    partials at N = 2049..3071 (norm.md v2.26)."""
+    fwd, bwd = kernels
+    bits = 32 if xd == "float32" else 16
+    v = 16 * 8 // bits
+    for kind in ("rms", "layer"):
+        ptxas_no_spill(_compile_fwd_case(fwd, kind, xd, xd, n, kind == "layer", False, None)[2])
+        for has_dw in (True, False):
+            params = {"kind": kind, "has_bias": kind == "layer", "has_dsum": False} | ({} if has_dw else {"has_dw": False})
+            dts = (xd,) * 4 + ("float32",) * 2 + (xd,) + ("float32",) * 2
+            ptxas_no_spill(_compile(bwd, dts, n, (v,) * 4 + (4, 4, v, 4, 4), params)[1])
+
+
 # (kind, dtype, N, config or None for the default, partials, measured % of copy or None):
 # the register backward's row loop, where ptxas may issue part of a row's loads in a
 # second batch after the row's first multiply (norm v2.25). The readings are the H200's
