@@ -78,8 +78,8 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
         per_row, _ = ce_mod._fwd(x, t, -100)
         return per_row.sum() / t.ne(-100).sum()
 
-    # the reduced kernel itself, whatever the op picks for this shape (kernels.reduce_wanted:
-    # 16-bit rows past RED_MAX_N_16BIT take the composition below)
+    # the reduced kernel itself, launched directly (the op's own host path aside; before
+    # v3.1 the op took the composition below for 16-bit rows past 16384)
     red_out, red_unused = x.new_empty(1), torch.empty(1, device="cuda")
     red_work = ce_mod._work(x.get_device(), work_words(m))  # >= the grid's: one row a CTA at most
 
@@ -91,7 +91,7 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
         red[0](x, t, red_out, red_unused, red_work)
         return red_out
 
-    # the no-grad mean loss: the op (v2: one launch that also reduces where reduce_wanted),
+    # the no-grad mean loss: the op (one launch that also reduces where its grid fits),
     # the reduced kernel forced, and v1's composition
     fwd_mean = {"cuteforge": lambda: ops.cross_entropy(x, t), "cuteforge_reduced": reduced_mean,
                 "cuteforge_rowwise": rowwise_mean, "torch": lambda: F.cross_entropy(x, t)}

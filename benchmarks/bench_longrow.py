@@ -181,7 +181,7 @@ def bwd_plans(ops: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[st
         for dt in dtypes:
             bits = getattr(torch, dt).itemsize * 8
             for n in ns:
-                d = default_config(n, bits, backward=True)
+                d = default_config(n, bits, backward=True, kind=op.split("_")[0])
                 out.append((op, dt, n, d, True))
                 out += [(op, dt, n, c, False) for c in longrow_bwd_candidates(n, bits) if c != d]
     return out

@@ -97,7 +97,7 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int], register: bool = Fal
         for dt in dtypes:
             bits = getattr(torch, dt).itemsize * 8
             for n in ns:
-                d = default_config(n, bits, backward=True)
+                d = default_config(n, bits, backward=True, kind=op.split("_")[0])
                 out.append((op, dt, n, d, True))
                 cands = staged_candidates(n, bits) if n <= 16384 else []
                 if n > 16384 or not cands:  # rows split over a cluster (v2.5)

@@ -487,29 +487,24 @@ def test_beyond_two_levels_reduces_with_torch(monkeypatch):
     assert works == [] and all(not isinstance(c[0], tuple) for c in calls)  # only the per-row kernel
 
 
-def test_long_16bit_rows_take_the_per_row_kernel() -> None:
-    """Where the reduced kernel measured slower (16-bit rows past RED_MAX_N_16BIT, in
-    problems past RED_SMALL_BYTES), mean/sum use the per-row kernel + torch's reduction: no
-    workspace, and precompile skips them."""
+def test_mean_and_sum_take_the_reduced_kernel_at_any_n() -> None:
+    """v3.1: mean/sum take the one-launch reduced forward wherever its grid fits, 16-bit
+    rows past 16384 included (with v3's forward it read level or ahead of the per-row
+    kernel + torch's reduction there on the H200, h200-cross-entropy-reduced.json), and
+    precompile builds it for every dtype."""
     from cuteforge.kernels.cross_entropy import kernels as k
     from cuteforge.kernels.cross_entropy import spec
 
     ce = importlib.import_module("cuteforge.ops.cross_entropy")  # (the package attribute is the function)
-    assert k.reduce_wanted(k.RED_MAX_N_16BIT, 16) and not k.reduce_wanted(k.RED_MAX_N_16BIT + 1, 16)
-    assert k.reduce_wanted(151936, 32)
-    big = 2 * k.RED_SMALL_BYTES // (2 * (k.RED_MAX_N_16BIT + 1)) + 1  # rows past the small-problem size
 
     def words(m: int, n: int, dt: torch.dtype) -> int:
         return ce._red_words(torch.empty(m, n, dtype=dt, device="meta"), k.ce_config(n, dt.itemsize * 8))
 
-    assert words(big, k.RED_MAX_N_16BIT + 1, torch.bfloat16) == 0
-    assert words(big, k.RED_MAX_N_16BIT, torch.bfloat16) > 0
+    for n in (16385, 65536, 131072):
+        assert words(32768, n, torch.bfloat16) > 0 and words(32768, n, torch.float16) > 0
     assert words(8, 65536, torch.float32) > 0
-    # a small problem takes the reduced kernel at any N: the per-row path's torch ops cost more
-    assert words(8, k.RED_MAX_N_16BIT + 1, torch.bfloat16) > 0
-    assert k.reduce_wanted(65536, 16, 1) and not k.reduce_wanted(65536, 16, 32768)
     widths = {key.dtypes[0] for key, _ in spec._reduce_specs()}
-    assert widths == {"float32"}  # every STANDARD_N is past the 16-bit limit
+    assert widths == {"float32", "bfloat16", "float16"}
 
 
 def test_forward_ring_holds_no_chunk_in_registers(monkeypatch):

@@ -281,8 +281,10 @@ def test_row_staged_defaults_below_8192(kernels, kind):
         for has_dw in (True, False):
             cfg = default_bwd_config(n, 32, has_dw)
             assert (cfg.threads, cfg.stages, cfg.cluster_n) == (256, 3, 1), (n, has_dw, cfg)
-    for n in (4104, 5120, 5632):
-        assert default_bwd_config(n, 16).stages == 0 and default_bwd_config(n, 16, False).stages == 2
+    for n in (4104, 5120, 5632):  # v2.27: 3 stages on 2 CTAs per SM with partials
+        cfg = default_bwd_config(n, 16)
+        assert (cfg.threads, cfg.stages, cfg.ctas_per_sm) == (256, 3, 2), (n, cfg)
+        assert default_bwd_config(n, 16, False).stages == 2
     for n in (5640, 7168, 8184):
         for has_dw in (True, False):
             cfg = default_bwd_config(n, 16, has_dw)
@@ -294,23 +296,61 @@ def test_row_staged_defaults_below_8192(kernels, kind):
     _, bwd = kernels
     # 16-bit 5640 / 6400 with partials: 3 CTAs per SM spilled LayerNorm (164 / 348 bytes)
     for xd, n, has_dw in (("float32", 5120, True), ("float32", 7168, False), ("bfloat16", 4608, False),
-                          ("bfloat16", 5640, True), ("float16", 6400, True), ("bfloat16", 7168, True)):
+                          ("bfloat16", 4608, True), ("bfloat16", 5640, True), ("float16", 6400, True),
+                          ("bfloat16", 7168, True)):
         bits = 32 if xd == "float32" else 16
         v = 16 * 8 // bits
         params = {"kind": kind, "has_bias": kind == "layer", "has_dsum": False} | ({} if has_dw else {"has_dw": False})
         dts = (xd,) * 4 + ("float32",) * 2 + (xd,) + ("float32",) * 2
         spec, ptx = _compile(bwd, dts, n, (v,) * 4 + (4, 4, v, 4, 4), params)
-        assert spec.config == default_bwd_config(n, bits, has_dw) and spec.config.stages
+        assert spec.config == default_bwd_config(n, bits, has_dw, kind) and spec.config.stages
         ptxas_no_spill(ptx)
 
 
-@pytest.mark.parametrize("xd, n", [("bfloat16", 3584), ("float32", 5640), ("bfloat16", 6656), ("float32", 12288)])
+def test_backward_defaults_between_2048_and_4096():
+    """norm v2.27 (H200): 16-bit rows of 2049..3584 with partials take the row-staged
+    backward on 128 threads, 4 CTAs per SM (3 stages up to 3071, 2 from 3072), where
+    16-byte aligned; LayerNorm's register backward with partials at 2049..3071 (fp32, and
+    16-bit rows that are not aligned) runs at most 2 CTAs per SM, where 3 spilled it;
+    RMSNorm's keeps 3. The ends keep theirs: 2048 and 3585..4096 the register kernel."""
+    from cuteforge.kernels.norm.config import default_bwd_config
+
+    for n, stages in ((2056, 3), (2560, 3), (3064, 3), (3072, 2), (3584, 2)):
+        for kind in ("rms", "layer"):
+            cfg = default_bwd_config(n, 16, True, kind)
+            assert (cfg.threads, cfg.stages, cfg.ctas_per_sm) == (128, stages, 4), (n, kind, cfg)
+    for n in (2048, 3592, 4096):
+        assert default_bwd_config(n, 16, True, "layer").stages == 0
+    for n, bits in ((2304, 32), (2560, 32), (2816, 32), (2050, 16), (2815, 16)):
+        rms, layer = default_bwd_config(n, bits, True, "rms"), default_bwd_config(n, bits, True, "layer")
+        assert rms.stages == 0 and layer.stages == 0, (n, bits)
+        assert rms.ctas_per_sm == 3 and layer.ctas_per_sm == 2, (n, bits, rms, layer)
+        assert layer.prefetch == (bits == 16)  # the register room freed holds the next row
+    assert default_bwd_config(2048, 32, True, "layer") == default_bwd_config(2048, 32, True, "rms")
+    assert default_bwd_config(3072, 32, True, "layer") == default_bwd_config(3072, 32, True, "rms")
+    # without partials the cap does not apply (the row grid there)
+    assert default_bwd_config(2560, 32, False, "layer") == default_bwd_config(2560, 32, False, "rms")
+
+
+def test_layer_register_backward_fits_at_2050(kernels):
+    """LayerNorm's backward with partials on a 16-bit row that is not 16-byte aligned (no
+    row-staged kernel): the register kernel on 2 CTAs per SM assembles without a spill."""
+    _, bwd = kernels
+    params = {"kind": "layer", "has_bias": True, "has_dsum": False}
+    dts = ("bfloat16",) * 4 + ("float32",) * 2 + ("bfloat16",) + ("float32",) * 2
+    spec, ptx = _compile(bwd, dts, 2050, (2,) * 4 + (4, 4, 2, 2, 2), params)
+    assert spec.config.stages == 0 and spec.config.ctas_per_sm == 2, spec.config
+    ptxas_no_spill(ptx)
+
+
+@pytest.mark.parametrize("xd, n", [("bfloat16", 2560), ("float32", 2560), ("bfloat16", 3584),
+                                   ("float32", 5640), ("bfloat16", 6656), ("float32", 12288)])
 def test_defaults_at_hidden_sizes_do_not_spill(kernels, xd, n):
     """The defaults at hidden sizes between powers of two (which the bar sweep never runs)
     assemble without spilling: the forward, and the backward with and without partials,
     for both norms. A spill in the row loop cost LayerNorm half its bandwidth at bf16 4608
-    (norm v2.26). Known exception, not changed yet: LayerNorm's register backward with
-    partials at N = 2049..3071 (norm.md v2.26)."""
+    (norm v2.26); at 2560 LayerNorm's register backward with partials spilled on 3 CTAs
+    per SM and read 33.5 % (bf16) / 69.7 % (fp32) of copy (norm v2.27)."""
     fwd, bwd = kernels
     bits = 32 if xd == "float32" else 16
     v = 16 * 8 // bits

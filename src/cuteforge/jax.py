@@ -540,7 +540,7 @@ def _norm_bwd_impl(kind: str, has_b: bool, dy: Any, xs: Any, w: Any, mean: Any, 
     has_d, is_ln = dsum is not None, kind == "layer"
     xd, wd = _dtype_name(xs.dtype), _dtype_name(w.dtype)
     xb, wb = jnp.dtype(xs.dtype).itemsize, jnp.dtype(w.dtype).itemsize
-    cfg = norm_config.default_config(n, xb * 8, backward=True)
+    cfg = norm_config.default_bwd_config(n, xb * 8, True, kind)
     blocks = -(-m // cfg.rows_per_cta)
     q = max(1, min(blocks, _sm_count() * cfg.ctas_per_sm // cfg.cluster_n))
     vx, vw, vp = _vec_rows(n, xb), _vec_flat(wb), _vec_rows(n, 4)

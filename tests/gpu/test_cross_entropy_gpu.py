@@ -228,10 +228,12 @@ def test_reduced_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
         torch.testing.assert_close(xg.grad.float(), ref_x.grad, **_tol(dtype))
 
 
-def test_reduced_two_levels_long_rows() -> None:
-    """1024-thread CTAs (long rows): 10000 CTAs in two groups (8192 and 1808), so both
-    levels run with the widest CTAs; mean and sum, forward and backward."""
-    x, t = _inputs(10000, 32768, torch.float32)  # (16-bit rows this long take the per-row kernel)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduced_two_levels_long_rows(dtype: torch.dtype) -> None:
+    """Long rows: 10000 CTAs in two groups (8192 and 1808), so both levels run; mean and
+    sum, forward and backward. bf16 too: since v3.1 16-bit rows past 16384 in problems
+    past 128 MiB take the reduced kernel as well (before, the per-row kernel + torch)."""
+    x, t = _inputs(10000, 32768, dtype)
     for reduction in ("mean", "sum"):
         xg = x.clone().requires_grad_(True)
         got = ops.cross_entropy(xg, t, reduction=reduction)

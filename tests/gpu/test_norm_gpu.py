@@ -1138,14 +1138,33 @@ def test_row_staged_backward_below_8192(kind, dtype, n):
     """norm v2.26: fp32 rows of 4097..8191 take the row-staged backward (256 threads, 3
     stages) with partials (training: dx, dweight, dbias and the residual's gradient against
     fp64) and without (frozen weight: dx against torch); 16-bit rows of 5633..8191 with
-    partials and 4097..8191 without (256 threads, 2 stages). From one row to more rows
-    than the persistent CTAs hold stages."""
+    partials and 4097..8191 without (256 threads, 2 stages; v2.27: 3 stages on 2 CTAs per
+    SM with partials at 4097..5632). From one row to more rows than the persistent CTAs
+    hold stages."""
     from cuteforge.kernels.norm.config import default_bwd_config
 
     bits = 32 if dtype == torch.float32 else 16
-    assert default_bwd_config(n, bits).stages == (3 if bits == 32 else 2 if n > 5632 else 0)
+    assert default_bwd_config(n, bits, True, kind).stages == (3 if bits == 32 or n <= 5632 else 2)
     cfg = default_bwd_config(n, bits, False)
     assert cfg.stages == (3 if bits == 32 else 2) and cfg.threads == 256, cfg
     for m in (1, 7, 3001):
         _grad_case(kind, m, n, dtype, bias=True, res=m == 7)
         _frozen_dx_case(kind, m, n, dtype, cfg)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 2056), (torch.bfloat16, 2560), (torch.float16, 2816),
+                                      (torch.bfloat16, 3072), (torch.bfloat16, 3584), (torch.float32, 2304),
+                                      (torch.float32, 2560), (torch.bfloat16, 2050), (torch.float16, 2815)])
+def test_backward_defaults_between_2048_and_4096(kind, dtype, n):
+    """norm v2.27: 16-bit rows of 2049..3584 with partials on the row-staged backward (128
+    threads, 4 CTAs per SM), and LayerNorm's register backward at 2049..3071 (fp32, and
+    16-bit rows that are not 16-byte aligned) on 2 CTAs per SM: training gradients against
+    fp64, one row to more rows than the CTAs hold stages."""
+    from cuteforge.kernels.norm.config import default_bwd_config
+
+    bits = 32 if dtype == torch.float32 else 16
+    cfg = default_bwd_config(n, bits, True, kind)
+    assert cfg.stages == (0 if bits == 32 or n % 8 else 3 if n < 3072 else 2), cfg
+    for m in (1, 7, 3001):
+        _grad_case(kind, m, n, dtype, bias=True, res=m == 7)

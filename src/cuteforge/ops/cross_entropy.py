@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.cross_entropy.kernels import WORK_ZERO, reduce_fits, reduce_wanted, work_words
+from ..kernels.cross_entropy.kernels import WORK_ZERO, reduce_fits, work_words
 from ..kernels.cross_entropy.spec import (
     config_for,
     cross_entropy_bwd,
@@ -160,11 +160,10 @@ def _red_key(logits: torch.Tensor, target: torch.Tensor) -> Any:
 
 def _red_words(logits: torch.Tensor, cfg: Any) -> int:
     """The workspace words a reduced forward of these logits under `cfg` needs, or 0 where
-    the caller reduces with torch ops instead: a grid beyond kernels.reduce_fits, or rows
-    where the per-row kernel measured faster (kernels.reduce_wanted)."""
-    m, n = logits.shape
-    if not reduce_wanted(n, logits.element_size() * 8, m):
-        return 0
+    the caller reduces with torch ops instead: a grid beyond kernels.reduce_fits. (Until
+    v3.1, 16-bit rows past 16384 took the per-row kernel + torch reduction, measured faster
+    with v2's forward; with v3's the reduced kernel is level or ahead there, cross_entropy.md.)"""
+    m = logits.shape[0]
     ctas = -(-m // cfg.rows_per_cta)
     return work_words(ctas) if reduce_fits(ctas, cfg.threads) else 0
 

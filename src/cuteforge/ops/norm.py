@@ -220,7 +220,7 @@ def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, 
     """(Q, the compiled backward) for (M, N) rows, M > 0: Q is the dweight partials' rows.
     ``need_dw=False``: the kernel that writes no partials (Q then only sizes its grid)."""
     m, n = xs.shape
-    cfg = config or norm_config.default_bwd_config(n, xs.element_size() * 8, need_dw)
+    cfg = config or norm_config.default_bwd_config(n, xs.element_size() * 8, need_dw, kind)
     if cfg.row_grid and need_dw:
         raise ValueError(f"config {cfg}: row_grid is for the backward without dweight / dbias partials")
     q = bwd_groups(xs.device, cfg, m)

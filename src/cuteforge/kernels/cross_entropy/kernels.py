@@ -331,27 +331,6 @@ WORK_PART = WORK_GCNT + GROUP_MAX  # per-CTA sums [G], then counts [G]
 WORK_ZERO = WORK_GSUM  # words that must be 0 when a launch starts
 
 
-# 16-bit rows longer than this take the per-row kernel + torch reduction instead of the
-# reduced kernel: on the H200 (h200-cross-entropy-v2.json, fwd_mean, 32768 rows, bf16) the
-# reduced kernel took 1391 us against 1181 us for the per-row kernel + torch's sum/count
-# at N = 65536, while at N = 4096 it was the faster one (95 vs 100 us); fp32 was level at
-# both. At such sizes the three torch ops' host time is far below the GPU time.
-RED_MAX_N_16BIT = 16384
-# ... except in problems of at most this many bytes of logits, where the per-row path's
-# torch reduction (five ops, ~40-80 us of host time on the H200 host) costs more than the
-# reduced kernel's extra GPU time (~16 % of ~30 us): bf16 1 x 32768 took 79 us that way
-# against torch's 13 us (h200-membound-smallm-1.json).
-RED_SMALL_BYTES = 1 << 27
-
-
-def reduce_wanted(n: int, dtype_bits: int, m: int | None = None) -> bool:
-    """Whether rows of `n` elements of this width take the reduced kernel (by measurement);
-    with `m`, any problem of at most RED_SMALL_BYTES does."""
-    if m is not None and m * n * dtype_bits // 8 <= RED_SMALL_BYTES:
-        return True
-    return dtype_bits != 16 or n <= RED_MAX_N_16BIT
-
-
 def reduce_fits(ctas: int, threads: int) -> bool:
     """Two levels of groups reach S^2 CTAs (at least 4M: M of 4M rows and more)."""
     s = reduce_group(threads)

@@ -140,8 +140,6 @@ def _reduce_specs() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     (no-grad calls and sum compile on first use)."""
     for dt in FLOAT_DTYPES:
         for n in STANDARD_N:
-            if not kernels.reduce_wanted(n, dt.itemsize * 8):
-                continue  # the ops run the per-row kernel there
             v = vector_width(0, (n,), dt.itemsize)
             names = (dtype_name(dt), "int64", dtype_name(dt), "float32", "int32")
             static = (("N", n), ("ONE", 1))

@@ -529,13 +529,36 @@ def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormC
 # 75.9 / 79.0 and 62.7 / 68.4 %; one rule serves both): that shape ran 3 CTAs per SM, and
 # under their 80-register budget LayerNorm's kernel with partials spills 164 bytes (ptxas;
 # also at 5640 / 5888 / 6400, and 8 bytes for fp16 RMSNorm), so 5633..8191 are held to 2
-# CTAs per SM (the 7168 reading's shape; not timed on 2 at 5633..7167). A fifth field caps
-# the CTAs per SM. Without
+# CTAs per SM (the 7168 reading's shape). A fifth field caps the CTAs per SM. Without
 # partials 16-bit rows of 4097..8191 take FROZEN_STAGED_BWD before this table.
+# v2.27 (H200, M = 32768, through _backward / kernel alone, % of copy, one run each):
+# - 16-bit 4097..5632 on 256 threads, 3 stages, 2 CTAs per SM (h200-norm-bwd-16bit-4608-6400.json,
+#   bf16 / fp16 4608 / 5120 / 5632): RMSNorm 87.5-88.7 / 92.3-93.3, LayerNorm 76.4-85.6 /
+#   82.9-92.6, against the register default's 73.9-79.9 / 76.0-82.1 and 59.6-70.2 / 62.8-73.5.
+#   The cap measured at 5888..6400 (2 stages): level with 3 stages through _backward.
+# - 16-bit 2049..3584 on 128 threads, 4 CTAs per SM (h200-norm-bwd-2k-sweep.json, bf16 2304 /
+#   2560 / 2816 / 3072 / 3584; 3 stages up to 3071, 2 from 3072, the better of the two at
+#   each but 2816): RMSNorm 80.3 / 79.8 / 79.9 / 84.2 / 86.5 and LayerNorm 67.9 / 72.6 /
+#   71.5 / 76.4 / 79.5 against the register default's 64.5 / 69.7 / 72.7 / 77.9 / 84.4 and
+#   31.1 / 33.5 / 35.8 / 64.0 / 70.0 (kernel alone 86.5-94.2 against 34.5-88.7). At 1536,
+#   2048 and 4096 the register default was level or ahead; the gap through _backward
+#   against kernel alone is the larger Q's partial sums (4 CTAs per SM).
 STAGED_BWD: dict[int, tuple[tuple[int, ...], ...]] = {
-    16: ((5633, 8191, 32, 2, 2), (8192, 8192, 32, 2), (8193, 16384, 32, 3)),
+    16: ((2049, 3071, 32, 3), (3072, 3584, 32, 2), (4097, 5632, 32, 3, 2), (5633, 8191, 32, 2, 2),
+         (8192, 8192, 32, 2), (8193, 16384, 32, 3)),
     32: ((4097, 8191, 32, 3), (8193, 16384, 32, 3)),
 }
+
+# LayerNorm's register backward with partials holds more per thread than RMSNorm's (the
+# dbias accumulators, the mean), which the heuristic's register estimate does not know:
+# at N = 2049..3071 it gives 256-thread CTAs 3 per SM (80 registers), and ptxas spilled
+# LayerNorm's kernel 212 bytes (bf16) / 96 (fp32); RMSNorm's fits. Per the norm, (lowest N,
+# highest N, CTAs per SM at most) for the register backward. H200, fp32, M = 32768,
+# through _backward (h200-norm-bwd-2560.json): 2 CTAs per SM read 80.7 / 83.8 / 87.4 % of
+# copy at 2304 / 2560 / 2816 against 66.5 / 69.7 / 72.0 % on 3, while RMSNorm on 2 read
+# 83.7-90.8 against 90.8-92.4 % on 3. 16-bit rows of these N take STAGED_BWD where their
+# rows are 16-byte aligned; this holds the others.
+REGISTER_BWD_MAX_CTAS: dict[str, tuple[tuple[int, int, int], ...]] = {"layer": ((2049, 3071, 2),)}
 
 
 # Cluster-staged backward (v2.5) as the default for long rows: per dtype bits, the N ranges
@@ -744,7 +767,11 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
                     cfg = ring_config(cfg, n, dtype_bits, RING_PARTS) or cfg
                 if cfg is not None:
                     return cfg
-        return default_register_config(n, dtype_bits)
+        cfg = default_register_config(n, dtype_bits)
+        for lo, hi, cap in REGISTER_BWD_MAX_CTAS.get(kind, ()):
+            if lo <= n <= hi and cfg.ctas_per_sm > cap:
+                cfg = _with_prefetch(replace(cfg, ctas_per_sm=cap, prefetch=False), n, dtype_bits)
+        return cfg
     for lo, hi, threads, elems, level, occ in ASYNC_FWD.get((kind, dtype_bits), ()):
         if lo <= n <= hi:
             cfg = async_fwd_config(n, dtype_bits, threads, elems, level, occ)
@@ -797,12 +824,12 @@ def default_register_fwd_config(n: int, dtype_bits: int, kind: str = "rms") -> N
     return _heuristic_config(n, dtype_bits, False, kind)
 
 
-def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True) -> NormConfig:
-    """The backward's default: ``default_config(backward=True)``; for the kernel without
-    partials (``has_dw=False``) the row grid's shape where it was measured faster
+def default_bwd_config(n: int, dtype_bits: int, has_dw: bool = True, kind: str = "rms") -> NormConfig:
+    """The backward's default: ``default_config(backward=True, kind=kind)``; for the kernel
+    without partials (``has_dw=False``) the row grid's shape where it was measured faster
     (``frozen_row_grid_config``), the row-staged shapes of ``FROZEN_STAGED_BWD`` and the
     shapes of ``FROZEN_BWD_SHAPES`` (one rule for RMSNorm and LayerNorm each time)."""
-    cfg = default_config(n, dtype_bits, backward=True)
+    cfg = default_config(n, dtype_bits, backward=True, kind=kind)
     if has_dw:
         return cfg
     row = frozen_row_grid_config(n, dtype_bits)

@@ -69,9 +69,9 @@ def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
     n, bits = spec.static("N"), spec.dtype("x").width
     if backward:  # the backward's candidates around the heuristic, after this kernel's own default
-        base = config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)))
+        base = config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)), spec.param("kind"))
         near = config.row_grid_candidates(base, n, bits) if base.row_grid else []  # the frozen kernel's
-        rest = [c for c in config.candidate_configs(n, bits, True) if c != base]
+        rest = [c for c in config.candidate_configs(n, bits, True, spec.param("kind")) if c != base]
         return ([base] + near + rest)[:8]
     # the forward's defaults differ by kind and, at long rows, by the residual
     return config.candidate_configs(n, bits, False, spec.param("kind"),
@@ -110,7 +110,8 @@ def norm_fwd(spec: CompileSpec) -> Any:
     name="norm_bwd",
     signature=BWD_SIGNATURE,
     archs=("sm_90+",),
-    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True))),
+    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True)),
+                                                       s.param("kind")),
     configs=lambda s: _configs(s, True),
     validate=lambda spec, cfg: _validate(spec, cfg, True),
 )
