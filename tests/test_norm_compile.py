@@ -332,6 +332,23 @@ def test_backward_defaults_between_2048_and_4096():
     assert default_bwd_config(2560, 32, False, "layer") == default_bwd_config(2560, 32, False, "rms")
 
 
+def test_layer_forward_threads_per_row_between_powers_of_two():
+    """norm v2.27: LayerNorm's 16-bit register forward at 2049..8191 takes the power of two
+    threads a row nearest N / 32 in log scale (2560 -> 64, 4608 / 5120 -> 128, 6144 -> 256);
+    at the powers of two, and for RMSNorm and fp32, the next power of two up as before."""
+    from cuteforge.kernels.norm.config import _pow2_nearest, default_config
+
+    assert [_pow2_nearest(v) for v in (80, 90.4, 90.6, 96, 144, 160, 192, 224, 256)] == [
+        64, 64, 128, 128, 128, 128, 256, 256, 256]
+    for n, p in ((2560, 64), (3072, 128), (4608, 128), (5120, 128), (6144, 256), (7168, 256)):
+        assert default_config(n, 16, kind="layer").threads_per_row == p, n
+    for n in (2048, 2560, 4096, 4608, 5120, 8192):
+        assert default_config(n, 16, kind="rms").threads_per_row == max(8, 1 << (-(-n // 32) - 1).bit_length())
+    for n in (2048, 4096, 8192):
+        assert default_config(n, 16, kind="layer") == default_config(n, 16, kind="rms")
+    assert default_config(4608, 32, kind="layer") == default_config(4608, 32, kind="rms")
+
+
 def test_layer_register_backward_fits_at_2050(kernels):
     """LayerNorm's backward with partials on a 16-bit row that is not 16-byte aligned (no
     row-staged kernel): the register kernel on 2 CTAs per SM assembles without a spill."""

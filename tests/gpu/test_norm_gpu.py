@@ -101,6 +101,21 @@ def test_forward(kind, dtype, n):
         torch.testing.assert_close(out[1], ref_s, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [2056, 2560, 4608, 5120, 7000])
+def test_layer_forward_between_powers_of_two(dtype, n):
+    """norm v2.27: LayerNorm's 16-bit forward at 2049..8191 on the power of two threads a
+    row nearest N / 32 (64 at 2560, 128 at 4608 / 5120), with and without the residual,
+    from one row to many, against torch."""
+    for m, res in ((1, False), (7, True), (3001, False), (3001, True)):
+        x, w, b, r = _inputs(m, n, dtype, bias=True, res=res)
+        out = _call("layer", x, w, b, r, 1e-5)
+        ref_y, ref_s = _ref("layer", x, w, b, r, 1e-5)
+        _close(out[0] if res else out, ref_y, dtype, f"y m={m} res={res}")
+        if res:
+            torch.testing.assert_close(out[1], ref_s, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("m", [0, 1, 3, 32768])
 def test_rows(kind, m):
