@@ -312,7 +312,8 @@ def test_backward_defaults_between_2048_and_4096():
     backward on 128 threads, 4 CTAs per SM (3 stages up to 3071, 2 from 3072), where
     16-byte aligned; LayerNorm's register backward with partials at 2049..3071 (fp32, and
     16-bit rows that are not aligned) runs at most 2 CTAs per SM, where 3 spilled it;
-    RMSNorm's keeps 3. The ends keep theirs: 2048 and 3585..4096 the register kernel."""
+    RMSNorm's keeps 3. Both norms' at 1025..1408 run 2 with prefetch. The ends keep
+    theirs: 2048 and 3585..4096 the register kernel."""
     from cuteforge.kernels.norm.config import default_bwd_config
 
     for n, stages in ((2056, 3), (2560, 3), (3064, 3), (3072, 2), (3584, 2)):
@@ -325,7 +326,14 @@ def test_backward_defaults_between_2048_and_4096():
         rms, layer = default_bwd_config(n, bits, True, "rms"), default_bwd_config(n, bits, True, "layer")
         assert rms.stages == 0 and layer.stages == 0, (n, bits)
         assert rms.ctas_per_sm == 3 and layer.ctas_per_sm == 2, (n, bits, rms, layer)
-        assert layer.prefetch == (bits == 16)  # the register room freed holds the next row
+        assert layer.prefetch  # the register room freed holds the next row
+    # 1025..1408: both norms and dtypes (128 threads a row landed on 3 CTAs per SM)
+    for n, bits in ((1152, 16), (1280, 16), (1280, 32), (1408, 32)):
+        for kind in ("rms", "layer"):
+            cfg = default_bwd_config(n, bits, True, kind)
+            assert (cfg.threads_per_row, cfg.ctas_per_sm, cfg.prefetch, cfg.stages) == (128, 2, True, 0), (n, bits, cfg)
+    assert default_bwd_config(1409, 16, True, "rms").ctas_per_sm == 2  # the heuristic's own choice there
+    assert default_bwd_config(768, 16).prefetch and not default_bwd_config(768, 32).prefetch  # v2.27: 16-bit 768 too
     assert default_bwd_config(2048, 32, True, "layer") == default_bwd_config(2048, 32, True, "rms")
     assert default_bwd_config(3072, 32, True, "layer") == default_bwd_config(3072, 32, True, "rms")
     # without partials the cap does not apply (the row grid there)
@@ -333,7 +341,7 @@ def test_backward_defaults_between_2048_and_4096():
 
 
 def test_layer_forward_threads_per_row_between_powers_of_two():
-    """norm v2.27: LayerNorm's 16-bit register forward at 2049..8191 takes the power of two
+    """norm v2.27: LayerNorm's 16-bit register forward at 1025..8191 takes the power of two
     threads a row nearest N / 32 in log scale (2560 -> 64, 4608 / 5120 -> 128, 6144 -> 256);
     at the powers of two, and for RMSNorm and fp32, the next power of two up as before."""
     from cuteforge.kernels.norm.config import _pow2_nearest, default_config
@@ -342,6 +350,7 @@ def test_layer_forward_threads_per_row_between_powers_of_two():
         64, 64, 128, 128, 128, 128, 256, 256, 256]
     for n, p in ((2560, 64), (3072, 128), (4608, 128), (5120, 128), (6144, 256), (7168, 256)):
         assert default_config(n, 16, kind="layer").threads_per_row == p, n
+    assert default_config(1280, 16, kind="layer").threads_per_row == 32  # 64 before v2.27
     for n in (2048, 2560, 4096, 4608, 5120, 8192):
         assert default_config(n, 16, kind="rms").threads_per_row == max(8, 1 << (-(-n // 32) - 1).bit_length())
     for n in (2048, 4096, 8192):
@@ -360,7 +369,8 @@ def test_layer_register_backward_fits_at_2050(kernels):
     ptxas_no_spill(ptx)
 
 
-@pytest.mark.parametrize("xd, n", [("bfloat16", 2560), ("float32", 2560), ("bfloat16", 3584),
+@pytest.mark.parametrize("xd, n", [("bfloat16", 1280), ("float32", 1280), ("bfloat16", 2560), ("float32", 2560),
+                                   ("bfloat16", 3584),
                                    ("float32", 5640), ("bfloat16", 6656), ("float32", 12288)])
 def test_defaults_at_hidden_sizes_do_not_spill(kernels, xd, n):
     """The defaults at hidden sizes between powers of two (which the bar sweep never runs)

@@ -102,7 +102,7 @@ def test_forward(kind, dtype, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n", [2056, 2560, 4608, 5120, 7000])
+@pytest.mark.parametrize("n", [1280, 2056, 2560, 4608, 5120, 7000])
 def test_layer_forward_between_powers_of_two(dtype, n):
     """norm v2.27: LayerNorm's 16-bit forward at 2049..8191 on the power of two threads a
     row nearest N / 32 (64 at 2560, 128 at 4608 / 5120), with and without the residual,
@@ -1168,18 +1168,21 @@ def test_row_staged_backward_below_8192(kind, dtype, n):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 2056), (torch.bfloat16, 2560), (torch.float16, 2816),
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 768), (torch.bfloat16, 1280), (torch.float32, 1280),
+                                      (torch.float16, 1152), (torch.bfloat16, 1283),
+                                      (torch.bfloat16, 2056), (torch.bfloat16, 2560), (torch.float16, 2816),
                                       (torch.bfloat16, 3072), (torch.bfloat16, 3584), (torch.float32, 2304),
                                       (torch.float32, 2560), (torch.bfloat16, 2050), (torch.float16, 2815)])
 def test_backward_defaults_between_2048_and_4096(kind, dtype, n):
     """norm v2.27: 16-bit rows of 2049..3584 with partials on the row-staged backward (128
-    threads, 4 CTAs per SM), and LayerNorm's register backward at 2049..3071 (fp32, and
-    16-bit rows that are not 16-byte aligned) on 2 CTAs per SM: training gradients against
-    fp64, one row to more rows than the CTAs hold stages."""
+    threads, 4 CTAs per SM), LayerNorm's register backward at 2049..3071 (fp32, and 16-bit
+    rows that are not 16-byte aligned) and both norms' at 1025..1408 on 2 CTAs per SM with
+    prefetch, 16-bit 768 with prefetch: training gradients against fp64, one row to more
+    rows than the CTAs hold stages."""
     from cuteforge.kernels.norm.config import default_bwd_config
 
     bits = 32 if dtype == torch.float32 else 16
     cfg = default_bwd_config(n, bits, True, kind)
-    assert cfg.stages == (0 if bits == 32 or n % 8 else 3 if n < 3072 else 2), cfg
+    assert cfg.stages == (0 if bits == 32 or n % 8 or n < 2049 else 3 if n < 3072 else 2), cfg
     for m in (1, 7, 3001):
         _grad_case(kind, m, n, dtype, bias=True, res=m == 7)

@@ -558,7 +558,16 @@ STAGED_BWD: dict[int, tuple[tuple[int, ...], ...]] = {
 # copy at 2304 / 2560 / 2816 against 66.5 / 69.7 / 72.0 % on 3, while RMSNorm on 2 read
 # 83.7-90.8 against 90.8-92.4 % on 3. 16-bit rows of these N take STAGED_BWD where their
 # rows are 16-byte aligned; this holds the others.
-REGISTER_BWD_MAX_CTAS: dict[str, tuple[tuple[int, int, int], ...]] = {"layer": ((2049, 3071, 2),)}
+# v2.27, 1025..1408 (both norms; the heuristic's 128 threads a row at 9-11 elements each
+# land on the same 3 CTAs per SM; measured at 1280): at 1280 (h200-norm-bwd-small-hidden.json,
+# through _backward) 2 CTAs per SM with prefetch read LayerNorm 52.2 / 83.5 % (bf16 /
+# fp32) and RMSNorm 64.0 / 89.2 % against 33.4 / 76.1 and 54.0 / 87.2 % on 3. A capped
+# config prefetches the next row where that validates (the cap frees the registers; at
+# fp32 2304..2816 LayerNorm read level with and without).
+REGISTER_BWD_MAX_CTAS: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "layer": ((1025, 1408, 2), (2049, 3071, 2)),
+    "rms": ((1025, 1408, 2),),
+}
 
 
 # Cluster-staged backward (v2.5) as the default for long rows: per dtype bits, the N ranges
@@ -769,8 +778,13 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
                     return cfg
         cfg = default_register_config(n, dtype_bits)
         for lo, hi, cap in REGISTER_BWD_MAX_CTAS.get(kind, ()):
-            if lo <= n <= hi and cfg.ctas_per_sm > cap:
-                cfg = _with_prefetch(replace(cfg, ctas_per_sm=cap, prefetch=False), n, dtype_bits)
+            if lo <= n <= hi and cfg.ctas_per_sm > cap and not cfg.reload:
+                cfg = replace(cfg, ctas_per_sm=cap)
+                try:
+                    replace(cfg, prefetch=True).validate(n, dtype_bits, backward=True)
+                    cfg = replace(cfg, prefetch=True)
+                except ValueError:
+                    pass
         return cfg
     for lo, hi, threads, elems, level, occ in ASYNC_FWD.get((kind, dtype_bits), ()):
         if lo <= n <= hi:
@@ -865,7 +879,9 @@ def default_register_config(n: int, dtype_bits: int) -> NormConfig:
 # 84.0 / 89.2 (256); at 3072 / 3584 / 6144 / 7168 the rule gives the default's P (92.4 /
 # 90.8 / 96.5 / 94.6), at the powers of two both agree. RMSNorm's forward read 92.7-96.6 %
 # on the old rule at every N there, and is left on it.
-LAYER_FWD_NEAREST_P = {16: (2049, 8191)}
+# v2.27 also 1280 (h200-norm-fwd-small-hidden.json): 32 threads a row 82.9 against 78.5 %
+# (64); at 768 / 1024 / 1536 the rule gives the default's P.
+LAYER_FWD_NEAREST_P = {16: (1025, 8191)}
 
 
 def _pow2_nearest(v: float) -> int:
@@ -918,7 +934,9 @@ def _heuristic_config(n: int, dtype_bits: int, backward: bool, kind: str) -> Nor
 # Backward prefetch measured on the H200 (M = 32768, kernel alone; docs/kernels/norm.md v3):
 # 16-bit rows gain 6-9 % at N = 1024..16384, lose 4-13 % at N = 256; fp32 rows lose up
 # to 13 % at N = 1024 (fewer resident CTAs or a second register set that does not pay).
-_PREFETCH_N = (1024, 16384)
+# v2.27: bf16 768 gains too, through _backward RMSNorm 51.4 -> 59.6 %, LayerNorm 43.6 ->
+# 46.9 % (h200-norm-bwd-small-hidden.json).
+_PREFETCH_N = (768, 16384)
 
 
 def _with_prefetch(cfg: NormConfig, n: int, dtype_bits: int) -> NormConfig:
