@@ -153,6 +153,16 @@ def test_compile_ops(compiler, op, dt, n, vec):
     _check_ptx(c, vec * bits // 8 if n >= vec else None)
 
 
+@pytest.mark.parametrize("op, dt, n, vec", [("sum", "bf16", 50257, 1), ("argmax", "f32", 65537, 1),
+                                           ("amax", "f16", 50258, 2), ("mean", "bf16", 33, 1)])
+def test_unaligned_rows_read_16_byte_vectors(compiler, op, dt, n, vec):
+    """Rows whose starts are not 16-byte aligned (vec below 16 bytes) are read from their
+    first 16-byte boundary in 16-byte vectors, the head and tail as scalars (reduce.md
+    v3); at N = 33 bf16 too (one body vector, the leftovers around it)."""
+    ptx = _check_ptx(compiler(op, dt, n, vec), 16)
+    assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.(u16|b16|f32|u32|b32)\s", ptx)  # the scalar head / tail
+
+
 def test_all_ops_covered():
     assert {c[0] for c in _CASES} == set(OPS)
 

@@ -228,6 +228,29 @@ def test_reduced_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
         torch.testing.assert_close(xg.grad.float(), ref_x.grad, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [3, 7, 15, 31])
+def test_tiny_rows_of_a_padded_view(dtype: torch.dtype, n: int) -> None:
+    """Rows of a few elements in a view whose rows start on 16 bytes (a padded row stride):
+    the vectors cover N // vec * vec elements and the rest are scalars, which rows of one
+    or two threads (tiny N) take several of each. Before, each thread took one: a wrong loss
+    and an unwritten gradient, silently."""
+    big = (torch.randn(300, 32, device="cuda") * 3).to(dtype)
+    t = torch.randint(0, n, (300,), device="cuda")
+    for reduction in ("none", "mean"):
+        base = big.clone().requires_grad_(True)
+        x = base[:, :n]  # row stride 32: rows start on 16 bytes
+        got = ops.cross_entropy(x, t, reduction=reduction)
+        ref_x = big[:, :n].float().requires_grad_(True)
+        ref = _ref(ref_x, t, reduction)
+        torch.testing.assert_close(got.float(), ref.detach(), **_tol(dtype))
+        w = torch.randn(got.shape, device="cuda")
+        (got.float() * w).sum().backward()
+        (ref * w).sum().backward()
+        torch.testing.assert_close(base.grad[:, :n].float(), ref_x.grad, **_tol(dtype))
+        assert torch.all(base.grad[:, n:] == 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reduced_two_levels_long_rows(dtype: torch.dtype) -> None:
     """Long rows: 10000 CTAs in two groups (8192 and 1808), so both levels run; mean and

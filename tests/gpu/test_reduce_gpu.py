@@ -190,6 +190,31 @@ def test_ties_and_all_neg_inf_rows(op: str) -> None:
     torch.testing.assert_close(got, ref, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [15, 33, 1001, 50257])
+def test_unaligned_rows_ties_nan_and_views(dtype: torch.dtype, n: int) -> None:
+    """Rows that do not start on 16 bytes (odd N, and views shifted by one element) are
+    read from each row's first 16-byte boundary in vectors, the head and tail as scalars:
+    every element counted once, argmax's ties resolved to the first index and its first
+    NaN kept, whatever the row's head length."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    big = torch.randint(0, 3, (67, n + 9), device="cuda", generator=g).to(dtype)
+    big[5, 1] = float("nan")  # in a head (row 5 of the shifted view starts 1 element in)
+    big[9, n // 2] = float("nan")
+    big[9, n - 1] = float("nan")
+    big[11] = float("-inf")
+    for x in (big[:, :n], big[:, 1 : n + 1], big[:, 7 : n + 7], big.reshape(-1)[: 67 * n].view(67, n)):
+        for op in ("sum", "mean", "amax", "amin", "argmax"):
+            got, ref = getattr(ops, op)(x), getattr(torch, op)(x.double() if op in ("sum", "mean") else x, dim=-1)
+            if op == "argmax":
+                torch.testing.assert_close(got, ref, msg=f"{op} n={n} strides {x.stride()}")
+            elif op in ("amax", "amin"):
+                torch.testing.assert_close(got, ref, equal_nan=True)
+            else:
+                rtol, atol = _tol(n, dtype)
+                torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=atol, equal_nan=True)
+
+
 def test_offsets_beyond_32_bits() -> None:
     # M * N > 2**31 elements: row offsets must be computed in 64 bits.
     m, n = 2**31 // 4096 + 3, 4096

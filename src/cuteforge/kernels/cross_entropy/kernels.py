@@ -241,8 +241,11 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
                     cute.copy(atom, g_thr[None, K], frag[None, 0])
                     m, s = _fold_frag(m, s, frag, 1)
         if cutlass.const_expr(TAIL > 0):
-            if t < TAIL:
-                m, s = _fold(m, s, [g_row[NV * vec + t].to(Float32)])
+            # TAIL < vec scalars; rows of fewer threads (P = 1 or 2 at tiny N) take several each
+            for c in cutlass.range_constexpr((TAIL + P - 1) // P):
+                i = t + c * P
+                if i < TAIL:
+                    m, s = _fold(m, s, [g_row[NV * vec + i].to(Float32)])
 
         # the target logit (a scalar load, usually an L2 hit by now) overlaps the merges below
         in_range = (tgt >= Int64(0)) & (tgt < Int64(n))
@@ -576,9 +579,11 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
                             fout[v, 0] = _grad(frag[v, 0], base + K * (P * vec) + v, ml, g, tgt)
                         cute.copy(st, fout[None, 0], d_thr[None, K])
             if cutlass.const_expr(TAIL > 0):
-                if t < TAIL:
-                    j = NV * vec + t
-                    d_row[j] = _grad(g_row[j], j, ml, g, tgt)
+                for c in cutlass.range_constexpr((TAIL + P - 1) // P):  # several a thread when P < TAIL
+                    i = t + c * P
+                    if i < TAIL:
+                        j = NV * vec + i
+                        d_row[j] = _grad(g_row[j], j, ml, g, tgt)
 
     @cute.jit
     def ce_bwd(x: cute.Tensor, target: cute.Tensor, lse: cute.Tensor, gs: cute.Tensor, dx: cute.Tensor, stream):

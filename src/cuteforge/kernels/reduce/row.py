@@ -33,8 +33,11 @@ and all loads are fully coalesced. Per thread:
   so ``unroll`` x 16 B are in flight per thread; then the ``K % unroll``
   leftover rounds, unrolled.
 * one predicated vector when NV % (P*C) != 0 (threads g < that remainder);
-* one predicated scalar when N % vec != 0 (threads g < N % vec) -- this is how
-  any N works with any vec.
+* the N % vec trailing scalars, one per thread g < N % vec (several per thread
+  when the row has fewer threads) -- this is how any N works with any vec.
+* rows not 16-byte aligned (vec below 16 bytes) read their body from the first
+  16-byte boundary through a pointer realigned at run time (v3), the head before it
+  and the tail after it as scalars.
 
 Accumulation keeps ``vec`` independent fp32 chains per thread (ILP; bf16/fp16
 are widened per element). The per-thread result is then reduced with a
@@ -355,8 +358,16 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
     W = max(P // 32, 1)  # warps per row
     S = W * C  # partial slots per row
     PT = P * C  # virtual threads per row
-    NV = n // vec  # full vectors per row
-    TAIL = n - NV * vec  # trailing scalars (< vec)
+    # Rows whose starts are not 16-byte aligned (vec below the widest: an N such as 50257,
+    # or a view) are read from each row's first 16-byte boundary on in 16-byte vectors,
+    # through a pointer realigned at run time; the h < VW elements before it (the head)
+    # and those after the body (the tail) are scalar loads. NV, the body's vectors, is the
+    # count every row has whatever its h (known when tracing); TAIL = head + tail.
+    VW = 128 // bits
+    realign = vec < VW and (n - (VW - 1)) // VW >= 1
+    BV = VW if realign else vec  # elements of one body vector
+    NV = (n - (VW - 1)) // VW if realign else n // vec  # full vectors per row
+    TAIL = n - NV * BV  # scalars: trailing (< vec), or realigned head + tail (< 2 VW)
     K = NV // PT  # full rounds
     REM = NV - K * PT  # leftover vectors (virtual threads g < REM)
     KT = K + (1 if REM > 0 else 0)  # rounds incl. the partial one
@@ -373,7 +384,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
     inv_n = 1.0 / n
     use_smem = S > 1
     hint_kw = _load_hint_kwargs(config.load_hint)
-    copy_bits = vec * bits
+    copy_bits = BV * bits
 
     def combine(a, b):
         if op in ("sum", "mean"):
@@ -432,10 +443,20 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
         row_c = cutlass.min(row, m_rows - 1)
         g_row = x[row_c, None]
 
-        acc = cute.make_rmem_tensor(cute.make_layout((vec,)), Float32)
+        acc = cute.make_rmem_tensor(cute.make_layout((BV,)), Float32)
         acc.fill(init)
-        aidx = cute.make_rmem_tensor(cute.make_layout((vec,)), Int32)
+        aidx = cute.make_rmem_tensor(cute.make_layout((BV,)), Int32)
         aidx.fill(_SENTINEL)
+        body = g_row.iterator  # where the vectors start
+        h = Int32(0)  # elements before it
+        if cutlass.const_expr(realign):
+            body = g_row.iterator.align(16)
+            h = Int32((body.toint() - g_row.iterator.toint()) // (bits // 8))
+            # the head first: argmax's chains must see indices in increasing order
+            for c in cutlass.range_constexpr((VW - 1 + PT - 1) // PT):
+                i = g + c * PT
+                if i < h:
+                    _accum_elem(acc, aidx, 0, g_row[i], i)
 
         if cutlass.const_expr(KT > 0):
             if cutlass.const_expr(config.load_hint != ""):
@@ -448,48 +469,58 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
                 )
             # (vec, virtual thread, round) view of the vectorised part of the row
             g_vec = cute.make_tensor(
-                g_row.iterator,
-                cute.make_layout((vec, PT, KT), stride=(1, vec, vec * PT)),
+                body,
+                cute.make_layout((BV, PT, KT), stride=(1, BV, BV * PT)),
             )
             g_thr = g_vec[None, g, None]  # (vec, KT) : (1, vec*PT)
-            frag = cute.make_rmem_tensor(cute.make_layout((vec, U)), in_dtype)
-            base_idx = g * vec
+            frag = cute.make_rmem_tensor(cute.make_layout((BV, U)), in_dtype)
+            base_idx = h + g * BV
 
             if cutlass.const_expr(N_OUTER > 1):
                 for o in cutlass.range(N_OUTER, unroll=1):
                     for u in cutlass.range_constexpr(U):
                         cute.copy(atom, g_thr[None, o * U + u], frag[None, u])
                     for u in cutlass.range_constexpr(U):
-                        for v in cutlass.range_constexpr(vec):
+                        for v in cutlass.range_constexpr(BV):
                             _accum_elem(
-                                acc, aidx, v, frag[v, u], base_idx + (o * U + u) * (PT * vec) + v
+                                acc, aidx, v, frag[v, u], base_idx + (o * U + u) * (PT * BV) + v
                             )
             elif cutlass.const_expr(N_OUTER == 1):
                 for u in cutlass.range_constexpr(U):
                     cute.copy(atom, g_thr[None, u], frag[None, u])
                 for u in cutlass.range_constexpr(U):
-                    for v in cutlass.range_constexpr(vec):
-                        _accum_elem(acc, aidx, v, frag[v, u], base_idx + u * (PT * vec) + v)
+                    for v in cutlass.range_constexpr(BV):
+                        _accum_elem(acc, aidx, v, frag[v, u], base_idx + u * (PT * BV) + v)
             if cutlass.const_expr(K_LEFT > 0):
                 for u in cutlass.range_constexpr(K_LEFT):
                     cute.copy(atom, g_thr[None, N_OUTER * U + u], frag[None, u])
                 for u in cutlass.range_constexpr(K_LEFT):
                     k = N_OUTER * U + u
-                    for v in cutlass.range_constexpr(vec):
-                        _accum_elem(acc, aidx, v, frag[v, u], base_idx + k * (PT * vec) + v)
+                    for v in cutlass.range_constexpr(BV):
+                        _accum_elem(acc, aidx, v, frag[v, u], base_idx + k * (PT * BV) + v)
             if cutlass.const_expr(REM > 0):
                 if g < REM:
                     cute.copy(atom, g_thr[None, K], frag[None, 0])
-                    for v in cutlass.range_constexpr(vec):
-                        _accum_elem(acc, aidx, v, frag[v, 0], base_idx + K * (PT * vec) + v)
-        if cutlass.const_expr(TAIL > 0):
-            if g < TAIL:
-                _accum_elem(acc, aidx, 0, g_row[NV * vec + g], NV * vec + g)
+                    for v in cutlass.range_constexpr(BV):
+                        _accum_elem(acc, aidx, v, frag[v, 0], base_idx + K * (PT * BV) + v)
+        if cutlass.const_expr(TAIL > 0 and not realign):
+            # TAIL < vec scalars; a row of fewer threads than that (P = 1 or 2 at tiny N)
+            # takes several each (before v3 it took one: the rest were dropped)
+            for c in cutlass.range_constexpr((TAIL + PT - 1) // PT):
+                i = g + c * PT
+                if i < TAIL:
+                    _accum_elem(acc, aidx, 0, g_row[NV * vec + i], NV * vec + i)
+        if cutlass.const_expr(realign):
+            # the tail: leftover i in [h, TAIL) is element NV * VW + i
+            for c in cutlass.range_constexpr((TAIL + PT - 1) // PT):
+                i = g + c * PT
+                if (i >= h) & (i < TAIL):
+                    _accum_elem(acc, aidx, 0, g_row[NV * VW + i], NV * VW + i)
 
         # ---- thread-local chains -> one value
         val = acc[0]
         idx = aidx[0]
-        for v in cutlass.range_constexpr(1, vec):
+        for v in cutlass.range_constexpr(1, BV):
             val, idx = _merge_pair(val, idx, acc[v], aidx[v])
         # ---- lanes of the row inside the warp
         val, idx = _group_reduce(val, idx, G)
