@@ -526,3 +526,31 @@ def test_forward_ring_holds_no_chunk_in_registers(monkeypatch):
     assert regs(16384, RowReduceConfig(256, 256, 8)) <= 48
     monkeypatch.setattr(kernels, "PIPELINE", False)
     assert regs(16384, RowReduceConfig(256, 256, 8)) >= 96
+
+
+@pytest.mark.parametrize("dt, n, vec", [("bf16", 50257, 1), ("f32", 50257, 1), ("f16", 32002, 2), ("bf16", 33, 1)])
+def test_forward_realigns_rows_not_on_16_bytes(monkeypatch, dt, n, vec):
+    """v3.3: a row that does not start on 16 bytes is read from its first 16-byte boundary
+    in 16-byte vectors (through the cp.async ring where the row is long), the head before
+    it and the tail after it as scalars; it assembles without spilling."""
+    from ptxas_check import ptxas_no_spill
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    ptx = _compile("fwd", dt, n, vec)
+    assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.|cp\.async\.cg\.shared\.global[^;]*, 16;", ptx)
+    if n >= 32002:
+        assert re.search(r"cp\.async\.cg\.shared\.global[^;]*, 16;", ptx)
+    ptxas_no_spill(ptx)
+
+
+@pytest.mark.parametrize("dt, n, vec", [("bf16", 50257, 1), ("f32", 50257, 1), ("bf16", 33, 1), ("bf16", 4096, 8)])
+def test_backward_realigns_rows_not_on_16_bytes(monkeypatch, dt, n, vec):
+    """v3.3: the backward reads and writes a row that does not start on 16 bytes in
+    16-byte vectors from its first 16-byte boundary (where logits and dlogits share the
+    head), and keeps its 16-byte vectors on aligned rows; no spill."""
+    from ptxas_check import ptxas_no_spill
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    ptx = _compile("bwd", dt, n, vec)
+    assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx) and re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    ptxas_no_spill(ptx)

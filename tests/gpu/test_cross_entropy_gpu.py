@@ -229,6 +229,36 @@ def test_reduced_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [33, 1001, 50257])
+def test_rows_not_on_16_bytes(dtype: torch.dtype, n: int) -> None:
+    """v3.3: rows that do not start on 16 bytes (odd N, and a view shifted by one element)
+    read from their first 16-byte boundary in vectors, the head and tail as scalars:
+    the per-row loss and lse, the reduced mean, and the gradient against torch."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    big = (torch.randn(301, n + 3, device="cuda", generator=g) * 3).to(dtype)
+    t = torch.randint(0, n, (301,), device="cuda", generator=g)
+    t[::7] = -100
+    def shifted(b: torch.Tensor) -> torch.Tensor:  # rows one element past 16 bytes; dlogits' heads differ
+        return b[:, 1 : n + 1]
+
+    def flat(b: torch.Tensor) -> torch.Tensor:  # contiguous odd N: dlogits' heads match
+        return b.reshape(-1)[: 301 * n].view(301, n)
+
+    for view in (shifted, flat):
+        for reduction in ("none", "mean"):
+            base = big.clone().requires_grad_(True)
+            got = ops.cross_entropy(view(base), t, reduction=reduction)
+            ref_x = view(big).float().requires_grad_(True)
+            ref = _ref(ref_x, t, reduction)
+            torch.testing.assert_close(got.float(), ref.detach(), **_tol(dtype))
+            w = torch.randn(got.shape, device="cuda")
+            (got.float() * w).sum().backward()
+            (ref * w).sum().backward()
+            _assert_off_target_grad(view(base.grad), ref_x.grad, t, dtype)
+            torch.testing.assert_close(view(base.grad).float(), ref_x.grad, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [3, 7, 15, 31])
 def test_tiny_rows_of_a_padded_view(dtype: torch.dtype, n: int) -> None:
     """Rows of a few elements in a view whose rows start on 16 bytes (a padded row stride):

@@ -86,11 +86,14 @@ def ce_config(n: int, dtype_bits: int, backward: bool = False) -> RowReduceConfi
     return cfg
 
 
-def _plan(n: int, vec: int, config: RowReduceConfig) -> dict:
+def _plan(n: int, vec: int, config: RowReduceConfig, body_vec: int = 0) -> dict:
+    """The row's split over P threads: NV vectors of vec (of ``body_vec`` when the forward
+    realigns a row that does not start on 16 bytes, see `_fwd_row`: NV is then the count
+    every row has whatever its head) and TAIL scalars."""
     if config.cluster_n != 1:
         raise ValueError("cross-entropy kernels do not split rows over clusters (cluster_n must be 1)")
     P = config.threads_per_row
-    NV = n // vec
+    NV = (n - (body_vec - 1)) // body_vec if body_vec else n // vec
     K = NV // P
     U = max(1, min(config.unroll, K)) if K > 0 else 1
     return {
@@ -100,7 +103,7 @@ def _plan(n: int, vec: int, config: RowReduceConfig) -> dict:
         "G": min(P, 32),
         "W": max(P // 32, 1),
         "NV": NV,
-        "TAIL": n - NV * vec,
+        "TAIL": n - NV * (body_vec or vec),
         "K": K,
         "REM": NV - K * P,
         "U": U,
@@ -133,16 +136,23 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
     in_range)``: the row's max and sum of 2^((x - m) log2 e) (valid in every thread of the
     row after the merges), the target logit, the target and whether it is in [0, n);
     ``row_loss(m, s, xt, tgt, in_range)`` gives (lse, loss) from those."""
-    p = _plan(n, vec, config)
+    # Rows that do not start on 16 bytes (vec below 16 bytes: N = 50257, or a view) are
+    # read from each row's first 16-byte boundary in 16-byte vectors through a pointer
+    # realigned at run time, the h < VW elements before it and the tail after the body as
+    # scalars (as reduce/row.py, v3.3): the ring and the wide loads then serve them too.
+    VW = 128 // in_dtype.width
+    realign = vec < VW and (n - (VW - 1)) // VW >= 1
+    BV = VW if realign else vec  # elements of one vector of the loop
+    p = _plan(n, vec, config, VW if realign else 0)
     P, R, G, W = p["P"], p["R"], p["G"], p["W"]
     NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
     L = _LOG2E
-    FV = max(1, FOLD_VALUES // vec)  # vectors folded at once from the cp.async ring
+    FV = max(1, FOLD_VALUES // BV)  # vectors folded at once from the cp.async ring
     NB = 2 if N_OUTER > 1 else 1  # ring buffers of U vectors a thread
-    ring = bool(PIPELINE and N_OUTER > 0 and vec * in_dtype.width == 128
+    ring = bool(PIPELINE and N_OUTER > 0 and BV * in_dtype.width == 128
                 and NB * U * 16 * config.threads <= RING_MAX_BYTES)
     T = config.threads
-    hint = {"num_bits_per_copy": vec * in_dtype.width}
+    hint = {"num_bits_per_copy": BV * in_dtype.width}
 
     def fmax(a, b):
         return cute.arch.fmax(a, b, nan=True)
@@ -159,10 +169,10 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
         return m_new, s
 
     def _fold_frag(m, s, frag, nu):
-        return _fold(m, s, [frag[v, u].to(Float32) for u in range(nu) for v in range(vec)])
+        return _fold(m, s, [frag[v, u].to(Float32) for u in range(nu) for v in range(BV)])
 
     def _fold_slots(m, s, frag, lo, hi):
-        return _fold(m, s, [frag[v, u].to(Float32) for u in range(lo, hi) for v in range(vec)])
+        return _fold(m, s, [frag[v, u].to(Float32) for u in range(lo, hi) for v in range(BV)])
 
     def _merge(m, s, om, os):
         m_new = fmax(m, om)
@@ -188,13 +198,22 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
         tgt = target[row_c]
         m = Float32(-math.inf)
         s = Float32(0.0)
+        body = g_row.iterator  # where the vectors start
+        h = Int32(0)  # elements before it
+        if cutlass.const_expr(realign):
+            body = g_row.iterator.align(16)
+            h = Int32((body.toint() - g_row.iterator.toint()) // (in_dtype.width // 8))
+            for c in cutlass.range_constexpr((VW - 1 + P - 1) // P):
+                i = t + c * P
+                if i < h:
+                    m, s = _fold(m, s, [g_row[i].to(Float32)])
         if cutlass.const_expr(K + (1 if REM else 0) > 0):
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, **hint)
             KT = K + (1 if REM else 0)
-            g_thr = cute.make_tensor(g_row.iterator, cute.make_layout((vec, P, KT), stride=(1, vec, vec * P)))[
+            g_thr = cute.make_tensor(body, cute.make_layout((BV, P, KT), stride=(1, BV, BV * P)))[
                 None, t, None
             ]
-            frag = cute.make_rmem_tensor(cute.make_layout((vec, U)), in_dtype)
+            frag = cute.make_rmem_tensor(cute.make_layout((BV, U)), in_dtype)
             if cutlass.const_expr(N_OUTER > 0 and not ring):
                 for o in cutlass.range(N_OUTER, unroll=1):
                     for u in cutlass.range_constexpr(U):
@@ -210,7 +229,7 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
                 # one iteration after the thread's own reads of it were issued.
                 smem = cutlass.memory.SmemAllocator()
                 buf = smem.allocate_tensor(
-                    in_dtype, cute.make_layout((vec, T, U, NB), stride=(1, vec, vec * T, vec * T * U)), byte_alignment=128
+                    in_dtype, cute.make_layout((BV, T, U, NB), stride=(1, BV, BV * T, BV * T * U)), byte_alignment=128
                 )
                 mine = buf[None, r * P + t, None, None]
                 cp = cute.make_copy_atom(
@@ -241,11 +260,12 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
                     cute.copy(atom, g_thr[None, K], frag[None, 0])
                     m, s = _fold_frag(m, s, frag, 1)
         if cutlass.const_expr(TAIL > 0):
-            # TAIL < vec scalars; rows of fewer threads (P = 1 or 2 at tiny N) take several each
+            # TAIL < vec scalars (realigned: head + tail, the head taken above); rows of
+            # fewer threads (P = 1 or 2 at tiny N) take several each
             for c in cutlass.range_constexpr((TAIL + P - 1) // P):
                 i = t + c * P
-                if i < TAIL:
-                    m, s = _fold(m, s, [g_row[NV * vec + i].to(Float32)])
+                if (i >= h) & (i < TAIL):
+                    m, s = _fold(m, s, [g_row[NV * BV + i].to(Float32)])
 
         # the target logit (a scalar load, usually an L2 hit by now) overlaps the merges below
         in_range = (tgt >= Int64(0)) & (tgt < Int64(n))
@@ -517,17 +537,75 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
     dlogits (M, n), stream): dlogits = (softmax - onehot) * dloss per row; rows whose
     target is ignore_index get zeros, rows whose target is outside [0, n) NaN."""
     _check(in_dtype, n, vec, config)
-    p = _plan(n, vec, config)
+    # Rows that do not start on 16 bytes: as the forward (`_fwd_row`), from the first
+    # 16-byte boundary in 16-byte vectors, where dlogits' row has the same head as the
+    # logits' row (a contiguous dlogits and contiguous logits: every row); a row whose
+    # heads differ (logits a shifted view) runs element by element.
+    VW = 128 // in_dtype.width
+    realign = vec < VW and (n - (VW - 1)) // VW >= 1
+    BV = VW if realign else vec  # elements of one vector of the loop
+    p = _plan(n, vec, config, VW if realign else 0)
     T, P, R = p["T"], p["P"], p["R"]
     NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
     L = _LOG2E
-    bits = vec * in_dtype.width
+    bits = BV * in_dtype.width
+    nbytes = in_dtype.width // 8
 
     @cute.jit
     def _grad(xv, j, ml, g, tgt):
         pv = cute.math.exp2(xv.to(Float32) * Float32(L) - ml, fastmath=True)
         one = Float32(cutlass.select_(j == tgt, Float32(1.0), Float32(0.0)))
         return ((pv - one) * g).to(in_dtype)
+
+    @cute.jit
+    def _row(g_row, d_row, xb, db, h, t, ml, g, tgt):
+        """The row's gradient: the head (h elements before the vectors at xb / db), the
+        vectors, then the tail."""
+        if cutlass.const_expr(realign):
+            for c in cutlass.range_constexpr((VW - 1 + P - 1) // P):
+                i = t + c * P
+                if i < h:
+                    d_row[i] = _grad(g_row[i], i, ml, g, tgt)
+        if cutlass.const_expr(K + (1 if REM else 0) > 0):
+            ld = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=bits)
+            st = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=bits)
+            KT = K + (1 if REM else 0)
+            lay = cute.make_layout((BV, P, KT), stride=(1, BV, BV * P))
+            g_thr = cute.make_tensor(xb, lay)[None, t, None]
+            d_thr = cute.make_tensor(db, lay)[None, t, None]
+            frag = cute.make_rmem_tensor(cute.make_layout((BV, U)), in_dtype)
+            fout = cute.make_rmem_tensor(cute.make_layout((BV, U)), in_dtype)
+            base = h + t * BV
+            if cutlass.const_expr(N_OUTER > 0):
+                for o in cutlass.range(N_OUTER, unroll=1):
+                    for u in cutlass.range_constexpr(U):
+                        cute.copy(ld, g_thr[None, o * U + u], frag[None, u])
+                    for u in cutlass.range_constexpr(U):
+                        for v in cutlass.range_constexpr(BV):
+                            fout[v, u] = _grad(frag[v, u], base + (o * U + u) * (P * BV) + v, ml, g, tgt)
+                        cute.copy(st, fout[None, u], d_thr[None, o * U + u])
+            if cutlass.const_expr(K_LEFT > 0):
+                for u in cutlass.range_constexpr(K_LEFT):
+                    cute.copy(ld, g_thr[None, N_OUTER * U + u], frag[None, u])
+                for u in cutlass.range_constexpr(K_LEFT):
+                    k = N_OUTER * U + u
+                    for v in cutlass.range_constexpr(BV):
+                        fout[v, u] = _grad(frag[v, u], base + k * (P * BV) + v, ml, g, tgt)
+                    cute.copy(st, fout[None, u], d_thr[None, k])
+            if cutlass.const_expr(REM > 0):
+                if t < REM:
+                    cute.copy(ld, g_thr[None, K], frag[None, 0])
+                    for v in cutlass.range_constexpr(BV):
+                        fout[v, 0] = _grad(frag[v, 0], base + K * (P * BV) + v, ml, g, tgt)
+                    cute.copy(st, fout[None, 0], d_thr[None, K])
+        if cutlass.const_expr(TAIL > 0):
+            # TAIL < vec scalars (realigned: head + tail, the head taken above); rows of
+            # fewer threads (P = 1 or 2 at tiny N) take several each
+            for c in cutlass.range_constexpr((TAIL + P - 1) // P):
+                i = t + c * P
+                if (i >= h) & (i < TAIL):
+                    j = NV * BV + i
+                    d_row[j] = _grad(g_row[j], j, ml, g, tgt)
 
     @cute.kernel
     def _kernel(x: cute.Tensor, target: cute.Tensor, lse: cute.Tensor, gs: cute.Tensor, dx: cute.Tensor):
@@ -546,44 +624,17 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
             g = Float32(cutlass.select_(tgt64 == Int64(ignore_index), Float32(0.0), g))
             # an out-of-range target matches no column (and its row is NaN through g)
             tgt = Int32(Int64(cutlass.select_(in_range, tgt64, Int64(-1))))
-            if cutlass.const_expr(K + (1 if REM else 0) > 0):
-                ld = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=bits)
-                st = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=bits)
-                KT = K + (1 if REM else 0)
-                lay = cute.make_layout((vec, P, KT), stride=(1, vec, vec * P))
-                g_thr = cute.make_tensor(g_row.iterator, lay)[None, t, None]
-                d_thr = cute.make_tensor(d_row.iterator, lay)[None, t, None]
-                frag = cute.make_rmem_tensor(cute.make_layout((vec, U)), in_dtype)
-                fout = cute.make_rmem_tensor(cute.make_layout((vec, U)), in_dtype)
-                base = t * vec
-                if cutlass.const_expr(N_OUTER > 0):
-                    for o in cutlass.range(N_OUTER, unroll=1):
-                        for u in cutlass.range_constexpr(U):
-                            cute.copy(ld, g_thr[None, o * U + u], frag[None, u])
-                        for u in cutlass.range_constexpr(U):
-                            for v in cutlass.range_constexpr(vec):
-                                fout[v, u] = _grad(frag[v, u], base + (o * U + u) * (P * vec) + v, ml, g, tgt)
-                            cute.copy(st, fout[None, u], d_thr[None, o * U + u])
-                if cutlass.const_expr(K_LEFT > 0):
-                    for u in cutlass.range_constexpr(K_LEFT):
-                        cute.copy(ld, g_thr[None, N_OUTER * U + u], frag[None, u])
-                    for u in cutlass.range_constexpr(K_LEFT):
-                        k = N_OUTER * U + u
-                        for v in cutlass.range_constexpr(vec):
-                            fout[v, u] = _grad(frag[v, u], base + k * (P * vec) + v, ml, g, tgt)
-                        cute.copy(st, fout[None, u], d_thr[None, k])
-                if cutlass.const_expr(REM > 0):
-                    if t < REM:
-                        cute.copy(ld, g_thr[None, K], frag[None, 0])
-                        for v in cutlass.range_constexpr(vec):
-                            fout[v, 0] = _grad(frag[v, 0], base + K * (P * vec) + v, ml, g, tgt)
-                        cute.copy(st, fout[None, 0], d_thr[None, K])
-            if cutlass.const_expr(TAIL > 0):
-                for c in cutlass.range_constexpr((TAIL + P - 1) // P):  # several a thread when P < TAIL
-                    i = t + c * P
-                    if i < TAIL:
-                        j = NV * vec + i
+            if cutlass.const_expr(realign):
+                xb = g_row.iterator.align(16)
+                db = d_row.iterator.align(16)
+                h = Int32((xb.toint() - g_row.iterator.toint()) // nbytes)
+                if h == Int32((db.toint() - d_row.iterator.toint()) // nbytes):
+                    _row(g_row, d_row, xb, db, h, t, ml, g, tgt)
+                else:
+                    for j in cutlass.range(t, n, P, unroll=1):
                         d_row[j] = _grad(g_row[j], j, ml, g, tgt)
+            else:
+                _row(g_row, d_row, g_row.iterator, d_row.iterator, Int32(0), t, ml, g, tgt)
 
     @cute.jit
     def ce_bwd(x: cute.Tensor, target: cute.Tensor, lse: cute.Tensor, gs: cute.Tensor, dx: cute.Tensor, stream):
