@@ -104,8 +104,8 @@ def test_forward(kind, dtype, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1280, 2056, 2560, 4608, 5120, 7000])
 def test_layer_forward_between_powers_of_two(dtype, n):
-    """norm v2.27: LayerNorm's 16-bit forward at 2049..8191 on the power of two threads a
-    row nearest N / 32 (64 at 2560, 128 at 4608 / 5120), with and without the residual,
+    """norm v2.27: LayerNorm's 16-bit forward at 1025..8191 on the power of two threads a
+    row nearest N / 32 (32 at 1280, 64 at 2560, 128 at 4608 / 5120), with and without the residual,
     from one row to many, against torch."""
     for m, res in ((1, False), (7, True), (3001, False), (3001, True)):
         x, w, b, r = _inputs(m, n, dtype, bias=True, res=res)

@@ -87,8 +87,8 @@ def ce_config(n: int, dtype_bits: int, backward: bool = False) -> RowReduceConfi
 
 
 def _plan(n: int, vec: int, config: RowReduceConfig, body_vec: int = 0) -> dict:
-    """The row's split over P threads: NV vectors of vec (of ``body_vec`` when the forward
-    realigns a row that does not start on 16 bytes, see `_fwd_row`: NV is then the count
+    """The row's split over P threads: NV vectors of vec (of ``body_vec`` when a kernel
+    realigns rows that do not start on 16 bytes, see `_fwd_row`: NV is then the count
     every row has whatever its head) and TAIL scalars."""
     if config.cluster_n != 1:
         raise ValueError("cross-entropy kernels do not split rows over clusters (cluster_n must be 1)")
@@ -139,7 +139,8 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
     # Rows that do not start on 16 bytes (vec below 16 bytes: N = 50257, or a view) are
     # read from each row's first 16-byte boundary in 16-byte vectors through a pointer
     # realigned at run time, the h < VW elements before it and the tail after the body as
-    # scalars (as reduce/row.py, v3.3): the ring and the wide loads then serve them too.
+    # scalars (as reduce/row.py does; cross_entropy.md v3.3): the ring and the wide loads
+    # then serve them too.
     VW = 128 // in_dtype.width
     realign = vec < VW and (n - (VW - 1)) // VW >= 1
     BV = VW if realign else vec  # elements of one vector of the loop

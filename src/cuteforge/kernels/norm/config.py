@@ -541,8 +541,9 @@ def row_grid_candidates(base: NormConfig, n: int, dtype_bits: int) -> list[NormC
 #   each but 2816): RMSNorm 80.3 / 79.8 / 79.9 / 84.2 / 86.5 and LayerNorm 67.9 / 72.6 /
 #   71.5 / 76.4 / 79.5 against the register default's 64.5 / 69.7 / 72.7 / 77.9 / 84.4 and
 #   31.1 / 33.5 / 35.8 / 64.0 / 70.0 (kernel alone 86.5-94.2 against 34.5-88.7). At 1536,
-#   2048 and 4096 the register default was level or ahead; the gap through _backward
-#   against kernel alone is the larger Q's partial sums (4 CTAs per SM).
+#   2048 and 4096 the register default was level or ahead. What _backward adds to the
+#   kernel alone here (the allocation and the sums of a Q that 4 CTAs per SM double) was
+#   not timed apart.
 STAGED_BWD: dict[int, tuple[tuple[int, ...], ...]] = {
     16: ((2049, 3071, 32, 3), (3072, 3584, 32, 2), (4097, 5632, 32, 3, 2), (5633, 8191, 32, 2, 2),
          (8192, 8192, 32, 2), (8193, 16384, 32, 3)),
@@ -904,8 +905,8 @@ def _heuristic_config(n: int, dtype_bits: int, backward: bool, kind: str) -> Nor
             return v2
     e = _TARGET_E[backward]
     p = max(8, _pow2_ceil(-(-n // e)))
-    lo, hi = LAYER_FWD_NEAREST_P.get(dtype_bits, (1, 0))
-    if not backward and kind == "layer" and lo <= n <= hi:
+    near_lo, near_hi = LAYER_FWD_NEAREST_P.get(dtype_bits, (1, 0))
+    if not backward and kind == "layer" and near_lo <= n <= near_hi:
         p = _pow2_nearest(n / e)
     c = 1
     while p > _MAX_P and c < 16:
