@@ -47,7 +47,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
-from ..reduce.row import RowReduceConfig, _pow2_ceil
+from ..reduce.row import RowReduceConfig, _pow2_ceil, row_vectors
 
 __all__ = ["ce_config", "make_ce_fwd", "make_ce_fwd_reduce", "make_ce_bwd", "reduce_fits", "work_words"]
 
@@ -86,14 +86,14 @@ def ce_config(n: int, dtype_bits: int, backward: bool = False) -> RowReduceConfi
     return cfg
 
 
-def _plan(n: int, vec: int, config: RowReduceConfig, body_vec: int = 0) -> dict:
-    """The row's split over P threads: NV vectors of vec (of ``body_vec`` when a kernel
-    realigns rows that do not start on 16 bytes, see `_fwd_row`: NV is then the count
-    every row has whatever its head) and TAIL scalars."""
+def _plan(n: int, vec: int, config: RowReduceConfig, dtype_bits: int = 0) -> dict:
+    """The row's split over P threads: NV vectors of BV elements and TAIL scalars. With
+    ``dtype_bits`` rows that do not start on 16 bytes are realigned (`row_vectors`: BV >
+    vec, and the scalars are the head and the tail); without, BV = vec."""
     if config.cluster_n != 1:
         raise ValueError("cross-entropy kernels do not split rows over clusters (cluster_n must be 1)")
     P = config.threads_per_row
-    NV = (n - (body_vec - 1)) // body_vec if body_vec else n // vec
+    BV, NV = row_vectors(n, vec, dtype_bits) if dtype_bits else (vec, n // vec)
     K = NV // P
     U = max(1, min(config.unroll, K)) if K > 0 else 1
     return {
@@ -102,8 +102,9 @@ def _plan(n: int, vec: int, config: RowReduceConfig, body_vec: int = 0) -> dict:
         "R": config.threads // P,
         "G": min(P, 32),
         "W": max(P // 32, 1),
+        "BV": BV,
         "NV": NV,
-        "TAIL": n - NV * (body_vec or vec),
+        "TAIL": n - NV * BV,
         "K": K,
         "REM": NV - K * P,
         "U": U,
@@ -138,13 +139,12 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
     ``row_loss(m, s, xt, tgt, in_range)`` gives (lse, loss) from those."""
     # Rows that do not start on 16 bytes (vec below 16 bytes: N = 50257, or a view) are
     # read from each row's first 16-byte boundary in 16-byte vectors through a pointer
-    # realigned at run time, the h < VW elements before it and the tail after the body as
-    # scalars (as reduce/row.py does; cross_entropy.md v3.3): the ring and the wide loads
-    # then serve them too.
-    VW = 128 // in_dtype.width
-    realign = vec < VW and (n - (VW - 1)) // VW >= 1
-    BV = VW if realign else vec  # elements of one vector of the loop
-    p = _plan(n, vec, config, VW if realign else 0)
+    # realigned at run time, the h < BV elements before it and the tail after the body as
+    # scalars (`row_vectors`, as reduce/row.py; cross_entropy.md v3.3): the ring and the
+    # wide loads then serve them too.
+    p = _plan(n, vec, config, in_dtype.width)
+    BV = p["BV"]  # elements of one vector of the loop
+    realign = BV > vec
     P, R, G, W = p["P"], p["R"], p["G"], p["W"]
     NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
     L = _LOG2E
@@ -204,7 +204,7 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
         if cutlass.const_expr(realign):
             body = g_row.iterator.align(16)
             h = Int32((body.toint() - g_row.iterator.toint()) // (in_dtype.width // 8))
-            for c in cutlass.range_constexpr((VW - 1 + P - 1) // P):
+            for c in cutlass.range_constexpr((BV - 1 + P - 1) // P):
                 i = t + c * P
                 if i < h:
                     m, s = _fold(m, s, [g_row[i].to(Float32)])
@@ -542,10 +542,9 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
     # 16-byte boundary in 16-byte vectors, where dlogits' row has the same head as the
     # logits' row (a contiguous dlogits and contiguous logits: every row); a row whose
     # heads differ (logits a shifted view) runs element by element.
-    VW = 128 // in_dtype.width
-    realign = vec < VW and (n - (VW - 1)) // VW >= 1
-    BV = VW if realign else vec  # elements of one vector of the loop
-    p = _plan(n, vec, config, VW if realign else 0)
+    p = _plan(n, vec, config, in_dtype.width)
+    BV = p["BV"]  # elements of one vector of the loop
+    realign = BV > vec
     T, P, R = p["T"], p["P"], p["R"]
     NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
     L = _LOG2E
@@ -563,7 +562,7 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
         """The row's gradient: the head (h elements before the vectors at xb / db), the
         vectors, then the tail."""
         if cutlass.const_expr(realign):
-            for c in cutlass.range_constexpr((VW - 1 + P - 1) // P):
+            for c in cutlass.range_constexpr((BV - 1 + P - 1) // P):
                 i = t + c * P
                 if i < h:
                     d_row[i] = _grad(g_row[i], i, ml, g, tgt)

@@ -103,6 +103,7 @@ __all__ = [
     "default_config",
     "candidate_configs",
     "make_row_reduce",
+    "row_vectors",
 ]
 
 OPS = ("sum", "mean", "amax", "amin", "argmax")
@@ -296,6 +297,21 @@ def candidate_configs(n: int, dtype_bits: int) -> list[RowReduceConfig]:
 # ----------------------------------------------------------------------------
 
 
+def row_vectors(n: int, vec: int, dtype_bits: int) -> tuple[int, int]:
+    """(BV, NV): a row's loop runs NV vectors of BV elements. Rows whose starts are not
+    16-byte aligned (vec below 16 bytes: an N such as 50257, or a view) are read from each
+    row's first 16-byte boundary on in 16-byte vectors, through a pointer realigned at run
+    time (BV > vec), the h < BV elements before that boundary (the head) and those after
+    the body (the tail) as scalars; NV is then the count every row has whatever its h, so
+    it is known when tracing. Otherwise BV = vec and NV = n // vec. Shared with the
+    cross-entropy kernels."""
+    vw = 128 // dtype_bits
+    body = (n - (vw - 1)) // vw
+    if vec < vw and body >= 1:
+        return vw, body
+    return vec, n // vec
+
+
 def _sel(cond, a, b, ty):
     return ty(cutlass.select_(cond, a, b))
 
@@ -358,16 +374,9 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
     W = max(P // 32, 1)  # warps per row
     S = W * C  # partial slots per row
     PT = P * C  # virtual threads per row
-    # Rows whose starts are not 16-byte aligned (vec below the widest: an N such as 50257,
-    # or a view) are read from each row's first 16-byte boundary on in 16-byte vectors,
-    # through a pointer realigned at run time; the h < VW elements before it (the head)
-    # and those after the body (the tail) are scalar loads. NV, the body's vectors, is the
-    # count every row has whatever its h (known when tracing); TAIL = head + tail.
-    VW = 128 // bits
-    realign = vec < VW and (n - (VW - 1)) // VW >= 1
-    BV = VW if realign else vec  # elements of one body vector
-    NV = (n - (VW - 1)) // VW if realign else n // vec  # full vectors per row
-    TAIL = n - NV * BV  # scalars: trailing (< vec), or realigned head + tail (< 2 VW)
+    BV, NV = row_vectors(n, vec, bits)  # vectors of BV elements, NV full ones per row
+    realign = BV > vec  # rows not on 16 bytes: a head of h < BV scalars before the body
+    TAIL = n - NV * BV  # scalars: trailing (< vec), or realigned head + tail (< 2 BV)
     K = NV // PT  # full rounds
     REM = NV - K * PT  # leftover vectors (virtual threads g < REM)
     KT = K + (1 if REM > 0 else 0)  # rounds incl. the partial one
@@ -453,7 +462,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
             body = g_row.iterator.align(16)
             h = Int32((body.toint() - g_row.iterator.toint()) // (bits // 8))
             # the head first: argmax's chains must see indices in increasing order
-            for c in cutlass.range_constexpr((VW - 1 + PT - 1) // PT):
+            for c in cutlass.range_constexpr((BV - 1 + PT - 1) // PT):
                 i = g + c * PT
                 if i < h:
                     _accum_elem(acc, aidx, 0, g_row[i], i)
@@ -511,11 +520,11 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
                 if i < TAIL:
                     _accum_elem(acc, aidx, 0, g_row[NV * vec + i], NV * vec + i)
         if cutlass.const_expr(realign):
-            # the tail: leftover i in [h, TAIL) is element NV * VW + i
+            # the tail: leftover i in [h, TAIL) is element NV * BV + i
             for c in cutlass.range_constexpr((TAIL + PT - 1) // PT):
                 i = g + c * PT
                 if (i >= h) & (i < TAIL):
-                    _accum_elem(acc, aidx, 0, g_row[NV * VW + i], NV * VW + i)
+                    _accum_elem(acc, aidx, 0, g_row[NV * BV + i], NV * BV + i)
 
         # ---- thread-local chains -> one value
         val = acc[0]
