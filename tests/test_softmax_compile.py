@@ -157,6 +157,35 @@ def test_compile(compiler, mode, dt, n, vec):
         assert "ex2.approx" in ptx
 
 
+# rows that do not start on 16 bytes (vec 1): realigned, 16-byte vectors on every path
+_UNALIGNED_CASES = [
+    ("softmax", "f32", 50257, None),  # regs, cluster of 2
+    ("log_softmax", "bf16", 1001, None),  # regs
+    ("log_softmax_bwd", "bf16", 1001, None),  # regs
+    ("softmax_bwd", "f32", 50257, None),  # regs, cluster of 4
+    ("softmax", "bf16", 50257, None),  # async
+    ("log_softmax", "bf16", 65537, SoftmaxConfig(256, 256, 8, "smem")),
+    ("softmax_bwd", "bf16", 50257, None),  # mbar
+]
+
+
+@pytest.mark.parametrize("mode, dt, n, cfg", _UNALIGNED_CASES)
+def test_rows_not_on_16_bytes_use_16_byte_vectors(compiler, mode, dt, n, cfg):
+    """Odd N: the rows are realigned (row_split), so the bulk moves in 16-byte vectors
+    (cp.async on the staged paths) and only the leftovers and the element-by-element
+    fallback of an operand with another head are scalar."""
+    ptx = compiler(mode, dt, n, 1, cfg)
+    bits = 32 if dt == "f32" else 16
+    path = (cfg or default_config(n, bits, mode.endswith("_bwd"))).path
+    if path in ("async", "smem"):
+        assert "cp.async.cg.shared.global" in ptx
+    else:
+        assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    assert re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
+    scalar = r"(?:ld|st)\.global[.a-zA-Z0-9:_]*\.b%d\s" % bits
+    assert re.search(scalar, ptx)  # the head and tail
+
+
 def test_all_modes_covered():
     assert {c[0] for c in _CASES} == set(MODES)
 
@@ -351,11 +380,14 @@ _V2_CASES = [
 
 @pytest.mark.parametrize("mode, dt, n, vec, cfg", _V2_CASES)
 def test_v2_compile(compiler_v2, mode, dt, n, vec, cfg):
+    from cuteforge.kernels.row_split import row_vectors
+
     ptx = compiler_v2(mode, dt, n, vec, cfg)
     bits = 32 if dt == "f32" else 16
-    staged = cfg.path in ("async", "smem") and vec * bits == 128
+    bv = row_vectors(n, vec, bits)[0]  # rows not on 16 bytes are realigned (bv > vec)
+    staged = cfg.path in ("async", "smem") and bv * bits == 128
     assert ("cp.async.cg.shared.global" in ptx) == staged
-    if vec * bits == 128:
+    if bv * bits == 128:
         assert re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
         if not staged:
             assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
@@ -500,7 +532,10 @@ def _check_bwd_registers(mode, dt, n, vec, cfg, ptx):
     """No spill, except under the two-CTA register budget of fp16 softmax_bwd at > 32
     elements per input (chunked.py): <= 128 registers there and a few bytes of spill
     accepted (N = 262144: 97.9 % of copy against 75.0 % at 142 registers, softmax.md v2.5)."""
-    per_input = -(-n // (cfg.cluster_n * cfg.threads_per_row * vec)) * vec
+    from cuteforge.kernels.row_split import split
+
+    bv, nv, _, _ = split(n, vec, 32 if dt == "f32" else 16, cfg.threads_per_row)  # realigned rows: bv > vec
+    per_input = -(-nv // (cfg.cluster_n * cfg.threads_per_row)) * bv
     if dt == "f16" and mode == "softmax_bwd" and per_input > 32 and cfg.threads == 256:
         assert ".minnctapersm 2" in ptx
         info = ptxas_report(ptx)

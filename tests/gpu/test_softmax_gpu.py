@@ -229,6 +229,89 @@ def test_every_element_written() -> None:
         assert not getattr(ops, mode)(x).isnan().any(), mode
 
 
+# rows that do not start on 16 bytes (row_split): the op's defaults at small and odd N,
+# and the long-row paths at vocabulary sizes, explicitly
+_UNALIGNED_NS = [15, 33, 1001, 50257]
+_UNALIGNED_CHUNKED = [(path, n, dt) for path in ("async", "smem", "mbar") for n in (50257, 65537)
+                      for dt in (torch.bfloat16, torch.float32)]
+
+
+def _unaligned_jobs() -> list:
+    from cuteforge.arch import target_arch
+    from cuteforge.autotune.pool import CompileJob
+    from cuteforge.kernels.softmax import SoftmaxConfig
+    from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
+    from cuteforge.signature import BoundKey, dtype_name
+
+    jobs = _problem_jobs([(mode + sfx, dt, m, n) for mode in MODES for sfx in ("", "_bwd") for dt in DTYPES
+                          for n in _UNALIGNED_NS for m in (5, 300)])
+    for path, n, dt in _UNALIGNED_CHUNKED:
+        bwd = path == "mbar"
+        key = BoundKey((dtype_name(dt),) * (3 if bwd else 2), (("N", n),), (1,) * (3 if bwd else 2))
+        for mode in MODES:
+            jobs.append(CompileJob.of(softmax_bwd if bwd else softmax_fwd, key, (("mode", mode + ("_bwd" if bwd else "")),),
+                                      SoftmaxConfig(256, 256, 8, path), target_arch()))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def _warm_unaligned():
+    _compile_missing(_unaligned_jobs())
+    yield
+
+
+def _unaligned_rows(m: int, n: int, dtype: torch.dtype, off: int, scale: float = 3.0) -> torch.Tensor:
+    """(m, n) contiguous rows starting `off` elements into a fresh buffer: with an odd n
+    the rows' heads (elements before their first 16-byte boundary) differ from row to
+    row, and from those of a fresh output of the same shape when off != 0."""
+    flat = scale * torch.randn(m * n + off, device="cuda", dtype=dtype)
+    return flat[off:].view(m, n)
+
+
+def _unaligned_bwd_inputs(mode: str, m: int, n: int, dtype: torch.dtype, off_dy: int, off_y: int):
+    y0 = _ref(mode, 2 * torch.randn(m, n, device="cuda")).to(dtype)
+    y = torch.empty(m * n + off_y, device="cuda", dtype=dtype)[off_y:].view(m, n)
+    y.copy_(y0)
+    return _unaligned_rows(m, n, dtype, off_dy, 1.0), y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", _UNALIGNED_NS)
+def test_rows_not_on_16_bytes(_warm_unaligned, n: int, dtype: torch.dtype) -> None:
+    """Through the ops: rows read as 16-byte vectors from each row's first boundary, the
+    head and tail element by element; an operand whose rows start elsewhere relative to
+    16 bytes than the reference's (x against y, dy / dx against y) goes element by
+    element through the same split."""
+    for mode in MODES:
+        for m in (5, 300):
+            for off in (0, 1, 3):
+                x = _unaligned_rows(m, n, dtype, off)
+                _assert_matches(getattr(ops, mode)(x), x, mode)
+            for off_dy, off_y in ((0, 0), (1, 0), (0, 3)):
+                dy, y = _unaligned_bwd_inputs(mode, m, n, dtype, off_dy, off_y)
+                got = (sm.softmax_backward if mode == "softmax" else sm.log_softmax_backward)(dy, y)
+                _check_bwd_mbar(got, _bwd_mbar_ref(mode, dy, y), dtype)
+
+
+@pytest.mark.parametrize("path, n, dtype", _UNALIGNED_CHUNKED)
+def test_chunked_rows_not_on_16_bytes(_warm_unaligned, path: str, n: int, dtype: torch.dtype) -> None:
+    """The long-row paths (chunked.py) on realigned rows, the leftovers on the last CTA,
+    every element written (outputs start as NaN)."""
+    from cuteforge.kernels.softmax import SoftmaxConfig
+
+    cfg = SoftmaxConfig(256, 256, 8, path)
+    for mode in MODES:
+        for m in (1, 7):
+            if path == "mbar":
+                for off_dy, off_y in ((0, 0), (1, 0), (0, 3)):
+                    dy, y = _unaligned_bwd_inputs(mode, m, n, dtype, off_dy, off_y)
+                    _check_bwd_mbar(_run_bwd_mbar(mode, dy, y, cfg), _bwd_mbar_ref(mode, dy, y), dtype)
+            else:
+                for off in (0, 1, 3):
+                    x = _unaligned_rows(m, n, dtype, off)
+                    _assert_matches(_run_v2(x, mode, cfg), x, mode)
+
+
 def test_under_torch_compile_and_cuda_graph() -> None:
     x = torch.randn(128, 4096, device="cuda", requires_grad=True)
 

@@ -45,6 +45,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from ..row_split import get, load_left, operand, put, realigned, split, store_left
 from .config import STAGED_PATHS, SoftmaxConfig
 
 __all__ = ["make_softmax_chunked", "make_softmax_chunked_bwd"]
@@ -56,6 +57,57 @@ NEG_INF = -math.inf
 
 def _sel(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
+
+
+class _Rows:
+    """Trace-time helpers for the row split of the chunked kernels (``row_split``): the
+    vectors of CTA c's chunk, and the leftover elements of a realigned row on the last
+    CTA's threads (slot i on thread i % P)."""
+
+    def __init__(self, bv, nv, tail, lc, p, c, bits, realign, copy_bits, dtype):
+        self.bv, self.nv, self.tail, self.lc, self.p, self.c = bv, nv, tail, lc, p, c
+        self.bytes, self.realign, self.copy_bits, self.dtype = bits // 8, realign, copy_bits, dtype
+
+    def head(self, row):
+        """(vectors' start, h) of the reference row."""
+        if self.realign:
+            return realigned(row, self.bytes)
+        return row.iterator, Int32(0)
+
+    def operand(self, row, h):
+        """(vectors, elements, same): another operand's row through the reference's split."""
+        if self.realign:
+            return operand(row, h, self.bytes)
+        return row.iterator, row.iterator, True
+
+    def _atom(self):
+        return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=self.copy_bits)
+
+    def put(self, src, dst_vec, dst_el, same):
+        """One vector of registers to an `operand`'s row (same: True, or known at run time)."""
+        if same is not True:
+            put(self._atom(), src, dst_vec, dst_el, same, self.bv)
+        else:
+            cute.copy(self._atom(), src, dst_vec)
+
+    def get(self, src_vec, src_el, dst, same):
+        """One vector of an `operand`'s row into registers."""
+        if same is not True:
+            get(self._atom(), src_vec, src_el, dst, same, self.bv)
+        else:
+            cute.copy(self._atom(), src_vec, dst)
+
+    def _who(self, t, cta):
+        # a thread of another CTA owns no slot: an index past the leftovers
+        if self.c == 1:
+            return t
+        return Int32(cutlass.select_(cta == self.c - 1, t, Int32(self.tail)))
+
+    def load_left(self, row, h, dst, t, cta, pad):
+        load_left(row, h, dst, self._who(t, cta), pad, self.lc, self.p, self.tail, self.nv * self.bv)
+
+    def store_left(self, src, row, h, t, cta):
+        store_left(src, row, h, self._who(t, cta), self.lc, self.p, self.tail, self.nv * self.bv)
 
 
 def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
@@ -74,22 +126,23 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     G = min(P, 32)
     W = max(P // 32, 1)
     S = W * C
-    NV = n // vec
+    BV, NV, TAIL, LC = split(n, vec, bits, P)  # leftovers: the last CTA's threads
+    realign = BV > vec
     KT = -(-NV // (C * P))  # rounds per thread
     CV = KT * P  # vectors per CTA chunk
     last = NV - (C - 1) * CV  # vectors of the last CTA's chunk (may be <= 0)
     KF = max(0, min(KT, last // P))  # rounds full in every CTA: no predicate
     if C > 1 and KT < 1:
         raise ValueError(f"cluster_n={C}: n={n} gives a CTA no vector")
-    staged = config.path in STAGED_PATHS and vec * bits == 128
+    staged = config.path in STAGED_PATHS and BV * bits == 128
     recompute = staged and config.path == "smem"
     # log_softmax's output x - lse needs x, not the exponentials: a staged chunk is read
     # back from shared memory for it, so no fp32 copy of the row stays live across the
     # exchange (at 64 elements per thread the held copy cost resident CTAs: bf16 131072 /
     # 262144 at 84.5 / 80.2 % of copy against softmax's 96.6 / 91.3, h200-membound-softmax-v2.3.json)
     reread_out = recompute or (staged and log)
-    copy_bits = vec * bits
-    CHUNK = CV * vec  # elements of a CTA's chunk of one row
+    copy_bits = BV * bits
+    CHUNK = CV * BV  # elements of a CTA's chunk of one row
     TX_BYTES = R * S * 8
 
     def combine(a1, b1, a2, b2):
@@ -120,14 +173,16 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                 a, b = combine(a, b, _sel(ok, red_f[r, j, 0], Float32(NEG_INF)), _sel(ok, red_f[r, j, 1], Float32(0.0)))
         return _lane_reduce(a, b, G)
 
-    def _chunk_view(row_t: cute.Tensor, t, cta):
-        # (vec, KT) slice of the row owned by thread t of CTA cta
-        full = cute.make_tensor(row_t.iterator, cute.make_layout((vec, P, KT, C), stride=(1, vec, vec * P, CHUNK)))
+    def _chunk_view(ptr, t, cta):
+        # (BV, KT) slice of the row's vectors (starting at ptr) owned by thread t of CTA cta
+        full = cute.make_tensor(ptr, cute.make_layout((BV, P, KT, C), stride=(1, BV, BV * P, CHUNK)))
         return full[None, t, None, cta]
 
     def _smem_view(srow: cute.Tensor, t):
-        full = cute.make_tensor(srow.iterator, cute.make_layout((vec, P, KT), stride=(1, vec, vec * P)))
+        full = cute.make_tensor(srow.iterator, cute.make_layout((BV, P, KT), stride=(1, BV, BV * P)))
         return full[None, t, None]
+
+    rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign, copy_bits, dtype)
 
     @cute.kernel
     def _fwd(x: cute.Tensor, y: cute.Tensor):
@@ -156,10 +211,12 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                 cute.arch.mbarrier_arrive_and_expect_tx(mbar, TX_BYTES)
             cute.arch.cluster_arrive_relaxed()
 
-        gx = _chunk_view(x[row_c, None], t, cta)
+        x_row = x[row_c, None]
+        body, h = rows.head(x_row)
+        gx = _chunk_view(body, t, cta)
         base = cta * CV + t  # vector index of round 0
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
-        frag = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        frag = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
         sxv = gx  # replaced below when staged
         if cutlass.const_expr(staged):
             sx = smem.allocate_tensor(dtype, cute.make_layout((R, CHUNK), stride=(CHUNK, 1)), byte_alignment=128)
@@ -174,47 +231,59 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                     if base + k * P < NV:
                         cute.copy(g2s, gx[None, k], sxv[None, k])
             cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(0)
-            # the thread's own slots past N read as -inf in every pass below
-            for k in cutlass.range_constexpr(KF, KT):
-                if base + k * P >= NV:
-                    for v in cutlass.range_constexpr(vec):
-                        sxv[v, k] = dtype(NEG_INF)
-            if cutlass.const_expr(not recompute):
-                for k in cutlass.range_constexpr(KT):
-                    cute.autovec_copy(sxv[None, k], frag[None, k])
         else:
             for k in cutlass.range_constexpr(KT):
                 if cutlass.const_expr(k < KF):
                     cute.copy(atom, gx[None, k], frag[None, k])
                 else:
-                    for v in cutlass.range_constexpr(vec):
+                    for v in cutlass.range_constexpr(BV):
                         frag[v, k] = dtype(NEG_INF)
                     if base + k * P < NV:
                         cute.copy(atom, gx[None, k], frag[None, k])
+        # the realigned row's leftover elements, in registers (module comment)
+        xl = None
+        if cutlass.const_expr(LC > 0):
+            lf = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+            rows.load_left(x_row, h, lf, t, cta, NEG_INF)
+            xl = lf.load().to(Float32) * LOG2E
+        if cutlass.const_expr(staged):
+            cute.arch.cp_async_wait_group(0)
+            # the thread's own slots past N read as -inf in every pass below
+            for k in cutlass.range_constexpr(KF, KT):
+                if base + k * P >= NV:
+                    for v in cutlass.range_constexpr(BV):
+                        sxv[v, k] = dtype(NEG_INF)
+            if cutlass.const_expr(not recompute):
+                for k in cutlass.range_constexpr(KT):
+                    cute.autovec_copy(sxv[None, k], frag[None, k])
 
         # ---- thread partial (m_t, s_t), log2 domain
         m_t = Float32(NEG_INF)
         s_t = Float32(0.0)
         xs = None
         e = None
-        shift = Float32(0.0)
+        vr = None
         if cutlass.const_expr(recompute):
-            vr = cute.make_rmem_tensor(cute.make_layout((vec,)), dtype)
+            vr = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)
             for k in cutlass.range_constexpr(KT):
                 cute.autovec_copy(sxv[None, k], vr)
                 m_t = cute.arch.fmax(m_t, (vr.load().to(Float32) * LOG2E).reduce(cute.ReductionOp.MAX, NEG_INF, 0))
-            shift = _sel(m_t == Float32(NEG_INF), Float32(0.0), m_t)
+        else:
+            xs = frag.load().to(Float32) * LOG2E
+            m_t = xs.reduce(cute.ReductionOp.MAX, NEG_INF, 0)
+        if cutlass.const_expr(LC > 0):
+            m_t = cute.arch.fmax(m_t, xl.reduce(cute.ReductionOp.MAX, NEG_INF, 0))
+        shift = _sel(m_t == Float32(NEG_INF), Float32(0.0), m_t)
+        if cutlass.const_expr(recompute):
             for k in cutlass.range_constexpr(KT):
                 cute.autovec_copy(sxv[None, k], vr)
                 ek = cute.math.exp2(vr.load().to(Float32) * LOG2E - shift, fastmath=True)
                 s_t = s_t + ek.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         else:
-            xs = frag.load().to(Float32) * LOG2E
-            m_t = xs.reduce(cute.ReductionOp.MAX, NEG_INF, 0)
-            shift = _sel(m_t == Float32(NEG_INF), Float32(0.0), m_t)
             e = cute.math.exp2(xs - shift, fastmath=True)
             s_t = e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        if cutlass.const_expr(LC > 0):
+            s_t = s_t + cute.math.exp2(xl - shift, fastmath=True).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
         # ---- row merge: lanes, then warps / CTAs through the (max, sum) slots
         m_row, s_row = _lane_reduce(m_t, s_t, G)
@@ -237,13 +306,17 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
             cute.arch.sync_threads()
             m_row, s_row = _fold(red_f, r, tidx % G)
 
-        # ---- output
+        # ---- output: y's vectors as x's where its rows have x's head, else element by element
         ok = row < m_rows
-        gy = _chunk_view(y[row, None], t, cta)
+        y_row = y[row, None]
+        y_vec, y_el, same = rows.operand(y_row, h)
+        gy = _chunk_view(y_vec, t, cta)
+        gy_el = _chunk_view(y_el, t, cta)
+        lse = m_row + cute.math.log2(s_row, fastmath=True)
+        ms = _sel(m_row == Float32(NEG_INF), Float32(0.0), m_row)
         if cutlass.const_expr(reread_out):
-            vr2 = cute.make_rmem_tensor(cute.make_layout((vec,)), dtype)
-            vo = cute.make_rmem_tensor(cute.make_layout((vec,)), dtype)
-            lse = m_row + cute.math.log2(s_row, fastmath=True)
+            vr2 = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)
+            vo = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)
             inv = Float32(1.0) / s_row
             for k in cutlass.range_constexpr(KT):
                 cute.autovec_copy(sxv[None, k], vr2)
@@ -254,26 +327,32 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                     vo.store((cute.math.exp2(xk - m_row, fastmath=True) * inv).to(dtype))
                 if cutlass.const_expr(k < KF):
                     if ok:
-                        cute.copy(atom, vo, gy[None, k])
+                        rows.put(vo, gy[None, k], gy_el[None, k], same)
                 else:
                     if ok & (base + k * P < NV):
-                        cute.copy(atom, vo, gy[None, k])
+                        rows.put(vo, gy[None, k], gy_el[None, k], same)
         else:
-            out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+            out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
             if cutlass.const_expr(log):
-                lse = m_row + cute.math.log2(s_row, fastmath=True)
                 out.store(((xs - lse) * LN2).to(dtype))
             else:
-                ms = _sel(m_row == Float32(NEG_INF), Float32(0.0), m_row)
                 scale = _sel(m_t == Float32(NEG_INF), Float32(0.0), cute.math.exp2(shift - ms, fastmath=True))
                 out.store((e * (scale / s_row)).to(dtype))
             if ok:
                 for k in cutlass.range_constexpr(KT):
                     if cutlass.const_expr(k < KF):
-                        cute.copy(atom, out[None, k], gy[None, k])
+                        rows.put(out[None, k], gy[None, k], gy_el[None, k], same)
                     else:
                         if base + k * P < NV:
-                            cute.copy(atom, out[None, k], gy[None, k])
+                            rows.put(out[None, k], gy[None, k], gy_el[None, k], same)
+        if cutlass.const_expr(LC > 0):
+            out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+            if cutlass.const_expr(log):
+                out_l.store(((xl - lse) * LN2).to(dtype))
+            else:
+                out_l.store((cute.math.exp2(xl - ms, fastmath=True) / s_row).to(dtype))
+            if ok:
+                rows.store_left(out_l, y_row, h, t, cta)
 
     @cute.jit
     def softmax_fwd_v2(x: cute.Tensor, y: cute.Tensor, stream):
@@ -308,15 +387,16 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
     G = 32  # validate: P is a multiple of 32 with a cluster
     W = P // 32
     S = W * C
-    NV = n // vec
+    BV, NV, TAIL, LC = split(n, vec, bits, P)  # leftovers: the last CTA's threads
+    realign = BV > vec
     KT = -(-NV // (C * P))  # rounds per thread
     CV = KT * P  # vectors per CTA chunk
     last = NV - (C - 1) * CV  # vectors of the last CTA's chunk (may be <= 0)
     KF = max(0, min(KT, last // P))  # rounds full in every CTA: no predicate
     if KT < 1:
         raise ValueError(f"cluster_n={C}: n={n} gives a CTA no vector")
-    copy_bits = vec * bits
-    CHUNK = CV * vec  # elements of a CTA's chunk of one row
+    copy_bits = BV * bits
+    CHUNK = CV * BV  # elements of a CTA's chunk of one row
     TX_BYTES = R * S * 4  # one fp32 per warp of every CTA of the cluster, per row
 
     # bf16: the partial (sum(dy y), or sum(dy) for log_softmax) widens bf16 pairs with
@@ -325,13 +405,13 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
     # the inputs stay packed, two per register (ptxas, softmax_bwd: 78 -> 63 registers at
     # 32 elements per input, 142 -> 127 at 64). fp16 has no such cheap exact widening
     # (subnormals) and keeps the plain conversion (78 / 142).
-    PACKED = dtype is cutlass.BFloat16 and (vec * KT) % 2 == 0
-    NW = vec * KT // 2
+    PACKED = dtype is cutlass.BFloat16 and (BV * KT) % 2 == 0
+    NW = BV * KT // 2
 
     @cute.jit
     def _dot_bf16(fa: cute.Tensor, fb: cute.Tensor):
-        wa = cute.recast_tensor(cute.make_tensor(fa.iterator, cute.make_layout((vec * KT,))), Uint32)
-        wb = cute.recast_tensor(cute.make_tensor(fb.iterator, cute.make_layout((vec * KT,))), Uint32)
+        wa = cute.recast_tensor(cute.make_tensor(fa.iterator, cute.make_layout((BV * KT,))), Uint32)
+        wb = cute.recast_tensor(cute.make_tensor(fb.iterator, cute.make_layout((BV * KT,))), Uint32)
         tmp = cute.make_rmem_tensor(cute.make_layout((4,)), Uint32)
         tf = cute.recast_tensor(tmp, Float32)
         acc0 = Float32(0.0)
@@ -358,20 +438,22 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
             a = a + cute.arch.shuffle_sync_bfly(a, offset=G >> (step + 1))
         return a
 
-    def _chunk_view(row_t: cute.Tensor, t, cta):
-        full = cute.make_tensor(row_t.iterator, cute.make_layout((vec, P, KT, C), stride=(1, vec, vec * P, CHUNK)))
+    def _chunk_view(ptr, t, cta):
+        full = cute.make_tensor(ptr, cute.make_layout((BV, P, KT, C), stride=(1, BV, BV * P, CHUNK)))
         return full[None, t, None, cta]
 
+    rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign, copy_bits, dtype)
+
     @cute.jit
-    def _load(atom, src: cute.Tensor, frag: cute.Tensor, base):
+    def _load(src: cute.Tensor, src_el: cute.Tensor, frag: cute.Tensor, base, same):
         for k in cutlass.range_constexpr(KT):
             if cutlass.const_expr(k < KF):
-                cute.copy(atom, src[None, k], frag[None, k])
+                rows.get(src[None, k], src_el[None, k], frag[None, k], same)
             else:
-                for v in cutlass.range_constexpr(vec):
+                for v in cutlass.range_constexpr(BV):
                     frag[v, k] = dtype(0.0)
                 if base + k * P < NV:
-                    cute.copy(atom, src[None, k], frag[None, k])
+                    rows.get(src[None, k], src_el[None, k], frag[None, k], same)
 
     @cute.kernel
     def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
@@ -396,11 +478,26 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         cute.arch.cluster_arrive_relaxed()
 
         base = cta * CV + t  # vector index of round 0
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
-        f_dy = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
-        f_y = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
-        _load(atom, _chunk_view(dy[row_c, None], t, cta), f_dy, base)
-        _load(atom, _chunk_view(y[row_c, None], t, cta), f_y, base)
+        # y (the forward's output) is the reference row of the split; dy and dx go
+        # through it as vectors where their rows have y's head, else element by element
+        y_row = y[row_c, None]
+        dy_row = dy[row_c, None]
+        y_vec, h = rows.head(y_row)
+        dy_vec, dy_el, dy_same = rows.operand(dy_row, h)
+        f_dy = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        f_y = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        _load(_chunk_view(dy_vec, t, cta), _chunk_view(dy_el, t, cta), f_dy, base, dy_same)
+        gy = _chunk_view(y_vec, t, cta)
+        _load(gy, gy, f_y, base, True)
+        dyl = None
+        yl = None
+        if cutlass.const_expr(LC > 0):
+            l_dy = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+            l_y = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+            rows.load_left(dy_row, h, l_dy, t, cta, 0.0)
+            rows.load_left(y_row, h, l_y, t, cta, 0.0)
+            dyl = l_dy.load().to(Float32)
+            yl = l_y.load().to(Float32)
 
         # ---- thread partial, then lanes, then warps / CTAs through the slots
         part = Float32(0.0)
@@ -410,6 +507,11 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
             part = f_dy.load().to(Float32).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         else:
             part = (f_dy.load().to(Float32) * f_y.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        if cutlass.const_expr(LC > 0):
+            if cutlass.const_expr(log):
+                part = part + dyl.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            else:
+                part = part + (dyl * yl).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         part = _bfly(part)
         one = cute.make_rmem_tensor(cute.make_layout((1,)), Float32)
         one[0] = part
@@ -429,7 +531,7 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         tot = _bfly(tot)
 
         # ---- dx from the held inputs, converted again
-        out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
         dyv = f_dy.load().to(Float32)
         yv = f_y.load().to(Float32)
         if cutlass.const_expr(log):
@@ -437,20 +539,30 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         else:
             out.store((yv * (dyv - tot)).to(dtype))
         if row < m_rows:
-            gdx = _chunk_view(dx[row, None], t, cta)
+            dx_row = dx[row, None]
+            dx_vec, dx_el, dx_same = rows.operand(dx_row, h)
+            gdx = _chunk_view(dx_vec, t, cta)
+            gdx_el = _chunk_view(dx_el, t, cta)
             for k in cutlass.range_constexpr(KT):
                 if cutlass.const_expr(k < KF):
-                    cute.copy(atom, out[None, k], gdx[None, k])
+                    rows.put(out[None, k], gdx[None, k], gdx_el[None, k], dx_same)
                 else:
                     if base + k * P < NV:
-                        cute.copy(atom, out[None, k], gdx[None, k])
+                        rows.put(out[None, k], gdx[None, k], gdx_el[None, k], dx_same)
+            if cutlass.const_expr(LC > 0):
+                out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+                if cutlass.const_expr(log):
+                    out_l.store((dyl - cute.math.exp2(yl * LOG2E, fastmath=True) * tot).to(dtype))
+                else:
+                    out_l.store((yl * (dyl - tot)).to(dtype))
+                rows.store_left(out_l, dx_row, h, t, cta)
 
     # fp16 softmax_bwd at 64 elements per input (N = 262144): ptxas takes 142 registers, one
     # 256-thread CTA per SM (75 % of copy); a budget of two CTAs per SM (128 registers) keeps
     # two rows in flight per SM, as bf16 (127 registers, 99 %) and log_softmax_bwd (127) do.
     # Only there: elsewhere ptxas would fill a budget it does not need.
     bounds: dict = {}
-    if dtype is cutlass.Float16 and not log and vec * KT > 32 and T * 2 * 128 <= 65536:
+    if dtype is cutlass.Float16 and not log and BV * KT > 32 and T * 2 * 128 <= 65536:
         bounds = {"max_number_threads": [T, 1, 1], "min_blocks_per_mp": 2, "preferred_smem_carveout": -1}
 
     @cute.jit

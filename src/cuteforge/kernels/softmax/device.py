@@ -12,8 +12,14 @@ Row offsets are 64-bit. ``threads_per_row`` (P) threads of a CTA share a row, a 
 holds ``threads // P`` rows, and with ``cluster_n`` (C) > 1 a row is split over the C
 CTAs of an sm_90 thread-block cluster: P*C "virtual threads" g = cta_rank*P + t.
 
-The row is NV = N / vec vectors of 16 bytes (or less where alignment forces it; the op
-lowers vec until it divides N, so there is no scalar tail). Vector j belongs to virtual
+The row is NV vectors of BV elements. Where the rows' alignment allows 16-byte vectors,
+BV = vec (the op lowers vec until it divides N) and NV = N / vec. Where it does not (an
+odd N such as 50257, or a view), the rows are realigned (``row_split``): NV 16-byte
+vectors from each row's first 16-byte boundary on, and TAIL < 2 BV leftover elements
+(the head before it and the tail after the vectors) one by one, slot i to virtual
+thread i % (P*C). The other operands are read / written through the same split when
+their rows have the same head (contiguous rows of one shape do); a row of one that has
+not goes element by element from the same registers. Vector j belongs to virtual
 thread j % (P*C): every warp load is 32 consecutive vectors, fully coalesced. A thread
 owns K = NV // (P*C) full rounds plus one predicated round when NV % (P*C) != 0; all of
 its loads are issued before any arithmetic, so they are all in flight together.
@@ -50,6 +56,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from ..row_split import leftover_index, realigned, row_vectors
 from .config import SoftmaxConfig, is_backward
 
 __all__ = ["make_softmax"]
@@ -66,6 +73,7 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
     """Return a @cute.jit callable: forward f(x, y, stream), backward f(dy, y, dx, stream).
 
     Every tensor is (M, n) with stride (row_stride, 1) and rows vec-aligned; n % vec == 0.
+    Below 16-byte vectors the rows are realigned at run time (module comment).
     """
     bwd = is_backward(mode)
     log = mode.startswith("log")
@@ -86,13 +94,19 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
     W = max(P // 32, 1)  # warps per row
     S = W * C  # partial slots per row
     PT = P * C  # virtual threads per row
-    NV = n // vec
+    BV, NV = row_vectors(n, vec, bits)
+    # a cluster needs a full round in every CTA: else the rows keep their vec
+    realign = BV > vec and (C == 1 or NV >= PT)
+    if not realign:
+        BV, NV = vec, n // vec
+    TAIL = n - NV * BV  # leftover elements (realigned rows only)
+    LC = -(-TAIL // PT)  # leftover slots per virtual thread
     K = NV // PT  # full rounds
     REM = NV - K * PT  # virtual threads g < REM own one more vector
     KT = K + (1 if REM > 0 else 0)
     if C > 1 and K < 1:
         raise ValueError(f"cluster_n={C}: n={n} at vec={vec} gives a CTA of the cluster no full round")
-    copy_bits = vec * bits
+    copy_bits = BV * bits
     NEG_INF = -math.inf
 
     def combine(a1, b1, a2, b2):
@@ -164,29 +178,83 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
             a, b = _lane_reduce(a, b, G)
         return a, b
 
-    @cute.jit
-    def _thread_view(row_t: cute.Tensor, g):
-        # (vec, KT) : (1, vec*PT) slice of the row owned by virtual thread g
-        full = cute.make_tensor(row_t.iterator, cute.make_layout((vec, PT, KT), stride=(1, vec, vec * PT)))
+    def _thread_view(ptr, g):
+        # (BV, KT) : (1, BV*PT) slice of the row's vectors (starting at ptr) owned by virtual thread g
+        full = cute.make_tensor(ptr, cute.make_layout((BV, PT, KT), stride=(1, BV, BV * PT)))
         return full[None, g, None]
 
     @cute.jit
-    def _load(atom, src: cute.Tensor, frag: cute.Tensor, g, pad: cutlass.Constexpr):
-        for k in cutlass.range_constexpr(K):
-            cute.copy(atom, src[None, k], frag[None, k])
-        if cutlass.const_expr(REM > 0):
-            for v in cutlass.range_constexpr(vec):
-                frag[v, K] = frag.element_type(pad)
-            if g < REM:
-                cute.copy(atom, src[None, K], frag[None, K])
+    def _move(atom, src: cute.Tensor, dst: cute.Tensor, by_elem: cutlass.Constexpr):
+        # one vector; by_elem: element by element (a row whose head differs from the reference's)
+        if cutlass.const_expr(by_elem):
+            for v in cutlass.range_constexpr(BV):
+                dst[v] = src[v]
+        else:
+            cute.copy(atom, src, dst)
 
     @cute.jit
-    def _store(atom, frag: cute.Tensor, dst: cute.Tensor, g):
+    def _load(atom, src: cute.Tensor, frag: cute.Tensor, g, pad: cutlass.Constexpr, by_elem: cutlass.Constexpr = False):
         for k in cutlass.range_constexpr(K):
-            cute.copy(atom, frag[None, k], dst[None, k])
+            _move(atom, src[None, k], frag[None, k], by_elem)
+        if cutlass.const_expr(REM > 0):
+            for v in cutlass.range_constexpr(BV):
+                frag[v, K] = frag.element_type(pad)
+            if g < REM:
+                _move(atom, src[None, K], frag[None, K], by_elem)
+
+    @cute.jit
+    def _store(atom, frag: cute.Tensor, dst: cute.Tensor, g, by_elem: cutlass.Constexpr = False):
+        for k in cutlass.range_constexpr(K):
+            _move(atom, frag[None, k], dst[None, k], by_elem)
         if cutlass.const_expr(REM > 0):
             if g < REM:
-                cute.copy(atom, frag[None, K], dst[None, K])
+                _move(atom, frag[None, K], dst[None, K], by_elem)
+
+    @cute.jit
+    def _load_operand(atom, row_t: cute.Tensor, h, frag: cute.Tensor, g, pad: cutlass.Constexpr):
+        """An operand's vectors into frag, split as the reference row (head h): as vectors
+        where its own head is h too, else element by element."""
+        if cutlass.const_expr(realign):
+            body, h_own = realigned(row_t, bits // 8)
+            if h_own == h:
+                _load(atom, _thread_view(body, g), frag, g, pad)
+            else:
+                _load(atom, _thread_view(row_t.iterator + h, g), frag, g, pad, True)
+        else:
+            _load(atom, _thread_view(row_t.iterator, g), frag, g, pad)
+
+    @cute.jit
+    def _store_operand(atom, frag: cute.Tensor, row_t: cute.Tensor, h, g):
+        if cutlass.const_expr(realign):
+            body, h_own = realigned(row_t, bits // 8)
+            if h_own == h:
+                _store(atom, frag, _thread_view(body, g), g)
+            else:
+                _store(atom, frag, _thread_view(row_t.iterator + h, g), g, True)
+        else:
+            _store(atom, frag, _thread_view(row_t.iterator, g), g)
+
+    @cute.jit
+    def _load_left(row_t: cute.Tensor, h, lf: cute.Tensor, g, pad: cutlass.Constexpr):
+        # the realigned row's leftover elements (head and tail): slot i is virtual thread i % PT's
+        for c in cutlass.range_constexpr(LC):
+            i = g + c * PT
+            lf[c] = lf.element_type(pad)
+            if i < TAIL:
+                lf[c] = row_t[leftover_index(i, h, NV * BV)]
+
+    @cute.jit
+    def _store_left(lf: cute.Tensor, row_t: cute.Tensor, h, g):
+        for c in cutlass.range_constexpr(LC):
+            i = g + c * PT
+            if i < TAIL:
+                row_t[leftover_index(i, h, NV * BV)] = lf[c]
+
+    def _head(row_t: cute.Tensor):
+        """(vectors' start, h) of the reference row."""
+        if realign:
+            return realigned(row_t, bits // 8)
+        return row_t.iterator, cutlass.Int32(0)
 
     @cute.jit
     def _coords():
@@ -207,50 +275,98 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
         r, t, cta, row, g = _coords()
         m_rows = x.shape[0]
         row_c = cutlass.min(row, m_rows - 1)
+        x_row = x[row_c, None]
+        body, h = _head(x_row)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
-        frag = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
-        _load(atom, _thread_view(x[row_c, None], g), frag, g, NEG_INF)
+        frag = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        _load(atom, _thread_view(body, g), frag, g, NEG_INF)
+        xl = None
+        if cutlass.const_expr(LC > 0):
+            lf = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+            _load_left(x_row, h, lf, g, NEG_INF)
+            xl = lf.load().to(Float32) * LOG2E
         xs = frag.load().to(Float32) * LOG2E  # log2 domain
         m_t = xs.reduce(cute.ReductionOp.MAX, NEG_INF, 0)
+        if cutlass.const_expr(LC > 0):
+            m_t = cute.arch.fmax(m_t, xl.reduce(cute.ReductionOp.MAX, NEG_INF, 0))
         shift = _sel(m_t == Float32(NEG_INF), Float32(0.0), m_t)
         e = cute.math.exp2(xs - shift, fastmath=True)
         s_t = e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        if cutlass.const_expr(LC > 0):
+            s_t = s_t + cute.math.exp2(xl - shift, fastmath=True).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         m_row, s_row = _row_reduce(m_t, s_t, r, t, cta)
-        out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        out_l = None
+        if cutlass.const_expr(LC > 0):
+            out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
         if cutlass.const_expr(log):
             lse = m_row + cute.math.log2(s_row, fastmath=True)
             out.store(((xs - lse) * LN2).to(dtype))
+            if cutlass.const_expr(LC > 0):
+                out_l.store(((xl - lse) * LN2).to(dtype))
         else:
             ms = _sel(m_row == Float32(NEG_INF), Float32(0.0), m_row)
             scale = _sel(m_t == Float32(NEG_INF), Float32(0.0), cute.math.exp2(shift - ms, fastmath=True))
             out.store((e * (scale / s_row)).to(dtype))
+            if cutlass.const_expr(LC > 0):
+                out_l.store((cute.math.exp2(xl - ms, fastmath=True) / s_row).to(dtype))
         if row < m_rows:
-            _store(atom, out, _thread_view(y[row, None], g), g)
+            y_row = y[row, None]
+            _store_operand(atom, out, y_row, h, g)
+            if cutlass.const_expr(LC > 0):
+                _store_left(out_l, y_row, h, g)
 
     @cute.kernel
     def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
         r, t, cta, row, g = _coords()
         m_rows = dy.shape[0]
         row_c = cutlass.min(row, m_rows - 1)
+        # y (the forward's output) is the reference row of the split
+        y_row = y[row_c, None]
+        dy_row = dy[row_c, None]
+        body, h = _head(y_row)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
-        f_dy = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
-        f_y = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
-        _load(atom, _thread_view(dy[row_c, None], g), f_dy, g, 0.0)
-        _load(atom, _thread_view(y[row_c, None], g), f_y, g, 0.0)
+        f_dy = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        f_y = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        _load_operand(atom, dy_row, h, f_dy, g, 0.0)
+        _load(atom, _thread_view(body, g), f_y, g, 0.0)
+        dyl = None
+        yl = None
+        if cutlass.const_expr(LC > 0):
+            l_dy = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+            l_y = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
+            _load_left(dy_row, h, l_dy, g, 0.0)
+            _load_left(y_row, h, l_y, g, 0.0)
+            dyl = l_dy.load().to(Float32)
+            yl = l_y.load().to(Float32)
         dyv = f_dy.load().to(Float32)
         yv = f_y.load().to(Float32)
         if cutlass.const_expr(log):
             part = dyv.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if cutlass.const_expr(LC > 0):
+                part = part + dyl.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         else:
             part = (dyv * yv).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if cutlass.const_expr(LC > 0):
+                part = part + (dyl * yl).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         tot, _ = _row_reduce(part, Float32(0.0), r, t, cta)
-        out = cute.make_rmem_tensor(cute.make_layout((vec, KT)), dtype)
+        out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        out_l = None
+        if cutlass.const_expr(LC > 0):
+            out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
         if cutlass.const_expr(log):
             out.store((dyv - cute.math.exp2(yv * LOG2E, fastmath=True) * tot).to(dtype))
+            if cutlass.const_expr(LC > 0):
+                out_l.store((dyl - cute.math.exp2(yl * LOG2E, fastmath=True) * tot).to(dtype))
         else:
             out.store((yv * (dyv - tot)).to(dtype))
+            if cutlass.const_expr(LC > 0):
+                out_l.store((yl * (dyl - tot)).to(dtype))
         if row < m_rows:
-            _store(atom, out, _thread_view(dx[row, None], g), g)
+            dx_row = dx[row, None]
+            _store_operand(atom, out, dx_row, h, g)
+            if cutlass.const_expr(LC > 0):
+                _store_left(out_l, dx_row, h, g)
 
     def _grid(m_rows):
         return (cute.ceil_div(m_rows, R) * C, 1, 1)
