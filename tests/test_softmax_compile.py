@@ -182,7 +182,7 @@ def test_rows_not_on_16_bytes_use_16_byte_vectors(compiler, mode, dt, n, cfg):
     else:
         assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
     assert re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
-    scalar = r"(?:ld|st)\.global[.a-zA-Z0-9:_]*\.b%d\s" % bits
+    scalar = rf"(?:ld|st)\.global[.a-zA-Z0-9:_]*\.b{bits}\s"
     assert re.search(scalar, ptx)  # the head and tail
 
 

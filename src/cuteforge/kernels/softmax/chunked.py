@@ -4,9 +4,10 @@ What differs from the v1 kernel (device.py), all aimed at 16-bit rows of N >= 32
 where v1 reaches only 67-82 % of copy bandwidth on the H200:
 
 * **Contiguous chunks.** CTA c of a cluster of C owns the vectors
-  [c*CV, (c+1)*CV) of the row (CV = KT*P vectors, KT rounds of its P threads); thread t
-  owns vectors c*CV + k*P + t. Every warp access is still 32 consecutive 16-byte
-  vectors; rounds whose last vector may pass N are predicated (runtime, per CTA).
+  [c*CB, (c+1)*CB) of the row (CB = ceil(NV / C), in KT = ceil(CB / P) rounds of its P
+  threads; `_chunks`); thread t owns vectors c*CB + k*P + t. Every warp access is still
+  32 consecutive 16-byte vectors; rounds that may pass the chunk's end are predicated
+  (runtime, per CTA).
 * **mbarrier exchange.** Thread 0 initialises one mbarrier per CTA and arms it with the
   bytes every CTA of the cluster will send (R rows x W warps x C CTAs x 8 bytes); the
   relaxed cluster arrive after ``fence.mbarrier_init`` is waited on only right before
@@ -57,6 +58,19 @@ NEG_INF = -math.inf
 
 def _sel(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
+
+
+def _chunks(nv: int, p: int, c: int) -> tuple[int, int, int]:
+    """(KT, CB, KF): CTA i of the cluster owns vectors [i * CB, min((i + 1) * CB, nv)) of
+    the row, CB = ceil(nv / c), in KT rounds of its p threads; rounds below KF are whole
+    in every CTA (no predicate). Balanced: with chunks of KT * p vectors instead, a row
+    that does not fill them (nv = 6281 16-byte vectors at N = 50257, 8 CTAs of 256
+    threads: chunks of 1024) left the last CTAs with a sliver or nothing, and the
+    cluster's other CTAs carried the row."""
+    cb = -(-nv // c)
+    kt = -(-cb // p)
+    last = nv - (c - 1) * cb  # the last CTA's vectors (may be <= 0)
+    return kt, cb, max(0, min(kt, last // p))
 
 
 class _Rows:
@@ -128,10 +142,8 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     S = W * C
     BV, NV, TAIL, LC = split(n, vec, bits, P)  # leftovers: the last CTA's threads
     realign = BV > vec
-    KT = -(-NV // (C * P))  # rounds per thread
-    CV = KT * P  # vectors per CTA chunk
-    last = NV - (C - 1) * CV  # vectors of the last CTA's chunk (may be <= 0)
-    KF = max(0, min(KT, last // P))  # rounds full in every CTA: no predicate
+    KT, CB, KF = _chunks(NV, P, C)
+    CV = KT * P  # vectors a CTA's chunk has room for
     if C > 1 and KT < 1:
         raise ValueError(f"cluster_n={C}: n={n} gives a CTA no vector")
     staged = config.path in STAGED_PATHS and BV * bits == 128
@@ -142,7 +154,18 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     # 262144 at 84.5 / 80.2 % of copy against softmax's 96.6 / 91.3, h200-membound-softmax-v2.3.json)
     reread_out = recompute or (staged and log)
     copy_bits = BV * bits
-    CHUNK = CV * BV  # elements of a CTA's chunk of one row
+    CHUNK = CV * BV  # elements of a CTA's chunk of one row (its room in shared memory)
+
+    def _in_chunk(base, t, k):
+        # round k's vector of thread t lies in its CTA's chunk (base = its round-0 index)
+        if CB % P:
+            return (k * P + t < CB) & (base + k * P < NV)
+        return base + k * P < NV
+
+    def _past_chunk(base, t, k):
+        if CB % P:
+            return (k * P + t >= CB) | (base + k * P >= NV)
+        return base + k * P >= NV
     TX_BYTES = R * S * 8
 
     def combine(a1, b1, a2, b2):
@@ -175,7 +198,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
 
     def _chunk_view(ptr, t, cta):
         # (BV, KT) slice of the row's vectors (starting at ptr) owned by thread t of CTA cta
-        full = cute.make_tensor(ptr, cute.make_layout((BV, P, KT, C), stride=(1, BV, BV * P, CHUNK)))
+        full = cute.make_tensor(ptr, cute.make_layout((BV, P, KT, C), stride=(1, BV, BV * P, CB * BV)))
         return full[None, t, None, cta]
 
     def _smem_view(srow: cute.Tensor, t):
@@ -214,7 +237,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
         x_row = x[row_c, None]
         body, h = rows.head(x_row)
         gx = _chunk_view(body, t, cta)
-        base = cta * CV + t  # vector index of round 0
+        base = cta * CB + t  # vector index of round 0
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
         frag = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
         sxv = gx  # replaced below when staged
@@ -228,7 +251,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                 if cutlass.const_expr(k < KF):
                     cute.copy(g2s, gx[None, k], sxv[None, k])
                 else:
-                    if base + k * P < NV:
+                    if _in_chunk(base, t, k):
                         cute.copy(g2s, gx[None, k], sxv[None, k])
             cute.arch.cp_async_commit_group()
         else:
@@ -238,7 +261,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                 else:
                     for v in cutlass.range_constexpr(BV):
                         frag[v, k] = dtype(NEG_INF)
-                    if base + k * P < NV:
+                    if _in_chunk(base, t, k):
                         cute.copy(atom, gx[None, k], frag[None, k])
         # the realigned row's leftover elements, in registers (module comment)
         xl = None
@@ -250,7 +273,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
             cute.arch.cp_async_wait_group(0)
             # the thread's own slots past N read as -inf in every pass below
             for k in cutlass.range_constexpr(KF, KT):
-                if base + k * P >= NV:
+                if _past_chunk(base, t, k):
                     for v in cutlass.range_constexpr(BV):
                         sxv[v, k] = dtype(NEG_INF)
             if cutlass.const_expr(not recompute):
@@ -329,7 +352,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                     if ok:
                         rows.put(vo, gy[None, k], gy_el[None, k], same)
                 else:
-                    if ok & (base + k * P < NV):
+                    if ok & _in_chunk(base, t, k):
                         rows.put(vo, gy[None, k], gy_el[None, k], same)
         else:
             out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
@@ -343,7 +366,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                     if cutlass.const_expr(k < KF):
                         rows.put(out[None, k], gy[None, k], gy_el[None, k], same)
                     else:
-                        if base + k * P < NV:
+                        if _in_chunk(base, t, k):
                             rows.put(out[None, k], gy[None, k], gy_el[None, k], same)
         if cutlass.const_expr(LC > 0):
             out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
@@ -389,14 +412,16 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
     S = W * C
     BV, NV, TAIL, LC = split(n, vec, bits, P)  # leftovers: the last CTA's threads
     realign = BV > vec
-    KT = -(-NV // (C * P))  # rounds per thread
-    CV = KT * P  # vectors per CTA chunk
-    last = NV - (C - 1) * CV  # vectors of the last CTA's chunk (may be <= 0)
-    KF = max(0, min(KT, last // P))  # rounds full in every CTA: no predicate
+    KT, CB, KF = _chunks(NV, P, C)
     if KT < 1:
         raise ValueError(f"cluster_n={C}: n={n} gives a CTA no vector")
     copy_bits = BV * bits
-    CHUNK = CV * BV  # elements of a CTA's chunk of one row
+
+    def _in_chunk(base, t, k):
+        # round k's vector of thread t lies in its CTA's chunk (base = its round-0 index)
+        if CB % P:
+            return (k * P + t < CB) & (base + k * P < NV)
+        return base + k * P < NV
     TX_BYTES = R * S * 4  # one fp32 per warp of every CTA of the cluster, per row
 
     # bf16: the partial (sum(dy y), or sum(dy) for log_softmax) widens bf16 pairs with
@@ -439,20 +464,20 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         return a
 
     def _chunk_view(ptr, t, cta):
-        full = cute.make_tensor(ptr, cute.make_layout((BV, P, KT, C), stride=(1, BV, BV * P, CHUNK)))
+        full = cute.make_tensor(ptr, cute.make_layout((BV, P, KT, C), stride=(1, BV, BV * P, CB * BV)))
         return full[None, t, None, cta]
 
     rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign, copy_bits, dtype)
 
     @cute.jit
-    def _load(src: cute.Tensor, src_el: cute.Tensor, frag: cute.Tensor, base, same):
+    def _load(src: cute.Tensor, src_el: cute.Tensor, frag: cute.Tensor, base, t, same):
         for k in cutlass.range_constexpr(KT):
             if cutlass.const_expr(k < KF):
                 rows.get(src[None, k], src_el[None, k], frag[None, k], same)
             else:
                 for v in cutlass.range_constexpr(BV):
                     frag[v, k] = dtype(0.0)
-                if base + k * P < NV:
+                if _in_chunk(base, t, k):
                     rows.get(src[None, k], src_el[None, k], frag[None, k], same)
 
     @cute.kernel
@@ -477,7 +502,7 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
             cute.arch.mbarrier_arrive_and_expect_tx(mbar, TX_BYTES)
         cute.arch.cluster_arrive_relaxed()
 
-        base = cta * CV + t  # vector index of round 0
+        base = cta * CB + t  # vector index of round 0
         # y (the forward's output) is the reference row of the split; dy and dx go
         # through it as vectors where their rows have y's head, else element by element
         y_row = y[row_c, None]
@@ -486,9 +511,9 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         dy_vec, dy_el, dy_same = rows.operand(dy_row, h)
         f_dy = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
         f_y = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
-        _load(_chunk_view(dy_vec, t, cta), _chunk_view(dy_el, t, cta), f_dy, base, dy_same)
+        _load(_chunk_view(dy_vec, t, cta), _chunk_view(dy_el, t, cta), f_dy, base, t, dy_same)
         gy = _chunk_view(y_vec, t, cta)
-        _load(gy, gy, f_y, base, True)
+        _load(gy, gy, f_y, base, t, True)
         dyl = None
         yl = None
         if cutlass.const_expr(LC > 0):
@@ -547,7 +572,7 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
                 if cutlass.const_expr(k < KF):
                     rows.put(out[None, k], gdx[None, k], gdx_el[None, k], dx_same)
                 else:
-                    if base + k * P < NV:
+                    if _in_chunk(base, t, k):
                         rows.put(out[None, k], gdx[None, k], gdx_el[None, k], dx_same)
             if cutlass.const_expr(LC > 0):
                 out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
