@@ -175,7 +175,10 @@ def _shape(n: int, dtype_bits: int, elems: int, p_max: int, c_max: int) -> Softm
 # 96.6 / 96.9 / 96.3 / 91.4; fp32 regs 93.6 vs async 96.2 only at 262144).
 V2_FWD_MIN_N = {16: 16385, 32: 131073}
 _V2_THREADS = 256
-_V2_ELEMS = 48  # aim: <= this many elements per thread ...
+# aim: <= this many elements per thread (56: 16-bit N = 50257 on 4 CTAs, 49 a thread,
+# read 89.7 % of copy against 78.3 on 8, h200-softmax-longrow-s28.json; the powers of two
+# keep their clusters: 32768 c4, 65536 c8) ...
+_V2_ELEMS = 56
 _V2_CLUSTER_CAP = 8  # ... but no cluster over 8 CTAs unless a thread would hold > 64
 
 
@@ -209,7 +212,13 @@ def _v2_forward(n: int) -> SoftmaxConfig:
 # fp32 keeps `regs`: mbar was level there (101-102 % up to 131072 either way; 262144
 # regs 93.8 / 93.4, mbar(512,c16) 93.0 / 96.2). Rows of 16385..32767 were not measured
 # and keep `regs`.
-V2_BWD_MIN_N = {16: 32768, 32: None}
+V2_BWD_MIN_N = {16: 32768, 32: 32768}
+# fp32 up to here only (v2.x found mbar level with regs at 32768..131072 and did not
+# switch; session 28's odd N, h200-softmax-bwd-s28.json, softmax_bwd / log_softmax_bwd:
+# 50257 regs 97.3 / 79.8 against mbar(256, c8) 101.6 / 101.6; 151937 regs 90.5 / 89.0
+# against mbar(256, c16) 92.1 / 99.8; 151936 92.9 / 100.1 against 100.8 / 101.4). Past
+# it a 256-thread CTA of 16 would hold more than 40 fp32 elements of each input.
+V2_BWD_MAX_N = {16: None, 32: 163840}
 _V2_BWD_THREADS = 256
 
 
@@ -219,6 +228,11 @@ def _v2_backward(n: int) -> SoftmaxConfig:
     131072: 33..64 per input)."""
     c = max(2, _pow2_ceil(-(-n // (_V2_BWD_THREADS * 32))))
     return SoftmaxConfig(_V2_BWD_THREADS, _V2_BWD_THREADS, min(c, 16), "mbar")
+
+
+def _v2_backward_wanted(n: int, dtype_bits: int) -> bool:
+    lo, hi = V2_BWD_MIN_N[dtype_bits], V2_BWD_MAX_N[dtype_bits]
+    return lo is not None and n >= lo and (hi is None or n <= hi)
 
 
 def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
@@ -232,7 +246,7 @@ def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     (n >= 32768) the `mbar` path (`_v2_backward`)."""
     if not backward and n >= V2_FWD_MIN_N[dtype_bits]:
         return _v2_forward(n)
-    if backward and V2_BWD_MIN_N[dtype_bits] is not None and n >= V2_BWD_MIN_N[dtype_bits]:
+    if backward and _v2_backward_wanted(n, dtype_bits):
         return _v2_backward(n)
     return _heuristic_regs(n, dtype_bits, backward)
 

@@ -63,6 +63,7 @@ __all__ = ["make_softmax"]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
+REALIGNED_BWD_TWO_CTAS = True  # see `bounds` in make_softmax
 
 
 def _sel(cond, a, b):
@@ -371,14 +372,22 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
     def _grid(m_rows):
         return (cute.ceil_div(m_rows, R) * C, 1, 1)
 
+    # A realigned 512-thread backward holds two CTAs per SM only at <= 64 registers; its
+    # head / tail and fallback paths took ptxas past that (fp32 N = 50257: 74, one CTA
+    # per SM, log_softmax_bwd 79.8 % of copy where the aligned rows' 64 read 98.8), so
+    # it gets that budget. Elsewhere ptxas keeps its own choice.
+    bounds: dict = {}
+    if bwd and realign and T * 2 * 64 == 65536 and REALIGNED_BWD_TWO_CTAS:
+        bounds = {"max_number_threads": [T, 1, 1], "min_blocks_per_mp": 2, "preferred_smem_carveout": -1}
+
     if bwd:
 
         @cute.jit
         def softmax_bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor, stream):
             if cutlass.const_expr(C > 1):
-                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds)
             else:
-                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), stream=stream)
+                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), stream=stream, **bounds)
 
         return softmax_bwd
 
