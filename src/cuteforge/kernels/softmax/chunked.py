@@ -46,7 +46,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from ..row_split import get, load_left, operand, put, realigned, split, store_left
+from ..row_split import load_left, move, operand, realigned, split, store_left
 from .config import STAGED_PATHS, SoftmaxConfig
 
 __all__ = ["make_softmax_chunked", "make_softmax_chunked_bwd"]
@@ -78,9 +78,9 @@ class _Rows:
     vectors of CTA c's chunk, and the leftover elements of a realigned row on the last
     CTA's threads (slot i on thread i % P)."""
 
-    def __init__(self, bv, nv, tail, lc, p, c, bits, realign, copy_bits, dtype):
+    def __init__(self, bv, nv, tail, lc, p, c, bits, realign):
         self.bv, self.nv, self.tail, self.lc, self.p, self.c = bv, nv, tail, lc, p, c
-        self.bytes, self.realign, self.copy_bits, self.dtype = bits // 8, realign, copy_bits, dtype
+        self.bytes, self.realign = bits // 8, realign
 
     def head(self, row):
         """(vectors' start, h) of the reference row."""
@@ -89,27 +89,11 @@ class _Rows:
         return row.iterator, Int32(0)
 
     def operand(self, row, h):
-        """(vectors, elements, same): another operand's row through the reference's split."""
+        """(vectors, elements, same): another operand's row through the reference's split
+        (`same` is None where the rows are not realigned: always the vectors)."""
         if self.realign:
             return operand(row, h, self.bytes)
-        return row.iterator, row.iterator, True
-
-    def _atom(self):
-        return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=self.copy_bits)
-
-    def put(self, src, dst_vec, dst_el, same):
-        """One vector of registers to an `operand`'s row (same: True, or known at run time)."""
-        if same is not True:
-            put(self._atom(), src, dst_vec, dst_el, same, self.bv)
-        else:
-            cute.copy(self._atom(), src, dst_vec)
-
-    def get(self, src_vec, src_el, dst, same):
-        """One vector of an `operand`'s row into registers."""
-        if same is not True:
-            get(self._atom(), src_vec, src_el, dst, same, self.bv)
-        else:
-            cute.copy(self._atom(), src_vec, dst)
+        return row.iterator, row.iterator, None
 
     def _who(self, t, cta):
         # a thread of another CTA owns no slot: an index past the leftovers
@@ -205,7 +189,31 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
         full = cute.make_tensor(srow.iterator, cute.make_layout((BV, P, KT), stride=(1, BV, BV * P)))
         return full[None, t, None]
 
-    rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign, copy_bits, dtype)
+    rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign)
+
+    @cute.jit
+    def _write_y(gy: cute.Tensor, sxv: cute.Tensor, out: cute.Tensor, base, t, lse, m_row, s_row, by_elem: cutlass.Constexpr):
+        """The thread's vectors of y: from `out` (held), or computed again from the staged
+        chunk `sxv` (reread_out); by_elem: element by element (row_split.move)."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
+        vr2 = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)
+        vo = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)
+        inv = Float32(1.0) / s_row
+        for k in cutlass.range_constexpr(KT):
+            src = out[None, k]
+            if cutlass.const_expr(reread_out):
+                cute.autovec_copy(sxv[None, k], vr2)
+                xk = vr2.load().to(Float32) * LOG2E
+                if cutlass.const_expr(log):
+                    vo.store(((xk - lse) * LN2).to(dtype))
+                else:
+                    vo.store((cute.math.exp2(xk - m_row, fastmath=True) * inv).to(dtype))
+                src = vo
+            if cutlass.const_expr(k < KF):
+                move(atom, src, gy[None, k], by_elem, BV)
+            else:
+                if _in_chunk(base, t, k):
+                    move(atom, src, gy[None, k], by_elem, BV)
 
     @cute.kernel
     def _fwd(x: cute.Tensor, y: cute.Tensor):
@@ -333,41 +341,23 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
         ok = row < m_rows
         y_row = y[row, None]
         y_vec, y_el, same = rows.operand(y_row, h)
-        gy = _chunk_view(y_vec, t, cta)
-        gy_el = _chunk_view(y_el, t, cta)
         lse = m_row + cute.math.log2(s_row, fastmath=True)
         ms = _sel(m_row == Float32(NEG_INF), Float32(0.0), m_row)
-        if cutlass.const_expr(reread_out):
-            vr2 = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)
-            vo = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)
-            inv = Float32(1.0) / s_row
-            for k in cutlass.range_constexpr(KT):
-                cute.autovec_copy(sxv[None, k], vr2)
-                xk = vr2.load().to(Float32) * LOG2E
-                if cutlass.const_expr(log):
-                    vo.store(((xk - lse) * LN2).to(dtype))
-                else:
-                    vo.store((cute.math.exp2(xk - m_row, fastmath=True) * inv).to(dtype))
-                if cutlass.const_expr(k < KF):
-                    if ok:
-                        rows.put(vo, gy[None, k], gy_el[None, k], same)
-                else:
-                    if ok & _in_chunk(base, t, k):
-                        rows.put(vo, gy[None, k], gy_el[None, k], same)
-        else:
-            out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        if cutlass.const_expr(not reread_out):
             if cutlass.const_expr(log):
                 out.store(((xs - lse) * LN2).to(dtype))
             else:
                 scale = _sel(m_t == Float32(NEG_INF), Float32(0.0), cute.math.exp2(shift - ms, fastmath=True))
                 out.store((e * (scale / s_row)).to(dtype))
-            if ok:
-                for k in cutlass.range_constexpr(KT):
-                    if cutlass.const_expr(k < KF):
-                        rows.put(out[None, k], gy[None, k], gy_el[None, k], same)
-                    else:
-                        if _in_chunk(base, t, k):
-                            rows.put(out[None, k], gy[None, k], gy_el[None, k], same)
+        if ok:
+            if cutlass.const_expr(realign):
+                if same:
+                    _write_y(_chunk_view(y_vec, t, cta), sxv, out, base, t, lse, m_row, s_row, False)
+                else:
+                    _write_y(_chunk_view(y_el, t, cta), sxv, out, base, t, lse, m_row, s_row, True)
+            else:
+                _write_y(_chunk_view(y_vec, t, cta), sxv, out, base, t, lse, m_row, s_row, False)
         if cutlass.const_expr(LC > 0):
             out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
             if cutlass.const_expr(log):
@@ -467,18 +457,29 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         full = cute.make_tensor(ptr, cute.make_layout((BV, P, KT, C), stride=(1, BV, BV * P, CB * BV)))
         return full[None, t, None, cta]
 
-    rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign, copy_bits, dtype)
+    rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign)
 
     @cute.jit
-    def _load(src: cute.Tensor, src_el: cute.Tensor, frag: cute.Tensor, base, t, same):
+    def _load(src: cute.Tensor, frag: cute.Tensor, base, t, by_elem: cutlass.Constexpr):
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
         for k in cutlass.range_constexpr(KT):
             if cutlass.const_expr(k < KF):
-                rows.get(src[None, k], src_el[None, k], frag[None, k], same)
+                move(atom, src[None, k], frag[None, k], by_elem, BV)
             else:
                 for v in cutlass.range_constexpr(BV):
                     frag[v, k] = dtype(0.0)
                 if _in_chunk(base, t, k):
-                    rows.get(src[None, k], src_el[None, k], frag[None, k], same)
+                    move(atom, src[None, k], frag[None, k], by_elem, BV)
+
+    @cute.jit
+    def _store(frag: cute.Tensor, dst: cute.Tensor, base, t, by_elem: cutlass.Constexpr):
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
+        for k in cutlass.range_constexpr(KT):
+            if cutlass.const_expr(k < KF):
+                move(atom, frag[None, k], dst[None, k], by_elem, BV)
+            else:
+                if _in_chunk(base, t, k):
+                    move(atom, frag[None, k], dst[None, k], by_elem, BV)
 
     @cute.kernel
     def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
@@ -511,9 +512,14 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         dy_vec, dy_el, dy_same = rows.operand(dy_row, h)
         f_dy = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
         f_y = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
-        _load(_chunk_view(dy_vec, t, cta), _chunk_view(dy_el, t, cta), f_dy, base, t, dy_same)
-        gy = _chunk_view(y_vec, t, cta)
-        _load(gy, gy, f_y, base, t, True)
+        if cutlass.const_expr(realign):
+            if dy_same:
+                _load(_chunk_view(dy_vec, t, cta), f_dy, base, t, False)
+            else:
+                _load(_chunk_view(dy_el, t, cta), f_dy, base, t, True)
+        else:
+            _load(_chunk_view(dy_vec, t, cta), f_dy, base, t, False)
+        _load(_chunk_view(y_vec, t, cta), f_y, base, t, False)
         dyl = None
         yl = None
         if cutlass.const_expr(LC > 0):
@@ -566,14 +572,13 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         if row < m_rows:
             dx_row = dx[row, None]
             dx_vec, dx_el, dx_same = rows.operand(dx_row, h)
-            gdx = _chunk_view(dx_vec, t, cta)
-            gdx_el = _chunk_view(dx_el, t, cta)
-            for k in cutlass.range_constexpr(KT):
-                if cutlass.const_expr(k < KF):
-                    rows.put(out[None, k], gdx[None, k], gdx_el[None, k], dx_same)
+            if cutlass.const_expr(realign):
+                if dx_same:
+                    _store(out, _chunk_view(dx_vec, t, cta), base, t, False)
                 else:
-                    if _in_chunk(base, t, k):
-                        rows.put(out[None, k], gdx[None, k], gdx_el[None, k], dx_same)
+                    _store(out, _chunk_view(dx_el, t, cta), base, t, True)
+            else:
+                _store(out, _chunk_view(dx_vec, t, cta), base, t, False)
             if cutlass.const_expr(LC > 0):
                 out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
                 if cutlass.const_expr(log):

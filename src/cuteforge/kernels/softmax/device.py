@@ -56,7 +56,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from ..row_split import leftover_index, realigned, row_vectors
+from ..row_split import load_left, move, operand, realigned, row_vectors, store_left
 from .config import SoftmaxConfig, is_backward
 
 __all__ = ["make_softmax"]
@@ -185,71 +185,46 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
         return full[None, g, None]
 
     @cute.jit
-    def _move(atom, src: cute.Tensor, dst: cute.Tensor, by_elem: cutlass.Constexpr):
-        # one vector; by_elem: element by element (a row whose head differs from the reference's)
-        if cutlass.const_expr(by_elem):
-            for v in cutlass.range_constexpr(BV):
-                dst[v] = src[v]
-        else:
-            cute.copy(atom, src, dst)
-
-    @cute.jit
     def _load(atom, src: cute.Tensor, frag: cute.Tensor, g, pad: cutlass.Constexpr, by_elem: cutlass.Constexpr = False):
         for k in cutlass.range_constexpr(K):
-            _move(atom, src[None, k], frag[None, k], by_elem)
+            move(atom, src[None, k], frag[None, k], by_elem, BV)
         if cutlass.const_expr(REM > 0):
             for v in cutlass.range_constexpr(BV):
                 frag[v, K] = frag.element_type(pad)
             if g < REM:
-                _move(atom, src[None, K], frag[None, K], by_elem)
+                move(atom, src[None, K], frag[None, K], by_elem, BV)
 
     @cute.jit
     def _store(atom, frag: cute.Tensor, dst: cute.Tensor, g, by_elem: cutlass.Constexpr = False):
         for k in cutlass.range_constexpr(K):
-            _move(atom, frag[None, k], dst[None, k], by_elem)
+            move(atom, frag[None, k], dst[None, k], by_elem, BV)
         if cutlass.const_expr(REM > 0):
             if g < REM:
-                _move(atom, frag[None, K], dst[None, K], by_elem)
+                move(atom, frag[None, K], dst[None, K], by_elem, BV)
 
     @cute.jit
     def _load_operand(atom, row_t: cute.Tensor, h, frag: cute.Tensor, g, pad: cutlass.Constexpr):
         """An operand's vectors into frag, split as the reference row (head h): as vectors
-        where its own head is h too, else element by element."""
+        where its own head is h too, else element by element (one branch for the row)."""
         if cutlass.const_expr(realign):
-            body, h_own = realigned(row_t, bits // 8)
-            if h_own == h:
+            body, at_h, same = operand(row_t, h, bits // 8)
+            if same:
                 _load(atom, _thread_view(body, g), frag, g, pad)
             else:
-                _load(atom, _thread_view(row_t.iterator + h, g), frag, g, pad, True)
+                _load(atom, _thread_view(at_h, g), frag, g, pad, True)
         else:
             _load(atom, _thread_view(row_t.iterator, g), frag, g, pad)
 
     @cute.jit
     def _store_operand(atom, frag: cute.Tensor, row_t: cute.Tensor, h, g):
         if cutlass.const_expr(realign):
-            body, h_own = realigned(row_t, bits // 8)
-            if h_own == h:
+            body, at_h, same = operand(row_t, h, bits // 8)
+            if same:
                 _store(atom, frag, _thread_view(body, g), g)
             else:
-                _store(atom, frag, _thread_view(row_t.iterator + h, g), g, True)
+                _store(atom, frag, _thread_view(at_h, g), g, True)
         else:
             _store(atom, frag, _thread_view(row_t.iterator, g), g)
-
-    @cute.jit
-    def _load_left(row_t: cute.Tensor, h, lf: cute.Tensor, g, pad: cutlass.Constexpr):
-        # the realigned row's leftover elements (head and tail): slot i is virtual thread i % PT's
-        for c in cutlass.range_constexpr(LC):
-            i = g + c * PT
-            lf[c] = lf.element_type(pad)
-            if i < TAIL:
-                lf[c] = row_t[leftover_index(i, h, NV * BV)]
-
-    @cute.jit
-    def _store_left(lf: cute.Tensor, row_t: cute.Tensor, h, g):
-        for c in cutlass.range_constexpr(LC):
-            i = g + c * PT
-            if i < TAIL:
-                row_t[leftover_index(i, h, NV * BV)] = lf[c]
 
     def _head(row_t: cute.Tensor):
         """(vectors' start, h) of the reference row."""
@@ -284,7 +259,7 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
         xl = None
         if cutlass.const_expr(LC > 0):
             lf = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
-            _load_left(x_row, h, lf, g, NEG_INF)
+            load_left(x_row, h, lf, g, NEG_INF, LC, PT, TAIL, NV * BV)
             xl = lf.load().to(Float32) * LOG2E
         xs = frag.load().to(Float32) * LOG2E  # log2 domain
         m_t = xs.reduce(cute.ReductionOp.MAX, NEG_INF, 0)
@@ -315,7 +290,7 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
             y_row = y[row, None]
             _store_operand(atom, out, y_row, h, g)
             if cutlass.const_expr(LC > 0):
-                _store_left(out_l, y_row, h, g)
+                store_left(out_l, y_row, h, g, LC, PT, TAIL, NV * BV)
 
     @cute.kernel
     def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
@@ -336,8 +311,8 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
         if cutlass.const_expr(LC > 0):
             l_dy = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
             l_y = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
-            _load_left(dy_row, h, l_dy, g, 0.0)
-            _load_left(y_row, h, l_y, g, 0.0)
+            load_left(dy_row, h, l_dy, g, 0.0, LC, PT, TAIL, NV * BV)
+            load_left(y_row, h, l_y, g, 0.0, LC, PT, TAIL, NV * BV)
             dyl = l_dy.load().to(Float32)
             yl = l_y.load().to(Float32)
         dyv = f_dy.load().to(Float32)
@@ -367,7 +342,7 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
             dx_row = dx[row, None]
             _store_operand(atom, out, dx_row, h, g)
             if cutlass.const_expr(LC > 0):
-                _store_left(out_l, dx_row, h, g)
+                store_left(out_l, dx_row, h, g, LC, PT, TAIL, NV * BV)
 
     def _grid(m_rows):
         return (cute.ceil_div(m_rows, R) * C, 1, 1)
