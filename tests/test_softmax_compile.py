@@ -103,7 +103,7 @@ def compiler(tmp_path_factory):
 
     dtypes = {"f32": cutlass.Float32, "bf16": cutlass.BFloat16, "f16": cutlass.Float16}
 
-    def compile_(mode, dt, n, vec, cfg=None):
+    def compile_(mode, dt, n, vec, cfg=None, same_heads=False):
         d = dtypes[dt]
         bwd = is_backward(mode)
         cfg = cfg or default_config(n, d.width, bwd)
@@ -116,9 +116,9 @@ def compiler(tmp_path_factory):
         if cfg.path != "regs":  # v2 forward paths (the long-row forward default)
             from cuteforge.kernels.softmax.chunked import make_softmax_chunked
 
-            fn = make_softmax_chunked(mode, d, n, vec, cfg)
+            fn = make_softmax_chunked(mode, d, n, vec, cfg, same_heads)
         else:
-            fn = make_softmax(mode, d, n, vec, cfg)
+            fn = make_softmax(mode, d, n, vec, cfg, same_heads)
         c = cute.compile(fn, *ts, stream, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump_dir}")
         ptx = c.__ptx__
         assert isinstance(ptx, str) and ".entry" in ptx and "sm_90a" in ptx
@@ -182,8 +182,41 @@ def test_rows_not_on_16_bytes_use_16_byte_vectors(compiler, mode, dt, n, cfg):
     else:
         assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
     assert re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
-    scalar = rf"(?:ld|st)\.global[.a-zA-Z0-9:_]*\.b{bits}\s"
+    scalar = rf"(?:ld|st)\.global(?![.a-zA-Z0-9:_]*\.v[24]\.)[.a-zA-Z0-9:_]*\.b{bits}\s"  # not .v2 / .v4
     assert re.search(scalar, ptx)  # the head and tail
+
+
+@pytest.mark.parametrize("mode, dt, n", [("softmax_bwd", "bf16", 151937), ("log_softmax_bwd", "f32", 20001),
+                                         ("softmax", "bf16", 50257), ("log_softmax", "f32", 1001)])
+def test_same_heads_builds_no_fallback(compiler, mode, dt, n):
+    """same_heads (the ops, on operands whose rows start alike): the only scalar accesses
+    are the leftovers (at most two per input and output, one slot a thread at these N);
+    without it each operand other than the reference has an element-by-element loop."""
+    bits = 32 if dt == "f32" else 16
+    scalar = rf"(?:ld|st)\.global(?![.a-zA-Z0-9:_]*\.v[24]\.)[.a-zA-Z0-9:_]*\.b{bits}\s"  # not .v2 / .v4
+    lean = len(re.findall(scalar, compiler(mode, dt, n, 1, None, True)))
+    full = len(re.findall(scalar, compiler(mode, dt, n, 1)))
+    assert 1 <= lean <= 3 and full > lean + 8, (lean, full)
+
+
+def test_kernel_params_and_same_heads():
+    """("same_heads", True) only where rows are realigned and the operands start alike; the
+    op's check looks at pointers and row strides (16 bytes apart is the same head)."""
+    from cuteforge.kernels.softmax.spec import kernel_params
+    from cuteforge.ops.softmax import _same_heads
+
+    odd = BoundKey(("bfloat16",) * 2, (("N", 50257),), (1, 1))
+    even = BoundKey(("bfloat16",) * 2, (("N", 4096),), (8, 8))
+    assert kernel_params("softmax", odd, True) == (("mode", "softmax"), ("same_heads", True))
+    assert kernel_params("softmax", odd, False) == (("mode", "softmax"),)
+    assert kernel_params("softmax", even, True) == (("mode", "softmax"),)
+    base = torch.empty(8 * 1008 + 8, dtype=torch.bfloat16)
+    assert _same_heads(1001, base[: 4 * 1001].view(4, 1001)) == (base.data_ptr() % 16 == 0)
+    shifted = base[1 : 1 + 4 * 1001].view(4, 1001)
+    assert not _same_heads(1001, shifted)
+    padded = base[: 4 * 1009].view(4, 1009)[:, :1001]  # stride 1009 = 1001 + 8 elements (16 bytes)
+    assert _same_heads(1001, padded) == (base.data_ptr() % 16 == 0)
+    assert not _same_heads(1001, base[: 4 * 1002].view(4, 1002)[:, :1001])
 
 
 def test_all_modes_covered():

@@ -284,7 +284,7 @@ def _identity(ts: list[Any]) -> list[Any]:
 
 def _softmax_kernel(mode: str, x2: Any) -> Any:
     from cuteforge.autotune import lookup
-    from cuteforge.kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
+    from cuteforge.kernels.softmax.spec import config_for, kernel_params, softmax_bwd, softmax_fwd
 
     m, n = x2.shape
     d = _dtype_name(x2.dtype)
@@ -294,10 +294,10 @@ def _softmax_kernel(mode: str, x2: Any) -> Any:
     k = softmax_bwd if bwd else softmax_fwd
     nargs = 3 if bwd else 2
     key = BoundKey((d,) * nargs, (("N", n),), (vec,) * nargs)
-    params = (("mode", mode),)
-    cfg = lookup(k, key, params, {"M": m}) or config_for(target_arch(), n, bits, bwd, m)
+    cfg = lookup(k, key, (("mode", mode),), {"M": m}) or config_for(target_arch(), n, bits, bwd, m)
     forms = (("rows", n),) * nargs
-    return _module(k, key, params, cfg, forms, (d,) * nargs, "identity", _identity)
+    # XLA's buffers are aligned and these rows contiguous: every operand has the same heads
+    return _module(k, key, kernel_params(mode, key, True), cfg, forms, (d,) * nargs, "identity", _identity)
 
 
 def _softmax_impl(mode: str, x: Any) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..arch import target_arch
-from ..kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
+from ..kernels.softmax.spec import config_for, kernel_params, softmax_bwd, softmax_fwd
 from ..native import backward as native
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
@@ -96,6 +96,14 @@ def _memo_key(mode: str, dim: Any, *ts: torch.Tensor) -> tuple[Any, ...]:
     return key
 
 
+def _same_heads(n: int, *ts: torch.Tensor) -> bool:
+    """Every row of these (M, n) operands starts as far from a 16-byte boundary as the
+    rows of a fresh contiguous output (`kernel_params`): aligned pointers and row strides
+    that differ from n by a multiple of 16 bytes. From pointers and strides only, which
+    the plans' memo keys hold."""
+    return all((t.data_ptr() & 15) == 0 and (t.stride(0) - n) * t.element_size() % 16 == 0 for t in ts)
+
+
 def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
@@ -119,9 +127,8 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
         key = softmax_fwd.signature.bind((x2, y2), where)
         from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
-        params = (("mode", mode),)
-        cfg = lookup(softmax_fwd, key, params, {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m)
-        fn = softmax_fwd.get(key, params, cfg)
+        cfg = lookup(softmax_fwd, key, (("mode", mode),), {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m)
+        fn = softmax_fwd.get(key, kernel_params(mode, key, _same_heads(n, x2)), cfg)
         xv = rows_view(x, x2)
         if xv is not None:  # x read in place: allocation and launch in one C call
             run = native_launch.runner(where, fn, x.device, 1, [(shape, x.dtype)],
@@ -158,9 +165,8 @@ def _bwd_kernel(mode: str, dy2: torch.Tensor, y2: torch.Tensor, where: str) -> A
     key = softmax_bwd.signature.bind((dy2, y2, dx2), where)
     from ..autotune import lookup
 
-    params = (("mode", mode),)
-    cfg = lookup(softmax_bwd, key, params, {"M": m}) or config_for(target_arch(), n, y2.element_size() * 8, True, m)
-    return softmax_bwd.get(key, params, cfg)
+    cfg = lookup(softmax_bwd, key, (("mode", mode),), {"M": m}) or config_for(target_arch(), n, y2.element_size() * 8, True, m)
+    return softmax_bwd.get(key, kernel_params(mode, key, _same_heads(n, dy2, y2)), cfg)
 
 
 def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
@@ -373,6 +379,6 @@ def warm(problems: list[tuple[str, torch.dtype, int, int]], workers: int | None 
 
         key = BoundKey((dtype_name(dt),) * nargs, (("N", n),), (vec,) * nargs)
         cfg = config_for(arch, n, dt.itemsize * 8, bwd, m)
-        job = CompileJob.of(k, key, (("mode", mode),), cfg, arch)
+        job = CompileJob.of(k, key, kernel_params(mode, key, True), cfg, arch)  # contiguous: same heads
         jobs[job] = None
     return compile_all(list(jobs), workers=workers, arch=arch)

@@ -108,12 +108,12 @@ class _Rows:
         store_left(src, row, h, self._who(t, cta), self.lc, self.p, self.tail, self.nv * self.bv)
 
 
-def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
+def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False):
     """@cute.jit f(x, y, stream) for mode "softmax" / "log_softmax" and a v2 path;
     for "softmax_bwd" / "log_softmax_bwd" (path "mbar" only) f(dy, y, dx, stream), see
     ``make_softmax_chunked_bwd``."""
     if mode in ("softmax_bwd", "log_softmax_bwd"):
-        return make_softmax_chunked_bwd(mode, dtype, n, vec, config)
+        return make_softmax_chunked_bwd(mode, dtype, n, vec, config, same_heads)
     if mode not in ("softmax", "log_softmax"):
         raise ValueError(f"unknown softmax mode {mode!r}")
     log = mode == "log_softmax"
@@ -126,6 +126,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     S = W * C
     BV, NV, TAIL, LC = split(n, vec, bits, P)  # leftovers: the last CTA's threads
     realign = BV > vec
+    FALLBACK = realign and not same_heads  # see device.make_softmax
     KT, CB, KF = _chunks(NV, P, C)
     CV = KT * P  # vectors a CTA's chunk has room for
     if C > 1 and KT < 1:
@@ -351,7 +352,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
                 scale = _sel(m_t == Float32(NEG_INF), Float32(0.0), cute.math.exp2(shift - ms, fastmath=True))
                 out.store((e * (scale / s_row)).to(dtype))
         if ok:
-            if cutlass.const_expr(realign):
+            if cutlass.const_expr(FALLBACK):
                 if same:
                     _write_y(_chunk_view(y_vec, t, cta), sxv, out, base, t, lse, m_row, s_row, False)
                 else:
@@ -378,7 +379,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     return softmax_fwd_v2
 
 
-def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
+def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False):
     """@cute.jit f(dy, y, dx, stream) for mode "softmax_bwd" / "log_softmax_bwd", path
     "mbar" (a cluster of C >= 2 CTAs, contiguous chunks, st.async + mbarrier exchange of
     one fp32 sum per warp and row). Arguments as device.py's backward."""
@@ -402,6 +403,7 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
     S = W * C
     BV, NV, TAIL, LC = split(n, vec, bits, P)  # leftovers: the last CTA's threads
     realign = BV > vec
+    FALLBACK = realign and not same_heads  # see device.make_softmax
     KT, CB, KF = _chunks(NV, P, C)
     if KT < 1:
         raise ValueError(f"cluster_n={C}: n={n} gives a CTA no vector")
@@ -512,7 +514,7 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         dy_vec, dy_el, dy_same = rows.operand(dy_row, h)
         f_dy = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
         f_y = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
-        if cutlass.const_expr(realign):
+        if cutlass.const_expr(FALLBACK):
             if dy_same:
                 _load(_chunk_view(dy_vec, t, cta), f_dy, base, t, False)
             else:
@@ -572,7 +574,7 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         if row < m_rows:
             dx_row = dx[row, None]
             dx_vec, dx_el, dx_same = rows.operand(dx_row, h)
-            if cutlass.const_expr(realign):
+            if cutlass.const_expr(FALLBACK):
                 if dx_same:
                     _store(out, _chunk_view(dx_vec, t, cta), base, t, False)
                 else:

@@ -63,18 +63,19 @@ __all__ = ["make_softmax"]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-REALIGNED_BWD_TWO_CTAS = True  # see `bounds` in make_softmax
 
 
 def _sel(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
 
 
-def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
+def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False):
     """Return a @cute.jit callable: forward f(x, y, stream), backward f(dy, y, dx, stream).
 
     Every tensor is (M, n) with stride (row_stride, 1) and rows vec-aligned; n % vec == 0.
-    Below 16-byte vectors the rows are realigned at run time (module comment).
+    Below 16-byte vectors the rows are realigned at run time (module comment);
+    ``same_heads``: the caller guarantees every operand's rows start at the same offset
+    from a 16-byte boundary as the reference's, so no element-by-element fallback is built.
     """
     bwd = is_backward(mode)
     log = mode.startswith("log")
@@ -100,6 +101,7 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
     realign = BV > vec and (C == 1 or NV >= PT)
     if not realign:
         BV, NV = vec, n // vec
+    FALLBACK = realign and not same_heads  # operands whose heads may differ: element by element
     TAIL = n - NV * BV  # leftover elements (realigned rows only)
     LC = -(-TAIL // PT)  # leftover slots per virtual thread
     K = NV // PT  # full rounds
@@ -206,25 +208,25 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
     def _load_operand(atom, row_t: cute.Tensor, h, frag: cute.Tensor, g, pad: cutlass.Constexpr):
         """An operand's vectors into frag, split as the reference row (head h): as vectors
         where its own head is h too, else element by element (one branch for the row)."""
-        if cutlass.const_expr(realign):
+        if cutlass.const_expr(FALLBACK):
             body, at_h, same = operand(row_t, h, bits // 8)
             if same:
                 _load(atom, _thread_view(body, g), frag, g, pad)
             else:
                 _load(atom, _thread_view(at_h, g), frag, g, pad, True)
         else:
-            _load(atom, _thread_view(row_t.iterator, g), frag, g, pad)
+            _load(atom, _thread_view(_head(row_t)[0], g), frag, g, pad)
 
     @cute.jit
     def _store_operand(atom, frag: cute.Tensor, row_t: cute.Tensor, h, g):
-        if cutlass.const_expr(realign):
+        if cutlass.const_expr(FALLBACK):
             body, at_h, same = operand(row_t, h, bits // 8)
             if same:
                 _store(atom, frag, _thread_view(body, g), g)
             else:
                 _store(atom, frag, _thread_view(at_h, g), g, True)
         else:
-            _store(atom, frag, _thread_view(row_t.iterator, g), g)
+            _store(atom, frag, _thread_view(_head(row_t)[0], g), g)
 
     def _head(row_t: cute.Tensor):
         """(vectors' start, h) of the reference row."""
@@ -347,22 +349,14 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig):
     def _grid(m_rows):
         return (cute.ceil_div(m_rows, R) * C, 1, 1)
 
-    # A realigned 512-thread backward holds two CTAs per SM only at <= 64 registers; its
-    # head / tail and fallback paths took ptxas past that (fp32 N = 50257: 74, one CTA
-    # per SM, log_softmax_bwd 79.8 % of copy where the aligned rows' 64 read 98.8), so
-    # it gets that budget. Elsewhere ptxas keeps its own choice.
-    bounds: dict = {}
-    if bwd and realign and T * 2 * 64 == 65536 and REALIGNED_BWD_TWO_CTAS:
-        bounds = {"max_number_threads": [T, 1, 1], "min_blocks_per_mp": 2, "preferred_smem_carveout": -1}
-
     if bwd:
 
         @cute.jit
         def softmax_bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor, stream):
             if cutlass.const_expr(C > 1):
-                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds)
+                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
             else:
-                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), stream=stream, **bounds)
+                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), stream=stream)
 
         return softmax_bwd
 
