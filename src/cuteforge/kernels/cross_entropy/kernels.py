@@ -47,7 +47,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
-from ..reduce.row import RowReduceConfig, _pow2_ceil, row_vectors
+from ..reduce.row import RowReduceConfig, _pow2_ceil
+from ..row_split import realigned, row_vectors
 
 __all__ = ["ce_config", "make_ce_fwd", "make_ce_fwd_reduce", "make_ce_bwd", "reduce_fits", "work_words"]
 
@@ -202,8 +203,7 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
         body = g_row.iterator  # where the vectors start
         h = Int32(0)  # elements before it
         if cutlass.const_expr(realign):
-            body = g_row.iterator.align(16)
-            h = Int32((body.toint() - g_row.iterator.toint()) // (in_dtype.width // 8))
+            body, h = realigned(g_row, in_dtype.width // 8)
             for c in cutlass.range_constexpr((BV - 1 + P - 1) // P):
                 i = t + c * P
                 if i < h:
@@ -625,10 +625,9 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
             # an out-of-range target matches no column (and its row is NaN through g)
             tgt = Int32(Int64(cutlass.select_(in_range, tgt64, Int64(-1))))
             if cutlass.const_expr(realign):
-                xb = g_row.iterator.align(16)
-                db = d_row.iterator.align(16)
-                h = Int32((xb.toint() - g_row.iterator.toint()) // nbytes)
-                if h == Int32((db.toint() - d_row.iterator.toint()) // nbytes):
+                xb, h = realigned(g_row, nbytes)
+                db, h_d = realigned(d_row, nbytes)
+                if h == h_d:
                     _row(g_row, d_row, xb, db, h, t, ml, g, tgt)
                 else:
                     for j in cutlass.range(t, n, P, unroll=1):

@@ -95,6 +95,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from ...arch import DeviceLimits
+from ..row_split import realigned, row_vectors
 
 __all__ = [
     "OPS",
@@ -103,7 +104,6 @@ __all__ = [
     "default_config",
     "candidate_configs",
     "make_row_reduce",
-    "row_vectors",
 ]
 
 OPS = ("sum", "mean", "amax", "amin", "argmax")
@@ -297,21 +297,6 @@ def candidate_configs(n: int, dtype_bits: int) -> list[RowReduceConfig]:
 # ----------------------------------------------------------------------------
 
 
-def row_vectors(n: int, vec: int, dtype_bits: int) -> tuple[int, int]:
-    """(BV, NV): a row's loop runs NV vectors of BV elements. Rows whose starts are not
-    16-byte aligned (vec below 16 bytes: an N such as 50257, or a view) are read from each
-    row's first 16-byte boundary on in 16-byte vectors, through a pointer realigned at run
-    time (BV > vec), the h < BV elements before that boundary (the head) and those after
-    the body (the tail) as scalars; NV is then the count every row has whatever its h, so
-    it is known when tracing. Otherwise BV = vec and NV = n // vec. Shared with the
-    cross-entropy kernels."""
-    vw = 128 // dtype_bits
-    body = (n - (vw - 1)) // vw
-    if vec < vw and body >= 1:
-        return vw, body
-    return vec, n // vec
-
-
 def _sel(cond, a, b, ty):
     return ty(cutlass.select_(cond, a, b))
 
@@ -459,8 +444,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
         body = g_row.iterator  # where the vectors start
         h = Int32(0)  # elements before it
         if cutlass.const_expr(realign):
-            body = g_row.iterator.align(16)
-            h = Int32((body.toint() - g_row.iterator.toint()) // (bits // 8))
+            body, h = realigned(g_row, bits // 8)
             # the head first: argmax's chains must see indices in increasing order
             for c in cutlass.range_constexpr((BV - 1 + PT - 1) // PT):
                 i = g + c * PT
