@@ -3,8 +3,10 @@
 realigned kernel costs it? Kernel alone (registered softmax_bwd, preallocated dx), bf16,
 M = 1766, both N, softmax_bwd and log_softmax_bwd, and with SAME=1 the element-by-element
 fallback compiled out (chunked.operand patched to claim dy / dx share y's head, true for
-these contiguous inputs). Also fp32 at 200000 / 200001 / 262143 on the 512-thread regs
-backward (TWO=0: without the two-CTA register budget of a realigned row) against mbar.
+these contiguous inputs; since ef00cc6 the ops build that kernel themselves, the
+`same_heads` parameter). Also fp32 at 200000 / 200001 / 262143 on the 512-thread regs
+backward (TWO=0: without the two-CTA register budget of a realigned row, which 336e7c6
+added and ef00cc6 dropped; after that the switch does nothing) against mbar.
 Run each variant with its own CUTEFORGE_CACHE_DIR:
 
     CUTEFORGE_CACHE_DIR=/tmp/p0 python benchmarks/probes/softmax_s28b.py
