@@ -4,12 +4,13 @@ modes, at powers of two and between (h200-softmax-longrow-s28.json had mbar ahea
 ~3 points at 50257 / 100000 / 151937 for softmax). Kernel alone, registered softmax_fwd on
 contiguous rows (the ops' same_heads kernels at odd N), M = 2^28 // N, L2 flushed.
 
-    python benchmarks/probes/softmax_s28c.py
+    python benchmarks/probes/softmax_s28c.py [N,N,...]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import torch
 
@@ -17,7 +18,8 @@ from cuteforge import timing
 from cuteforge.kernels.softmax.spec import config_for, kernel_params, softmax_fwd
 
 copy = timing.copy_bandwidth()
-for n in (32768, 50257, 65536, 100000, 131072, 151937, 262144):
+NS = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [32768, 50257, 65536, 100000, 131072, 151937, 262144]
+for n in NS:
     m = (1 << 28) // n
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
