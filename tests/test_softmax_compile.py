@@ -335,7 +335,7 @@ def test_longrow_candidates_valid(n, bits):
         c.validate(n, bits, False, limits_for("sm_90a"))
     d = default_config(n, bits)
     assert d.path == ("async" if n >= V2_FWD_MIN_N[bits] else "regs")
-    assert default_config(n, bits, backward=True).path == ("mbar" if bits == 16 or n <= 163840 else "regs")
+    assert default_config(n, bits, backward=True).path == "mbar"
 
 
 # 16-bit forward from 16385 and fp32 from 131073 default to the v2 async path: the
@@ -591,30 +591,29 @@ def test_bwd_mbar_tx_bytes(compiler):
 
 @pytest.mark.parametrize("bits", [16, 32])
 def test_bwd_mbar_defaults_for_every_n(bits):
-    """16-bit backward rows of N >= 32768 default to `mbar` (h200-softmax-bwd-mbar.json),
-    fp32 rows of 32768..163840 too (h200-softmax-bwd-s28.json), shorter and longer rows
-    keep `regs`; every default validates for sm_90a at any M, and the measured winners
-    are reproduced."""
+    """Backward rows of N >= 32768 default to `mbar` (16-bit: h200-softmax-bwd-mbar.json;
+    fp32: h200-softmax-bwd-s28.json and probes/softmax_s28e.py), shorter rows keep `regs`;
+    every default validates for sm_90a at any M, and the measured winners are reproduced."""
     from cuteforge.arch import limits_for
-    from cuteforge.kernels.softmax.config import V2_BWD_MAX_N, V2_BWD_MIN_N
+    from cuteforge.kernels.softmax.config import V2_BWD_MIN_N
 
     lim = limits_for("sm_90a")
     for n in _DENSE_NS:
         for m in (None, 1, 7, 1000, 32768):
             d = default_config(n, bits, True, m)
             d.validate(n, bits, True, lim)
-            hi = V2_BWD_MAX_N[bits] or n
-            assert (d.path == "mbar") == (V2_BWD_MIN_N[bits] <= n <= hi)
+            assert (d.path == "mbar") == (n >= V2_BWD_MIN_N[bits])
             if d.path == "mbar":
-                assert d.threads == d.threads_per_row == 256 and d.cluster_n >= 2 and d.elems_per_thread(n) <= 64
+                assert d.threads == d.threads_per_row in (256, 512) and d.cluster_n >= 2
+                assert d.elems_per_thread(n) <= (64 if bits == 16 else 50)
     if bits == 16:
         want = {32768: 4, 65536: 8, 100000: 16, 131072: 16, 131073: 16, 262144: 16}
         for n, c in want.items():
             assert default_config(n, 16, True) == SoftmaxConfig(256, 256, c, "mbar")
     else:
         assert default_config(50257, 32, True) == SoftmaxConfig(256, 256, 8, "mbar")
-        assert default_config(151937, 32, True) == SoftmaxConfig(256, 256, 16, "mbar")
-        assert default_config(262144, 32, True).path == "regs"
+        assert default_config(200001, 32, True) == SoftmaxConfig(256, 256, 16, "mbar")
+        assert default_config(262143, 32, True) == SoftmaxConfig(512, 512, 16, "mbar")
 
 
 # the 16-bit backward defaults between the measured N (odd N: vector 1; 33..64 per input)

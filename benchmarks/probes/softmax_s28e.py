@@ -1,8 +1,9 @@
-"""Session 28: the fp32 backward past 163840 (V2_BWD_MAX_N) stays on the 512-thread `regs`
-path, where a realigned row (odd N) takes 72-96 registers against 63-84 before the
-realignment (one 512-thread CTA per SM over 64). Kernel alone, the ops' kernels
-(`kernel_params(..., same_heads=True)`), fp32, M = 2^28 // N: regs(512, c16) against
-mbar(512, c16) and mbar(256, c16), both modes, aligned and odd N.
+"""Session 28: the fp32 backward past 163840 (V2_BWD_MAX_N when this ran; this probe
+replaced that cap) stayed on the 512-thread `regs` path, where a realigned row (odd N)
+takes 72-96 registers against 63-84 before the realignment (one 512-thread CTA per SM
+over 64). Kernel alone, the ops' kernels (`kernel_params(..., same_heads=True)`), fp32,
+M = 2^28 // N: regs(512, c16) against mbar(512, c16) and mbar(256, c16), both modes,
+aligned and odd N.
 
     python benchmarks/probes/softmax_s28e.py
 """

@@ -574,7 +574,7 @@ def _warm_bwd_mbar():
 
 
 def _bwd_default_problems() -> list[tuple[str, torch.dtype, int, int]]:
-    return [(mode + "_bwd", dt, m, n) for mode in MODES for dt in (torch.bfloat16, torch.float16)
+    return [(mode + "_bwd", dt, m, n) for mode in MODES for dt in DTYPES
             for n in _BWD_DEFAULT_NS for m in _BWD_DEFAULT_MS]
 
 
@@ -632,15 +632,16 @@ def test_bwd_mbar_strided_views(_warm_bwd_mbar, threads: int, cluster_n: int) ->
             _check_bwd_mbar(_run_bwd_mbar(mode, dy, y, cfg), _bwd_mbar_ref(mode, dy, y), torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", _BWD_DEFAULT_NS)
 def test_bwd_mbar_defaults_through_op(_warm_bwd_mbar, n: int, dtype: torch.dtype) -> None:
-    """16-bit rows of N >= 32768 take the mbar backward by default: the op's result (the
-    warm path, few rows: a larger cluster) against torch's backward."""
+    """Rows of N >= 32768 take the mbar backward by default (fp32 since v2.7, on 512-thread
+    CTAs past 204800): the op's result (the warm path, few rows: a larger cluster) against
+    torch's backward."""
     from cuteforge.kernels.softmax.config import default_config
 
     for m in _BWD_DEFAULT_MS:
-        assert default_config(n, 16, True, m).path == "mbar"
+        assert default_config(n, dtype.itemsize * 8, True, m).path == "mbar"
     for mode in MODES:
         for m in _BWD_DEFAULT_MS:
             x = 2 * torch.randn(m, n, device="cuda")

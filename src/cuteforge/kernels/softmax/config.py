@@ -213,26 +213,29 @@ def _v2_forward(n: int) -> SoftmaxConfig:
 # regs 93.8 / 93.4, mbar(512,c16) 93.0 / 96.2). Rows of 16385..32767 were not measured
 # and keep `regs`.
 V2_BWD_MIN_N = {16: 32768, 32: 32768}
-# fp32 up to here only (v2.x found mbar level with regs at 32768..131072 and did not
-# switch; session 28's odd N, h200-softmax-bwd-s28.json, softmax_bwd / log_softmax_bwd:
-# 50257 regs 97.3 / 79.8 against mbar(256, c8) 101.6 / 101.6; 151937 regs 90.5 / 89.0
-# against mbar(256, c16) 92.1 / 99.8; 151936 92.9 / 100.1 against 100.8 / 101.4). Past
-# it a 256-thread CTA of 16 would hold more than 40 fp32 elements of each input.
-V2_BWD_MAX_N = {16: None, 32: 163840}
+# fp32 rows too since session 28 (v2.x had found mbar level with regs at 32768..131072 and
+# kept regs). Kernel alone, softmax_bwd / log_softmax_bwd, % of copy:
+#   h200-softmax-bwd-s28.json: 50257 regs 97.3 / 79.8, mbar(256, c8) 101.6 / 101.6;
+#     151937 regs 90.5 / 89.0, mbar(256, c16) 92.1 / 99.8; 151936 92.9 / 100.1 against
+#     100.8 / 101.4;
+#   benchmarks/probes/softmax_s28e.py (regs512 / mbar512 / mbar256, all c16): 163841
+#     91.0 / 101.0 / 101.0 and 99.7 / 101.5 / 101.5; 200001 84.6 / 88.6 / 100.8 and
+#     85.6 / 92.3 / 100.8; 262143 92.2 / 91.5 / 88.8 and 78.4 / 94.7 / 78.7; 262144
+#     94.1 / 93.2 / 91.8 and 93.1 / 96.4 / 78.6.
+# So 256-thread CTAs while 16 of them give a thread <= 50 fp32 elements of each input,
+# 512-thread ones past that.
 _V2_BWD_THREADS = 256
+_V2_BWD_FP32_MAX_ELEMS = 50
 
 
-def _v2_backward(n: int) -> SoftmaxConfig:
-    """The 16-bit long-row backward default: `mbar`, 256-thread CTAs, the smallest
-    cluster that gives a thread <= 32 elements of each input, at most 16 CTAs (rows past
-    131072: 33..64 per input)."""
+def _v2_backward(n: int, dtype_bits: int = 16) -> SoftmaxConfig:
+    """The long-row backward default: `mbar`, 256-thread CTAs, the smallest cluster that
+    gives a thread <= 32 elements of each input, at most 16 CTAs (16-bit rows past 131072:
+    33..64 per input; fp32 rows past 16 x 256 x 50 elements take 512-thread CTAs)."""
     c = max(2, _pow2_ceil(-(-n // (_V2_BWD_THREADS * 32))))
+    if dtype_bits == 32 and n > 16 * _V2_BWD_THREADS * _V2_BWD_FP32_MAX_ELEMS:
+        return SoftmaxConfig(2 * _V2_BWD_THREADS, 2 * _V2_BWD_THREADS, 16, "mbar")
     return SoftmaxConfig(_V2_BWD_THREADS, _V2_BWD_THREADS, min(c, 16), "mbar")
-
-
-def _v2_backward_wanted(n: int, dtype_bits: int) -> bool:
-    lo, hi = V2_BWD_MIN_N[dtype_bits], V2_BWD_MAX_N[dtype_bits]
-    return lo is not None and n >= lo and (hi is None or n <= hi)
 
 
 def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
@@ -246,8 +249,8 @@ def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     (n >= 32768) the `mbar` path (`_v2_backward`)."""
     if not backward and n >= V2_FWD_MIN_N[dtype_bits]:
         return _v2_forward(n)
-    if backward and _v2_backward_wanted(n, dtype_bits):
-        return _v2_backward(n)
+    if backward and V2_BWD_MIN_N[dtype_bits] is not None and n >= V2_BWD_MIN_N[dtype_bits]:
+        return _v2_backward(n, dtype_bits)
     return _heuristic_regs(n, dtype_bits, backward)
 
 
