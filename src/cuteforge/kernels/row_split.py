@@ -45,13 +45,11 @@ def leftover_index(i, h, body_elems: int):
     return Int32(cutlass.select_(i < h, i, i + body_elems))
 
 
-def split(n: int, vec: int, dtype_bits: int, owners: int, realign: bool = True) -> tuple[int, int, int, int]:
-    """(BV, NV, TAIL, LC) of a row: NV vectors of BV elements, TAIL leftover elements
-    (0 unless realigned), LC leftover slots for each of `owners` threads. realign=False
-    keeps the rows' vec (then n % vec must be 0)."""
+def split(n: int, vec: int, dtype_bits: int, owners: int) -> tuple[int, int, int, int]:
+    """(BV, NV, TAIL, LC) of a row (`row_vectors`): NV vectors of BV elements, TAIL
+    leftover elements (0 unless realigned, as then n % vec == 0), LC leftover slots for
+    each of `owners` threads."""
     bv, nv = row_vectors(n, vec, dtype_bits)
-    if not realign or bv == vec:
-        bv, nv = vec, n // vec
     tail = n - nv * bv
     return bv, nv, tail, -(-tail // owners)
 

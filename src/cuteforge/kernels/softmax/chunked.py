@@ -73,6 +73,21 @@ def _chunks(nv: int, p: int, c: int) -> tuple[int, int, int]:
     return kt, cb, max(0, min(kt, last // p))
 
 
+def _chunk_has(base, t, k: int, cb: int, p: int, nv: int):
+    """Round k's vector of thread t lies in its CTA's chunk (`_chunks`; base = the vector
+    index of its round 0): inside the chunk and the row. Trace-time helper."""
+    if cb % p:
+        return (k * p + t < cb) & (base + k * p < nv)
+    return base + k * p < nv
+
+
+def _chunk_lacks(base, t, k: int, cb: int, p: int, nv: int):
+    """The negation of `_chunk_has`."""
+    if cb % p:
+        return (k * p + t >= cb) | (base + k * p >= nv)
+    return base + k * p >= nv
+
+
 class _Rows:
     """Trace-time helpers for the row split of the chunked kernels (``row_split``): the
     vectors of CTA c's chunk, and the leftover elements of a realigned row on the last
@@ -142,15 +157,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     CHUNK = CV * BV  # elements of a CTA's chunk of one row (its room in shared memory)
 
     def _in_chunk(base, t, k):
-        # round k's vector of thread t lies in its CTA's chunk (base = its round-0 index)
-        if CB % P:
-            return (k * P + t < CB) & (base + k * P < NV)
-        return base + k * P < NV
-
-    def _past_chunk(base, t, k):
-        if CB % P:
-            return (k * P + t >= CB) | (base + k * P >= NV)
-        return base + k * P >= NV
+        return _chunk_has(base, t, k, CB, P, NV)
     TX_BYTES = R * S * 8
 
     def combine(a1, b1, a2, b2):
@@ -282,7 +289,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
             cute.arch.cp_async_wait_group(0)
             # the thread's own slots past N read as -inf in every pass below
             for k in cutlass.range_constexpr(KF, KT):
-                if _past_chunk(base, t, k):
+                if _chunk_lacks(base, t, k, CB, P, NV):
                     for v in cutlass.range_constexpr(BV):
                         sxv[v, k] = dtype(NEG_INF)
             if cutlass.const_expr(not recompute):
@@ -410,10 +417,7 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
     copy_bits = BV * bits
 
     def _in_chunk(base, t, k):
-        # round k's vector of thread t lies in its CTA's chunk (base = its round-0 index)
-        if CB % P:
-            return (k * P + t < CB) & (base + k * P < NV)
-        return base + k * P < NV
+        return _chunk_has(base, t, k, CB, P, NV)
     TX_BYTES = R * S * 4  # one fp32 per warp of every CTA of the cluster, per row
 
     # bf16: the partial (sum(dy y), or sum(dy) for log_softmax) widens bf16 pairs with
