@@ -209,9 +209,9 @@ def _v2_forward(n: int) -> SoftmaxConfig:
 # CTAs matched these for bf16 but not fp16 softmax_bwd (87.1 at 65536 c4, 84.0 at
 # 131072 c8): fp16 inputs are widened to fp32 registers (only bf16 stays packed, see
 # chunked.py), 78 registers per thread at 32 per input, so one 512-thread CTA per SM.
-# fp32 keeps `regs`: mbar was level there (101-102 % up to 131072 either way; 262144
-# regs 93.8 / 93.4, mbar(512,c16) 93.0 / 96.2). Rows of 16385..32767 were not measured
-# and keep `regs`.
+# fp32 kept `regs` until session 28 (below): mbar was level there (101-102 % up to
+# 131072 either way; 262144 regs 93.8 / 93.4, mbar(512,c16) 93.0 / 96.2). Rows of
+# 16385..32767 were not measured and keep `regs`.
 V2_BWD_MIN_N = {16: 32768, 32: 32768}
 # fp32 rows too since session 28 (v2.x had found mbar level with regs at 32768..131072 and
 # kept regs). Kernel alone, softmax_bwd / log_softmax_bwd, % of copy:
