@@ -219,6 +219,15 @@ def test_kernel_params_and_same_heads():
     assert not _same_heads(1001, base[: 4 * 1002].view(4, 1002)[:, :1001])
 
 
+def test_same_heads_parameter_must_be_a_bool():
+    from cuteforge.kernels.softmax.spec import softmax_fwd
+
+    key = BoundKey(("bfloat16",) * 2, (("N", 50257),), (1, 1))
+    spec = softmax_fwd.spec(key, (("mode", "softmax"), ("same_heads", "False")))
+    with pytest.raises(ValueError, match="same_heads must be a bool"):
+        softmax_fwd.builder(spec)
+
+
 def test_all_modes_covered():
     assert {c[0] for c in _CASES} == set(MODES)
 

@@ -66,6 +66,15 @@ def kernel_params(mode: str, key: BoundKey, same_heads: bool) -> tuple[tuple[str
     return params
 
 
+def _same_heads(spec: CompileSpec) -> bool:
+    """The spec's same_heads parameter: a bool (a kernel without the fallback is wrong for
+    operands with other heads, so "False" as text must not pass for True)."""
+    same = spec.param("same_heads", False)
+    if not isinstance(same, bool):
+        raise ValueError(f"{spec.kernel}: parameter same_heads must be a bool, got {same!r}")
+    return same
+
+
 def config_for(arch: str, n: int, dtype_bits: int, backward: bool, m: int | None) -> cfg_mod.SoftmaxConfig:
     """The heuristic config for an (m, n) problem; clusters only on sm_90 and newer."""
     return cfg_mod.default_config(n, dtype_bits, backward, m, cluster=parse_arch(arch) >= 90)
@@ -123,7 +132,7 @@ def softmax_fwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
     if mode not in FWD_MODES:
         raise ValueError(f"softmax_fwd: mode must be one of {FWD_MODES}, got {mode!r}")
-    same = bool(spec.param("same_heads", False))
+    same = _same_heads(spec)
     if getattr(spec.config, "path", "regs") != "regs":  # v2 forward paths (chunked.py)
         return make_softmax_chunked(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config, same)
     return make_softmax(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config, same)
@@ -142,7 +151,7 @@ def softmax_bwd(spec: CompileSpec) -> Any:
     mode = spec.param("mode")
     if mode not in BWD_MODES:
         raise ValueError(f"softmax_bwd: mode must be one of {BWD_MODES}, got {mode!r}")
-    same = bool(spec.param("same_heads", False))
+    same = _same_heads(spec)
     if getattr(spec.config, "path", "regs") == "mbar":  # chunked rows, st.async exchange (chunked.py)
         return make_softmax_chunked(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config, same)
     return make_softmax(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config, same)
