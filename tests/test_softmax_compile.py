@@ -186,6 +186,53 @@ def test_rows_not_on_16_bytes_use_16_byte_vectors(compiler, mode, dt, n, cfg):
     assert re.search(scalar, ptx)  # the head and tail
 
 
+def test_realigned_forward_defaults():
+    """Long rows that do not start on 16 bytes: the forward holds the row (`mbar`) where
+    h200-softmax-s29a.json measured it ahead of `async`, log_softmax keeps `async` at <= 32
+    elements a thread; aligned rows and the backward are unchanged; the op's key decides
+    (spec.config_for)."""
+    from cuteforge.kernels.softmax.spec import config_for
+    from cuteforge.signature import BoundKey
+
+    def cfg(n, mode, realigned=True, bits=16, backward=False):
+        return default_config(n, bits, backward, mode=mode, realigned=realigned)
+
+    assert cfg(131073, "softmax") == SoftmaxConfig(256, 256, 8, "mbar")
+    assert cfg(131073, "log_softmax") == SoftmaxConfig(256, 256, 8, "mbar")  # 64 a thread
+    assert cfg(262143, "log_softmax") == SoftmaxConfig(256, 256, 16, "mbar")
+    assert cfg(32001, "softmax") == SoftmaxConfig(256, 256, 4, "mbar")
+    assert cfg(32001, "log_softmax") == SoftmaxConfig(256, 256, 4, "async")  # 32 a thread
+    assert cfg(65537, "log_softmax").path == "async"
+    assert cfg(50257, "log_softmax").path == "mbar"  # 56 a thread
+    assert cfg(262144, "softmax", realigned=False).path == "async"
+    assert cfg(262143, "softmax", bits=32).path == "mbar"
+    assert cfg(131073, "log_softmax", bits=32) == SoftmaxConfig(256, 256, 8, "mbar")  # 64 a thread
+    assert cfg(151937, "softmax_bwd", backward=True) == default_config(151937, 16, True)
+    assert cfg(8191, "softmax").path == "regs"
+    for n, vec, want in ((50257, 1, "mbar"), (50256, 8, "async"), (50256, 4, "mbar")):  # vec 4: a shifted view
+        key = BoundKey(("bfloat16", "bfloat16"), (("N", n),), (vec, vec))
+        assert config_for("sm_90a", n, 16, False, 32768, "softmax", key).path == want, (n, vec)
+    assert config_for("sm_90a", 50257, 16, False, 32768).path == "async"  # no key: as before
+
+
+@pytest.mark.parametrize("mode, dt, n, bound", [("softmax", "bf16", 262143, True), ("softmax", "f16", 262143, True),
+                                                ("softmax", "bf16", 131073, True), ("log_softmax", "bf16", 131073, False),
+                                                ("softmax", "bf16", 200001, False)])
+def test_async_forward_register_budget(compiler, mode, dt, n, bound):
+    """The 16-bit async softmax forward at 64 elements a thread is built for 3 CTAs per SM
+    (chunked.FWD_MIN_CTAS): ptxas gave the realigned same_heads build at 262143 96-100
+    registers without it (2 CTAs per SM; 75.6 against 86.4 % of copy with it,
+    h200-softmax-s29a.json); log_softmax (rereads its staged chunk) and shorter shares
+    carry no bound."""
+    cfg = default_config(n, 16)
+    assert cfg.path == "async"
+    ptx = compiler(mode, dt, n, 1, cfg, True)
+    assert (".minnctapersm 3" in ptx) == bound
+    info = ptxas_report(ptx)
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    assert regs <= 80 and int(re.search(r"(\d+) bytes spill stores", info).group(1)) == 0, info[-600:]
+
+
 @pytest.mark.parametrize("mode, dt, n", [("softmax_bwd", "bf16", 151937), ("log_softmax_bwd", "f32", 20001),
                                          ("softmax", "bf16", 50257), ("log_softmax", "f32", 1001)])
 def test_same_heads_builds_no_fallback(compiler, mode, dt, n):
@@ -363,8 +410,12 @@ def test_default_validates_for_every_n(bits):
             d.validate(n, bits, False, lim)
             assert (d.path == "async") == (n >= V2_FWD_MIN_N[bits])
             if d.path == "async":
-                assert d.threads == d.threads_per_row == 256 and d.elems_per_thread(n) <= 64
-    want = {(16, 32768): 4, (16, 65536): 8, (16, 131072): 8, (16, 262144): 16, (32, 262144): 16}
+                # a thread's share of the row's whole 16-byte vectors; the < 2 vectors of a
+                # realigned row's head and tail go element by element on top (row_split)
+                body = n - n % (128 // bits)
+                assert d.threads == d.threads_per_row == 256 and d.elems_per_thread(body) <= 64
+    want = {(16, 32768): 4, (16, 65536): 8, (16, 131072): 8, (16, 131073): 8, (16, 131080): 16,
+            (16, 262144): 16, (32, 262144): 16}
     for (b, n), c in want.items():
         if b == bits:
             assert default_config(n, bits) == SoftmaxConfig(256, 256, c, "async")

@@ -294,7 +294,7 @@ def _softmax_kernel(mode: str, x2: Any) -> Any:
     k = softmax_bwd if bwd else softmax_fwd
     nargs = 3 if bwd else 2
     key = BoundKey((d,) * nargs, (("N", n),), (vec,) * nargs)
-    cfg = lookup(k, key, (("mode", mode),), {"M": m}) or config_for(target_arch(), n, bits, bwd, m)
+    cfg = lookup(k, key, (("mode", mode),), {"M": m}) or config_for(target_arch(), n, bits, bwd, m, mode, key)
     forms = (("rows", n),) * nargs
     # XLA's buffers are aligned and these rows contiguous: every operand has the same heads
     return _module(k, key, kernel_params(mode, key, True), cfg, forms, (d,) * nargs, "identity", _identity)

@@ -127,7 +127,7 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
         key = softmax_fwd.signature.bind((x2, y2), where)
         from ..autotune import lookup  # slow path only: a tuned config if one was stored
 
-        cfg = lookup(softmax_fwd, key, (("mode", mode),), {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m)
+        cfg = lookup(softmax_fwd, key, (("mode", mode),), {"M": m}) or config_for(target_arch(), n, x.element_size() * 8, False, m, mode, key)
         fn = softmax_fwd.get(key, kernel_params(mode, key, _same_heads(n, x2)), cfg)
         xv = rows_view(x, x2)
         if xv is not None:  # x read in place: allocation and launch in one C call
@@ -378,7 +378,7 @@ def warm(problems: list[tuple[str, torch.dtype, int, int]], workers: int | None 
         nargs = 3 if bwd else 2
 
         key = BoundKey((dtype_name(dt),) * nargs, (("N", n),), (vec,) * nargs)
-        cfg = config_for(arch, n, dt.itemsize * 8, bwd, m)
+        cfg = config_for(arch, n, dt.itemsize * 8, bwd, m, mode, key)
         job = CompileJob.of(k, key, kernel_params(mode, key, True), cfg, arch)  # contiguous: same heads
         jobs[job] = None
     return compile_all(list(jobs), workers=workers, arch=arch)

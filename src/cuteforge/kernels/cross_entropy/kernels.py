@@ -73,7 +73,11 @@ def ce_config(n: int, dtype_bits: int, backward: bool = False) -> RowReduceConfi
     - forward: 4 vectors in flight per thread (the cp.async ring's chunk), a row share of
       about 4 vectors (8 for rows of 1025-2048 vectors and 16-bit rows of 1024), at most
       512 threads looping over longer rows (1024-thread CTAs ran one per SM: 59-88 % of
-      copy at 16-bit N = 32768-65536 against 107-109 %);
+      copy at 16-bit N = 32768-65536 against 107-109 %), 256 for 16-bit rows of at most
+      4096 vectors (N = 32001, whose realigned build takes 50 registers: 512 threads read
+      87.7-90.4 % of copy on the H200, 256 101.6-103.6, h200-ce-sweep-32001.json,
+      h200-ce-s29-fwd-sweep.json; level at 32768; longer rows lost 1.5-5 points on 256
+      through the op on an H100, h100-softmax-ce-odd-s29.json);
     - backward: about 4 vectors per thread (8 for rows of 1025-2048 vectors), up to 1024
       threads; rows of 4096 vectors and more 512 threads x 8 vectors in flight."""
     nv = -(-n // (128 // dtype_bits))
@@ -81,7 +85,7 @@ def ce_config(n: int, dtype_bits: int, backward: bool = False) -> RowReduceConfi
         cfg = RowReduceConfig(512, 512, 8)
     else:
         per = 8 if 1024 < nv <= 2048 or (not backward and dtype_bits == 16 and nv == 1024) else 4
-        p = min(1024 if backward else 512, _pow2_ceil(max(1, -(-nv // per))))
+        p = min(1024 if backward else (256 if dtype_bits == 16 and nv <= 4096 else 512), _pow2_ceil(max(1, -(-nv // per))))
         cfg = RowReduceConfig(256 if p <= 32 else p, p, max(1, min(per if backward else 4, -(-nv // p))))
     cfg.validate(n, dtype_bits)
     return cfg

@@ -54,6 +54,9 @@ __all__ = ["make_softmax_chunked", "make_softmax_chunked_bwd"]
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 NEG_INF = -math.inf
+# CTAs per SM that the 16-bit forward's register budget is set for at 64 elements a
+# thread (make_softmax_chunked; 0: no launch bound, for an A/B)
+FWD_MIN_CTAS = 3
 
 
 def _sel(cond, a, b):
@@ -375,13 +378,22 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
             if ok:
                 rows.store_left(out_l, y_row, h, t, cta)
 
+    # 16-bit softmax holding 64 exponentials a thread in fp32 (N = 262144-class rows on 16
+    # CTAs): ptxas takes 80 registers on an aligned row but 96-100 on a realigned one (the
+    # leftovers and the head's bookkeeping), so 2 CTAs per SM instead of 3. A budget of
+    # FWD_MIN_CTAS CTAs per SM gives the realigned build 80 registers, no spill (ptxas, same_heads
+    # builds at 262143; the fallback kernels keep their own). log_softmax rereads its staged chunk and holds no exponentials.
+    bounds: dict = {}
+    if FWD_MIN_CTAS and bits == 16 and not reread_out and not FALLBACK and BV * KT >= 64 and T * FWD_MIN_CTAS * 80 <= 65536:
+        bounds = {"max_number_threads": [T, 1, 1], "min_blocks_per_mp": FWD_MIN_CTAS, "preferred_smem_carveout": -1}
+
     @cute.jit
     def softmax_fwd_v2(x: cute.Tensor, y: cute.Tensor, stream):
         grid = (cute.ceil_div(x.shape[0], R) * C, 1, 1)
         if cutlass.const_expr(C > 1):
-            _fwd(x, y).launch(grid=grid, block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+            _fwd(x, y).launch(grid=grid, block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds)
         else:
-            _fwd(x, y).launch(grid=grid, block=(T, 1, 1), stream=stream)
+            _fwd(x, y).launch(grid=grid, block=(T, 1, 1), stream=stream, **bounds)
 
     return softmax_fwd_v2
 

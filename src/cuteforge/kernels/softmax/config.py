@@ -182,16 +182,22 @@ _V2_ELEMS = 56
 _V2_CLUSTER_CAP = 8  # ... but no cluster over 8 CTAs unless a thread would hold > 64
 
 
-def _v2_forward(n: int) -> SoftmaxConfig:
+def _v2_forward(n: int, dtype_bits: int = 16) -> SoftmaxConfig:
     """The v2 forward default for a long row: `async`, 256-thread CTAs, the smallest
-    cluster that leaves a thread <= 48 elements, capped at 8 CTAs while a thread holds
+    cluster that leaves a thread <= 56 elements, capped at 8 CTAs while a thread holds
     <= 64 (then 16). Measured (bf16, elements per thread): 32768 c4 (32) 96.6 % > c2 (64)
     95.1; 65536 c8 (32) 96.9 > c4 (64) 95.7; 131072 c8 (64) 96.3 > c16 (32) 93.4;
-    262144 c16 (64) 91.4; fp32 262144 c16 (64) 96.2."""
+    262144 c16 (64) 91.4; fp32 262144 c16 (64) 96.2.
+
+    A thread's share counts the row's whole 16-byte vectors: a row that does not start on
+    16 bytes is realigned (`row_split`), its fewer than two vectors' worth of head and tail
+    go element by element on top, so N = 131073 takes 131072's cluster (c8), not c16."""
+    vec = 128 // dtype_bits
+    body = max(n - n % vec, vec)
     c = 1
-    while c < _V2_CLUSTER_CAP and -(-n // (_V2_THREADS * c)) > _V2_ELEMS:
+    while c < _V2_CLUSTER_CAP and -(-body // (_V2_THREADS * c)) > _V2_ELEMS:
         c *= 2
-    if -(-n // (_V2_THREADS * c)) > 64:
+    if -(-body // (_V2_THREADS * c)) > 64:
         c = 16
     return SoftmaxConfig(_V2_THREADS, _V2_THREADS, c, "async")
 
@@ -248,7 +254,7 @@ def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     131072) take the v2 `async` path instead (`_v2_forward`), long 16-bit backward rows
     (n >= 32768) the `mbar` path (`_v2_backward`)."""
     if not backward and n >= V2_FWD_MIN_N[dtype_bits]:
-        return _v2_forward(n)
+        return _v2_forward(n, dtype_bits)
     if backward and V2_BWD_MIN_N[dtype_bits] is not None and n >= V2_BWD_MIN_N[dtype_bits]:
         return _v2_backward(n, dtype_bits)
     return _heuristic_regs(n, dtype_bits, backward)
@@ -276,17 +282,47 @@ def _heuristic_regs(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     return SoftmaxConfig(threads=p, threads_per_row=p, cluster_n=c)
 
 
-def default_config(n: int, dtype_bits: int, backward: bool = False, m: int | None = None, cluster: bool = True) -> SoftmaxConfig:
+def _realigned_forward(cfg: SoftmaxConfig, n: int, dtype_bits: int, mode: str | None) -> SoftmaxConfig:
+    """The long-row forward of rows that do not start on 16 bytes: `mbar` (the row held in
+    registers) instead of `async` (staged through shared memory by cp.async), except
+    log_softmax at <= 32 elements a thread. Kernel alone, % of copy, async / mbar (softmax;
+    log_softmax), benchmarks/results/h200-softmax-s29a.json (the async forward with its
+    3-CTA register budget): bf16 131073 90.4 / 92.7, 90.6 / 94.1; 151937 85.2 / 88.0,
+    82.8 / 87.3; 200001 80.3 / 83.1, 78.5 / 82.8; 262143 86.4 / 86.9, 85.9 / 89.6 (fp16
+    86.0 / 89.8, 88.1 / 92.1). Session 28 (softmax_s28c.py): softmax +1.3-3.2 points at every
+    such N from 24577; log_softmax -2 to -8 at 32001 and 65537 (32 a thread), though an H100
+    read mbar ahead there too (h100-softmax-s29a-32.json: +1.2 / +1.4). fp32, H100 only
+    (h100-softmax-s29a-fp32-run1.json, -fp32.json): 131073 96.6 / 98.4, 96.2 / 97.5; 200001
+    95.8 / 98.6, 95.8 / 98.5; 262143 94.4 / 98.4-98.5, 95.0-95.1 / 97.9."""
+    if cfg.path != "async":
+        return cfg
+    body = n - n % (128 // dtype_bits)
+    if mode == "log_softmax" and -(-body // (cfg.threads_per_row * cfg.cluster_n)) <= 32:
+        return cfg
+    held = replace(cfg, path="mbar")
+    try:
+        held.validate(n, dtype_bits, False)
+    except ValueError:
+        return cfg
+    return held
+
+
+def default_config(n: int, dtype_bits: int, backward: bool = False, m: int | None = None, cluster: bool = True,
+                   mode: str | None = None, realigned: bool = False) -> SoftmaxConfig:
     """The heuristic config for rows of n elements (``cluster=False`` on pre-sm_90 GPUs).
 
     ``m`` (rows, optional): few long rows cannot fill the GPU with one CTA (or cluster)
-    per row, so they are split over more CTAs.
+    per row, so they are split over more CTAs. ``mode`` and ``realigned`` (the rows do
+    not start on 16 bytes, so the kernels realign them): the forward's path on such rows
+    (`_realigned_forward`).
     """
     cfg = _heuristic(n, dtype_bits, backward) if cluster else _shape(n, dtype_bits, TARGET_ELEMS[backward], 256, 1)
     if cluster and m is not None and cfg.threads_per_row >= 128:
         # fewer than ~2 CTAs per SM: halve the work per CTA while that is possible
         while m * cfg.cluster_n < 264 and cfg.cluster_n < 16 and n >= 2 * cfg.cluster_n * cfg.threads_per_row * (128 // dtype_bits):
             cfg = replace(cfg, cluster_n=cfg.cluster_n * 2)
+    if realigned and not backward:
+        cfg = _realigned_forward(cfg, n, dtype_bits, mode)
     if not cluster:
         # no clusters (pre-sm_90): one CTA per row, as wide as the registers need
         while cfg.threads_per_row < 1024:

@@ -20,8 +20,8 @@ from .config import candidate_configs
 from .spec import BWD_MODES, FWD_MODES, config_for, softmax_bwd, softmax_fwd
 
 
-def _configs(m: int, n: int, bits: int, backward: bool) -> list[Any]:
-    out = [config_for(target_arch(), n, bits, backward, m)]
+def _configs(m: int, n: int, bits: int, backward: bool, mode: str, key: Any) -> list[Any]:
+    out = [config_for(target_arch(), n, bits, backward, m, mode, key)]  # the op's default first
     return out + [c for c in candidate_configs(n, bits, backward) if c not in out]
 
 
@@ -47,7 +47,7 @@ def fwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> P
     def reference(x: Any, y: Any) -> Any:
         return (torch.softmax if mode == "softmax" else torch.log_softmax)(x.float(), dim=-1)
 
-    return ProblemInputs(key, params, {"M": m}, make, reference, configs=_configs(m, n, dt.itemsize * 8, False))
+    return ProblemInputs(key, params, {"M": m}, make, reference, configs=_configs(m, n, dt.itemsize * 8, False, mode, key))
 
 
 def bwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
@@ -69,7 +69,7 @@ def bwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> P
             return dy - torch.exp(y) * dy.sum(-1, keepdim=True)
         return y * (dy - (dy * y).sum(-1, keepdim=True))
 
-    return ProblemInputs(key, params, {"M": m}, make, reference, configs=_configs(m, n, dt.itemsize * 8, True),
+    return ProblemInputs(key, params, {"M": m}, make, reference, configs=_configs(m, n, dt.itemsize * 8, True, mode, key),
                          outputs=("dx",))
 
 
