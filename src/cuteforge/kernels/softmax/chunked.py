@@ -378,11 +378,13 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
             if ok:
                 rows.store_left(out_l, y_row, h, t, cta)
 
-    # 16-bit softmax holding 64 exponentials a thread in fp32 (N = 262144-class rows on 16
-    # CTAs): ptxas takes 80 registers on an aligned row but 96-100 on a realigned one (the
-    # leftovers and the head's bookkeeping), so 2 CTAs per SM instead of 3. A budget of
-    # FWD_MIN_CTAS CTAs per SM gives the realigned build 80 registers, no spill (ptxas, same_heads
-    # builds at 262143; the fallback kernels keep their own). log_softmax rereads its staged chunk and holds no exponentials.
+    # A 16-bit forward that holds 64 values a thread in fp32 across the exchange (softmax's
+    # exponentials; on `mbar` either mode's row; N = 262144-class rows on 16 CTAs): ptxas
+    # takes 80 registers on an aligned row but 96-100 for softmax on a realigned one (the
+    # leftovers, the head), so 2 CTAs per SM instead of 3. A budget of FWD_MIN_CTAS gives the
+    # realigned async build 80 registers and no spill (same_heads builds at 262143; the
+    # fallback kernels spill under it and keep their own). log_softmax on a staged path
+    # rereads its chunk and holds nothing.
     bounds: dict = {}
     if FWD_MIN_CTAS and bits == 16 and not reread_out and not FALLBACK and BV * KT >= 64 and T * FWD_MIN_CTAS * 80 <= 65536:
         bounds = {"max_number_threads": [T, 1, 1], "min_blocks_per_mp": FWD_MIN_CTAS, "preferred_smem_carveout": -1}

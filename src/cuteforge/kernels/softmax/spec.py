@@ -61,7 +61,7 @@ def kernel_params(mode: str, key: BoundKey, same_heads: bool) -> tuple[tuple[str
     contiguous). That kernel has no element-by-element fallback: the 16-bit backward at
     N = 151937 read 84-87 % of copy without it, 58-63 % with it (softmax.md v2.7)."""
     params: tuple[tuple[str, Any], ...] = (("mode", mode),)
-    if same_heads and realigned(key):
+    if same_heads and rows_realigned(key):
         params += (("same_heads", True),)
     return params
 
@@ -75,7 +75,7 @@ def _same_heads(spec: CompileSpec) -> bool:
     return same
 
 
-def realigned(key: BoundKey) -> bool:
+def rows_realigned(key: BoundKey) -> bool:
     """The kernels realign these rows: they do not start on 16 bytes (no 16-byte vectors
     at their own alignment)."""
     return row_vec(key) * torch_dtype(key.dtypes[0]).itemsize < MAX_VECTOR_BYTES
@@ -86,7 +86,7 @@ def config_for(arch: str, n: int, dtype_bits: int, backward: bool, m: int | None
     """The heuristic config for an (m, n) problem; clusters only on sm_90 and newer. With
     the call's ``mode`` and ``key``, the forward knows rows that are realigned."""
     return cfg_mod.default_config(n, dtype_bits, backward, m, cluster=parse_arch(arch) >= 90, mode=mode,
-                                  realigned=key is not None and realigned(key))
+                                  realigned=key is not None and rows_realigned(key))
 
 
 def _default_config(backward: bool):
