@@ -206,6 +206,11 @@ def test_realigned_forward_defaults():
     assert cfg(50257, "log_softmax").path == "mbar"  # 56 a thread
     assert cfg(262144, "softmax", realigned=False).path == "async"
     assert cfg(262143, "softmax", bits=32).path == "mbar"
+    # fp32 rows the register path would split over a cluster (h200-softmax-s29b.json)
+    assert cfg(50257, "softmax", bits=32) == SoftmaxConfig(256, 256, 4, "mbar")
+    assert cfg(65537, "log_softmax", bits=32) == SoftmaxConfig(256, 256, 8, "mbar")
+    assert cfg(32768, "softmax", bits=32).path == "regs"  # one CTA: unchanged
+    assert cfg(65536, "softmax", realigned=False, bits=32).path == "regs"
     assert cfg(131073, "log_softmax", bits=32) == SoftmaxConfig(256, 256, 8, "mbar")  # 64 a thread
     assert cfg(151937, "softmax_bwd", backward=True) == default_config(151937, 16, True)
     assert cfg(8191, "softmax").path == "regs"

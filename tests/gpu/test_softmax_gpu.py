@@ -295,12 +295,13 @@ def test_rows_not_on_16_bytes(_warm_unaligned, n: int, dtype: torch.dtype) -> No
 
 
 @pytest.mark.parametrize("n, dtype", [(131073, torch.float32), (262143, torch.float32), (131073, torch.bfloat16),
-                                      (262143, torch.float16), (32001, torch.bfloat16)])
+                                      (262143, torch.float16), (32001, torch.bfloat16), (50257, torch.float32),
+                                      (65537, torch.float32)])
 def test_realigned_forward_defaults_through_op(n: int, dtype: torch.dtype) -> None:
     """The long-row forward defaults on rows not on 16 bytes (config._realigned_forward:
-    `mbar`, or `async` for log_softmax at <= 32 elements a thread; the 16-bit async build's
-    3-CTA register budget), through the ops: contiguous rows (the same_heads kernel) and
-    x shifted by one element against a fresh y (the fallback)."""
+    `mbar`, or `async` for 16-bit log_softmax at <= 32 elements a thread; fp32 from 32769;
+    the 16-bit async build's 3-CTA register budget), through the ops: contiguous rows (the
+    same_heads kernel) and x shifted by one element against a fresh y (the fallback)."""
     for mode in MODES:
         for m in (1, 7):
             for off in (0, 1):

@@ -244,7 +244,12 @@ def _v2_backward(n: int, dtype_bits: int = 16) -> SoftmaxConfig:
     return SoftmaxConfig(_V2_BWD_THREADS, _V2_BWD_THREADS, min(c, 16), "mbar")
 
 
-def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
+# fp32 rows that do not start on 16 bytes take the v2 forward (held: `_realigned_forward`)
+# from here, where the register path would split them over a cluster
+REALIGNED_FP32_V2_MIN_N = 32769
+
+
+def _heuristic(n: int, dtype_bits: int, backward: bool, realigned: bool = False) -> SoftmaxConfig:
     """What the H200 sweep (docs/kernels/softmax.md) favours: one CTA per row as long as
     it can hold the row (32 elements per thread up to 512 threads, then up to 64 forward;
     16 per input for short rows backward), and only then a cluster, of CTAs that each
@@ -254,6 +259,8 @@ def _heuristic(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
     131072) take the v2 `async` path instead (`_v2_forward`), long 16-bit backward rows
     (n >= 32768) the `mbar` path (`_v2_backward`)."""
     if not backward and n >= V2_FWD_MIN_N[dtype_bits]:
+        return _v2_forward(n, dtype_bits)
+    if not backward and realigned and dtype_bits == 32 and n >= REALIGNED_FP32_V2_MIN_N:
         return _v2_forward(n, dtype_bits)
     if backward and V2_BWD_MIN_N[dtype_bits] is not None and n >= V2_BWD_MIN_N[dtype_bits]:
         return _v2_backward(n, dtype_bits)
@@ -293,11 +300,17 @@ def _realigned_forward(cfg: SoftmaxConfig, n: int, dtype_bits: int, mode: str | 
     such N from 24577; log_softmax -2 to -8 at 32001 and 65537 (32 a thread), though an H100
     read mbar ahead there too (h100-softmax-s29a-32.json: +1.2 / +1.4). fp32, H100 only
     (h100-softmax-s29a-fp32-run1.json, -fp32.json): 131073 96.6 / 98.4, 96.2 / 97.5; 200001
-    95.8 / 98.6, 95.8 / 98.5; 262143 94.4 / 98.4-98.5, 95.0-95.1 / 97.9."""
+    95.8 / 98.6, 95.8 / 98.5; 262143 94.4 / 98.4-98.5, 95.0-95.1 / 97.9.
+
+    fp32 rows of REALIGNED_FP32_V2_MIN_N..131072, which the register path splits over a
+    cluster, take the same held forward on `_v2_forward`'s cluster. H200, kernel alone,
+    h200-softmax-s29b.json, regs default / mbar (softmax; log_softmax): 50257 91.5 / 95.4,
+    94.3 / 95.3 (c4); 65537 84.2 / 96.2, 88.3 / 96.1 (c8); 100001 86.4 / 96.1, 89.2 / 95.6
+    (c8). The aligned 65536 stays on regs (96.8 / 97.2 against 96.6 / 96.4)."""
     if cfg.path != "async":
         return cfg
     body = n - n % (128 // dtype_bits)
-    if mode == "log_softmax" and -(-body // (cfg.threads_per_row * cfg.cluster_n)) <= 32:
+    if mode == "log_softmax" and dtype_bits == 16 and -(-body // (cfg.threads_per_row * cfg.cluster_n)) <= 32:
         return cfg
     held = replace(cfg, path="mbar")
     try:
@@ -316,7 +329,7 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, m: int | Non
     not start on 16 bytes, so the kernels realign them): the forward's path on such rows
     (`_realigned_forward`).
     """
-    cfg = _heuristic(n, dtype_bits, backward) if cluster else _shape(n, dtype_bits, TARGET_ELEMS[backward], 256, 1)
+    cfg = _heuristic(n, dtype_bits, backward, realigned) if cluster else _shape(n, dtype_bits, TARGET_ELEMS[backward], 256, 1)
     if cluster and m is not None and cfg.threads_per_row >= 128:
         # fewer than ~2 CTAs per SM: halve the work per CTA while that is possible
         while m * cfg.cluster_n < 264 and cfg.cluster_n < 16 and n >= 2 * cfg.cluster_n * cfg.threads_per_row * (128 // dtype_bits):
