@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
 
 import torch
+from probe_io import dump, time_forward
 
 from cuteforge import compiler, timing
 from cuteforge.kernels.softmax import chunked
@@ -70,21 +69,13 @@ def main() -> None:
                 ref = getattr(torch, mode)(x.float(), -1)
                 line = []
                 for name, (cfg, min_ctas) in variants.items():
-                    fn = _build(key, params, cfg, min_ctas)
-                    y.fill_(float("nan"))
-                    fn(x, y)
-                    err = (y.float() - ref).abs().max().item()
-                    ms = timing.bench(lambda fn=fn, x=x, y=y: fn(x, y))
-                    pct = 100 * 2 * m * n * x.element_size() / (ms * 1e-3) / copy
+                    r = time_forward(_build(key, params, cfg, min_ctas), x, y, ref, copy)
                     rows.append({"N": n, "M": m, "dtype": dname, "mode": mode, "variant": name, "config": repr(cfg),
-                                 "min_ctas": min_ctas, "us": round(ms * 1e3, 1), "pct_copy": round(pct, 1), "max_err": err})
-                    line.append(f"{name} c{cfg.cluster_n} {pct:.1f} (err {err:.2g})")
+                                 "min_ctas": min_ctas, **r})
+                    line.append(f"{name} c{cfg.cluster_n} {r['pct_copy']:.1f} (err {r['max_err']:.2g})")
                 print(f"{dname} n={n} {mode}: " + ", ".join(line), flush=True)
     chunked.FWD_MIN_CTAS = 3
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"command": "python " + " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
-                       "copy_GBps": copy, "rows": rows}, f, indent=1)
+    dump(a.out, copy, rows)
 
 
 if __name__ == "__main__":

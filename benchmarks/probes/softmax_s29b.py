@@ -11,10 +11,9 @@ A case is dtype:N:configs, configs as path/threads/cluster; cases separated by '
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 import torch
+from probe_io import dump, time_forward
 
 from cuteforge import timing
 from cuteforge.arch import target_arch
@@ -54,19 +53,11 @@ def main() -> None:
                 except ValueError as e:
                     rows.append({"N": n, "dtype": dname, "mode": mode, "config": repr(cfg), "error": str(e)[:200]})
                     continue
-                y.fill_(float("nan"))
-                fn(x, y)
-                err = (y.float() - ref).abs().max().item()
-                ms = timing.bench(lambda fn=fn, x=x, y=y: fn(x, y))
-                pct = 100 * 2 * m * n * x.element_size() / (ms * 1e-3) / copy
-                rows.append({"N": n, "M": m, "dtype": dname, "mode": mode, "config": repr(cfg), "default": i == 0,
-                             "us": round(ms * 1e3, 1), "pct_copy": round(pct, 1), "max_err": err})
-                line.append(f"{cfg.path}/{cfg.threads}/c{cfg.cluster_n}{'*' if i == 0 else ''} {pct:.1f}")
+                r = time_forward(fn, x, y, ref, copy)
+                rows.append({"N": n, "M": m, "dtype": dname, "mode": mode, "config": repr(cfg), "default": i == 0, **r})
+                line.append(f"{cfg.path}/{cfg.threads}/c{cfg.cluster_n}{'*' if i == 0 else ''} {r['pct_copy']:.1f}")
             print(f"{dname} n={n} {mode}: " + ", ".join(line), flush=True)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"command": "python " + " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
-                       "copy_GBps": copy, "rows": rows}, f, indent=1)
+    dump(a.out, copy, rows)
 
 
 if __name__ == "__main__":
