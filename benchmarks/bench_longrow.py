@@ -83,7 +83,7 @@ def plans(dtypes: list[str], ns: list[int], max_per: int) -> list[tuple[str, int
     for dt in dtypes:
         bits = getattr(torch, dt).itemsize * 8
         for n in ns:
-            d = config_for(arch, n, bits, False, rows_for(n))
+            d = config_for(arch, n, bits, False, rows_for(n), "softmax", _key(n, getattr(torch, dt)))  # the op's default
             out.append((dt, n, d, True))
             for c in longrow_candidates(n, bits)[:max_per]:
                 if c != d:

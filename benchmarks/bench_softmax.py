@@ -151,7 +151,7 @@ def config_sweep(plans: list[tuple[Any, ...]], copy_bps: float) -> list[dict[str
             cur, ts = (mode, dtype, m, n), None
             torch.cuda.empty_cache()
             ts = [torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(len(key.dtypes))]
-        default = cfg == sm.config_for(arch, n, dtype.itemsize * 8, mode.endswith("_bwd"), m)
+        default = cfg == sm.config_for(arch, n, dtype.itemsize * 8, mode.endswith("_bwd"), m, mode, key)
         r = {"mode": mode, "dtype": str(dtype).removeprefix("torch."), "M": m, "N": n, "config": repr(cfg), "default": default}
         try:
             fn = k.get(key, (("mode", mode),), cfg)

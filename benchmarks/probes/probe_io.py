@@ -1,5 +1,5 @@
 """Shared by the session-29 softmax probes: time one forward kernel on (x, y) and write
-the rows as JSON with the command, the GPU and the copy bandwidth."""
+the rows as JSON with the command, the GPU and the copy bandwidth (bytes/s)."""
 
 from __future__ import annotations
 
@@ -28,4 +28,4 @@ def dump(path: str | None, copy: float, rows: list[dict]) -> None:
     if path:
         with open(path, "w") as f:
             json.dump({"command": "python " + " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
-                       "copy_GBps": copy, "rows": rows}, f, indent=1)
+                       "copy_Bps": copy, "rows": rows}, f, indent=1)

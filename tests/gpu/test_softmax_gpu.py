@@ -299,11 +299,18 @@ def test_rows_not_on_16_bytes(_warm_unaligned, n: int, dtype: torch.dtype) -> No
                                       (65537, torch.float32)])
 def test_realigned_forward_defaults_through_op(n: int, dtype: torch.dtype) -> None:
     """The long-row forward defaults on rows not on 16 bytes (config._realigned_forward:
-    `mbar`, or `async` for 16-bit log_softmax at <= 32 elements a thread; fp32 from 32769;
-    the 16-bit async build's 3-CTA register budget), through the ops: contiguous rows (the
-    same_heads kernel) and x shifted by one element against a fresh y (the fallback)."""
+    `mbar`, under the 3-CTA register budget at 64 elements a thread, or `async` for 16-bit
+    log_softmax at <= 32; fp32 from 32769), through the ops: contiguous rows (the
+    same_heads kernel) and x shifted by one element against a fresh y (the fallback). M =
+    300 runs the many-row clusters the probes timed, M = 1 the few-row ones (m-doubling).
+    The budget on aligned `async` rows runs in the v2 tests above (262144)."""
+    from cuteforge.kernels.softmax.config import default_config
+
+    bits = dtype.itemsize * 8
     for mode in MODES:
-        for m in (1, 7):
+        held = not (mode == "log_softmax" and bits == 16 and n == 32001)
+        assert default_config(n, bits, m=300, mode=mode, realigned=True).path == ("mbar" if held else "async")
+        for m in (1, 300):
             for off in (0, 1):
                 x = _unaligned_rows(m, n, dtype, off)
                 _assert_matches(getattr(ops, mode)(x), x, mode)

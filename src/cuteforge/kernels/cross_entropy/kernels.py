@@ -77,7 +77,7 @@ def ce_config(n: int, dtype_bits: int, backward: bool = False) -> RowReduceConfi
       4096 vectors (N = 32001, whose realigned build takes 50 registers: 512 threads read
       87.7-90.4 % of copy on the H200, 256 101.6-103.6, h200-ce-sweep-32001.json,
       h200-ce-s29-fwd-sweep.json; level at 32768; longer rows lost 1.5-5 points on 256
-      through the op on an H100, h100-softmax-ce-odd-s29.json);
+      through the op on an H100, h100-softmax-ce-odd-s29-run1.json);
     - backward: about 4 vectors per thread (8 for rows of 1025-2048 vectors), up to 1024
       threads; rows of 4096 vectors and more 512 threads x 8 vectors in flight."""
     nv = -(-n // (128 // dtype_bits))

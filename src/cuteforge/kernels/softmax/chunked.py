@@ -384,9 +384,10 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     # leftovers, the head), so 2 CTAs per SM instead of 3. A budget of FWD_MIN_CTAS gives the
     # realigned async build 80 registers and no spill (same_heads builds at 262143; the
     # fallback kernels spill under it and keep their own). log_softmax on a staged path
-    # rereads its chunk and holds nothing.
+    # rereads its chunk and holds nothing. Only at 64: a larger share (the kernel API allows
+    # 128) needs its registers, and under this budget it spills.
     bounds: dict = {}
-    if FWD_MIN_CTAS and bits == 16 and not reread_out and not FALLBACK and BV * KT >= 64 and T * FWD_MIN_CTAS * 80 <= 65536:
+    if FWD_MIN_CTAS and bits == 16 and not reread_out and not FALLBACK and BV * KT == 64 and T * FWD_MIN_CTAS * 80 <= 65536:
         bounds = {"max_number_threads": [T, 1, 1], "min_blocks_per_mp": FWD_MIN_CTAS, "preferred_smem_carveout": -1}
 
     @cute.jit

@@ -182,7 +182,7 @@ _V2_ELEMS = 56
 _V2_CLUSTER_CAP = 8  # ... but no cluster over 8 CTAs unless a thread would hold > 64
 
 
-def _v2_forward(n: int, dtype_bits: int = 16) -> SoftmaxConfig:
+def _v2_forward(n: int, dtype_bits: int = 16, realigned: bool = False) -> SoftmaxConfig:
     """The v2 forward default for a long row: `async`, 256-thread CTAs, the smallest
     cluster that leaves a thread <= 56 elements, capped at 8 CTAs while a thread holds
     <= 64 (then 16). Measured (bf16, elements per thread): 32768 c4 (32) 96.6 % > c2 (64)
@@ -190,10 +190,12 @@ def _v2_forward(n: int, dtype_bits: int = 16) -> SoftmaxConfig:
     262144 c16 (64) 91.4; fp32 262144 c16 (64) 96.2.
 
     A thread's share counts the row's whole 16-byte vectors: a row that does not start on
-    16 bytes is realigned (`row_split`), its fewer than two vectors' worth of head and tail
-    go element by element on top, so N = 131073 takes 131072's cluster (c8), not c16."""
+    16 bytes (``realigned``, or N not a multiple of the vector) is realigned (`row_split`):
+    (N - vec + 1) // vec vectors from its first boundary, its fewer than two vectors' worth
+    of head and tail element by element on top, so N = 131073 takes 131072's cluster (c8),
+    not c16."""
     vec = 128 // dtype_bits
-    body = max(n - n % vec, vec)
+    body = max((n - vec + 1) // vec if realigned or n % vec else n // vec, 1) * vec
     c = 1
     while c < _V2_CLUSTER_CAP and -(-body // (_V2_THREADS * c)) > _V2_ELEMS:
         c *= 2
@@ -256,12 +258,13 @@ def _heuristic(n: int, dtype_bits: int, backward: bool, realigned: bool = False)
     hold as much of the row as the registers allow (64 elements per thread forward, 32
     per input backward). Cluster barriers and small per-CTA chunks cost more than fewer
     resident CTAs. Long forward rows (n >= V2_FWD_MIN_N: 16-bit past 16384, fp32 past
-    131072) take the v2 `async` path instead (`_v2_forward`), long 16-bit backward rows
-    (n >= 32768) the `mbar` path (`_v2_backward`)."""
+    131072; ``realigned`` fp32 rows, which do not start on 16 bytes, from
+    REALIGNED_FP32_V2_MIN_N) take the v2 `async` path instead (`_v2_forward`), long
+    backward rows (n >= 32768) the `mbar` path (`_v2_backward`)."""
     if not backward and n >= V2_FWD_MIN_N[dtype_bits]:
-        return _v2_forward(n, dtype_bits)
+        return _v2_forward(n, dtype_bits, realigned)
     if not backward and realigned and dtype_bits == 32 and n >= REALIGNED_FP32_V2_MIN_N:
-        return _v2_forward(n, dtype_bits)
+        return _v2_forward(n, dtype_bits, realigned)
     if backward and V2_BWD_MIN_N[dtype_bits] is not None and n >= V2_BWD_MIN_N[dtype_bits]:
         return _v2_backward(n, dtype_bits)
     return _heuristic_regs(n, dtype_bits, backward)
@@ -292,13 +295,13 @@ def _heuristic_regs(n: int, dtype_bits: int, backward: bool) -> SoftmaxConfig:
 def _realigned_forward(cfg: SoftmaxConfig, n: int, dtype_bits: int, mode: str | None) -> SoftmaxConfig:
     """The long-row forward of rows that do not start on 16 bytes: `mbar` (the row held in
     registers) instead of `async` (staged through shared memory by cp.async), except
-    log_softmax at <= 32 elements a thread. Kernel alone, % of copy, async / mbar (softmax;
+    16-bit log_softmax at <= 32 elements a thread. Kernel alone, % of copy, async / mbar (softmax;
     log_softmax), benchmarks/results/h200-softmax-s29a.json (the async forward with its
     3-CTA register budget): bf16 131073 90.4 / 92.7, 90.6 / 94.1; 151937 85.2 / 88.0,
     82.8 / 87.3; 200001 80.3 / 83.1, 78.5 / 82.8; 262143 86.4 / 86.9, 85.9 / 89.6 (fp16
     86.0 / 89.8, 88.1 / 92.1). Session 28 (softmax_s28c.py): softmax +1.3-3.2 points at every
     such N from 24577; log_softmax -2 to -8 at 32001 and 65537 (32 a thread), though an H100
-    read mbar ahead there too (h100-softmax-s29a-32.json: +1.2 / +1.4). fp32, H100 only
+    read mbar ahead there too (h100-softmax-s29a-32.json: +1.4 / +1.2). fp32, H100 only
     (h100-softmax-s29a-fp32-run1.json, -fp32.json): 131073 96.6 / 98.4, 96.2 / 97.5; 200001
     95.8 / 98.6, 95.8 / 98.5; 262143 94.4 / 98.4-98.5, 95.0-95.1 / 97.9.
 
@@ -325,9 +328,12 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, m: int | Non
     """The heuristic config for rows of n elements (``cluster=False`` on pre-sm_90 GPUs).
 
     ``m`` (rows, optional): few long rows cannot fill the GPU with one CTA (or cluster)
-    per row, so they are split over more CTAs. ``mode`` and ``realigned`` (the rows do
-    not start on 16 bytes, so the kernels realign them): the forward's path on such rows
-    (`_realigned_forward`).
+    per row, so they are split over more CTAs (before the path is picked: with few rows,
+    16-bit log_softmax at 131073 gets 16 CTAs at 32 elements a thread and stays `async`,
+    a case no probe timed). ``mode`` and ``realigned`` (the rows do not start on 16 bytes,
+    so the kernels realign them): the forward's cluster counts their whole vectors
+    (`_v2_forward`), fp32 rows from REALIGNED_FP32_V2_MIN_N leave the register path, and
+    the long forward's path (`_realigned_forward`).
     """
     cfg = _heuristic(n, dtype_bits, backward, realigned) if cluster else _shape(n, dtype_bits, TARGET_ELEMS[backward], 256, 1)
     if cluster and m is not None and cfg.threads_per_row >= 128:
