@@ -182,6 +182,13 @@ _V2_ELEMS = 56
 _V2_CLUSTER_CAP = 8  # ... but no cluster over 8 CTAs unless a thread would hold > 64
 
 
+def _body_elems(n: int, dtype_bits: int, realigned: bool) -> int:
+    """Elements in the row's whole 16-byte vectors, as the kernels split it (`row_split`):
+    a realigned row (or N not a multiple of the vector) has (N - vec + 1) // vec of them."""
+    vec = 128 // dtype_bits
+    return max((n - vec + 1) // vec if realigned or n % vec else n // vec, 1) * vec
+
+
 def _v2_forward(n: int, dtype_bits: int = 16, realigned: bool = False) -> SoftmaxConfig:
     """The v2 forward default for a long row: `async`, 256-thread CTAs, the smallest
     cluster that leaves a thread <= 56 elements, capped at 8 CTAs while a thread holds
@@ -194,8 +201,7 @@ def _v2_forward(n: int, dtype_bits: int = 16, realigned: bool = False) -> Softma
     (N - vec + 1) // vec vectors from its first boundary, its fewer than two vectors' worth
     of head and tail element by element on top, so N = 131073 takes 131072's cluster (c8),
     not c16."""
-    vec = 128 // dtype_bits
-    body = max((n - vec + 1) // vec if realigned or n % vec else n // vec, 1) * vec
+    body = _body_elems(n, dtype_bits, realigned)
     c = 1
     while c < _V2_CLUSTER_CAP and -(-body // (_V2_THREADS * c)) > _V2_ELEMS:
         c *= 2
@@ -312,7 +318,7 @@ def _realigned_forward(cfg: SoftmaxConfig, n: int, dtype_bits: int, mode: str | 
     (c8). The aligned 65536 stays on regs (96.8 / 97.2 against 96.6 / 96.4)."""
     if cfg.path != "async":
         return cfg
-    body = n - n % (128 // dtype_bits)
+    body = _body_elems(n, dtype_bits, True)
     if mode == "log_softmax" and dtype_bits == 16 and -(-body // (cfg.threads_per_row * cfg.cluster_n)) <= 32:
         return cfg
     held = replace(cfg, path="mbar")
