@@ -432,12 +432,13 @@ def test_v2_forward_strided_view():
             _close(y, _ref(kind, x, w, None, None, 1e-5)[0], torch.bfloat16, f"{kind} view")
 
 
-@pytest.mark.parametrize("dtype, offset", [(torch.float32, 1000.0), (torch.bfloat16, 64.0)])
+@pytest.mark.parametrize("dtype, offset", [(torch.float32, 1000.0), (torch.bfloat16, 64.0), (torch.float16, 256.0)])
 def test_layer_moments_exchange_far_mean(dtype, offset):
     """LayerNorm over a cluster takes its mean and variance from one exchange of per-warp
     moments (Chan's merge, v2.7): with the mean far from 0 (|mean| / std = offset) the
     variance must still match the fp64 two-pass one, through the register forward (a
-    padded N keeps the two-exchange form) and the staged forward."""
+    padded N keeps the two-exchange form) and the staged forward; y too, in fp32, bf16
+    and fp16."""
     from cuteforge.kernels.norm import NormConfig
     from cuteforge.ops import norm as impl
 
