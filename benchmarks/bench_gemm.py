@@ -21,11 +21,14 @@ Autotuned configs: after `cuteforge tune gemm_sm90_tn --shapes ...` (and `gemm_s
 --param act=gelu` for the fused rows) `gemm()` runs the stored winner; those rows then
 also time the untuned heuristic's config (`cuteforge_heuristic`) in the same run.
 
-fp8 (not in the default sets): e4m3 x e4m3 with per-tensor scales, bf16 out, against
-torch._scaled_mm (cuBLASLt fp8) with and without use_fast_accum (this kernel accumulates
-like use_fast_accum=True: no periodic promotion out of the tensor core), plain and with
-a fused bias + gelu (torch: _scaled_mm with its bias, then eager gelu). "fp8sweep" times
-every fp8 candidate config at --fp8-shapes.
+fp8 (not in the default sets): e4m3 x e4m3 with per-tensor scales (`--fp8-scaling
+tensor`, the default) or rowwise ones (`rowwise`: scale_a (M, 1), scale_b (1, N)), bf16
+out, against torch._scaled_mm (cuBLASLt fp8) with and without use_fast_accum (this kernel
+accumulates like use_fast_accum=True: no periodic promotion out of the tensor core), plain
+and with a fused bias + gelu (torch: _scaled_mm with its bias, then eager gelu). "fp8sweep"
+times every fp8 candidate config at --fp8-shapes (per-tensor scales).
+
+    python benchmarks/bench_gemm.py --set fp8 --fp8-scaling tensor,rowwise
 """
 
 from __future__ import annotations
@@ -175,16 +178,18 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
     return row
 
 
-def _fp8_inputs(m: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
-    """a (M, K) row-major, b = W.t() of an (N, K) weight, e4m3 with per-tensor amax scales."""
+def _fp8_inputs(m: int, n: int, k: int, rowwise: bool = False) -> tuple[torch.Tensor, ...]:
+    """a (M, K) row-major, b = W.t() of an (N, K) weight, e4m3 with amax scales: per tensor
+    (one element each), or rowwise (scale_a (M, 1), scale_b (1, N), as torch._scaled_mm)."""
     fp8 = torch.float8_e4m3fn
     out = []
     for rows in (m, n):
         x = torch.randn(rows, k, device="cuda")
-        s = (x.abs().amax() / torch.finfo(fp8).max).float().reshape(1)
+        amax = x.abs().amax(dim=1, keepdim=True) if rowwise else x.abs().amax().reshape(1)
+        s = (amax / torch.finfo(fp8).max).float()
         out += [(x / s).to(fp8), s]
     a, sa, w, sb = out
-    return a, w.t(), sa, sb
+    return a, w.t(), sa, sb.t() if rowwise else sb
 
 
 def _fp8_contenders(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, bias: torch.Tensor | None) -> tuple[dict, Any]:
@@ -203,17 +208,18 @@ def _fp8_contenders(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torc
     return {"scaled_mm": scaled(False), "scaled_mm_fast": scaled(True)}, ours
 
 
-def fp8_rows(shapes: list[tuple[int, int, int]]) -> list[dict]:
-    """cuteforge fp8 vs torch._scaled_mm (cuBLASLt), plain and bias + gelu."""
+def fp8_rows(shapes: list[tuple[int, int, int]], scalings: list[str] = ["tensor"]) -> list[dict]:  # noqa: B006
+    """cuteforge fp8 vs torch._scaled_mm (cuBLASLt), plain and bias + gelu, per scaling:
+    "tensor" (one scale per operand) or "rowwise" (scale_a per row, scale_b per column)."""
     if not hasattr(torch, "_scaled_mm"):
         print("torch._scaled_mm unavailable: no fp8 rows")
         return []
     rows = []
-    for m, n, k in shapes:
-        a, b, sa, sb = _fp8_inputs(m, n, k)
+    for (m, n, k), scaling in [(shape, sc) for shape in shapes for sc in scalings]:
+        a, b, sa, sb = _fp8_inputs(m, n, k, rowwise=scaling == "rowwise")
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         for ep in ("none", "bias+gelu"):
-            row: dict[str, Any] = {"M": m, "N": n, "K": k, "dtype": "e4m3 x e4m3 -> bf16", "epilogue": ep}
+            row: dict[str, Any] = {"M": m, "N": n, "K": k, "dtype": "e4m3 x e4m3 -> bf16", "scaling": scaling, "epilogue": ep}
             torch_fns, ours = _fp8_contenders(a, b, sa, sb, None if ep == "none" else bias)
             fns: dict[str, Any] = {}
             ref = None
@@ -499,6 +505,7 @@ def main() -> int:
     p.add_argument("--epilogue-shapes", default=",".join("x".join(map(str, s)) for s in EPILOGUE))
     p.add_argument("--shapes", default="", help="shapes of the 'custom' set (plain rows), e.g. 65536x128x4096")
     p.add_argument("--fp8-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the fp8 and fp8sweep sets")
+    p.add_argument("--fp8-scaling", default="tensor", help="the fp8 set's scalings: tensor, rowwise or both (comma-separated)")
     p.add_argument("--sweep-epilogue", default="gelu",
                    help="act of the 'episweep' set (bias + act fused): gelu, silu, relu, or none (bias only)")
     p.add_argument("--compile-shapes", default="8192x8192x8192,4096x4096x4096", help="shapes of the 'compile' set")
@@ -604,7 +611,7 @@ def main() -> int:
         result["compile"] = compiled(_shapes(args.compile_shapes))
         out.write_text(json.dumps(result, indent=1))
     if "fp8" in sets:
-        result["fp8"] = fp8_rows(_shapes(args.fp8_shapes))
+        result["fp8"] = fp8_rows(_shapes(args.fp8_shapes), args.fp8_scaling.split(","))
         out.write_text(json.dumps(result, indent=1))
     if "fp8sweep" in sets and hasattr(torch, "_scaled_mm"):
         result["fp8_config_sweep"] = []

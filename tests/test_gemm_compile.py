@@ -517,8 +517,9 @@ def test_fp8_argument_errors() -> None:
         gemm(a, _fp8(32, 16), scale_a=one, scale_b=one)
     with pytest.raises(ValueError, match="K to be a multiple of 16 .* got K=40"):
         gemm(_fp8(64, 40), _fp8(16, 40).t(), scale_a=one, scale_b=one)
-    with pytest.raises(ValueError, match="argument 'scale_b' must be a per-tensor scale \\(one element\\), got shape \\(16,\\)"):
-        gemm(a, b, scale_a=one, scale_b=torch.ones(16))
+    with pytest.raises(ValueError, match="argument 'scale_b' must be a per-tensor scale \\(one element\\) or a "
+                                         "per-column one of shape \\(1, 16\\) or \\(16,\\), got shape \\(15,\\)"):
+        gemm(a, b, scale_a=one, scale_b=torch.ones(15))
     with pytest.raises(TypeError, match="argument 'scale_a' must be float32"):
         gemm(a, b, scale_a=one.bfloat16(), scale_b=one)
     with pytest.raises(TypeError, match="argument 'scale_a' must be a float or a one-element float32 tensor"):
@@ -529,6 +530,85 @@ def test_fp8_argument_errors() -> None:
         gemm(a, b, scale_a=one, scale_b=one, bias=_cpu(16).requires_grad_())
     with pytest.raises(ValueError, match="cannot run: tile_k must be 128 for fp8"):
         gemm(a, b, scale_a=one, scale_b=one, config=GemmConfig())
+
+
+def test_fp8_rowwise_scale_errors() -> None:
+    """Per-row scale_a / per-column scale_b (torch._scaled_mm's rowwise mode): shapes,
+    dtype and the operand budget are checked before the device, naming the argument."""
+    from cuteforge.ops.gemm import gemm
+
+    a, b = _fp8(64, 32), _fp8(16, 32).t()  # M = 64, N = 16
+    sa, sb = torch.ones(64, 1), torch.ones(1, 16)
+    for ra, rb in ((sa, sb), (sa.reshape(64), 1.0), (1.0, sb.reshape(16)), (torch.ones(1, 1), sb)):
+        with pytest.raises(ValueError, match="'a' must be a CUDA tensor"):  # accepted up to the device check
+            gemm(a, b, scale_a=ra, scale_b=rb, bias=_cpu(16), epilogue="gelu")
+    with pytest.raises(ValueError, match="'scale_a' must be a per-tensor scale \\(one element\\) or a per-row one of "
+                                         "shape \\(64, 1\\) or \\(64,\\), got shape \\(1, 64\\)"):
+        gemm(a, b, scale_a=torch.ones(1, 64), scale_b=sb)
+    with pytest.raises(ValueError, match="'scale_b' must be .* per-column one of shape \\(1, 16\\) or \\(16,\\), got shape \\(16, 1\\)"):
+        gemm(a, b, scale_a=sa, scale_b=torch.ones(16, 1))
+    with pytest.raises(TypeError, match="argument 'scale_b' must be float32"):
+        gemm(a, b, scale_a=sa, scale_b=sb.bfloat16())
+    with pytest.raises(ValueError, match="at most 3 tensor operands; per-row / per-column scales take 2 of them, which "
+                                         "leaves 1 for \\['bias', 'residual'\\]"):
+        gemm(a, b, scale_a=sa, scale_b=sb, bias=_cpu(16), residual=_cpu(64, 16))
+    with pytest.raises(TypeError, match="fp8 GEMM has no backward"):
+        gemm(a, b, scale_a=sa.requires_grad_(), scale_b=sb)
+
+
+def test_fp8_rowwise_epilogue_composition() -> None:
+    """`GemmEpilogue.with_scales`: acc * scale_a[m] * scale_b[n], then the inner epilogue;
+    operand order and names, and the key rebuilds the same epilogue (what a builder in
+    another process gets)."""
+    import torch.nn.functional as F
+
+    inner = GemmEpilogue.preset("gelu", bias="col")
+    e = GemmEpilogue.with_scales(inner, row=True, col=True)
+    assert e.kinds == ("row", "col", "col") and e.operand_names() == ("scale_a", "scale_b", "bias")
+    assert GemmEpilogue(e.key, e.kinds).operand_names() == e.operand_names()
+    acc, sa, sb, bias = torch.randn(5, 7), torch.rand(5, 1), torch.rand(7), torch.randn(7)
+    torch.testing.assert_close(e.reference(acc, sa, sb, bias), F.gelu(acc * sa * sb + bias, approximate="tanh"))
+    only_b = GemmEpilogue.with_scales(None, row=False, col=True)
+    assert only_b.kinds == ("col",) and only_b.operand_names() == ("scale_b",)
+    torch.testing.assert_close(only_b.reference(acc, sb), acc * sb)
+    only_a = GemmEpilogue.with_scales(GemmEpilogue.preset("relu", residual=True), row=True, col=False)
+    assert only_a.kinds == ("row", "full") and only_a.operand_names() == ("scale_a", "residual")
+    r = torch.randn(5, 7)
+    torch.testing.assert_close(only_a.reference(acc, sa, r), F.relu(acc * sa) + r)
+    assert GemmEpilogue.with_scales(None, row=False, col=False) is None
+    assert GemmEpilogue.with_scales(inner, row=False, col=False) is inner
+
+
+def test_fp8_rowwise_compiles() -> None:
+    """The fp8 kernel with a per-row and a per-column scale in front of bias + gelu: the
+    two fp32 scale operands and the bf16 bias are read in the epilogue (the registered
+    kernel gemm_sm90_fp8_tn_row_col_col)."""
+    from cuteforge.kernel import REGISTRY
+
+    epi = GemmEpilogue.with_scales(GemmEpilogue.preset("gelu", bias="col"), row=True, col=True)
+    assert "gemm_sm90_fp8_tn_row_col_col" in REGISTRY
+    ptx = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "float32", "float32", "bfloat16"), epi)
+    assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3" in ptx and "tanh.approx.f32" in ptx
+    assert len(re.findall(r"ld\.global[^;]*\.f32|ld\.global[^;]*\.b32", ptx)) >= 2  # fp32 scale loads
+    plain = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16"))
+    # per element two more multiplies than the per-tensor kernel (plus the gelu's math)
+    assert len(re.findall(r"\bmul(\.rn)?\.f32", ptx)) >= len(re.findall(r"\bmul(\.rn)?\.f32", plain)) + 2 * 128
+
+
+def test_three_vector_operands_take_narrow_late_subtiles() -> None:
+    """Three row / col epilogue operands (per-row and per-column fp8 scales with a bias) on
+    the fused 128x256 default: 32-wide subtiles with the operands loaded in the epilogue,
+    which assembles without spilling (64-wide subtiles with the operands held from the
+    mainloop spilled 328 bytes); fewer operands keep the 64-wide default."""
+    from ptxas_check import ptxas_no_spill
+
+    cfg = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=3)
+    assert (cfg.tile_m, cfg.tile_n, cfg.epi_n, cfg.early_operands) == (128, 256, 32, False)
+    two = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=2)
+    assert (two.epi_n, two.early_operands) == (64, True)
+    assert default_config(4096, 4096, 4096, fused=True, vector_operands=3).epi_n == 32
+    epi = GemmEpilogue.with_scales(GemmEpilogue.preset("gelu", bias="col"), row=True, col=True)
+    ptxas_no_spill(_ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "float32", "float32", "bfloat16"), epi, cfg))
 
 
 def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -550,6 +630,13 @@ def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
     f = torch.compile(lambda a, b, s: mod.gemm(a, b, scale_a=s, scale_b=3.0, c=torch.ones(5, 7), epilogue="relu"),
                       backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(f(_fp8(5, 0), _fp8(7, 0).t(), torch.ones(1)), torch.ones(5, 7, dtype=torch.bfloat16))
+    # per-row / per-column scales: eager and through the custom op
+    sa, sb = torch.rand(5, 1), torch.rand(1, 7)
+    got = mod.gemm(_fp8(5, 0), _fp8(7, 0).t(), scale_a=sa, scale_b=sb, bias=bias, epilogue="relu")
+    torch.testing.assert_close(got, F.relu(bias.float()).bfloat16().expand(5, 7))
+    g = torch.compile(lambda a, b, sa, sb: mod.gemm(a, b, scale_a=sa, scale_b=sb, residual=torch.ones(5, 7)),
+                      backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(g(_fp8(5, 0), _fp8(7, 0).t(), sa, sb), torch.ones(5, 7, dtype=torch.bfloat16))
 
 
 def test_eager_warm_path_memo_key(monkeypatch: pytest.MonkeyPatch) -> None:

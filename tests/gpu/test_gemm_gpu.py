@@ -408,6 +408,66 @@ def test_fp8_every_default_and_candidate_config() -> None:
             raise AssertionError(f"config {cfg}: {e}") from None
 
 
+def _quant_rows(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row amax quantization of x (..., R, K): (q, s) with q * s ~ x, s (..., R, 1) fp32."""
+    s = (x.abs().amax(dim=-1, keepdim=True).float() / torch.finfo(dtype).max).clamp_min(1e-12)
+    return (x / s).to(dtype), s
+
+
+@pytest.mark.parametrize("mnk", [(1, 1, 16), (7, 13, 32), (1000, 1000, 1008), (2048, 2048, 2048)])
+def test_fp8_rowwise_scales(mnk: tuple[int, int, int]) -> None:
+    """Per-row scale_a (M, 1) and per-column scale_b (1, N), torch._scaled_mm's rowwise
+    mode: rows of a spanning 1000x in magnitude, each scale alone or both, with bias + gelu
+    and a residual, against the dequantized fp32 product (and _scaled_mm where it runs)."""
+    m, n, k = mnk
+    mag = torch.logspace(-1.5, 1.5, m, device="cuda")[:, None]  # row magnitudes
+    a, sa = _quant_rows(torch.randn(m, k, device="cuda") * mag, torch.float8_e4m3fn)
+    w, sw = _quant_rows(torch.randn(n, k, device="cuda"), torch.float8_e5m2)
+    b, sb = w.t(), sw.t()
+    ref = _fp8_ref(a, b, sa, sb)
+
+    def close(got: torch.Tensor, want: torch.Tensor) -> None:
+        # the accumulator's error grows with its row's magnitude: compare rows brought to 1
+        _close_fp8(got.float() / mag, want / mag, k)
+
+    close(gemm(a, b, scale_a=sa, scale_b=sb), ref)
+    close(gemm(a, b, scale_a=sa.reshape(m), scale_b=sb.reshape(n), out_dtype=torch.float32), ref)
+    # one scale per row or column, the other per tensor (of the same order, so that the
+    # products keep the magnitudes the tolerance is for)
+    sbt = float(sw.amax())
+    close(gemm(a, b, scale_a=sa, scale_b=sbt, out_dtype=torch.float32), _fp8_ref(a, b, sa, sbt))
+    at, sat = _quant(torch.randn(m, k, device="cuda") * mag, torch.float8_e4m3fn)
+    close(gemm(at, b, scale_a=sat, scale_b=sb), _fp8_ref(at, b, sat, sb))
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    got = gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, epilogue="gelu", out_dtype=torch.float16)
+    close(got, F.gelu(ref + bias.float(), approximate="tanh"))
+    r = torch.randn(m, n, device="cuda")
+    got = gemm(a, b, scale_a=sa, scale_b=sbt, residual=r, epilogue="relu", alpha=2.0)
+    close(got, F.relu(2.0 * _fp8_ref(a, b, sa, sbt)) + r)
+    if m % 16 == 0 and n % 16 == 0:  # _scaled_mm's rowwise mode wants e4m3 x e4m3, dims of 16
+        w4, sw4 = _quant_rows(torch.randn(n, k, device="cuda"), torch.float8_e4m3fn)
+        try:
+            theirs = torch._scaled_mm(a, w4.t(), scale_a=sa, scale_b=sw4.t(), out_dtype=torch.bfloat16)
+        except RuntimeError:  # this torch / cuBLASLt has no rowwise fp8
+            theirs = None
+        if theirs is not None:
+            close(gemm(a, w4.t(), scale_a=sa, scale_b=sw4.t()), theirs.float())
+
+
+def test_fp8_rowwise_batched_and_compiled() -> None:
+    """A batched call applies the per-row scale to every batch; under torch.compile the
+    scales ride the fp8 custom op as epilogue operands."""
+    a, sa = _quant_rows(torch.randn(3, 300, 528, device="cuda"), torch.float8_e4m3fn)
+    w, sw = _quant_rows(torch.randn(264, 528, device="cuda"), torch.float8_e4m3fn)
+    b, sb = w.t(), sw.t()
+    sa0 = sa[1]  # (300, 1): one row scale shared by the batch
+    _close_fp8(gemm(a, b, scale_a=sa0, scale_b=sb), torch.matmul(a.float() * sa0, b.float() * sb), 528)
+    f = torch.compile(lambda a, b, sa, sb, bias: gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, epilogue="silu") * 2,
+                      backend="aot_eager", fullgraph=True)
+    bias = torch.randn(264, device="cuda")
+    _close_fp8(f(a[0], b, sa[0], sb, bias), F.silu(_fp8_ref(a[0], b, sa[0], sb) + bias) * 2, 528)
+
+
 def test_fp8_torch_compile_and_errors() -> None:
     a, b, sa, sb = _fp8_inputs(128, 96, 64, torch.float8_e4m3fn, torch.float8_e4m3fn)
     bias = torch.randn(96, device="cuda", dtype=torch.bfloat16)

@@ -15,9 +15,11 @@ Every shape, dtype and config error is raised before the device checks; an empty
 K or batch gives torch's answer without a launch.
 
 fp8: `gemm(a, b, scale_a=sa, scale_b=sb, ...)` with float8_e4m3fn / float8_e5m2 a and b
-(mixed allowed) computes (a * sa) @ (b * sb) as torch._scaled_mm does, per-tensor scales
-read at run time, then the same epilogues; a row-major (M, K), b column-major (K, N)
-(WGMMA reads fp8 only K-major), K a multiple of 16, output bf16 unless out_dtype says.
+(mixed allowed) computes (a * sa) @ (b * sb) as torch._scaled_mm does, scales read at run
+time: per tensor (one element), or per row of a (sa (M, 1)) and / or per column of b (sb
+(1, N)) as _scaled_mm's rowwise mode, then the same epilogues; a row-major (M, K), b
+column-major (K, N) (WGMMA reads fp8 only K-major), K a multiple of 16, output bf16 unless
+out_dtype says.
 
 Every layout runs without a copy when TMA can address it (unit stride in K or in M/N,
 16-byte aligned rows); anything else is copied once into an aligned buffer. Warm calls
@@ -182,6 +184,26 @@ def _check_scale(t: Any, name: str) -> None:
         raise TypeError(f"{_WHERE}: argument {name!r} must be a float or a one-element float32 tensor, got {type(t).__name__}")
 
 
+def _scale_is_rowwise(t: Any, name: str, kind: str, m: int, n: int) -> bool:
+    """Whether fp8's `scale_a` (kind "row") / `scale_b` ("col") is per row / per column:
+    True for an fp32 tensor of shape (M, 1) or (M,) / (1, N) or (N,) (torch._scaled_mm's
+    rowwise mode), False for a per-tensor one (a Python number or a one-element fp32
+    tensor); anything else raises, naming the argument."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 1:
+        _check_scale(t, name)
+        return False
+    if t.dtype != torch.float32:
+        raise TypeError(f"{_WHERE}: argument {name!r} must be float32 (as torch._scaled_mm), got {dtype_name(t.dtype)}")
+    ext = m if kind == "row" else n
+    shapes = ((ext, 1), (ext,)) if kind == "row" else ((1, ext), (ext,))
+    if tuple(t.shape) not in shapes:
+        which = f"per-row one of shape ({m}, 1) or ({m},)" if kind == "row" else f"per-column one of shape (1, {n}) or ({n},)"
+        raise ValueError(
+            f"{_WHERE}: argument {name!r} must be a per-tensor scale (one element) or a {which}, got shape {tuple(t.shape)}"
+        )
+    return True
+
+
 def _check_operand(t: Any, kind: str, name: str, out_shape: tuple[int, ...]) -> None:
     """An epilogue operand's type, dtype and shape against the output shape (M, N) or
     (L, M, N). row: (M,) or (M, 1); col: (N,) or (1, N); full: broadcastable to the
@@ -328,7 +350,8 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     elif tuned is not None:
         cfg = fit_swizzle(tuned, M, N)
     else:
-        cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None)
+        cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None,
+                             vector_operands=sum(k_ in ("row", "col") for k_ in kinds))
     launch = kern.get(key, tuple(sorted(params)), cfg)
     work = _workspace(a.device.index, cfg, sms, M, N, K, L)
     if plain and n_pad == N and not scales:
@@ -511,9 +534,12 @@ def gemm(
     """a @ b with the epilogue fused before the store (see the module docstring).
 
     fp8 (`float8_e4m3fn` / `float8_e5m2`, mixed allowed): `scale_a` and `scale_b` are
-    required per-tensor dequantization scales (a float or a one-element fp32 tensor), so
-    the product is (a * scale_a) @ (b * scale_b) as in `torch._scaled_mm`, and the
-    epilogue (alpha, c, bias, activation, residual) applies to it. a must be row-major
+    required dequantization scales, so the product is (a * scale_a) @ (b * scale_b) as in
+    `torch._scaled_mm`, and the epilogue (alpha, c, bias, activation, residual) applies to
+    it. Each is per tensor (a float or a one-element fp32 tensor), or fp32 per row of the
+    output for `scale_a` ((M, 1) or (M,)) and per column for `scale_b` ((1, N) or (N,)),
+    as _scaled_mm's rowwise mode; those two take epilogue operand slots (at most 3 in
+    all, with bias, c, residual). A batched call applies a per-row scale to every batch. a must be row-major
     (M, K) and b column-major (K, N) (e.g. `w.t()` of an (N, K) weight), K a multiple of
     16; the output defaults to bfloat16. No backward.
 
@@ -569,7 +595,19 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"{_WHERE}: config must be a GemmConfig or None, got {type(config).__name__}")
     epi, ops, names = _resolve(bias, epilogue, residual, c, alpha, beta, epilogue_args)
-    scales = _scales(a, b, scale_a, scale_b)
+    scales, scale_ops, row, col = _scales(a, b, scale_a, scale_b)
+    if scale_ops:
+        # per-row / per-column fp8 scales: epilogue operands multiplying the accumulator
+        # first (the kernel's per-tensor scales are then ones)
+        epi = GemmEpilogue.with_scales(epi, row=row, col=col)
+        ops = [*scale_ops, *ops]
+        names = ("scale_a",) * row + ("scale_b",) * col + tuple(names)
+        if len(ops) > 3:
+            raise ValueError(
+                f"{_WHERE}: the GEMM epilogue takes at most 3 tensor operands; per-row / per-column scales take "
+                f"{len(scale_ops)} of them, which leaves {3 - len(scale_ops)} for {list(names[len(scale_ops):])}; "
+                "apply the rest outside the call"
+            )
     epi_key = epi.key if epi is not None else _NONE_KEY
     kinds = ",".join(epi.kinds) if epi is not None else ""
     needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops, *scales))
@@ -605,13 +643,16 @@ def _eager_run(fn: Callable[..., torch.Tensor], bias: Any, c: Any, residual: Any
     return lambda a, b, bias, c, residual: fn(a, b, [(bias, c, residual)[i] for i in sel])
 
 
-def _scales(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[torch.Tensor, ...]:
-    """() for a 16-bit GEMM; for fp8 the two scales as one-element fp32 tensors (a float
-    becomes one on a's device). Missing or misplaced scales raise, naming the argument."""
+def _scales(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor], bool, bool]:
+    """(per-tensor scales, per-row / per-column scales, scale_a per row, scale_b per
+    column). A 16-bit GEMM: ((), [], False, False). fp8: the kernel's two per-tensor scales
+    as one-element fp32 tensors (a float becomes one on a's device; a per-row scale_a or
+    per-column scale_b leaves a one there), and the per-row / per-column ones in epilogue
+    operand order. Missing or misplaced scales raise, naming the argument."""
     given = [(n, t) for n, t in (("scale_a", scale_a), ("scale_b", scale_b)) if t is not None]
     if not (_is_fp8(a) and _is_fp8(b)):
         if not given:
-            return ()
+            return (), [], False, False
         if _is_fp8(a) or _is_fp8(b):
             _check_ab(a, b, None)  # raises: one operand fp8, the other not
         raise TypeError(f"{_WHERE}: {given[0][0]} applies to float8 inputs only; use alpha= with bf16/fp16")
@@ -621,7 +662,11 @@ def _scales(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[torch.Tensor, .
             f"{_WHERE}: fp8 inputs need scale_a and scale_b (dequantization scales: out = (a * scale_a) @ (b * scale_b), "
             f"as torch._scaled_mm; pass 1.0 for unscaled data); missing {', '.join(missing)}"
         )
-    for n, t in given:
-        _check_scale(t, n)
-    return tuple(t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), dtype=torch.float32, device=a.device)
-                 for _, t in given)
+    _check_ab(a, b, None)  # the shapes the per-row / per-column scales are checked against
+    row = _scale_is_rowwise(scale_a, "scale_a", "row", a.shape[-2], b.shape[-1])
+    col = _scale_is_rowwise(scale_b, "scale_b", "col", a.shape[-2], b.shape[-1])
+    per_tensor = tuple(
+        torch.ones(1, dtype=torch.float32, device=a.device) if wise
+        else t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), dtype=torch.float32, device=a.device)
+        for t, wise in ((scale_a, row), (scale_b, col)))
+    return per_tensor, [t for t, wise in ((scale_a, row), (scale_b, col)) if wise], row, col

@@ -9,7 +9,11 @@ one fragment per operand, in the accumulator's thread-value layout). Two sources
   {none, relu, gelu (tanh form), silu};
 - `cuteforge.fusion.Epilogue` objects: `GemmEpilogue.from_fusion(ep)` (scalar operands
   bound first with `ep.bind`); builders rebuild the expression from its key, so a
-  compile in another process needs nothing but the key.
+  compile in another process needs nothing but the key;
+- either (or none) behind fp8's per-row / per-column dequantization scales:
+  `GemmEpilogue.with_scales(inner, row=, col=)` multiplies the accumulator by a "row"
+  operand (scale_a) and / or a "col" operand (scale_b) first, as torch._scaled_mm's
+  rowwise mode, then applies `inner`.
 """
 
 from __future__ import annotations
@@ -108,6 +112,26 @@ class GemmEpilogue:
                 raise ValueError(f"epilogue operand {name!r}: kind {kind!r} is not supported by the GEMM (row, col, full)")
         return GemmEpilogue("fusion:" + str(ep.key), tuple(kind for _, kind in ep.operands))
 
+    @staticmethod
+    def with_scales(inner: GemmEpilogue | None, *, row: bool, col: bool) -> GemmEpilogue | None:
+        """`inner` (a preset, a fusion epilogue or None) applied to acc * scale_a[m] *
+        scale_b[n]: fp8's per-row and / or per-column scales become the first tensor
+        operands ("row" for scale_a, then "col" for scale_b). None when neither is given and
+        there is no inner epilogue."""
+        if not (row or col):
+            return inner
+        head = ("row",) * row + ("col",) * col
+        key = f"scaled:row={row},col={col}|{inner.key if inner is not None else ''}"
+        return GemmEpilogue(key, head + (inner.kinds if inner is not None else ()))
+
+    def _scaled_parts(self) -> tuple[int, tuple[str, ...], GemmEpilogue | None]:
+        """(number of scale operands, their names, the inner epilogue) of a `with_scales` key."""
+        header, inner_key = self.key.removeprefix("scaled:").split("|", 1)
+        f = dict(part.split("=", 1) for part in header.split(","))
+        names = tuple(n for n, on in (("scale_a", f["row"] == "True"), ("scale_b", f["col"] == "True")) if on)
+        inner = GemmEpilogue(inner_key, self.kinds[len(names):]) if inner_key else None
+        return len(names), names, inner
+
     def _fusion(self) -> Any:
         from ...fusion import Epilogue
 
@@ -119,7 +143,11 @@ class GemmEpilogue:
 
     def operand_names(self) -> tuple[str, ...]:
         """Names of the tensor operands for error messages: bias/c/residual for a preset,
-        op0, op1, ... for a fusion Epilogue (its names are not part of the key)."""
+        op0, op1, ... for a fusion Epilogue (its names are not part of the key), scale_a /
+        scale_b first for per-row / per-column fp8 scales."""
+        if self.key.startswith("scaled:"):
+            _, names, inner = self._scaled_parts()
+            return names + (inner.operand_names() if inner is not None else ())
         if self.key.startswith("fusion:"):
             return tuple(f"epilogue operand {i}" for i in range(len(self.kinds)))
         _, bias, c, res, _, _ = self._preset_fields()
@@ -127,6 +155,11 @@ class GemmEpilogue:
 
     def reference(self, acc: Any, *ops: Any) -> Any:
         """The same epilogue in torch on fp32 tensors (operands already broadcastable)."""
+        if self.key.startswith("scaled:"):
+            n, _, inner = self._scaled_parts()
+            for s in ops[:n]:
+                acc = acc * s
+            return inner.reference(acc, *ops[n:]) if inner is not None else acc
         if self.key.startswith("fusion:"):
             return self._fusion().reference(acc, *ops)
         act, bias, c, res, alpha, beta = self._preset_fields()
@@ -144,6 +177,16 @@ class GemmEpilogue:
 
     def fn(self) -> Callable[..., Any]:
         """The elementwise hook: fn(acc, *tensor_operand_fragments) -> fp32 TensorSSA."""
+        if self.key.startswith("scaled:"):
+            n, _, inner = self._scaled_parts()
+            inner_fn = inner.fn() if inner is not None else None
+
+            def scaled(acc: Any, *frags: Any) -> Any:
+                for s in frags[:n]:
+                    acc = acc * s
+                return inner_fn(acc, *frags[n:]) if inner_fn is not None else acc
+
+            return scaled
         if self.key.startswith("fusion:"):
             return self._fusion().apply
         act, bias, c, res, alpha, beta = self._preset_fields()

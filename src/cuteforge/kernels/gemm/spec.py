@@ -134,7 +134,8 @@ def gemm_kernel(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...] = ()) -
 
 
 def gemm_fp8_kernel(kinds: tuple[str, ...] = ()) -> Kernel:
-    """The fp8 kernel (A and B K-major, per-tensor scales) for these epilogue operand kinds.
+    """The fp8 kernel (A and B K-major, per-tensor scales; per-row / per-column ones are
+    epilogue operands, `GemmEpilogue.with_scales`) for these epilogue operand kinds.
     No standard specializations: compiled on first use (or by the tuner)."""
     name = kernel_name(True, True, kinds, fp8=True)
     k = REGISTRY.get(name)
@@ -159,8 +160,12 @@ PRESET_KINDS = tuple(
     for c in (False, True)
     for res in (False, True)
 )
+# fp8 also with per-row scale_a / per-column scale_b in front (ops.gemm's rowwise scales),
+# within the kernel's three operands
+SCALE_KINDS = ((), ("row",), ("col",), ("row", "col"))
 for _kinds in dict.fromkeys(PRESET_KINDS):
-    gemm_fp8_kernel(_kinds)
     for _a in (True, False):
         for _b in (True, False):
             gemm_kernel(_a, _b, _kinds)
+for _kinds in dict.fromkeys(h + k for h in SCALE_KINDS for k in PRESET_KINDS if len(h + k) <= 3):
+    gemm_fp8_kernel(_kinds)

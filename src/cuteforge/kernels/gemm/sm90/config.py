@@ -292,7 +292,7 @@ def tile_efficiency(cfg: GemmConfig, m: int, n: int, sm_count: int) -> float:
 
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
-                   fused: bool = False, decode_split: bool = True) -> GemmConfig:
+                   fused: bool = False, decode_split: bool = True, vector_operands: int = 0) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -312,6 +312,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     to 4 % ahead there (docs/kernels/gemm.md v4.5), so every fused epilogue takes it.
     `decode_split`: M <= 32 with K >= 8192 on 64x64 tiles runs single CTAs with stream-K
     (v4.3; the fp8 path turns it off: measured on 16-bit inputs only).
+    `vector_operands`: the epilogue's row / col operands; with three of them the 128x256
+    tile stores 32-wide subtiles and loads the operands in the epilogue (see below).
     """
     short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
         -(-m // 128) * -(-n // 128) >= 4 * sm_count)
@@ -321,7 +323,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         if short_k:
             cfg = fit_swizzle(SHORT_K_NARROW, m, n)  # type: ignore[arg-type]
         else:
-            cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False)
+            cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False, vector_operands=vector_operands)
         return replace(cfg, tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
@@ -368,14 +370,21 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # (h200-gemm.json) 128x64 c2x1 pingpong was >= cooperative at all 5 shapes measured
     # both ways in one run (1024^3: 213.7 vs 209.1 TFLOP/s; 2048x14336x4096 +2.2%).
     pingpong = (tm, tn) == (128, 64)
-    epi_n = 64 if fused and (tm, tn) == (128, 256) else 32
+    # Three row / col epilogue operands (fp8's per-row and per-column scales with a bias)
+    # held from the mainloop beside 64-wide subtiles spill: ptxas, 128x256, 328 bytes for
+    # fp8 with bias + gelu, 244-484 for 16-bit; with 32-wide subtiles and the operands
+    # loaded in the epilogue, none. H200, fp8 rowwise scales + bias + gelu, same run, four
+    # timings each: 8192^3 1092-1183 -> 1267-1291 TFLOP/s, 4096^3 1016-1058 -> 1055-1101
+    # (gemm.md session 30). Full operands (c, residual) spill either way.
+    narrow = fused and vector_operands >= 3 and (tm, tn) == (128, 256)
+    epi_n = 64 if fused and (tm, tn) == (128, 256) and not narrow else 32
     # A fused epilogue on a cooperative tile walks the clusters along N first (raster "n"):
     # H200, two runs of bench_gemm.py --set raster (gemm.md v4.4), bias + gelu on 128x256 2x1
     # without stream-K, raster n over m in the same run: -1.6 to +4.0 %, mean +0.75 %, ahead
     # in 15 of 22 pairs (six shapes, 32- and 64-wide subtiles).
     raster = "n" if fused and not pingpong else "m"
     cfg = fit_swizzle(GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=pingpong, epi_n=epi_n,
-                                 raster=raster), m, n)
+                                 raster=raster, early_operands=not narrow), m, n)
     # Cooperative tiles of a problem with at least one full wave split a last wave that
     # is at most half full along K (stream_k). H100 same-run sweep (h100-gemm-streamk.json):
     # 3072x3072x16384 0.809 -> 0.979x cuBLAS, 5120x5120x8192 0.895 -> 0.941x. Sub-wave
