@@ -539,9 +539,9 @@ def gemm(
     it. Each is per tensor (a float or a one-element fp32 tensor), or fp32 per row of the
     output for `scale_a` ((M, 1) or (M,)) and per column for `scale_b` ((1, N) or (N,)),
     as _scaled_mm's rowwise mode; those two take epilogue operand slots (at most 3 in
-    all, with bias, c, residual). A batched call applies a per-row scale to every batch. a must be row-major
-    (M, K) and b column-major (K, N) (e.g. `w.t()` of an (N, K) weight), K a multiple of
-    16; the output defaults to bfloat16. No backward.
+    all, with bias, c, residual). A batched call applies a per-row scale to every batch.
+    a must be row-major (M, K) and b column-major (K, N) (e.g. `w.t()` of an (N, K)
+    weight), K a multiple of 16; the output defaults to bfloat16. No backward.
 
     `config` (a `GemmConfig`) pins the kernel config for eager calls without grad,
     bypassing tuned results and the heuristic (benchmarks, experiments); calls through
