@@ -235,7 +235,10 @@ def fp8_rows(shapes: list[tuple[int, int, int]], scalings: list[str] = ["tensor"
                 if ref is not None:
                     row["cuteforge_rel_err"] = _err(got, ref)
                 fns["cuteforge"] = ours
-                row["cuteforge_config"] = repr(_default(m, n, k, in_bytes=1))
+                # the config the call runs: an epilogue (bias + gelu, or rowwise scales,
+                # which ride as row / col operands) takes the fused default
+                vectors = (2 if scaling == "rowwise" else 0) + (ep != "none")
+                row["cuteforge_config"] = repr(_default(m, n, k, in_bytes=1, fused=vectors > 0, vector_operands=vectors))
             except Exception as e:  # noqa: BLE001
                 row["cuteforge_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             for name, ms in measure(fns).items():
@@ -445,8 +448,9 @@ EPI_CONFIGS: list[Any] = []
 PINGPONG: list[Any] = []  # the pingpong config measured next to the default
 
 
-def _default(m: int, n: int, k: int, in_bytes: int = 2) -> Any:
-    return default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, in_bytes)
+def _default(m: int, n: int, k: int, in_bytes: int = 2, fused: bool = False, vector_operands: int = 0) -> Any:
+    return default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, in_bytes, fused=fused,
+                          vector_operands=vector_operands)
 
 
 def _tuned(kernel: str, m: int, n: int, k: int, act: str = "none") -> Any:

@@ -554,6 +554,9 @@ def test_fp8_rowwise_scale_errors() -> None:
         gemm(a, b, scale_a=sa, scale_b=sb, bias=_cpu(16), residual=_cpu(64, 16))
     with pytest.raises(TypeError, match="fp8 GEMM has no backward"):
         gemm(a, b, scale_a=sa.requires_grad_(), scale_b=sb)
+    # the custom op itself takes per-tensor scales only; ops.gemm moves the others
+    with pytest.raises(ValueError, match="gemm_fp8 takes per-tensor scales .* call cuteforge.ops.gemm"):
+        torch.ops.cuteforge.gemm_fp8(a, b, torch.ones(64, 1), torch.ones(1), [], "", "", None)
 
 
 def test_fp8_rowwise_epilogue_composition() -> None:
@@ -580,19 +583,27 @@ def test_fp8_rowwise_epilogue_composition() -> None:
 
 
 def test_fp8_rowwise_compiles() -> None:
-    """The fp8 kernel with a per-row and a per-column scale in front of bias + gelu: the
-    two fp32 scale operands and the bf16 bias are read in the epilogue (the registered
-    kernel gemm_sm90_fp8_tn_row_col_col)."""
+    """The fp8 kernel with a per-row and a per-column scale in front of bias + gelu (the
+    registered gemm_sm90_fp8_tn_row_col_col, on the kernel's default config) against the
+    same kernel with bias + gelu alone: the fp32 scale operands add their 32-bit loads
+    (beside the per-tensor scales' two, which every fp8 kernel has), the bias keeps its
+    16-bit loads, and each accumulator register takes two more multiplies."""
     from cuteforge.kernel import REGISTRY
 
-    epi = GemmEpilogue.with_scales(GemmEpilogue.preset("gelu", bias="col"), row=True, col=True)
+    def counts(ptx: str) -> tuple[int, int, int]:
+        return (len(re.findall(r"ld\.global[^;]*\.b32", ptx)), len(re.findall(r"ld\.global[^;]*\.(?:b16|u16)", ptx)),
+                len(re.findall(r"\bmul(\.rn)?\.f32", ptx)))
+
+    inner = GemmEpilogue.preset("gelu", bias="col")
+    epi = GemmEpilogue.with_scales(inner, row=True, col=True)
     assert "gemm_sm90_fp8_tn_row_col_col" in REGISTRY
     ptx = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "float32", "float32", "bfloat16"), epi)
     assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3" in ptx and "tanh.approx.f32" in ptx
-    assert len(re.findall(r"ld\.global[^;]*\.f32|ld\.global[^;]*\.b32", ptx)) >= 2  # fp32 scale loads
-    plain = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16"))
-    # per element two more multiplies than the per-tensor kernel (plus the gelu's math)
-    assert len(re.findall(r"\bmul(\.rn)?\.f32", ptx)) >= len(re.findall(r"\bmul(\.rn)?\.f32", plain)) + 2 * 128
+    bias_only = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "bfloat16"), inner)
+    (w32, w16, wmul), (b32, b16, bmul) = counts(ptx), counts(bias_only)
+    assert b32 == 2 and w32 >= b32 + 64, (w32, b32)  # 128x256 tile: 64 distinct columns a thread, plus its rows
+    assert w16 == b16 > 0, (w16, b16)
+    assert wmul >= bmul + 2 * 128, (wmul, bmul)  # 128 accumulator registers a thread
 
 
 def test_three_vector_operands_take_narrow_late_subtiles() -> None:

@@ -289,8 +289,14 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
                 f"{_WHERE}: fp8 inputs need scale_a and scale_b (dequantization scales: out = (a * scale_a) @ "
                 "(b * scale_b), as torch._scaled_mm); pass 1.0 for unscaled data"
             )
-        _check_scale(scales[0], "scale_a")
-        _check_scale(scales[1], "scale_b")
+        for t, name in zip(scales, ("scale_a", "scale_b")):
+            if isinstance(t, torch.Tensor) and t.numel() != 1:  # only a direct call of the custom op gets here
+                raise ValueError(
+                    f"{_WHERE}: argument {name!r}: torch.ops.cuteforge.gemm_fp8 takes per-tensor scales (one element), "
+                    f"got shape {tuple(t.shape)}; call cuteforge.ops.gemm, which passes per-row / per-column scales "
+                    "to the kernel as epilogue operands"
+                )
+            _check_scale(t, name)
         _check_fp8_layout(a, b)
     elif scales:
         raise TypeError(f"{_WHERE}: scale_a/scale_b apply to float8 inputs only; use alpha= with bf16/fp16")
@@ -462,6 +468,9 @@ def _gemm_fp8_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_
 def _(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, ops: list[torch.Tensor],
       epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
     torch._check(a.shape[-1] == b.shape[-2], lambda: f"{_WHERE}: a and b disagree on K")
+    torch._check(scale_a.numel() == 1 and scale_b.numel() == 1,
+                 lambda: f"{_WHERE}: torch.ops.cuteforge.gemm_fp8 takes per-tensor scales; call cuteforge.ops.gemm, "
+                         "which passes per-row / per-column scales as epilogue operands")
     batched = a.dim() == 3 or b.dim() == 3
     L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
     shape = (L, a.shape[-2], b.shape[-1]) if batched else (a.shape[-2], b.shape[-1])
