@@ -455,8 +455,8 @@ def test_fp8_rowwise_scales(mnk: tuple[int, int, int]) -> None:
 
 
 def test_fp8_rowwise_batched_and_compiled() -> None:
-    """A batched call applies the per-row scale to every batch; under torch.compile the
-    scales ride the fp8 custom op as epilogue operands."""
+    """A batched call applies the per-row scale to every batch; torch.compile(fullgraph=True)
+    traces a call with both scales, a bias and silu, and its result matches."""
     a, sa = _quant_rows(torch.randn(3, 300, 528, device="cuda"), torch.float8_e4m3fn)
     w, sw = _quant_rows(torch.randn(264, 528, device="cuda"), torch.float8_e4m3fn)
     b, sb = w.t(), sw.t()
