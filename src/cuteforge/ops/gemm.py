@@ -55,6 +55,20 @@ _NONE_KEY = ""
 _NO_WORK: dict[int, torch.Tensor] = {}  # device -> the one-word workspace of configs without stream-K
 
 
+_ONE: dict[Any, torch.Tensor] = {}  # device -> the per-tensor scale of 1 behind per-row / per-column fp8 scales
+
+
+def _one(device: torch.device) -> torch.Tensor:
+    """A one-element fp32 1.0 on `device` (read-only: the kernel only reads scales); made
+    once per device in eager calls, fresh while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return torch.ones(1, dtype=torch.float32, device=device)
+    t = _ONE.get(device)
+    if t is None:
+        t = _ONE[device] = torch.ones(1, dtype=torch.float32, device=device)
+    return t
+
+
 def _no_work(device: int) -> torch.Tensor:
     w = _NO_WORK.get(device)
     if w is None:
@@ -675,7 +689,7 @@ def _scales(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[tuple[torch.Ten
     row = _scale_is_rowwise(scale_a, "scale_a", "row", a.shape[-2], b.shape[-1])
     col = _scale_is_rowwise(scale_b, "scale_b", "col", a.shape[-2], b.shape[-1])
     per_tensor = tuple(
-        torch.ones(1, dtype=torch.float32, device=a.device) if wise
+        _one(a.device) if wise
         else t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), dtype=torch.float32, device=a.device)
         for t, wise in ((scale_a, row), (scale_b, col)))
     return per_tensor, [t for t, wise in ((scale_a, row), (scale_b, col)) if wise], row, col
