@@ -238,7 +238,8 @@ def fp8_rows(shapes: list[tuple[int, int, int]], scalings: list[str] = ["tensor"
                 # the config the call runs: an epilogue (bias + gelu, or rowwise scales,
                 # which ride as row / col operands) takes the fused default
                 vectors = (2 if scaling == "rowwise" else 0) + (ep != "none")
-                row["cuteforge_config"] = repr(_default(m, n, k, in_bytes=1, fused=vectors > 0, vector_operands=vectors))
+                row["cuteforge_config"] = repr(_default(m, n, k, in_bytes=1, fused=vectors > 0, vector_operands=vectors,
+                                                        scale_operands=2 if scaling == "rowwise" else 0))
             except Exception as e:  # noqa: BLE001
                 row["cuteforge_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             for name, ms in measure(fns).items():
@@ -448,9 +449,10 @@ EPI_CONFIGS: list[Any] = []
 PINGPONG: list[Any] = []  # the pingpong config measured next to the default
 
 
-def _default(m: int, n: int, k: int, in_bytes: int = 2, fused: bool = False, vector_operands: int = 0) -> Any:
+def _default(m: int, n: int, k: int, in_bytes: int = 2, fused: bool = False, vector_operands: int = 0,
+             scale_operands: int = 0) -> Any:
     return default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, in_bytes, fused=fused,
-                          vector_operands=vector_operands)
+                          vector_operands=vector_operands, scale_operands=scale_operands)
 
 
 def _tuned(kernel: str, m: int, n: int, k: int, act: str = "none") -> Any:

@@ -610,13 +610,22 @@ def test_three_vector_operands_take_narrow_late_subtiles() -> None:
     """Three row / col epilogue operands (per-row and per-column fp8 scales with a bias) on
     the fused 128x256 default: 32-wide subtiles with the operands loaded in the epilogue,
     which assembles without spilling (64-wide subtiles with the operands held from the
-    mainloop spilled 328 bytes); fewer operands keep the 64-wide default."""
+    mainloop spilled 328 bytes); fewer operands keep the 64-wide default unless fp8 scales
+    are among them (session 31: the narrow late form measured faster there)."""
     from ptxas_check import ptxas_no_spill
 
     cfg = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=3)
     assert (cfg.tile_m, cfg.tile_n, cfg.epi_n, cfg.early_operands) == (128, 256, 32, False)
     two = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=2)
     assert (two.epi_n, two.early_operands) == (64, True)
+    scales = GemmEpilogue.with_scales(None, row=True, col=True)
+    assert scales is not None and scales.scale_operands == 2
+    assert GemmEpilogue.with_scales(GemmEpilogue.preset("gelu", bias="col"), row=False, col=True).scale_operands == 1
+    assert GemmEpilogue.preset("gelu", bias="col").scale_operands == 0
+    rowwise = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=2, scale_operands=2)
+    assert (rowwise.tile_n, rowwise.epi_n, rowwise.early_operands, rowwise.raster) == (256, 32, False, "n")
+    small = default_config(1024, 1024, 1024, 132, 1, fused=True, vector_operands=2, scale_operands=2)
+    assert small.tile_n != 256 and small.epi_n == 32  # other tiles keep their subtiles
     assert default_config(4096, 4096, 4096, fused=True, vector_operands=3).epi_n == 32
     epi = GemmEpilogue.with_scales(GemmEpilogue.preset("gelu", bias="col"), row=True, col=True)
     ptxas_no_spill(_ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "float32", "float32", "bfloat16"), epi, cfg))

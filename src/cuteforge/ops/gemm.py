@@ -371,7 +371,8 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
         cfg = fit_swizzle(tuned, M, N)
     else:
         cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None,
-                             vector_operands=sum(k_ in ("row", "col") for k_ in kinds))
+                             vector_operands=sum(k_ in ("row", "col") for k_ in kinds),
+                             scale_operands=epi.scale_operands if epi is not None else 0)
     launch = kern.get(key, tuple(sorted(params)), cfg)
     work = _workspace(a.device.index, cfg, sms, M, N, K, L)
     if plain and n_pad == N and not scales:

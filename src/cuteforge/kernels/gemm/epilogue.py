@@ -124,6 +124,11 @@ class GemmEpilogue:
         key = f"scaled:row={row},col={col}|{inner.key if inner is not None else ''}"
         return GemmEpilogue(key, head + (inner.kinds if inner is not None else ()))
 
+    @property
+    def scale_operands(self) -> int:
+        """How many of the operands are fp8 per-row / per-column scales (`with_scales`)."""
+        return self._scaled_parts()[0] if self.key.startswith("scaled:") else 0
+
     def _scaled_parts(self) -> tuple[int, tuple[str, ...], GemmEpilogue | None]:
         """(number of scale operands, their names, the inner epilogue) of a `with_scales` key."""
         header, inner_key = self.key.removeprefix("scaled:").split("|", 1)

@@ -292,7 +292,8 @@ def tile_efficiency(cfg: GemmConfig, m: int, n: int, sm_count: int) -> float:
 
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
-                   fused: bool = False, decode_split: bool = True, vector_operands: int = 0) -> GemmConfig:
+                   fused: bool = False, decode_split: bool = True, vector_operands: int = 0,
+                   scale_operands: int = 0) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -312,8 +313,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     to 4 % ahead there (docs/kernels/gemm.md v4.5), so every fused epilogue takes it.
     `decode_split`: M <= 32 with K >= 8192 on 64x64 tiles runs single CTAs with stream-K
     (v4.3; the fp8 path turns it off: measured on 16-bit inputs only).
-    `vector_operands`: the epilogue's row / col operands; with three of them the 128x256
-    tile stores 32-wide subtiles and loads the operands in the epilogue (see below).
+    `vector_operands`: the epilogue's row / col operands; with three of them, or with
+    `scale_operands` (fp8's per-row / per-column scales among them), the 128x256 tile
+    stores 32-wide subtiles and loads the operands in the epilogue (see below).
     """
     short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
         -(-m // 128) * -(-n // 128) >= 4 * sm_count)
@@ -323,7 +325,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         if short_k:
             cfg = fit_swizzle(SHORT_K_NARROW, m, n)  # type: ignore[arg-type]
         else:
-            cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False, vector_operands=vector_operands)
+            cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False, vector_operands=vector_operands,
+                                 scale_operands=scale_operands)
         return replace(cfg, tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
@@ -376,7 +379,12 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # loaded in the epilogue, none. H200, fp8 rowwise scales + bias + gelu, same run, four
     # timings each: 8192^3 1092-1183 -> 1267-1291 TFLOP/s, 4096^3 1016-1058 -> 1055-1101
     # (gemm.md session 30). Full operands (c, residual) spill either way.
-    narrow = fused and vector_operands >= 3 and (tm, tn) == (128, 256)
+    # fp8 rowwise scales without a bias (two operands, no spill either way) take the same
+    # form: H200, same run, two passes, TFLOP/s held -> 32-wide late (gemm.md session 31,
+    # h200-gemm-s31-rowwise-cfg.json): plain 8192^3 1280 / 1247 -> 1307 / 1305, 4096^3
+    # 1245 / 1265 -> 1309 / 1285, 2048x8192x28672 1308 / 1296 -> 1337 / 1340; + gelu
+    # 1253 / 1238 -> 1281 / 1271, 1182 / 1203 -> 1264 / 1116 (noisy), 1255 / 1258 -> 1329 / 1337.
+    narrow = fused and (vector_operands >= 3 or scale_operands > 0) and (tm, tn) == (128, 256)
     epi_n = 64 if fused and (tm, tn) == (128, 256) and not narrow else 32
     # A fused epilogue on a cooperative tile walks the clusters along N first (raster "n"):
     # H200, two runs of bench_gemm.py --set raster (gemm.md v4.4), bias + gelu on 128x256 2x1
