@@ -1079,7 +1079,43 @@ _FWD_STAGED = [
     ("layer", "bfloat16", "bfloat16", 65536, True, False, NormConfig(256, 256, 8, 2, exchange="mbar", stages=3, lag=1)),
     ("layer", "float16", "float16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1)),
     ("layer", "float32", "float32", 131072, True, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=6, lag=1)),
+    # session 31: short_chains, the 16-bit 262144 default's, and unlagged / fp32 / a residual
+    ("layer", "bfloat16", "bfloat16", 262144, True, False,
+     NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1, short_chains=True)),
+    ("layer", "float16", "float16", 65536, True, True, NormConfig(256, 256, 4, 1, exchange="mbar", stages=2, short_chains=True)),
+    ("layer", "float32", "float32", 131072, False, False,
+     NormConfig(512, 512, 16, 1, exchange="mbar", stages=6, lag=1, short_chains=True)),
 ]
+
+
+def test_short_chains_config(kernels):
+    """`short_chains` (session 31) is a knob of the staged forward over a cluster, set by the
+    default only for 16-bit LayerNorm at N = 262144 without a residual (the one shape it
+    measured ahead at). Its kernel divides once a CTA where the plain one divides once a
+    row (the loop counts rows), and folds y's normalisation: one fewer FP32 subtract a
+    16-bit element, so fewer sub.f32 in the PTX."""
+    ok = NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1, short_chains=True)
+    ok.validate(262144, 16)
+    for bad, n in ((replace(ok, cluster_n=1, exchange="barrier", lag=0), 8192), (replace(ok, stages=0, lag=0), 65536)):
+        with pytest.raises(ValueError, match="short_chains"):
+            bad.validate(n, 16)
+    with pytest.raises(ValueError, match="short_chains"):
+        replace(ok, lag=0).validate(262144, 16, backward=True)
+    for kind, bits, n, residual in (("layer", 16, 262144, False), ("layer", 16, 262144, True), ("layer", 32, 262144, False),
+                                    ("layer", 16, 131072, False), ("layer", 16, 196608, False), ("rms", 16, 262144, False),
+                                    ("layer", 16, 32768, False)):
+        d = default_config(n, bits, kind=kind, residual=residual)
+        assert d.short_chains == ((kind, bits, n, residual) == ("layer", 16, 262144, False)), (kind, bits, n, residual, d)
+    _, _, short = _compile_fwd_case(kernels[0], "layer", "bfloat16", "bfloat16", 262144, True, False, ok)
+    _, _, plain = _compile_fwd_case(kernels[0], "layer", "bfloat16", "bfloat16", 262144, True, False,
+                                    replace(ok, short_chains=False))
+
+    def count(p: str, ptx: str) -> int:
+        return len(re.findall(p, ptx))
+
+    assert count(r"\bdiv\.[su]32", short) < count(r"\bdiv\.[su]32", plain), (
+        count(r"\bdiv\.[su]32", short), count(r"\bdiv\.[su]32", plain))
+    assert count(r"\bsub(\.rn)?\.f32", short) < count(r"\bsub(\.rn)?\.f32", plain)
 
 
 @pytest.mark.parametrize("kind, xd, wd, n, bias, res, cfg", _FWD_STAGED)

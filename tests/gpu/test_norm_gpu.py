@@ -446,7 +446,11 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
             NormConfig(512, 512, 16, 1, exchange="mbar"), NormConfig(512, 512, 4, 1, exchange="mbar", stages=2),
             NormConfig(256, 256, 16, 2, exchange="mbar", stages=3), NormConfig(512, 512, 16, 1, exchange="mbar", stages=2),
             NormConfig(512, 512, 4, 1, exchange="mbar", stages=6, lag=1),
-            NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1)]
+            NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1),
+            # session 31: merged moments (one lane per pair, and four pairs a lane), the
+            # FFMA-folded normalisation for 16-bit x, rows counted
+            NormConfig(256, 256, 4, 1, exchange="mbar", stages=2, short_chains=True),
+            NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1, short_chains=True)]
     bits = dtype.itemsize * 8
     for n in (65536, 65537, 262144):
         ran = []
@@ -976,18 +980,20 @@ def test_lagged_fwd_matches_torch(_warm_norm_lagged, kind, dtype, n, cfg, res):
 
 def test_lagged_fwd_many_rows_per_group():
     """More rows than stages x groups at the 262144 / 65536 defaults with lag (every group
-    wraps its stage ring and its four exchange slots), and a strided view."""
+    wraps its stage ring and its four exchange slots), and a strided view; the 262144 shape
+    also with `short_chains` (its rows counted, not divided out)."""
     from dataclasses import replace
 
     from cuteforge.kernels.norm.config import staged_fwd_config
     from cuteforge.ops import norm as impl
 
-    for n, threads, stages, occ, kib, m in ((262144, 256, 3, 1, 32, 131), (262144, 256, 4, 1, 32, 131),
-                                            (65536, 512, 2, 3, 32, 1311), (65536, 512, 6, 1, 32, 1311),
-                                            (65536, 256, 3, 2, 16, 1311),
-                                            # v2.19: weight and bias held as loaded (2 CTAs per SM)
-                                            (262144, 256, 3, 2, 32, 131), (131072, 256, 3, 2, 32, 263)):
-        cfg = replace(staged_fwd_config(n, 16, threads, stages, kib * 1024), lag=1, ctas_per_sm=occ)
+    for n, threads, stages, occ, kib, m, short in (
+            (262144, 256, 3, 1, 32, 131, False), (262144, 256, 4, 1, 32, 131, False), (262144, 256, 4, 1, 32, 131, True),
+            (65536, 512, 2, 3, 32, 1311, False), (65536, 512, 6, 1, 32, 1311, False), (65536, 256, 3, 2, 16, 1311, False),
+            (65536, 256, 3, 2, 16, 1311, True),
+            # v2.19: weight and bias held as loaded (2 CTAs per SM)
+            (262144, 256, 3, 2, 32, 131, False), (131072, 256, 3, 2, 32, 263, False)):
+        cfg = replace(staged_fwd_config(n, 16, threads, stages, kib * 1024), lag=1, ctas_per_sm=occ, short_chains=short)
         x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=True, seed=m)
         got = impl._forward("layer", x, w, b, None, 1e-5, cfg)
         _check_fwd("layer", x, w, b, None, 1e-5, got, torch.bfloat16, f"{cfg} m={m}")
@@ -995,6 +1001,37 @@ def test_lagged_fwd_many_rows_per_group():
         xv = base[:, 8:]
         got = impl._forward("layer", xv, w, b, None, 1e-5, cfg)
         _check_fwd("layer", xv, w, b, None, 1e-5, got, torch.bfloat16, f"view {cfg}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_chains_within_one_ulp(dtype):
+    """`short_chains` (the 16-bit N = 262144 default's) against the same config without it,
+    rows with |mean| / std from 0 to 64: mean and rstd within fp32 rounding of the merge
+    order (rtol 1e-5); y within one output ulp plus the fold's own rounding. The FFMA fold
+    rounds s * rstd and mean * rstd, each to 2^-24 relative, an absolute error of about
+    2^-23 (|s| + |mean|) rstd |w| in y: far under an ulp of y at |y| ~ |w|, but more than
+    an ulp of the outputs that cancel to near 0 (seen: 27 / 45 ulps of such a bf16 / fp16
+    output), so the bound has that term, with a factor 4 of margin."""
+    from dataclasses import replace
+
+    from cuteforge.kernels.norm.config import default_config
+    from cuteforge.ops import norm as impl
+
+    n = 262144
+    cfg = default_config(n, 16, kind="layer")
+    assert cfg.short_chains, cfg
+    x, w, b, _ = _inputs(67, n, dtype, bias=True, seed=31)
+    x = (x.float() + torch.linspace(0, 64, 67, device="cuda")[:, None]).to(dtype)
+    ys, _, ms, rs = impl._forward("layer", x, w, b, None, 1e-5, cfg)
+    y0, _, m0, r0 = impl._forward("layer", x, w, b, None, 1e-5, replace(cfg, short_chains=False))
+    torch.testing.assert_close(ms, m0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rs, r0, rtol=1e-5, atol=0)
+    ulp = 2.0 ** -(7 if dtype == torch.bfloat16 else 10)
+    diff = (ys.float() - y0.float()).abs()
+    fold = (x.float().abs() + m0.abs()[:, None]) * r0[:, None] * w.float().abs() * 2.0 ** -21
+    bound = torch.maximum(ys.float().abs(), y0.float().abs()) * ulp + fold
+    assert bool((diff <= bound).all()), float((diff / bound).max())
+    _check_fwd("layer", x, w, b, None, 1e-5, (ys, None, ms, rs), dtype, "short_chains")
 
 
 def test_staged_fwd_strided_views():

@@ -417,12 +417,55 @@ def warp_sum(val):
     return val
 
 
-def make_warp_moments(tile: Tile, nacc: int, inv_nw: float):
+def warp_merge_moments(s, m2, count: float, lanes: int = 32):
+    """(sum, M2) over groups of ``lanes`` lanes (a power of 2 <= 32) of per-lane (sum, sum of
+    squares centred on the lane's own mean) pairs, each over ``count`` elements, handed to
+    every lane: Chan et al.'s pairwise merge for equal counts, level by level of a butterfly,
+
+        M2 = M2_a + M2_b + (s_a - s_b)^2 / (2 c),   s = s_a + s_b,   c -> 2 c
+
+    Both shuffles of a level are in flight together, so the merge is one chain of log2(lanes)
+    shuffle latencies where a warp sum followed by a sum of squares centred on its result is
+    two. Symmetric in a and b ((s_b - s_a)^2 == (s_a - s_b)^2 exactly), so every lane ends
+    with the same bits. A plain function: Python unrolls the levels when tracing."""
+    for step in range(lanes.bit_length() - 1):
+        off = (lanes // 2) >> step
+        so = cute.arch.shuffle_sync_bfly(s, offset=off)
+        mo = cute.arch.shuffle_sync_bfly(m2, offset=off)
+        d = s - so
+        m2 = d * (d * Float32(0.5 / (count * (1 << step)))) + (m2 + mo)
+        s = s + so
+    return s, m2
+
+
+def make_warp_moments(tile: Tile, nacc: int, inv_nw: float, merge: bool = False):
     """@cute.jit moments(frag, tot, acc) -> (the warp's sum, the warp's squares centred on its
     own mean), the inputs of ``make_moments_mbar`` / ``make_allreduce_mbar_rows(moments=True)``:
     ``tot`` is the thread's sum of its fragment ``frag`` ((vec, KT1) of ``tile``, every slot
     owned: ``moments_exchange_ok``), ``acc`` an fp32 register scratch of ``nacc`` chains,
-    ``inv_nw`` 1 / (elements per warp)."""
+    ``inv_nw`` 1 / (elements per warp). ``merge`` (``NormConfig.short_chains``): each thread
+    centres its squares on its own mean and the warp merges the pairs
+    (``warp_merge_moments``), one shuffle chain that starts as soon as the thread's squares
+    are summed, where centring on the warp's mean waits for a warp sum first."""
+    n_t = 1.0 / (inv_nw * 32)  # elements per thread
+    if merge and n_t != int(n_t):
+        raise ValueError(f"merged warp moments need the same element count in every thread ({tile})")
+
+    @cute.jit
+    def merged(frag: cute.Tensor, tot, acc: cute.Tensor):
+        tmean = tot * Float32(1.0 / n_t)
+        acc.fill(0.0)
+        for k in cutlass.range_constexpr(tile.KT1):
+            for v in cutlass.range_constexpr(tile.width(k)):
+                d = frag[v, k].to(Float32) - tmean
+                acc[v % nacc] = acc[v % nacc] + d * d
+        m2 = acc[0]
+        for v in cutlass.range_constexpr(1, nacc):
+            m2 = m2 + acc[v]
+        return warp_merge_moments(tot, m2, n_t)
+
+    if merge:
+        return merged
 
     @cute.jit
     def moments(frag: cute.Tensor, tot, acc: cute.Tensor):
@@ -448,7 +491,7 @@ def moments_exchange_ok(tile: Tile) -> bool:
     return tile.G == 32 and not (tile.REM or tile.TAIL)
 
 
-def make_moments_fold(tile: Tile):
+def make_moments_fold(tile: Tile, merge: bool = False):
     """@cute.jit fold(buf, base_s, base_m2, lane) -> (row sum, row M2) from the S = W * C
     per-warp (sum, centred sum of squares) pairs of one row in ``buf`` (sums at base_s..,
     M2s at base_m2..), combined as Chan et al.'s parallel variance:
@@ -457,12 +500,37 @@ def make_moments_fold(tile: Tile):
 
     Each term is a sum of squares, so nothing cancels beyond the (s_w - n_w mean) of the
     between-warp term, whose share of M2 is ~S / n: the variance keeps the two-pass
-    form's accuracy (a plain E[x^2] - E[x]^2 loses it when |mean| >> std)."""
+    form's accuracy (a plain E[x^2] - E[x]^2 loses it when |mean| >> std).
+
+    ``merge`` (``NormConfig.short_chains``), S a power of 2: lane l folds the pairs l % L,
+    l % L + 32, ... (L = min(S, 32)) centred on their own mean, then the L lanes merge
+    (``warp_merge_moments``): one shuffle chain instead of the sum's and then the squares'."""
     G, S = tile.G, tile.S
     if not moments_exchange_ok(tile):
         raise ValueError(f"the moments exchange needs whole warps per row and an unpadded row ({tile})")
     inv_nw = S / tile.n  # 1 / n_w
     inv_s = 1.0 / S
+    if merge and S & (S - 1) == 0:
+        L = min(S, 32)
+        K = max(S // 32, 1)  # pairs per lane
+
+        @cute.jit
+        def fold_merged(buf: cute.Tensor, base_s, base_m2, lane):
+            j0 = lane % L
+            s = Float32(0.0)
+            for i in cutlass.range_constexpr(K):
+                s = s + buf[base_s + j0 + i * 32]
+            m2 = Float32(0.0)
+            if cutlass.const_expr(K > 1):
+                nw_mean = s * Float32(1.0 / K)  # n_w * the lane's mean
+                for i in cutlass.range_constexpr(K):
+                    d = buf[base_s + j0 + i * 32] - nw_mean
+                    m2 = m2 + (buf[base_m2 + j0 + i * 32] + d * d * Float32(inv_nw))
+            else:
+                m2 = buf[base_m2 + j0]
+            return warp_merge_moments(s, m2, K * tile.n / S, L)
+
+        return fold_merged
 
     @cute.jit
     def fold(buf: cute.Tensor, base_s, base_m2, lane):
@@ -523,13 +591,13 @@ def reduce_smem_elems(tile: Tile, n_slots: int) -> int:
     return max(1, n_slots * 2 * tile.R * tile.S)
 
 
-def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False):
+def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False, merge: bool = False):
     """The mbarrier exchange for a loop over rows (the persistent backward, C > 1):
     @cute.jit allreduce(a, b, buf, mbar, slot, phase, arm, r, t, cta) -> (sum a, sum b).
 
     ``moments`` (nval 2; the staged LayerNorm forward): a and b are a warp's sum and its
     centred sum of squares, already summed over the warp (``make_moments_mbar``), and the
-    result is (row sum, row M2) through ``make_moments_fold``.
+    result is (row sum, row M2) through ``make_moments_fold`` (with ``merge``, its merged form).
 
     ``nval`` (1 or 2) says whether b takes part; both values travel to the same mbarrier
     (two 4-byte ``st.async`` per sending lane). ``buf``: flat fp32 smem of
@@ -567,7 +635,7 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False):
     if moments and nval != 2:
         raise ValueError("the moments exchange carries two values (nval=2)")
     tx = nval * mbar_tx_bytes(tile)
-    fold_moments = make_moments_fold(tile) if moments else None
+    fold_moments = make_moments_fold(tile, merge) if moments else None
 
     @cute.jit
     def _bfly(val, group: cutlass.Constexpr):
@@ -619,12 +687,12 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False):
     return allreduce
 
 
-def make_moments_lagged(tile: Tile):
+def make_moments_lagged(tile: Tile, merge: bool = False):
     """LayerNorm's moments exchange split in two, for the staged forward that finishes each
     row one row late (``NormConfig.lag``, v2.17): @cute.jit send(s, m2, buf, mbar, slot, t,
     cta) posts the warp's (sum, centred M2) pair of row j (slot j % 4) to every CTA of the
     cluster, and @cute.jit recv(buf, mbar, slot, phase, arm, t) -> (row sum, row M2) waits
-    for row j's pairs and folds them (``make_moments_fold``), one row later. In between the
+    for row j's pairs and folds them (``make_moments_fold``, merged with ``merge``), one row later. In between the
     CTA reads and sends row j + 1, so the cluster round trip runs under that work instead of
     stalling every warp. One row per CTA (R = 1); ``buf`` holds 2 * 4 * S fp32, ``mbar``
     four mbarriers (count 1; four is ``config.LAG_SLOTS``), each armed once with
@@ -643,7 +711,7 @@ def make_moments_lagged(tile: Tile):
     W, S, C, R = tile.W, tile.S, tile.C, tile.R
     if C < 2 or R != 1:
         raise ValueError(f"the lagged exchange runs one row per CTA over a cluster (C={C}, R={R})")
-    fold = make_moments_fold(tile)
+    fold = make_moments_fold(tile, merge)
     tx = 2 * mbar_tx_bytes(tile)
 
     @cute.jit

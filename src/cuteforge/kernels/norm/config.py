@@ -85,6 +85,14 @@ lag:              staged LayerNorm forward over a cluster only (v2.17): 0 finish
                   fused residual, s = x + residual formed again there). Rows whose
                   statistics need two exchanges (padded chunks) build the same config
                   without it.
+short_chains:     staged forward over a cluster only (session 31): shorter dependent
+                  chains per row. LayerNorm's moments in one shuffle chain (each thread
+                  centres its squares on its own mean, the warp and the cluster fold merge
+                  the (sum, M2) pairs pairwise, common.warp_merge_moments) instead of a
+                  warp sum and then the centred squares' sum; for 16-bit x, y's
+                  normalisation as one FFMA, (s * rstd - mean * rstd) * w; and the CTA's
+                  rows counted instead of one integer division per row. Measured ahead
+                  only at 16-bit N = 262144 (``SHORT_CHAINS_FWD``), behind elsewhere.
 row_grid:         the backward without partials only (frozen weight and bias, has_dw=False;
                   v2.24), row in registers, no cluster: one CTA per row block (Q = M /
                   rows per CTA) instead of the persistent grid, so each CTA runs once and
@@ -206,6 +214,7 @@ class NormConfig:
     parts: int = 0
     lag: int = 0
     row_grid: bool = False
+    short_chains: bool = False
 
     @property
     def rows_per_cta(self) -> int:
@@ -301,6 +310,8 @@ class NormConfig:
             raise ValueError(f"ctas_per_sm={self.ctas_per_sm}: must be in [1, 32]")
         if not isinstance(self.stages, int) or not 0 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be an int in [0, 8] (0: rows in registers)")
+        if self.short_chains and (backward or not self.stages or c == 1):
+            raise ValueError("short_chains is a knob of the staged forward over a cluster (stages >= 1, cluster_n > 1)")
         if self.stages:
             if p != t:
                 raise ValueError(f"stages needs one row per CTA (threads_per_row == threads), got {self}")
@@ -679,6 +690,15 @@ STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
     ("layer", 32): ((65537, 131072, 512, 6, 1, 1),  # lagged
                     (65536, 131072, 256, 4), (131073, 262144, 512, 2)),
 }
+# N ranges whose staged forward default (without a residual) takes `short_chains`: LayerNorm
+# 16-bit 262144, lagged on 256 threads, 16-CTA clusters, the one shape it measured ahead at.
+# H200, kernel alone, % of copy, one process per build (norm.md sessions 30-31): bf16
+# 89.2-90.4 (six runs) -> 90.2-90.9 (three), fp16 89.5-90.1 -> 90.7-90.9. Elsewhere the
+# same changes cost 2.5-5.7 points (bf16 / fp16 32768, fp32 131072), so they stay off there.
+SHORT_CHAINS_FWD: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {
+    ("layer", 16): ((262144, 262144),),
+}
+
 # With a fused residual (x and the residual staged: two rows per stage, so fewer stages fit),
 # ahead of STAGED_FWD: LayerNorm 16-bit; a 7th entry is the chunk target in KiB (32 if not
 # given). H100, kernel alone, the residual's bytes counted, one process each, bf16 / fp16
@@ -795,7 +815,13 @@ def default_config(n: int, dtype_bits: int, backward: bool = False, kind: str = 
     table = STAGED_FWD.get((kind, dtype_bits), ())
     if residual:
         table = STAGED_FWD_RESIDUAL.get((kind, dtype_bits), ()) + table
-    return _staged_table_config(table, n, dtype_bits) or default_register_fwd_config(n, dtype_bits, kind)
+    cfg = _staged_table_config(table, n, dtype_bits)
+    if cfg is None:
+        return default_register_fwd_config(n, dtype_bits, kind)
+    for lo, hi in SHORT_CHAINS_FWD.get((kind, dtype_bits), ()) if not residual else ():
+        if lo <= n <= hi and cfg.stages and cfg.cluster_n > 1:
+            cfg = replace(cfg, short_chains=True)
+    return cfg
 
 
 def _staged_table_config(table: tuple[tuple[int, ...], ...], n: int, dtype_bits: int) -> NormConfig | None:

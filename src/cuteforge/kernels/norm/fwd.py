@@ -412,6 +412,12 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     KT1, V = tile.KT1, tile.vec
     is_ln = kind == "layer"
     inv_n = 1.0 / n
+    # config.short_chains (session 31): shorter dependent chains per row, for the 16-bit
+    # N = 262144 default only (norm.md, sessions 30-31): the moments in one shuffle chain,
+    # y's normalisation as one FFMA for 16-bit x, and the CTA's rows counted instead of a
+    # division per row
+    SHORT = bool(config.short_chains)
+    FOLD = SHORT and is_ln and x_dtype.width == 16
     moments = False
     warp_moments = None
     if C > 1:
@@ -419,8 +425,8 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         # LayerNorm: mean and variance in one exchange (per-warp moments, Chan's merge)
         moments = is_ln and moments_exchange_ok(xtile)
         if moments:  # the chunk's warps each hold n / xtile.S elements
-            warp_moments = make_warp_moments(tile, min(vec, 4), xtile.S / n)
-        allreduce_m = make_allreduce_mbar_rows(xtile, 2 if moments else 1, moments=moments)
+            warp_moments = make_warp_moments(tile, min(vec, 4), xtile.S / n, merge=SHORT)
+        allreduce_m = make_allreduce_mbar_rows(xtile, 2 if moments else 1, moments=moments, merge=SHORT)
         xtx = mbar_tx_bytes(xtile) * (2 if moments else 1)
         allreduce = None
     else:
@@ -434,7 +440,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     LAG = bool(config.lag) and moments and S >= 2
     n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
     n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
-    lag_send, lag_recv = make_moments_lagged(xtile) if LAG else (None, None)
+    lag_send, lag_recv = make_moments_lagged(xtile, merge=SHORT) if LAG else (None, None)
     n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)
     _part = make_chunk(NC, C)
@@ -531,17 +537,34 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)
             widen_x(xc, xf, k)
 
+    def _row(i, q, n_q):
+        """(row, the CTA's row count so far) of loop index i (traced inline)."""
+        if SHORT:
+            return q + i * n_q, i
+        return i, (i - q) // n_q
+
     def _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k):
         """Pass 3 for column k (traced inline): y = (s - mean) * rstd * w (+ b) from s in xf,
-        stored to this row's chunk yo."""
+        stored to this row's chunk yo. With FOLD, (s * rstd + shift) * w (+ b), shift =
+        -mean * rstd (formed once a row by the compiler): an FADD and an FMUL fewer per
+        element. The fold rounds s * rstd and mean * rstd, each to fp32's 2^-24 relative:
+        an absolute error in y of about 2^-23 (|s| + |mean|) rstd |w|, which for data a
+        16-bit dtype can hold (|mean| / std <= 2^8, else the values round to a few levels)
+        stays below 2^-14 |w|, under the half-ulp (2^-9 relative) of any output of
+        magnitude >= |w| / 32; outputs that cancel to near 0 (bias against w * x_hat) can
+        differ from the unfolded form's by a few of their own ulps."""
         if cutlass.const_expr(HOLD_W16):
             widen_w(wr, wf, k)
             if cutlass.const_expr(has_bias):
                 widen_w(br, bf, k)
         elif cutlass.const_expr(not HOIST_W):
             _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
+        shift = -mean * rstd if FOLD else None  # a plain function: Python resolves FOLD here
         for v in range(tile.width(k)):
-            yv = (xf[v, k] - mean) * rstd * wf[v, k]
+            if cutlass.const_expr(FOLD):
+                yv = (xf[v, k] * rstd + shift) * wf[v, k]
+            else:
+                yv = (xf[v, k] - mean) * rstd * wf[v, k]
             if cutlass.const_expr(has_bias):
                 yv = yv + bf[v, k]
             oc[v, k] = yv.to(x_dtype)
@@ -627,11 +650,15 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
 
+        # the CTA group's rows q, q + n_q, ... (with SHORT counted: one division here, not one a row)
+        lo, hi, step = q, m, n_q
+        if cutlass.const_expr(SHORT):
+            lo, hi, step = 0, (m - q + n_q - 1) // n_q, 1
         if cutlass.const_expr(LAG):
             # row it: pass 1 and its moments posted, then row it - 1 finished (its exchange
             # was in flight meanwhile) and its stage refilled with the row S ahead of it
-            for blk in cutlass.range(q, m, n_q, unroll=1):
-                it = (blk - q) // n_q
+            for i in cutlass.range(lo, hi, step, unroll=1):
+                blk, it = _row(i, q, n_q)
                 stage = it % S
                 sx = srows[None, stage * n_rows]
                 sr = srows[None, stage * n_rows + (n_rows - 1)]  # the residual's chunk (x's when unfused)
@@ -657,12 +684,16 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                         nr = blk + (S - 1) * n_q
                         if nr < m:
                             _issue(x, res, res, srows, full, nr, (it - 1) % S, cta)
-            last = (m - 1 - q) // n_q  # the CTA's last row (the grid is at most m groups)
+            # the CTA's last row (the grid is at most m groups)
+            if cutlass.const_expr(SHORT):
+                last = hi - 1
+            else:
+                last = (m - 1 - q) // n_q
             _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, rc, xf, rf, wr, br, wf, bf,
                            oc, q + last * n_q, last, tidx, cta)
         else:
-            for blk in cutlass.range(q, m, n_q, unroll=1):
-                it = (blk - q) // n_q  # this CTA's row count so far
+            for i in cutlass.range(lo, hi, step, unroll=1):
+                blk, it = _row(i, q, n_q)  # it: this CTA's row count so far
                 stage = it % S
                 sx = srows[None, stage * n_rows]
                 sr = srows[None, stage * n_rows + (n_rows - 1)]  # the residual's chunk (x's when unfused)
