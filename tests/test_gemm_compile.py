@@ -625,7 +625,7 @@ def test_three_vector_operands_take_narrow_late_subtiles() -> None:
     rowwise = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=2, scale_operands=2)
     assert (rowwise.tile_n, rowwise.epi_n, rowwise.early_operands, rowwise.raster) == (256, 32, False, "n")
     small = default_config(1024, 1024, 1024, 132, 1, fused=True, vector_operands=2, scale_operands=2)
-    assert small.tile_n != 256 and small.epi_n == 32  # other tiles keep their subtiles
+    assert small.tile_n != 256 and small.epi_n == 32 and small.early_operands  # other tiles keep their form
     assert default_config(4096, 4096, 4096, fused=True, vector_operands=3).epi_n == 32
     epi = GemmEpilogue.with_scales(GemmEpilogue.preset("gelu", bias="col"), row=True, col=True)
     ptxas_no_spill(_ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "float32", "float32", "bfloat16"), epi, cfg))

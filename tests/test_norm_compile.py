@@ -1090,10 +1090,11 @@ _FWD_STAGED = [
 
 def test_short_chains_config(kernels):
     """`short_chains` (session 31) is a knob of the staged forward over a cluster, set by the
-    default only for 16-bit LayerNorm at N = 262144 without a residual (the one shape it
-    measured ahead at). Its kernel divides once a CTA where the plain one divides once a
-    row (the loop counts rows), and folds y's normalisation: one fewer FP32 subtract a
-    16-bit element, so fewer sub.f32 in the PTX."""
+    default only for 16-bit LayerNorm at N = 262144 without a residual (the bar cell, its
+    largest gain), with the same config without it among the tuner's candidates. Its
+    kernel divides once a CTA where the plain one divides once a row (the loop counts
+    rows), and folds y's normalisation: one fewer FP32 subtract a 16-bit element, so fewer
+    sub.f32 in the PTX."""
     ok = NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1, short_chains=True)
     ok.validate(262144, 16)
     for bad, n in ((replace(ok, cluster_n=1, exchange="barrier", lag=0), 8192), (replace(ok, stages=0, lag=0), 65536)):
@@ -1106,6 +1107,8 @@ def test_short_chains_config(kernels):
                                     ("layer", 16, 32768, False)):
         d = default_config(n, bits, kind=kind, residual=residual)
         assert d.short_chains == ((kind, bits, n, residual) == ("layer", 16, 262144, False)), (kind, bits, n, residual, d)
+    d = default_config(262144, 16, kind="layer")
+    assert replace(d, short_chains=False) in candidate_configs(262144, 16, kind="layer")[:3]
     _, _, short = _compile_fwd_case(kernels[0], "layer", "bfloat16", "bfloat16", 262144, True, False, ok)
     _, _, plain = _compile_fwd_case(kernels[0], "layer", "bfloat16", "bfloat16", 262144, True, False,
                                     replace(ok, short_chains=False))

@@ -452,6 +452,7 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
             NormConfig(256, 256, 4, 1, exchange="mbar", stages=2, short_chains=True),
             NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1, short_chains=True)]
     bits = dtype.itemsize * 8
+    shorts = 0
     for n in (65536, 65537, 262144):
         ran = []
         for cfg in cfgs:
@@ -460,6 +461,7 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
             except ValueError:
                 continue
             ran.append(cfg.stages > 0)
+            shorts += cfg.short_chains
             x, w, b, _ = _inputs(5, n, dtype, bias=True, seed=n)
             x = (x.float() + offset).to(dtype)
             y, _, mean, rstd = impl._forward("layer", x, w, b, None, 1e-6, cfg)
@@ -471,6 +473,8 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
                                        msg=lambda m, at=f"{n} {cfg}": f"rstd {at}: {m}")
             _close(y, _ref("layer", x, w, b, None, 1e-6)[0], dtype, f"y {n} {cfg}")
         assert False in ran and (n % 2 == 1 or True in ran), (n, ran)
+    # the short_chains configs ran: both at 65536, and (16-bit) the lagged one at 262144
+    assert shorts == (2 if bits == 32 else 3), shorts
 
 
 # --------------------------------------------------------------------------- v2.1 backward: mbarrier exchange

@@ -91,8 +91,9 @@ short_chains:     staged forward over a cluster only (session 31): shorter depen
                   the (sum, M2) pairs pairwise, common.warp_merge_moments) instead of a
                   warp sum and then the centred squares' sum; for 16-bit x, y's
                   normalisation as one FFMA, (s * rstd - mean * rstd) * w; and the CTA's
-                  rows counted instead of one integer division per row. Measured ahead
-                  only at 16-bit N = 262144 (``SHORT_CHAINS_FWD``), behind elsewhere.
+                  rows counted instead of one integer division per row. The default
+                  sets it only at 16-bit N = 262144 (``SHORT_CHAINS_FWD``); the tuner
+                  also times that default without it.
 row_grid:         the backward without partials only (frozen weight and bias, has_dw=False;
                   v2.24), row in registers, no cluster: one CTA per row block (Q = M /
                   rows per CTA) instead of the persistent grid, so each CTA runs once and
@@ -691,10 +692,11 @@ STAGED_FWD: dict[tuple[str, int], tuple[tuple[int, ...], ...]] = {
                     (65536, 131072, 256, 4), (131073, 262144, 512, 2)),
 }
 # N ranges whose staged forward default (without a residual) takes `short_chains`: LayerNorm
-# 16-bit 262144, lagged on 256 threads, 16-CTA clusters, the one shape it measured ahead at.
-# H200, kernel alone, % of copy, one process per build (norm.md sessions 30-31): bf16
-# 89.2-90.4 (six runs) -> 90.2-90.9 (three), fp16 89.5-90.1 -> 90.7-90.9. Elsewhere the
-# same changes cost 2.5-5.7 points (bf16 / fp16 32768, fp32 131072), so they stay off there.
+# 16-bit 262144 (lagged on 256 threads, 16-CTA clusters), the bar cell (90 % of copy) and
+# its largest gain. H200, kernel alone, % of copy (norm.md sessions 30-31): bf16 89.2-90.4
+# without -> 90.2-90.9 with, fp16 89.0-90.1 -> 90.4-90.9. The same changes read about half
+# a point ahead at bf16 65536 / 131072 (one run each, not taken) and 2.5-5.7 points behind
+# at bf16 / fp16 32768 and fp32 131072, so they stay off elsewhere.
 SHORT_CHAINS_FWD: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {
     ("layer", 16): ((262144, 262144),),
 }
@@ -993,6 +995,8 @@ def candidate_configs(n: int, dtype_bits: int, backward: bool = False, kind: str
         # a lagged default next to STAGED_FWD's unlagged shape for n (the residual's
         # entries skipped): the cards ranked them differently (v2.17 on the H100, v2.18)
         alts = [_unlagged_default(n, dtype_bits, kind)] if base.lag else []
+        if base.short_chains:  # measured on the H200 only (norm.md session 31)
+            alts.append(replace(base, short_chains=False))
         if not residual:  # H100_LAGGED_FWD's shapes were measured without one
             alts.append(_staged_table_config(H100_LAGGED_FWD.get((kind, dtype_bits), ()), n, dtype_bits))
         alts += async_fwd_candidates(n, dtype_bits)[:3]

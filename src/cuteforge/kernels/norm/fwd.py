@@ -412,7 +412,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     KT1, V = tile.KT1, tile.vec
     is_ln = kind == "layer"
     inv_n = 1.0 / n
-    # config.short_chains (session 31): shorter dependent chains per row, for the 16-bit
+    # config.short_chains (session 31): shorter dependent chains per row, set by the 16-bit
     # N = 262144 default only (norm.md, sessions 30-31): the moments in one shuffle chain,
     # y's normalisation as one FFMA for 16-bit x, and the CTA's rows counted instead of a
     # division per row

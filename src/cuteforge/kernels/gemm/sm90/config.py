@@ -379,11 +379,12 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # loaded in the epilogue, none. H200, fp8 rowwise scales + bias + gelu, same run, four
     # timings each: 8192^3 1092-1183 -> 1267-1291 TFLOP/s, 4096^3 1016-1058 -> 1055-1101
     # (gemm.md session 30). Full operands (c, residual) spill either way.
-    # fp8 rowwise scales without a bias (two operands, no spill either way) take the same
-    # form: H200, same run, two passes, TFLOP/s held -> 32-wide late (gemm.md session 31,
-    # h200-gemm-s31-rowwise-cfg.json): plain 8192^3 1280 / 1247 -> 1307 / 1305, 4096^3
-    # 1245 / 1265 -> 1309 / 1285, 2048x8192x28672 1308 / 1296 -> 1337 / 1340; + gelu
-    # 1253 / 1238 -> 1281 / 1271, 1182 / 1203 -> 1264 / 1116 (noisy), 1255 / 1258 -> 1329 / 1337.
+    # Any fp8 per-row / per-column scale operand takes the same form (no spill either way,
+    # so not for that): H200, same run, two passes, TFLOP/s held -> 32-wide late (gemm.md
+    # session 31, h200-gemm-s31-rowwise-cfg.json), both scales: plain 8192^3 1280 / 1247 ->
+    # 1307 / 1305, 4096^3 1245 / 1265 -> 1309 / 1285, 2048x8192x28672 1308 / 1296 -> 1337 /
+    # 1340; + gelu 1253 / 1238 -> 1281 / 1271, 1182 / 1203 -> 1264 / 1116 (noisy), 1255 /
+    # 1258 -> 1329 / 1337; one scale rowwise (-rowwise-single.json): ahead in all 8 pairs.
     narrow = fused and (vector_operands >= 3 or scale_operands > 0) and (tm, tn) == (128, 256)
     epi_n = 64 if fused and (tm, tn) == (128, 256) and not narrow else 32
     # A fused epilogue on a cooperative tile walks the clusters along N first (raster "n"):
