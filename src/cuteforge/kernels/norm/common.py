@@ -451,37 +451,29 @@ def make_warp_moments(tile: Tile, nacc: int, inv_nw: float, merge: bool = False)
     if merge and n_t != int(n_t):
         raise ValueError(f"merged warp moments need the same element count in every thread ({tile})")
 
-    @cute.jit
-    def merged(frag: cute.Tensor, tot, acc: cute.Tensor):
-        tmean = tot * Float32(1.0 / n_t)
+    def centred_squares(frag: cute.Tensor, centre, acc: cute.Tensor):
+        """The thread's sum of (frag - centre)^2 over ``nacc`` chains (traced inline: a plain
+        function, so Python unrolls its loops)."""
         acc.fill(0.0)
-        for k in cutlass.range_constexpr(tile.KT1):
-            for v in cutlass.range_constexpr(tile.width(k)):
-                d = frag[v, k].to(Float32) - tmean
+        for k in range(tile.KT1):
+            for v in range(tile.width(k)):
+                d = frag[v, k].to(Float32) - centre
                 acc[v % nacc] = acc[v % nacc] + d * d
         m2 = acc[0]
-        for v in cutlass.range_constexpr(1, nacc):
+        for v in range(1, nacc):
             m2 = m2 + acc[v]
-        return warp_merge_moments(tot, m2, n_t)
+        return m2
 
-    if merge:
-        return merged
+    @cute.jit
+    def merged(frag: cute.Tensor, tot, acc: cute.Tensor):
+        return warp_merge_moments(tot, centred_squares(frag, tot * Float32(1.0 / n_t), acc), n_t)
 
     @cute.jit
     def moments(frag: cute.Tensor, tot, acc: cute.Tensor):
         wsum = warp_sum(tot)
-        wmean = wsum * Float32(inv_nw)
-        acc.fill(0.0)
-        for k in cutlass.range_constexpr(tile.KT1):
-            for v in cutlass.range_constexpr(tile.width(k)):
-                d = frag[v, k].to(Float32) - wmean
-                acc[v % nacc] = acc[v % nacc] + d * d
-        m2 = acc[0]
-        for v in cutlass.range_constexpr(1, nacc):
-            m2 = m2 + acc[v]
-        return wsum, warp_sum(m2)
+        return wsum, warp_sum(centred_squares(frag, wsum * Float32(inv_nw), acc))
 
-    return moments
+    return merged if merge else moments
 
 
 def moments_exchange_ok(tile: Tile) -> bool:
