@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -711,6 +712,68 @@ def test_eager_warm_path_memo_key(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == len(cases) + 4
     with pytest.raises(TypeError, match="'alpha' must be a Python number"):
         mod.gemm(a, b, bias=bias, alpha=True)  # True == 1 == 1.0, but never that plan
+
+
+def test_fp8_eager_warm_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8 calls take the eager warm path too (session 31): a repeat with new scale tensors of
+    the same layout (or the same number) skips `_gemm_slow` and hands the plan exactly what
+    the slow path does: per-row / per-column scales in front of bias / c / residual, the
+    call's own per-tensor tensors, and a number's or a rowwise scale's fixed one-element
+    tensor. A changed number or scale shape misses; a scale that requires grad never stores
+    a warm entry. The plan is a recording stand-in (nothing launches)."""
+    import importlib
+
+    mod = importlib.import_module("cuteforge.ops.gemm")
+    monkeypatch.setattr(mod, "_EAGER", {})
+    seen: list[tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = []
+
+    def plan(a: torch.Tensor, b: torch.Tensor, ops: Any, scales: Any = ()) -> torch.Tensor:
+        seen.append((list(ops), tuple(scales)))
+        return torch.zeros(())
+
+    monkeypatch.setattr(mod, "_lookup", lambda *args: plan)
+    slow = mod._gemm_slow
+    calls: list[int] = []
+    monkeypatch.setattr(mod, "_gemm_slow", lambda *args: (calls.append(1), slow(*args))[1])
+    a, b = _fp8(5, 16), _fp8(7, 16).t()
+    bias, res = _cpu(7), torch.randn(5, 7)
+
+    def scale(form: Any, n: int) -> Any:  # a fresh scale of the form each call
+        if form == "row":
+            return torch.rand(n, 1)
+        if form == "col":
+            return torch.rand(1, n)
+        return torch.rand(1) if form == "tensor" else form
+
+    cases = [("tensor", "tensor", {}), (2.0, 0.5, {}), ("row", "col", {}), ("row", 3.0, {"bias": bias}),
+             ("tensor", "col", {"residual": res}), ("row", "col", {"bias": bias, "epilogue": "relu"}),
+             ("tensor", 2.0, {"c": res, "beta": 0.5, "bias": bias, "residual": res})]
+    for i, (fa, fb, kw) in enumerate(cases):
+        for rep in range(2):
+            sa, sb = scale(fa, 5), scale(fb, 7)
+            mod.gemm(a, b, scale_a=sa, scale_b=sb, **kw)
+            assert len(calls) == i + 1, (i, rep, fa, fb)  # the repeat is warm
+            ops, scales = seen[-1]
+            want_ops = [sa] * (fa == "row") + [sb] * (fb == "col") + [
+                t for t in (kw.get("bias"), kw.get("c"), kw.get("residual")) if t is not None]
+            assert len(ops) == len(want_ops) and all(x is y for x, y in zip(ops, want_ops)), (i, rep)
+            for s, form, got in ((sa, fa, scales[0]), (sb, fb, scales[1])):
+                if form == "tensor":
+                    assert got is s
+                else:
+                    assert got.shape == (1,) and got.dtype == torch.float32
+                    assert got.item() == (1.0 if form in ("row", "col") else form)
+    n = len(calls)
+    mod.gemm(a, b, scale_a=4.0, scale_b=0.5)  # another number: its own entry
+    assert len(calls) == n + 1 and seen[-1][1][0].item() == 4.0
+    mod.gemm(a, b, scale_a=torch.rand(5), scale_b=torch.rand(7))  # 1-D rowwise: another layout
+    assert len(calls) == n + 2
+    with torch.no_grad():
+        for _ in range(2):
+            mod.gemm(a, b, scale_a=torch.rand(1, requires_grad=True), scale_b=1.0)
+    assert len(calls) == n + 4  # never warm
+    with pytest.raises(TypeError, match="no backward"):
+        mod.gemm(a, b, scale_a=torch.rand(1, requires_grad=True), scale_b=1.0)
 
 
 def test_eager_warm_path_keeps_the_sign_of_a_zero_alpha(monkeypatch: pytest.MonkeyPatch) -> None:

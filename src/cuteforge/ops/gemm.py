@@ -577,7 +577,8 @@ def gemm(
     try:
         run = _EAGER[(a.dtype, a.shape, a.stride(), a.data_ptr() & 15, a.get_device(),
                       b.dtype, b.shape, b.stride(), b.data_ptr() & 15, b.get_device(),
-                      epilogue, out_dtype, alpha, type(alpha), beta, type(beta), config, epilogue_args, scale_a, scale_b,
+                      epilogue, out_dtype, alpha, type(alpha), beta, type(beta), config, epilogue_args,
+                      None if scale_a is None else _scale_key(scale_a), None if scale_b is None else _scale_key(scale_b),
                       None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 15, bias.get_device()),
                       None if c is None else (c.dtype, c.shape, c.stride(), c.data_ptr() & 15, c.get_device()),
                       None if residual is None else (residual.dtype, residual.shape, residual.stride(),
@@ -588,16 +589,17 @@ def gemm(
                                             or (c is not None and c.requires_grad)
                                             or (residual is not None and residual.requires_grad))):
         return _gemm_slow(a, b, bias, epilogue, out_dtype, residual, c, alpha, beta, epilogue_args, config, scale_a, scale_b)
-    return run(a, b, bias, c, residual)
+    return run(a, b, bias, c, residual, scale_a, scale_b)
 
 
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 # The eager warm path: one lookup keyed by every argument (a's and b's layouts, the preset
-# epilogue name, out_dtype, alpha and beta with their types, config, the layouts of bias, c
-# and residual) gives run(a, b, bias, c, residual); stored only for no-grad calls with a
-# preset epilogue (or none), no epilogue_args and no fp8 scales (those take `_gemm_slow`).
-_EagerRun = Callable[[torch.Tensor, torch.Tensor, Any, Any, Any], torch.Tensor]
+# epilogue name, out_dtype, alpha and beta with their types, config, fp8 scales (a tensor's
+# layout, a number's type and value), the layouts of bias, c and residual) gives run(a, b,
+# bias, c, residual, scale_a, scale_b); stored only for no-grad calls with a preset epilogue
+# (or none), no epilogue_args and no scale that requires grad (others take `_gemm_slow`).
+_EagerRun = Callable[[torch.Tensor, torch.Tensor, Any, Any, Any, Any, Any], torch.Tensor]
 _EAGER: dict[tuple[Any, ...], _EagerRun] = {}
 
 
@@ -605,17 +607,28 @@ def _eager_key(a: torch.Tensor, b: torch.Tensor, bias: Any, epilogue: Any, out_d
                alpha: Any, beta: Any, epilogue_args: Any, config: Any, scale_a: Any, scale_b: Any) -> tuple[Any, ...]:
     # gemm builds the same tuple inline
     return (*_layout_key(a), *_layout_key(b), epilogue, out_dtype, alpha, type(alpha), beta, type(beta), config,
-            epilogue_args, scale_a, scale_b, _layout_key(bias), _layout_key(c), _layout_key(residual))
+            epilogue_args, None if scale_a is None else _scale_key(scale_a), None if scale_b is None else _scale_key(scale_b),
+            _layout_key(bias), _layout_key(c), _layout_key(residual))
 
 
 def _layout_key(t: Any) -> Any:
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device())
 
 
+def _scale_key(t: Any) -> Any:
+    """An fp8 scale in the warm-path key: a tensor by its layout and requires_grad (its values
+    are read by the kernel at run time), a number by its type and value (its one-element
+    tensor is made once, with the plan)."""
+    if isinstance(t, torch.Tensor):
+        return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device(), t.requires_grad)
+    return (type(t), t)
+
+
 def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residual: Any, c: Any, alpha: Any, beta: Any,
                epilogue_args: Any, config: Any, scale_a: Any, scale_b: Any) -> torch.Tensor:
     """Resolve and check every argument, then run; a plain eager call (no grad, a preset
-    epilogue or none, no epilogue_args, no fp8 scales) stores its warm-path run()."""
+    epilogue or none, no epilogue_args, no fp8 scale that requires grad) stores its
+    warm-path run()."""
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"{_WHERE}: config must be a GemmConfig or None, got {type(config).__name__}")
     epi, ops, names = _resolve(bias, epilogue, residual, c, alpha, beta, epilogue_args)
@@ -642,7 +655,8 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
             return _gemm_fp8_op(a, b, scales[0], scales[1], ops, epi_key, kinds, out_dtype)
         return _gemm_op(a, b, ops, epi_key, kinds, out_dtype)
     fn = _lookup(a, b, ops, epi_key, kinds, out_dtype, config, names, scales)
-    if not scales and epilogue_args is None and (epilogue is None or isinstance(epilogue, str)):
+    if epilogue_args is None and (epilogue is None or isinstance(epilogue, str)) and not any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (scale_a, scale_b)):
         try:
             key = _eager_key(a, b, bias, epilogue, out_dtype, residual, c, alpha, beta, epilogue_args, config, scale_a, scale_b)
         except TypeError:  # an unhashable argument: no warm path for it
@@ -652,19 +666,39 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
         if key is not None and not any(isinstance(v, float) and v == 0 for v in (alpha, beta)):
             if len(_EAGER) >= _MAX_PLANS:
                 _EAGER.clear()
-            _EAGER[key] = _eager_run(fn, bias, c if "c" in names else None, residual)
+            fp8 = None
+            if scales:
+                # the per-tensor scale the kernel reads: the call's own tensor, or fixed (a
+                # number's one-element tensor, or the 1.0 behind a per-row / per-column one)
+                fixed = tuple(None if isinstance(t, torch.Tensor) and not wise else p
+                              for t, wise, p in ((scale_a, row, scales[0]), (scale_b, col, scales[1])))
+                fp8 = (row, col, *fixed)
+            _EAGER[key] = _eager_run(fn, bias, c if "c" in names else None, residual, fp8)
     return fn(a, b, ops, scales)
 
 
-def _eager_run(fn: Callable[..., torch.Tensor], bias: Any, c: Any, residual: Any) -> _EagerRun:
-    """run(a, b, bias, c, residual) -> fn(a, b, the present operands in kernel order); c
-    only when the epilogue takes it (beta=0 drops it)."""
+def _eager_run(fn: Callable[..., torch.Tensor], bias: Any, c: Any, residual: Any,
+               fp8: tuple[bool, bool, Any, Any] | None = None) -> _EagerRun:
+    """run(a, b, bias, c, residual, scale_a, scale_b) -> fn(a, b, the present operands in
+    kernel order[, the two per-tensor scales]); c only when the epilogue takes it (beta=0
+    drops it). `fp8`: (scale_a per row, scale_b per column, scale_a's per-tensor tensor if
+    fixed, scale_b's if fixed): a per-row / per-column scale goes in front of the operands
+    (as `_gemm_slow` puts it), a fixed per-tensor one replaces the call's."""
     sel = tuple(i for i, t in enumerate((bias, c, residual)) if t is not None)
+    if fp8 is not None:
+        row, col, fixed_a, fixed_b = fp8
+
+        def run_fp8(a: torch.Tensor, b: torch.Tensor, bias: Any, c: Any, residual: Any, scale_a: Any,
+                    scale_b: Any) -> torch.Tensor:
+            ops = [scale_a] * row + [scale_b] * col + [(bias, c, residual)[i] for i in sel]
+            return fn(a, b, ops, (scale_a if fixed_a is None else fixed_a, scale_b if fixed_b is None else fixed_b))
+
+        return run_fp8
     if not sel:
-        return lambda a, b, bias, c, residual: fn(a, b, ())
+        return lambda a, b, bias, c, residual, scale_a, scale_b: fn(a, b, ())
     if sel == (0,):
-        return lambda a, b, bias, c, residual: fn(a, b, (bias,))
-    return lambda a, b, bias, c, residual: fn(a, b, [(bias, c, residual)[i] for i in sel])
+        return lambda a, b, bias, c, residual, scale_a, scale_b: fn(a, b, (bias,))
+    return lambda a, b, bias, c, residual, scale_a, scale_b: fn(a, b, [(bias, c, residual)[i] for i in sel])
 
 
 def _scales(a: Any, b: Any, scale_a: Any, scale_b: Any) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor], bool, bool]:
