@@ -3,6 +3,7 @@ specializations (PTX must hold wgmma, TMA and the fused math), argument errors."
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from typing import Any
@@ -768,6 +769,12 @@ def test_fp8_eager_warm_path(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == n + 1 and seen[-1][1][0].item() == 4.0
     mod.gemm(a, b, scale_a=torch.rand(5), scale_b=torch.rand(7))  # 1-D rowwise: another layout
     assert len(calls) == n + 2
+    for _ in range(2):  # a zero number scale (either sign) is never warm: -0.0 == 0.0 in the key
+        mod.gemm(a, b, scale_a=0.0, scale_b=1.0)
+        mod.gemm(a, b, scale_a=-0.0, scale_b=1.0)
+        assert math.copysign(1.0, seen[-1][1][0].item()) == -1.0
+    assert len(calls) == n + 6
+    n += 4
     with torch.no_grad():
         for _ in range(2):
             mod.gemm(a, b, scale_a=torch.rand(1, requires_grad=True), scale_b=1.0)

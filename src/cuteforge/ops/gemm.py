@@ -661,9 +661,10 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
             key = _eager_key(a, b, bias, epilogue, out_dtype, residual, c, alpha, beta, epilogue_args, config, scale_a, scale_b)
         except TypeError:  # an unhashable argument: no warm path for it
             key = None
-        # -0.0 == 0.0 in the key, but the epilogue keeps the sign of a zero alpha/beta: a zero
-        # of either sign gets no warm entry, so neither can answer for the other
-        if key is not None and not any(isinstance(v, float) and v == 0 for v in (alpha, beta)):
+        # -0.0 == 0.0 in the key, but the epilogue keeps the sign of a zero alpha/beta (or fp8
+        # scale given as a number): a zero of either sign gets no warm entry, so neither can
+        # answer for the other
+        if key is not None and not any(isinstance(v, float) and v == 0 for v in (alpha, beta, scale_a, scale_b)):
             if len(_EAGER) >= _MAX_PLANS:
                 _EAGER.clear()
             fp8 = None
