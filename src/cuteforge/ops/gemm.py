@@ -620,7 +620,7 @@ def _scale_key(t: Any) -> Any:
     are read by the kernel at run time), a number by its type and value (its one-element
     tensor is made once, with the plan)."""
     if isinstance(t, torch.Tensor):
-        return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device(), t.requires_grad)
+        return (*_layout_key(t), t.requires_grad)
     return (type(t), t)
 
 
