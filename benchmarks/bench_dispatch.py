@@ -78,6 +78,22 @@ def _library_pairs() -> dict[str, tuple[Any, Any]]:
         pairs["gemm bf16 128^3"] = (lambda: ops.gemm(a, a), lambda: torch.matmul(a, a))
         pairs["gemm bf16 128^3 bias+gelu"] = (lambda: ops.gemm(a, a, bias=bias, epilogue="gelu"),
                                               lambda: F.gelu(torch.addmm(bias, a, a), approximate="tanh"))
+        # fp8 (e4m3, B column-major as _scaled_mm wants): number scales (a one-element
+        # tensor made once per warm entry), tensor scales, and rowwise scales
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = a.to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device="cuda")
+        sa, sb = torch.rand(128, 1, device="cuda") + 0.5, torch.rand(1, 128, device="cuda") + 0.5
+        pairs["gemm fp8 128^3 number scales"] = (
+            lambda: ops.gemm(a8, b8, scale_a=0.5, scale_b=2.0),
+            lambda: torch._scaled_mm(a8, b8, torch.tensor(0.5, device="cuda"), torch.tensor(2.0, device="cuda"),
+                                     out_dtype=torch.bfloat16))
+        pairs["gemm fp8 128^3 tensor scales"] = (
+            lambda: ops.gemm(a8, b8, scale_a=one, scale_b=one),
+            lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16))
+        pairs["gemm fp8 128^3 rowwise scales"] = (
+            lambda: ops.gemm(a8, b8, scale_a=sa, scale_b=sb),
+            lambda: torch._scaled_mm(a8, b8, sa, sb, out_dtype=torch.bfloat16))
     for ours, _ in pairs.values():
         ours()  # compile or load outside the timed loops
     torch.cuda.synchronize()

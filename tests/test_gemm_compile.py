@@ -63,6 +63,7 @@ def test_epilogue_operands_load_into_32_bit_registers() -> None:
     assert cfg.loads_operands_early and not replace(cfg, early_operands=False).loads_operands_early
     assert not SHORT_K.loads_operands_early and not GemmConfig(tile_m=256, tile_n=192).loads_operands_early
     assert not GemmConfig(tile_n=128, pingpong=True).loads_operands_early  # its epilogue overlaps already
+    assert not replace(cfg, stream_k=True).loads_operands_early  # held across the fixup, they spilled
 
     def loads(c: GemmConfig, epi: GemmEpilogue, dtypes: tuple[str, ...]) -> dict[str, int]:
         ptx = _ptx(True, True, dtypes, epi, c)
@@ -78,6 +79,15 @@ def test_epilogue_operands_load_into_32_bit_registers() -> None:
     # a residual (full): 32 values a thread per 128x64 subtile, 4 subtiles
     res = GemmEpilogue.preset("none", residual=True)
     assert loads(cfg, res, ("bfloat16",) * 4) == {"r": 128, "rs": 0}
+    # Stream-K tiles (8192x28672x4096: a last wave split along K) load the bias in the
+    # epilogue even where early_operands asks otherwise: held from the mainloop across the
+    # partial-sum fixup, ptxas spilled 144 bytes (session 32). The stream-K fused default
+    # takes 32-wide subtiles with late loads.
+    sk = default_config(8192, 28672, 4096, 132, fused=True)
+    assert sk.stream_k and (sk.epi_n, sk.early_operands) == (32, False)
+    for c in (sk, replace(sk, epi_n=64, early_operands=True)):
+        assert not c.loads_operands_early
+        assert loads(c, bias_gelu, ("bfloat16",) * 4) == {"r": 64, "rs": 0}
 
 
 def test_fused_bias_gelu_and_fusion_epilogue() -> None:

@@ -468,6 +468,39 @@ def test_fp8_rowwise_batched_and_compiled() -> None:
     _close_fp8(f(a[0], b, sa[0], sb, bias), F.silu(_fp8_ref(a[0], b, sa[0], sb) + bias) * 2, 528)
 
 
+def test_fp8_warm_path_reads_each_calls_scales() -> None:
+    """The eager warm path (session 31) on the GPU: repeats with new scale values of the
+    same layout, or other numbers, hit stored entries and still give each call's own
+    product; a number's one-element tensor belongs to its entry, so two numbers
+    alternating never see each other's value."""
+    import importlib
+
+    mod = importlib.import_module("cuteforge.ops.gemm")
+    mod._EAGER.clear()  # count this test's entries only (the dict is also cleared when full)
+    m, n, k = 300, 264, 528
+    a, b, sa, sb = _fp8_inputs(m, n, k, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    # every scale below is the quantization's (sa, sb) times O(1) factors, so that outputs
+    # stay at the magnitudes _close_fp8's bounds are for
+    s0, s1 = float(sa), float(sb)
+    ref = _fp8_ref(a, b, s0, s1)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    rows = torch.rand(m, 1, device="cuda") + 0.5
+    cols = torch.rand(1, n, device="cuda") + 0.5
+    for rep in range(3):
+        f = 1.0 + rep  # new values of the same layouts each repeat
+        _close_fp8(gemm(a, b, scale_a=sa * f, scale_b=sb), ref * f, k)
+        for x, y in ((0.5, 2.0), (3.0, 0.25)):  # two number pairs alternating: two entries
+            _close_fp8(gemm(a, b, scale_a=x * f * s0, scale_b=y * s1), ref * (x * f * y), k)
+        _close_fp8(gemm(a, b, scale_a=rows * f * s0, scale_b=cols * s1), ref * (rows * f) * cols, k)
+        got = gemm(a, b, scale_a=rows * f * s0, scale_b=2.0 * s1, bias=bias, epilogue="gelu")
+        _close_fp8(got, F.gelu(ref * (rows * f) * 2.0 + bias.float(), approximate="tanh"), k)
+        if rep == 0:
+            entries = len(mod._EAGER)
+    # one entry per call form in the first repeat; numbers are keyed by value, so repeats 1
+    # and 2 added entries only for their new numbers
+    assert entries == 5 and len(mod._EAGER) == entries + 2 * 2, (entries, len(mod._EAGER))
+
+
 def test_fp8_torch_compile_and_errors() -> None:
     a, b, sa, sb = _fp8_inputs(128, 96, 64, torch.float8_e4m3fn, torch.float8_e4m3fn)
     bias = torch.randn(96, device="cuda", dtype=torch.bfloat16)
@@ -485,14 +518,18 @@ def test_fp8_torch_compile_and_errors() -> None:
 
 
 @pytest.mark.parametrize("act", ["none", "gelu", "silu"])
-def test_fused_default_takes_64_wide_subtiles(act: str) -> None:
+@pytest.mark.parametrize("mnk", [(4001, 3000, 1100), (2000, 3000, 1100)])
+def test_fused_default_subtiles(act: str, mnk: tuple[int, int, int]) -> None:
     """With a fused epilogue the heuristic's cooperative 128x256 tile stores 64-wide
-    subtiles (epi_n=64): ragged M, N and K, a column bias, against torch."""
+    subtiles (epi_n=64), and 32-wide ones with the bias loaded in the epilogue where it
+    splits the last wave (stream-K, 2000x3000x1100 on 132 SMs): ragged M, N and K, a column
+    bias, against torch."""
     from cuteforge.kernels.gemm.sm90.config import default_config
 
-    m, n, k = 2000, 3000, 1100
+    m, n, k = mnk
     cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
-    assert (cfg.tile_m, cfg.tile_n, cfg.epi_n) == (128, 256, 64), cfg
+    want = (32, False) if cfg.stream_k else (64, True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.epi_n, cfg.loads_operands_early) == (128, 256, *want), cfg
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)

@@ -53,8 +53,8 @@ class GemmConfig:
     early_operands: epilogue operands of kind row / col (a bias per row or per column) are
       loaded into registers while the tile's mainloop runs, so the epilogue finds them
       there; False: one subtile ahead, inside the epilogue (about 1 % slower with a fused
-      bias + gelu on the H100, gemm.md v4.10). Pingpong tiles, and tiles of more than 128
-      accumulators per thread, load them in the epilogue either way.
+      bias + gelu on the H100, gemm.md v4.10). Pingpong and stream-K tiles, and tiles of
+      more than 128 accumulators per thread, load them in the epilogue either way.
     """
 
     tile_m: int = 128
@@ -107,10 +107,13 @@ class GemmConfig:
     def loads_operands_early(self) -> bool:
         """Whether the kernel runs `early_operands`: cooperative tiles of at most 128
         accumulators (the row / col operands of a whole tile held beside them: tile_n / 4
-        registers for a bias per column on a 128-row tile). Pingpong warpgroups run their
-        epilogue under the other's mainloop already, and there the held operands made
-        ptxas spill with a bias, C and a residual (128x128)."""
-        return self.early_operands and not self.pingpong and self.acc_regs <= 128
+        registers for a bias per column on a 128-row tile), without stream-K. Pingpong
+        warpgroups run their epilogue under the other's mainloop already, and there the
+        held operands made ptxas spill with a bias, C and a residual (128x128). Stream-K
+        tiles would hold them across the partial-sum fixup: ptxas, 128x256 with a bias,
+        144 bytes of spill against none loaded late, and on the H100 the fused default at
+        8192x28672x4096 ran 3-10 % behind the late form (gemm.md session 32)."""
+        return self.early_operands and not self.pingpong and not self.stream_k and self.acc_regs <= 128
 
     def smem_bytes(self, in_bytes: int, out_bytes: int, stages: int | None = None) -> int:
         s = self.stages if stages is None else stages
@@ -408,6 +411,13 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     workers = sm_count // (cm * cn)
     if not pingpong and clusters >= workers and (k is None or stream_k_split(clusters, workers, -(-k // cfg.tile_k))[0]):
         cfg = replace(cfg, stream_k=True)
+        if fused and (tm, tn) == (128, 256):
+            # A stream-K tile loads its row / col operands in the epilogue (held from the
+            # mainloop across the fixup they spilled; `loads_operands_early`), and with them
+            # loaded there 32-wide subtiles lead: H100, same run, two passes, bias + gelu /
+            # silu at six stream-K shapes (gemm.md session 32, h100-gemm-s32-streamk.json),
+            # 32- over 64-wide, ahead in 23 of 24 pairs (-0.3 to +3.3 %).
+            cfg = replace(cfg, epi_n=32, early_operands=False)
     return cfg
 
 
