@@ -489,6 +489,7 @@ def test_fp8_warm_path_reads_each_calls_scales() -> None:
     for rep in range(3):
         f = 1.0 + rep  # new values of the same layouts each repeat
         _close_fp8(gemm(a, b, scale_a=sa * f, scale_b=sb), ref * f, k)
+        _close_fp8(gemm(a, b, scale_a=(sa * f).reshape(()), scale_b=sb), ref * f, k)  # 0-dim, as torch.tensor(s)
         for x, y in ((0.5, 2.0), (3.0, 0.25)):  # two number pairs alternating: two entries
             _close_fp8(gemm(a, b, scale_a=x * f * s0, scale_b=y * s1), ref * (x * f * y), k)
         _close_fp8(gemm(a, b, scale_a=rows * f * s0, scale_b=cols * s1), ref * (rows * f) * cols, k)
@@ -498,7 +499,7 @@ def test_fp8_warm_path_reads_each_calls_scales() -> None:
             entries = len(mod._EAGER)
     # one entry per call form in the first repeat; numbers are keyed by value, so repeats 1
     # and 2 added entries only for their new numbers
-    assert entries == 5 and len(mod._EAGER) == entries + 2 * 2, (entries, len(mod._EAGER))
+    assert entries == 6 and len(mod._EAGER) == entries + 2 * 2, (entries, len(mod._EAGER))
 
 
 def test_fp8_torch_compile_and_errors() -> None:

@@ -375,13 +375,14 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
                              scale_operands=epi.scale_operands if epi is not None else 0)
     launch = kern.get(key, tuple(sorted(params)), cfg)
     work = _workspace(a.device.index, cfg, sms, M, N, K, L)
-    if plain and n_pad == N and all(t.dim() == 1 for t in scales):
+    if plain and n_pad == N:
         # Operands already in the kernel's form (row (M,) / col (N,) unit-stride vectors, a
         # full (1, M, N) one) pass through; others get their per-call shaping. fp8's
-        # per-tensor scales pass through as the (1,) tensors the kernel takes (the plan is
-        # keyed by their layouts; a 0-dim one takes `run`, which reshapes it).
+        # per-tensor scales pass as the (1,) tensors the kernel takes; a 0-dim one (as
+        # `torch.tensor(s)` makes) is reshaped per call (the plan is keyed by its layout).
         shapers = tuple(_shaper(t, k, L, M, N) for t, k in zip(ops, kinds))
-        if not any(shapers):
+        flat = all(t.dim() == 1 for t in scales)
+        if not any(shapers) and flat:
             def run_plain(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor],
                           scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
                 out = a.new_empty(M, N, dtype=odt)
@@ -391,7 +392,8 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
             def run_plain(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor],
                           scales: Sequence[torch.Tensor] = ()) -> torch.Tensor:
                 out = a.new_empty(M, N, dtype=odt)
-                launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), work(), *scales,
+                launch(a.unsqueeze(0), b.unsqueeze(0), out.unsqueeze(0), work(),
+                       *(scales if flat else [t.reshape(1) for t in scales]),
                        *[t if f is None else f(t) for t, f in zip(ops, shapers)])
                 return out
 
