@@ -52,7 +52,10 @@ BAR = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192
 SQUARE = [(s, s, s) for s in (1024, 2048, 4096, 8192, 16384)]
 # 8B-model feature sizes (K, N): attention out / MLP up / MLP down; M = tokens in flight.
 SKINNY = [(m, n, k) for m in (16, 128, 2048) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))]
-EPILOGUE = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672), (2048, 14336, 4096)]
+# 8192x28672x4096 (an 8B model's MLP up projection over 8192 tokens): a fused default that
+# splits its last wave (stream-K), whose bias spilled before session 32
+EPILOGUE = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672), (2048, 14336, 4096),
+            (8192, 28672, 4096)]
 # Short K on many tiles (the pingpong default's range; 4096^2 x 1024 keeps 128x128 tiles).
 SHORTK = [(8192, 8192, 512), (8192, 8192, 1024), (4096, 16384, 512), (16384, 4096, 1024), (4096, 4096, 1024)]
 
