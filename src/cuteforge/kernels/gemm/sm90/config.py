@@ -111,8 +111,9 @@ class GemmConfig:
         warpgroups run their epilogue under the other's mainloop already, and there the
         held operands made ptxas spill with a bias, C and a residual (128x128). Stream-K
         tiles would hold them across the partial-sum fixup: ptxas, 128x256 with a bias,
-        144 bytes of spill against none loaded late, and on the H100 the fused default at
-        8192x28672x4096 ran 3-10 % behind the late form (gemm.md session 32)."""
+        144 bytes of spill against none loaded late; on the H100 the fused default at
+        8192x28672x4096 ran 8-10 % behind the same tile loading its bias late on 32-wide
+        subtiles (gemm.md session 32)."""
         return self.early_operands and not self.pingpong and not self.stream_k and self.acc_regs <= 128
 
     def smem_bytes(self, in_bytes: int, out_bytes: int, stages: int | None = None) -> int:
