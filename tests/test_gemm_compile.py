@@ -643,6 +643,26 @@ def test_three_vector_operands_take_narrow_late_subtiles() -> None:
     ptxas_no_spill(_ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "float32", "float32", "bfloat16"), epi, cfg))
 
 
+def test_full_operands_take_32_wide_subtiles() -> None:
+    """A full epilogue operand (residual, c) on the 16-bit fused 128x256 default: 32-wide
+    subtiles with the operands still held from the mainloop (session 33), which assembles
+    bias + gelu + residual without the 56 bytes of spill the 64-wide form has; a bias alone
+    keeps 64-wide subtiles, stream-K tiles keep theirs, and fp8 is unchanged (measured on
+    16-bit only)."""
+    from ptxas_check import ptxas_no_spill
+
+    res = default_config(8192, 8192, 8192, 132, fused=True, vector_operands=1, full_operands=1)
+    assert (res.tile_m, res.tile_n, res.epi_n, res.early_operands, res.stream_k) == (128, 256, 32, True, False)
+    assert default_config(8192, 8192, 8192, 132, fused=True, full_operands=2).epi_n == 32
+    assert default_config(8192, 8192, 8192, 132, fused=True, vector_operands=1).epi_n == 64
+    sk = default_config(8192, 28672, 4096, 132, fused=True, vector_operands=1, full_operands=1)
+    assert sk.stream_k and (sk.epi_n, sk.early_operands) == (32, False)
+    fp8 = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=1, full_operands=1)
+    assert fp8.epi_n == default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=1).epi_n == 64
+    epi = GemmEpilogue.preset("gelu", bias="col", residual=True)
+    ptxas_no_spill(_ptx(True, True, ("bfloat16",) * 5, epi, res))
+
+
 def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty problems give torch's answer with the scales applied; torch.compile goes
     through the fp8 custom op (fake impl: bf16 output by default)."""

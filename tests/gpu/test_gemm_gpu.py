@@ -542,20 +542,33 @@ def test_fused_default_subtiles(act: str, mnk: tuple[int, int, int]) -> None:
 @pytest.mark.parametrize("act", ["gelu", "silu"])
 def test_fused_default_many_waves(act: str) -> None:
     """gelu / silu on >= 4 waves of tiles with K <= 4096 (pingpong 128x128 until v4.4) take
-    the cooperative default with overlapped stores: ragged M, N and K, with a column bias
-    and a residual."""
+    the cooperative default with overlapped stores, on 32-wide subtiles with a full operand
+    (session 33): ragged M, N and K, with a column bias and a residual; a residual alone;
+    alpha and beta with an fp32 c."""
     from cuteforge.kernels.gemm.sm90.config import default_config
+    from cuteforge.kernels.gemm.spec import gemm_kernel
 
     m, n, k = 4001, 3000, 1100
-    cfg = default_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count, fused=True)
-    assert not cfg.pingpong and cfg.store_overlap and (cfg.tile_m, cfg.tile_n) == (128, 256), cfg
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = default_config(m, n, k, sms, fused=True, vector_operands=1, full_operands=1)
+    assert not cfg.pingpong and cfg.store_overlap and (cfg.tile_m, cfg.tile_n, cfg.epi_n) == (128, 256, 32), cfg
+    assert cfg.loads_operands_early and not cfg.stream_k, cfg
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    ref = _ref(a, b) + bias.float()
+    c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    prod = _ref(a, b)
+    ref = prod + bias.float()
     ref = {"gelu": F.gelu(ref, approximate="tanh"), "silu": F.silu(ref)}[act] + res.float()
+    kern = gemm_kernel(True, True, ("col", "full"))
+    before = set(kern._l1)
     _close(gemm(a, b, bias=bias, epilogue=act, residual=res), ref, k)
+    # the op asked the heuristic with its operand counts: this config is what it compiled
+    assert [used for (_, _, used) in set(kern._l1) - before] == [cfg]
+    _close(gemm(a, b, residual=res), prod + res.float(), k)
+    _close(gemm(a, b, c=c, alpha=0.5, beta=2.0, epilogue=act), {"gelu": lambda x: F.gelu(x, approximate="tanh"),
+                                                                "silu": F.silu}[act](0.5 * prod + 2.0 * c), k)
 
 
 @pytest.mark.parametrize("act", ["none", "gelu"])

@@ -372,6 +372,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     else:
         cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None,
                              vector_operands=sum(k_ in ("row", "col") for k_ in kinds),
+                             full_operands=sum(k_ == "full" for k_ in kinds),
                              scale_operands=epi.scale_operands if epi is not None else 0)
     launch = kern.get(key, tuple(sorted(params)), cfg)
     work = _workspace(a.device.index, cfg, sms, M, N, K, L)

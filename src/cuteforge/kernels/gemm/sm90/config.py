@@ -297,7 +297,7 @@ def tile_efficiency(cfg: GemmConfig, m: int, n: int, sm_count: int) -> float:
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
                    fused: bool = False, decode_split: bool = True, vector_operands: int = 0,
-                   scale_operands: int = 0) -> GemmConfig:
+                   scale_operands: int = 0, full_operands: int = 0) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -320,12 +320,15 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     `vector_operands`: the epilogue's row / col operands; with three of them, or with
     `scale_operands` (fp8's per-row / per-column scales among them), the 128x256 tile
     stores 32-wide subtiles and loads the operands in the epilogue (see below).
+    `full_operands`: the epilogue's full (M, N) operands (c, residual); on 16-bit inputs
+    the 128x256 tile then stores 32-wide subtiles (see below; fp8 not measured).
     """
     short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
         -(-m // 128) * -(-n // 128) >= 4 * sm_count)
     if in_bytes != 2:
         # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks;
-        # short K keeps the pingpong 128x128 tile there (128x192 was measured on bf16 only).
+        # short K keeps the pingpong 128x128 tile there (128x192 was measured on bf16 only),
+        # and full operands keep the 64-wide subtiles (32-wide measured on 16-bit only).
         if short_k:
             cfg = fit_swizzle(SHORT_K_NARROW, m, n)  # type: ignore[arg-type]
         else:
@@ -390,7 +393,14 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # 1340; + gelu 1253 / 1238 -> 1281 / 1271, 1182 / 1203 -> 1264 / 1116 (noisy), 1255 /
     # 1258 -> 1329 / 1337; one scale rowwise (-rowwise-single.json): ahead in all 8 pairs.
     narrow = fused and (vector_operands >= 3 or scale_operands > 0) and (tm, tn) == (128, 256)
-    epi_n = 64 if fused and (tm, tn) == (128, 256) and not narrow else 32
+    # A full operand (c, residual) is read one subtile ahead of its math; 32-wide subtiles
+    # halve what that holds (ptxas, 8192^3, bias + gelu + residual: 56 bytes of spill on
+    # 64-wide, none on 32). H100, three runs of six whole-tile shapes (gemm.md session 33,
+    # h100-gemm-s33-residual*.json), 32- over 64-wide with the operands held as before: ahead
+    # in 70 of 88 pairs, mean +1.1 % (bias + gelu + residual 27 / 32, +1.5 %; bias + silu +
+    # residual 20 / 24, +1.2 %; residual alone 23 / 32, +0.7 %).
+    wide = not narrow and not full_operands
+    epi_n = 64 if fused and (tm, tn) == (128, 256) and wide else 32
     # A fused epilogue on a cooperative tile walks the clusters along N first (raster "n"):
     # H200, two runs of bench_gemm.py --set raster (gemm.md v4.4), bias + gelu on 128x256 2x1
     # without stream-K, raster n over m in the same run: -1.6 to +4.0 %, mean +0.75 %, ahead
