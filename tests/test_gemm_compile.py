@@ -647,8 +647,8 @@ def test_full_operands_take_32_wide_subtiles() -> None:
     """A full epilogue operand (residual, c) on the 16-bit fused 128x256 default: 32-wide
     subtiles with the operands still held from the mainloop (session 33), which assembles
     bias + gelu + residual without the 56 bytes of spill the 64-wide form has; a bias alone
-    keeps 64-wide subtiles, stream-K tiles keep theirs, and fp8 is unchanged (measured on
-    16-bit only)."""
+    keeps 64-wide subtiles, stream-K tiles keep theirs; fp8 takes the same rule, and its
+    bias + gelu + residual kernel assembles without the 64 bytes of spill as well."""
     from ptxas_check import ptxas_no_spill
 
     res = default_config(8192, 8192, 8192, 132, fused=True, vector_operands=1, full_operands=1)
@@ -658,9 +658,11 @@ def test_full_operands_take_32_wide_subtiles() -> None:
     sk = default_config(8192, 28672, 4096, 132, fused=True, vector_operands=1, full_operands=1)
     assert sk.stream_k and (sk.epi_n, sk.early_operands) == (32, False)
     fp8 = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=1, full_operands=1)
-    assert fp8.epi_n == default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=1).epi_n == 64
+    assert (fp8.tile_k, fp8.epi_n, fp8.early_operands) == (128, 32, True)
+    assert default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=1).epi_n == 64
     epi = GemmEpilogue.preset("gelu", bias="col", residual=True)
     ptxas_no_spill(_ptx(True, True, ("bfloat16",) * 5, epi, res))
+    ptxas_no_spill(_ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16", "bfloat16", "bfloat16"), epi, fp8))
 
 
 def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,8 +3,8 @@ the other defaults. fp8 (per-tensor scales) on 128x256: the default's 64-wide su
 against 32-wide (operands held; ptxas, 8192^3, bias + gelu + residual: 64 bytes of spill
 -> 0). 16-bit short K on pingpong 128x192: the default's 32-wide against 16-wide (112 ->
 16 bytes; a residual alone 16 -> 0). Residual alone and bias + gelu + residual, each pair
-in rotated order (bench_gemm.measure), two passes, checked bitwise. Writes JSON to
-argv[1] after every row."""
+in rotated order (bench_gemm.measure), two passes, checked bitwise. argv[2] (optional):
+only the cases of that kind (fp8 or bf16). Writes JSON to argv[1] after every row."""
 # ruff: noqa: B023 - the timed lambdas close over this iteration's tensors and run within it
 import json
 import sys
@@ -18,9 +18,11 @@ from cuteforge.kernels.gemm.sm90.config import default_config
 from cuteforge.ops import gemm
 
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-out = {"command": "python benchmarks/probes/gemm_s33_subtiles.py OUT.json", "gpu": torch.cuda.get_device_name(), "rows": []}
+out = {"command": "python benchmarks/probes/gemm_s33_subtiles.py OUT.json " + " ".join(sys.argv[2:]), "gpu": torch.cuda.get_device_name(), "rows": []}
 cases = [("fp8", s, 32) for s in ((8192, 8192, 8192), (4096, 4096, 4096), (8192, 8192, 4096))]
 cases += [("bf16", s, 16) for s in ((8192, 8192, 1024), (8192, 8192, 512), (16384, 4096, 1024))]
+if len(sys.argv) > 2:
+    cases = [c for c in cases if c[0] == sys.argv[2]]
 for rep in range(2):
     for kind, (m, n, k), alt_n in cases:
         if kind == "fp8":

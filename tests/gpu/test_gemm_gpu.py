@@ -367,6 +367,32 @@ def test_fp8_mixed_formats_scales_and_epilogues() -> None:
     _close_fp8(got, F.relu(2.0 * ref + rb), k)
 
 
+def test_fp8_full_operand_default() -> None:
+    """fp8 with a residual (and c) on the 128x256 default, which stores 32-wide subtiles
+    with a full operand (session 33): ragged M, N and K, a residual alone, bias + gelu +
+    residual and alpha / beta with c, against the dequantized product; the op compiles
+    exactly the heuristic's config."""
+    from cuteforge.kernels.gemm.sm90.config import default_config
+    from cuteforge.kernels.gemm.spec import gemm_fp8_kernel
+
+    m, n, k = 4001, 3000, 1104
+    a, b, sa, sb = _fp8_inputs(m, n, k, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    ref = _fp8_ref(a, b, sa, sb)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = default_config(m, n, k, sms, 1, fused=True, vector_operands=1, full_operands=1)
+    assert (cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.epi_n) == (128, 256, 128, 32) and not cfg.stream_k, cfg
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    kern = gemm_fp8_kernel(("col", "full"))
+    before = set(kern._l1)
+    got = gemm(a, b, scale_a=sa, scale_b=sb, bias=bias, epilogue="gelu", residual=r)
+    assert [used for (_, _, used) in set(kern._l1) - before] == [cfg]
+    _close_fp8(got, F.gelu(ref + bias.float(), approximate="tanh") + r.float(), k)
+    _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb, residual=r), ref + r.float(), k)
+    c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb, c=c, alpha=0.5, beta=2.0, out_dtype=torch.float32), 0.5 * ref + 2.0 * c, k)
+
+
 def test_fp8_batched_and_views() -> None:
     a, b, sa, sb = _fp8_inputs(300, 264, 528, torch.float8_e4m3fn, torch.float8_e4m3fn, batch=3)
     _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb), _fp8_ref(a, b, sa, sb), 528)

@@ -320,20 +320,19 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     `vector_operands`: the epilogue's row / col operands; with three of them, or with
     `scale_operands` (fp8's per-row / per-column scales among them), the 128x256 tile
     stores 32-wide subtiles and loads the operands in the epilogue (see below).
-    `full_operands`: the epilogue's full (M, N) operands (c, residual); on 16-bit inputs
-    the 128x256 tile then stores 32-wide subtiles (see below; fp8 not measured).
+    `full_operands`: the epilogue's full (M, N) operands (c, residual); the 128x256 tile
+    then stores 32-wide subtiles (see below).
     """
     short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
         -(-m // 128) * -(-n // 128) >= 4 * sm_count)
     if in_bytes != 2:
         # fp8: the same tile choice (a stage holds the same bytes) with 128-deep k-blocks;
-        # short K keeps the pingpong 128x128 tile there (128x192 was measured on bf16 only),
-        # and full operands keep the 64-wide subtiles (32-wide measured on 16-bit only).
+        # short K keeps the pingpong 128x128 tile there (128x192 was measured on bf16 only).
         if short_k:
             cfg = fit_swizzle(SHORT_K_NARROW, m, n)  # type: ignore[arg-type]
         else:
             cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False, vector_operands=vector_operands,
-                                 scale_operands=scale_operands)
+                                 scale_operands=scale_operands, full_operands=full_operands)
         return replace(cfg, tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
@@ -398,7 +397,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # 64-wide, none on 32). H100, three runs of six whole-tile shapes (gemm.md session 33,
     # h100-gemm-s33-residual*.json), 32- over 64-wide with the operands held as before: ahead
     # in 70 of 88 pairs, mean +1.1 % (bias + gelu + residual 27 / 32, +1.5 %; bias + silu +
-    # residual 20 / 24, +1.2 %; residual alone 23 / 32, +0.7 %).
+    # residual 20 / 24, +1.2 %; residual alone 23 / 32, +0.7 %). fp8 with per-tensor scales
+    # (ptxas: bias + gelu + residual 64 bytes -> 0), two runs of three shapes
+    # (h100-gemm-s33-subtiles{,-fp8-2}.json): ahead in 18 of 24 pairs, mean +2.3 %.
     wide = not narrow and not full_operands
     epi_n = 64 if fused and (tm, tn) == (128, 256) and wide else 32
     # A fused epilogue on a cooperative tile walks the clusters along N first (raster "n"):
