@@ -1035,3 +1035,39 @@ def test_bench_flags_wrong_results() -> None:
     flagged = bench.flag_errors(result)
     assert [(f["section"], f["contender"]) for f in flagged] == [("plain", "quack"), ("epilogue", "cuteforge"), ("config_sweep", "cuteforge")]
     assert flagged[0]["set"] == "bar" and flagged[2]["config"] == "c"
+
+
+def test_persistent_grid_capped_by_resident_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4-CTA clusters: the persistent grid is the clusters the device runs at once when that
+    is below sms / 4 (a 132-SM H200 holds 30, not 33), and the builder takes that count from
+    the `clusters` compile parameter; pairs are never asked (sms / 2 always fit)."""
+    import importlib
+
+    mod = importlib.import_module("cuteforge.ops.gemm")
+    asked: list[int] = []
+
+    def fake_cap(device: int, size: int) -> int | None:
+        asked.append(size)
+        return {4: 30}.get(size)
+
+    monkeypatch.setattr(mod, "max_active_clusters", fake_cap)
+    assert mod._persistent_clusters(0, GemmConfig(cluster_m=2, cluster_n=2), 132) == 30
+    assert mod._persistent_clusters(0, GemmConfig(cluster_m=4, cluster_n=1), 132) == 30
+    assert mod._persistent_clusters(0, GemmConfig(cluster_m=2, cluster_n=2), 100) == 25  # below the cap
+    assert asked == [4, 4, 4]
+    assert mod._persistent_clusters(0, GemmConfig(), 132) == 66
+    assert mod._persistent_clusters(0, GemmConfig(cluster_m=1, cluster_n=1), 132) == 132
+    assert asked == [4, 4, 4]
+    monkeypatch.setattr(mod, "max_active_clusters", lambda device, size: None)  # cannot be asked
+    assert mod._persistent_clusters(0, GemmConfig(cluster_m=2, cluster_n=2), 132) == 33
+
+    import cuteforge.kernels.gemm.sm90.host as host
+
+    seen: list[int] = []
+    monkeypatch.setattr(host, "make_gemm", lambda cfg, stages, a_k, b_k, kinds, epi, clusters, scaled=False: seen.append(clusters))
+    k = gemm_kernel(True, True)
+    key = BoundKey(("bfloat16",) * 3 + ("int32",), (), (8, 8, 8, 4))
+    cfg = GemmConfig(cluster_m=2, cluster_n=2)
+    k.builder(k.spec(key, (("clusters", 30), ("sms", 132)), cfg, arch="sm_90a"))
+    k.builder(k.spec(key, (("sms", 132),), cfg, arch="sm_90a"))
+    assert seen == [30, 33]

@@ -99,6 +99,30 @@ def gpu_info(index: int | None = None) -> GpuInfo | None:
     return GpuInfo(props.name, props.major * 10 + props.minor, props.multi_processor_count, idx)
 
 
+@functools.cache
+def max_active_clusters(index: int, size: int) -> int | None:
+    """Clusters of `size` CTAs, one per SM, that device `index` runs at once
+    (cuOccupancyMaxActiveClusters through the DSL's HardwareInfo), or None where that
+    cannot be asked (no driver bindings). A cluster lives on one GPC, so GPCs whose SM
+    count is not a multiple of `size` hold fewer than sm_count / size: 30 clusters of 4
+    on a 132-SM H200. A persistent grid sized past this runs its last clusters as a
+    second round (or, waiting on their flags, hangs)."""
+    if size == 1:
+        info = gpu_info(index)
+        return info.sm_count if info else None
+    try:
+        import torch
+        from cutlass.utils import HardwareInfo
+
+        with torch.cuda.device(index):
+            # HardwareInfo asks the driver in the thread's current context: make it
+            # exist (torch creates the primary context on its first allocation)
+            torch.empty(1, device=f"cuda:{index}")
+            return int(HardwareInfo(index).get_max_active_clusters(size)) or None
+    except Exception:  # no driver bindings or no device: no cap known
+        return None
+
+
 def target_arch() -> str:
     """The arch kernels are compiled for: CUTEFORGE_ARCH, else the GPU's, else sm_90a."""
     env = os.environ.get("CUTEFORGE_ARCH")

@@ -393,6 +393,36 @@ def test_fp8_full_operand_default() -> None:
     _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb, c=c, alpha=0.5, beta=2.0, out_dtype=torch.float32), 0.5 * ref + 2.0 * c, k)
 
 
+@pytest.mark.parametrize("cm,cn", [(2, 2), (4, 1), (1, 4)])
+def test_four_cta_clusters(cm: int, cn: int) -> None:
+    """A pinned 4-CTA cluster config: the persistent grid holds only the clusters the device
+    runs at once (30 of 4 on a 132-SM H200, not 33), so no cluster waits for a second
+    round, and a stream-K split, whose owners wait on their peers' flags, finishes.
+    Plain and fused, ragged edges, more clusters of tiles than fit (4096^2: 128 clusters)."""
+    from cuteforge.arch import max_active_clusters
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+    from cuteforge.kernels.gemm.spec import gemm_kernel
+
+    cap = max_active_clusters(0, 4)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert cap is not None and 0 < cap <= sms // 4
+    kern = gemm_kernel(True, False)
+    before = set(kern._l1)
+    for m, n, k in ((4096, 4096, 1024), (3001, 2999, 777)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        ref = _ref(a, b)
+        for sk in (False, True):
+            cfg = GemmConfig(cluster_m=cm, cluster_n=cn, stream_k=sk)
+            got = gemm(a, b, config=cfg)
+            torch.cuda.synchronize()
+            _close(got, ref, k)
+            _close(gemm(a, b, bias=bias, epilogue="gelu", config=cfg), F.gelu(ref + bias.float(), approximate="tanh"), k)
+    compiled = {(used, dict(params).get("clusters", sms // 4)) for _, params, used in set(kern._l1) - before}
+    assert compiled == {(GemmConfig(cluster_m=cm, cluster_n=cn, stream_k=sk), min(cap, sms // 4)) for sk in (False, True)}
+
+
 def test_fp8_batched_and_views() -> None:
     a, b, sa, sb = _fp8_inputs(300, 264, 528, torch.float8_e4m3fn, torch.float8_e4m3fn, batch=3)
     _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb), _fp8_ref(a, b, sa, sb), 528)

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..arch import gpu_info, limits_for
+from ..arch import gpu_info, limits_for, max_active_clusters
 from ..kernels.gemm.epilogue import ACTIVATIONS, GemmEpilogue
 from ..kernels.gemm.sm90.config import (
     GemmConfig,
@@ -76,11 +76,22 @@ def _no_work(device: int) -> torch.Tensor:
     return w
 
 
-def _workspace(device: int, cfg: GemmConfig, sms: int, m: int, n: int, k: int, batch: int) -> Callable[[], torch.Tensor]:
+def _persistent_clusters(device: int, cfg: GemmConfig, sms: int) -> int:
+    """The persistent grid's clusters: one per cluster-size SMs, but no more than the device
+    runs at once. 4-CTA clusters (a pinned 2x2 config) fit 30 times on a 132-SM H200, not
+    33: the other 3 would run their tiles as a second round, and a stream-K owner waiting
+    on a peer that is not resident would never finish. Pairs are not asked (the query
+    costs ~0.24 s on a process's first plan): SMs come in TPC pairs and a GPC holds whole
+    TPCs, so sms / 2 pairs always fit (66 on the H200, measured)."""
+    size = cfg.cluster_m * cfg.cluster_n
+    cap = max_active_clusters(device, size) if size > 2 else None
+    return min(sms // size, cap) if cap else sms // size
+
+
+def _workspace(device: int, cfg: GemmConfig, clusters: int, m: int, n: int, k: int, batch: int) -> Callable[[], torch.Tensor]:
     """The `work` argument per call: where the config's stream-K split cuts tiles of this
     problem, flags + partial tiles from `cuteforge.workspace` (per stream; fresh under
     graph capture), else one word that the kernel never reads."""
-    clusters = sms // (cfg.cluster_m * cfg.cluster_n)
     words = stream_k_workspace_words(cfg, clusters, m, n, k, batch)
     if words:
         flags = stream_k_flag_words(cfg, clusters)
@@ -374,8 +385,11 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
                              vector_operands=sum(k_ in ("row", "col") for k_ in kinds),
                              full_operands=sum(k_ == "full" for k_ in kinds),
                              scale_operands=epi.scale_operands if epi is not None else 0)
+    clusters = _persistent_clusters(a.device.index, cfg, sms)
+    if clusters < sms // (cfg.cluster_m * cfg.cluster_n):
+        params += (("clusters", clusters),)  # in the key only where it differs from sms's share
     launch = kern.get(key, tuple(sorted(params)), cfg)
-    work = _workspace(a.device.index, cfg, sms, M, N, K, L)
+    work = _workspace(a.device.index, cfg, clusters, M, N, K, L)
     if plain and n_pad == N:
         # Operands already in the kernel's form (row (M,) / col (N,) unit-stride vectors, a
         # full (1, M, N) one) pass through; others get their per-call shaping. fp8's

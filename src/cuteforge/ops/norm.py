@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..arch import max_active_clusters
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
 from ..native import backward as native
@@ -51,22 +52,9 @@ def _sm_count(device: torch.device) -> int:
     return _SMS[idx]
 
 
-_CLUSTERS: dict[tuple[int, int], int] = {}
-
-
 def _max_clusters(device: torch.device, c: int) -> int | None:
-    """Clusters of c CTAs (one per SM) the device runs at once (cuOccupancyMaxActiveClusters,
-    through the DSL's HardwareInfo), None if that cannot be asked. GPCs whose SM count is
-    not a multiple of c hold fewer clusters than sm_count / c."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if (idx, c) not in _CLUSTERS:
-        try:
-            from cutlass.utils import HardwareInfo
-
-            _CLUSTERS[idx, c] = int(HardwareInfo(idx).get_max_active_clusters(c)) or 0
-        except Exception:  # no driver bindings: no cap
-            _CLUSTERS[idx, c] = 0
-    return _CLUSTERS[idx, c] or None
+    """Clusters of c CTAs (one per SM) the device runs at once, None if that cannot be asked."""
+    return max_active_clusters(device.index if device.index is not None else torch.cuda.current_device(), c)
 
 
 def bwd_groups(device: torch.device, cfg: Any, m: int) -> int:

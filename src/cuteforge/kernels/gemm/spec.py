@@ -97,7 +97,9 @@ def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool
         epi_key = spec.param("epilogue", None)
         epi_fn = GemmEpilogue(epi_key, kinds).fn() if epi_key else None
         sms = int(spec.param("sms", limits_for(spec.arch).sm_count))
-        clusters = sms // (cfg.cluster_m * cfg.cluster_n)
+        # "clusters": the persistent grid, set by ops.gemm only where the device runs fewer
+        # clusters at once than sms / cluster size (4-CTA clusters)
+        clusters = int(spec.param("clusters", sms // (cfg.cluster_m * cfg.cluster_n)))
         return make_gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, clusters, scaled=fp8)
 
     build.__name__ = kernel_name(a_k_major, b_k_major, kinds, fp8)
