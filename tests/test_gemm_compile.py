@@ -941,6 +941,95 @@ def test_stream_k_split_policy() -> None:
         GemmConfig(tile_n=128, pingpong=True, stream_k=True).validate(2, 2, H100)
 
 
+def _sk_ends_segments(tiles: int, workers: int, k_tiles: int) -> list[list[tuple[int, int, int]]]:
+    """Each worker's segments with `stream_k_ends` (`Sm90Gemm.sk_plan` / `segment`,
+    restated): whole tiles, then owner t < rem its tile's first k_tiles - e k-blocks, idle
+    cluster i the ends of tiles i, i + idle, ... of the last wave."""
+    from cuteforge.kernels.gemm.sm90.config import stream_k_ends_len
+
+    e = stream_k_ends_len(tiles, workers, k_tiles)
+    rem = tiles % workers if e else 0
+    dp = tiles - rem
+    out = []
+    for worker in range(workers):
+        segs = [(t, 0, k_tiles) for t in range(worker, dp, workers)]
+        if e and worker < rem:
+            segs.append((dp + worker, 0, k_tiles - e))
+        elif e:
+            segs += [(dp + t, k_tiles - e, k_tiles) for t in range(worker - rem, rem, workers - rem)]
+        out.append(segs)
+    return out
+
+
+@pytest.mark.parametrize(("tiles", "workers", "k_tiles"), [
+    (1024, 66, 128),  # 8192^3, 128x256 c2x1: 34 of 66 in the last wave, 32 idle
+    (256, 66, 448),   # 2048x8192x28672: 58 of 66, 8 idle take 7-8 ends each
+    (256, 66, 36), (1024, 66, 12), (40, 66, 64), (65, 66, 400), (67, 33, 90), (130, 66, 100),
+])
+def test_stream_k_ends_schedule(tiles: int, workers: int, k_tiles: int) -> None:
+    """`stream_k_ends`: every (tile, k-block) runs exactly once; each cut tile's owner runs
+    its first k-blocks as its last segment, and its end is one run on an idle cluster,
+    which only publishes (waits on nothing), so no wait can cycle; the busiest cluster
+    runs fewer k-blocks than a whole last wave would."""
+    from cuteforge.kernels.gemm.sm90.config import SK_MIN_ITERS, stream_k_ends_len, stream_k_split
+
+    e = stream_k_ends_len(tiles, workers, k_tiles)
+    rem = tiles % workers
+    if stream_k_split(tiles, workers, k_tiles)[0] or rem == 0:
+        assert e == 0
+    segs = _sk_ends_segments(tiles, workers, k_tiles)
+    runs: dict[int, list[tuple[int, int]]] = {}
+    for ss in segs:
+        for i, (t, kb, ke) in enumerate(ss):
+            runs.setdefault(t, []).append((kb, ke))
+            if kb == 0 and ke < k_tiles:
+                assert i == len(ss) - 1  # an owner that waits does so last
+    assert sorted(runs) == list(range(tiles))
+    for t, rs in runs.items():
+        rs.sort()
+        assert rs[0][0] == 0 and rs[-1][1] == k_tiles and all(a[1] == b[0] for a, b in zip(rs, rs[1:]))
+        assert len(rs) == (2 if e and t >= tiles - rem else 1)
+    if e:
+        assert e >= SK_MIN_ITERS
+        busiest = max(sum(ke - kb for _, kb, ke in ss) for ss in segs)
+        assert busiest < (tiles // workers + 1) * k_tiles
+
+
+def test_stream_k_ends_policy() -> None:
+    from cuteforge.kernels.gemm.sm90.config import stream_k_ends_len, stream_k_workspace_words
+
+    assert stream_k_ends_len(256, 66, 448) == 49  # 58 owners, 8 idle with at most 8 ends: 448 // 9
+    assert stream_k_ends_len(1024, 66, 128) == 42  # 34 owners, 32 idle with at most 2: 128 // 3
+    assert stream_k_ends_len(1023, 66, 128) == 0  # half a wave: stream_k_split cuts it
+    assert stream_k_ends_len(132, 66, 128) == 0  # whole waves
+    assert stream_k_ends_len(256, 66, 16) == 0  # ends of 16 // 9 = 1 k-block: not worth a fixup
+    ends = GemmConfig(stream_k=True, stream_k_ends=True, swizzle=8)
+    # 2048x8192x28672: 58 cut tiles, a partial tile per CTA of each; without ends, no split
+    assert stream_k_workspace_words(ends, 66, 2048, 8192, 28672) == 132 + 58 * 2 * 128 * 256
+    assert stream_k_workspace_words(GemmConfig(stream_k=True), 66, 2048, 8192, 28672) == 0
+    # where stream_k_split applies, ends changes nothing
+    assert stream_k_workspace_words(ends, 66, 1024, 1024, 1024) == stream_k_workspace_words(
+        GemmConfig(stream_k=True), 66, 1024, 1024, 1024) > 0
+    with pytest.raises(ValueError, match="stream_k_ends .* needs stream_k=True"):
+        GemmConfig(stream_k_ends=True).validate(2, 2, H100)
+
+
+def test_stream_k_ends_compiles_without_spill() -> None:
+    """The ends plan (plain and with a fused bias + gelu on the stream-K fused tile)
+    assembles without a spill, and a config without it keeps its PTX (the branch is
+    compiled out)."""
+    from ptxas_check import ptxas_no_spill
+
+    for epi, cfg in ((None, GemmConfig(stream_k=True, stream_k_ends=True)),
+                     (GemmEpilogue.preset("gelu", bias="col"),
+                      GemmConfig(stream_k=True, stream_k_ends=True, epi_n=32, early_operands=False))):
+        ptx = _ptx(True, True, ("bfloat16",) * (4 if epi else 3), epi, cfg)
+        assert "fence.acq_rel.gpu" in ptx
+        ptxas_no_spill(ptx)
+    plain = _ptx(True, True, ("bfloat16",) * 3, None, GemmConfig(stream_k=True))
+    assert plain != _ptx(True, True, ("bfloat16",) * 3, None, GemmConfig(stream_k=True, stream_k_ends=True))
+
+
 def test_stream_k_compiles() -> None:
     """stream_k kernels: the flag protocol (gpu-scope fence + acquire loads) is in the PTX
     and nowhere else; plain and fused compile without spills."""

@@ -423,6 +423,30 @@ def test_four_cta_clusters(cm: int, cn: int) -> None:
     assert compiled == {(GemmConfig(cluster_m=cm, cluster_n=cn, stream_k=sk), min(cap, sms // 4)) for sk in (False, True)}
 
 
+def test_stream_k_ends() -> None:
+    """`stream_k_ends` (session 34; first run on a GPU pending): shapes whose last wave is
+    more than half full, which the plan cuts into owners' first k-blocks and idle clusters'
+    ends; plain, bf16 -> fp32 and fused bias + gelu, ragged edges, each launched twice
+    (the owners clear the flags for the next launch)."""
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig, scheduled_clusters, stream_k_ends_len
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = GemmConfig(stream_k=True, stream_k_ends=True)
+    for m, n, k in ((2048, 8192, 2304), (2000, 8000, 2300), (8192, 8192, 768)):
+        assert stream_k_ends_len(scheduled_clusters(cfg, m, n), sms // 2, -(-k // 64)) >= 4, (m, n, k)
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        ref = _ref(a, b)
+        gelu = F.gelu(ref + bias.float(), approximate="tanh")
+        for _ in range(2):
+            _close(gemm(a, b, config=cfg), ref, k)
+            _close(gemm(a, b, config=cfg, out_dtype=torch.float32), ref, k)
+            fused = GemmConfig(stream_k=True, stream_k_ends=True, epi_n=32, early_operands=False)
+            _close(gemm(a, b, bias=bias, epilogue="gelu", config=fused), gelu, k)
+            torch.cuda.synchronize()
+
+
 def test_fp8_batched_and_views() -> None:
     a, b, sa, sb = _fp8_inputs(300, 264, 528, torch.float8_e4m3fn, torch.float8_e4m3fn, batch=3)
     _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb), _fp8_ref(a, b, sa, sb), 528)

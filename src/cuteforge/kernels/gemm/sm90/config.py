@@ -39,6 +39,13 @@ class GemmConfig:
       before the epilogue. Sub-wave problems (fewer tiles than clusters, e.g. small M)
       become split-K. The kernel decides per launch from the runtime extents and runs
       whole tiles where no split applies.
+    stream_k_ends: (with stream_k) a last wave more than half full, which `stream_k_split`
+      leaves whole, is cut too: each of its tiles runs its first k-blocks on its own
+      cluster and its last `stream_k_ends_len` k-blocks on one of the clusters that wave
+      leaves idle, every idle cluster taking the ends of a few tiles in turn. All the
+      tiles' runs start at one k offset (the owners at 0, the ends at the cut), so they
+      stay in step in L2 as whole tiles do. Session 34: written and compiled, not yet run
+      on a GPU; not in the defaults or the tuner's candidates.
     store_overlap: (cooperative tiles with a 16-bit output) the epilogue math runs as soon
       as a tile's accumulator is complete, but the converted tile stays in registers and
       its subtiles go out (st.matrix, barrier, TMA store) one per k-block under the next
@@ -71,6 +78,7 @@ class GemmConfig:
     store_overlap: bool = True
     epi_bufs: int = 0
     early_operands: bool = True
+    stream_k_ends: bool = False
 
     @property
     def mma_wgs(self) -> int:
@@ -164,6 +172,8 @@ class GemmConfig:
             raise ValueError(f"swizzle must be >= 1, got {self.swizzle}")
         if self.stream_k and self.pingpong:
             raise ValueError("stream_k needs the cooperative schedule (pingpong=False)")
+        if self.stream_k_ends and not self.stream_k:
+            raise ValueError("stream_k_ends cuts the last wave's tiles: it needs stream_k=True")
         stages = self.resolved_stages(in_bytes, out_bytes, limits)
         if stages < 2:
             raise ValueError(f"config {self} leaves room for {stages} pipeline stage(s); need >= 2")
@@ -234,6 +244,22 @@ def stream_k_split(tiles: int, workers: int, k_tiles: int) -> tuple[int, int]:
     return (rem, split * rem) if split >= 2 else (0, 0)
 
 
+def stream_k_ends_len(tiles: int, workers: int, k_tiles: int) -> int:
+    """`GemmConfig.stream_k_ends`: the k-blocks at the end of each tile of a last wave that
+    `stream_k_split` leaves whole (more than half full), run by the idle clusters; 0: no
+    cut. The wave's rem tiles keep their owners (workers 0..rem-1) for the first k_tiles
+    - e k-blocks; idle cluster i (of h = workers - rem) runs the ends of tiles i, i + h,
+    ..., at most c = ceil(rem / h) of them, so e = k_tiles // (c + 1) makes the owners and
+    the busiest idle cluster finish together. Cut only when e >= SK_MIN_ITERS. Mirrors
+    `Sm90Gemm.sk_plan`."""
+    rem = tiles % workers
+    if rem == 0 or stream_k_split(tiles, workers, k_tiles)[0]:
+        return 0
+    idle = workers - rem
+    ends = k_tiles // (-(-rem // idle) + 1)
+    return ends if ends >= SK_MIN_ITERS else 0
+
+
 def stream_k_flag_words(cfg: GemmConfig, max_clusters: int) -> int:
     """The flags at the start of the stream-K workspace: one int32 per CTA slot, rounded
     up to 16 bytes (the partial tiles after them stay 16-byte aligned)."""
@@ -242,14 +268,18 @@ def stream_k_flag_words(cfg: GemmConfig, max_clusters: int) -> int:
 
 def stream_k_workspace_words(cfg: GemmConfig, max_clusters: int, m: int, n: int, k: int, batch: int = 1) -> int:
     """int32 words of workspace the stream-K split of this problem needs: the flags,
-    then one fp32 tile of partial sums per CTA of the clusters sharing the split tiles.
-    0 when nothing is split (no stream_k, or `stream_k_split` says whole tiles): the
-    kernel then gets a one-word stand-in and runs whole tiles. The kernel computes the
-    same split and checks the workspace's length before it splits."""
+    then one fp32 tile of partial sums per CTA of the clusters sharing the split tiles
+    (with `stream_k_ends`, per CTA of each cut tile). 0 when nothing is split (no
+    stream_k, or `stream_k_split` says whole tiles): the kernel then gets a one-word
+    stand-in and runs whole tiles. The kernel computes the same split and checks the
+    workspace's length before it splits."""
     if not cfg.stream_k:
         return 0
     k_tiles = -(-k // cfg.tile_k)
-    _, workers = stream_k_split(scheduled_clusters(cfg, m, n, batch), max_clusters, k_tiles)
+    tiles = scheduled_clusters(cfg, m, n, batch)
+    _, workers = stream_k_split(tiles, max_clusters, k_tiles)
+    if not workers and cfg.stream_k_ends and stream_k_ends_len(tiles, max_clusters, k_tiles):
+        workers = tiles % max_clusters  # one slot per cut tile
     if not workers:
         return 0
     return stream_k_flag_words(cfg, max_clusters) + workers * cfg.cluster_m * cfg.cluster_n * cfg.tile_m * cfg.tile_n

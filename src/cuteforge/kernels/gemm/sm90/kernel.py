@@ -30,7 +30,10 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
   (always its cluster's last segment) waits for those flags, adds the partials and
   runs the epilogue. A flag is raised after whole tiles and one run only, neither of
   which waits on anything, so no cycle of waits can form (all clusters are resident:
-  the grid is one persistent wave).
+  the grid is one persistent wave). With `cfg.stream_k_ends` a fuller last wave is cut
+  too (`config.stream_k_ends_len`): each tile's owner runs its first k-blocks, and the
+  clusters that wave leaves idle run the tiles' ends, each end published into the slot
+  of its tile; the owner adds that one partial (not yet run on a GPU).
 
 fp8 (`scaled`): A and B are e4m3/e5m2 (K-major only, 128-deep k-blocks, wgmma k32) and
 the accumulator is multiplied by scale_a[0] * scale_b[0] (read once per CTA) before the
@@ -277,17 +280,20 @@ class Sm90Gemm:
     # ---- the schedule: segments of (tile, first k-block, end k-block) ---------------------
     @cute.jit
     def sk_plan(self, sched, k_tiles, work):  # noqa: ANN001, ANN201
-        """This cluster's share of the work (device mirror of `config.stream_k_split`):
-        (worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra). Tiles below
-        `dp_tiles` run whole, `n_dp` of them here (this worker + i * workers); the k-blocks
-        of the rest, numbered tile by tile, are cut into runs of `base` (+1 for the first
-        `extra` workers), this worker's starting at `sk_begin`; `v_end` counts the k-blocks
-        this cluster runs in all."""
+        """This cluster's share of the work (device mirror of `config.stream_k_split` and
+        `config.stream_k_ends_len`): (worker, workers, dp_tiles, n_dp, sk_begin, v_end,
+        base, extra, sk, ends). Tiles below `dp_tiles` run whole, `n_dp` of them here (this
+        worker + i * workers); the k-blocks of the rest, numbered tile by tile, are cut
+        into runs of `base` (+1 for the first `extra` workers), this worker's starting at
+        `sk_begin`; `v_end` counts the k-blocks this cluster runs in all. `sk`: the tiles
+        cut; `ends` > 0 (`cfg.stream_k_ends`): they are instead cut at k_tiles - ends, see
+        `segment`."""
         workers = sched.num_persistent_clusters
         worker = cute.arch.block_idx()[2]  # the cluster's index: grid (cm, cn, clusters)
         tiles = cute.size(sched.params.problem_layout_ncluster_mnl)
         sk = cutlass.Int32(0)
         w = cutlass.Int32(1)
+        ends = cutlass.Int32(0)
         if cutlass.const_expr(self.cfg.stream_k):
             rem = tiles % workers
             if rem > 0:
@@ -297,6 +303,15 @@ class Sm90Gemm:
                 if (split >= 2) & (cute.size(work) >= need):
                     sk = rem
                     w = split * rem
+                if cutlass.const_expr(self.cfg.stream_k_ends):
+                    if split < 2:
+                        idle = workers - rem
+                        e = k_tiles // ((rem + idle - 1) // idle + 1)
+                        # one partial tile per CTA of each cut tile
+                        need_e = self.flag_words + rem * self.cluster_size * self.slot_words
+                        if (e >= SK_MIN_ITERS) & (cute.size(work) >= need_e):
+                            sk = rem
+                            ends = e
         dp_tiles = tiles - sk
         n_dp = cutlass.Int32(0)
         if worker < dp_tiles:
@@ -308,12 +323,22 @@ class Sm90Gemm:
         sk_len = cutlass.Int32(0)
         if worker < w:
             sk_len = base + cutlass.Int32(cutlass.select_(worker < extra, 1, 0))
+        if cutlass.const_expr(self.cfg.stream_k_ends):
+            if ends > 0:
+                if worker < sk:
+                    sk_len = k_tiles - ends  # the owner: its tile's first k-blocks
+                else:
+                    idle = workers - sk  # idle cluster i: the ends of tiles i, i + idle, ...
+                    sk_len = ((sk - (worker - sk) + idle - 1) // idle) * ends
         v_end = n_dp * k_tiles + sk_len
-        return worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra
+        return worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra, sk, ends
 
     @cute.jit
-    def segment(self, v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end):  # noqa: ANN001, ANN201
-        """(linear tile index, first k-block, end k-block) of this cluster's k-block `v`."""
+    def segment(self, v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end, sk, ends):  # noqa: ANN001, ANN201
+        """(linear tile index, first k-block, end k-block) of this cluster's k-block `v`.
+        With `ends` > 0 the cut tiles are dp_tiles + t: owner t (< sk) runs k-blocks [0,
+        k_tiles - ends) of tile t, idle cluster i = worker - sk the ends [k_tiles - ends,
+        k_tiles) of tiles i, i + idle, ... in turn."""
         tile = cutlass.Int32(0)
         kb = cutlass.Int32(0)
         ke = k_tiles
@@ -327,6 +352,17 @@ class Sm90Gemm:
                 kb = g - t * k_tiles
                 ke = cutlass.min(k_tiles, kb + (v_end - v))
                 tile = dp_tiles + t
+                if cutlass.const_expr(self.cfg.stream_k_ends):
+                    if ends > 0:
+                        if worker < sk:
+                            tile = dp_tiles + worker
+                            kb = cutlass.Int32(0)
+                            ke = k_tiles - ends
+                        else:
+                            idle = workers - sk
+                            tile = dp_tiles + (worker - sk) + ((v - dp_iters) // ends) * idle
+                            kb = k_tiles - ends
+                            ke = k_tiles
         else:
             tile = worker + (v // k_tiles) * workers
         return tile, kb, ke
@@ -334,11 +370,11 @@ class Sm90Gemm:
     @cute.jit
     def produce(self, ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles, work) -> None:  # noqa: ANN001
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        worker, workers, dp_tiles, n_dp, sk_begin, v_end, _, _ = self.sk_plan(sched, k_tiles, work)
+        worker, workers, dp_tiles, n_dp, sk_begin, v_end, _, _, sk, ends = self.sk_plan(sched, k_tiles, work)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         v = cutlass.Int32(0)
         while v < v_end:
-            tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end)
+            tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end, sk, ends)
             m, n, batch = sched._get_current_work_for_linear_idx(tile).tile_idx
             a_tiles = tAgA[(None, m, None, batch)]
             b_tiles = tBgB[(None, n, None, batch)]
@@ -392,7 +428,7 @@ class Sm90Gemm:
             scale = sa[0] * sb[0]
 
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-        worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra = self.sk_plan(sched, k_tiles, work)
+        worker, workers, dp_tiles, n_dp, sk_begin, v_end, base, extra, sk, ends = self.sk_plan(sched, k_tiles, work)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v = cutlass.Int32(0)
@@ -417,7 +453,7 @@ class Sm90Gemm:
         epi_grid = (self.tile[0] // self.epi_tile[0], self.tile[1] // self.epi_tile[1])
         epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
         while v < v_end:
-            tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end)
+            tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end, sk, ends)
             tile_m, tile_n, tile_l = sched._get_current_work_for_linear_idx(tile).tile_idx
             early = []  # per subtile, the operands loaded while the mainloop runs
             if cutlass.const_expr(self.epi_fn is not None and any(self.early) and not self.overlap):
@@ -468,10 +504,21 @@ class Sm90Gemm:
                 release.advance()
                 if kb > 0:
                     # a run that starts inside the tile: hand its partial sums to the owner
-                    self.publish(acc, work, worker * self.cluster_size + rank, ctidx, epi_bar)
+                    # (an end of a cut tile: in its tile's slot, one cluster runs several)
+                    slot = worker * self.cluster_size + rank
+                    if cutlass.const_expr(self.cfg.stream_k_ends):
+                        if ends > 0:
+                            slot = (tile - dp_tiles) * self.cluster_size + rank
+                    self.publish(acc, work, slot, ctidx, epi_bar)
                 else:
                     if ke < k_tiles:
-                        self.fixup(acc, work, worker, rank, ke, base, extra, k_tiles, ctidx, epi_bar)
+                        if cutlass.const_expr(self.cfg.stream_k_ends):
+                            if ends > 0:
+                                self.add_partial(acc, work, (tile - dp_tiles) * self.cluster_size + rank, ctidx, epi_bar)
+                            else:
+                                self.fixup(acc, work, worker, rank, ke, base, extra, k_tiles, ctidx, epi_bar)
+                        else:
+                            self.fixup(acc, work, worker, rank, ke, base, extra, k_tiles, ctidx, epi_bar)
                     self.epilogue(
                         acc, tRS_acc, rD, rOut, r2s, sD, tRS_sD, tRS_cD, tma_d, gD, mD, e0, e1, e2, store_pipe, epi_bar, scale,
                         tile_m, tile_n, tile_l, tiles_done, n_bufs, grp, warp, store_warp, ab_pipe, release,
@@ -604,34 +651,38 @@ class Sm90Gemm:
     @cute.jit
     def fixup(self, acc, work, worker, rank, covered, base, extra, k_tiles, ctidx, epi_bar) -> None:  # noqa: ANN001
         """Add the partial sums of the runs after this one in the tile (workers + 1, + 2,
-        ... until the tile's k-blocks are covered). Thread 0 waits for each flag (acquire)
-        and clears it for the next launch; the barrier then orders every thread's loads
-        after the acquire."""
-        parts = cute.recast_ptr(work.iterator + self.flag_words, dtype=cutlass.Float32)
+        ... until the tile's k-blocks are covered), each through `add_partial`."""
         peer = worker + 1
         while covered < k_tiles:
-            slot = peer * self.cluster_size + rank
-            if ctidx == 0:
-                flag = cute.arch.load(work.iterator + slot, cutlass.Int32, sem="acquire", scope="gpu")
-                while flag == 0:
-                    flag = cute.arch.load(work.iterator + slot, cutlass.Int32, sem="acquire", scope="gpu")
-                cute.arch.store(work.iterator + slot, cutlass.Int32(0), sem="relaxed", scope="gpu")
-            epi_bar.arrive_and_wait()
-            src = parts + (slot * self.slot_words + ctidx)
-            # Weak loads (strong ones are not overlapped: 128 of them in a row cost ~100
-            # us), issued a chunk at a time ahead of their adds; `.cg` reads L2, never an
-            # L1 line left over from before the flag was raised.
-            n_acc = cute.size(acc)
-            for c in cutlass.range_constexpr(0, n_acc, SK_LOAD_CHUNK):
-                vals = [
-                    cute.arch.load(src + i * self.epi_threads, cutlass.Float32, cop="cg")
-                    for i in range(c, min(c + SK_LOAD_CHUNK, n_acc))
-                ]
-                for j in cutlass.range_constexpr(len(vals)):
-                    acc[c + j] = acc[c + j] + vals[j]
+            self.add_partial(acc, work, peer * self.cluster_size + rank, ctidx, epi_bar)
             run = base + cutlass.Int32(cutlass.select_(peer < extra, 1, 0))
             covered = covered + cutlass.min(k_tiles - covered, run)
             peer = peer + 1
+
+    @cute.jit
+    def add_partial(self, acc, work, slot, ctidx, epi_bar) -> None:  # noqa: ANN001
+        """Add workspace slot `slot`'s partial sums to `acc` once its flag is raised. Thread
+        0 waits for the flag (acquire) and clears it for the next launch; the barrier then
+        orders every thread's loads after the acquire."""
+        parts = cute.recast_ptr(work.iterator + self.flag_words, dtype=cutlass.Float32)
+        if ctidx == 0:
+            flag = cute.arch.load(work.iterator + slot, cutlass.Int32, sem="acquire", scope="gpu")
+            while flag == 0:
+                flag = cute.arch.load(work.iterator + slot, cutlass.Int32, sem="acquire", scope="gpu")
+            cute.arch.store(work.iterator + slot, cutlass.Int32(0), sem="relaxed", scope="gpu")
+        epi_bar.arrive_and_wait()
+        src = parts + (slot * self.slot_words + ctidx)
+        # Weak loads (strong ones are not overlapped: 128 of them in a row cost ~100 us),
+        # issued a chunk at a time ahead of their adds; `.cg` reads L2, never an L1 line
+        # left over from before the flag was raised.
+        n_acc = cute.size(acc)
+        for c in cutlass.range_constexpr(0, n_acc, SK_LOAD_CHUNK):
+            vals = [
+                cute.arch.load(src + i * self.epi_threads, cutlass.Float32, cop="cg")
+                for i in range(c, min(c + SK_LOAD_CHUNK, n_acc))
+            ]
+            for j in cutlass.range_constexpr(len(vals)):
+                acc[c + j] = acc[c + j] + vals[j]
 
     @cute.jit
     def tile_operands(self, mD, tRS_cD, epi_order, tile_m, tile_n, batch, e0, e1, e2) -> list:  # noqa: ANN001
