@@ -932,31 +932,44 @@ def test_stream_k_split_policy() -> None:
     assert stream_k_split(132, 66, 128) == (0, 0)  # whole waves: nothing to split
     assert stream_k_split(2, 66, 7) == (0, 0)  # too few k-blocks for two runs of 4
     sk = GemmConfig(stream_k=True, swizzle=1)
-    assert stream_k_workspace_words(GemmConfig(swizzle=1), 66, 1024, 1024, 1024) == 0  # no stream_k
+    assert stream_k_workspace_words(GemmConfig(swizzle=1), 66, 1024, 1024, 1024, sms=132) == 0  # no stream_k
     # 1024^3 on 128x256 c2x1: 16 clusters, each tile 4-way: 64 clusters of 2 CTAs hold a partial
-    assert stream_k_workspace_words(sk, 66, 1024, 1024, 1024) == 132 + 64 * 2 * 128 * 256
-    assert stream_k_workspace_words(sk, 66, 8192, 8192, 8192) == 0  # 34 of 66 in the last wave: no split
-    assert stream_k_workspace_words(sk, 66, 1024, 1024, 64) == 0  # one k-block
+    assert stream_k_workspace_words(sk, 66, 1024, 1024, 1024, sms=132) == 132 + 64 * 2 * 128 * 256
+    assert stream_k_workspace_words(sk, 66, 8192, 8192, 8192, sms=132) == 0  # 34 of 66 in the last wave: no split
+    assert stream_k_workspace_words(sk, 66, 1024, 1024, 64, sms=132) == 0  # one k-block
     with pytest.raises(ValueError, match="stream_k needs the cooperative"):
         GemmConfig(tile_n=128, pingpong=True, stream_k=True).validate(2, 2, H100)
 
 
 def _sk_ends_segments(tiles: int, workers: int, k_tiles: int) -> list[list[tuple[int, int, int]]]:
-    """Each worker's segments with `stream_k_ends` (`Sm90Gemm.sk_plan` / `segment`,
-    restated): whole tiles, then owner t < rem its tile's first k_tiles - e k-blocks, idle
-    cluster i the ends of tiles i, i + idle, ... of the last wave."""
+    """Each worker's segments with `stream_k_ends`, walked as the kernel walks them
+    (`Sm90Gemm.sk_plan`'s n_dp and v_end, then `segment` per k-block v, restated line by
+    line): whole tiles, then owner t < sk its tile's first k_tiles - e k-blocks, idle
+    cluster i = worker - sk the ends of tiles i, i + idle, ... of the last wave."""
     from cuteforge.kernels.gemm.sm90.config import stream_k_ends_len
 
-    e = stream_k_ends_len(tiles, workers, k_tiles)
-    rem = tiles % workers if e else 0
-    dp = tiles - rem
+    ends = stream_k_ends_len(tiles, workers, k_tiles)
+    sk = tiles % workers if ends else 0
+    dp_tiles = tiles - sk
     out = []
     for worker in range(workers):
-        segs = [(t, 0, k_tiles) for t in range(worker, dp, workers)]
-        if e and worker < rem:
-            segs.append((dp + worker, 0, k_tiles - e))
-        elif e:
-            segs += [(dp + t, k_tiles - e, k_tiles) for t in range(worker - rem, rem, workers - rem)]
+        n_dp = (dp_tiles - worker + workers - 1) // workers if worker < dp_tiles else 0
+        sk_len = 0
+        if ends:
+            idle = workers - sk
+            sk_len = k_tiles - ends if worker < sk else ((sk - (worker - sk) + idle - 1) // idle) * ends
+        v_end, v, segs = n_dp * k_tiles + sk_len, 0, []
+        while v < v_end:
+            dp_iters = n_dp * k_tiles
+            if v < dp_iters:
+                tile, kb, ke = worker + (v // k_tiles) * workers, 0, k_tiles
+            elif worker < sk:
+                tile, kb, ke = dp_tiles + worker, 0, k_tiles - ends
+            else:
+                tile = dp_tiles + (worker - sk) + ((v - dp_iters) // ends) * (workers - sk)
+                kb, ke = k_tiles - ends, k_tiles
+            segs.append((tile, kb, ke))
+            v += ke - kb
         out.append(segs)
     return out
 
@@ -998,18 +1011,19 @@ def test_stream_k_ends_schedule(tiles: int, workers: int, k_tiles: int) -> None:
 def test_stream_k_ends_policy() -> None:
     from cuteforge.kernels.gemm.sm90.config import stream_k_ends_len, stream_k_workspace_words
 
-    assert stream_k_ends_len(256, 66, 448) == 49  # 58 owners, 8 idle with at most 8 ends: 448 // 9
-    assert stream_k_ends_len(1024, 66, 128) == 42  # 34 owners, 32 idle with at most 2: 128 // 3
+    assert stream_k_ends_len(256, 66, 448) == 48  # 58 owners, 8 idle with at most 8 ends: (448 - 7 * 2) // 9
+    assert stream_k_ends_len(1024, 66, 128) == 42  # 34 owners, 32 idle with at most 2: (128 - 2) // 3
+    assert stream_k_ends_len(65, 66, 400) == 0  # one idle cluster for 65 ends: more than SK_MAX_SPLIT
     assert stream_k_ends_len(1023, 66, 128) == 0  # half a wave: stream_k_split cuts it
     assert stream_k_ends_len(132, 66, 128) == 0  # whole waves
     assert stream_k_ends_len(256, 66, 16) == 0  # ends of 16 // 9 = 1 k-block: not worth a fixup
     ends = GemmConfig(stream_k=True, stream_k_ends=True, swizzle=8)
     # 2048x8192x28672: 58 cut tiles, a partial tile per CTA of each; without ends, no split
-    assert stream_k_workspace_words(ends, 66, 2048, 8192, 28672) == 132 + 58 * 2 * 128 * 256
-    assert stream_k_workspace_words(GemmConfig(stream_k=True), 66, 2048, 8192, 28672) == 0
+    assert stream_k_workspace_words(ends, 66, 2048, 8192, 28672, sms=132) == 132 + 58 * 2 * 128 * 256
+    assert stream_k_workspace_words(GemmConfig(stream_k=True), 66, 2048, 8192, 28672, sms=132) == 0
     # where stream_k_split applies, ends changes nothing
-    assert stream_k_workspace_words(ends, 66, 1024, 1024, 1024) == stream_k_workspace_words(
-        GemmConfig(stream_k=True), 66, 1024, 1024, 1024) > 0
+    assert stream_k_workspace_words(ends, 66, 1024, 1024, 1024, sms=132) == stream_k_workspace_words(
+        GemmConfig(stream_k=True), 66, 1024, 1024, 1024, sms=132) > 0
     with pytest.raises(ValueError, match="stream_k_ends .* needs stream_k=True"):
         GemmConfig(stream_k_ends=True).validate(2, 2, H100)
 
@@ -1153,7 +1167,7 @@ def test_persistent_grid_capped_by_resident_clusters(monkeypatch: pytest.MonkeyP
     import cuteforge.kernels.gemm.sm90.host as host
 
     seen: list[int] = []
-    monkeypatch.setattr(host, "make_gemm", lambda cfg, stages, a_k, b_k, kinds, epi, clusters, scaled=False: seen.append(clusters))
+    monkeypatch.setattr(host, "make_gemm", lambda cfg, stages, a_k, b_k, kinds, epi, clusters, scaled=False, sms=0: seen.append(clusters))
     k = gemm_kernel(True, True)
     key = BoundKey(("bfloat16",) * 3 + ("int32",), (), (8, 8, 8, 4))
     cfg = GemmConfig(cluster_m=2, cluster_n=2)

@@ -88,13 +88,14 @@ def _persistent_clusters(device: int, cfg: GemmConfig, sms: int) -> int:
     return min(sms // size, cap) if cap else sms // size
 
 
-def _workspace(device: int, cfg: GemmConfig, clusters: int, m: int, n: int, k: int, batch: int) -> Callable[[], torch.Tensor]:
+def _workspace(device: int, cfg: GemmConfig, sms: int, clusters: int, m: int, n: int, k: int,
+               batch: int) -> Callable[[], torch.Tensor]:
     """The `work` argument per call: where the config's stream-K split cuts tiles of this
     problem, flags + partial tiles from `cuteforge.workspace` (per stream; fresh under
     graph capture), else one word that the kernel never reads."""
-    words = stream_k_workspace_words(cfg, clusters, m, n, k, batch)
+    words = stream_k_workspace_words(cfg, clusters, m, n, k, batch, sms=sms)
     if words:
-        flags = stream_k_flag_words(cfg, clusters)
+        flags = stream_k_flag_words(sms)
         return lambda: stream_workspace("gemm", device, words, flags)
     w = _no_work(device)
     return lambda: w
@@ -389,7 +390,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
     if clusters < sms // (cfg.cluster_m * cfg.cluster_n):
         params += (("clusters", clusters),)  # in the key only where it differs from sms's share
     launch = kern.get(key, tuple(sorted(params)), cfg)
-    work = _workspace(a.device.index, cfg, clusters, M, N, K, L)
+    work = _workspace(a.device.index, cfg, sms, clusters, M, N, K, L)
     if plain and n_pad == N:
         # Operands already in the kernel's form (row (M,) / col (N,) unit-stride vectors, a
         # full (1, M, N) one) pass through; others get their per-call shaping. fp8's

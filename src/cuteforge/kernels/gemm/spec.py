@@ -42,7 +42,7 @@ WORK = TensorArg("work", ("W",), dtypes=(torch.int32,))
 
 def signature(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool = False) -> Signature:
     """a, b, out, the int32 stream-K workspace `work` (flags zero; at least
-    `stream_k_workspace_words(config, clusters, M, N, K, L)` words for a stream_k config
+    `stream_k_workspace_words(config, clusters, M, N, K, L, sms=sms)` words for a stream_k config
     to split the problem's last wave, anything, e.g. one word, otherwise: it then runs
     whole tiles), then (fp8) the fp32 per-tensor scales scale_a, scale_b of one element
     each, then the epilogue operands e0.. ."""
@@ -100,7 +100,7 @@ def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool
         # "clusters": the persistent grid, set by ops.gemm only where the device runs fewer
         # clusters at once than sms / cluster size (4-CTA clusters)
         clusters = int(spec.param("clusters", sms // (cfg.cluster_m * cfg.cluster_n)))
-        return make_gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, clusters, scaled=fp8)
+        return make_gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, clusters, scaled=fp8, sms=sms)
 
     build.__name__ = kernel_name(a_k_major, b_k_major, kinds, fp8)
     return build

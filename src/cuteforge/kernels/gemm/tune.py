@@ -93,7 +93,7 @@ def gemm_problem(a_k: bool, b_k: bool, kinds: tuple[str, ...]) -> Any:
         if epi is not None:
             compile_params["epilogue"] = epi.key
         configs = tune_configs(M, N, K, sms, dt.itemsize, fused=epi is not None)
-        words = max([4] + [stream_k_workspace_words(c, sms // (c.cluster_m * c.cluster_n), M, N, K, L) for c in configs])
+        words = max([4] + [stream_k_workspace_words(c, sms // (c.cluster_m * c.cluster_n), M, N, K, L, sms=sms) for c in configs])
 
         def layout(device: str) -> list[torch.Tensor]:
             a = _rows((L, M, K), 2 if a_k else 1, dt, device)

@@ -42,10 +42,11 @@ class GemmConfig:
     stream_k_ends: (with stream_k) a last wave more than half full, which `stream_k_split`
       leaves whole, is cut too: each of its tiles runs its first k-blocks on its own
       cluster and its last `stream_k_ends_len` k-blocks on one of the clusters that wave
-      leaves idle, every idle cluster taking the ends of a few tiles in turn. All the
-      tiles' runs start at one k offset (the owners at 0, the ends at the cut), so they
-      stay in step in L2 as whole tiles do. Session 34: written and compiled, not yet run
-      on a GPU; not in the defaults or the tuner's candidates.
+      leaves idle, every idle cluster taking the ends of a few tiles in turn. The owners
+      all start at k-block 0 and the idle clusters' first ends at the cut, so those stay
+      in step in L2 as whole tiles do (an idle cluster's later ends follow one another).
+      Session 34: written and compiled, not yet run on a GPU; not in the defaults or the
+      tuner's candidates.
     store_overlap: (cooperative tiles with a 16-bit output) the epilogue math runs as soon
       as a tile's accumulator is complete, but the converted tile stays in registers and
       its subtiles go out (st.matrix, barrier, TMA store) one per k-block under the next
@@ -223,6 +224,8 @@ def scheduled_clusters(cfg: GemmConfig, m: int, n: int, batch: int = 1) -> int:
 # mirror below is what the CPU tests and the docs check it against).
 SK_MAX_SPLIT = 8  # a tile is cut into at most this many runs (the owner adds the others)
 SK_MIN_ITERS = 4  # k-blocks per run at least: a shorter run is mostly fixup
+SK_END_COST = 2  # k-blocks' time a cut tile's end costs besides its MMAs (publishing a 128x256
+#                  fp32 partial per CTA, or the owner adding it): ~128 KiB at ~64 B/clk
 
 
 def stream_k_split(tiles: int, workers: int, k_tiles: int) -> tuple[int, int]:
@@ -249,24 +252,30 @@ def stream_k_ends_len(tiles: int, workers: int, k_tiles: int) -> int:
     `stream_k_split` leaves whole (more than half full), run by the idle clusters; 0: no
     cut. The wave's rem tiles keep their owners (workers 0..rem-1) for the first k_tiles
     - e k-blocks; idle cluster i (of h = workers - rem) runs the ends of tiles i, i + h,
-    ..., at most c = ceil(rem / h) of them, so e = k_tiles // (c + 1) makes the owners and
-    the busiest idle cluster finish together. Cut only when e >= SK_MIN_ITERS. Mirrors
-    `Sm90Gemm.sk_plan`."""
+    ..., at most c = ceil(rem / h) of them. Each end also costs SK_END_COST (its publish;
+    the owner's add), so e = (k_tiles - (c - 1) * SK_END_COST) // (c + 1) makes the owners
+    and the busiest idle cluster finish together. Cut only when c <= SK_MAX_SPLIT and
+    e >= SK_MIN_ITERS. Mirrors `Sm90Gemm.sk_plan`."""
     rem = tiles % workers
     if rem == 0 or stream_k_split(tiles, workers, k_tiles)[0]:
         return 0
-    idle = workers - rem
-    ends = k_tiles // (-(-rem // idle) + 1)
-    return ends if ends >= SK_MIN_ITERS else 0
+    per_idle = -(-rem // (workers - rem))
+    ends = (k_tiles - (per_idle - 1) * SK_END_COST) // (per_idle + 1)
+    return ends if per_idle <= SK_MAX_SPLIT and ends >= SK_MIN_ITERS else 0
 
 
-def stream_k_flag_words(cfg: GemmConfig, max_clusters: int) -> int:
-    """The flags at the start of the stream-K workspace: one int32 per CTA slot, rounded
-    up to 16 bytes (the partial tiles after them stay 16-byte aligned)."""
-    return -(-(max_clusters * cfg.cluster_m * cfg.cluster_n) // 4) * 4
+def stream_k_flag_words(sms: int) -> int:
+    """The flags at the start of the stream-K workspace: one int32 per SM (every CTA slot
+    of any config's persistent grid is below sms), rounded up to 16 bytes (the partial
+    tiles after them stay 16-byte aligned). The same for every config on a device: the
+    configs' launches on one stream share one workspace, and a config whose flags ended
+    earlier (4-CTA clusters capped at 30 of 4, 120 flags) would write its partial sums
+    where another config's flags are."""
+    return -(-sms // 4) * 4
 
 
-def stream_k_workspace_words(cfg: GemmConfig, max_clusters: int, m: int, n: int, k: int, batch: int = 1) -> int:
+def stream_k_workspace_words(cfg: GemmConfig, max_clusters: int, m: int, n: int, k: int, batch: int = 1, *,
+                             sms: int) -> int:
     """int32 words of workspace the stream-K split of this problem needs: the flags,
     then one fp32 tile of partial sums per CTA of the clusters sharing the split tiles
     (with `stream_k_ends`, per CTA of each cut tile). 0 when nothing is split (no
@@ -282,7 +291,7 @@ def stream_k_workspace_words(cfg: GemmConfig, max_clusters: int, m: int, n: int,
         workers = tiles % max_clusters  # one slot per cut tile
     if not workers:
         return 0
-    return stream_k_flag_words(cfg, max_clusters) + workers * cfg.cluster_m * cfg.cluster_n * cfg.tile_m * cfg.tile_n
+    return stream_k_flag_words(sms) + workers * cfg.cluster_m * cfg.cluster_n * cfg.tile_m * cfg.tile_n
 
 
 def fit_swizzle(cfg: GemmConfig, m: int, n: int) -> GemmConfig:

@@ -30,10 +30,12 @@ def make_gemm(
     epi_fn: Callable[..., Any] | None,
     max_clusters: int,
     scaled: bool = False,
+    *,
+    sms: int,
 ) -> Any:
     if len(kinds) > 3:
         raise ValueError(f"the GEMM epilogue takes at most 3 tensor operands, got {len(kinds)}")
-    g = Sm90Gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, max_clusters, scaled)
+    g = Sm90Gemm(cfg, stages, a_k_major, b_k_major, kinds, epi_fn, max_clusters, scaled, sms=sms)
     n_scales = 2 if scaled else 0
 
     def launch(a: cute.Tensor, b: cute.Tensor, out: cute.Tensor, work: cute.Tensor, extras: tuple[Any, ...],

@@ -33,7 +33,9 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
   the grid is one persistent wave). With `cfg.stream_k_ends` a fuller last wave is cut
   too (`config.stream_k_ends_len`): each tile's owner runs its first k-blocks, and the
   clusters that wave leaves idle run the tiles' ends, each end published into the slot
-  of its tile; the owner adds that one partial (not yet run on a GPU).
+  of its tile after whole tiles and other ends, none of which wait; the owner adds that
+  one partial (not yet run on a GPU). The flags come first in the workspace, one per SM
+  for every config (`config.stream_k_flag_words`): configs share a stream's workspace.
 
 fp8 (`scaled`): A and B are e4m3/e5m2 (K-major only, 128-deep k-blocks, wgmma k32) and
 the accumulator is multiplied by scale_a[0] * scale_b[0] (read once per CTA) before the
@@ -63,6 +65,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from .config import (
+    SK_END_COST,
     SK_MAX_SPLIT,
     SK_MIN_ITERS,
     GemmConfig,
@@ -88,6 +91,8 @@ class Sm90Gemm:
         epi_fn: Callable[..., Any] | None,
         max_clusters: int,
         scaled: bool = False,
+        *,
+        sms: int,
     ) -> None:
         self.cfg = cfg
         self.scaled = scaled  # fp8: acc * scale_a[0] * scale_b[0] before the epilogue
@@ -112,9 +117,9 @@ class Sm90Gemm:
         # Named barriers: 0 is __syncthreads; 1 (+1 for the second pingpong warpgroup) the
         # epilogue's; 3 and 4 hand the mainloop turn between pingpong warpgroups.
         self.epi_threads = WG * self.mma_wgs
-        # Stream-K workspace (int32 words): a flag per CTA slot, then fp32 partial tiles.
+        # Stream-K workspace (int32 words): a flag per SM (any CTA slot), then fp32 partial tiles.
         self.cluster_size = cfg.cluster_m * cfg.cluster_n
-        self.flag_words = stream_k_flag_words(cfg, max_clusters)
+        self.flag_words = stream_k_flag_words(sms)
         self.slot_words = cfg.tile_m * cfg.tile_n
 
     # ---- host side -----------------------------------------------------------------------
@@ -305,11 +310,11 @@ class Sm90Gemm:
                     w = split * rem
                 if cutlass.const_expr(self.cfg.stream_k_ends):
                     if split < 2:
-                        idle = workers - rem
-                        e = k_tiles // ((rem + idle - 1) // idle + 1)
+                        per_idle = (rem + workers - rem - 1) // (workers - rem)
+                        e = (k_tiles - (per_idle - 1) * SK_END_COST) // (per_idle + 1)
                         # one partial tile per CTA of each cut tile
                         need_e = self.flag_words + rem * self.cluster_size * self.slot_words
-                        if (e >= SK_MIN_ITERS) & (cute.size(work) >= need_e):
+                        if (per_idle <= SK_MAX_SPLIT) & (e >= SK_MIN_ITERS) & (cute.size(work) >= need_e):
                             sk = rem
                             ends = e
         dp_tiles = tiles - sk
