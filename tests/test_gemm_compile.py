@@ -59,7 +59,7 @@ def test_epilogue_operands_load_into_32_bit_registers() -> None:
     bias is loaded while its mainloop runs; without it, one subtile ahead in the epilogue."""
     from cuteforge.kernels.gemm.sm90.config import SHORT_K
 
-    cfg = default_config(8192, 8192, 8192, 132, fused=True)
+    cfg = default_config(6144, 6144, 6144, 132, fused=True)
     assert cfg.loads_operands_early and not replace(cfg, early_operands=False).loads_operands_early
     assert not SHORT_K.loads_operands_early and not GemmConfig(tile_m=256, tile_n=192).loads_operands_early
     assert not GemmConfig(tile_n=128, pingpong=True).loads_operands_early  # its epilogue overlaps already
@@ -189,8 +189,13 @@ def test_config_validation() -> None:
     for c in candidate_configs(128, 4096):
         c.validate(2, 2, H100)
     assert default_config(16, 4096, 4096).tile_m == 64
-    # stream-K only where the plan splits a last wave (v4.4): 8192^3's is 34 of 66 clusters
-    assert default_config(8192, 8192, 8192) == GemmConfig()
+    # stream-K only where the plan splits a last wave (v4.4); a last wave more than half
+    # full only where its ends are long (session 35): 8192^3's 34 of 66 clusters with ends
+    # of 42 k-blocks, not 6144^3's 48 of 66 with 23, nor 4096^3's 58 of 66 with 5
+    assert default_config(8192, 8192, 8192) == GemmConfig(stream_k=True, stream_k_ends=True)
+    assert default_config(2048, 8192, 28672) == GemmConfig(stream_k=True, stream_k_ends=True)
+    assert default_config(6144, 6144, 6144) == GemmConfig() == default_config(4096, 4096, 4096)
+    assert not default_config(8192, 8192, 8192, 132, 1).stream_k_ends  # fp8: measured on 16-bit only
     assert default_config(16384, 16384, 16384).stream_k and default_config(3072, 3072, 16384).stream_k
     assert default_config(16384, 16384, 1024).pingpong and default_config(1024, 1024, 1024).tile_n == 64
     assert default_config(1024, 1024, 1024).pingpong and not default_config(128, 4096, 4096).pingpong
@@ -651,10 +656,10 @@ def test_full_operands_take_32_wide_subtiles() -> None:
     bias + gelu + residual kernel assembles without the 64 bytes of spill as well."""
     from ptxas_check import ptxas_no_spill
 
-    res = default_config(8192, 8192, 8192, 132, fused=True, vector_operands=1, full_operands=1)
+    res = default_config(6144, 6144, 6144, 132, fused=True, vector_operands=1, full_operands=1)
     assert (res.tile_m, res.tile_n, res.epi_n, res.early_operands, res.stream_k) == (128, 256, 32, True, False)
-    assert default_config(8192, 8192, 8192, 132, fused=True, full_operands=2).epi_n == 32
-    assert default_config(8192, 8192, 8192, 132, fused=True, vector_operands=1).epi_n == 64
+    assert default_config(6144, 6144, 6144, 132, fused=True, full_operands=2).epi_n == 32
+    assert default_config(6144, 6144, 6144, 132, fused=True, vector_operands=1).epi_n == 64
     sk = default_config(8192, 28672, 4096, 132, fused=True, vector_operands=1, full_operands=1)
     assert sk.stream_k and (sk.epi_n, sk.early_operands) == (32, False)
     fp8 = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=1, full_operands=1)
@@ -836,7 +841,10 @@ def test_fused_default_config() -> None:
     other tiles and the unfused default keep 32; every one fits sm_90 for 16-bit and fp32
     outputs and fp8 inputs."""
     # fused cooperative tiles walk N first (raster "n", v4.4)
-    assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(epi_n=64, raster="n")
+    assert default_config(6144, 6144, 6144, fused=True) == GemmConfig(epi_n=64, raster="n")
+    # a cut last wave (stream_k_ends) takes the fused stream-K form: 32-wide, operands late
+    assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(
+        epi_n=32, raster="n", stream_k=True, stream_k_ends=True, early_operands=False)
     # every fused epilogue, gelu / silu included, keeps the cooperative tile (v4.5: its
     # stores overlap the next mainloop; the v4.1 pingpong rule for them is gone)
     coop = GemmConfig(epi_n=64, raster="n")

@@ -2,7 +2,8 @@
 nearly full last wave (`GemmConfig.stream_k_ends`) speed up the shapes whose last wave
 `stream_k_split` leaves whole? 8192^3 (34 of 66 clusters in the last wave) and
 2048x8192x28672 (58 of 66), plain and with bias + gelu: the default, the default with
-`stream_k=True, stream_k_ends=True`, cuBLAS and cuBLAS addmm + eager gelu, rotated order
+`stream_k=True, stream_k_ends=True` (fused: also on 32-wide subtiles with late operands,
+"ends32", the fused stream-K default's form), cuBLAS and cuBLAS addmm + eager gelu, rotated order
 (bench_gemm.measure), passes from argv[2] (default 2); every ends output checked against
 the default's (stream-K sums in another order: a few bf16 ulps). Shapes from argv[3]
 (MxNxK,...). Writes JSON to argv[1] after every row."""
@@ -39,7 +40,10 @@ for rep in range(passes):
             if fused:
                 fns = {"cublas": lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh"),
                        "default": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=cfg),
-                       "ends": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends)}
+                       "ends": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends),
+                       # as the fused stream-K default: 32-wide subtiles, operands loaded late
+                       "ends32": lambda: gemm(a, b, bias=bias, epilogue="gelu",
+                                              config=replace(ends, epi_n=32, early_operands=False))}
             else:
                 fns = {"cublas": lambda: torch.matmul(a, b),
                        "default": lambda: gemm(a, b, config=cfg),
@@ -50,6 +54,9 @@ for rep in range(passes):
             row.update({f"{x}_TF": bg.tflops(m, n, k, t) for x, t in ms.items()})
             row["ends_vs_default"] = round(ms["default"] / ms["ends"], 4)
             row["ends_vs_cublas"] = round(ms["cublas"] / ms["ends"], 4)
+            if "ends32" in ms:
+                row["ends32_vs_default"] = round(ms["default"] / ms["ends32"], 4)
+                row["ends32_vs_cublas"] = round(ms["cublas"] / ms["ends32"], 4)
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
             with open(sys.argv[1], "w") as f:

@@ -434,7 +434,7 @@ def test_stream_k_ends() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = GemmConfig(stream_k=True, stream_k_ends=True)
     workers = _persistent_clusters(0, cfg, sms)
-    shapes = [(m, n, k) for m, n, k in ((2048, 8192, 2304), (2000, 8000, 2300), (8192, 8192, 768))
+    shapes = [(m, n, k) for m, n, k in ((2048, 8192, 4608), (2000, 8000, 4600), (8192, 8192, 1024))
               if stream_k_ends_len(scheduled_clusters(cfg, m, n), workers, -(-k // 64))]
     if not shapes:  # the shapes are chosen for 132 SMs
         pytest.skip(f"no test shape ends on a last wave the plan cuts with {workers} clusters")
@@ -450,6 +450,12 @@ def test_stream_k_ends() -> None:
             fused = GemmConfig(stream_k=True, stream_k_ends=True, epi_n=32, early_operands=False)
             _close(gemm(a, b, bias=bias, epilogue="gelu", config=fused), gelu, k)
             torch.cuda.synchronize()
+    # fp8 (128-deep k-blocks): twice the K gives the same k-block counts as above
+    fp8 = GemmConfig(tile_k=128, stream_k=True, stream_k_ends=True)
+    for m, n, k in [(m, n, 2 * k) for m, n, k in shapes[:2]]:
+        a, b, sa, sb = _fp8_inputs(m, n, k, torch.float8_e4m3fn, torch.float8_e4m3fn)
+        for _ in range(2):
+            _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb, config=fp8), _fp8_ref(a, b, sa, sb), k)
 
 
 def test_stream_k_ends_four_cta_then_pairs() -> None:

@@ -45,8 +45,10 @@ class GemmConfig:
       leaves idle, every idle cluster taking the ends of a few tiles in turn. The owners
       all start at k-block 0 and the idle clusters' first ends at the cut, so those stay
       in step in L2 as whole tiles do (an idle cluster's later ends follow one another).
-      Session 34: written and compiled, not yet run on a GPU; not in the defaults or the
-      tuner's candidates.
+      H200, session 35 (gemm.md): ahead at 8192^3 (ends of 42 k-blocks; plain +0.8 %,
+      fused +0.9 % mean), level at 2048x8192x28672 (48), behind where the ends are short
+      (4096^3, 5: -9 %). The heuristic sets it where the ends are at least
+      `SK_ENDS_DEFAULT` k-blocks; it is a tuner candidate too.
     store_overlap: (cooperative tiles with a 16-bit output) the epilogue math runs as soon
       as a tile's accumulator is complete, but the converted tile stays in registers and
       its subtiles go out (st.matrix, barrier, TMA store) one per k-block under the next
@@ -224,6 +226,7 @@ def scheduled_clusters(cfg: GemmConfig, m: int, n: int, batch: int = 1) -> int:
 # mirror below is what the CPU tests and the docs check it against).
 SK_MAX_SPLIT = 8  # a tile is cut into at most this many runs (the owner adds the others)
 SK_MIN_ITERS = 4  # k-blocks per run at least: a shorter run is mostly fixup
+SK_ENDS_DEFAULT = 32  # default_config cuts a nearly full last wave only into ends this long
 SK_END_COST = 2  # k-blocks' time a cut tile's end costs besides its MMAs (publishing a 128x256
 #                  fp32 partial per CTA, or the owner adding it): ~128 KiB at ~64 B/clk
 
@@ -336,7 +339,7 @@ def tile_efficiency(cfg: GemmConfig, m: int, n: int, sm_count: int) -> float:
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
                    fused: bool = False, decode_split: bool = True, vector_operands: int = 0,
-                   scale_operands: int = 0, full_operands: int = 0) -> GemmConfig:
+                   scale_operands: int = 0, full_operands: int = 0, cut_ends: bool = True) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -361,6 +364,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     stores 32-wide subtiles and loads the operands in the epilogue (see below).
     `full_operands`: the epilogue's full (M, N) operands (c, residual); the 128x256 tile
     then stores 32-wide subtiles (see below).
+    `cut_ends`: a nearly full last wave with long ends runs `stream_k_ends` (see below;
+    the fp8 path turns it off: measured on 16-bit inputs only).
     """
     short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
         -(-m // 128) * -(-n // 128) >= 4 * sm_count)
@@ -371,7 +376,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             cfg = fit_swizzle(SHORT_K_NARROW, m, n)  # type: ignore[arg-type]
         else:
             cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False, vector_operands=vector_operands,
-                                 scale_operands=scale_operands, full_operands=full_operands)
+                                 scale_operands=scale_operands, full_operands=full_operands, cut_ends=False)
         return replace(cfg, tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
@@ -460,15 +465,25 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # where the plan splits (with K unknown: wherever there is a full wave).
     clusters = scheduled_clusters(cfg, m, n)
     workers = sm_count // (cm * cn)
-    if not pingpong and clusters >= workers and (k is None or stream_k_split(clusters, workers, -(-k // cfg.tile_k))[0]):
+    k_tiles = None if k is None else -(-k // cfg.tile_k)
+    if not pingpong and clusters >= workers and (k_tiles is None or stream_k_split(clusters, workers, k_tiles)[0]):
         cfg = replace(cfg, stream_k=True)
-        if fused and (tm, tn) == (128, 256):
-            # A stream-K tile loads its row / col operands in the epilogue (held from the
-            # mainloop across the fixup they spilled; `loads_operands_early`), and with them
-            # loaded there 32-wide subtiles lead: H100, same run, two passes, bias + gelu /
-            # silu at six stream-K shapes (gemm.md session 32, h100-gemm-s32-streamk.json),
-            # 32- over 64-wide, ahead in 23 of 24 pairs (-0.3 to +3.3 %).
-            cfg = replace(cfg, epi_n=32, early_operands=False)
+    elif cut_ends and not pingpong and k_tiles is not None and stream_k_ends_len(clusters, workers, k_tiles) >= SK_ENDS_DEFAULT:
+        # A last wave more than half full, with ends of at least SK_ENDS_DEFAULT k-blocks,
+        # is cut too (`stream_k_ends`). H200, same run, default -> ends (gemm.md session 35,
+        # h200-gemm-s35-ends*.json): 8192^3 (ends of 42) plain +1.1 / +0.7 / +1.6 / +1.4 /
+        # -0.8 %, bias + gelu on 32-wide subtiles +1.6 / +0.7 / +0.4 %; 2048x8192x28672
+        # (48) plain +0.6 / -0.2 / +0.3 / -0.7 / +0.6 %, fused +0.7 / -0.5 / +0.8 %. Short
+        # ends lost: 4096^3 (5) -9 to -10 %, 2048x14336x4096 (11) -1.5 to -4 %; 4096x14336x4096
+        # (20) and 6144^3 (23) level to -1.6 %.
+        cfg = replace(cfg, stream_k=True, stream_k_ends=True)
+    if cfg.stream_k and fused and (tm, tn) == (128, 256):
+        # A stream-K tile loads its row / col operands in the epilogue (held from the
+        # mainloop across the fixup they spilled; `loads_operands_early`), and with them
+        # loaded there 32-wide subtiles lead: H100, same run, two passes, bias + gelu /
+        # silu at six stream-K shapes (gemm.md session 32, h100-gemm-s32-streamk.json),
+        # 32- over 64-wide, ahead in 23 of 24 pairs (-0.3 to +3.3 %).
+        cfg = replace(cfg, epi_n=32, early_operands=False)
     return cfg
 
 
@@ -494,6 +509,9 @@ def candidate_configs(m: int | None, n: int | None, in_bytes: int = 2) -> list[G
         GemmConfig(stream_k=True),
         GemmConfig(cluster_m=1, cluster_n=2, stream_k=True),
         GemmConfig(tile_n=128, stream_k=True),
+        # a nearly full last wave cut too (level on average at two shapes; the tuner
+        # measures it per shape, and where the plan cuts nothing it runs whole tiles)
+        GemmConfig(stream_k=True, stream_k_ends=True),
         SHORT_K,
         replace(SHORT_K, raster="m"),
         GemmConfig(tile_n=128, pingpong=True, raster="n", epi_bufs=2),
