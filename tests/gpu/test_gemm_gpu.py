@@ -424,7 +424,7 @@ def test_four_cta_clusters(cm: int, cn: int) -> None:
 
 
 def test_stream_k_ends() -> None:
-    """`stream_k_ends` (session 34; first run on a GPU pending): shapes whose last wave is
+    """`stream_k_ends` (session 34; first run on an H200 in session 35): shapes whose last wave is
     more than half full, which the plan cuts into owners' first k-blocks and idle clusters'
     ends; plain, bf16 -> fp32 and fused bias + gelu, ragged edges, each launched twice
     (the owners clear the flags for the next launch)."""
