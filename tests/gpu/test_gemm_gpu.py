@@ -458,6 +458,34 @@ def test_stream_k_ends() -> None:
             _close_fp8(gemm(a, b, scale_a=sa, scale_b=sb, config=fp8), _fp8_ref(a, b, sa, sb), k)
 
 
+def test_stream_k_ends_batched() -> None:
+    """`stream_k_ends` on batched problems (session 35; not yet run on a GPU): the cut
+    tiles are numbered across the batch, so a tile's end and its owner sit in different
+    batches' tile ranges; plain and bias + gelu, ragged, a broadcast B, twice each."""
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig, scheduled_clusters, stream_k_ends_len
+    from cuteforge.ops.gemm import _persistent_clusters
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = GemmConfig(stream_k=True, stream_k_ends=True)
+    workers = _persistent_clusters(0, cfg, sms)
+    cases = [(b, m, n, k) for b, m, n, k in ((2, 2000, 4000, 4600), (4, 1000, 4096, 4608))
+             if stream_k_ends_len(scheduled_clusters(cfg, m, n, b), workers, -(-k // 64))]
+    if not cases:  # the shapes are chosen for 132 SMs
+        pytest.skip(f"no test shape ends on a last wave the plan cuts with {workers} clusters")
+    fused = GemmConfig(stream_k=True, stream_k_ends=True, epi_n=32, early_operands=False)
+    for batch, m, n, k in cases:
+        a = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(batch, k, n, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        ref = _ref(a, b)
+        for _ in range(2):
+            _close(gemm(a, b, config=cfg), ref, k)
+            _close(gemm(a, b, bias=bias, epilogue="gelu", config=fused),
+                   F.gelu(ref + bias.float(), approximate="tanh"), k)
+            _close(gemm(a, b[0], config=cfg), _ref(a, b[0]), k)
+        torch.cuda.synchronize()
+
+
 def test_stream_k_ends_four_cta_then_pairs() -> None:
     """Every config's launches on a stream share one workspace, so the flags must end at the
     same word for all of them: a 4-CTA ends launch (its grid capped below sms / 4 clusters,

@@ -385,7 +385,7 @@ def _plan(a: Any, b: Any, ops: Sequence[Any], names: Sequence[str], epi: GemmEpi
         cfg = default_config(M, N, K, sms, a.element_size(), fused=epi is not None,
                              vector_operands=sum(k_ in ("row", "col") for k_ in kinds),
                              full_operands=sum(k_ == "full" for k_ in kinds),
-                             scale_operands=epi.scale_operands if epi is not None else 0)
+                             scale_operands=epi.scale_operands if epi is not None else 0, batch=L)
     clusters = _persistent_clusters(a.device.index, cfg, sms)
     if clusters < sms // (cfg.cluster_m * cfg.cluster_n):
         params += (("clusters", clusters),)  # in the key only where it differs from sms's share

@@ -42,11 +42,11 @@ LAYOUTS = ((True, True), (True, False), (False, True), (False, False))
 KINDS = ((), ("col",))
 
 
-def tune_configs(m: int, n: int, k: int, sms: int, in_bytes: int, fused: bool) -> list[GemmConfig]:
+def tune_configs(m: int, n: int, k: int, sms: int, in_bytes: int, fused: bool, batch: int = 1) -> list[GemmConfig]:
     """The heuristic's config for the shape first, then the candidate list; each fitted to
     the shape's swizzle groups, duplicates dropped (the tuner validates each)."""
     out: list[GemmConfig] = []
-    for c in [default_config(m, n, k, sms, in_bytes, fused=fused), *candidate_configs(m, n, in_bytes)]:
+    for c in [default_config(m, n, k, sms, in_bytes, fused=fused, batch=batch), *candidate_configs(m, n, in_bytes)]:
         c = fit_swizzle(c, m, n)
         if c not in out:
             out.append(c)
@@ -92,7 +92,7 @@ def gemm_problem(a_k: bool, b_k: bool, kinds: tuple[str, ...]) -> Any:
         compile_params: dict[str, Any] = {"sms": sms}
         if epi is not None:
             compile_params["epilogue"] = epi.key
-        configs = tune_configs(M, N, K, sms, dt.itemsize, fused=epi is not None)
+        configs = tune_configs(M, N, K, sms, dt.itemsize, fused=epi is not None, batch=L)
         words = max([4] + [stream_k_workspace_words(c, sms // (c.cluster_m * c.cluster_n), M, N, K, L, sms=sms) for c in configs])
 
         def layout(device: str) -> list[torch.Tensor]:

@@ -339,7 +339,8 @@ def tile_efficiency(cfg: GemmConfig, m: int, n: int, sm_count: int) -> float:
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
                    fused: bool = False, decode_split: bool = True, vector_operands: int = 0,
-                   scale_operands: int = 0, full_operands: int = 0, cut_ends: bool = True) -> GemmConfig:
+                   scale_operands: int = 0, full_operands: int = 0, cut_ends: bool = True,
+                   batch: int = 1) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -365,7 +366,10 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     `full_operands`: the epilogue's full (M, N) operands (c, residual); the 128x256 tile
     then stores 32-wide subtiles (see below).
     `cut_ends`: a nearly full last wave with long ends runs `stream_k_ends` (see below;
-    the fp8 path turns it off: measured on 16-bit inputs only).
+    the fp8 path turns it off: measured on 16-bit inputs only). `batch`: the problem's
+    batch count L; the ends rule applies to L = 1 only (a batch's tiles share the last
+    wave, and batched ends have not run on a GPU yet; the stream_k rule was measured and
+    kept on one batch's clusters).
     """
     short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
         -(-m // 128) * -(-n // 128) >= 4 * sm_count)
@@ -376,7 +380,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             cfg = fit_swizzle(SHORT_K_NARROW, m, n)  # type: ignore[arg-type]
         else:
             cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False, vector_operands=vector_operands,
-                                 scale_operands=scale_operands, full_operands=full_operands, cut_ends=False)
+                                 scale_operands=scale_operands, full_operands=full_operands, cut_ends=False,
+                                 batch=batch)
         return replace(cfg, tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
@@ -468,7 +473,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     k_tiles = None if k is None else -(-k // cfg.tile_k)
     if not pingpong and clusters >= workers and (k_tiles is None or stream_k_split(clusters, workers, k_tiles)[0]):
         cfg = replace(cfg, stream_k=True)
-    elif cut_ends and not pingpong and k_tiles is not None and stream_k_ends_len(clusters, workers, k_tiles) >= SK_ENDS_DEFAULT:
+    elif cut_ends and batch == 1 and not pingpong and k_tiles is not None and (
+            stream_k_ends_len(clusters, workers, k_tiles) >= SK_ENDS_DEFAULT):
         # A last wave more than half full, with ends of at least SK_ENDS_DEFAULT k-blocks,
         # is cut too (`stream_k_ends`). H200, same run, default -> ends (gemm.md session 35,
         # h200-gemm-s35-ends*.json): 8192^3 (ends of 42) plain +1.1 / +0.7 / +1.6 / +1.4 /
