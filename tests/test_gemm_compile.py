@@ -199,6 +199,15 @@ def test_config_validation() -> None:
     # batched problems keep whole tiles there (their tiles share the last wave; batched ends
     # not yet run on a GPU): 2 x 8192^3 would leave 2 clusters in it
     assert not default_config(8192, 8192, 8192, batch=2).stream_k_ends
+    # nor problems with no full wave (sub-wave split-K measured slower; ends unmeasured there):
+    # 1024x3584x16384 is 56 clusters, ends of 35 if it were cut
+    assert default_config(1024, 3584, 16384) == GemmConfig(swizzle=7)
+    # whole_tiles (the JAX path: no workspace) takes no stream-K of any kind, and the fused
+    # default keeps its whole-tile form
+    assert default_config(8192, 8192, 8192, whole_tiles=True) == GemmConfig()
+    assert default_config(8192, 8192, 8192, fused=True, whole_tiles=True) == GemmConfig(epi_n=64, raster="n")
+    for m, n, k in ((16384, 16384, 16384), (16, 4096, 14336), (8192, 28672, 4096)):
+        assert not default_config(m, n, k, fused=True, whole_tiles=True).stream_k, (m, n, k)
     assert default_config(16384, 16384, 16384).stream_k and default_config(3072, 3072, 16384).stream_k
     assert default_config(16384, 16384, 1024).pingpong and default_config(1024, 1024, 1024).tile_n == 64
     assert default_config(1024, 1024, 1024).pingpong and not default_config(128, 4096, 4096).pingpong
@@ -1095,6 +1104,9 @@ def test_tune_problem_factory_keys_like_ops_gemm() -> None:
     with pytest.raises(ValueError, match="no problem factory.*gemm_sm90_tn_col"):
         problem_factory("gemm_sm90_tn_row")
     assert gemm_tune.tune_configs(16384, 16384, 16384, 132, 2, False)[0].stream_k  # the heuristic's own first
+    # the factory passes the batch to the heuristic: unbatched 8192^3 is cut into ends, 2 x 8192^3 not
+    assert problem_factory("gemm_sm90_tn")((8192, 8192, 8192), "bfloat16", {"sms": 132}).configs[0].stream_k_ends
+    assert not problem_factory("gemm_sm90_tn")((2, 8192, 8192, 8192), "bfloat16", {"sms": 132}).configs[0].stream_k_ends
 
 
 def test_cli_param_parsing() -> None:

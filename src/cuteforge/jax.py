@@ -830,8 +830,9 @@ def _gemm_kernel_call(a3: Any, b3: Any, bias: Any, act: str, odt: Any, dims: tup
     if tuned is not None:
         cfg = fit_swizzle(tuned, pm, pn)
     else:
-        cfg = default_config(pm, pn, pk, sms, ab, fused=epi is not None)
-    cfg = replace(cfg, stream_k=False)  # no persistent zeroed workspace under XLA
+        cfg = default_config(pm, pn, pk, sms, ab, fused=epi is not None, batch=n_l, whole_tiles=True)
+    # no persistent zeroed workspace under XLA: a tuned stream-K config runs whole tiles
+    cfg = replace(cfg, stream_k=False, stream_k_ends=False)
     # FFI buffers: inputs a, b[, bias]; output out. Kernel order: a, b, out, work[, bias].
     forms = (("raw", 3), ("raw", 3)) + ((("raw", 1),) if bias is not None else ()) + (("raw", 3),)
     ffi_dtypes = (ad, ad) + ((bd,) if bias is not None else ()) + (od,)

@@ -459,16 +459,17 @@ def test_stream_k_ends() -> None:
 
 
 def test_stream_k_ends_batched() -> None:
-    """`stream_k_ends` on batched problems (session 35; not yet run on a GPU): the cut
-    tiles are numbered across the batch, so a tile's end and its owner sit in different
-    batches' tile ranges; plain and bias + gelu, ragged, a broadcast B, twice each."""
+    """`stream_k_ends` on batched problems (session 35; not yet run on a GPU): tiles are
+    numbered across the batch, so the last wave's cut tiles span several batches (8 x
+    1000x2000: 32 clusters a batch, the 58 cut ones in batches 6 and 7) or sit in the last
+    one; plain and bias + gelu, ragged, a broadcast B, twice each."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig, scheduled_clusters, stream_k_ends_len
     from cuteforge.ops.gemm import _persistent_clusters
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = GemmConfig(stream_k=True, stream_k_ends=True)
     workers = _persistent_clusters(0, cfg, sms)
-    cases = [(b, m, n, k) for b, m, n, k in ((2, 2000, 4000, 4600), (4, 1000, 4096, 4608))
+    cases = [(b, m, n, k) for b, m, n, k in ((8, 1000, 2000, 4600), (2, 2000, 4000, 4600), (4, 1000, 4096, 4608))
              if stream_k_ends_len(scheduled_clusters(cfg, m, n, b), workers, -(-k // 64))]
     if not cases:  # the shapes are chosen for 132 SMs
         pytest.skip(f"no test shape ends on a last wave the plan cuts with {workers} clusters")

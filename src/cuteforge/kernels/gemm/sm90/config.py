@@ -48,7 +48,8 @@ class GemmConfig:
       H200, session 35 (gemm.md): ahead at 8192^3 (ends of 42 k-blocks; plain +0.8 %,
       fused +0.9 % mean), level at 2048x8192x28672 (48), behind where the ends are short
       (4096^3, 5: -9 %). The heuristic sets it where the ends are at least
-      `SK_ENDS_DEFAULT` k-blocks; it is a tuner candidate too.
+      `SK_ENDS_DEFAULT` k-blocks (16-bit, unbatched, a full wave before the last); it is
+      a tuner candidate too.
     store_overlap: (cooperative tiles with a 16-bit output) the epilogue math runs as soon
       as a tile's accumulator is complete, but the converted tile stays in registers and
       its subtiles go out (st.matrix, barrier, TMA store) one per k-block under the next
@@ -340,7 +341,7 @@ def tile_efficiency(cfg: GemmConfig, m: int, n: int, sm_count: int) -> float:
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
                    fused: bool = False, decode_split: bool = True, vector_operands: int = 0,
                    scale_operands: int = 0, full_operands: int = 0, cut_ends: bool = True,
-                   batch: int = 1) -> GemmConfig:
+                   batch: int = 1, whole_tiles: bool = False) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
@@ -370,6 +371,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     batch count L; the ends rule applies to L = 1 only (a batch's tiles share the last
     wave, and batched ends have not run on a GPU yet; the stream_k rule was measured and
     kept on one batch's clusters).
+    `whole_tiles`: no stream-K of any kind (split-K decode, stream_k, stream_k_ends), for
+    a caller with no zeroed workspace to give the kernel (the JAX path); the fused form
+    is then the whole-tile one.
     """
     short_k = m is not None and n is not None and k is not None and k <= 1024 and m > 64 and (
         -(-m // 128) * -(-n // 128) >= 4 * sm_count)
@@ -381,7 +385,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         else:
             cfg = default_config(m, n, k, sm_count, fused=fused, decode_split=False, vector_operands=vector_operands,
                                  scale_operands=scale_operands, full_operands=full_operands, cut_ends=False,
-                                 batch=batch)
+                                 batch=batch, whole_tiles=whole_tiles)
         return replace(cfg, tile_k=k_block(in_bytes))
     if m is None or n is None:
         return GemmConfig()
@@ -405,7 +409,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             break
     m_tiles, n_tiles = -(-m // tm), -(-n // tn)
     cm, cn = (2, 1) if m_tiles >= 2 else ((1, 2) if n_tiles >= 2 else (1, 1))
-    if decode_split and (tm, tn) == (64, 64) and m <= 32 and k is not None and k >= 8192:
+    if decode_split and not whole_tiles and (tm, tn) == (64, 64) and m <= 32 and k is not None and k >= 8192:
         # Decode-sized M with long K: the weight streams through too few CTAs, and the
         # A multicast of a 1x2 pair buys nothing (A is 16-32 rows). Single CTAs with
         # stream-K (a sub-wave problem becomes split-K) put every SM on the weight.
@@ -467,14 +471,17 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # the stream-K kernel runs the same tiles but waits for the last wgmma batch before the
     # epilogue instead of issuing the first subtile's operand loads under it: level plain,
     # level to -4 % with a fused bias + gelu on the H200 (gemm.md v4.4). So it is set only
-    # where the plan splits (with K unknown: wherever there is a full wave).
+    # where the plan splits (with K unknown: wherever there is a full wave), or, with
+    # stream_k_ends, where a nearly full last wave of a problem with a full wave before it
+    # has long ends (below).
     clusters = scheduled_clusters(cfg, m, n)
     workers = sm_count // (cm * cn)
     k_tiles = None if k is None else -(-k // cfg.tile_k)
-    if not pingpong and clusters >= workers and (k_tiles is None or stream_k_split(clusters, workers, k_tiles)[0]):
+    if whole_tiles or pingpong or clusters < workers:
+        pass  # sub-wave problems: split-K measured slower (above); ends measured with full waves only
+    elif k_tiles is None or stream_k_split(clusters, workers, k_tiles)[0]:
         cfg = replace(cfg, stream_k=True)
-    elif cut_ends and batch == 1 and not pingpong and k_tiles is not None and (
-            stream_k_ends_len(clusters, workers, k_tiles) >= SK_ENDS_DEFAULT):
+    elif cut_ends and batch == 1 and stream_k_ends_len(clusters, workers, k_tiles) >= SK_ENDS_DEFAULT:
         # A last wave more than half full, with ends of at least SK_ENDS_DEFAULT k-blocks,
         # is cut too (`stream_k_ends`). H200, same run, default -> ends (gemm.md session 35,
         # h200-gemm-s35-ends*.json): 8192^3 (ends of 42) plain +1.1 / +0.7 / +1.6 / +1.4 /
