@@ -34,8 +34,9 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
   too (`config.stream_k_ends_len`): each tile's owner runs its first k-blocks, and the
   clusters that wave leaves idle run the tiles' ends, each end published into the slot
   of its tile after whole tiles and other ends, none of which wait; the owner adds that
-  one partial (the 16-bit default where the ends are long, session 35). The flags come first in the workspace, one per SM
-  for every config (`config.stream_k_flag_words`): configs share a stream's workspace.
+  one partial (the 16-bit default where the ends are long, session 35). The flags come
+  first in the workspace, one per SM for every config (`config.stream_k_flag_words`):
+  configs share a stream's workspace.
 
 fp8 (`scaled`): A and B are e4m3/e5m2 (K-major only, 128-deep k-blocks, wgmma k32) and
 the accumulator is multiplied by scale_a[0] * scale_b[0] (read once per CTA) before the
