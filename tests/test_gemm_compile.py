@@ -197,7 +197,7 @@ def test_config_validation() -> None:
     assert default_config(6144, 6144, 6144) == GemmConfig() == default_config(4096, 4096, 4096)
     assert not default_config(8192, 8192, 8192, 132, 1).stream_k_ends  # fp8: measured on 16-bit only
     # batched problems keep whole tiles there (their tiles share the last wave; batched ends
-    # not yet run on a GPU): 2 x 8192^3 would leave 2 clusters in it
+    # are correct on the GPU but unmeasured for speed): 2 x 8192^3 would leave 2 clusters in it
     assert not default_config(8192, 8192, 8192, batch=2).stream_k_ends
     # nor problems with no full wave (sub-wave split-K measured slower; ends unmeasured there):
     # 1024x3584x16384 is 56 clusters, ends of 35 if it were cut

@@ -459,7 +459,7 @@ def test_stream_k_ends() -> None:
 
 
 def test_stream_k_ends_batched() -> None:
-    """`stream_k_ends` on batched problems (session 35; not yet run on a GPU): tiles are
+    """`stream_k_ends` on batched problems (session 35; first run on the H200 in session 36): tiles are
     numbered across the batch, so the last wave's cut tiles span several batches (8 x
     1000x2000: 32 clusters a batch, the 58 cut ones in batches 6 and 7) or sit in the last
     one; plain and bias + gelu, ragged, a broadcast B, twice each."""

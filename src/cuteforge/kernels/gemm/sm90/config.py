@@ -369,8 +369,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     `cut_ends`: a nearly full last wave with long ends runs `stream_k_ends` (see below;
     the fp8 path turns it off: measured on 16-bit inputs only). `batch`: the problem's
     batch count L; the ends rule applies to L = 1 only (a batch's tiles share the last
-    wave, and batched ends have not run on a GPU yet; the stream_k rule was measured and
-    kept on one batch's clusters).
+    wave; batched ends are correct on the H200 (session 36) but their speed was never
+    measured; the stream_k rule was measured and kept on one batch's clusters).
     `whole_tiles`: no stream-K of any kind (split-K decode, stream_k, stream_k_ends), for
     a caller with no zeroed workspace to give the kernel (the JAX path); the fused form
     is then the whole-tile one.
