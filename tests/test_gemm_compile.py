@@ -196,9 +196,17 @@ def test_config_validation() -> None:
     assert default_config(2048, 8192, 28672) == GemmConfig(stream_k=True, stream_k_ends=True)
     assert default_config(6144, 6144, 6144) == GemmConfig() == default_config(4096, 4096, 4096)
     assert not default_config(8192, 8192, 8192, 132, 1).stream_k_ends  # fp8: measured on 16-bit only
-    # batched problems keep whole tiles there (their tiles share the last wave; batched ends
-    # are correct on the GPU but unmeasured for speed): 2 x 8192^3 would leave 2 clusters in it
-    assert not default_config(8192, 8192, 8192, batch=2).stream_k_ends
+    # batched problems: the ends rule looks at the whole batch's last wave (session 36).
+    # 2 x 8192^3 leaves 2 of 66 clusters in it (a split, not ends; the stream_k rule looks at
+    # one batch's 34): whole tiles. 2 x 2048x8192x28672 (50 of 66, ends of 88) and 8 x
+    # 1024x4096x16384 (one batch is 64 clusters, under a wave; 8 are 512) are cut into ends,
+    # the fused default in the stream-K fused form.
+    assert default_config(8192, 8192, 8192, batch=2) == GemmConfig()
+    assert default_config(2048, 8192, 28672, batch=2) == GemmConfig(stream_k=True, stream_k_ends=True)
+    assert default_config(1024, 4096, 16384, batch=8) == GemmConfig(stream_k=True, stream_k_ends=True)
+    assert default_config(1024, 4096, 16384) == GemmConfig()  # one batch alone: under a wave
+    assert default_config(2048, 8192, 28672, fused=True, vector_operands=1, batch=2) == GemmConfig(
+        raster="n", epi_n=32, early_operands=False, stream_k=True, stream_k_ends=True)
     # nor problems with no full wave (sub-wave split-K measured slower; ends unmeasured there):
     # 1024x3584x16384 is 56 clusters, ends of 35 if it were cut
     assert default_config(1024, 3584, 16384) == GemmConfig(swizzle=7)
@@ -1104,7 +1112,8 @@ def test_tune_problem_factory_keys_like_ops_gemm() -> None:
     with pytest.raises(ValueError, match="no problem factory.*gemm_sm90_tn_col"):
         problem_factory("gemm_sm90_tn_row")
     assert gemm_tune.tune_configs(16384, 16384, 16384, 132, 2, False)[0].stream_k  # the heuristic's own first
-    # the factory passes the batch to the heuristic: unbatched 8192^3 is cut into ends, 2 x 8192^3 not
+    # the factory passes the batch to the heuristic: unbatched 8192^3 is cut into ends, 2 x 8192^3
+    # (whose last wave over both batches is 2 clusters) not
     assert problem_factory("gemm_sm90_tn")((8192, 8192, 8192), "bfloat16", {"sms": 132}).configs[0].stream_k_ends
     assert not problem_factory("gemm_sm90_tn")((2, 8192, 8192, 8192), "bfloat16", {"sms": 132}).configs[0].stream_k_ends
 

@@ -13,9 +13,11 @@ import sys
 from dataclasses import replace
 
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "benchmarks/probes")
 import bench_gemm as bg
 import torch
 import torch.nn.functional as F
+from probe_io import ends_contenders
 
 from cuteforge.kernels.gemm.sm90.config import default_config, scheduled_clusters, stream_k_ends_len
 from cuteforge.ops import gemm
@@ -37,17 +39,9 @@ for rep in range(passes):
             workers = sms // (cfg.cluster_m * cfg.cluster_n)
             row = {"M": m, "N": n, "K": k, "fused": fused, "rep": rep, "config": repr(cfg),
                    "ends_len": stream_k_ends_len(scheduled_clusters(cfg, m, n), workers, -(-k // cfg.tile_k))}
-            if fused:
-                fns = {"cublas": lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh"),
-                       "default": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=cfg),
-                       "ends": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends),
-                       # as the fused stream-K default: 32-wide subtiles, operands loaded late
-                       "ends32": lambda: gemm(a, b, bias=bias, epilogue="gelu",
-                                              config=replace(ends, epi_n=32, early_operands=False))}
-            else:
-                fns = {"cublas": lambda: torch.matmul(a, b),
-                       "default": lambda: gemm(a, b, config=cfg),
-                       "ends": lambda: gemm(a, b, config=ends)}
+            cublas = (lambda: F.gelu(torch.addmm(bias, a, b), approximate="tanh")) if fused else (
+                lambda: torch.matmul(a, b))
+            fns = ends_contenders(gemm, a, b, bias, cfg, ends, fused, cublas)
             row["ends_rel_err"] = bg._err(fns["ends"](), fns["default"]())
             row["default_rel_err"] = bg._err(fns["default"](), fns["cublas"]())
             ms = bg.measure(fns)

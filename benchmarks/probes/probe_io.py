@@ -1,7 +1,8 @@
 """Shared by probes. The session-29 softmax probes: time one forward kernel on (x, y) and
 write the rows as JSON with the command, the GPU and the copy bandwidth (bytes/s). The
 session-34 GEMM probe: `PowerSamples` (SM clock and board power from nvidia-smi) and
-`energy_mj` (NVML's board energy counter)."""
+`energy_mj` (NVML's board energy counter). The stream_k_ends probes (sessions 34, 36):
+`ends_contenders`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -120,3 +122,17 @@ def power_rounds(fns: dict[str, Callable[[], Any]], seconds: float, power: Power
             rows.append({**labels, "name": name, "round": rnd, "calls": w["calls"], "ms": w["ms"],
                          "mJ_per_call": w["mJ_per_call"], **power.window(w["t0"], w["t1"])})
     return rows
+
+
+def ends_contenders(gemm: Callable[..., Any], a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, cfg: Any, ends: Any,
+                    fused: bool, cublas: Callable[[], Any]) -> dict[str, Callable[[], Any]]:
+    """cuBLAS (`cublas`: the plain or the fused eager reference), `cfg` and `ends`; fused:
+    bias + gelu, and `ends` also in the fused stream-K default's form ("ends32": 32-wide
+    subtiles, operands loaded late)."""
+    if not fused:
+        return {"cublas": cublas, "default": lambda: gemm(a, b, config=cfg), "ends": lambda: gemm(a, b, config=ends)}
+    ends32 = replace(ends, epi_n=32, early_operands=False)
+    return {"cublas": cublas,
+            "default": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=cfg),
+            "ends": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends),
+            "ends32": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends32)}

@@ -487,6 +487,50 @@ def test_stream_k_ends_batched() -> None:
         torch.cuda.synchronize()
 
 
+def test_batched_default_cuts_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op's own default on batched problems (session 36): a last wave over the whole
+    batch more than half full with long ends is cut into ends, also where one batch alone
+    is under a wave (8 x 1000x2000x12000: 32 clusters a batch); plain and bias + gelu,
+    ragged, twice each, through the op with no `config=`."""
+    import importlib
+
+    from cuteforge.kernels.gemm.sm90.config import default_config
+
+    gemm_mod = importlib.import_module("cuteforge.ops.gemm")  # the module: `cuteforge.ops.gemm` the attribute is the op
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = [(b, m, n, k) for b, m, n, k in ((3, 2000, 5000, 8000), (8, 1000, 2000, 12000))
+             if default_config(m, n, k, sms, batch=b).stream_k_ends]
+    if not cases:  # the shapes are chosen for 132 SMs
+        pytest.skip(f"no test shape's batched default is cut into ends on {sms} SMs")
+    picked = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        cfg = default_config(*args, **kwargs)
+        picked.append(cfg)
+        return cfg
+
+    monkeypatch.setattr(gemm_mod, "default_config", recording)
+    for batch, m, n, k in cases:
+        a = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(batch, k, n, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        ref = _ref(a, b)
+        picked.clear()
+        for _ in range(2):
+            _close(gemm(a, b), ref, k)
+            _close(gemm(a, b, bias=bias, epilogue="gelu"), F.gelu(ref + bias.float(), approximate="tanh"), k)
+        torch.cuda.synchronize()
+        assert len(picked) == 2 and picked[0].stream_k_ends, (batch, m, n, k, picked)
+        # the fused default (raster n: its swizzle pads M) is cut too, into ends (8 x
+        # 1000x2000, 128x128 tiles) or, where one batch's last wave is at most half full, a
+        # split (3 x 2000x5000, 128x256 tiles, in the fused stream-K form); both ran above
+        fused = picked[1]
+        assert fused.stream_k, (batch, m, n, k, fused)
+        if (fused.tile_m, fused.tile_n) == (128, 256):
+            assert fused.epi_n == 32 and not fused.early_operands, (batch, m, n, k, fused)
+
+
 def test_stream_k_ends_four_cta_then_pairs() -> None:
     """Every config's launches on a stream share one workspace, so the flags must end at the
     same word for all of them: a 4-CTA ends launch (its grid capped below sms / 4 clusters,

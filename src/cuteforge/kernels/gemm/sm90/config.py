@@ -48,7 +48,8 @@ class GemmConfig:
       H200, session 35 (gemm.md): ahead at 8192^3 (ends of 42 k-blocks; plain +0.8 %,
       fused +0.9 % mean), level at 2048x8192x28672 (48), behind where the ends are short
       (4096^3, 5: -9 %). The heuristic sets it where the ends are at least
-      `SK_ENDS_DEFAULT` k-blocks (16-bit, unbatched, a full wave before the last); it is
+      `SK_ENDS_DEFAULT` k-blocks (16-bit, a full wave before the last, over the whole batch;
+      batched since session 36); it is
       a tuner candidate too.
     store_overlap: (cooperative tiles with a 16-bit output) the epilogue math runs as soon
       as a tile's accumulator is complete, but the converted tile stays in registers and
@@ -368,9 +369,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     then stores 32-wide subtiles (see below).
     `cut_ends`: a nearly full last wave with long ends runs `stream_k_ends` (see below;
     the fp8 path turns it off: measured on 16-bit inputs only). `batch`: the problem's
-    batch count L; the ends rule applies to L = 1 only (a batch's tiles share the last
-    wave; batched ends are correct on the H200 (session 36) but their speed was never
-    measured; the stream_k rule was measured and kept on one batch's clusters).
+    batch count L. The ends rule and the full-wave test look at the whole batch's clusters
+    (a batch's tiles share the last wave, and the device cuts that); the stream_k rule
+    was measured and kept on one batch's clusters.
     `whole_tiles`: no stream-K of any kind (split-K decode, stream_k, stream_k_ends), for
     a caller with no zeroed workspace to give the kernel (the JAX path); the fused form
     is then the whole-tile one.
@@ -474,21 +475,25 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     # where the plan splits (with K unknown: wherever there is a full wave), or, with
     # stream_k_ends, where a nearly full last wave of a problem with a full wave before it
     # has long ends (below).
-    clusters = scheduled_clusters(cfg, m, n)
+    clusters = scheduled_clusters(cfg, m, n)  # one batch's: the stream_k rule's measure
+    total = scheduled_clusters(cfg, m, n, batch)  # the whole batch's: what the device plans over
     workers = sm_count // (cm * cn)
     k_tiles = None if k is None else -(-k // cfg.tile_k)
-    if whole_tiles or pingpong or clusters < workers:
+    if whole_tiles or pingpong or total < workers:
         pass  # sub-wave problems: split-K measured slower (above); ends measured with full waves only
-    elif k_tiles is None or stream_k_split(clusters, workers, k_tiles)[0]:
+    elif clusters >= workers and (k_tiles is None or stream_k_split(clusters, workers, k_tiles)[0]):
         cfg = replace(cfg, stream_k=True)
-    elif cut_ends and batch == 1 and stream_k_ends_len(clusters, workers, k_tiles) >= SK_ENDS_DEFAULT:
+    elif cut_ends and k_tiles is not None and stream_k_ends_len(total, workers, k_tiles) >= SK_ENDS_DEFAULT:
         # A last wave more than half full, with ends of at least SK_ENDS_DEFAULT k-blocks,
         # is cut too (`stream_k_ends`). H200, same run, default -> ends (gemm.md session 35,
         # h200-gemm-s35-ends*.json): 8192^3 (ends of 42) plain +1.1 / +0.7 / +1.6 / +1.4 /
         # -0.8 %, bias + gelu on 32-wide subtiles +1.6 / +0.7 / +0.4 %; 2048x8192x28672
         # (48) plain +0.6 / -0.2 / +0.3 / -0.7 / +0.6 %, fused +0.7 / -0.5 / +0.8 %. Short
         # ends lost: 4096^3 (5) -9 to -10 %, 2048x14336x4096 (11) -1.5 to -4 %; 4096x14336x4096
-        # (20) and 6144^3 (23) level to -1.6 %.
+        # (20) and 6144^3 (23) level to -1.6 %. Batched problems, cut over the whole batch's
+        # last wave (gemm.md session 36, h200-gemm-s36-batched-ends.json, five shapes with
+        # ends of 42-88, two passes): plain level (mean -0.05 %), bias + gelu on 32-wide
+        # subtiles +1.45 % (ahead in 8 of 10 pairs), as unbatched.
         cfg = replace(cfg, stream_k=True, stream_k_ends=True)
     if cfg.stream_k and fused and (tm, tn) == (128, 256):
         # A stream-K tile loads its row / col operands in the epilogue (held from the
