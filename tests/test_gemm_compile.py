@@ -204,6 +204,12 @@ def test_config_validation() -> None:
     assert default_config(8192, 8192, 8192, batch=2) == GemmConfig()
     assert default_config(2048, 8192, 28672, batch=2) == GemmConfig(stream_k=True, stream_k_ends=True)
     assert default_config(1024, 4096, 16384, batch=8) == GemmConfig(stream_k=True, stream_k_ends=True)
+    # the tile is chosen by the whole batch's tile count (session 36): 8 x 1024x2048 and
+    # 32 x 256x512 take 128x256 2x1, as one problem of their total size would; alone,
+    # 1024x2048 takes 128x128 and 256x512 128x64 pingpong
+    assert default_config(1024, 2048, 4096, batch=8) == GemmConfig()
+    assert default_config(256, 512, 4096, batch=32) == GemmConfig(swizzle=2)
+    assert default_config(1024, 2048, 4096).tile_n == 128 and default_config(256, 512, 4096).pingpong
     assert default_config(1024, 4096, 16384) == GemmConfig()  # one batch alone: under a wave
     assert default_config(2048, 8192, 28672, fused=True, vector_operands=1, batch=2) == GemmConfig(
         raster="n", epi_n=32, early_operands=False, stream_k=True, stream_k_ends=True)

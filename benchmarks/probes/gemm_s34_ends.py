@@ -8,7 +8,6 @@ nearly full last wave (`GemmConfig.stream_k_ends`) speed up the shapes whose las
 the default's (stream-K sums in another order: a few bf16 ulps). Shapes from argv[3]
 (MxNxK,...). Writes JSON to argv[1] after every row."""
 # ruff: noqa: B023 - the timed lambdas close over this iteration's tensors and run within it
-import json
 import sys
 from dataclasses import replace
 
@@ -17,18 +16,13 @@ sys.path.insert(0, "benchmarks/probes")
 import bench_gemm as bg
 import torch
 import torch.nn.functional as F
-from probe_io import ends_contenders
+from probe_io import add_row, ends_contenders, probe_args
 
 from cuteforge.kernels.gemm.sm90.config import default_config, scheduled_clusters, stream_k_ends_len
 from cuteforge.ops import gemm
 
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-passes = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-shapes = [(8192, 8192, 8192), (2048, 8192, 28672)]
-if len(sys.argv) > 3:
-    shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[3].split(",")]
-out = {"command": "python benchmarks/probes/gemm_s34_ends.py OUT.json " + " ".join(sys.argv[2:]),
-       "gpu": torch.cuda.get_device_name(), "rows": []}
+passes, shapes, out = probe_args("gemm_s34_ends.py", 2, [(8192, 8192, 8192), (2048, 8192, 28672)])
 for rep in range(passes):
     for m, n, k in shapes:
         a, b = bg._inputs(m, n, k)
@@ -51,7 +45,4 @@ for rep in range(passes):
             if "ends32" in ms:
                 row["ends32_vs_default"] = round(ms["default"] / ms["ends32"], 4)
                 row["ends32_vs_cublas"] = round(ms["cublas"] / ms["ends32"], 4)
-            out["rows"].append(row)
-            print(json.dumps(row), flush=True)
-            with open(sys.argv[1], "w") as f:
-                json.dump(out, f, indent=1)
+            add_row(out, row)

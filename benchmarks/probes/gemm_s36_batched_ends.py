@@ -9,7 +9,6 @@ fused: + bias, then eager gelu), rotated order (bench_gemm.measure), passes from
 (default 2); every ends output checked against the default's. Shapes from argv[3]
 (LxMxNxK,...). Writes JSON to argv[1] after every row."""
 # ruff: noqa: B023 - the timed lambdas close over this iteration's tensors and run within it
-import json
 import sys
 from dataclasses import replace
 
@@ -18,19 +17,14 @@ sys.path.insert(0, "benchmarks/probes")
 import bench_gemm as bg
 import torch
 import torch.nn.functional as F
-from probe_io import ends_contenders
+from probe_io import add_row, ends_contenders, probe_args
 
 from cuteforge.kernels.gemm.sm90.config import default_config, scheduled_clusters, stream_k_ends_len
 from cuteforge.ops import gemm
 
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-passes = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-shapes = [(2, 2048, 8192, 28672), (2, 4096, 4096, 16384), (8, 1024, 4096, 16384), (2, 4096, 8192, 8192),
-          (4, 2048, 8192, 8192)]
-if len(sys.argv) > 3:
-    shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[3].split(",")]
-out = {"command": "python benchmarks/probes/gemm_s36_batched_ends.py OUT.json " + " ".join(sys.argv[2:]),
-       "gpu": torch.cuda.get_device_name(), "rows": []}
+passes, shapes, out = probe_args("gemm_s36_batched_ends.py", 2, [
+    (2, 2048, 8192, 28672), (2, 4096, 4096, 16384), (8, 1024, 4096, 16384), (2, 4096, 8192, 8192), (4, 2048, 8192, 8192)])
 for rep in range(passes):
     for batch, m, n, k in shapes:
         torch.manual_seed(0)
@@ -54,7 +48,4 @@ for rep in range(passes):
             for name in [x for x in ms if x.startswith("ends")]:
                 row[f"{name}_vs_default"] = round(ms["default"] / ms[name], 4)
             row["default_vs_cublas"] = round(ms["cublas"] / ms["default"], 4)
-            out["rows"].append(row)
-            print(json.dumps(row), flush=True)
-            with open(sys.argv[1], "w") as f:
-                json.dump(out, f, indent=1)
+            add_row(out, row)

@@ -1,8 +1,8 @@
 """Shared by probes. The session-29 softmax probes: time one forward kernel on (x, y) and
 write the rows as JSON with the command, the GPU and the copy bandwidth (bytes/s). The
 session-34 GEMM probe: `PowerSamples` (SM clock and board power from nvidia-smi) and
-`energy_mj` (NVML's board energy counter). The stream_k_ends probes (sessions 34, 36):
-`ends_contenders`."""
+`energy_mj` (NVML's board energy counter). The GEMM config probes (sessions 34, 36):
+`probe_args`, `add_row`, `ends_contenders`."""
 
 from __future__ import annotations
 
@@ -136,3 +136,23 @@ def ends_contenders(gemm: Callable[..., Any], a: torch.Tensor, b: torch.Tensor, 
             "default": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=cfg),
             "ends": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends),
             "ends32": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends32)}
+
+
+def probe_args(script: str, passes: int, shapes: list[tuple[int, ...]]) -> tuple[int, list[tuple[int, ...]], dict]:
+    """`script OUT.json [passes [shapes]]` (shapes as AxBxC,...; else the given defaults):
+    (passes, shapes, the output dict with the command and the GPU, rows to come)."""
+    if len(sys.argv) > 2:
+        passes = int(sys.argv[2])
+    if len(sys.argv) > 3:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[3].split(",")]
+    out = {"command": f"python benchmarks/probes/{script} OUT.json " + " ".join(sys.argv[2:]),
+           "gpu": torch.cuda.get_device_name(), "rows": []}
+    return passes, shapes, out
+
+
+def add_row(out: dict, row: dict) -> None:
+    """Print the row and rewrite argv[1] with it added (a run cut short keeps its rows)."""
+    out["rows"].append(row)
+    print(json.dumps(row), flush=True)
+    with open(sys.argv[1], "w") as f:
+        json.dump(out, f, indent=1)

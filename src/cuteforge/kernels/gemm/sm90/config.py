@@ -345,9 +345,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
                    batch: int = 1, whole_tiles: bool = False) -> GemmConfig:
     """The untuned heuristic (from the H200 config sweep in docs/kernels/gemm.md).
 
-    Take the largest tile that still gives at least 3/4 of a wave of CTAs (128x256 is
-    the most efficient per byte of shared memory; smaller tiles only buy parallelism),
-    skinny M (<= 64, or <= 128 when 128-row tiles are too few) on one-warpgroup 64-row
+    Take the largest tile that still gives at least 3/4 of a wave of CTAs over the whole
+    batch (128x256 is the most efficient per byte of shared memory; smaller tiles only buy
+    parallelism), skinny M (<= 64, or <= 128 when 128-row tiles are too few) on one-warpgroup 64-row
     tiles. Cluster pairs go along M when there
     are two M tiles to pair (B multicast), else along N (A multicast). Short K (<= 1024)
     with many tiles goes pingpong: each tile's mainloop is short, so hiding its epilogue
@@ -404,8 +404,14 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
     else:
         shapes = ((128, 256), (128, 128), (128, 64))
     tm, tn = shapes[-1]
+    # Tiles are counted over the whole batch: the schedule runs every batch's tiles in one
+    # persistent grid. H200, same run, two passes (gemm.md session 36,
+    # h200-gemm-s36-batched-tile.json): counted per batch, 8 x 1024x2048x4096 took 128x128
+    # and 32 x 256x512x4096 128x64 pingpong (0.75-0.91x cuBLAS); 128x256 2x1 ran
+    # 1.09-1.11x / 1.21-1.24x / 1.10x / 1.29-1.30x faster at 8 x 1024x2048x4096, 16 x
+    # 512x1024x4096, 4 x 2048x1024x2048, 32 x 256x512x4096 (0.96-1.01x cuBLAS).
     for tm_, tn_ in shapes:
-        if -(-m // tm_) * -(-n // tn_) >= 0.75 * sm_count:
+        if -(-m // tm_) * -(-n // tn_) * batch >= 0.75 * sm_count:
             tm, tn = tm_, tn_
             break
     m_tiles, n_tiles = -(-m // tm), -(-n // tn)
