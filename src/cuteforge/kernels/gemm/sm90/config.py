@@ -48,9 +48,8 @@ class GemmConfig:
       H200, session 35 (gemm.md): ahead at 8192^3 (ends of 42 k-blocks; plain +0.8 %,
       fused +0.9 % mean), level at 2048x8192x28672 (48), behind where the ends are short
       (4096^3, 5: -9 %). The heuristic sets it where the ends are at least
-      `SK_ENDS_DEFAULT` k-blocks (16-bit, a full wave before the last, over the whole batch;
-      batched since session 36); it is
-      a tuner candidate too.
+      `SK_ENDS_DEFAULT` k-blocks (16-bit, a full wave before the last, both counted over
+      the whole batch since session 36); it is a tuner candidate too.
     store_overlap: (cooperative tiles with a 16-bit output) the epilogue math runs as soon
       as a tile's accumulator is complete, but the converted tile stays in registers and
       its subtiles go out (st.matrix, barrier, TMA store) one per k-block under the next
@@ -347,9 +346,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
 
     Take the largest tile that still gives at least 3/4 of a wave of CTAs over the whole
     batch (128x256 is the most efficient per byte of shared memory; smaller tiles only buy
-    parallelism), skinny M (<= 64, or <= 128 when 128-row tiles are too few) on one-warpgroup 64-row
-    tiles. Cluster pairs go along M when there
-    are two M tiles to pair (B multicast), else along N (A multicast). Short K (<= 1024)
+    parallelism), skinny M (<= 64, or <= 128 when 128-row tiles are too few) on
+    one-warpgroup 64-row tiles. Cluster pairs go along M when there are two M tiles to
+    pair (B multicast), else along N (A multicast). Short K (<= 1024)
     with many tiles goes pingpong: each tile's mainloop is short, so hiding its epilogue
     under the other warpgroup's mainloop pays (16384x16384x1024: 635 vs 611 TFLOP/s on
     128x128); since v4.7 on 128x192 tiles with a 5-stage ring (`SHORT_K`).
