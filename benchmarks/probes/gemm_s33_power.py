@@ -6,7 +6,6 @@ in its middle 60 %. Two rounds in opposite order. (Since session 34 its sampling
 are probe_io.py's, which also records NVML energy per call.) Shapes from argv[2] (MxNxK,...; default
 8192^3 and 4096^3). Writes JSON to argv[1]."""
 # ruff: noqa: B023 - the timed lambdas close over this iteration's tensors and run within it
-import json
 import sys
 
 sys.path.insert(0, "benchmarks")
@@ -14,15 +13,13 @@ sys.path.insert(0, "benchmarks/probes")
 import bench_gemm as bg
 import torch
 import torch.nn.functional as F
-from probe_io import PowerSamples, power_rounds
+from probe_io import PowerSamples, add_row, power_rounds, shapes_arg
 
 from cuteforge.ops import gemm
 
 WINDOW = 3.0
 power = PowerSamples()
-shapes = [(8192, 8192, 8192), (4096, 4096, 4096)]
-if len(sys.argv) > 2:
-    shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[2].split(",")]
+shapes = shapes_arg(2, [(8192, 8192, 8192), (4096, 4096, 4096)])
 out = {"command": "python benchmarks/probes/gemm_s33_power.py OUT.json " + " ".join(sys.argv[2:]), "gpu": torch.cuda.get_device_name(), "rows": []}
 for m, n, k in shapes:
     a, b = bg._inputs(m, n, k)
@@ -37,8 +34,5 @@ for m, n, k in shapes:
     }
     for row in power_rounds(fns, WINDOW, power, M=m, N=n, K=k):
         row["TF"] = bg.tflops(m, n, k, row["ms"])
-        out["rows"].append(row)
-        print(json.dumps(row), flush=True)
-with open(sys.argv[1], "w") as f:
-    json.dump(out, f, indent=1)
+        add_row(out, row)  # argv[1] rewritten after every row
 power.stop()

@@ -8,7 +8,6 @@ the clusters of 2 and 4 the device runs at once. Shapes from argv[2] (MxNxK,...;
 8192^3 and 2048x8192x28672). Writes JSON to argv[1]. (Its sampling moved into probe_io.py after
 the runs, unchanged.)"""
 # ruff: noqa: B023 - the timed lambdas close over this iteration's tensors and run within it
-import json
 import sys
 import time
 
@@ -17,7 +16,7 @@ sys.path.insert(0, "benchmarks/probes")
 import bench_gemm as bg
 import torch
 import torch.nn.functional as F
-from probe_io import PowerSamples, power_rounds
+from probe_io import PowerSamples, add_row, power_rounds, shapes_arg
 
 from cuteforge.arch import max_active_clusters
 from cuteforge.kernels.gemm.sm90.config import GemmConfig, default_config
@@ -25,9 +24,7 @@ from cuteforge.ops import gemm
 
 WINDOW = 3.0
 power = PowerSamples()
-shapes = [(8192, 8192, 8192), (2048, 8192, 28672)]
-if len(sys.argv) > 2:
-    shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[2].split(",")]
+shapes = shapes_arg(2, [(8192, 8192, 8192), (2048, 8192, 28672)])
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 caps, query_s = {}, {}
 for c in (2, 4):
@@ -59,8 +56,5 @@ for m, n, k in shapes:
     }
     for row in power_rounds(fns, WINDOW, power, M=m, N=n, K=k):
         row["TF"] = bg.tflops(m, n, k, row["ms"])
-        out["rows"].append(row)
-        print(json.dumps(row), flush=True)
-with open(sys.argv[1], "w") as f:
-    json.dump(out, f, indent=1)
+        add_row(out, row)  # argv[1] rewritten after every row
 power.stop()

@@ -2,7 +2,7 @@
 write the rows as JSON with the command, the GPU and the copy bandwidth (bytes/s). The
 session-34 GEMM probe: `PowerSamples` (SM clock and board power from nvidia-smi) and
 `energy_mj` (NVML's board energy counter). The GEMM config probes (sessions 34, 36):
-`probe_args`, `add_row`, `ends_contenders`."""
+`shapes_arg`, `probe_args`, `add_row`, `ends_contenders`."""
 
 from __future__ import annotations
 
@@ -138,13 +138,19 @@ def ends_contenders(gemm: Callable[..., Any], a: torch.Tensor, b: torch.Tensor, 
             "ends32": lambda: gemm(a, b, bias=bias, epilogue="gelu", config=ends32)}
 
 
+def shapes_arg(i: int, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """argv[i] as shapes (AxBxC,...), else the given defaults."""
+    if len(sys.argv) > i:
+        return [tuple(int(x) for x in s.split("x")) for s in sys.argv[i].split(",")]
+    return shapes
+
+
 def probe_args(script: str, passes: int, shapes: list[tuple[int, ...]]) -> tuple[int, list[tuple[int, ...]], dict]:
     """`script OUT.json [passes [shapes]]` (shapes as AxBxC,...; else the given defaults):
     (passes, shapes, the output dict with the command and the GPU, rows to come)."""
     if len(sys.argv) > 2:
         passes = int(sys.argv[2])
-    if len(sys.argv) > 3:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[3].split(",")]
+    shapes = shapes_arg(3, shapes)
     out = {"command": f"python benchmarks/probes/{script} OUT.json " + " ".join(sys.argv[2:]),
            "gpu": torch.cuda.get_device_name(), "rows": []}
     return passes, shapes, out
