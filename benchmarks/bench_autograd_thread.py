@@ -14,8 +14,6 @@ docs/kernels/norm.md (small-N backward) quotes the runs.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +21,7 @@ import torch.nn.functional as F
 import cuteforge.ops as ops
 from cuteforge import timing
 from cuteforge.native import backward as native
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 
 def main() -> None:
@@ -32,7 +31,7 @@ def main() -> None:
     p.add_argument("--ns", default="256,1024")
     args = p.parse_args()
     native_module = native.module
-    out: dict = {"command": "python " + " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "rows": {}}
+    out: dict = {**results_header(), "rows": {}}
     m = args.m
     for n in map(int, args.ns.split(",")):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -69,8 +68,7 @@ def main() -> None:
             out["rows"][f"{name}/{n}"] = r
             print(name, n, r, flush=True)
     native.module = native_module
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
+    write_results(args.out, out)
 
 
 if __name__ == "__main__":

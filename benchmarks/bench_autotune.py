@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from cuteforge import STATS, arch
 from cuteforge.autotune import CompileJob, CompilePool, TuneStore, tune
 from cuteforge.kernels.reduce.spec import row_reduce
+from cuteforge.report import results_header  # noqa: E402
 from cuteforge.signature import BoundKey
 
 OPS = ("sum", "amax", "argmax")
@@ -143,8 +143,7 @@ def main() -> None:
     target = arch.target_arch()
     workers = [int(w) for w in args.workers.split(",") if w] or sorted({1, 2, os.cpu_count() or 1})
     result: dict[str, Any] = {
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        **results_header(),
         "target_arch": target,
         "cpu_count": os.cpu_count(),
     }

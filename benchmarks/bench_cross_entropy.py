@@ -18,18 +18,16 @@ Config sweep, kernels alone (quack's forward first, at the same shape):
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import cuteforge
 import cuteforge.ops as ops
 from cuteforge import timing
 from cuteforge.kernels.cross_entropy.kernels import work_words
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 NS = [4096, 16384, 65536, 262144]
 MAX_BYTES = 4 << 30
@@ -200,11 +198,8 @@ def main() -> None:
     copy_bps = timing.copy_bandwidth()
     quack = _quack()
     result = {
-        "command": "python benchmarks/bench_cross_entropy.py " + " ".join(sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuteforge": cuteforge.__version__,
-        "quack": quack.get("error", "quack-kernels (../shared/gpu/wheels)"),
+        **results_header(),
+        "quack": quack.get("error", "quack-kernels"),
         "copy_GBps": round(copy_bps / 1e9, 1),
         "flush": args.flush,
         "rows": [],
@@ -228,7 +223,7 @@ def main() -> None:
     result["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out or Path(__file__).parent / "results" / "h200-cross-entropy.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_results(out, result)
     print("wrote", out, "in", result["seconds"], "s")
 
 

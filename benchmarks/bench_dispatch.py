@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 import cuteforge.ops as ops
 from cuteforge import timing
 from cuteforge.kernels.reduce.spec import row_reduce
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 
 def _table_of(name: str) -> Any:
@@ -133,9 +133,7 @@ def main() -> None:
         us = timing.host_us_interleaved(fns)
         library[name] = {k: round(v, 2) for k, v in us.items()} | {"ratio": round(us["cuteforge"] / us["torch"], 3)}
     result = {
-        "command": "python benchmarks/bench_dispatch.py " + " ".join(sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        **results_header(),
         "dlpack_c_exchange_api": hasattr(torch.Tensor, "__dlpack_c_exchange_api__"),
         "host_us": rows,
         "ratio_ops_sum_to_torch_mul": round(rows["cuteforge.ops.sum(x)"] / rows["torch.mul(y, y)"], 3),
@@ -147,7 +145,7 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     name = torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-")
     path = Path(args.out or Path(__file__).parent / "results" / f"{name}-dispatch.json")
-    path.write_text(json.dumps(result, indent=1))
+    write_results(path, result)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from cuteforge import timing
 from cuteforge.kernels.gemm.sm90.config import SHORT_K, SHORT_K_NARROW, default_config, fit_swizzle
 from cuteforge.ops.gemm import gemm
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 BAR = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672)]
 SQUARE = [(s, s, s) for s in (1024, 2048, 4096, 8192, 16384)]
@@ -141,7 +142,7 @@ def plain(shapes: list[tuple[int, int, int]], q: Any, tag: str) -> list[dict]:
 def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
     a, b = _inputs(m, n, k)
     ref = torch.matmul(a, b)
-    row: dict[str, Any] = {"set": tag, "M": m, "N": n, "K": k}
+    row: dict[str, Any] = {"set": tag, "M": m, "N": n, "K": k, "dtype": "bfloat16"}
     fns: dict[str, Any] = {"cublas": lambda: torch.matmul(a, b)}
     cfg = _default(m, n, k)
     row["cuteforge_config"] = repr(cfg)
@@ -270,7 +271,7 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
     for act in ("gelu", "silu", "relu"):
         use_bias = act != "relu"  # relu(a @ b) is the issue's no-bias case
         tf = {"gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "relu": F.relu}[act]
-        row: dict[str, Any] = {"M": m, "N": n, "K": k, "epilogue": ("bias+" if use_bias else "") + act}
+        row: dict[str, Any] = {"M": m, "N": n, "K": k, "dtype": "bfloat16", "epilogue": ("bias+" if use_bias else "") + act}
         if use_bias:
             eager = lambda tf=tf: tf(torch.addmm(bias, a, b))  # noqa: E731 - cuBLASLt fuses the bias; act is a 2nd pass
             ours = lambda act=act: gemm(a, b, bias=bias, epilogue=act)  # noqa: E731
@@ -340,7 +341,7 @@ def compiled_one(m: int, n: int, k: int, epi: str) -> dict:
     a, b = _inputs(m, n, k)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     torch._dynamo.reset()
-    row: dict[str, Any] = {"M": m, "N": n, "K": k, "epilogue": epi}
+    row: dict[str, Any] = {"M": m, "N": n, "K": k, "dtype": "bfloat16", "epilogue": epi}
     if epi == "none":
         base, ref_fn, ours = "cublas", lambda: torch.matmul(a, b), lambda: gemm(a, b)
         graph = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs", dynamic=False)
@@ -473,7 +474,7 @@ def _tuned(kernel: str, m: int, n: int, k: int, act: str = "none") -> Any:
     KERNEL --shapes MxNxK --param act=...` stored it), fitted as the op fits it; None when
     untuned (then it runs the heuristic's)."""
     from cuteforge.autotune import lookup
-    from cuteforge.autotune.cli import problem_factory
+    from cuteforge.tune_cli import problem_factory
 
     p = problem_factory(kernel)((m, n, k), "bfloat16", {"act": act})
     best = lookup(kernel, p.key, p.params, p.dims)
@@ -545,9 +546,7 @@ def main() -> int:
 
     PINGPONG[:] = [GemmConfig(tile_n=128, pingpong=True)]
     result: dict[str, Any] = {
-        "command": "python benchmarks/bench_gemm.py " + " ".join(sys.argv[1:]),
-        "gpu": gpu,
-        "torch": torch.__version__,
+        **results_header(),
         "quack": getattr(sys.modules.get("quack"), "__version__", None),
         "layout": "A (M,K) row-major, B = W.t() with W (N,K): TN; bf16 in/out, fp32 accumulate",
         "timing": ("cuteforge.timing.bench: CUDA events, L2 flushed before each rep, median; the median of "
@@ -561,16 +560,16 @@ def main() -> int:
                         ("custom", _shapes(args.shapes))):
         if tag in sets:
             result.setdefault("plain", []).extend(plain([s for s in shapes if tag in ("bar", "custom") or s not in BAR], q, tag))
-            out.write_text(json.dumps(result, indent=1))
+            write_results(out, result)
     if "epilogue" in sets:
         result["epilogue"] = epilogues(_shapes(args.epilogue_shapes), q)
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result)
     if "sweep" in sets:
         result["config_sweep"] = []
-        sweep(_shapes(args.sweep_shapes), result["config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)))
+        sweep(_shapes(args.sweep_shapes), result["config_sweep"], lambda: write_results(out, result, check=False))
     if "episweep" in sets:
         result["epilogue_config_sweep"] = []
-        sweep(_shapes(args.sweep_shapes), result["epilogue_config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)),
+        sweep(_shapes(args.sweep_shapes), result["epilogue_config_sweep"], lambda: write_results(out, result, check=False),
               act=args.sweep_epilogue)
     if "streamk" in sets:
         # the default config with and without the stream-K split, plain and fused, and
@@ -588,7 +587,7 @@ def main() -> int:
 
         result["streamk"] = []
         for act in [None, *[a for a in args.sweep_epilogue.split(",") if a]]:
-            sweep(_shapes(args.sweep_shapes), result["streamk"], lambda: out.write_text(json.dumps(result, indent=1)),
+            sweep(_shapes(args.sweep_shapes), result["streamk"], lambda: write_results(out, result, check=False),
                   act=act, pick=pick)
     if "raster" in sets or "defaults" in sets:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -624,20 +623,20 @@ def main() -> int:
         tag = "defaults" if "defaults" in sets else "raster"
         result[tag] = []
         for act in [None, *[a for a in args.sweep_epilogue.split(",") if a]]:
-            sweep(_shapes(args.sweep_shapes), result[tag], lambda: out.write_text(json.dumps(result, indent=1)),
+            sweep(_shapes(args.sweep_shapes), result[tag], lambda: write_results(out, result, check=False),
                   act=act, pick=pick_for(act))
     if "compile" in sets:
         result["compile"] = compiled(_shapes(args.compile_shapes))
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result)
     if "fp8" in sets:
         result["fp8"] = fp8_rows(_shapes(args.fp8_shapes), args.fp8_scaling.split(","))
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result)
     if "fp8sweep" in sets and hasattr(torch, "_scaled_mm"):
         result["fp8_config_sweep"] = []
-        sweep(_shapes(args.fp8_shapes), result["fp8_config_sweep"], lambda: out.write_text(json.dumps(result, indent=1)), fp8=True)
+        sweep(_shapes(args.fp8_shapes), result["fp8_config_sweep"], lambda: write_results(out, result, check=False), fp8=True)
     result["seconds"] = round(time.time() - t0, 1)
     result["flagged"] = flag_errors(result)
-    out.write_text(json.dumps(result, indent=1))
+    write_results(out, result)
     print("wrote", out)
     for f in result["flagged"]:
         print(f"WRONG RESULT (rel_err > {ERR_TOL}): {json.dumps(f)}", file=sys.stderr)

@@ -22,9 +22,7 @@ the names give cuBLAS's tile, cluster and split-K choice.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from cuteforge.autotune import GraphTimer
 from cuteforge.autotune.timer import make_input_sets
 from cuteforge.kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle
 from cuteforge.ops.gemm import gemm
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 G = GemmConfig
 SETS: dict[str, dict[str, GemmConfig]] = {
@@ -141,8 +140,7 @@ def main() -> int:
             print(f"  {nm:18s} {u['flush']:8.2f} {u['graph']:8.2f}   {r['flush']:.3f} {r['graph']:.3f}", flush=True)
     tag = gpu.lower().replace("nvidia ", "").split()[0]
     out = Path(args.out or f"benchmarks/results/{tag}-gemm-small-{args.set}.json")
-    out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "gpu": gpu, "torch": torch.__version__,
-                               "rows": rows}, indent=1))
+    write_results(out, {**results_header(), "rows": rows})
     print("wrote", out)
     return 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from cuteforge import timing
 from cuteforge.autotune import GraphTimer
 from cuteforge.kernels.gemm.sm90.config import GemmConfig, fit_swizzle
 from cuteforge.ops.gemm import gemm
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 
 def one_shape(m: int, n: int, k: int, rounds: int = 3) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def main() -> int:
         rows.append(one_shape(m, n, k))
         print(json.dumps(rows[-1]), flush=True)
     out = Path(args.out or f"benchmarks/results/{gpu.lower().replace('nvidia ', '').split()[0]}-gemm-timers.json")
-    out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "gpu": gpu, "rows": rows}, indent=1))
+    write_results(out, {**results_header(), "rows": rows})
     print("wrote", out)
     return 0
 

@@ -20,7 +20,6 @@ blocks the host: what the GEMM choice pays for beyond the kernel, if anything.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -30,6 +29,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 
 class Block(nn.Module):
@@ -222,7 +223,7 @@ def main() -> int:
     ap.add_argument("--diag-act", default="none", help="gemm diag: also the Linear + act choice (gelu, silu, relu)")
     ap.add_argument("--no-block", action="store_true", help="only the GEMM diagnosis")
     args = ap.parse_args()
-    dev = torch.cuda.get_device_name()
+    torch.cuda.init()
     rows = []
     torch.manual_seed(0)
     m = Block(args.d, 8, 4 * args.d).cuda().to(torch.bfloat16).eval()
@@ -293,9 +294,7 @@ def main() -> int:
                   f"cuteforge {e['cuteforge_best']} {e['cuteforge_best_ms']:.4f} ms vs inductor {e['inductor_best']} "
                   f"{e['inductor_best_ms']}")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"command": " ".join([sys.executable, *sys.argv]), "device": dev, "torch": torch.__version__,
-                       "gemm_diag": diag, "rows": rows}, f, indent=1)
+        write_results(args.out, {**results_header(), "gemm_diag": diag, "rows": rows})
     return 0
 
 

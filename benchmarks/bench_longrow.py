@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from cuteforge import timing
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 MAX_ELEMS = 1 << 28
 OPS = ["softmax", "rms_norm", "layer_norm", "rms_norm_bwd", "layer_norm_bwd"]
@@ -318,9 +319,7 @@ def result_header(script: str, arch: str, compile_s: float, configs: int, failur
     """The head of a long-row results JSON: command, device, compile summary, timing
     method and the copy bandwidth measured now (shared with bench_norm_staged.py)."""
     return {
-        "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        **results_header(f"python benchmarks/{script} " + " ".join(sys.argv[1:])),
         "arch": arch,
         "compile_s": round(compile_s, 1),
         "configs": configs,
@@ -378,7 +377,7 @@ def main() -> None:
 
     def save() -> None:  # after every shape: a run cut short still leaves its figures
         result["seconds"] = round(time.time() - t0, 1)
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result, check=bool(result["shapes"]))
 
     qfwd = None if args.no_quack or "softmax" not in ops else _quack_softmax()
     result["quack"] = None if args.no_quack else getattr(sys.modules.get("quack"), "__version__", None)

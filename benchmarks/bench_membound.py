@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import torch
 
 from cuteforge import timing
 from cuteforge.library_bench import TIMERS, WITH_BACKWARD, contenders, measure
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 MAX_ELEMS = 1 << 28
@@ -74,9 +74,7 @@ def main() -> None:
 
     def save(complete: bool) -> None:  # after every row: a run cut short keeps what it measured
         result = {
-            "command": "python benchmarks/bench_membound.py " + " ".join(sys.argv[1:]),
-            "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
+            **results_header(),
             "copy_GBps": round(copy_bps / 1e9, 1),
             "flush": args.flush if args.timer == "event" else None,  # stream: no flush
             "timer": args.timer,
@@ -84,7 +82,7 @@ def main() -> None:
             "summary": _summary(rows),
             "membound": rows,
         }
-        path.write_text(json.dumps(result, indent=1))
+        write_results(path, result, check=complete)
 
     compile_ns = {int(v) for v in args.compile_ns.split(",")} if args.compile_ns else None
     for op in args.ops.split(","):

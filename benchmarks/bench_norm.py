@@ -18,7 +18,6 @@ Run on a GPU machine:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import cuteforge
 from cuteforge import timing
 from cuteforge.ops import norm as cf_norm
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 ALL_NS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
 QUICK_NS = [256, 1024, 4096, 16384, 65536, 262144]
@@ -215,8 +214,7 @@ def main() -> None:
     copy_bps = timing.copy_bandwidth()
     q = _quack()
     result = {
-        "command": "python benchmarks/bench_norm.py " + " ".join(sys.argv[1:]),
-        "gpu": gpu, "torch": torch.__version__, "cuteforge": cuteforge.__version__,
+        **results_header(),
         "quack": getattr(sys.modules.get("quack"), "__version__", None) if q is not None else None,
         "copy_GBps": round(copy_bps / 1e9, 1),
         "bytes": "fwd 2*M*N*elem (x read, y written); bwd 3*M*N*elem (x, dy read, dx written)",
@@ -240,7 +238,7 @@ def main() -> None:
                     print(f"{r.get('op')} {r.get('dir', '?')} {r.get('dtype')} {r.get('M', '?')}x{r.get('N')} ok={r.get('correct')} "
                           f"{msg}  cf%copy={r.get('cuteforge_pct_copy')} vs quack={r.get('speedup_vs_quack')} {r.get('error', '')}", flush=True)
                 result["seconds"] = round(time.time() - t0, 1)
-                path.write_text(json.dumps(result, indent=1))
+                write_results(path, result, check=False)
     result["config_sweep"] = []
     for n in [int(v) for v in args.sweep_ns.split(",") if v]:
         try:
@@ -249,7 +247,7 @@ def main() -> None:
             result["config_sweep"].append({"N": n, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         torch.cuda.empty_cache()
         result["seconds"] = round(time.time() - t0, 1)
-        path.write_text(json.dumps(result, indent=1))
+        write_results(path, result)
     print("copy GB/s", result["copy_GBps"], "wrote", path)
 
 

@@ -76,6 +76,7 @@ from bench_longrow import (  # noqa: E402
 )
 
 from cuteforge import timing  # noqa: E402
+from cuteforge.report import write_results  # noqa: E402
 
 OPS = ("rms_norm_bwd", "layer_norm_bwd")
 FWD_OPS = ("rms_norm", "layer_norm")
@@ -220,7 +221,7 @@ def main_fwd(args: argparse.Namespace, t0: float) -> None:
 
     def save() -> None:
         result["seconds"] = round(time.time() - t0, 1)
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result, check=False)
 
     def _time(fn, nbytes: int) -> dict[str, Any]:
         ms = timing.bench(fn, warmup_ms=5, rep_ms=args.rep_ms)
@@ -382,7 +383,7 @@ def main() -> None:
 
     def save() -> None:
         result["seconds"] = round(time.time() - t0, 1)
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result, check=False)
 
     def _time(fn, nbytes: int) -> dict[str, Any]:
         ms = timing.bench(fn, warmup_ms=5, rep_ms=args.rep_ms)

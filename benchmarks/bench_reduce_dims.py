@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import math
 import time
 from pathlib import Path
 
 import torch
 
-import cuteforge
 import cuteforge.ops as ops
 from cuteforge import timing
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 # (shape, dim): large column reductions (the bar), batched middle-dim, and narrow ones
 # (few output columns, long R: the cluster split of R).
@@ -50,7 +50,8 @@ def measure(op: str, shape: tuple, dim: int, dtype: torch.dtype, copy_bps: float
         r = shape[dim]
         correct = bool(torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=(1e-3 if dtype == torch.float32 else 1e-2) * r**0.5))
     nbytes = x.numel() * x.element_size() + ref.numel() * ref.element_size()
-    row = {"op": op, "shape": list(shape), "dim": dim, "dtype": str(dtype).removeprefix("torch."), "correct": correct}
+    n = shape[dim]
+    row = {"op": op, "shape": list(shape), "dim": dim, "M": math.prod(shape) // n, "N": n, "dtype": str(dtype).removeprefix("torch."), "correct": correct}
     for name, fn in contenders.items():
         ms = timing.bench(fn)
         row[f"{name}_us"] = round(ms * 1e3, 2)
@@ -139,10 +140,7 @@ def main() -> None:
         return out
 
     result = {
-        "command": "python benchmarks/bench_reduce_dims.py " + " ".join(sys.argv[1:]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuteforge": cuteforge.__version__,
+        **results_header(),
         "copy_GBps": round(copy_bps / 1e9, 1),
         # the warm 2-D last-dim path (same measurement as bench_sum.py's host_overhead)
         "host_overhead": {
@@ -172,7 +170,7 @@ def main() -> None:
     result["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out or Path(__file__).parent / "results" / "h200-reduce-dims.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_results(out, result)
     print(json.dumps({k: result[k] for k in ("gpu", "copy_GBps", "host_overhead", "seconds")}))
     print("wrote", out)
 

@@ -31,6 +31,7 @@ from cuteforge.kernels.reduce import row as row_cfg
 from cuteforge.kernels.softmax import config as sm_cfg
 from cuteforge.kernels.softmax.spec import config_for as sm_config_for
 from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 # the modules (cuteforge.ops re-exports functions of the same names)
 ce_ops = importlib.import_module("cuteforge.ops.cross_entropy")
@@ -262,8 +263,7 @@ def main() -> int:
         checks = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     print("eager autograd checks:", json.dumps(checks), flush=True)
     rows: list[dict[str, Any]] = []
-    result = {"command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "gpu": torch.cuda.get_device_name(),
-              "M": a.m, "eager_autograd_checks": checks, "rows": rows}
+    result = {**results_header(), "M": a.m, "eager_autograd_checks": checks, "rows": rows}
     for (fam, dts, n), s in setups.items():
         t1 = time.time()
         r: dict[str, Any] = {"fam": fam, "dtype": dts, "N": n}
@@ -299,8 +299,7 @@ def main() -> int:
         for which in ("fwd", "bwd"):
             for cr in r.get(f"{which}_kernel_configs", []):
                 print(f"   {which} {cr.get('gpu_us')} {cr['config']} {cr.get('error', '')}", flush=True)
-        with open(a.out, "w") as fh:
-            json.dump(result, fh, indent=1)
+        write_results(a.out, result)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
     return 0
 

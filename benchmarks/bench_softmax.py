@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-import cuteforge
 import cuteforge.ops as ops
 from cuteforge import timing
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 sm = importlib.import_module("cuteforge.ops.softmax")  # ops.softmax is the function
 
@@ -214,10 +214,7 @@ def main() -> None:
     warm_s = time.time() - t_warm
     copy_bps = timing.copy_bandwidth()
     result: dict[str, Any] = {
-        "command": "python benchmarks/bench_softmax.py " + " ".join(sys.argv[1:]),
-        "gpu": gpu,
-        "torch": torch.__version__,
-        "cuteforge": cuteforge.__version__,
+        **results_header(),
         "copy_GBps": round(copy_bps / 1e9, 1),
         "parallel_compile_s": round(warm_s, 1),
         "compile_failures": [str(f.error)[:300] for f in failed][:10],
@@ -230,7 +227,7 @@ def main() -> None:
 
     def save() -> None:  # after every step: a run cut short still leaves its figures
         result["seconds"] = round(time.time() - t0, 1)
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result, check=False)
 
     qs = _quack()
     result["quack"] = getattr(sys.modules.get("quack"), "__version__", None)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_longrow import result_header, rows_for  # noqa: E402
 
 from cuteforge import timing  # noqa: E402
+from cuteforge.report import write_results  # noqa: E402
 
 NS = [32768, 65536, 131072, 262144]
 DTYPES = ["bfloat16", "float32"]
@@ -107,7 +108,7 @@ def main() -> None:
 
     def save() -> None:
         result["seconds"] = round(time.time() - t0, 1)
-        out.write_text(json.dumps(result, indent=1))
+        write_results(out, result, check=False)
 
     save()
     groups: dict[tuple[str, str, int], list[tuple[int, Any, bool]]] = {}

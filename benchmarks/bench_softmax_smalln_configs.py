@@ -11,8 +11,6 @@ and timed with cuteforge.timing.bench; torch's own kernel
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 import torch
 
@@ -21,6 +19,7 @@ from cuteforge.arch import target_arch
 from cuteforge.autotune.pool import CompileJob, compile_all
 from cuteforge.kernels.softmax.config import SoftmaxConfig
 from cuteforge.kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
+from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.signature import BoundKey, dtype_name, vector_width
 
 TORCH = {"softmax": lambda x: torch._softmax(x, -1, False),
@@ -78,9 +77,7 @@ def main() -> None:
         rows.append({"mode": mode, "dtype": dtype_name(dt), "N": n, "config": repr(cfg), "default": is_default,
                      "us": round(ms * 1e3, 2), "pct_copy": round(100 * nbytes / (ms * 1e-3) / copy_bps, 1)})
         print(rows[-1], flush=True)
-    with open(a.out, "w") as fh:
-        json.dump({"command": "python " + " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "M": a.m,
-                   "copy_GBps": round(copy_bps / 1e9, 1), "rows": rows}, fh, indent=1)
+    write_results(a.out, {**results_header(), "M": a.m, "copy_GBps": round(copy_bps / 1e9, 1), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-import cuteforge
 import cuteforge.ops as ops
 from cuteforge import timing
 from cuteforge.kernels.reduce.spec import row_reduce
 from cuteforge.library_bench import measure_shapes
+from cuteforge.report import results_header, write_results  # noqa: E402
 
 BAR_SHAPES = [(32768, 4096), (16384, 16384), (4096, 65536)]
 EXTRA_SHAPES = [(32768, 256), (32768, 1024), (65536, 2048), (1024, 262144), (8, 262144), (1, 4096)]
@@ -117,10 +117,7 @@ def main() -> None:
     t0 = time.time()
     copy_bps = timing.copy_bandwidth()
     result = {
-        "command": "python benchmarks/bench_sum.py " + " ".join(sys.argv[1:]),
-        "gpu": gpu,
-        "torch": torch.__version__,
-        "cuteforge": cuteforge.__version__,
+        **results_header(),
         "copy_GBps": round(copy_bps / 1e9, 1),
         "flush": args.flush,
         "host_overhead": host_overhead(),
@@ -139,7 +136,7 @@ def main() -> None:
     name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
     out = Path(args.out or Path(__file__).parent / "results" / f"{name}-sum.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_results(out, result)
     print(json.dumps({k: result.get(k) for k in ("gpu", "copy_GBps", "host_overhead", "compile_cache")}, indent=1))
     for r in result["sum"]:
         print(f"{r['dtype']:9s} {r['M']:6d} x {r['N']:6d}  ok={r['correct']}  cuteforge {r['cuteforge_GBps']:7.0f} GB/s "

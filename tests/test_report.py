@@ -61,7 +61,7 @@ def test_families(results: list[dict]) -> None:
     assert r["values"] == {"cuteforge": 4445.2, "torch": 4053.0, "torch.compile": 4256.3}
     assert r["best"] == "cuteforge" and r["pct"]["cuteforge"] == 104.5 and r["correct"] is True
     # a `cuteforge library --json` style result: rows under "rows", split by op
-    lib = {"gpu": "G", "copy_GBps": 100.0, "rows": [{"op": "amax", "M": 2, "N": 8, "dtype": "float32", "cuteforge_GBps": 50.0}]}
+    lib = {"gpu": "G", "command": "x", "copy_GBps": 100.0, "rows": [{"op": "amax", "M": 2, "N": 8, "dtype": "float32", "cuteforge_GBps": 50.0}]}
     assert list(report.families(lib)) == ["amax"]
     assert report.table_rows([lib], "amax")[0]["pct"] == {"cuteforge": 50.0}
 
@@ -76,7 +76,7 @@ def test_plots(results: list[dict], tmp_path: Path) -> None:
 def test_plot_grid_one_panel_per_family(tmp_path: Path) -> None:
     rows = [{"op": op, "M": 1024, "N": n, "dtype": "float32", "cuteforge_GBps": 100.0 * n, "torch_GBps": 50.0 * n}
             for op in ("softmax", "softmax_bwd", "rms_norm") for n in (256, 4096)]
-    res = [{"gpu": "NVIDIA H200", "copy_GBps": 4000.0, "membound": rows}]
+    res = [{"gpu": "NVIDIA H200", "command": "x", "copy_GBps": 4000.0, "membound": rows}]
     png = report.plot_grid(res, tmp_path / "grid.png", columns=2)
     data = png.read_bytes()
     assert data[:8] == PNG_MAGIC
@@ -87,7 +87,7 @@ def test_plot_grid_one_panel_per_family(tmp_path: Path) -> None:
 def test_gemm_family_plots_against_cublas(tmp_path: Path) -> None:
     rows = [{"op": "gemm", "M": n, "N": n, "K": n, "dtype": "bfloat16", "correct": True,
              "cuteforge_TFLOPs": 0.8 * n / 16, "cublas_TFLOPs": n / 16} for n in (1024, 2048, 4096, 8192)]
-    res = [{"gpu": "NVIDIA H200", "gemm": rows}]
+    res = [{"gpu": "NVIDIA H200", "command": "x", "gemm": rows}]
     (tmp_path / "g.json").write_text(json.dumps(res[0]))
     res = report.load_results([tmp_path / "g.json"])  # no copy_GBps needed for TFLOP/s rows
     t = report.table_rows(res, "gemm")
@@ -137,10 +137,10 @@ def test_html_escapes(tmp_path: Path) -> None:
     ("{not json", "not a results JSON file"),
     ("[1, 2]", "expected a JSON object"),
     ('{"command": "x"}', "missing key 'gpu'"),
-    ('{"gpu": "G", "copy_GBps": 1, "sum": [{"M": 1, "dtype": "float32", "cuteforge_GBps": 1.0}]}', r"sum\[0\] lacks 'N'"),
-    ('{"gpu": "G", "copy_GBps": 1, "sum": [{"M": 1, "N": "4", "dtype": "f", "cuteforge_GBps": 1.0}]}', "must be integers"),
-    ('{"gpu": "G", "copy_GBps": 1, "sum": [{"M": 1, "N": 4, "dtype": "f", "cuteforge_GBps": "fast"}]}', "is not a number"),
-    ('{"gpu": "G", "sum": [{"M": 1, "N": 4, "dtype": "float32", "cuteforge_GBps": 1.0}]}', "missing key 'copy_GBps'"),
+    ('{"gpu": "G", "command": "x", "copy_GBps": 1, "sum": [{"M": 1, "dtype": "float32", "cuteforge_GBps": 1.0}]}', r"sum\[0\] lacks 'N'"),
+    ('{"gpu": "G", "command": "x", "copy_GBps": 1, "sum": [{"M": 1, "N": "4", "dtype": "f", "cuteforge_GBps": 1.0}]}', "must be integers"),
+    ('{"gpu": "G", "command": "x", "copy_GBps": 1, "sum": [{"M": 1, "N": 4, "dtype": "f", "cuteforge_GBps": "fast"}]}', "is not a number"),
+    ('{"gpu": "G", "command": "x", "sum": [{"M": 1, "N": 4, "dtype": "float32", "cuteforge_GBps": 1.0}]}', "missing key 'copy_GBps'"),
     ('{"gpu": "G", "command": "x"}', "nothing to report"),
 ])
 def test_bad_results(tmp_path: Path, content: str, match: str) -> None:

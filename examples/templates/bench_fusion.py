@@ -7,9 +7,7 @@ an epilogue against torch eager's unfused sequence, side by side on the same inp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 
 import elementwise
 import row_reduce
@@ -70,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['op']:18s} {r['dtype']:9s} " + "  ".join(f"{k}: {v * 1e3:.1f} us" for k, v in r["ms"].items())
               + f"  | fused/plain {r['fused_over_plain']:.3f}  eager/fused {r['eager_over_fused']:.2f}")
     if args.out:
-        doc = {"command": "python examples/templates/bench_fusion.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "created": time.time(), "rows": rows}
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+        from cuteforge.report import results_header, write_results
+
+        cmd = "python examples/templates/bench_fusion.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_results(args.out, {**results_header(cmd), "rows": rows})
     return 0
 
 

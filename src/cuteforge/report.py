@@ -1,11 +1,17 @@
 """Benchmark reports: PNG plots per op family and one self-contained HTML page.
 
-Works on results JSON files as written by `benchmarks/bench_sum.py`, `bench_dispatch.py`,
-`bench_autotune.py` or `cuteforge bench --json`, so a machine with no GPU can report on
-recorded runs. A *family* is any top-level list of rows with `M`, `N` and `<impl>_GBps`
-columns (bandwidth, compared with the measured copy bandwidth `copy_GBps`) or
-`<impl>_TFLOPs` columns (compute, compared with a `cublas` implementation); rows that carry
-an `op` are grouped by it.
+Every results file follows one schema, written by `results_header()` + `write_results()`
+(used by the scripts in `benchmarks/`, `cuteforge bench --json` and the examples) and read
+by `load_results()` (`cuteforge bench --from`), so a machine with no GPU can report on
+recorded runs:
+
+* `gpu` (str) and `command` (str) are required; `date` (the run's UTC date, ISO 8601),
+  `torch`, `cuteforge` and `copy_GBps` (measured device copy bandwidth) are set by the header.
+* A *family* is any top-level list of rows with `M`, `N`, `dtype` and `<impl>_GBps` columns
+  (bandwidth, compared with `copy_GBps`) or `<impl>_TFLOPs` columns (compute, compared with a
+  `cublas` implementation); a GEMM row adds `K`; rows that carry an `op` are grouped by it.
+* Any other top-level list or dict is a *section* (config sweeps, tuning, host timings...):
+  the report names it and shows the ones it knows how to draw.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ Results = dict[str, Any]
 
 _NOT_FAMILIES = {"config_sweep", "tune"}  # lists of rows that are sections of their own
 _METRICS = {"_GBps": "GB/s", "_TFLOPs": "TFLOP/s"}
-_OTHER_SECTIONS = ("host_overhead", "host_us", "compile_cache", "compile", "tune")
 
 
 def _metric(row: dict[str, Any]) -> str | None:
@@ -58,8 +63,9 @@ def _impls(rows: Sequence[dict[str, Any]], suffix: str) -> list[str]:
 def _validate(p: Path, r: Any) -> None:
     if not isinstance(r, dict):
         raise ValueError(f"{p}: expected a JSON object at the top level, got {type(r).__name__}")
-    if not isinstance(r.get("gpu"), str):
-        raise ValueError(f"{p}: missing key 'gpu' (the GPU name as a string)")
+    for key, what in (("gpu", "the GPU name"), ("command", "the command that produced the file")):
+        if not isinstance(r.get(key), str):
+            raise ValueError(f"{p}: missing key {key!r} ({what} as a string)")
     fams = _family_lists(r)
     for key, rows in fams.items():
         suffix = _metric(rows[0]) or ""
@@ -73,14 +79,43 @@ def _validate(p: Path, r: Any) -> None:
                 raise ValueError(f"{p}: {key}[{i}]: {bad[0]!r} is not a number")
         if suffix == "_GBps" and not isinstance(r.get("copy_GBps"), (int, float)):
             raise ValueError(f"{p}: missing key 'copy_GBps' (copy bandwidth, needed with the '{key}' rows)")
-    if not fams and not any(k in r for k in _OTHER_SECTIONS):
-        raise ValueError(f"{p}: nothing to report: no rows with *_GBps or *_TFLOPs columns and no "
-                         f"{', '.join(_OTHER_SECTIONS)} section")
+    if not fams and not sections(r):
+        raise ValueError(f"{p}: nothing to report: no rows with *_GBps or *_TFLOPs columns and no other "
+                         "non-empty list or dict section")
+
+
+def sections(r: Results) -> dict[str, int]:
+    """Top-level lists and dicts of `r` that are not families: name -> number of entries."""
+    fams = _family_lists(r)
+    return {k: len(v) for k, v in r.items() if not k.startswith("_") and k not in fams
+            and isinstance(v, (list, dict)) and v}
+
+
+def results_header(command: str | None = None) -> Results:
+    """The common head of a results file: command, gpu, date, torch and cuteforge versions."""
+    import torch
+
+    from . import __version__
+
+    return {"command": command or "python " + " ".join(sys.argv),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__, "cuteforge": __version__}
+
+
+def write_results(path: str | Path, result: Results, check: bool = True) -> Path:
+    """Write a results dict as compact JSON, checked against the schema first unless `check`
+    is False (a partial file written while a long run is still going)."""
+    if check:
+        _validate(Path(path), result)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, separators=(",", ":"), default=str) + "\n")
+    return Path(path)
 
 
 def load_results(paths: Iterable[str | Path]) -> list[Results]:
     """Read and check results JSON files (ValueError naming the file and what is wrong); each
-    dict gains `_file` (the path) and `_date` (its `date` key, else the file's mtime)."""
+    dict gains `_file` (the path) and `_date` (its `date` key: the date of the run)."""
     out = []
     for path in paths:
         p = Path(path)
@@ -92,8 +127,7 @@ def load_results(paths: Iterable[str | Path]) -> list[Results]:
             where = f" (line {e.lineno}: {e.msg})" if isinstance(e, json.JSONDecodeError) else ""
             raise ValueError(f"{p}: not a results JSON file{where}") from None
         _validate(p, r)
-        mtime = datetime.datetime.fromtimestamp(p.stat().st_mtime, tz=datetime.timezone.utc)
-        out.append({**r, "_file": str(p), "_date": str(r.get("date") or f"file modified {mtime:%Y-%m-%d %H:%M} UTC")})
+        out.append({**r, "_file": str(p), "_date": str(r.get("date") or "date not recorded")})
     if not out:
         raise ValueError("no results files given")
     return out
@@ -316,6 +350,19 @@ def _autotune_section(results: Sequence[Results]) -> str:
     return "<h2>Autotuning</h2>" + "".join(parts) if parts else ""
 
 
+_DRAWN = {"host_overhead", "host_us", "compile_cache", "compile", "tune"}
+
+
+def _other_sections(results: Sequence[Results]) -> str:
+    """Name every section the report does not draw, so nothing is dropped silently."""
+    rows = [[(Path(r["_file"]).name, "l"), (name, "l"), (_num(n, 0), "")]
+            for r in results for name, n in sections(r).items() if name not in _DRAWN]
+    if not rows:
+        return ""
+    return ("<h2>Other sections (not drawn)</h2><p class=note>Recorded in the results files but not drawn "
+            "by this report; read them in the JSON.</p>" + _table(["file", "section", "entries"], rows))
+
+
 def html_report(results: Sequence[Results], out_html: Path) -> Path:
     """Write one self-contained HTML page (plots embedded as data URIs, no JS, no external assets)."""
     gpus = ", ".join(dict.fromkeys(str(r["gpu"]) for r in results))
@@ -325,7 +372,7 @@ def html_report(results: Sequence[Results], out_html: Path) -> Path:
     body = [f"<h1>cuteforge benchmark report</h1><p class=sub>GPU: <b>{_e(gpus)}</b></p>",
             "<h2>Results files</h2>", _table(["file", "GPU", "date", "command", "versions"], src_rows)]
     body += [_family_section(results, f) for f in family_names(results)]
-    body += [_host_section(results), _cache_section(results), _autotune_section(results)]
+    body += [_host_section(results), _cache_section(results), _autotune_section(results), _other_sections(results)]
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body.append(f"<p class=note>Generated by cuteforge on {_e(stamp)}.</p>")
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>cuteforge report: {_e(gpus)}</title>'
@@ -359,8 +406,8 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
                            "use --from RESULTS.json to report on recorded results")
     import torch
 
-    from . import __version__, timing
-    from .autotune.cli import parse_shapes
+    from . import timing
+    from .autotune.problems import parse_shapes
 
     shape_list = [tuple(s) for s in parse_shapes(shapes)] if shapes else (QUICK_SHAPES if quick else REDUCTION_SHAPES)
     if any(len(s) != 2 for s in shape_list):
@@ -369,10 +416,7 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
     if not dts or not all(isinstance(dt, torch.dtype) and dt.is_floating_point for dt in dts):
         raise ValueError(f"bad --dtype {dtypes!r}: expected e.g. float32,bfloat16,float16")
     copy_bps = timing.copy_bandwidth()
-    result: Results = {"command": "cuteforge " + " ".join(sys.argv[1:]), "gpu": torch.cuda.get_device_name(),
-                       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                       "torch": torch.__version__, "cuteforge": __version__,
-                       "copy_GBps": round(copy_bps / 1e9, 1)}
+    result: Results = {**results_header("cuteforge " + " ".join(sys.argv[1:])), "copy_GBps": round(copy_bps / 1e9, 1)}
     from rich.progress import Progress
 
     jobs = [(op, dt, shape) for op in ops for dt in dts for shape in shape_list]
@@ -394,8 +438,7 @@ def bench_main(ops: Sequence[str], shapes: str | None, dtypes: str, from_paths: 
         raise ValueError("OPS, --shapes and --json measure on a GPU; --from reports recorded results as they are")
     results = load_results(from_paths) if from_paths else [run_bench(ops or ("sum",), shapes, dtypes, quick=quick)]
     if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(results[0], indent=1))
+        write_results(json_out, results[0])
         results[0] = {**results[0], "_file": json_out, "_date": results[0]["date"]}
     if plot_dir:
         plot_results(results, Path(plot_dir))
