@@ -14,6 +14,7 @@ from typing import Any
 
 from .arch import ArchError, target_arch
 from .cache import STATS, CompileAfterWarmupError, end_warmup
+from .compiler import compile_only
 from .kernel import REGISTRY, CompileSpec, Kernel, kernel
 from .signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
 
@@ -32,6 +33,7 @@ __all__ = [
     "TensorArg",
     "Template",
     "cache_stats",
+    "compile_only",
     "end_warmup",
     "kernel",
     "ops",

@@ -127,3 +127,15 @@ def disassemble(cubin_path: str) -> str:
                 return out.stdout
     raise RuntimeError("SASS needs nvdisasm or cuobjdump (CUDA toolkit on PATH, or `pip install "
                        "nvidia-cuda-nvdisasm`); PTX and CUBIN are kept")
+
+
+def compile_only(kern: Any, *tensors: Any, arch: str = "sm_90a", config: Any = None, **params: Any) -> str:
+    """Compile `kern` (a `@cuteforge.kernel`) for `arch` without a GPU and return the cache
+    entry's path. `tensors` give dtypes, shapes and strides only: CPU or "meta" tensors do;
+    the key is the one a call with freshly allocated CUDA tensors of that layout looks up, so
+    such a call later on an `arch` GPU loads this object instead of compiling."""
+    key = kern.signature.fresh_key(tensors)
+    spec = kern.spec(key, kern.key_params(sorted(params.items())), config, arch=arch)
+    prepare_dsl(arch)
+    kern.compile(spec)
+    return str(kern.cache_entry(spec))
