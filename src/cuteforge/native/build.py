@@ -26,8 +26,8 @@ from types import ModuleType
 from filelock import FileLock
 
 # the backward node, the forward launch, and what they share
-SOURCES = [Path(__file__).with_name(f) for f in ("ffi_backward.cpp", "ffi_launch.cpp")]
-HEADERS = [Path(__file__).with_name("ffi_common.h")]
+SOURCES = [Path(__file__).with_name(f) for f in ("ffi_backward.cpp", "ffi_launch.cpp", "ffi_dispatch.cpp")]
+HEADERS = [Path(__file__).with_name(f) for f in ("ffi_common.h", "launch_plan.h")]
 _state: dict[str, object] = {}
 log = logging.getLogger("cuteforge.native")
 

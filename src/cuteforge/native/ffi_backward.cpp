@@ -252,7 +252,8 @@ void attach(const std::shared_ptr<Plan>& plan, const std::vector<std::optional<a
 }  // namespace
 
 namespace cuteforge_native {
-void register_launch(py::module_& m);  // ffi_launch.cpp
+void register_launch(py::module_& m);    // ffi_launch.cpp
+void register_dispatch(py::module_& m);  // ffi_dispatch.cpp
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -260,4 +261,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_plan", &make_plan, "A backward plan (see cuteforge/native/backward.py)");
   m.def("attach", &attach, "Attach a C++ backward node to computed outputs");
   cuteforge_native::register_launch(m);
+  cuteforge_native::register_dispatch(m);
 }

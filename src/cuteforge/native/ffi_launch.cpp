@@ -15,20 +15,15 @@
 // cannot: the count of inputs, that each is a tensor on the plan's device, or None where
 // no argument reads it (an op's absent bias or residual).
 
-#include "ffi_common.h"
+#include "launch_plan.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <c10/util/SmallVector.h>
-
 #include <cstring>
-#include <memory>
-#include <string>
 #include <unordered_map>
-#include <vector>
 
 namespace py = pybind11;
 
@@ -36,49 +31,35 @@ namespace cuteforge_native {
 namespace {
 
 constexpr const char* kCapsule = "cuteforge.native.LaunchPlan";
-constexpr size_t kMaxTensors = 16;  // inputs, outputs and kernel arguments, each
 
-enum LaunchSource : int { kInput = 0, kOutput = 1 };
-
-struct LaunchArg {
-  int source;  // LaunchSource
-  int index;
-  std::vector<int64_t> sizes, strides;
-  int64_t offset;  // elements from the tensor's data pointer
-};
-
-struct LaunchPlan {
-  std::string name;
-  TVMFFIObjectHandle fn = nullptr;  // owned reference
-  at::Device device{at::kCPU};
-  DLDevice dl_device{kDLCPU, 0};
-  size_t n_inputs = 0;
-  std::vector<bool> read;  // per input: some argument reads it (else None is accepted)
-  std::vector<std::vector<int64_t>> out_sizes;
-  std::vector<at::TensorOptions> out_options;
-  std::vector<LaunchArg> args;
-  std::vector<int> returns;  // output indices: one returns the tensor, more a tuple
-
-  ~LaunchPlan() {
-    if (fn) TVMFFIObjectDecRef(fn);
-  }
-};
-
-using PlanPtr = std::shared_ptr<const LaunchPlan>;
-
-// A plan's capsule holds a PlanPtr: launch tables share the plan.
+// A plan's capsule holds a PlanPtr: launch tables and dispatcher kernels share the plan.
 void free_plan(PyObject* capsule) {
   delete static_cast<PlanPtr*>(PyCapsule_GetPointer(capsule, kCapsule));
 }
 
 const LaunchPlan* plan_of(PyObject* capsule) {
-  auto* h = static_cast<PlanPtr*>(PyCapsule_GetPointer(capsule, kCapsule));
+  const PlanPtr* h = plan_ptr_of(capsule);
   return h ? h->get() : nullptr;
+}
+
+// A returned output: an int (as is) or (index, dtype, row) (summed over dim -2, cast).
+LaunchReturn make_return(const std::string& name, py::handle r, size_t n_outs) {
+  LaunchReturn ret{0, false, at::kFloat, -1};
+  if (py::isinstance<py::tuple>(r)) {
+    auto t = r.cast<py::tuple>();
+    if (t.size() != 3) throw std::invalid_argument(name + ": a summed return is (output, dtype, row)");
+    ret = {t[0].cast<int>(), true, scalar_type(t[1].cast<std::string>()), t[2].cast<int64_t>()};
+  } else {
+    ret.index = r.cast<int>();
+  }
+  if (ret.index < 0 || static_cast<size_t>(ret.index) >= n_outs)
+    throw std::invalid_argument(name + ": a returned output does not exist");
+  return ret;
 }
 
 py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::string& device_type, int64_t device_index,
                             size_t n_inputs, const std::vector<std::pair<std::vector<int64_t>, std::string>>& outs,
-                            const std::vector<py::tuple>& args, const std::vector<int>& returns) {
+                            const std::vector<py::tuple>& args, const py::list& returns) {
   if (!fn) throw std::invalid_argument(name + ": a launch plan needs a kernel");
   if (n_inputs > kMaxTensors || outs.size() > kMaxTensors || args.size() > kMaxTensors)
     throw std::invalid_argument(name + ": at most 16 inputs, outputs and kernel arguments each");
@@ -105,10 +86,7 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
     if (s.source == kInput) p->read[s.index] = true;
     p->args.push_back(std::move(s));
   }
-  for (int r : returns) {
-    if (r < 0 || static_cast<size_t>(r) >= outs.size()) throw std::invalid_argument(name + ": a returned output does not exist");
-  }
-  p->returns = returns;
+  for (auto r : returns) p->returns.push_back(make_return(name, r, outs.size()));
   p->fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
   TVMFFIObjectIncRef(p->fn);
   auto* h = new PlanPtr(std::move(p));
@@ -122,7 +100,7 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
 
 // Allocate p's outputs, call its kernel on `inputs`, return the output or a tuple of them;
 // nullptr with a Python error set on bad input.
-PyObject* run_plan(const LaunchPlan& p, PyObject* const* inputs, size_t n) {
+PyObject* run_from_python(const LaunchPlan& p, PyObject* const* inputs, size_t n) {
   if (n != p.n_inputs) {
     PyErr_Format(PyExc_TypeError, "%s: expected %zu input tensors, got %zu", p.name.c_str(), p.n_inputs, n);
     return nullptr;
@@ -139,27 +117,14 @@ PyObject* run_plan(const LaunchPlan& p, PyObject* const* inputs, size_t n) {
       return nullptr;
     }
     in[i] = &THPVariable_Unpack(o);
-    if (in[i]->device() != p.device) {
-      PyErr_Format(PyExc_ValueError, "%s: input %zu is on %s, the plan on %s", p.name.c_str(), i,
-                   in[i]->device().str().c_str(), p.device.str().c_str());
-      return nullptr;
-    }
-  }
-  at::Tensor out[kMaxTensors];
-  for (size_t j = 0; j < p.out_sizes.size(); ++j) out[j] = at::empty(p.out_sizes[j], p.out_options[j]);
-  DLTensor dl[kMaxTensors];
-  TVMFFIAny any[kMaxTensors];
-  for (size_t i = 0; i < p.args.size(); ++i) {
-    const LaunchArg& a = p.args[i];
-    fill_dltensor(dl[i], any[i], a.source == kInput ? *in[a.index] : out[a.index], a.sizes, a.strides, a.offset, p.dl_device);
   }
   // the GIL stays held: the call is a launch, microseconds
-  call_on_current_stream(p.fn, any, static_cast<int32_t>(p.args.size()), p.device, p.name);
-  if (p.returns.size() == 1) return THPVariable_Wrap(std::move(out[p.returns[0]]));
-  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(p.returns.size()));
+  Returned out = run_plan(p, in);
+  if (out.size() == 1) return THPVariable_Wrap(std::move(out[0]));
+  PyObject* tup = PyTuple_New(static_cast<Py_ssize_t>(out.size()));
   if (!tup) return nullptr;
-  for (size_t k = 0; k < p.returns.size(); ++k) {
-    PyObject* t = THPVariable_Wrap(out[p.returns[k]]);
+  for (size_t k = 0; k < out.size(); ++k) {
+    PyObject* t = THPVariable_Wrap(std::move(out[k]));
     if (!t) {
       Py_DECREF(tup);
       return nullptr;
@@ -179,7 +144,7 @@ PyObject* launch(PyObject* /*self*/, PyObject* const* argv, Py_ssize_t argc) {
   }
   const LaunchPlan* p = plan_of(argv[0]);
   if (!p) return nullptr;
-  return run_plan(*p, argv + 1, static_cast<size_t>(argc - 1));
+  return run_from_python(*p, argv + 1, static_cast<size_t>(argc - 1));
   END_HANDLE_TH_ERRORS
 }
 
@@ -192,15 +157,8 @@ PyObject* launch(PyObject* /*self*/, PyObject* const* argv, Py_ssize_t argc) {
 // made (after its checks) are put in; a miss, or an input that needs autograd while grad
 // mode is on, returns None and the op takes its Python path.
 
-using Key = c10::SmallVector<int64_t, 40>;
-
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = k.size();
-    for (int64_t v : k) h ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h;
-  }
-};
+using Key = LayoutKey;
+using KeyHash = LayoutKeyHash;
 
 struct LaunchTable {
   size_t n_scalars = 0;
@@ -208,11 +166,6 @@ struct LaunchTable {
 };
 
 constexpr const char* kTable = "cuteforge.native.LaunchTable";
-const c10::DispatchKeySet kNotPlain({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
-                                     c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
-                                     c10::DispatchKey::Negative, c10::DispatchKey::Conjugate,
-                                     c10::DispatchKey::ZeroTensor});
-constexpr size_t kMaxPlans = 4096;
 
 void free_table(PyObject* capsule) { delete static_cast<LaunchTable*>(PyCapsule_GetPointer(capsule, kTable)); }
 
@@ -253,23 +206,12 @@ bool key_input(Key& k, PyObject* o, bool& grad) {
   }
   // plain strided tensors with their own memory only; everything else goes to the op's
   // Python path and its checks: __torch_function__ subclasses (their results must stay
-  // theirs), sparse and nested tensors, Python-dispatch subclasses (FakeTensor, DTensor),
-  // functionalized and functorch-wrapped tensors (no data pointer of their own), and
-  // tensors with a lazy negation or conjugation bit. (torch.Tensor and nn.Parameter only:
+  // theirs) and what key_tensor refuses. (torch.Tensor and nn.Parameter only:
   // THPVariable_CheckExact.)
   if (!THPVariable_CheckExact(o)) return false;
   const at::Tensor& t = THPVariable_Unpack(o);
-  if (t.layout() != at::kStrided || !t.has_storage() || t.key_set().has_any(kNotPlain) ||
-      (t.numel() > 0 && t.data_ptr() == nullptr))
-    return false;
+  if (!key_tensor(k, t)) return false;
   grad = grad || t.requires_grad();
-  const int64_t nd = t.dim();
-  k.push_back(static_cast<int64_t>(t.scalar_type()));
-  k.push_back((static_cast<int64_t>(t.device().type()) << 16) | static_cast<int64_t>(t.device().index() + 1));
-  k.push_back(nd);
-  for (int64_t v : t.sizes()) k.push_back(v);
-  for (int64_t v : t.strides()) k.push_back(v);
-  k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15));
   return true;
 }
 
@@ -343,7 +285,7 @@ PyObject* table_launch(PyObject* /*self*/, PyObject* const* argv, Py_ssize_t arg
   auto it = tab->plans.find(k);
   if (it == tab->plans.end()) Py_RETURN_NONE;
   PlanPtr p = it->second;  // a launch may not outlive a clear() of the table under it
-  return run_plan(*p, argv + 1 + tab->n_scalars, n - tab->n_scalars);
+  return run_from_python(*p, argv + 1 + tab->n_scalars, n - tab->n_scalars);
   END_HANDLE_TH_ERRORS
 }
 
@@ -354,6 +296,38 @@ PyMethodDef table_launch_def = {
     "table_launch(table, *scalars, *inputs): the plan keyed by this call's layout, launched; None where there is none"};
 
 }  // namespace
+
+const PlanPtr* plan_ptr_of(PyObject* capsule) {
+  return static_cast<PlanPtr*>(PyCapsule_GetPointer(capsule, kCapsule));
+}
+
+Returned run_plan(const LaunchPlan& p, const at::Tensor* const* in) {
+  for (size_t i = 0; i < p.n_inputs; ++i) {
+    TORCH_CHECK_VALUE(in[i] || !p.read[i], p.name, ": input ", i, " must be a torch.Tensor, got None");
+    TORCH_CHECK_VALUE(!in[i] || in[i]->device() == p.device, p.name, ": input ", i, " is on ", in[i]->device().str(),
+                      ", the plan on ", p.device.str());
+  }
+  at::Tensor out[kMaxTensors];
+  for (size_t j = 0; j < p.out_sizes.size(); ++j) out[j] = at::empty(p.out_sizes[j], p.out_options[j]);
+  DLTensor dl[kMaxTensors];
+  TVMFFIAny any[kMaxTensors];
+  for (size_t i = 0; i < p.args.size(); ++i) {
+    const LaunchArg& a = p.args[i];
+    fill_dltensor(dl[i], any[i], a.source == kInput ? *in[a.index] : out[a.index], a.sizes, a.strides, a.offset, p.dl_device);
+  }
+  call_on_current_stream(p.fn, any, static_cast<int32_t>(p.args.size()), p.device, p.name);
+  Returned r;
+  for (const LaunchReturn& ret : p.returns) {
+    if (!ret.column_sum) {
+      r.push_back(out[ret.index]);
+      continue;
+    }
+    const at::Tensor& b = out[ret.index];
+    at::Tensor s = b.size(-2) == 1 ? b.select(-2, 0) : b.sum(-2);
+    r.push_back((ret.row >= 0 ? s.select(0, ret.row) : s).to(ret.dtype));
+  }
+  return r;
+}
 
 void register_launch(py::module_& m) {
   m.def("make_launch_plan", &make_launch_plan, "A forward launch plan (see cuteforge/native/launch.py)");

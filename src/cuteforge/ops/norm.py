@@ -36,7 +36,9 @@ from ..kernels.norm.spec import norm_bwd, norm_fwd
 from ..native import backward as native
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
+from ..signature import dtype_name
 from .layout import as_rows, rows_view
+from .registered import define
 
 MAX_N = 262144
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -266,55 +268,96 @@ def _empty(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(0)
 
 
-@torch.library.custom_op("cuteforge::rms_norm", mutates_args=())
-def _rms_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fwd_op_plan(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 residual: torch.Tensor | None, eps: float) -> Any:
+    """The registered forward's launch plan (`registered.define`): inputs (x, weight,
+    [bias,] residual) read in place, outputs (y, residual_out or an empty tensor, [mean,]
+    rstd) as the op returns them; None where an operand would need a copy or M == 0."""
+    x2 = rows_view(x) if x.dim() == 2 else None
+    r2 = None if residual is None or residual.dim() != 2 else rows_view(residual)
+    if (x2 is None or (residual is not None and r2 is None) or weight.stride(0) != 1
+            or (bias is not None and bias.stride(0) != 1) or x2.shape[0] == 0):
+        return None
+    launch = _fwd_plan(kind, x2, weight, bias, r2, eps)
+    m, n = x2.shape
+    IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+    i_res = 2 if kind == "rms" else 3
+    w = contiguous_arg(IN, 1, (n,))
+    y, rstd, mean = contiguous_arg(OUT, 0, (m, n)), contiguous_arg(OUT, 2, (m,)), contiguous_arg(OUT, 3, (m,))
+    args = [arg(IN, 0, x2), w, w if bias is None else contiguous_arg(IN, 2, (n,)),
+            arg(IN, 0, x2) if r2 is None else arg(IN, i_res, r2), y,
+            y if r2 is None else contiguous_arg(OUT, 1, (m, n)), rstd if kind == "rms" else mean, rstd]
+    f32 = torch.float32
+    outs = [((m, n), x.dtype), ((m, n) if r2 is not None else (0,), x.dtype), ((m,), f32)]
+    outs += [((m,), f32)] if kind == "layer" else []
+    returns = [0, 1, 2] if kind == "rms" else [0, 1, 3, 2]
+    return native_launch.runner(f"cuteforge::{kind}_norm", launch, x.device, i_res + 1, outs, args, returns)
+
+
+def _bwd_op_plan(kind: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor | None,
+                 rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool) -> Any:
+    """The registered backward's launch plan: inputs (dy, x, weight, [mean,] rstd, dsum)
+    read in place, outputs (dx, dweight[, dbias or an empty tensor]) with the dweight /
+    dbias partials summed in C; None where an operand would need a copy or a cast."""
+    views = [rows_view(t) if t is not None and t.dim() == 2 and t.dtype == x.dtype else None for t in (dy, x, dsum)]
+    dy2, x2, ds2 = views
+    if (dy2 is None or x2 is None or (dsum is not None and ds2 is None) or weight.stride(0) != 1
+            or rstd.stride(0) != 1 or (mean is not None and mean.stride(0) != 1) or x2.shape[0] == 0
+            or dy2.shape != x2.shape):
+        return None
+    m, n = x2.shape
+    q, launch = _bwd_kernel(kind, x2, weight, dy2, mean, rstd, ds2, has_bias)
+    IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+    i_mean, i_rstd, i_dsum = (None, 3, 4) if kind == "rms" else (3, 4, 5)
+    parts = [contiguous_arg(OUT, 1, (q, n)), contiguous_arg(OUT, 1, (q, n), q * n if has_bias else 0)]
+    args = [arg(IN, 1, x2), contiguous_arg(IN, 2, (n,)), arg(IN, 0, dy2), arg(IN, 0, dy2) if ds2 is None else arg(IN, i_dsum, ds2),
+            contiguous_arg(IN, i_rstd if i_mean is None else i_mean, (m,)), contiguous_arg(IN, i_rstd, (m,)),
+            contiguous_arg(OUT, 0, (m, n)), *parts]
+    wd = dtype_name(weight.dtype)
+    outs = [((m, n), x.dtype), ((2, q, n) if has_bias else (q, n), torch.float32)]
+    if kind == "rms":
+        returns = [0, (1, wd, -1)]
+    elif has_bias:
+        returns = [0, (1, wd, 0), (1, wd, 1)]
+    else:
+        outs.append(((0,), weight.dtype))
+        returns = [0, (1, wd, -1), 2]
+    return native_launch.runner(f"cuteforge::{kind}_norm_backward", launch, x.device, i_dsum + 1, outs, args, returns)
+
+
+def _rms_impl(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     y, ro, _, rstd = _forward("rms", x, weight, None, residual, eps)
     return y, (ro if ro is not None else _empty(x)), rstd
 
 
-@_rms_op.register_fake
-def _(x, weight, residual, eps):
+def _rms_fake(x, weight, residual, eps):
     ro = x.new_empty(x.shape) if residual is not None else _empty(x)
     return x.new_empty(x.shape), ro, x.new_empty(x.shape[0], dtype=torch.float32)
 
 
-@torch.library.custom_op("cuteforge::layer_norm", mutates_args=())
-def _ln_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-           eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ln_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     y, ro, mean, rstd = _forward("layer", x, weight, bias, residual, eps)
     return y, (ro if ro is not None else _empty(x)), mean, rstd
 
 
-@_ln_op.register_fake
-def _(x, weight, bias, residual, eps):
+def _ln_fake(x, weight, bias, residual, eps):
     ro = x.new_empty(x.shape) if residual is not None else _empty(x)
     st = x.new_empty(x.shape[0], dtype=torch.float32)
     return x.new_empty(x.shape), ro, st, st.new_empty(st.shape)
 
 
-@torch.library.custom_op("cuteforge::rms_norm_backward", mutates_args=())
-def _rms_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-                dsum: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                  dsum: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     dx, dw, _ = _backward("rms", dy, x, weight, None, rstd, dsum, False)
     return dx, dw
 
 
-@_rms_bwd_op.register_fake
-def _(dy, x, weight, rstd, dsum):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
-
-
-@torch.library.custom_op("cuteforge::layer_norm_backward", mutates_args=())
-def _ln_bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-               dsum: torch.Tensor | None, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ln_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                 dsum: torch.Tensor | None, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dx, dw, db = _backward("layer", dy, x, weight, mean, rstd, dsum, has_bias)
     return dx, dw, (db if db is not None else _empty(weight))
-
-
-@_ln_bwd_op.register_fake
-def _(dy, x, weight, mean, rstd, dsum, has_bias):
-    db = weight.new_empty(weight.shape) if has_bias else _empty(weight)
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), db
 
 
 def _rms_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
@@ -326,7 +369,7 @@ def _rms_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> No
 
 def _rms_grad(ctx: Any, dy: torch.Tensor, dro: torch.Tensor, _drstd: Any) -> tuple[Any, ...]:
     xs, weight, rstd = ctx.saved_tensors
-    dx, dw = torch.ops.cuteforge.rms_norm_backward(dy, xs, weight, rstd, dro if ctx.has_res else None)
+    dx, dw = _rms_bwd_op(dy, xs, weight, rstd, dro if ctx.has_res else None)
     return dx, dw, (dx if ctx.has_res else None), None
 
 
@@ -340,12 +383,25 @@ def _ln_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> Non
 
 def _ln_grad(ctx: Any, dy: torch.Tensor, dro: torch.Tensor, _dm: Any, _dr: Any) -> tuple[Any, ...]:
     xs, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.cuteforge.layer_norm_backward(dy, xs, weight, mean, rstd, dro if ctx.has_res else None, ctx.has_bias)
+    dx, dw, db = _ln_bwd_op(dy, xs, weight, mean, rstd, dro if ctx.has_res else None, ctx.has_bias)
     return dx, dw, (db if ctx.has_bias else None), (dx if ctx.has_res else None), None
 
 
-_rms_op.register_autograd(_rms_grad, setup_context=_rms_setup)
-_ln_op.register_autograd(_ln_grad, setup_context=_ln_setup)
+_rms_bwd_op = define("cuteforge::rms_norm_backward", _rms_bwd_impl,
+                     fake=lambda dy, x, weight, rstd, dsum: (x.new_empty(x.shape), weight.new_empty(weight.shape)),
+                     plan=lambda dy, x, w, rstd, dsum: _bwd_op_plan("rms", dy, x, w, None, rstd, dsum, False))
+_ln_bwd_op = define("cuteforge::layer_norm_backward", _ln_bwd_impl,
+                    fake=lambda dy, x, weight, mean, rstd, dsum, has_bias: (
+                        x.new_empty(x.shape), weight.new_empty(weight.shape),
+                        weight.new_empty(weight.shape) if has_bias else _empty(weight)),
+                    plan=lambda dy, x, w, mean, rstd, dsum, has_bias: _bwd_op_plan("layer", dy, x, w, mean, rstd, dsum,
+                                                                                 has_bias))
+_rms_op = define("cuteforge::rms_norm", _rms_impl, fake=_rms_fake,
+                 plan=lambda x, w, r, eps: _fwd_op_plan("rms", x, w, None, r, eps),
+                 backward=_rms_grad, setup_context=_rms_setup)
+_ln_op = define("cuteforge::layer_norm", _ln_impl, fake=_ln_fake,
+                plan=lambda x, w, b, r, eps: _fwd_op_plan("layer", x, w, b, r, eps),
+                backward=_ln_grad, setup_context=_ln_setup)
 
 
 # --------------------------------------------------------------------------- eager autograd

@@ -1,0 +1,102 @@
+// A launch plan: what one call layout of an op allocates and which compiled kernel it
+// calls with which views. Shared by the eager launch (ffi_launch.cpp, called from Python)
+// and the dispatcher kernels of the registered ops (ffi_dispatch.cpp, called by torch's
+// dispatcher with no Python).
+#pragma once
+
+#include "ffi_common.h"
+
+#include <c10/util/SmallVector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace cuteforge_native {
+
+constexpr size_t kMaxTensors = 16;  // inputs, outputs and kernel arguments, each
+
+enum LaunchSource : int { kInput = 0, kOutput = 1 };
+
+struct LaunchArg {
+  int source;  // LaunchSource
+  int index;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;  // elements from the tensor's data pointer
+};
+
+// One returned tensor: an output as is, or an output summed over its dim -2 and cast (the
+// per-CTA partials of a dweight); on an (R, Q, N) output, row `row` of the one (R, N) sum.
+struct LaunchReturn {
+  int index;
+  bool column_sum;
+  at::ScalarType dtype;
+  int64_t row;
+};
+
+struct LaunchPlan {
+  std::string name;
+  TVMFFIObjectHandle fn = nullptr;  // owned reference
+  at::Device device{at::kCPU};
+  DLDevice dl_device{kDLCPU, 0};
+  size_t n_inputs = 0;
+  std::vector<bool> read;  // per input: some argument reads it (else None is accepted)
+  std::vector<std::vector<int64_t>> out_sizes;
+  std::vector<at::TensorOptions> out_options;
+  std::vector<LaunchArg> args;
+  std::vector<LaunchReturn> returns;  // one returns the tensor, more a tuple
+
+  ~LaunchPlan() {
+    if (fn) TVMFFIObjectDecRef(fn);
+  }
+};
+
+using PlanPtr = std::shared_ptr<const LaunchPlan>;
+using Returned = c10::SmallVector<at::Tensor, 4>;
+
+// A call's layout as a table key (the launch tables' and the dispatcher kernels').
+using LayoutKey = c10::SmallVector<int64_t, 40>;
+
+struct LayoutKeyHash {
+  size_t operator()(const LayoutKey& k) const {
+    size_t h = k.size();
+    for (int64_t v : k) h ^= std::hash<int64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+constexpr size_t kMaxPlans = 4096;  // per table; a full table is cleared
+
+// Tensors a plan never reads in place: Python-dispatch subclasses (FakeTensor, DTensor),
+// functionalized and functorch-wrapped tensors (no data pointer of their own), and lazy
+// negation or conjugation bits.
+inline const c10::DispatchKeySet kNotPlain({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                            c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+                                            c10::DispatchKey::Negative, c10::DispatchKey::Conjugate,
+                                            c10::DispatchKey::ZeroTensor});
+
+// Append t's layout (dtype, device, sizes, strides, 16-byte alignment of its data) to k;
+// false for a tensor no plan reads in place (sparse, without storage, kNotPlain).
+inline bool key_tensor(LayoutKey& k, const at::Tensor& t) {
+  if (t.layout() != at::kStrided || !t.has_storage() || t.key_set().has_any(kNotPlain) ||
+      (t.numel() > 0 && t.data_ptr() == nullptr))
+    return false;
+  k.push_back(static_cast<int64_t>(t.scalar_type()));
+  k.push_back((static_cast<int64_t>(t.device().type()) << 16) | static_cast<int64_t>(t.device().index() + 1));
+  k.push_back(t.dim());
+  for (int64_t v : t.sizes()) k.push_back(v);
+  for (int64_t v : t.strides()) k.push_back(v);
+  k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15));
+  return true;
+}
+
+// The plan a capsule from make_launch_plan holds; nullptr with a Python error set if the
+// object is no such capsule.
+const PlanPtr* plan_ptr_of(PyObject* capsule);
+
+// Allocate p's outputs, call its kernel on `in` (p.n_inputs entries, nullptr for an absent
+// input that no argument reads), return the tensors it returns. Raises ValueError naming
+// the input that is absent but read, or on another device than the plan.
+Returned run_plan(const LaunchPlan& p, const at::Tensor* const* in);
+
+}  // namespace cuteforge_native
