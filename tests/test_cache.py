@@ -96,7 +96,7 @@ def test_damaged_entry_recompiles(tmp_path: Path, damage: str) -> None:
         assert list((tmp_path / "quarantine").iterdir())
     # and the rewritten entry is good again
     again = run_worker(tmp_path)
-    assert again["compiles"] == 0 and again["l2_loads"] == 1
+    assert again["compiles"] == 0 and again["l2_loads"] == 1, again
 
 
 def test_fingerprint_changes_with_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,14 +7,17 @@ installed `nvidia-cutlass-dsl*` distributions, tvm-ffi, the Python minor version
 target arch. A change gives a new directory; stale ones are left for `cache clear`.
 
 Concurrency: readers take no lock. An entry appears only through `os.replace` of a fully
-written temp file, and a reader verifies the object against the sha256 in its `.json`
-before loading it, so a partial or corrupt file is never loaded. A miss takes a per-key
-file lock and looks again before compiling, so N processes missing the same key compile
-it once. A corrupt entry is moved to `<root>/quarantine/` with a warning and recompiled.
+written temp file, and a reader verifies the object against the sha256 and the key in its
+`.json` before loading it, so a partial, corrupt or misplaced file is never loaded. A miss
+takes a per-key file lock and looks again before compiling, so N processes missing the
+same key compile it once. A waiter gives up after `lock_timeout()` (a stopped holder) and
+compiles in memory without writing. A corrupt entry, or one that is a link or not this
+user's own, is moved to `<root>/quarantine/` with a warning and recompiled.
 
-Loading an object runs its code, so the cache root must be private: it is created 0700,
-and a root owned by another user or writable by others is refused (with a warning) in
-favour of in-memory compilation.
+Loading an object runs its code, so every path goes through `trust.py`: a refused root
+(another user's, or writable by others) means in-memory compilation with one warning per
+process. A cache that cannot be written (read-only, full, out of inodes) never breaks a
+call either: it compiles in memory, again with one warning per process.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -34,9 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-from . import compiler
+from . import compiler, trust
 
 log = logging.getLogger("cuteforge")
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -94,6 +97,18 @@ def disk_enabled() -> bool:
     return os.environ.get("CUTEFORGE_CACHE", "1") != "0"
 
 
+DEFAULT_LOCK_TIMEOUT_S = 30.0
+
+
+def lock_timeout() -> float:
+    """CUTEFORGE_LOCK_TIMEOUT (seconds, default 30): how long a process waits for another
+    that compiles the same key before compiling it in memory itself."""
+    try:
+        return max(0.0, float(os.environ.get("CUTEFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT_S)))
+    except ValueError:
+        return DEFAULT_LOCK_TIMEOUT_S
+
+
 @functools.cache
 def source_hash(files: tuple[str, ...], base: str = "") -> str:
     """sha256 over files' names (relative to `base`) and contents, once per process."""
@@ -133,49 +148,37 @@ def fingerprint(arch: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-_refused: set[str] = set()
-
-
-def _private_root() -> Path | None:
-    """The cache root if it is safe to load code from, else None (warned once)."""
+def private_root() -> Path | None:
+    """The cache root if it may be trusted (`trust.check_root`), else None after one
+    warning per process saying why and how to fix it."""
     root = cache_root()
     try:
-        if not root.exists():
-            root.mkdir(parents=True, mode=0o700, exist_ok=True)
-            os.chmod(root, 0o700)
-        st = root.stat()
+        return trust.check_root(root)
     except OSError as e:
-        reason = f"cannot create it ({e})"
-    else:
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            reason = f"it is owned by uid {st.st_uid}, not by this user"
-        elif st.st_mode & 0o022:
-            reason = f"others can write to it (mode {oct(st.st_mode & 0o777)})"
-        else:
-            return root
-    if str(root) not in _refused:
-        _refused.add(str(root))
-        warnings.warn(
-            f"cuteforge: not using the kernel cache at {root}: {reason}. "
-            "Kernels compile in memory for this process; fix the directory or set CUTEFORGE_CACHE_DIR.",
-            stacklevel=3,
+        trust.warn_once(
+            f"root:{root}",
+            f"cuteforge: not using the kernel cache at {root}: {e}. For this process kernels compile in "
+            "memory, the C++ extension builds in a private temporary directory, tuning results are "
+            f"neither read nor stored and templates render into a private temporary directory; {trust.FIX}.",
+            stacklevel=4,
         )
-    return None
+        return None
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+_private_root = private_root  # the name the compile pool asks
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _unwritable(root: Path, e: BaseException) -> None:
+    trust.warn_once(
+        f"unwritable:{root}",
+        f"cuteforge: the kernel cache at {root} cannot be used ({type(e).__name__}: {e}); kernels that "
+        "miss it compile in memory for this process (make it writable, free space, or set CUTEFORGE_CACHE_DIR)",
+        stacklevel=5,
+    )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -195,10 +198,14 @@ def key_hash(key_repr: str) -> str:
     return hashlib.sha256(key_repr.encode()).hexdigest()[:32]
 
 
+def entry_parts(kernel: str, arch: str, extra_fingerprint: str = "") -> tuple[str, str]:
+    """The directories of a kernel's entries below the root: fingerprint, kernel[-source hash]."""
+    return fingerprint(arch), f"{kernel}-{extra_fingerprint[:8]}" if extra_fingerprint else kernel
+
+
 def entry_for(root: Path, *, kernel: str, key_repr: str, arch: str, extra_fingerprint: str = "") -> Entry:
     """Where a compile key lives: <root>/<fingerprint>/<kernel>[-<source hash>]/<key hash>.o"""
-    sub = f"{kernel}-{extra_fingerprint[:8]}" if extra_fingerprint else kernel
-    return Entry.at(root / fingerprint(arch) / sub, key_hash(key_repr))
+    return Entry.at(root.joinpath(*entry_parts(kernel, arch, extra_fingerprint)), key_hash(key_repr))
 
 
 @dataclass(frozen=True)
@@ -263,46 +270,84 @@ class KernelCache:
 
     def _get(self, kernel: str, key_repr: str, arch: str, compile_fn: Callable[[bool], compiler.CompileResult],
              extra_fingerprint: str, source_path: str | None, codec: _Codec) -> Any:
-        root = _private_root() if disk_enabled() else None
+        root = private_root() if disk_enabled() else None
         if root is None:
-            return codec.fresh(kernel, self._compile(kernel, key_repr, compile_fn, None, source_path), None)
-        entry = entry_for(root, kernel=kernel, key_repr=key_repr, arch=arch, extra_fingerprint=extra_fingerprint)
-        entry.obj.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        value, problem = self._load(entry, codec)
+            return self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
+        try:
+            entry = Entry.at(trust.private_dir(root, *entry_parts(kernel, arch, extra_fingerprint)), key_hash(key_repr))
+        except OSError as e:  # a refused component, or a directory that cannot be made
+            _unwritable(root, e)
+            return self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
+        value, problem = self._load(entry, key_repr, codec)
         if value is not None:
             return value
-        with FileLock(str(entry.lock)):
+        lock = FileLock(str(entry.lock), timeout=lock_timeout(), mode=0o600)
+        try:
+            lock.acquire()
+        except Timeout:
+            # a stopped or hung holder: compile without writing, so one entry has one writer
+            trust.warn_once(f"lock:{entry.lock}", f"cuteforge: waited {lock_timeout():.0f} s for another process "
+                            f"compiling {kernel} (lock {entry.lock}); compiling it in memory (CUTEFORGE_LOCK_TIMEOUT)", stacklevel=4)
+            return self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
+        except OSError as e:
+            _unwritable(root, e)
+            return self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
+        try:
             # Another process may have compiled it while we waited for the lock.
-            value, problem = self._load(entry, codec)
+            value, problem = self._load(entry, key_repr, codec)
             if value is not None:
                 return value
             if problem is not None:
                 self._quarantine(root, entry, problem)
             result = self._compile(kernel, key_repr, compile_fn, entry, source_path)
-            staged = str(entry.obj) + ".new"
             try:
-                codec.export(result, staged)
-                meta = {"kernel": kernel, "key": key_repr, "sha256": _sha256(Path(staged)), "arch": arch, "created": time.time()}
-                _atomic_write(entry.meta, lambda p: Path(p).write_text(json.dumps(meta, indent=1)))
-                os.replace(staged, entry.obj)
-            except Exception as e:  # a full disk must not break the call
-                Path(staged).unlink(missing_ok=True)
-                warnings.warn(f"cuteforge: could not write cache entry {entry.obj}: {e}", stacklevel=3)
+                self._write(entry, kernel, key_repr, arch, result, codec)
+            except Exception as e:  # a full or read-only disk must not break the call
+                _unwritable(root, e)
                 return codec.fresh(kernel, result, None)
             return codec.fresh(kernel, result, entry.obj)
+        finally:
+            try:
+                lock.release()
+            except OSError:
+                pass
 
-    def _load(self, entry: Entry, codec: _Codec = _FUNCTIONS) -> tuple[Any, str | None]:
-        """(value, None) on success; (None, reason) if the entry is corrupt; (None, None) if absent."""
-        if not entry.obj.exists():
+    def _in_memory(self, kernel: str, key_repr: str, compile_fn: Callable[[bool], compiler.CompileResult],
+                   source_path: str | None, codec: _Codec) -> Any:
+        return codec.fresh(kernel, self._compile(kernel, key_repr, compile_fn, None, source_path), None)
+
+    @staticmethod
+    def _write(entry: Entry, kernel: str, key_repr: str, arch: str, result: compiler.CompileResult, codec: _Codec) -> None:
+        """The metadata, then the object; each appears whole. A process killed in between
+        leaves metadata without an object (a miss) or beside an older object whose sha256
+        it does not match (damaged: recompiled)."""
+
+        def fill(staged: str) -> None:
+            codec.export(result, staged)
+            meta = {"kernel": kernel, "key": key_repr, "sha256": _sha256(Path(staged).read_bytes()), "arch": arch, "created": time.time()}
+            trust.atomic_write(entry.meta, json.dumps(meta, indent=1))
+
+        trust.atomic_write_with(entry.obj, fill)
+
+    def _load(self, entry: Entry, key_repr: str, codec: _Codec = _FUNCTIONS) -> tuple[Any, str | None]:
+        """(value, None) on success; (None, reason) if the entry is damaged or not to be
+        trusted; (None, None) if absent."""
+        if not os.path.lexists(entry.obj):
             return None, None
         t0 = time.perf_counter()
         try:
-            meta = json.loads(entry.meta.read_text())
-            if _sha256(entry.obj) != meta["sha256"]:
+            meta = json.loads(trust.read_bytes(entry.meta))
+            if not isinstance(meta, dict):
+                return None, "its metadata is not a JSON object"
+            if meta.get("key") != key_repr:
+                return None, "it was written for another key"
+            if _sha256(trust.read_bytes(entry.obj)) != meta.get("sha256"):
                 return None, "object does not match its recorded sha256 (truncated or altered)"
             value = codec.load(entry.obj)
         except FileNotFoundError:
             return None, "its metadata file is missing"
+        except trust.UntrustedPath as e:
+            return None, str(e)
         except Exception as e:  # corrupt JSON, an object the loader rejects, ...
             return None, f"{type(e).__name__}: {str(e)[:200]}"
         STATS.l2_loads += 1
@@ -310,12 +355,14 @@ class KernelCache:
         return value, None
 
     def _quarantine(self, root: Path, entry: Entry, reason: str) -> None:
-        qdir = root / "quarantine"
-        qdir.mkdir(exist_ok=True, mode=0o700)
         stamp = f"{int(time.time() * 1e3)}-{os.getpid()}"
-        for p in (entry.obj, entry.meta):
-            if p.exists():
-                os.replace(p, qdir / f"{p.name}.{stamp}")
+        try:
+            qdir = trust.private_dir(root, "quarantine")
+            for p in (entry.obj, entry.meta):
+                if os.path.lexists(p):
+                    os.replace(p, qdir / f"{p.name}.{stamp}")
+        except OSError as e:  # the rewrite below replaces the damaged files anyway
+            _unwritable(root, e)
         STATS.quarantined += 1
         warnings.warn(f"cuteforge: cache entry {entry.obj} is corrupt ({reason}); quarantined it and recompiling", stacklevel=5)
 
@@ -348,17 +395,19 @@ class KernelCache:
         return result
 
     def _dump_artifacts(self, kernel: str, key_repr: str, result: compiler.CompileResult) -> None:
-        out = artifacts_dir() / kernel
-        out.mkdir(parents=True, exist_ok=True)
-        stem = out / key_hash(key_repr)
-        if result.ptx:
-            stem.with_suffix(".ptx").write_text(result.ptx)
-        if result.cubin:
-            stem.with_suffix(".cubin").write_bytes(result.cubin)
-            try:
-                stem.with_suffix(".sass").write_text(compiler.disassemble(str(stem.with_suffix(".cubin"))))
-            except RuntimeError as e:
-                log.warning("cuteforge: %s", e)
+        try:
+            stem = artifacts_dir(kernel) / key_hash(key_repr)
+            if result.ptx:
+                trust.atomic_write(stem.with_suffix(".ptx"), result.ptx)
+            if result.cubin:
+                trust.atomic_write(stem.with_suffix(".cubin"), result.cubin)
+                try:
+                    trust.atomic_write(stem.with_suffix(".sass"), compiler.disassemble(str(stem.with_suffix(".cubin"))))
+                except RuntimeError as e:
+                    log.warning("cuteforge: %s", e)
+        except OSError as e:  # a dump is a debugging aid: it never breaks the compile
+            log.warning("cuteforge: could not write %s's artifacts: %s", kernel, e)
+            return
         log.warning("cuteforge: %s artifacts: %s.{ptx,cubin,sass}", kernel, stem)
 
 
@@ -369,8 +418,17 @@ def _not_launchable(kernel: str) -> Callable[..., Any]:
     return call
 
 
-def artifacts_dir() -> Path:
-    return cache_root() / "artifacts"
+def artifacts_dir(kernel: str | None = None) -> Path:
+    """Where artifact dumps go: `<root>/artifacts[/<kernel>]`, or a private temporary
+    directory when the root is refused."""
+    parts = ("artifacts",) if kernel is None else ("artifacts", kernel)
+    root = private_root()
+    if root is not None:
+        try:
+            return trust.private_dir(root, *parts)
+        except OSError as e:
+            _unwritable(root, e)
+    return trust.private_dir(trust.process_temp_dir("artifacts"), *parts[1:])
 
 
 def list_entries() -> list[dict[str, Any]]:
@@ -414,30 +472,40 @@ def clear() -> int:
     return n
 
 
+def _read_stats(root: Path) -> dict[str, float]:
+    zero = CacheStats().as_dict()
+    try:
+        stored = json.loads(trust.read_bytes(root / "stats.json"))
+    except (OSError, ValueError):
+        return zero
+    if not isinstance(stored, dict):
+        return zero
+    # a damaged file counts as zero, field by field
+    ok = (int, float)
+    return {k: v if isinstance(v := stored.get(k), ok) and not isinstance(v, bool) and math.isfinite(v) else 0 for k in zero}
+
+
 def cumulative_stats() -> dict[str, float]:
     """Counters summed over every process that used this cache root (saved at exit)."""
-    path = cache_root() / "stats.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return _read_stats(trust.check_root(cache_root()))
+    except OSError:
         return CacheStats().as_dict()
 
 
 @atexit.register
 def _save_stats() -> None:
     mine = STATS.as_dict()
-    if not any(mine.values()) or not disk_enabled():
-        return
-    root = cache_root()
-    if not root.is_dir():
+    if not any(mine.values()) or not disk_enabled() or not os.path.isdir(cache_root()):
         return
     try:
-        with FileLock(str(root / "stats.lock"), timeout=2):
-            total = cumulative_stats()
+        root = trust.check_root(cache_root())
+        with FileLock(str(root / "stats.lock"), timeout=2, mode=0o600):
+            total = _read_stats(root)
             for k, v in mine.items():
                 total[k] = total.get(k, 0) + v
-            _atomic_write(root / "stats.json", lambda p: Path(p).write_text(json.dumps(total)))
-    except Exception:  # stats are best effort; never fail interpreter exit
+            trust.atomic_write(root / "stats.json", json.dumps(total))
+    except Exception:  # stats are best effort, and a refused root gets none
         pass
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from . import arch as arch_mod
-from . import compiler
+from . import compiler, config_types
 from .cache import DEFAULT_CACHE, STATS, KernelCache, cache_root, entry_for, source_hash
-from .signature import BoundKey, Signature, check_key_part, cutlass_dtype
+from .signature import BoundKey, Signature, check_key_part, cutlass_dtype, key_scalar
 
 REGISTRY: dict[str, Kernel] = {}
 
@@ -107,8 +107,9 @@ class Kernel:
         # validate_config(spec, config) raises ValueError when the config cannot run the
         # spec's problem on its target: the autotuner drops such candidates before compiling.
         self.validate_config = validate
-        # configs(spec): the candidates for spec's problem, those `validate` rejects left out.
-        self.configs = _validated(configs, validate) if configs is not None and validate is not None else configs
+        # configs(spec): the candidates for spec's problem, those `validate` rejects left out;
+        # their classes become config types a tuning record may name (config_types.py).
+        self.configs = _noted(_validated(configs, validate) if validate is not None else configs) if configs is not None else None
         self.cache = cache
         self.source_path = inspect.getsourcefile(builder)
         self._l1: dict[tuple[Any, ...], Callable[..., Any]] = {}  # compile key -> function
@@ -143,15 +144,25 @@ class Kernel:
 
         Ops memoize this per (dtype, shape, stride) so that the warm path skips binding.
         """
-        key = self.signature.bind(tensors, self.name)
-        return self.get(key, tuple(sorted(params.items())), config)
+        key_params = self.key_params(sorted(params.items()))
+        return self.get(self.signature.bind(tensors, self.name), key_params, config)
+
+    def key_params(self, params: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+        """Parameters as a compile-key part: numpy scalars become Python ones (equal, with the
+        same hash); an unhashable or NaN value raises TypeError / ValueError naming it."""
+        return tuple((k, key_scalar(v, f"kernel {self.name!r} parameter {k!r}")) for k, v in params)
 
     def get(self, key: BoundKey, params: tuple[tuple[str, Any], ...] = (), config: Any = None) -> Callable[..., Any]:
         l1_key = (key, params, config)
-        fn = self._l1.get(l1_key)
+        try:
+            fn = self._l1.get(l1_key)
+        except TypeError:  # an unhashable parameter or config: say which
+            fn = None
         if fn is not None:
             STATS.l1_hits += 1
             return fn
+        params = self.key_params(params)
+        l1_key = (key, params, config)
         spec = self.spec(key, params, config)
         fn = self.compile(spec)
         self._l1[l1_key] = fn
@@ -164,6 +175,7 @@ class Kernel:
         spec = CompileSpec(self.name, target, key, params, config, self.signature)
         if config is None and self.default_config is not None:
             spec = CompileSpec(self.name, target, key, params, self.default_config(spec), self.signature)
+        config_types.note(spec.config)
         return spec
 
     def compile(self, spec: CompileSpec) -> Callable[..., Any]:
@@ -208,6 +220,16 @@ def _validated(
         return out
 
     return valid
+
+
+def _noted(configs: Callable[[CompileSpec], list[Any]]) -> Callable[[CompileSpec], list[Any]]:
+    def noted(spec: CompileSpec) -> list[Any]:
+        out = configs(spec)
+        for c in out:
+            config_types.note(c)
+        return out
+
+    return noted
 
 
 def _in_package(path: str) -> bool:

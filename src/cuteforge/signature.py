@@ -13,6 +13,7 @@ the tensors themselves never enter a key, so a key never forces a recompile.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,8 +139,6 @@ class Signature:
         for spec, t in zip(self.args, tensors):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{prefix}argument {spec.name!r} must be a torch.Tensor, got {type(t).__name__}")
-            if not (t.is_cuda or fresh):
-                raise ValueError(f"{prefix}argument {spec.name!r} must be a CUDA tensor, got one on {t.device}")
             if t.dtype not in spec.dtypes:
                 allowed = ", ".join(dtype_name(d) for d in spec.dtypes)
                 raise TypeError(f"{prefix}argument {spec.name!r} has dtype {dtype_name(t.dtype)}; supported: {allowed}")
@@ -167,6 +166,10 @@ class Signature:
             dtypes.append(dtype_name(t.dtype))
             outer = stride[:lead] + stride[lead + 1 :]
             vecs.append(vector_width(256 if fresh else t.data_ptr(), outer, t.element_size()))
+        # last: a call on the wrong device hears first about what else is wrong with it
+        for spec, t in zip(self.args, tensors):
+            if not (t.is_cuda or fresh):
+                raise ValueError(f"{prefix}argument {spec.name!r} must be a CUDA tensor, got one on {t.device}")
         static = tuple((s, extents[s]) for s in self.static)
         return BoundKey(tuple(dtypes), static, tuple(vecs))
 
@@ -212,11 +215,25 @@ def vector_width(data_ptr: int, outer_strides: tuple[int, ...] | list[int], elem
 SCALAR_TYPES = (int, float, str, bool, type(None))
 
 
+def key_scalar(value: Any, what: str) -> Any:
+    """`value` as a compile-key part: numpy scalars become Python ones (also inside tuples);
+    then `check_key_part`."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    elif isinstance(value, tuple):
+        value = tuple(key_scalar(v, f"{what}[{i}]") for i, v in enumerate(value))
+    check_key_part(value, what)
+    return value
+
+
 def check_key_part(value: Any, what: str) -> None:
     """Reject anything but hashable scalars (and tuples / frozen dataclasses of them).
 
-    A tensor in a key hashes by identity: every call would miss and recompile.
+    A tensor in a key hashes by identity and a NaN equals nothing, itself included:
+    every call would miss and recompile.
     """
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{what} is NaN; a NaN never equals itself, so it cannot be part of a compile key")
     if isinstance(value, SCALAR_TYPES) or isinstance(value, torch.dtype):
         return
     if isinstance(value, torch.Tensor):

@@ -10,26 +10,33 @@ BoundKey (dtypes, static dims, alignment), the parameters, the *bucketed* dynami
 and the DSL version. The full identity is written into the file and checked on read, so
 a hash collision can never return another problem's answer.
 
-Files are written whole through `os.replace`; readers never see a partial one.
+Files are written whole through `os.replace`; readers never see a partial one. Every
+path goes through `trust.py`: under a refused root records are neither read nor written.
+A record names its config's class, rebuilt only from the classes registered in
+`config_types.py` (a name read from a file is never imported). A result that cannot be
+written is kept for the process (`TuneStore.load` finds it) and reported in a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import arch as arch_mod
-from .. import cache
+from .. import cache, config_types, trust
 from ..signature import BoundKey
 
 SCHEMA = 1
+log = logging.getLogger("cuteforge")
 Bucket = Callable[[Mapping[str, int]], Mapping[str, int]]
 
 
@@ -84,26 +91,32 @@ def config_repr(config: Any) -> str:
 
 
 def config_to_json(config: Any) -> dict[str, Any]:
-    if is_dataclass(config):
-        t = type(config)
-        return {"type": f"{t.__module__}:{t.__qualname__}", "fields": {f.name: getattr(config, f.name) for f in fields(config)}}
-    return {"type": None, "repr": repr(config)}
+    return config_types.to_json(config)
 
 
-def config_from_json(d: Mapping[str, Any]) -> Any:
-    """Rebuild a dataclass config written by `config_to_json` (None if it cannot be)."""
-    import importlib
-
-    t = d.get("type") if isinstance(d, Mapping) else None
-    if not t:
-        return None
-    mod, _, qual = t.partition(":")
+def _note_kernel_configs(kernel: Any, problem: Problem) -> None:
+    """Let the kernel hand over its configs for `problem`, registering their classes."""
     try:
-        obj: Any = importlib.import_module(mod)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        return obj(**d["fields"])
-    except Exception:
+        spec = kernel.spec(problem.key, problem.params, None, arch=problem.arch)
+        if getattr(kernel, "configs", None) is not None:
+            kernel.configs(spec)
+    except Exception:  # a kernel that cannot describe the problem registers nothing
+        pass
+
+
+def config_from_json(d: Any, kernel: Any = None, problem: Problem | None = None) -> Any:
+    """The config a stored `config_to_json` dict describes, or None. Its class must be
+    registered (`config_types`); with `kernel` and `problem`, the kernel's configs for
+    the problem register theirs first. A record naming anything else is ignored with a
+    warning."""
+    if not isinstance(d, Mapping) or not d.get("type"):
+        return None
+    if kernel is not None and problem is not None and config_types.known(str(d["type"])) is None:
+        _note_kernel_configs(kernel, problem)
+    try:
+        return config_types.from_json(d)
+    except ValueError as e:
+        trust.warn_once(f"config:{str(d.get('type'))[:200]}", f"cuteforge autotune: ignoring a stored config: {e}")
         return None
 
 
@@ -111,8 +124,25 @@ def _inf_to_none(v: float) -> float | None:
     return None if v == float("inf") else round(float(v), 6)
 
 
+def _valid_record(rec: Any, ident: Mapping[str, Any]) -> bool:
+    """A record of this problem whose times are numbers (or None) by config text."""
+    if not isinstance(rec, dict) or rec.get("identity") != ident:
+        return False
+    times = rec.get("times_ms", {})
+    number = (int, float)
+    if not isinstance(times, dict) or not all(
+        isinstance(k, str) and (v is None or (isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v)))
+        for k, v in times.items()
+    ):
+        return False
+    return isinstance(rec.get("best_config", {}), dict) and isinstance(rec.get("errors", {}), dict)
+
+
 class TuneStore:
     """Reads and writes tuning records. `root` defaults to `<cache_root>/autotune`."""
+
+    _kept: dict[str, dict[str, Any]] = {}  # records that could not be written, for this process
+    _kept_lock = threading.Lock()
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         self._root = Path(root) if root is not None else None
@@ -135,19 +165,34 @@ class TuneStore:
             "dsl": dsl if dsl is not None else dsl_version(),
         }
 
+    @staticmethod
+    def _name(ident: Mapping[str, Any]) -> str:
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32] + ".json"
+
     def path(self, ident: Mapping[str, Any]) -> Path:
-        h = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
-        return self.root / ident["fingerprint"] / ident["kernel"] / f"{h}.json"
+        return self.root / ident["fingerprint"] / ident["kernel"] / self._name(ident)
+
+    def _dir(self, ident: Mapping[str, Any]) -> Path:
+        """The record's directory, checked and created (raises OSError when refused)."""
+        if self._root is not None:
+            return trust.private_dir(self._root, ident["fingerprint"], ident["kernel"])
+        root = cache.private_root()
+        if root is None:
+            raise trust.UntrustedPath(f"the cache root {cache.cache_root()} is refused")
+        return trust.private_dir(root, "autotune", ident["fingerprint"], ident["kernel"])
 
     def load(self, kernel: Any, problem: Problem, gpu: str | None = None, dsl: str | None = None) -> dict[str, Any] | None:
-        """The stored record for this problem, or None (absent, unreadable or not ours)."""
+        """The stored record for this problem, or None (absent, unreadable, refused or not ours)."""
         ident = self.identity(kernel, problem, gpu, dsl)
-        p = self.path(ident)
+        kept = self._kept.get(str(self.path(ident)))
+        if kept is not None:
+            return dict(kept)
         try:
-            rec = json.loads(p.read_text())
+            p = self._dir(ident) / self._name(ident)
+            rec = json.loads(trust.read_bytes(p))
         except (OSError, ValueError):
             return None
-        if not isinstance(rec, dict) or rec.get("identity") != ident:
+        if not _valid_record(rec, ident):
             return None
         rec["path"] = str(p)
         return rec
@@ -163,38 +208,48 @@ class TuneStore:
         gpu: str | None = None,
         dsl: str | None = None,
         extra: Mapping[str, Any] | None = None,
-    ) -> Path:
+    ) -> Path | None:
+        """Write the record; None when it cannot be written (a refused root, a read-only or
+        full disk): then it is kept for this process and reported in a warning."""
         ident = self.identity(kernel, problem, gpu, dsl)
-        p = self.path(ident)
         rec = {
             "identity": ident,
             "problem": problem.describe(),
             "best": config_repr(best),
             "best_config": config_to_json(best),
             "times_ms": {config_repr(c): _inf_to_none(t) for c, t in times_ms.items()},
-            "errors": {config_repr(c): e for c, e in errors.items()},
+            "errors": {config_repr(c): str(e) for c, e in errors.items()},
             "created": time.time(),
             **(extra or {}),
         }
-        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(rec, f, indent=1)
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            p = self._dir(ident) / self._name(ident)
+            trust.atomic_write(p, json.dumps(rec, indent=1, default=repr))
+        except Exception as e:  # a finished sweep must survive a store it cannot write
+            with self._kept_lock:
+                self._kept[str(self.path(ident))] = {**rec, "path": None}
+            trust.warn_once(f"tune-store:{self.root}", f"cuteforge autotune: could not store tuning results in {self.root} "
+                            f"({type(e).__name__}: {e}); they are kept for this process only", stacklevel=3)
+            times = "\n".join(f"  {'failed' if t is None else f'{t:.4f} ms'}  {c}" for c, t in rec["times_ms"].items())
+            log.warning("cuteforge autotune: %s: not stored; best %s\n%s", rec["problem"], rec["best"], times)
+            return None
+        with self._kept_lock:
+            self._kept.pop(str(self.path(ident)), None)
         return p
 
 
 def times_from_record(rec: Mapping[str, Any], configs: list[Any]) -> dict[Any, float] | None:
     """Stored medians for `configs`, or None when any of them was not part of the sweep."""
     stored = rec.get("times_ms", {})
+    if not isinstance(stored, Mapping):
+        return None
     out: dict[Any, float] = {}
     for c in configs:
         r = config_repr(c)
         if r not in stored:
             return None
-        out[c] = float("inf") if stored[r] is None else float(stored[r])
+        t = stored[r]
+        if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)):
+            return None
+        out[c] = float("inf") if t is None else float(t)
     return out

@@ -221,7 +221,7 @@ def lookup(
     rec = (store or TuneStore()).load(k, problem)
     if rec is None:
         return None
-    best = config_from_json(rec.get("best_config", {}))
+    best = config_from_json(rec.get("best_config"), k, problem)
     if best is not None and k.validate_config is not None:
         # a record written by another version may hold a config this one cannot run:
         # the caller's heuristic then decides instead of a failed compile
@@ -311,7 +311,9 @@ def _sweep(k: Kernel, problem: Problem, base: CompileSpec, cands: list[Any], err
                     "; ".join(f"{c!r}: {e}" for c, e in list(errors.items())[:3]), base.config)
         return res
     if st is not None:
-        res.path = str(st.save(k, problem, times, errors, res.best_config, extra={"wall_s": round(res.wall_s, 3), "mode": res.mode, "rounds": rounds}))
+        # None: the store could not be written; it keeps the result for this process and warns
+        saved = st.save(k, problem, times, errors, res.best_config, extra={"wall_s": round(res.wall_s, 3), "mode": res.mode, "rounds": rounds})
+        res.path = str(saved) if saved is not None else None
     log.info("cuteforge autotune: %s: swept %d configs in %.1f s (%d compiled, %d failed, %d invalid): %s", problem.describe(), len(times), res.wall_s,
              compiles, sum(not math.isfinite(t) for t in times.values()), sum(e.startswith("invalid") for e in errors.values()), res.summary())
     return res

@@ -162,9 +162,7 @@ class TemplateKernel(Kernel):
         h, path = codecache.write(text)
         meta = {"template": d.template, "kernel_name": kname, "variant": self.name, "variant_module": self.builder.__module__,
                 "key": {"dtypes": spec.key.dtypes, "static": spec.key.static, "vec": spec.key.vec}, "config": config.params}
-        meta_path = path.with_suffix(".json")
-        if not meta_path.exists():
-            meta_path.write_text(json.dumps(meta))
+        codecache.write_meta(path, meta)
         r = Rendered(kname, text, h, str(path), d.entry or kname)
         self._rendered[memo] = r
         self.source_path = r.path

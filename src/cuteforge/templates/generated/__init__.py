@@ -1,10 +1,10 @@
 """Generated template modules (`<cache root>/src/`), importable by name.
 
-Compile workers import a variant's module as `cuteforge.templates.generated.v<hash>`;
-this package's path is the source cache directory, so that import finds the file. The
-parent process loads generated modules through `codecache.load`.
+Compile workers import a variant's module as `cuteforge.templates.generated.v<hash>`.
+The package has no search path of its own: `codecache` installs the finder that serves
+these names from verified source files, never from bytecode.
 """
 
-from ..codecache import src_dir
+from .. import codecache  # noqa: F401  (installs the finder)
 
-__path__ = [str(src_dir())]
+__path__: list[str] = []

@@ -1,0 +1,167 @@
+"""What cuteforge trusts on disk, decided in one place.
+
+Loading a compiled object, importing a rendered source, loading the C++ extension or
+acting on a tuning record runs or trusts what a file says, so every such path lives under
+a root that only this user can write, and is reached through this module:
+
+- the root (symlinks to it resolved) is a directory owned by this user that no one else
+  can write, in a parent that no one else can rename it out of; it is created 0700;
+- every component below it is a real directory or file, never a symlink, owned by this
+  user and writable by no one else; directories are created 0700, files 0600;
+- files are written whole: a private temporary file renamed over the target (`os.replace`
+  replaces a link instead of following it).
+
+A path that fails a check raises `UntrustedPath` (an `OSError`, so callers that survive
+an unwritable disk survive a refused one the same way). Callers fall back to memory or a
+private temporary directory and say so once per process (`warn_once`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+_warned: set[str] = set()
+_lock = threading.Lock()
+FIX = "make it a directory of your own with mode 700, or point CUTEFORGE_CACHE_DIR at one"
+
+
+class UntrustedPath(OSError):
+    """A path that may hold another user's code: refused."""
+
+
+def warn_once(topic: str, message: str, stacklevel: int = 3) -> None:
+    """Warn about `topic` once per process."""
+    with _lock:
+        if topic in _warned:
+            return
+        _warned.add(topic)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+
+
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _check_stat(st: os.stat_result, path: Path | str, what: str) -> None:
+    uid = _uid()
+    if uid is not None and st.st_uid != uid:
+        raise UntrustedPath(f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid})")
+    if st.st_mode & 0o022:
+        raise UntrustedPath(f"others can write to {what} {path} (mode {oct(st.st_mode & 0o777)})")
+
+
+def check_root(root: Path) -> Path:
+    """`root` (created 0700 when missing) resolved to a real directory this user alone can
+    write; raises UntrustedPath or OSError otherwise."""
+    if not os.path.lexists(root):
+        root.mkdir(parents=True, mode=0o700, exist_ok=True)
+    real = Path(os.path.realpath(root))
+    st = os.lstat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UntrustedPath(f"the cache root {real} is not a directory")
+    _check_stat(st, real, "the cache root")
+    parent = os.lstat(real.parent)
+    # In a directory others can write without the sticky bit, they could swap the root.
+    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
+        raise UntrustedPath(f"others can rename the cache root: its parent {real.parent} is writable by them")
+    return real
+
+
+def _part(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or (os.altsep and os.altsep in name) or "\0" in name:
+        raise ValueError(f"not a single path component: {name!r}")
+    return name
+
+
+def private_dir(root: Path, *parts: str) -> Path:
+    """`root/parts...` with the root and every component checked (created 0700 where
+    missing); raises UntrustedPath or OSError."""
+    path = check_root(root)
+    for name in parts:
+        path = path / _part(name)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise UntrustedPath(f"{path} is a symbolic link")
+        if not stat.S_ISDIR(st.st_mode):
+            raise UntrustedPath(f"{path} is not a directory")
+        _check_stat(st, path, "directory")
+    return path
+
+
+def check_file(path: Path, st: os.stat_result | None = None) -> None:
+    """Raise UntrustedPath unless `path` is a regular file (not a link) of this user that
+    no one else can write; FileNotFoundError when it is absent."""
+    st = st if st is not None else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise UntrustedPath(f"{path} is a symbolic link")
+    if not stat.S_ISREG(st.st_mode):
+        raise UntrustedPath(f"{path} is not a regular file")
+    _check_stat(st, path, "file")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The contents of a file that passes `check_file`, read without following a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if os.path.islink(path):
+            raise UntrustedPath(f"{path} is a symbolic link") from e
+        raise
+    with os.fdopen(fd, "rb") as f:
+        check_file(path, os.fstat(f.fileno()))
+        return f.read()
+
+
+def read_text(path: Path) -> str:
+    return read_bytes(path).decode()
+
+
+def atomic_write_with(path: Path, write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a private temporary file beside `path`, which then replaces
+    `path` in one rename: readers see the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write `data` to `path` whole (see `atomic_write_with`)."""
+    raw = data.encode() if isinstance(data, str) else data
+    atomic_write_with(path, lambda tmp: Path(tmp).write_bytes(raw))
+
+
+_temp_dirs: dict[str, Path] = {}
+
+
+def process_temp_dir(purpose: str) -> Path:
+    """A private temporary directory for this process (one per purpose), removed at exit:
+    where files go when the cache root is refused."""
+    with _lock:
+        d = _temp_dirs.get(purpose)
+        if d is None or not d.is_dir():
+            d = Path(tempfile.mkdtemp(prefix=f"cuteforge-{purpose}-"))
+            _temp_dirs[purpose] = d
+            atexit.register(shutil.rmtree, d, True)
+        return d
+
+
+def temp_dir_if_made(purpose: str) -> Path | None:
+    """This process's temporary directory for `purpose`, if `process_temp_dir` made one."""
+    return _temp_dirs.get(purpose)
