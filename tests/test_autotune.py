@@ -28,11 +28,11 @@ from cuteforge.autotune import (
     tune,
 )
 from cuteforge.autotune import store as store_mod
-from cuteforge.autotune.cli import parse_shapes, tune_main
 from cuteforge.kernel import Kernel
 from cuteforge.kernels.reduce.row import RowReduceConfig as C
 from cuteforge.kernels.reduce.spec import row_reduce
 from cuteforge.signature import BoundKey
+from cuteforge.tune_cli import parse_shapes, tune_main
 
 ARCH = "sm_90a"
 KEY = BoundKey(("float32", "float32"), (("N", 4096),), (4, 4))

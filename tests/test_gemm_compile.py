@@ -1094,9 +1094,9 @@ def test_tune_problem_factory_keys_like_ops_gemm() -> None:
     """`cuteforge tune gemm_sm90_*`: the problem is keyed as ops.gemm keys the call (so the
     stored winner is what the op looks up), candidates start with the heuristic's config,
     are fitted to the shape and include the 64-row tiles for small M."""
-    from cuteforge.autotune.cli import problem_factory
     from cuteforge.kernels.gemm import tune as gemm_tune
     from cuteforge.kernels.gemm.sm90.config import fit_swizzle
+    from cuteforge.tune_cli import problem_factory
 
     p = problem_factory("gemm_sm90_tn_col")((1000, 1000, 1000), "bfloat16", {"act": "gelu", "sms": 132})
     epi = GemmEpilogue.preset("gelu", bias="col")

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from cuteforge.autotune.cli import PROBLEM_MODULES, problem_factory, rows_shape
+from cuteforge.autotune.problems import rows_shape
 from cuteforge.signature import BoundKey
+from cuteforge.tune_cli import problem_factory
 
 N = (("N", 1000),)
 
@@ -16,10 +17,38 @@ N = (("N", 1000),)
 def test_every_family_registers_its_factories() -> None:
     for name in ("row_reduce", "softmax_fwd", "softmax_bwd", "norm_fwd", "cross_entropy_fwd", "cross_entropy_bwd"):
         assert callable(problem_factory(name))
-    assert all(m.startswith("cuteforge.kernels.") and m.endswith(".tune") for m in PROBLEM_MODULES)
     assert rows_shape("x", (3, 5)) == (3, 5)
     with pytest.raises(ValueError, match="softmax_fwd takes shapes MxN, got 2x3x4"):
         problem_factory("softmax_fwd")((2, 3, 4), "float32", {})
+
+
+def test_the_autotuner_knows_no_kernel() -> None:
+    """Families register their problems when imported; the autotuner and the templates
+    import no kernel family (a fresh interpreter, so earlier imports do not count)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, cuteforge.autotune, cuteforge.templates.template, cuteforge.autotune.problems as p\n"
+            "assert not [m for m in sys.modules if m.startswith('cuteforge.kernels')], 'kernels imported'\n"
+            "assert not p.PROBLEMS\n"
+            "import cuteforge.kernels.reduce\n"
+            "assert set(p.PROBLEMS) == {'row_reduce'}, sorted(p.PROBLEMS)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    import ast
+    from pathlib import Path
+
+    import cuteforge
+
+    root = Path(cuteforge.__file__).parent
+    for path in [*root.glob("autotune/*.py"), *root.glob("templates/*.py")]:  # lazy imports too
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{node.module or ''}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any("kernels" in n.split(".") for n in names), f"{path.name} imports {names}"
 
 
 def test_norm_fwd_problem() -> None:

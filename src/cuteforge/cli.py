@@ -264,7 +264,7 @@ def _params(items: list[str] | None) -> dict[str, Any]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .autotune.cli import print_tune, tune_main
+    from .tune_cli import print_tune, tune_main
 
     result = tune_main(
         args.kernel, args.shapes, args.dtype, args.workers, args.compile_only, args.arch,

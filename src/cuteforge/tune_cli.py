@@ -6,86 +6,38 @@ land in the store, so a second run is instant); with `compile_only` it only comp
 every valid candidate for every shape, through one worker pool, without a GPU (to warm
 the caches of a CI runner or an image) and reports each as compiled | loaded | failed.
 
-A kernel is tunable from the command line once it has a *problem factory*: a function
-`(shape, dtype, params) -> ProblemInputs` registered with `register_problem`; each kernel
-family keeps its factories in its own `tune.py` (listed in `PROBLEM_MODULES`).
+A kernel is tunable from the command line once its family registers a problem factory
+(`autotune.problems`); this command imports every library family (`kernels.load_all`)
+so that their kernels and factories are registered.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from .candidates import precompile_problems, resolve_kernel
-from .tuner import tune
+from .autotune.candidates import precompile_problems, resolve_kernel
+from .autotune.problems import ProblemFactory, ProblemInputs, parse_shapes
+from .autotune.problems import problem_factory as registered_factory
+from .autotune.tuner import tune
+from .kernel import Kernel
 
 
-@dataclass
-class ProblemInputs:
-    key: Any  # BoundKey of the call
-    params: dict[str, Any]
-    dims: dict[str, int]  # dynamic extents
-    make_tensors: Callable[[], tuple[Any, ...]]  # on the GPU (only called when timing)
-    reference: Callable[..., Any] | None = None
-    configs: list[Any] | None = None  # shape-aware candidates (default: the kernel's own list)
-    outputs: tuple[str, ...] | None = None  # the written arguments (default: the last one)
+def library_kernel(name: str) -> Kernel:
+    """The kernel named `name`, with every library family registered first."""
+    from . import kernels
 
-
-ProblemFactory = Callable[[tuple[int, ...], str, dict[str, Any]], ProblemInputs]
-PROBLEMS: dict[str, ProblemFactory] = {}
-# Modules that register kernel families' factories on import (loaded by the first tune).
-PROBLEM_MODULES = (
-    "cuteforge.kernels.reduce.tune",
-    "cuteforge.kernels.softmax.tune",
-    "cuteforge.kernels.norm.tune",
-    "cuteforge.kernels.cross_entropy.tune",
-    "cuteforge.kernels.gemm.tune",
-)
-
-
-def rows_shape(kernel_name: str, shape: tuple[int, ...]) -> tuple[int, int]:
-    """(M, N) of a row kernel's `--shapes MxN` entry, or a ValueError naming the kernel."""
-    if len(shape) != 2:
-        raise ValueError(f"{kernel_name} takes shapes MxN, got {'x'.join(map(str, shape))}")
-    return shape[0], shape[1]
-
-
-def register_problem(kernel_name: str, factory: ProblemFactory) -> None:
-    PROBLEMS[kernel_name] = factory
+    kernels.load_all()
+    return resolve_kernel(name)
 
 
 def problem_factory(kernel_name: str) -> ProblemFactory:
-    """The registered factory of a kernel (loading `PROBLEM_MODULES` first), or a ValueError
-    naming the kernels that have one."""
-    for mod in PROBLEM_MODULES:
-        importlib.import_module(mod)
-    if kernel_name not in PROBLEMS:
-        raise ValueError(f"kernel {kernel_name!r} has no problem factory for the command line; known: {', '.join(sorted(PROBLEMS))}")
-    return PROBLEMS[kernel_name]
+    """The problem factory of a kernel, with every library family registered first."""
+    from . import kernels
 
-
-def parse_shapes(shapes: list[str] | str) -> list[tuple[int, ...]]:
-    """'32768x4096,4096x65536' (or a list of such) -> [(32768, 4096), (4096, 65536)]."""
-    items = shapes.split(",") if isinstance(shapes, str) else [s for part in shapes for s in part.split(",")]
-    out = []
-    for s in items:
-        s = s.strip().lower()
-        if not s:
-            continue
-        try:
-            dims = tuple(int(d) for d in s.split("x"))
-        except ValueError:
-            raise ValueError(f"bad shape {s!r}: expected integers joined by 'x', e.g. 32768x4096") from None
-        if any(d <= 0 for d in dims):
-            raise ValueError(f"bad shape {s!r}: extents must be positive")
-        out.append(dims)
-    if not out:
-        raise ValueError("no shapes given (e.g. --shapes 32768x4096,4096x65536)")
-    return out
+    kernels.load_all()
+    return registered_factory(kernel_name)
 
 
 def tune_main(
@@ -109,14 +61,14 @@ def tune_main(
     autotuner's log lines (cache hits, sweeps) on stderr for the duration of the call.
     """
     if arch:
-        from ..arch import parse_arch
+        from .arch import parse_arch
 
         parse_arch(arch)
         os.environ["CUTEFORGE_ARCH"] = arch
         os.environ["CUTE_DSL_ARCH"] = arch
-    from .. import arch as arch_mod
+    from . import arch as arch_mod
 
-    k = resolve_kernel(kernel)
+    k = library_kernel(kernel)
     factory = problem_factory(k.name)
     target = arch_mod.target_arch()
     parsed = parse_shapes(shapes)
@@ -127,7 +79,7 @@ def tune_main(
     n_gpus = _gpu_count(gpus) if not compile_only else 1
     with _Bar(progress) as bar, _log_to_stderr(verbose):
         if compile_only or n_gpus > 1:
-            from .candidates import candidates
+            from .autotune.candidates import candidates
 
             n = sum(len(candidates(k, k.spec(p.key, tuple(sorted(p.params.items())), None, arch=target), p.configs)[0]) for p in problems)
             bar.start(f"compile {k.name} for {target}", n)
@@ -188,7 +140,7 @@ def _gpu_main(index: int, queue: Any, kernel: str, shapes: list[tuple[int, ...]]
     """One timing process per GPU: sees only its GPU; candidates are already compiled."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     try:
-        k = resolve_kernel(kernel)
+        k = library_kernel(kernel)
         rows = []
         for s in shapes:
             row = _tune_one(k, s, problem_factory(k.name)(s, dtype, dict(params or {})), 0, force)
@@ -202,7 +154,7 @@ def _fan_out(kernel: str, shapes: list[tuple[int, ...]], dtype: str, params: dic
     import queue as queue_mod
     from multiprocessing import get_context
 
-    from .pool import _plain_main
+    from .autotune.pool import _plain_main
 
     ctx = get_context("spawn")  # never fork a parent that may hold a CUDA context
     results = ctx.Queue()

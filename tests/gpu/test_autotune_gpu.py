@@ -11,9 +11,9 @@ import torch
 
 from cuteforge import STATS, timing
 from cuteforge.autotune import GraphTimer, TuneStore, make_input_sets, tune
-from cuteforge.autotune.cli import tune_main
 from cuteforge.kernels.reduce.row import RowReduceConfig as C
 from cuteforge.kernels.reduce.spec import row_reduce
+from cuteforge.tune_cli import tune_main
 
 pytestmark = pytest.mark.gpu
 

@@ -17,13 +17,13 @@ import torch.nn.functional as F
 
 import cuteforge.ops as ops
 from cuteforge.autotune import tune
-from cuteforge.autotune.cli import problem_factory
 from cuteforge.kernels.cross_entropy.kernels import ce_config
 from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd, cross_entropy_fwd
 from cuteforge.kernels.norm import config as norm_config
 from cuteforge.kernels.norm.spec import norm_fwd
 from cuteforge.kernels.reduce import row
 from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
+from cuteforge.tune_cli import problem_factory
 
 pytestmark = pytest.mark.gpu
 

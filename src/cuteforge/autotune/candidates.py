@@ -43,14 +43,12 @@ def validate_config(kernel: Kernel, spec: CompileSpec, config: Any) -> None:
 
 
 def resolve_kernel(kernel: Kernel | str) -> Kernel:
+    """A kernel, or the registered kernel of that name (a kernel registers when the module
+    defining it is imported: the library's with `cuteforge.ops` or `cuteforge.kernels`)."""
     if isinstance(kernel, Kernel):
         return kernel
     if kernel not in REGISTRY:
-        from .. import kernels
-
-        kernels.load_all()
-    if kernel not in REGISTRY:
-        raise KeyError(f"unknown kernel {kernel!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise KeyError(f"unknown kernel {kernel!r} (is the module that defines it imported?); known: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[kernel]
 
 

@@ -1,4 +1,4 @@
-"""Cross-entropy's problem factories for `cuteforge tune` (autotune/cli.py):
+"""Cross-entropy's problem factories for `cuteforge tune` (`autotune.problems`):
 
     cuteforge tune cross_entropy_fwd --shapes 32768x4096,4096x131072 --dtype bfloat16
     cuteforge tune cross_entropy_bwd --shapes 32768x4096 --dtype bfloat16 [--param ignore_index=-1]
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...autotune.cli import ProblemInputs, register_problem, rows_shape
+from ...autotune.problems import ProblemInputs, register_problem, rows_shape
 from ...signature import torch_dtype
 from .spec import cross_entropy_bwd, cross_entropy_fwd
 

@@ -1,4 +1,4 @@
-"""The GEMM's problem factory for `cuteforge tune` (autotune/cli.py):
+"""The GEMM's problem factory for `cuteforge tune` (`autotune.problems`):
 
     cuteforge tune gemm_sm90_tn --shapes 8192x8192x8192,1024x1024x1024 --dtype bfloat16
     cuteforge tune gemm_sm90_tn_col --shapes 2048x8192x28672 --dtype bfloat16 --param act=gelu
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ...autotune.cli import ProblemInputs, register_problem
+from ...autotune.problems import ProblemInputs, register_problem
 from ...signature import torch_dtype
 from .epilogue import ACTIVATIONS, GemmEpilogue
 from .sm90.config import (

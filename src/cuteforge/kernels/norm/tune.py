@@ -1,4 +1,4 @@
-"""The norm forward's problem factory for `cuteforge tune` (autotune/cli.py):
+"""The norm forward's problem factory for `cuteforge tune` (`autotune.problems`):
 
     cuteforge tune norm_fwd --shapes 32768x4096,1024x262144 --dtype bfloat16 --param kind=layer
     cuteforge tune norm_fwd --shapes 32768x8192 --dtype float32 --param kind=rms --param residual=true
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ...autotune.cli import ProblemInputs, register_problem, rows_shape
+from ...autotune.problems import ProblemInputs, register_problem, rows_shape
 from ...signature import torch_dtype
 from .spec import norm_fwd
 

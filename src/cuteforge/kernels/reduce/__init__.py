@@ -22,3 +22,6 @@ __all__ = [
     "default_config",
     "make_row_reduce",
 ]
+
+# Importing the family registers its kernels (spec) and their tuning problems (tune).
+from . import spec, tune  # noqa: E402, F401

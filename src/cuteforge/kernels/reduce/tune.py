@@ -1,4 +1,4 @@
-"""The row reduction's problem factory for `cuteforge tune` (autotune/cli.py):
+"""The row reduction's problem factory for `cuteforge tune` (`autotune.problems`):
 
     cuteforge tune row_reduce --shapes 32768x4096 --dtype bfloat16 --param op=amax
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ...autotune.cli import ProblemInputs, register_problem, rows_shape
+from ...autotune.problems import ProblemInputs, register_problem, rows_shape
 from ...signature import torch_dtype
 from .spec import OPS, out_dtype, row_reduce
 

@@ -21,3 +21,6 @@ __all__ = [
     "longrow_candidates",
     "make_softmax",
 ]
+
+# Importing the family registers its kernels (spec) and their tuning problems (tune).
+from . import spec, tune  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""Softmax's problem factories for `cuteforge tune` (autotune/cli.py):
+"""Softmax's problem factories for `cuteforge tune` (`autotune.problems`):
 
     cuteforge tune softmax_fwd --shapes 32768x4096,4096x65536 --dtype bfloat16 [--param mode=log_softmax]
     cuteforge tune softmax_bwd --shapes 32768x4096 --dtype float32 [--param mode=log_softmax_bwd]
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...arch import target_arch
-from ...autotune.cli import ProblemInputs, register_problem, rows_shape
+from ...autotune.problems import ProblemInputs, register_problem, rows_shape
 from ...signature import torch_dtype
 from .config import candidate_configs
 from .spec import BWD_MODES, FWD_MODES, config_for, softmax_bwd, softmax_fwd

@@ -1,0 +1,137 @@
+"""Record the machine code of every kernel the precompile grid builds, and compare two records.
+
+A refactor of device code is behaviour-preserving when every standard specialization
+(`Kernel.specializations`, the grid `cuteforge precompile` builds) compiles to the same
+code. For each one this writes, names aside (the DSL names kernels after their Python
+function and argument types):
+
+- ``.ptx``: the kernel's PTX;
+- ``.sass``: its SASS (nvdisasm), where a disassembler is available;
+- ``.host``: the lowered host function (grid, block, shared memory, cluster shape of the
+  launch), without the embedded binary;
+- ``index.json``: per entry, the compile key and the config the specialization resolves to.
+
+    CUTE_DSL_ARCH=sm_90a python scripts/compare_machine_code.py record /tmp/base [--jobs 2]
+    python scripts/compare_machine_code.py compare /tmp/base /tmp/after
+
+No GPU is needed: the DSL compiles for the target arch on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import difflib
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import sys
+from pathlib import Path
+
+ARCH = os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+# Kernel and host function names carry the Python function's name and argument types.
+_NAMES = re.compile(r"\b(?:kernel_)?cutlass_\w+")
+_NAME_ARRAYS = re.compile(r"!llvm\.array<\d+ x i8>")
+_BLOB = re.compile(r'(llvm\.mlir\.global internal constant @\w*binary\w*\()"[^"]*"')
+
+
+def normalise(text: str) -> str:
+    """The text with kernel / host function names and name-sized byte arrays made uniform."""
+    text = _BLOB.sub(r'\1"<binary>"', text)
+    text = _NAMES.sub("NAME", text)
+    return _NAME_ARRAYS.sub("!llvm.array<N x i8>", text)
+
+
+def _grid() -> list[tuple[str, int]]:
+    from cuteforge import kernels
+    from cuteforge.kernel import REGISTRY
+
+    kernels.load_all()
+    return [(name, i) for name in sorted(REGISTRY) if REGISTRY[name].specializations for i, _ in enumerate(REGISTRY[name].specializations())]
+
+
+def _compile_one(job: tuple[str, int, str]) -> dict[str, str]:
+    name, index, out = job
+    from cuteforge import compiler, kernels
+    from cuteforge.kernel import REGISTRY
+
+    kernels.load_all()
+    k = REGISTRY[name]
+    key, params = list(k.specializations())[index]
+    spec = k.spec(key, tuple(sorted(params.items())), arch=ARCH)
+    result = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), spec.arch, keep_artifacts=True)
+    ident = hashlib.sha256(repr((key, sorted(params.items()))).encode()).hexdigest()[:12]
+    stem = Path(out) / name / f"{index:03d}-{ident}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".ptx").write_text(normalise(result.ptx or ""))
+    stem.with_suffix(".host").write_text(normalise(str(result.compiled.ir_module)))
+    try:
+        stem.with_suffix(".sass").write_text(normalise(compiler.sass(result.cubin or b"")))
+    except RuntimeError:
+        pass
+    return {"file": str(stem.relative_to(out)), "key": repr(key), "params": repr(sorted(params.items())), "config": repr(spec.config)}
+
+
+def record(out: str, jobs: int, only: list[str] | None) -> int:
+    grid = [(n, i) for n, i in _grid() if not only or n in only]
+    Path(out).mkdir(parents=True, exist_ok=True)
+    index = {}
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = {pool.submit(_compile_one, (n, i, out)): (n, i) for n, i in grid}
+        for done, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            entry = fut.result()
+            index[entry["file"]] = entry
+            print(f"[{done}/{len(grid)}] {entry['file']}", flush=True)
+    Path(out, "index.json").write_text(json.dumps(dict(sorted(index.items())), indent=1))
+    return 0
+
+
+def compare(base: str, new: str) -> int:
+    old_index = json.loads(Path(base, "index.json").read_text())
+    new_index = json.loads(Path(new, "index.json").read_text())
+    problems = [f"missing after: {f}" for f in sorted(old_index.keys() - new_index.keys())]
+    problems += [f"new entry: {f}" for f in sorted(new_index.keys() - old_index.keys())]
+    same = 0
+    for f in sorted(old_index.keys() & new_index.keys()):
+        if old_index[f] != new_index[f]:
+            problems.append(f"{f}: key/config {old_index[f]} -> {new_index[f]}")
+        differs = False
+        for suffix in (".ptx", ".sass", ".host"):
+            a, b = Path(base, f + suffix), Path(new, f + suffix)
+            if not a.exists() and not b.exists():
+                continue
+            ta = a.read_text() if a.exists() else ""
+            tb = b.read_text() if b.exists() else ""
+            if ta != tb:
+                differs = True
+                diff = list(difflib.unified_diff(ta.splitlines(), tb.splitlines(), lineterm="", n=1))
+                problems.append(f"{f}{suffix} differs ({len(diff)} diff lines):\n  " + "\n  ".join(diff[:12]))
+        same += not differs
+    print(f"{same}/{len(old_index)} specializations identical")
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="compile the precompile grid and write its normalised code")
+    r.add_argument("out")
+    r.add_argument("--jobs", type=int, default=1, help="compile processes")
+    r.add_argument("--kernel", action="append", help="only these kernels (repeatable)")
+    c = sub.add_parser("compare", help="compare two records")
+    c.add_argument("base")
+    c.add_argument("new")
+    a = p.parse_args()
+    if a.cmd == "record":
+        return record(a.out, a.jobs, a.kernel)
+    return compare(a.base, a.new)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
