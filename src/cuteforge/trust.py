@@ -4,10 +4,10 @@ Loading a compiled object, importing a rendered source, loading the C++ extensio
 acting on a tuning record runs or trusts what a file says, so every such path lives under
 a root that only this user can write, and is reached through this module:
 
-- the root (symlinks to it resolved) is a directory owned by this user that no one else
-  can write, in a parent that no one else can rename it out of; it is created 0700;
+- the root (symlinks to it resolved) is a directory owned by this user (or root) that no
+  one else can write, in a parent that no one else can rename it out of; it is created 0700;
 - every component below it is a real directory or file, never a symlink, owned by this
-  user and writable by no one else; directories are created 0700, files 0600;
+  user (or root) and writable by no one else; directories are created 0700, files 0600;
 - files are written whole: a private temporary file renamed over the target (`os.replace`
   replaces a link instead of following it).
 
@@ -52,8 +52,9 @@ def _uid() -> int | None:
 
 def _check_stat(st: os.stat_result, path: Path | str, what: str) -> None:
     uid = _uid()
-    if uid is not None and st.st_uid != uid:
-        raise UntrustedPath(f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid})")
+    # root's files are as trusted as the installed package; anyone else's are not
+    if uid is not None and st.st_uid not in (uid, 0):
+        raise UntrustedPath(f"{what} {path} is owned by uid {st.st_uid}, neither this user (uid {uid}) nor root")
     if st.st_mode & 0o022:
         raise UntrustedPath(f"others can write to {what} {path} (mode {oct(st.st_mode & 0o777)})")
 
