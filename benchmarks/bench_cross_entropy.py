@@ -77,7 +77,7 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
         return per_row.sum() / t.ne(-100).sum()
 
     # the reduced kernel itself, launched directly (the op's own host path aside; before
-    # v3.1 the op took the composition below for 16-bit rows past 16384)
+    # earlier the op took the composition below for 16-bit rows past 16384)
     red_out, red_unused = x.new_empty(1), torch.empty(1, device="cuda")
     red_work = ce_mod._work(x.get_device(), work_words(m))  # >= the grid's: one row a CTA at most
 

@@ -58,7 +58,7 @@ SQUARE = [(s, s, s) for s in (1024, 2048, 4096, 8192, 16384)]
 # 8B-model feature sizes (K, N): attention out / MLP up / MLP down; M = tokens in flight.
 SKINNY = [(m, n, k) for m in (16, 128, 2048) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096))]
 # 8192x28672x4096 (an 8B model's MLP up projection over 8192 tokens): a fused default that
-# splits its last wave (stream-K), whose bias spilled before session 32
+# splits its last wave (stream-K), whose bias spilled in an earlier build
 EPILOGUE = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672), (2048, 14336, 4096),
             (8192, 28672, 4096)]
 # Short K on many tiles (the pingpong default's range; 4096^2 x 1024 keeps 128x128 tiles).
@@ -83,7 +83,7 @@ def measure(fns: dict[str, Any]) -> dict[str, float]:
     """Median ms of each contender over interleaved rounds (each round is a `timing.bench`
     median), so that clock and power drift hit every contender alike. Each round starts the
     list at a different contender: with a fixed order, a kernel read up to 3 % apart from an
-    identical copy of itself listed elsewhere (gemm.md v4.6). Up to BALANCED_UP_TO
+    identical copy of itself listed elsewhere (docs/kernels/gemm.md). Up to BALANCED_UP_TO
     contenders, the rounds are a multiple of their count (at least ROUNDS) and round r
     starts at contender r, so each takes each position equally often; longer lists (config
     sweeps) get ROUNDS rounds starting at evenly spaced contenders."""
@@ -157,7 +157,7 @@ def plain_one(m: int, n: int, k: int, q: Any, tag: str) -> dict:
         row["heuristic_config"] = repr(cfg)
         contenders += (("cuteforge_heuristic", lambda: gemm(a, b, config=cfg)),)
     if cfg.pingpong and cfg.tile_n == SHORT_K.tile_n:
-        # The short-K default before v4.7: pingpong 128x128 (6 stages).
+        # The earlier short-K default: pingpong 128x128 (6 stages).
         narrow = fit_swizzle(SHORT_K_NARROW, m, n)
         row["pingpong128_config"] = repr(narrow)
         contenders += (("cuteforge_pingpong128", lambda: gemm(a, b, config=narrow)),)
@@ -280,7 +280,7 @@ def epilogue_one(m: int, n: int, k: int, q: Any) -> list[dict]:
             ours = lambda act=act: gemm(a, b, epilogue=act)  # noqa: E731
         # cuBLAS's plain a @ b in the same rounds: what the eager epilogue adds to it, and
         # how the fused kernel stands against a GEMM with no epilogue at all (gemm.md,
-        # session 34: at power-bound shapes the 1.05x bar asks for that)
+        # at power-bound shapes the 1.05x bar asks for that)
         fns: dict[str, Any] = {"cublas_eager": eager, "cublas_plain": lambda: torch.matmul(a, b)}
         pp = lambda act=act, ub=use_bias: gemm(a, b, bias=bias if ub else None, epilogue=act, config=PINGPONG[0])  # noqa: E731
         contenders = [("cuteforge", ours), ("cuteforge_pingpong", pp)]
@@ -593,7 +593,7 @@ def main() -> int:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
 
         def v44_default(m: int, n: int, k: int, fused: bool, heavy: bool) -> Any:
-            """The v4.4 heuristic: stores not overlapped, and gelu / silu (`heavy`) with
+            """The earlier heuristic: stores not overlapped, and gelu / silu (`heavy`) with
             K <= 4096 on >= 4 waves of 128x128 tiles on pingpong 128x128 c1x2."""
             d = default_config(m, n, k, sms, fused=fused)
             if heavy and k <= 4096 and m > 128 and -(-m // 128) * -(-n // 128) >= 4 * sms:
@@ -606,7 +606,7 @@ def main() -> int:
             def pick(m: int, n: int, k: int, fused: bool) -> list[Any]:
                 d = default_config(m, n, k, sms, fused=fused)
                 if "defaults" in sets:
-                    # today's default against the v4.4 one
+                    # today's default against the earlier one
                     return list(dict.fromkeys([d, v44_default(m, n, k, fused, heavy)]))
                 # the default against its raster order flipped (swizzle fitted to the
                 # problem), with and without stream-K, and the cooperative 128x256 2x1 tile

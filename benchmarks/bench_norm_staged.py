@@ -1,4 +1,4 @@
-"""Row-staged norm backward (NormConfig.stages, v2.4) against the current backward default,
+"""Row-staged norm backward (NormConfig.stages) against the current backward default,
 one process, one GPU, same inputs.
 
 For every op (rms_norm_bwd without bias, layer_norm_bwd with bias), dtype and N: M =
@@ -13,13 +13,13 @@ library_bench counts a norm backward. The timing and the checks are bench_longro
     python benchmarks/bench_norm_staged.py --dtypes bfloat16,float16,float32 --ns 4096,8192,16384 \\
         --out $OUT/h200-norm-staged.json
 
-Long rows (v2.5: each CTA of a cluster stages its chunk of the row,
+Long rows (each CTA of a cluster stages its chunk of the row,
 `config.longrow_staged_candidates`) at N > 16384:
 
     python benchmarks/bench_norm_staged.py --dtypes bfloat16,float32 --ns 32768,65536,131072,262144 \\
         --out $OUT/h200-norm-staged-longrow.json
 
-``--fwd`` (v2.6, the staged forward): rms_norm (no bias) and layer_norm (bias), no
+``--fwd`` (the staged forward): rms_norm (no bias) and layer_norm (bias), no
 residual, the forward default and every `config.longrow_staged_fwd_candidates(n, bits)`
 config, launched alone on the same inputs (M = bench_longrow.rows_for(N)), checked
 against torch in fp32, quack's rmsnorm_fwd / layernorm_fwd beside them. Bytes = 2 M N
@@ -29,14 +29,14 @@ elements (x read, y written), as bench_longrow.py counts a forward.
         --ns 4096,8192,16384,32768,65536,131072,262144 --out $OUT/h200-norm-staged-fwd.json
 
 ``--ab-lag`` times each staged cluster default, then it with ``lag=1`` (LayerNorm's lagged
-statistics, v2.17), then the default again (A B A in one process):
+statistics), then the default again (A B A in one process):
 
     python benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes bfloat16,float16,float32 \
         --ns 32768,65536,131072,262144 --defaults-only --no-quack --ab-lag --out $OUT/lag-ab.json
 
-``--deep-lag`` (v2.18) times the default against every cluster-staged shape of >= 2 stages
+``--deep-lag`` times the default against every cluster-staged shape of >= 2 stages
 (``deep_fwd_candidates``), each also lagged at 1, 2 and 3 CTAs per SM where that fits: the
-sweep the v2.18 LayerNorm defaults were picked from on the H200:
+sweep the earlier LayerNorm defaults were picked from on the H200:
 
     python benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes bfloat16 \
         --ns 65536,131072,262144 --deep-lag --no-quack --rep-ms 15 --out $OUT/h200-norm-fwd-layer-deep-lag.json
@@ -101,7 +101,7 @@ def plans(ops: list[str], dtypes: list[str], ns: list[int], register: bool = Fal
                 d = default_config(n, bits, backward=True, kind=op.split("_")[0])
                 out.append((op, dt, n, d, True))
                 cands = staged_candidates(n, bits) if n <= 16384 else []
-                if n > 16384 or not cands:  # rows split over a cluster (v2.5)
+                if n > 16384 or not cands:  # rows split over a cluster
                     cands += [c for c in longrow_staged_candidates(n, bits) if c not in cands]
                 if register:
                     cands += [c for c in candidate_configs(n, bits, backward=True) if c not in cands]
@@ -114,7 +114,7 @@ def deep_fwd_candidates(n: int, bits: int, lag: bool = False) -> list[Any]:
     of 2..16 CTAs of 256 / 512 / 1024 threads at 1, 2, 3, 4 and 6 stages (those that fit
     whole), as many CTAs per SM as fit, and one-stage shapes at one CTA per SM too (room
     for weight and bias in shared memory). With ``lag`` (--deep-lag) each shape of >= 2
-    stages also lagged (v2.17) at 1, 2 and 3 CTAs per SM where they fit."""
+    stages also lagged at 1, 2 and 3 CTAs per SM where they fit."""
 
     from cuteforge.kernels.norm.config import _fitted_fwd_config, staged_config
 
@@ -140,8 +140,8 @@ def fwd_plans(ops: list[str], dtypes: list[str], ns: list[int], deep: bool = Fal
               cp_async: bool = False, residual: bool = False,
               deep_lag: bool = False) -> list[tuple[str, str, int, Any, bool]]:
     """(op, dtype, n, config, is_default): the forward default and every staged forward
-    candidate (v2.6); with ``deep`` also ``deep_fwd_candidates`` at N >= 32768. With
-    ``cp_async`` (v2.8) instead: the default, the staged and register long-row defaults,
+    candidate; with ``deep`` also ``deep_fwd_candidates`` at N >= 32768. With
+    ``cp_async`` instead: the default, the staged and register long-row defaults,
     every ``async_fwd_candidates`` config and the register shapes they come from."""
 
     from cuteforge.kernels.norm.config import (
@@ -319,14 +319,14 @@ def _extra_configs(configs: str, n: int, dtype: str, backward: bool) -> list[Any
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--fwd", action="store_true", help="the staged forward (v2.6) against the forward default")
+    p.add_argument("--fwd", action="store_true", help="the staged forward against the forward default")
     p.add_argument("--cp-async", action="store_true",
-                   help="--fwd: the cp_async register forward (v2.8) shapes and their plain twins instead")
+                   help="--fwd: the cp_async register forward shapes and their plain twins instead")
     p.add_argument("--deep", action="store_true",
                    help="--fwd: also every cluster-staged shape and the register long-row candidates at N >= 32768")
     p.add_argument("--deep-lag", action="store_true",
                    help="--fwd: instead of --deep's set, every staged cluster shape of >= 2 stages, each also "
-                        "lagged (v2.17) at 1-3 CTAs per SM")
+                        "lagged at 1-3 CTAs per SM")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--dtypes", default="bfloat16,float16,float32")
     p.add_argument("--ns", default="4096,8192,16384")
@@ -344,7 +344,7 @@ def main() -> None:
     p.add_argument("--register", action="store_true",
                    help="backward: also every register-backward tuner candidate (threads, occupancy, prefetch, reload)")
     p.add_argument("--ab-lag", action="store_true",
-                   help="also time each staged cluster default with lag=1 (v2.17), then the default again")
+                   help="also time each staged cluster default with lag=1, then the default again")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     t0 = time.time()

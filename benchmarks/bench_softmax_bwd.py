@@ -1,6 +1,6 @@
 """Long-row softmax / log_softmax backward: the default config (16-bit N >= 32768: path
 "mbar", else "regs", device.py), the v1 `regs` heuristic where it differs (the default
-before v2.3), and every `mbar` candidate (kernels/softmax/chunked.make_softmax_chunked_bwd,
+earlier), and every `mbar` candidate (kernels/softmax/chunked.make_softmax_chunked_bwd,
 config.longrow_bwd_candidates), one process, one GPU.
 
 For every mode, dtype and N: M = min(32768, 2^28 // N) rows (bench_longrow.rows_for);

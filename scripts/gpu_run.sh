@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run the GPU tests and benchmarks on a CUDA machine that has torch but no registry
-# access (the H200 lent through the device tool). Writes logs and JSON under $OUT.
-#   source .gpu/env.sh is done here; carry .gpu (see README "GPU runs").
+# Run the GPU tests and benchmarks on a CUDA machine that has torch but no package
+# registry, with the offline DSL bundle in .gpu/ (docs/development.md). Writes logs and
+# JSON under $OUT.
 # Usage: bash scripts/gpu_run.sh [tests|bench|bars|small|autotune|all] [pytest paths/args...]
 #        bash scripts/gpu_run.sh cmd COMMAND...   (any command in the same environment)
 #        bash scripts/gpu_run.sh ptests [JOBS]     (tests/gpu files spread over JOBS pytest
@@ -30,10 +30,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_sum.py --out "$OUT/h200-sum.json" 2>&1 | tee "$OUT/bench-sum.log" | tail -60
 fi
 if [ "$what" = bars ]; then
-  # The issues' bar measurements (~6-8 min on an H200 with a cold cache: near the device
-  # tool's 10-minute call; run the commands below in two calls if it runs out), files
-  # named after the card: GEMM (issue 7: bar shapes, squares, skinny LLM shapes, fused
-  # epilogues) and the memory-bound bar ops at N >= 4096, forward and backward (issue 6).
+  # The headline measurements (~6-8 min on an H200 with a cold cache), files named after
+  # the card: GEMM (bar shapes, squares, skinny LLM shapes, fused epilogues) and the
+  # memory-bound ops at N >= 4096, forward and backward.
   tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace('nvidia ', '').split()[0])")
   python3 benchmarks/bench_gemm.py --set bar,square,skinny,epilogue,shortk --out "$OUT/$tag-gemm-bars.json" 2>&1 | tail -40 || rc=1
   python3 benchmarks/bench_membound.py --ops layer_norm,rms_norm,softmax,sum --ns 4096,16384,65536,131072,262144 \
@@ -43,15 +42,15 @@ if [ "$what" = bars ]; then
   # 4096: 88 % against 99 %, docs/kernels/reduce.md)
   python3 benchmarks/bench_membound.py --ops layer_norm,rms_norm,softmax,sum --ns 4096,16384,65536,131072,262144 \
     --no-compile --no-backward --flush read --out "$OUT/$tag-membound-bars-readflush.json" 2>&1 | tail -40 || rc=1
-  # LayerNorm's long-row defaults (norm v2.18, the H200's picks) against the H100's lagged
-  # picks (v2.17) and v2.16's unlagged shapes, kernel alone, in one process
+  # LayerNorm's long-row defaults (the H200's picks) against the H100's lagged picks and
+  # the unlagged shapes, kernel alone, in one process
   python3 benchmarks/bench_norm_staged.py --fwd --ops layer_norm --dtypes bfloat16,float16,float32 \
     --ns 32768,65536,131072,262144 --defaults-only --no-quack \
     --configs "NormConfig(512,512,4,3,exchange='mbar',stages=2,lag=1);NormConfig(256,256,16,1,exchange='mbar',stages=3,lag=1);NormConfig(512,512,4,1,exchange='mbar',stages=6);NormConfig(256,256,8,1,exchange='mbar',stages=4)" \
     --out "$OUT/$tag-norm-fwd-layer-defaults-check.json" 2>&1 | grep default || rc=1
 fi
 if [ "$what" = small ]; then
-  # issue 6's small-N and small-M bar ("never slower than torch eager"), forward and backward
+  # small-N and small-M rows (the goal: never slower than torch eager), forward and backward
   # through autograd, timed back to back (--timer stream: these calls are host-bound, and one
   # event pair around one call reads the host's jitter; library_bench.measure)
   tag=$(python3 -c "import torch; print(torch.cuda.get_device_name().lower().replace('nvidia ', '').split()[0])")

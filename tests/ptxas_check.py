@@ -47,7 +47,7 @@ def loop_loads(sass: str) -> tuple[int, int] | None:
     """(late, all): the global vector loads (64 / 128-bit) of the SASS loop that has the most
     of them (a loop: from the label a later branch jumps back to, to that branch), and how
     many of them come after the loop's first FP32 / packed-half multiply: loads ptxas put in
-    a second batch, issued once registers of the first batch's data are free (norm v2.25: 5
+    a second batch, issued once registers of the first batch's data are free (5
     of 12 in the fp32 8192 RMSNorm backward without partials, which ran at 87 % of copy
     against 98 %). None when there is no loop."""
     import re

@@ -488,7 +488,7 @@ def test_beyond_two_levels_reduces_with_torch(monkeypatch):
 
 
 def test_mean_and_sum_take_the_reduced_kernel_at_any_n() -> None:
-    """v3.1: mean/sum take the one-launch reduced forward wherever its grid fits, 16-bit
+    """mean/sum take the one-launch reduced forward wherever its grid fits, 16-bit
     rows past 16384 included (with v3's forward it read level or ahead of the per-row
     kernel + torch's reduction there on the H200, h200-cross-entropy-reduced.json), and
     precompile builds it for every dtype."""
@@ -530,7 +530,7 @@ def test_forward_ring_holds_no_chunk_in_registers(monkeypatch):
 
 @pytest.mark.parametrize("dt, n, vec", [("bf16", 50257, 1), ("f32", 50257, 1), ("f16", 32002, 2), ("bf16", 33, 1)])
 def test_forward_realigns_rows_not_on_16_bytes(monkeypatch, dt, n, vec):
-    """v3.3: a row that does not start on 16 bytes is read from its first 16-byte boundary
+    """a row that does not start on 16 bytes is read from its first 16-byte boundary
     in 16-byte vectors (through the cp.async ring where the row is long), the head before
     it and the tail after it as scalars; it assembles without spilling."""
     from ptxas_check import ptxas_no_spill
@@ -545,7 +545,7 @@ def test_forward_realigns_rows_not_on_16_bytes(monkeypatch, dt, n, vec):
 
 @pytest.mark.parametrize("dt, n, vec", [("bf16", 50257, 1), ("f32", 50257, 1), ("bf16", 33, 1), ("bf16", 4096, 8)])
 def test_backward_realigns_rows_not_on_16_bytes(monkeypatch, dt, n, vec):
-    """v3.3: the backward reads and writes a row that does not start on 16 bytes in
+    """the backward reads and writes a row that does not start on 16 bytes in
     16-byte vectors from its first 16-byte boundary (where logits and dlogits share the
     head), and keeps its 16-byte vectors on aligned rows; no spill."""
     from ptxas_check import ptxas_no_spill

@@ -43,7 +43,7 @@ def test_plain_bf16_tn_default_config() -> None:
 
 def test_bias_loaded_once_per_distinct_offset() -> None:
     """A column (row) bias is loaded once per distinct column (row) a thread's accumulator
-    values sit in, not once per value (v4.4): on the cooperative 128x256 tile a thread holds
+    values sit in, not once per value: on the cooperative 128x256 tile a thread holds
     128 values per tile, in 64 columns, and per 64x32 subtile 2 rows (8 subtiles)."""
     cfg = GemmConfig()
     loads = {kind: len(re.findall(r"\bld\.global", _ptx(True, True, ("bfloat16",) * 4, GemmEpilogue.preset("none", bias=kind), cfg)))
@@ -53,7 +53,7 @@ def test_bias_loaded_once_per_distinct_offset() -> None:
 
 def test_epilogue_operands_load_into_32_bit_registers() -> None:
     """16-bit epilogue operands are loaded each zero-extended into a 32-bit register and
-    converted where they are used (v4.10): in 16-bit registers they were packed in pairs
+    converted where they are used: in 16-bit registers they were packed in pairs
     (PRMT) right after their loads, and the packing waits for the loads. With
     early_operands (the default where the tile has at most 128 accumulators) a tile's
     bias is loaded while its mainloop runs; without it, one subtile ahead in the epilogue."""
@@ -81,7 +81,7 @@ def test_epilogue_operands_load_into_32_bit_registers() -> None:
     assert loads(cfg, res, ("bfloat16",) * 4) == {"r": 128, "rs": 0}
     # Stream-K tiles (8192x28672x4096: a last wave split along K) load the bias in the
     # epilogue even where early_operands asks otherwise: held from the mainloop across the
-    # partial-sum fixup, ptxas spilled 144 bytes (session 32). The stream-K fused default
+    # partial-sum fixup, ptxas spilled 144 bytes. The stream-K fused default
     # takes 32-wide subtiles with late loads.
     sk = default_config(8192, 28672, 4096, 132, fused=True)
     assert sk.stream_k and (sk.epi_n, sk.early_operands) == (32, False)
@@ -112,7 +112,7 @@ def test_other_tiles_compile() -> None:
 
 def test_192_accumulator_tiles_assemble_without_spill() -> None:
     """Tiles of 192 fp32 accumulators per consumer thread (pingpong 128x192, the short-K
-    default since v4.7, and the cooperative 256x192 candidate) fit the 232 registers
+    default, and the cooperative 256x192 candidate) fit the 232 registers
     setmaxnreg gives a consumer warpgroup: no spill, and no wgmma serialized by a
     warpgroup.arrive that ptxas injects (C7519), plain or with bias + gelu."""
     from ptxas_check import ptxas_no_spill
@@ -154,7 +154,7 @@ def test_wide_accumulators_and_staging_buffers() -> None:
 
 def test_short_k_default_tile() -> None:
     """Short K with many tiles: pingpong 128x192 (5 stages) where its tiles fit the problem
-    about as well as 128x128's (v4.7), 128x128 where 192-wide tiles waste a wave (4096^2);
+    about as well as 128x128's, 128x128 where 192-wide tiles waste a wave (4096^2);
     fp8 keeps 128x128."""
     from cuteforge.kernels.gemm.sm90.config import (
         SHORT_K,
@@ -189,14 +189,14 @@ def test_config_validation() -> None:
     for c in candidate_configs(128, 4096):
         c.validate(2, 2, H100)
     assert default_config(16, 4096, 4096).tile_m == 64
-    # stream-K only where the plan splits a last wave (v4.4); a last wave more than half
-    # full only where its ends are long (session 35): 8192^3's 34 of 66 clusters with ends
+    # stream-K only where the plan splits a last wave; a last wave more than half
+    # full only where its ends are long: 8192^3's 34 of 66 clusters with ends
     # of 42 k-blocks, not 6144^3's 48 of 66 with 23, nor 4096^3's 58 of 66 with 5
     assert default_config(8192, 8192, 8192) == GemmConfig(stream_k=True, stream_k_ends=True)
     assert default_config(2048, 8192, 28672) == GemmConfig(stream_k=True, stream_k_ends=True)
     assert default_config(6144, 6144, 6144) == GemmConfig() == default_config(4096, 4096, 4096)
     assert not default_config(8192, 8192, 8192, 132, 1).stream_k_ends  # fp8: measured on 16-bit only
-    # batched problems: the ends rule looks at the whole batch's last wave (session 36).
+    # batched problems: the ends rule looks at the whole batch's last wave.
     # 2 x 8192^3 leaves 2 of 66 clusters in it (a split, not ends; the stream_k rule looks at
     # one batch's 34): whole tiles. 2 x 2048x8192x28672 (50 of 66, ends of 88) and 8 x
     # 1024x4096x16384 (one batch is 64 clusters, under a wave; 8 are 512) are cut into ends,
@@ -204,7 +204,7 @@ def test_config_validation() -> None:
     assert default_config(8192, 8192, 8192, batch=2) == GemmConfig()
     assert default_config(2048, 8192, 28672, batch=2) == GemmConfig(stream_k=True, stream_k_ends=True)
     assert default_config(1024, 4096, 16384, batch=8) == GemmConfig(stream_k=True, stream_k_ends=True)
-    # the tile is chosen by the whole batch's tile count (session 36): 8 x 1024x2048 and
+    # the tile is chosen by the whole batch's tile count: 8 x 1024x2048 and
     # 32 x 256x512 take 128x256 2x1, as one problem of their total size would; alone,
     # 1024x2048 takes 128x128 and 256x512 128x64 pingpong
     assert default_config(1024, 2048, 4096, batch=8) == GemmConfig()
@@ -225,11 +225,11 @@ def test_config_validation() -> None:
     assert default_config(16384, 16384, 16384).stream_k and default_config(3072, 3072, 16384).stream_k
     assert default_config(16384, 16384, 1024).pingpong and default_config(1024, 1024, 1024).tile_n == 64
     assert default_config(1024, 1024, 1024).pingpong and not default_config(128, 4096, 4096).pingpong
-    # sub-wave 128x64 tiles multicast A (the 128-row operand) across an N pair (v4.2);
+    # sub-wave 128x64 tiles multicast A (the 128-row operand) across an N pair;
     # a single N tile leaves nothing to pair along N, so B is shared along M instead
     assert (default_config(1024, 1024, 1024).cluster_m, default_config(1024, 1024, 1024).cluster_n) == (1, 2)
     assert (default_config(2048, 64, 1024).cluster_m, default_config(2048, 64, 1024).cluster_n) == (2, 1)
-    # decode-sized M with long K: single 64x64 CTAs with stream-K (v4.3); K = 4096 keeps the 1x2 pair,
+    # decode-sized M with long K: single 64x64 CTAs with stream-K; K = 4096 keeps the 1x2 pair,
     # M = 64 keeps it too, and fp8 keeps the pair (the rule was measured on 16-bit inputs)
     assert default_config(16, 4096, 14336) == GemmConfig(tile_m=64, tile_n=64, cluster_m=1, cluster_n=1, stream_k=True)
     assert default_config(32, 2048, 8192).stream_k and not default_config(16, 4096, 4096).stream_k
@@ -654,7 +654,7 @@ def test_three_vector_operands_take_narrow_late_subtiles() -> None:
     the fused 128x256 default: 32-wide subtiles with the operands loaded in the epilogue,
     which assembles without spilling (64-wide subtiles with the operands held from the
     mainloop spilled 328 bytes); fewer operands keep the 64-wide default unless fp8 scales
-    are among them (session 31: the narrow late form measured faster there)."""
+    are among them (the narrow late form measured faster there)."""
     from ptxas_check import ptxas_no_spill
 
     cfg = default_config(8192, 8192, 8192, 132, 1, fused=True, vector_operands=3)
@@ -676,7 +676,7 @@ def test_three_vector_operands_take_narrow_late_subtiles() -> None:
 
 def test_full_operands_take_32_wide_subtiles() -> None:
     """A full epilogue operand (residual, c) on the 16-bit fused 128x256 default: 32-wide
-    subtiles with the operands still held from the mainloop (session 33), which assembles
+    subtiles with the operands still held from the mainloop, which assembles
     bias + gelu + residual without the 56 bytes of spill the 64-wide form has; a bias alone
     keeps 64-wide subtiles, stream-K tiles keep theirs; fp8 takes the same rule, and its
     bias + gelu + residual kernel assembles without the 64 bytes of spill as well."""
@@ -779,7 +779,7 @@ def test_eager_warm_path_memo_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fp8_eager_warm_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fp8 calls take the eager warm path too (session 31): a repeat with new scale tensors of
+    """fp8 calls take the eager warm path too: a repeat with new scale tensors of
     the same layout (or the same number) skips `_gemm_slow` and hands the plan exactly what
     the slow path does: per-row / per-column scales in front of bias / c / residual, the
     call's own per-tensor tensors, and a number's or a rowwise scale's fixed one-element
@@ -866,13 +866,13 @@ def test_fused_default_config() -> None:
     """A fused epilogue gives the cooperative 128x256 default 64-wide store subtiles; the
     other tiles and the unfused default keep 32; every one fits sm_90 for 16-bit and fp32
     outputs and fp8 inputs."""
-    # fused cooperative tiles walk N first (raster "n", v4.4)
+    # fused cooperative tiles walk N first (raster "n")
     assert default_config(6144, 6144, 6144, fused=True) == GemmConfig(epi_n=64, raster="n")
     # a cut last wave (stream_k_ends) takes the fused stream-K form: 32-wide, operands late
     assert default_config(8192, 8192, 8192, fused=True) == GemmConfig(
         epi_n=32, raster="n", stream_k=True, stream_k_ends=True, early_operands=False)
-    # every fused epilogue, gelu / silu included, keeps the cooperative tile (v4.5: its
-    # stores overlap the next mainloop; the v4.1 pingpong rule for them is gone)
+    # every fused epilogue, gelu / silu included, keeps the cooperative tile (its
+    # stores overlap the next mainloop; the earlier pingpong rule for them is gone)
     coop = GemmConfig(epi_n=64, raster="n")
     assert default_config(4096, 4096, 4096, fused=True) == coop
     assert default_config(2048, 14336, 4096, fused=True) == coop
@@ -1147,7 +1147,7 @@ def _bench_gemm():
 def test_bench_measure_rotates_the_order(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench_gemm.measure times every contender once per round and starts each round at a
     different contender; up to BALANCED_UP_TO contenders each takes each position equally
-    often (gemm.md v4.6: a fixed order favoured one position by up to 3 %)."""
+    often (docs/kernels/gemm.md: a fixed order favoured one position by up to 3 %)."""
     from collections import Counter
 
     bench = _bench_gemm()

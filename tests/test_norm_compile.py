@@ -57,8 +57,8 @@ def test_default_and_candidates_valid(n, bits, backward):
 
 def test_large_rows_use_clusters_and_reload():
     assert default_config(65536, 16).cluster_n > 1
-    b = default_config(262144, 32, backward=True)  # v2.5: cluster-staged
-    assert b.cluster_n == 16 and b.stages == 2 and b.parts == 8  # v2.12: the part ring
+    b = default_config(262144, 32, backward=True)  # cluster-staged
+    assert b.cluster_n == 16 and b.stages == 2 and b.parts == 8  # the part ring
     from cuteforge.kernels.norm.config import default_register_config
 
     r = default_register_config(262144, 32)  # the register path (misaligned rows) still reloads
@@ -111,7 +111,7 @@ def test_compile_fwd(kernels, kind, xd, wd, n, bias, res):
     dts = (xd, wd, wd, xd, xd, xd, "float32", "float32")
     spec, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
                          {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res})
-    if spec.config.stages:  # long rows: the staged default (v2.7), rows by bulk copies
+    if spec.config.stages:  # long rows: the staged default, rows by bulk copies
         assert "cp.async.bulk.shared::cluster.global" in ptx and "st.async" in ptx
     elif n % 8 == 0:
         assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v[24]\.", ptx)
@@ -134,7 +134,7 @@ def test_compile_bwd(kernels, kind, xd, wd, n, bias, dsum):
     dts = (xd, wd, xd, xd, "float32", "float32", xd, "float32", "float32")
     spec, ptx = _compile(bwd, dts, n, (vx, vw, vx, vx, 4, 4, vx, 4, 4),
                          {"kind": kind, "has_bias": bias, "has_dsum": dsum})
-    if spec.config.cluster_n > 1:  # barrier exchange, or (v2.5 staged default) mbar's st.async
+    if spec.config.cluster_n > 1:  # barrier exchange, or (staged default) mbar's st.async
         assert "st.shared::cluster" in ptx or "st.async" in ptx
 
 
@@ -191,7 +191,7 @@ def _loop_loads(ptx: str) -> int:
 
 
 def test_bwd_early_weight_loads_the_weight_once(kernels):
-    """early_weight in the register backward (v2.22): the weight is loaded before the row
+    """early_weight in the register backward: the weight is loaded before the row
     loop and held, so the loop loads only x and dy (the next row's, with prefetch); the
     default reads the weight again every row. Not with reload or stages."""
     _, bwd = kernels
@@ -213,11 +213,11 @@ def test_bwd_early_weight_loads_the_weight_once(kernels):
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_frozen_bwd_defaults(kernels, kind):
-    """The kernel without partials has its own defaults (v2.24): the row grid at N = 256..4096
-    (fp32) / 256..4096 and 8192 (16-bit; 256..8192 before v2.26), each thread holding 32
+    """The kernel without partials has its own defaults: the row grid at N = 256..4096
+    (fp32) / 256..4096 and 8192 (16-bit; 256..8192 earlier), each thread holding 32
     bytes of its row (fp32 from N = 2048: 64), CTAs of 128..512 threads under a 128-register
-    budget; v2.25's FROZEN_BWD_SHAPES at fp32 8192 and 16-bit 262144; elsewhere, and for
-    the kernel with partials everywhere, the heuristic's. The measured row-grid shapes (H200, h200-norm-s24a-row-grid-sweep.json)
+    budget; the earlier FROZEN_BWD_SHAPES at fp32 8192 and 16-bit 262144; elsewhere, and for
+    the kernel with partials everywhere, the heuristic's. The measured row-grid shapes (H200 row-grid sweep)
     assemble without spilling under that budget."""
     from cuteforge.kernels.norm.config import (
         default_bwd_config,
@@ -244,13 +244,13 @@ def test_frozen_bwd_defaults(kernels, kind):
                 frozen.validate(n, bits, backward=True)
                 near = row_grid_candidates(frozen, n, bits)
                 assert near and all(c.row_grid and c != frozen for c in near)
-    # the longest 16-bit rows (v2.25): the default's cluster as a 4-part ring of 2 stages on
+    # the longest 16-bit rows: the default's cluster as a 4-part ring of 2 stages on
     # 256 threads where the chunks divide (FROZEN_BWD_SHAPES), else the default
     long = default_bwd_config(262144, 16, False)
     heuristic = default_config(262144, 16, backward=True)
     assert long == replace(heuristic, threads=256, threads_per_row=256, ctas_per_sm=1, stages=2, parts=4)
     long.validate(262144, 16, backward=True)
-    # fp32 8192 (v2.25): 2-CTA clusters of 128 threads, 2 stages, 2 CTAs per SM
+    # fp32 8192: 2-CTA clusters of 128 threads, 2 stages, 2 CTAs per SM
     assert default_bwd_config(8192, 32, False) == NormConfig(128, 128, 2, 2, exchange="mbar", stages=2)
     for bits, n in ((16, 131072), (16, 147456), (32, 262144), (32, 6000), (32, 8193)):
         assert default_bwd_config(n, bits, False) == default_config(n, bits, backward=True), (bits, n)
@@ -270,7 +270,7 @@ def test_frozen_bwd_defaults(kernels, kind):
 
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_row_staged_defaults_below_8192(kernels, kind):
-    """norm v2.26 (H200): fp32 rows of 4097..8191 take the row-staged backward (256 threads,
+    """fp32 rows of 4097..8191 take the row-staged backward (256 threads,
     3 stages) with and without partials; 16-bit rows of 5633..8191 with partials (at most 2
     CTAs per SM) and 4097..8191 without take it on 2 stages. The power-of-two ends keep
     theirs (4096 and 16-bit 8192 without partials: the row grid; fp32 8192: the register
@@ -281,7 +281,7 @@ def test_row_staged_defaults_below_8192(kernels, kind):
         for has_dw in (True, False):
             cfg = default_bwd_config(n, 32, has_dw)
             assert (cfg.threads, cfg.stages, cfg.cluster_n) == (256, 3, 1), (n, has_dw, cfg)
-    for n in (4104, 5120, 5632):  # v2.27: 3 stages on 2 CTAs per SM with partials
+    for n in (4104, 5120, 5632):  # 3 stages on 2 CTAs per SM with partials
         cfg = default_bwd_config(n, 16)
         assert (cfg.threads, cfg.stages, cfg.ctas_per_sm) == (256, 3, 2), (n, cfg)
         assert default_bwd_config(n, 16, False).stages == 2
@@ -308,7 +308,7 @@ def test_row_staged_defaults_below_8192(kernels, kind):
 
 
 def test_backward_defaults_between_2048_and_4096():
-    """norm v2.27 (H200): 16-bit rows of 2049..3584 with partials take the row-staged
+    """16-bit rows of 2049..3584 with partials take the row-staged
     backward on 128 threads, 4 CTAs per SM (3 stages up to 3071, 2 from 3072), where
     16-byte aligned; LayerNorm's register backward with partials at 2049..3071 (fp32, and
     16-bit rows that are not aligned) runs at most 2 CTAs per SM, where 3 spilled it;
@@ -333,7 +333,7 @@ def test_backward_defaults_between_2048_and_4096():
             cfg = default_bwd_config(n, bits, True, kind)
             assert (cfg.threads_per_row, cfg.ctas_per_sm, cfg.prefetch, cfg.stages) == (128, 2, True, 0), (n, bits, cfg)
     assert default_bwd_config(1409, 16, True, "rms").ctas_per_sm == 2  # the heuristic's own choice there
-    assert default_bwd_config(768, 16).prefetch and not default_bwd_config(768, 32).prefetch  # v2.27: 16-bit 768 too
+    assert default_bwd_config(768, 16).prefetch and not default_bwd_config(768, 32).prefetch  # 16-bit 768 too
     assert default_bwd_config(2048, 32, True, "layer") == default_bwd_config(2048, 32, True, "rms")
     assert default_bwd_config(3072, 32, True, "layer") == default_bwd_config(3072, 32, True, "rms")
     # without partials the cap does not apply (the row grid there)
@@ -341,7 +341,7 @@ def test_backward_defaults_between_2048_and_4096():
 
 
 def test_layer_forward_threads_per_row_between_powers_of_two():
-    """norm v2.27: LayerNorm's 16-bit register forward at 1025..8191 takes the power of two
+    """LayerNorm's 16-bit register forward at 1025..8191 takes the power of two
     threads a row nearest N / 32 in log scale (2560 -> 64, 4608 / 5120 -> 128, 6144 -> 256);
     at the powers of two, and for RMSNorm and fp32, the next power of two up as before."""
     from cuteforge.kernels.norm.config import _pow2_nearest, default_config
@@ -350,7 +350,7 @@ def test_layer_forward_threads_per_row_between_powers_of_two():
         64, 64, 128, 128, 128, 128, 256, 256, 256]
     for n, p in ((2560, 64), (3072, 128), (4608, 128), (5120, 128), (6144, 256), (7168, 256)):
         assert default_config(n, 16, kind="layer").threads_per_row == p, n
-    assert default_config(1280, 16, kind="layer").threads_per_row == 32  # 64 before v2.27
+    assert default_config(1280, 16, kind="layer").threads_per_row == 32  # 64 earlier
     for n in (2048, 2560, 4096, 4608, 5120, 8192):
         assert default_config(n, 16, kind="rms").threads_per_row == max(8, 1 << (-(-n // 32) - 1).bit_length())
     for n in (2048, 4096, 8192):
@@ -376,8 +376,8 @@ def test_defaults_at_hidden_sizes_do_not_spill(kernels, xd, n):
     """The defaults at hidden sizes between powers of two (which the bar sweep never runs)
     assemble without spilling: the forward, and the backward with and without partials,
     for both norms. A spill in the row loop cost LayerNorm half its bandwidth at bf16 4608
-    (norm v2.26); at 2560 LayerNorm's register backward with partials spilled on 3 CTAs
-    per SM and read 33.5 % (bf16) / 69.7 % (fp32) of copy (norm v2.27)."""
+    At 2560 LayerNorm's register backward with partials spilled on 3 CTAs
+    per SM and read 33.5 % (bf16) / 69.7 % (fp32) of copy."""
     fwd, bwd = kernels
     bits = 32 if xd == "float32" else 16
     v = 16 * 8 // bits
@@ -391,11 +391,11 @@ def test_defaults_at_hidden_sizes_do_not_spill(kernels, xd, n):
 
 # (kind, dtype, N, config or None for the default, partials, measured % of copy or None):
 # the register backward's row loop, where ptxas may issue part of a row's loads in a
-# second batch after the row's first multiply (norm v2.25). The readings are the H200's
-# kernel-alone figures (h200-norm-s25c-fp32-8192-frozen.json; fp32 4608 / 5120 with
-# partials, predicted from this count in v2.25: h200-norm-s26-fp32-5120.json). The count
+# second batch after the row's first multiply. The readings are the H200's
+# kernel-alone figures (fp32 8192 frozen weight; fp32 4608 / 5120 with
+# partials, predicted from this count). The count
 # does not explain every slow kernel: the same 512-thread kernel without partials read
-# 85.7 % (RMSNorm) and 63.6 % (LayerNorm) at fp32 5120 with none late (v2.26 moved fp32
+# 85.7 % (RMSNorm) and 63.6 % (LayerNorm) at fp32 5120 with none late (a later default moved fp32
 # 4097..8191 to the row-staged backward).
 _LOAD_BATCHES = [
     ("rms", "float32", 8192, NormConfig(512, 512, 1, 1), False, 87.3),  # 5 of 12 late: the slow one
@@ -434,7 +434,7 @@ def test_kept_artifacts_are_each_compiles_own(kernels):
     compiled and leaves no files in the working directory. The DSL names these files after
     the kernel function and its argument types, not the config, and by default writes them
     into the directory the process started in: two configs compiled there by two processes
-    read back each other's kernel (seen in a parallel SASS sweep, session 25). Each compile
+    read back each other's kernel (seen in a parallel SASS sweep). Each compile
     now has its own temporary directory."""
     import time
     from pathlib import Path
@@ -452,7 +452,7 @@ def test_kept_artifacts_are_each_compiles_own(kernels):
 
 
 def test_row_grid_only_for_the_backward_without_partials(kernels):
-    """row_grid (v2.24) runs one CTA per row block: a knob of the register backward
+    """row_grid runs one CTA per row block: a knob of the register backward
     without a cluster, refused by the kernel with partials (its Q rows would be one per row
     block) and everywhere else; bwd_groups gives the row grid its M / rows-per-CTA CTAs, the
     persistent configs their groups as before."""
@@ -536,7 +536,7 @@ def test_mbar_exchange_validate_and_candidates():
         NormConfig(256, 256, 4, exchange="fast").validate(65536, 16)
     with pytest.raises(ValueError, match="cluster_n > 1"):
         NormConfig(256, 256, 1, exchange="mbar").validate(4096, 16)
-    NormConfig(256, 256, 16, exchange="mbar").validate(65536, 16, backward=True)  # v2.1: the backward takes it too
+    NormConfig(256, 256, 16, exchange="mbar").validate(65536, 16, backward=True)  # the backward takes it too
     with pytest.raises(ValueError, match="cluster_n > 1"):
         NormConfig(256, 256, 1, exchange="mbar").validate(4096, 16, backward=True)
     assert v2_forward_config(65536, 16) == NormConfig(256, 256, 8, 1, exchange="mbar")
@@ -552,7 +552,7 @@ def test_mbar_exchange_validate_and_candidates():
 
 
 def test_lag_validation():
-    """lag (v2.17) is a knob of the staged forward over a cluster with two stages at least."""
+    """lag is a knob of the staged forward over a cluster with two stages at least."""
     ok = NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)
     ok.validate(262144, 16)
     for bad, why in ((replace(ok, stages=1), "stages >= 2"), (replace(ok, lag=2), "0 or 1"),
@@ -570,7 +570,7 @@ def test_lag_validation():
 def test_long_row_forward_defaults_follow_the_sweep():
     """The measured winners (h200-longrow-v2.json, h200-norm-staged-fwd-deep.json,
     h200-norm-async-fwd.json) per kind and dtype class: rows in registers over a cluster,
-    (v2.7) staged in 32 KiB chunks, 4 stages, or (v2.8, RMSNorm) in registers through
+    staged in 32 KiB chunks, 4 stages, or (RMSNorm) in registers through
     cp_async; odd N keeps the plain register path; every forward default from N = 1 to 262144
     (odd N included) validates for sm_90a."""
     from cuteforge.arch import limits_for
@@ -581,7 +581,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
     for (kind, bits, n), (threads, cluster) in want.items():
         d = default_config(n, bits, kind=kind)
         assert (d.exchange, d.threads, d.cluster_n, d.stages, d.cp_async) == ("mbar", threads, cluster, 0, 0), (kind, bits, n, d)
-    # v2.8 (h200-norm-async-fwd.json): RMSNorm's long rows in registers through cp_async
+    # RMSNorm's long rows in registers through cp_async
     asynced = {("rms", 16, 32768): 4, ("rms", 16, 65536): 8, ("rms", 16, 131072): 16, ("rms", 16, 262144): 16,
                ("rms", 32, 65536): 8, ("rms", 32, 131072): 16, ("layer", 32, 32768): 4}
     for (kind, bits, n), cluster in asynced.items():
@@ -594,7 +594,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
               ("rms", 32, 262144): ((1024, 16, 2, 1, 0),) * 2,
               # 16-bit LayerNorm, with its own shapes where a residual is fused
               ("layer", 16, 32768): ((1024, 2, 3, 1, 0), (256, 4, 3, 1, 1)),
-              # v2.18: the H200's picks (32768 unlagged on 3 stages, 16 KiB chunks at 65536,
+              # the H200's picks (32768 unlagged on 3 stages, 16 KiB chunks at 65536,
               # 131072 unlagged; with the residual 32768 lagged on 16 KiB chunks, 262144 on
               # 1024 threads unlagged)
               ("layer", 16, 65536): ((256, 8, 3, 2, 1), (256, 8, 4, 1, 0)),
@@ -619,7 +619,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
         h100 = _staged_table_config(H100_LAGGED_FWD.get((kind, bits), ()), n, bits)
         if h100 is not None and h100 != rcands[0]:  # measured without a residual: not offered with one
             assert h100 not in rcands, (n, bits, h100)
-    # v2.18: the H100's lagged picks (v2.17's defaults) stay tuner candidates
+    # the H100's lagged picks (the earlier defaults) stay tuner candidates
     for n, bits, h100 in ((65536, 16, NormConfig(512, 512, 4, 3, exchange="mbar", stages=2, lag=1)),
                           (32768, 16, NormConfig(512, 512, 2, 3, exchange="mbar", stages=2, lag=1)),
                           (262144, 16, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
@@ -652,14 +652,14 @@ def test_compile_fwd_mbar(kernels, kind, xd, wd, n, bias, res, c):
     _, ptx = _compile(fwd, dts, n, (vx, vw, vw, vx, vx, vx, 4, 4),
                       {"kind": kind, "eps": 1e-5, "has_bias": bias, "has_residual": res}, cfg)
     assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx
-    # one exchange per launch (rms; layer's moments, v2.7), two for a padded layer row
+    # one exchange per launch (rms; layer's moments), two for a padded layer row
     exchanges = 2 if kind == "layer" and n % 2 else 1
     assert len(re.findall(r"mbarrier\.init", ptx)) == exchanges and "mbarrier.try_wait" in ptx
     assert len(re.findall(r"st\.async", ptx)) == (2 if kind == "layer" else 1)
     assert not re.search(r"barrier\.cluster\.arrive(\.release)?;", ptx)  # no full cluster barrier
 
 
-# --------------------------------------------------------------------------- v2.1: mbarrier exchange (backward)
+# --------------------------------------------------------------------------- mbarrier exchange (backward)
 
 
 def test_bwd_mbar_candidates_valid():
@@ -679,7 +679,7 @@ def test_bwd_mbar_candidates_valid():
             for c in cands:
                 assert c.cluster_n > 1
                 c.validate(n, bits, limits, backward=True)
-            d = default_config(n, bits, backward=True)  # v2.5: mbar only with staged rows
+            d = default_config(n, bits, backward=True)  # mbar only with staged rows
             assert d.exchange == "barrier" or d.stages >= 1
 
 
@@ -801,18 +801,18 @@ def test_eager_warm_path_memo_key(monkeypatch):
         assert len(builds) == i + 1, f"case {i}: built {len(builds) - i} times"
 
 
-# --------------------------------------------------------------------------- v2.4: row-staged backward
+# --------------------------------------------------------------------------- row-staged backward
 
 
 def test_staged_validate_and_candidates():
     """NormConfig.stages: one row per CTA, rows of a multiple of 16 bytes, shared memory
     within the SM at ctas_per_sm; every candidate validates for sm_90a; with dsum the
-    stages shrink to what the SM holds. (The forward takes stages too since v2.6.)"""
+    stages shrink to what the SM holds. (The forward takes stages too.)"""
     from cuteforge.arch import limits_for
     from cuteforge.kernels.norm.config import staged_candidates, staged_config, staged_stages
 
     limits = limits_for("sm_90a")
-    NormConfig(512, 512, 1, 1, stages=2).validate(16384, 16)  # v2.6: the staged forward
+    NormConfig(512, 512, 1, 1, stages=2).validate(16384, 16)  # the staged forward
     with pytest.raises(ValueError, match="one row per CTA"):
         NormConfig(256, 128, 1, 1, stages=2).validate(4096, 16, backward=True)
     with pytest.raises(ValueError, match="multiple of 16 bytes"):
@@ -892,10 +892,10 @@ def test_staged_backward_defaults_follow_the_sweep():
     assert default_config(8192, 16, backward=True) == NormConfig(256, 256, 1, 2, stages=2)
     assert default_config(16384, 16, backward=True) == NormConfig(512, 512, 1, 1, stages=3)
     assert default_config(16384, 32, backward=True).stages == 1
-    # v2.5: even long rows take the cluster-staged backward (h200-norm-staged-longrow.json)
+    # even long rows take the cluster-staged backward (h200-norm-staged-longrow.json)
     assert default_config(32768, 16, backward=True) == NormConfig(512, 512, 2, 1, exchange="mbar", stages=3)
     assert default_config(65536, 16, backward=True) == NormConfig(256, 256, 8, 2, exchange="mbar", stages=3)
-    # v2.12: one whole-row stage fits there, so the part ring of 8 parts
+    # one whole-row stage fits there, so the part ring of 8 parts
     assert default_config(262144, 32, backward=True) == NormConfig(512, 512, 16, 1, exchange="mbar", stages=2, parts=8)
     for n, bits in ((4096, 16), (8190, 16), (8192, 32), (16385, 16), (65537, 32), (16383, 16)):
         assert default_config(n, bits, backward=True).stages == 0, (n, bits)
@@ -905,7 +905,7 @@ def test_staged_backward_defaults_follow_the_sweep():
             default_config(n, bits, backward=True).validate(n, bits, limits, backward=True)
 
 
-# --------------------------------------------------------------------------- v2.5: cluster-staged backward
+# --------------------------------------------------------------------------- cluster-staged backward
 
 
 def test_cluster_staged_validate_and_candidates():
@@ -982,7 +982,7 @@ def test_compile_bwd_cluster_staged(kernels, kind, xd, wd, n, bias, dsum, cfg):
     ptxas_no_spill(ptx)
 
 
-# --------------------------------------------------------------------------- v2.6: staged forward (not a default)
+# --------------------------------------------------------------------------- staged forward (not a default)
 
 
 def test_staged_fwd_validate_and_candidates():
@@ -1032,7 +1032,7 @@ def test_staged_fwd_validate_and_candidates():
                 c.validate(n, bits, limits)
                 assert 1 <= staged_stages(c, n, bits, True, backward=False) <= c.stages
                 assert c.smem_bytes(n, False, bits, True) <= limits.smem_per_block
-            # measured (v2.7): from N = 32768 the autotuner also times a staged forward
+            # measured: from N = 32768 the autotuner also times a staged forward
             assert any(c.stages for c in candidate_configs(n, bits)) == (n >= 32768), (n, bits)
     assert longrow_staged_fwd_candidates(65537, 16) == []
 
@@ -1063,23 +1063,23 @@ _FWD_STAGED = [
     ("layer", "bfloat16", "bfloat16", 262144, True, True, NormConfig(1024, 1024, 16, 1, exchange="mbar", stages=3)),
     ("rms", "float32", "float32", 262144, False, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=3)),
     ("layer", "float32", "float32", 262144, True, True, NormConfig(512, 512, 16, 1, exchange="mbar", stages=2)),
-    # an fp32 weight and bias that do not fit beside the stages, held in registers (v2.15)
+    # an fp32 weight and bias that do not fit beside the stages, held in registers
     ("layer", "float32", "float32", 262144, True, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=3)),
     ("layer", "float16", "float16", 8192, True, True, NormConfig(256, 256, 1, 2, stages=2)),
-    # the LayerNorm 16-bit defaults: weight and bias held in registers across rows (v2.13)
+    # the LayerNorm 16-bit defaults: weight and bias held in registers across rows
     ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=4)),
     ("layer", "float16", "float16", 65536, True, True, NormConfig(512, 512, 4, 1, exchange="mbar", stages=4)),
     ("layer", "bfloat16", "bfloat16", 32768, True, False, NormConfig(1024, 1024, 2, 1, exchange="mbar", stages=4)),
-    # v2.17: the lagged LayerNorm defaults, with and without the residual
+    # the lagged LayerNorm defaults, with and without the residual
     ("layer", "bfloat16", "bfloat16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
     ("layer", "float32", "float32", 131072, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
     ("layer", "float16", "float16", 262144, True, True, NormConfig(256, 256, 16, 1, exchange="mbar", stages=3, lag=1)),
     ("layer", "bfloat16", "bfloat16", 65536, True, False, NormConfig(512, 512, 4, 3, exchange="mbar", stages=2, lag=1)),
-    # v2.18: the H200's lagged picks (two CTAs per SM on 16 KiB chunks; four stages)
+    # the H200's lagged picks (two CTAs per SM on 16 KiB chunks; four stages)
     ("layer", "bfloat16", "bfloat16", 65536, True, False, NormConfig(256, 256, 8, 2, exchange="mbar", stages=3, lag=1)),
     ("layer", "float16", "float16", 262144, True, False, NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1)),
     ("layer", "float32", "float32", 131072, True, False, NormConfig(512, 512, 16, 1, exchange="mbar", stages=6, lag=1)),
-    # session 31: short_chains, the 16-bit 262144 default's, and unlagged / fp32 / a residual
+    # short_chains, the 16-bit 262144 default's, and unlagged / fp32 / a residual
     ("layer", "bfloat16", "bfloat16", 262144, True, False,
      NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1, short_chains=True)),
     ("layer", "float16", "float16", 65536, True, True, NormConfig(256, 256, 4, 1, exchange="mbar", stages=2, short_chains=True)),
@@ -1089,7 +1089,7 @@ _FWD_STAGED = [
 
 
 def test_short_chains_config(kernels):
-    """`short_chains` (session 31) is a knob of the staged forward over a cluster, set by the
+    """`short_chains` is a knob of the staged forward over a cluster, set by the
     default only for 16-bit LayerNorm at N = 262144 without a residual (the bar cell, its
     largest gain), with the same config without it among the tuner's candidates. Its
     kernel divides once a CTA where the plain one divides once a row (the loop counts
@@ -1143,7 +1143,7 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
     assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
     assert re.search(r"ld\.shared\.v[24]", ptx)
     if c > 1:
-        # rms: one value per row; layer (v2.7): one exchange of the per-warp (sum, M2) pair
+        # rms: one value per row; layer: one exchange of the per-warp (sum, M2) pair
         assert len(re.findall(r"st\.async", ptx)) == (2 if kind == "layer" else 1)
         assert len(re.findall(r"barrier\.cluster\.arrive", ptx)) == 1
         assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == 1
@@ -1158,7 +1158,7 @@ def test_compile_fwd_staged(kernels, kind, xd, wd, n, bias, res, cfg):
 @pytest.mark.parametrize("xd, res", [("float32", False), ("float32", True), ("bfloat16", False), ("bfloat16", True)])
 def test_held_fp32_weight_never_spills(kernels, xd, res):
     """Every staged forward candidate of LayerNorm at N = 262144 with an fp32 weight and bias
-    (fp32 x, or bf16 x: chunks the weight does not fit beside, v2.15 holds it in registers
+    (fp32 x, or bf16 x: chunks the weight does not fit beside: the default holds it in registers
     within half the budget) assembles with no local memory, residual fused or not."""
     from cuteforge.kernels.norm.config import longrow_staged_fwd_candidates
 
@@ -1183,7 +1183,7 @@ def test_staged_fwd_misaligned_rows_build_the_register_path(kernels):
     assert "cp.async.bulk" not in ptx
 
 
-# --------------------------------------------------------------------------- v2.8: cp_async register forward
+# --------------------------------------------------------------------------- cp_async register forward
 
 # (kind, x dtype, weight dtype, n, bias, residual, config): rms / layer, bf16 / fp32, cluster
 # rows, a one-CTA row with a partial round (N = 4104), levels 2 (weight and bias through
@@ -1236,7 +1236,7 @@ def test_compile_fwd_cp_async(kernels, kind, xd, wd, n, bias, res, cfg):
     assert regs * cfg.threads * max(1, cfg.ctas_per_sm - res) <= 65536, regs  # (one CTA fewer with the residual)
 
 
-# --------------------------------------------------------------------------- v2.12: part-ring backward
+# --------------------------------------------------------------------------- part-ring backward
 
 
 def test_ring_validate_slots_and_candidates():
@@ -1301,7 +1301,7 @@ def test_compile_bwd_ring(kernels, kind, xd, wd, n, bias, dsum, cfg, slots):
 
 
 def test_lagged_holds_16bit_weight_as_loaded(kernels):
-    """v2.19: LayerNorm bf16 at N = 262144 lagged on 2 CTAs per SM (128 registers: no room
+    """LayerNorm bf16 at N = 262144 lagged on 2 CTAs per SM (128 registers: no room
     for fp32 copies of the 64 weight and bias values a thread owns, nor shared memory beside
     the stages) holds them as loaded: their global loads are the prologue's 8 + 8 16-byte
     vectors only, where the weight read per row puts them at both of the lagged loop's

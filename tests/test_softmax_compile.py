@@ -189,7 +189,7 @@ def test_rows_not_on_16_bytes_use_16_byte_vectors(compiler, mode, dt, n, cfg):
 
 def test_realigned_forward_defaults():
     """Long rows that do not start on 16 bytes: the forward holds the row (`mbar`) where
-    h200-softmax-s29a.json measured it ahead of `async`, log_softmax keeps `async` at <= 32
+    the H200 sweep measured it ahead of `async`, log_softmax keeps `async` at <= 32
     elements a thread; aligned rows and the backward are unchanged; the op's key decides
     (spec.config_for)."""
     from cuteforge.kernels.softmax.spec import config_for
@@ -208,7 +208,7 @@ def test_realigned_forward_defaults():
     assert cfg(50257, "log_softmax").path == "mbar"  # 56 a thread
     assert cfg(262144, "softmax", realigned=False).path == "async"
     assert cfg(262143, "softmax", bits=32).path == "mbar"
-    # fp32 rows the register path would split over a cluster (h200-softmax-s29b.json)
+    # fp32 rows the register path would split over a cluster (H200 sweep)
     assert cfg(50257, "softmax", bits=32) == SoftmaxConfig(256, 256, 4, "mbar")
     assert cfg(65537, "log_softmax", bits=32) == SoftmaxConfig(256, 256, 8, "mbar")
     assert cfg(32768, "softmax", bits=32).path == "regs"  # one CTA: unchanged
@@ -231,7 +231,7 @@ def test_forward_register_budget(compiler, mode, dt, n, path, bound):
     """The 16-bit long forward that holds 64 values a thread is built for 3 CTAs per SM
     (chunked.FWD_MIN_CTAS): ptxas gave the realigned same_heads async build at 262143
     96-100 registers without it (2 CTAs per SM; 75.6 against 86.4 % of copy with it,
-    h200-softmax-s29a.json): 80 with it and no spill; the `mbar` builds (the realigned
+    H200 sweep): 80 with it and no spill; the `mbar` builds (the realigned
     defaults) spill a few bytes under it, timed so. log_softmax on `async` (it rereads its
     staged chunk) and shorter shares carry no bound."""
     cfg = replace(default_config(n, 16), path=path)
@@ -643,7 +643,7 @@ def test_bwd_mbar_compile(compiler, mode, dt, n, vec, cfg):
 def _check_bwd_registers(mode, dt, n, vec, cfg, ptx):
     """No spill, except under the two-CTA register budget of fp16 softmax_bwd at > 32
     elements per input (chunked.py): <= 128 registers there and a few bytes of spill
-    accepted (N = 262144: 97.9 % of copy against 75.0 % at 142 registers, softmax.md v2.5)."""
+    accepted (N = 262144: 97.9 % of copy against 75.0 % at 142 registers, docs/kernels/softmax.md)."""
     from cuteforge.kernels.row_split import split
 
     bv, nv, _, _ = split(n, vec, 32 if dt == "f32" else 16, cfg.threads_per_row)  # realigned rows: bv > vec
@@ -671,7 +671,7 @@ def test_bwd_mbar_tx_bytes(compiler):
 @pytest.mark.parametrize("bits", [16, 32])
 def test_bwd_mbar_defaults_for_every_n(bits):
     """Backward rows of N >= 32768 default to `mbar` (16-bit: h200-softmax-bwd-mbar.json;
-    fp32: h200-softmax-bwd-s28.json and probes/softmax_s28e.py), shorter rows keep `regs`;
+    fp32: H200 backward sweep), shorter rows keep `regs`;
     every default validates for sm_90a at any M, and the measured winners are reproduced."""
     from cuteforge.arch import limits_for
     from cuteforge.kernels.softmax.config import V2_BWD_MIN_N

@@ -231,7 +231,7 @@ def test_reduced_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [33, 1001, 50257])
 def test_rows_not_on_16_bytes(dtype: torch.dtype, n: int) -> None:
-    """v3.3: rows that do not start on 16 bytes (odd N, and a view shifted by one element)
+    """rows that do not start on 16 bytes (odd N, and a view shifted by one element)
     read from their first 16-byte boundary in vectors, the head and tail as scalars:
     the per-row loss and lse, the reduced mean, and the gradient against torch."""
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -284,7 +284,7 @@ def test_tiny_rows_of_a_padded_view(dtype: torch.dtype, n: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reduced_two_levels_long_rows(dtype: torch.dtype) -> None:
     """Long rows: 10000 CTAs in two groups (8192 and 1808), so both levels run; mean and
-    sum, forward and backward. bf16 too: since v3.1 16-bit rows past 16384 in problems
+    sum, forward and backward. bf16 too: 16-bit rows past 16384 in problems
     past 128 MiB take the reduced kernel as well (before, the per-row kernel + torch)."""
     x, t = _inputs(10000, 32768, dtype)
     for reduction in ("mean", "sum"):

@@ -160,7 +160,7 @@ def test_every_candidate_config() -> None:
 def test_pingpong_batched_fused(tm: int, tn: int, bufs: int) -> None:
     """Pingpong warpgroups (alternate tiles, own epilogue buffers) on ragged batched
     shapes with a fused epilogue; small N-tiles make each CTA run several tiles. 128x192
-    holds 192 accumulators a thread (v4.7), with 2 staging buffers (5 stages) or 1."""
+    holds 192 accumulators a thread, with 2 staging buffers (5 stages) or 1."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig
 
     cfg = GemmConfig(tile_m=tm, tile_n=tn, pingpong=True, epi_bufs=bufs)
@@ -369,7 +369,7 @@ def test_fp8_mixed_formats_scales_and_epilogues() -> None:
 
 def test_fp8_full_operand_default() -> None:
     """fp8 with a residual (and c) on the 128x256 default, which stores 32-wide subtiles
-    with a full operand (session 33): ragged M, N and K, a residual alone, bias + gelu +
+    with a full operand: ragged M, N and K, a residual alone, bias + gelu +
     residual and alpha / beta with c, against the dequantized product; the op compiles
     exactly the heuristic's config."""
     from cuteforge.kernels.gemm.sm90.config import default_config
@@ -424,7 +424,7 @@ def test_four_cta_clusters(cm: int, cn: int) -> None:
 
 
 def test_stream_k_ends() -> None:
-    """`stream_k_ends` (session 34; first run on an H200 in session 35): shapes whose last wave is
+    """`stream_k_ends`: shapes whose last wave is
     more than half full, which the plan cuts into owners' first k-blocks and idle clusters'
     ends; plain, bf16 -> fp32 and fused bias + gelu, ragged edges, each launched twice
     (the owners clear the flags for the next launch)."""
@@ -459,7 +459,7 @@ def test_stream_k_ends() -> None:
 
 
 def test_stream_k_ends_batched() -> None:
-    """`stream_k_ends` on batched problems (session 35; first run on the H200 in session 36): tiles are
+    """`stream_k_ends` on batched problems : tiles are
     numbered across the batch, so the last wave's cut tiles span several batches (8 x
     1000x2000: 32 clusters a batch, the 58 cut ones in batches 6 and 7) or sit in the last
     one; plain and bias + gelu, ragged, a broadcast B, twice each."""
@@ -488,7 +488,7 @@ def test_stream_k_ends_batched() -> None:
 
 
 def test_batched_default_cuts_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The op's own default on batched problems (session 36): a last wave over the whole
+    """The op's own default on batched problems: a last wave over the whole
     batch more than half full with long ends is cut into ends, also where one batch alone
     is under a wave (2 x 1100x2500x8000: 50 clusters a batch, 100 in all); plain and
     bias + gelu, ragged, twice each, through the op with no `config=`."""
@@ -660,7 +660,7 @@ def test_fp8_rowwise_batched_and_compiled() -> None:
 
 
 def test_fp8_warm_path_reads_each_calls_scales() -> None:
-    """The eager warm path (session 31) on the GPU: repeats with new scale values of the
+    """The eager warm path on the GPU: repeats with new scale values of the
     same layout, or other numbers, hit stored entries and still give each call's own
     product; a number's one-element tensor belongs to its entry, so two numbers
     alternating never see each other's value."""
@@ -732,9 +732,9 @@ def test_fused_default_subtiles(act: str, mnk: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize("act", ["gelu", "silu"])
 def test_fused_default_many_waves(act: str) -> None:
-    """gelu / silu on >= 4 waves of tiles with K <= 4096 (pingpong 128x128 until v4.4) take
+    """gelu / silu on >= 4 waves of tiles with K <= 4096 (pingpong 128x128 earlier) take
     the cooperative default with overlapped stores, on 32-wide subtiles with a full operand
-    (session 33): ragged M, N and K, with a column bias and a residual; a residual alone;
+    ragged M, N and K, with a column bias and a residual; a residual alone;
     alpha and beta with an fp32 c."""
     from cuteforge.kernels.gemm.sm90.config import default_config
     from cuteforge.kernels.gemm.spec import gemm_kernel
@@ -764,7 +764,7 @@ def test_fused_default_many_waves(act: str) -> None:
 
 @pytest.mark.parametrize("act", ["none", "gelu"])
 def test_short_k_default_many_tiles(act: str) -> None:
-    """Short K on many tiles takes pingpong 128x192 with a 5-stage ring (v4.7): ragged M,
+    """Short K on many tiles takes pingpong 128x192 with a 5-stage ring: ragged M,
     N and K (the last k-block partial), each CTA running many tiles on both warpgroups;
     plain, and bias + gelu + residual into fp32."""
     from cuteforge.arch import limits_for
@@ -831,7 +831,7 @@ def test_stream_k_matches_torch(mnk: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize("mnk", [(16, 4096, 14336), (7, 1000, 9001), (32, 2048, 8192), (1, 4096, 8192)])
 def test_decode_default_split_k(mnk: tuple[int, int, int]) -> None:
-    """The heuristic for M <= 32 and K >= 8192 (single 64x64 CTAs with stream-K, v4.3),
+    """The heuristic for M <= 32 and K >= 8192 (single 64x64 CTAs with stream-K),
     through ops.gemm as a user calls it: plain, bf16 / fp32 out, fused bias + gelu +
     residual, batched; repeated calls bitwise equal."""
     from cuteforge.kernels.gemm.sm90.config import default_config

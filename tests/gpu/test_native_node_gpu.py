@@ -175,7 +175,7 @@ def test_frozen_weight_backward_has_no_partials(n: int, dtype: torch.dtype, case
     the weight no gradient, and dx (and the residual's gradient) bitwise as the kernel
     that writes partials, which the same call with a trainable weight runs, where both
     take the same config (else within a last-bit rounding: the frozen kernel's row-grid
-    shape, v2.24, sums a row in another order)."""
+    shape sums a row in another order)."""
     from cuteforge.kernels.norm.config import default_bwd_config
     from cuteforge.ops import norm as norm_ops
 

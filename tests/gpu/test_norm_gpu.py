@@ -104,7 +104,7 @@ def test_forward(kind, dtype, n):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1280, 2056, 2560, 4608, 5120, 7000])
 def test_layer_forward_between_powers_of_two(dtype, n):
-    """norm v2.27: LayerNorm's 16-bit forward at 1025..8191 on the power of two threads a
+    """LayerNorm's 16-bit forward at 1025..8191 on the power of two threads a
     row nearest N / 32 (32 at 1280, 64 at 2560, 128 at 4608 / 5120), with and without the residual,
     from one row to many, against torch."""
     for m, res in ((1, False), (7, True), (3001, False), (3001, True)):
@@ -435,7 +435,7 @@ def test_v2_forward_strided_view():
 @pytest.mark.parametrize("dtype, offset", [(torch.float32, 1000.0), (torch.bfloat16, 64.0), (torch.float16, 256.0)])
 def test_layer_moments_exchange_far_mean(dtype, offset):
     """LayerNorm over a cluster takes its mean and variance from one exchange of per-warp
-    moments (Chan's merge, v2.7): with the mean far from 0 (|mean| / std = offset) the
+    moments (Chan's merge): with the mean far from 0 (|mean| / std = offset) the
     variance must still match the fp64 two-pass one, through the register forward (a
     padded N keeps the two-exchange form) and the staged forward; y too, in fp32, bf16
     and fp16."""
@@ -447,7 +447,7 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
             NormConfig(256, 256, 16, 2, exchange="mbar", stages=3), NormConfig(512, 512, 16, 1, exchange="mbar", stages=2),
             NormConfig(512, 512, 4, 1, exchange="mbar", stages=6, lag=1),
             NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1),
-            # session 31: merged moments (one lane per pair, and four pairs a lane), the
+            # merged moments (one lane per pair, and four pairs a lane), the
             # FFMA-folded normalisation for 16-bit x, rows counted
             NormConfig(256, 256, 4, 1, exchange="mbar", stages=2, short_chains=True),
             NormConfig(256, 256, 16, 1, exchange="mbar", stages=4, lag=1, short_chains=True)]
@@ -477,7 +477,7 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
     assert shorts == (2 if bits == 32 else 3), shorts
 
 
-# --------------------------------------------------------------------------- v2.1 backward: mbarrier exchange
+# --------------------------------------------------------------------------- backward: mbarrier exchange
 # NormConfig.exchange = "mbar" in the persistent backward (kernels/norm/bwd.py, two
 # mbarriers alternating over a CTA's rows: common.make_allreduce_mbar_rows). Not a
 # default yet, so every backward long-row candidate (config.longrow_bwd_candidates) runs
@@ -607,7 +607,7 @@ def test_v2_bwd_strided_view():
             _close(dw, ref_dw, torch.bfloat16, f"{kind} view dweight")
 
 
-# --------------------------------------------------------------------------- v2.4 staged backward
+# --------------------------------------------------------------------------- staged backward
 # NormConfig.stages > 0 (kernels/norm/bwd.py make_norm_bwd_staged): rows of x / dy (/ dsum)
 # brought into shared memory by cp.async.bulk on per-stage mbarriers. Every staged
 # candidate (config.staged_candidates) at N = 4096, 8192, 16384 against an fp64 reference
@@ -732,7 +732,7 @@ def test_staged_bwd_strided_views():
     _bwd_strided_views(staged_config(8192, 16), 8192)
 
 
-# --------------------------------------------------------------------------- v2.5 cluster-staged backward
+# --------------------------------------------------------------------------- cluster-staged backward
 # NormConfig.stages > 0 with cluster_n > 1 (exchange "mbar"): each CTA of the cluster stages
 # its contiguous N / cluster_n chunk of x / dy (/ dsum) by bulk copies and the row sums meet
 # through the mbarrier exchange. Every config.longrow_staged_candidates config at
@@ -781,7 +781,7 @@ def test_cluster_staged_bwd_many_rows_fp32_weight_and_views():
     _bwd_strided_views(cfg, n)
 
 
-# --------------------------------------------------------------------------- v2.12 part-ring backward
+# --------------------------------------------------------------------------- part-ring backward
 # NormConfig.parts >= 2 (kernels/norm/ring.py): the staged chunks travel as parts through a
 # ring of part slots, each refilled once every warp has read its part for dx. Every ring
 # candidate (config.longrow_staged_candidates: fp32 N = 262144) against the fp64 reference
@@ -827,7 +827,7 @@ def test_ring_bwd_many_rows_and_views():
     _bwd_strided_views(two, 32768)
 
 
-# --------------------------------------------------------------------------- v2.6 staged forward (prepared)
+# --------------------------------------------------------------------------- staged forward (prepared)
 # NormConfig.stages > 0 on the forward (kernels/norm/fwd.py make_norm_fwd_staged; never a
 # default): each CTA stages its N / cluster_n chunk of x (and the residual) by bulk copies,
 # S rows ahead over a persistent grid, the statistics come from shared memory, the row
@@ -937,7 +937,7 @@ def test_staged_fwd_fp32_weight_and_one_cta_rows():
                     _check_fwd(kind, x, w, b, r, 1e-5, got, torch.bfloat16, f"{kind} {n} {wd} {cfg}")
 
 
-# v2.17: the lagged staged forward (NormConfig.lag = 1: LayerNorm over a cluster posts row
+# the lagged staged forward (NormConfig.lag = 1: LayerNorm over a cluster posts row
 # j's moments, then finishes row j - 1 from its stage). Select with `-k lagged`.
 
 def _lagged_cases():
@@ -995,7 +995,7 @@ def test_lagged_fwd_many_rows_per_group():
             (262144, 256, 3, 1, 32, 131, False), (262144, 256, 4, 1, 32, 131, False), (262144, 256, 4, 1, 32, 131, True),
             (65536, 512, 2, 3, 32, 1311, False), (65536, 512, 6, 1, 32, 1311, False), (65536, 256, 3, 2, 16, 1311, False),
             (65536, 256, 3, 2, 16, 1311, True),
-            # v2.19: weight and bias held as loaded (2 CTAs per SM)
+            # weight and bias held as loaded (2 CTAs per SM)
             (262144, 256, 3, 2, 32, 131, False), (131072, 256, 3, 2, 32, 263, False)):
         cfg = replace(staged_fwd_config(n, 16, threads, stages, kib * 1024), lag=1, ctas_per_sm=occ, short_chains=short)
         x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=True, seed=m)
@@ -1061,7 +1061,7 @@ def test_staged_fwd_strided_views():
                     _check_fwd(kind, x, w, None, rr, 1e-5, got, torch.bfloat16, f"{kind} view {cfg}")
 
 
-# --------------------------------------------------------------------------- v2.8 cp_async forward
+# --------------------------------------------------------------------------- cp_async forward
 # NormConfig.cp_async: the register forward with x (and the residual), weight and bias
 # brought into shared memory by 16-byte cp.async at kernel start. Every
 # config.async_fwd_candidates config at N = 32768, 65536, 262144 against the fp64 reference
@@ -1115,7 +1115,7 @@ def test_cp_async_fwd_partial_rounds_views_and_fp32_weight():
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_bwd_early_weight_matches_per_row_weight(kind, dtype):
-    """early_weight in the register backward (v2.22: the weight loaded once and held
+    """early_weight in the register backward (the weight loaded once and held
     across the rows) gives the bits of the default, which reads it every row: dx, dweight
     and dbias, with and without partials (frozen weight), over row counts from one row to
     many rows per CTA group, ragged N (the padded tail) and the prefetching default."""
@@ -1153,7 +1153,7 @@ def test_bwd_early_weight_matches_per_row_weight(kind, dtype):
                                       (torch.float16, 2048), (torch.bfloat16, 3000), (torch.bfloat16, 8192),
                                       (torch.float32, 8192), (torch.bfloat16, 262144), (torch.float16, 262144)])
 def test_frozen_default_backward_matches_torch(kind, dtype, n):
-    """The frozen-weight defaults (v2.24: one CTA per row block on the row grid; v2.25: the
+    """The frozen-weight defaults (one CTA per row block on the row grid; the
     part ring at 16-bit N = 262144, 2-CTA staged clusters at fp32 8192) through autograd,
     weight and bias frozen, from one row to 40000 rows (more CTAs than fit the GPU at once:
     the block scheduler runs them in waves; 300 rows at N = 262144: more than the clusters'
@@ -1192,10 +1192,10 @@ def _frozen_dx_case(kind, m, n, dtype, cfg):
                                       (torch.bfloat16, 4608), (torch.bfloat16, 5640), (torch.float16, 6144),
                                       (torch.bfloat16, 7168)])
 def test_row_staged_backward_below_8192(kind, dtype, n):
-    """norm v2.26: fp32 rows of 4097..8191 take the row-staged backward (256 threads, 3
+    """fp32 rows of 4097..8191 take the row-staged backward (256 threads, 3
     stages) with partials (training: dx, dweight, dbias and the residual's gradient against
     fp64) and without (frozen weight: dx against torch); 16-bit rows of 5633..8191 with
-    partials and 4097..8191 without (256 threads, 2 stages; v2.27: 3 stages on 2 CTAs per
+    partials and 4097..8191 without (256 threads, 2 stages; 3 stages on 2 CTAs per
     SM with partials at 4097..5632). From one row to more rows than the persistent CTAs
     hold stages."""
     from cuteforge.kernels.norm.config import default_bwd_config
@@ -1216,7 +1216,7 @@ def test_row_staged_backward_below_8192(kind, dtype, n):
                                       (torch.bfloat16, 3072), (torch.bfloat16, 3584), (torch.float32, 2304),
                                       (torch.float32, 2560), (torch.bfloat16, 2050), (torch.float16, 2815)])
 def test_backward_defaults_between_2048_and_4096(kind, dtype, n):
-    """norm v2.27: 16-bit rows of 2049..3584 with partials on the row-staged backward (128
+    """16-bit rows of 2049..3584 with partials on the row-staged backward (128
     threads, 4 CTAs per SM), LayerNorm's register backward at 2049..3071 (fp32, and 16-bit
     rows that are not 16-byte aligned) and both norms' at 1025..1408 on 2 CTAs per SM with
     prefetch, 16-bit 768 with prefetch: training gradients against fp64, one row to more

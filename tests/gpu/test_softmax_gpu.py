@@ -657,7 +657,7 @@ def test_bwd_mbar_strided_views(_warm_bwd_mbar, threads: int, cluster_n: int) ->
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", _BWD_DEFAULT_NS)
 def test_bwd_mbar_defaults_through_op(_warm_bwd_mbar, n: int, dtype: torch.dtype) -> None:
-    """Rows of N >= 32768 take the mbar backward by default (fp32 since v2.7, on 512-thread
+    """Rows of N >= 32768 take the mbar backward by default (fp32, on 512-thread
     CTAs past 204800): the op's result (the warm path, few rows: a larger cluster) against
     torch's backward."""
     from cuteforge.kernels.softmax.config import default_config
