@@ -52,8 +52,10 @@ from ..kernels.cross_entropy.spec import (
 )
 from ..kernels.reduce.row import RowReduceConfig
 from ..native import backward as native
+from ..native import launch as native_launch
 from ..signature import FLOAT_DTYPES
 from ..workspace import stream_workspace
+from .registered import define
 
 __all__ = ["cross_entropy", "CHECK_TARGETS"]
 
@@ -248,26 +250,64 @@ def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: t
 # --- torch.library registration (torch.compile) and the eager autograd path --------------
 
 
-@torch.library.custom_op("cuteforge::cross_entropy_fwd", mutates_args=())
-def _fwd_op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd_impl(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _fwd(logits, target, ignore_index)
 
 
-@_fwd_op.register_fake
-def _(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd_fake(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     torch._check(logits.dim() == 2, lambda: f"{_WHERE}: logits must be 2-D")
     m = logits.shape[0]
     return logits.new_empty(m, dtype=torch.float32), logits.new_empty(m, dtype=torch.float32)
 
 
-@torch.library.custom_op("cuteforge::cross_entropy_bwd", mutates_args=())
-def _bwd_op(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
+def _bwd_impl(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+              ignore_index: int) -> torch.Tensor:
     return _bwd(logits, target, lse, dloss, ignore_index)
 
 
-@_bwd_op.register_fake
-def _(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
+def _bwd_fake(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+              ignore_index: int) -> torch.Tensor:
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _in_place(logits: torch.Tensor, *vectors: torch.Tensor) -> bool:
+    """Operands a launch plan reads as they are: (M, N) logits with unit last stride,
+    unit-stride (M,) vectors, M > 0 (else the Python path copies or skips)."""
+    return (logits.dim() == 2 and logits.stride(1) == 1 and logits.shape[0] > 0
+            and all(v.dim() == 1 and v.stride(0) == 1 for v in vectors))
+
+
+def _fwd_op_plan(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Any:
+    """The registered forward's launch plan: (loss, lse) fp32 per row."""
+    if not _in_place(logits, target):
+        return None
+    try:
+        fn = _FWD[_key(logits, target, ignore_index)]
+    except KeyError:
+        fn = _fwd_launcher(logits, target, ignore_index)
+    m = logits.shape[0]
+    IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+    return native_launch.runner("cuteforge::cross_entropy_fwd", fn, logits.device, 2, [((m,), torch.float32)] * 2,
+                                [native.arg(IN, 0, logits), native.contiguous_arg(IN, 1, (m,)),
+                                 native.contiguous_arg(OUT, 0, (m,)), native.contiguous_arg(OUT, 1, (m,))], [0, 1])
+
+
+def _bwd_op_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+                 ignore_index: int) -> Any:
+    """The registered backward's launch plan: dlogits (M, N) contiguous."""
+    if not _in_place(logits, target, lse, dloss) or dloss.dtype != torch.float32:
+        return None
+    m, n = logits.shape
+    dlogits = torch.empty((m, n), dtype=logits.dtype, device=logits.device)
+    fn = _bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
+    IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+    return native_launch.runner("cuteforge::cross_entropy_bwd", fn, logits.device, 4, [((m, n), logits.dtype)],
+                                [native.arg(IN, 0, logits), native.contiguous_arg(IN, 1, (m,)),
+                                 native.contiguous_arg(IN, 2, (m,)), native.contiguous_arg(IN, 3, (m,)),
+                                 native.contiguous_arg(OUT, 0, (m, n))], [0])
+
+
+_bwd_op = define("cuteforge::cross_entropy_bwd", _bwd_impl, fake=_bwd_fake, plan=_bwd_op_plan)
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -284,7 +324,8 @@ def _backward(ctx: Any, g_loss: torch.Tensor, g_lse: Any) -> tuple[Any, None, No
     return _bwd_op(logits, target, lse, g_loss.float().contiguous(), ctx.ignore_index), None, None
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup)
+_fwd_op = define("cuteforge::cross_entropy_fwd", _fwd_impl, fake=_fwd_fake, plan=_fwd_op_plan, backward=_backward,
+                 setup_context=_setup)
 
 
 class _Eager(torch.autograd.Function):

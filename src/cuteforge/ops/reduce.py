@@ -28,6 +28,7 @@ from ..arch import target_arch
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 from ..native import launch as native_launch
 from ..native.backward import contiguous_arg
+from .registered import define
 
 _MAX_PLANS = 4096
 
@@ -251,20 +252,18 @@ def _out_shape(x: torch.Tensor, dim: int, keepdim: bool) -> list[int]:
 
 
 def _register(op: str) -> Any:
-    @torch.library.custom_op(f"cuteforge::{op}", mutates_args=())
-    def custom(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    def impl(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
         return _run(op, x, dim, keepdim)
 
-    @custom.register_fake
-    def _(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    def fake(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
         torch._check(x.dim() >= 1, lambda: f"cuteforge.ops.{op}: x must have at least one dim")
         torch._check(-x.dim() <= dim < x.dim(), lambda: f"cuteforge.ops.{op}: dim={dim} out of range")
         return x.new_empty(_out_shape(x, dim, keepdim), dtype=out_dtype(op, x.dtype))
 
-    return custom
-
-
-_CUSTOM = {op: _register(op) for op in OPS}
+    # the plan is the eager one (a launch plan where x is read in place)
+    setup, backward = _setup_context(op) if op != "argmax" else (None, None)
+    return define(f"cuteforge::{op}", impl, fake=fake, plan=lambda x, dim, keepdim: _plan(op, x, dim, keepdim),
+                  backward=backward, setup_context=setup)
 
 
 def _grad_in(op: str, x: torch.Tensor, out: torch.Tensor, g: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
@@ -293,9 +292,8 @@ def _setup_context(op: str) -> Any:
     return setup, backward
 
 
-for _op in ("sum", "mean", "amax", "amin"):
-    _setup, _bwd = _setup_context(_op)
-    _CUSTOM[_op].register_autograd(_bwd, setup_context=_setup)
+
+_CUSTOM = {op: _register(op) for op in OPS}
 
 
 def _entry(op: str) -> Callable[..., torch.Tensor]:

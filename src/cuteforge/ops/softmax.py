@@ -32,6 +32,7 @@ from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, dtype_name
 from .layout import as_rows, rows_view
+from .registered import define
 
 __all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
 
@@ -207,25 +208,35 @@ def _bwd(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor
 # --- torch.library registration: what torch.compile, autograd and CUDA graphs see ----
 
 
+def _bwd_op_plan(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> Any:
+    """The registered backward's launch plan: grad and y read in place as (M, N) rows,
+    dx allocated in y's shape; None where either needs a copy (the call stays on Python)."""
+    shape, _ = _plan_bwd(f"{mode}_bwd", dy, y, dim)  # checks, compiles (memoized)
+    dy2, y2 = rows_view(dy), rows_view(y)
+    if dy2 is None or y2 is None or 0 in y2.shape:
+        return None
+    m, n = y2.shape
+    IN = native_launch.INPUT
+    fn = _bwd_kernel(f"{mode}_bwd", dy2, y2, f"cuteforge.ops.{mode}_backward")
+    return native_launch.runner(f"cuteforge::{mode}_backward", fn, y.device, 2, [(shape, y.dtype)],
+                                [arg(IN, 0, dy2), arg(IN, 1, y2), contiguous_arg(native_launch.OUTPUT, 0, (m, n))], [0])
+
+
 def _register(mode: str) -> tuple[Any, Any]:
     bwd_mode = f"{mode}_bwd"
 
-    @torch.library.custom_op(f"cuteforge::{mode}_backward", mutates_args=())
-    def backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    def backward_impl(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return _bwd(bwd_mode, grad, y, dim)
 
-    @backward_op.register_fake
-    def _(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    def backward_fake(grad: torch.Tensor, y: torch.Tensor, dim: int = -1) -> torch.Tensor:
         torch._check(grad.shape == y.shape, lambda: f"cuteforge.ops.{mode}_backward: grad and y shapes differ")
         return y.new_empty(y.shape)
 
-    @torch.library.custom_op(f"cuteforge::{mode}", mutates_args=())
-    def forward_op(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        return _fwd(mode, x, dim)
+    backward_op = define(f"cuteforge::{mode}_backward", backward_impl, fake=backward_fake,
+                         plan=lambda grad, y, dim: _bwd_op_plan(mode, grad, y, dim))
 
-    @forward_op.register_fake
-    def _(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        return x.new_empty(x.shape)
+    def forward_impl(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return _fwd(mode, x, dim)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         ctx.save_for_backward(output)
@@ -235,7 +246,9 @@ def _register(mode: str) -> tuple[Any, Any]:
         (y,) = ctx.saved_tensors
         return backward_op(grad, y, ctx.dim), None
 
-    forward_op.register_autograd(backward, setup_context=setup_context)
+    # the forward's plan is the eager one: x read in place, y in x's shape
+    forward_op = define(f"cuteforge::{mode}", forward_impl, fake=lambda x, dim=-1: x.new_empty(x.shape),
+                        plan=lambda x, dim: _plan_fwd(mode, x, dim), backward=backward, setup_context=setup_context)
     return forward_op, backward_op
 
 

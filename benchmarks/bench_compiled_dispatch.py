@@ -1,0 +1,134 @@
+"""Host time of a warm call of each registered op as a compiled graph makes it, against
+the same op's warm eager call and the torch op it replaces.
+
+Inductor's generated code calls an op as ``torch.ops.cuteforge.<op>.default(...)``; that
+call is timed here directly (the "registered" column), next to the eager call
+(``cuteforge.ops.<op>``, one C call) and torch's op, on the same small warm inputs
+(host-bound), interleaved (`timing.host_us_interleaved`: the GPU synchronized between
+loops, so the host is measured). The backward ops are timed the same way; their eager
+counterpart runs inside the C++ autograd node and has no call of its own to time. A
+profiler pass over a compiled training step adds each op's CPU time per call there.
+
+    python benchmarks/bench_compiled_dispatch.py [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import cuteforge.ops as ops
+from cuteforge import timing
+from cuteforge.report import results_header, write_results
+
+OUT = Path(__file__).with_name("results")
+
+
+def _forward_rows(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> dict[str, dict[str, Any]]:
+    cf = torch.ops.cuteforge
+    r = torch.randn_like(x)
+    rows = {
+        "rms_norm": {"eager": lambda: ops.rms_norm(x, w, 1e-6), "registered": lambda: cf.rms_norm.default(x, w, None, 1e-6),
+                     "torch": lambda: F.rms_norm(x, (x.shape[-1],), w, 1e-6)},
+        "rms_norm residual": {"eager": lambda: ops.rms_norm(x, w, 1e-6, residual=r),
+                              "registered": lambda: cf.rms_norm.default(x, w, r, 1e-6),
+                              "torch": lambda: F.rms_norm(x + r, (x.shape[-1],), w, 1e-6)},
+        "layer_norm": {"eager": lambda: ops.layer_norm(x, w, w, 1e-5),
+                       "registered": lambda: cf.layer_norm.default(x, w, w, None, 1e-5),
+                       "torch": lambda: F.layer_norm(x, (x.shape[-1],), w, w, 1e-5)},
+        "softmax": {"eager": lambda: ops.softmax(x), "registered": lambda: cf.softmax.default(x, -1),
+                    "torch": lambda: torch.softmax(x, -1)},
+        "log_softmax": {"eager": lambda: ops.log_softmax(x), "registered": lambda: cf.log_softmax.default(x, -1),
+                        "torch": lambda: torch.log_softmax(x, -1)},
+        "sum": {"eager": lambda: ops.sum(x), "registered": lambda: cf.sum.default(x, -1, False),
+                "torch": lambda: torch.sum(x, -1)},
+        "amax": {"eager": lambda: ops.amax(x), "registered": lambda: cf.amax.default(x, -1, False),
+                 "torch": lambda: torch.amax(x, -1)},
+        "cross_entropy none": {"eager": lambda: ops.cross_entropy(x, t, reduction="none"),
+                               "registered": lambda: cf.cross_entropy_fwd.default(x, t, -100),
+                               "torch": lambda: F.cross_entropy(x, t, reduction="none")},
+    }
+    return rows
+
+
+def _backward_rows(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> dict[str, dict[str, Any]]:
+    cf = torch.ops.cuteforge
+    dy = torch.randn_like(x)
+    _, _, rstd = cf.rms_norm.default(x, w, None, 1e-6)
+    _, _, mean, rstd_l = cf.layer_norm.default(x, w, w, None, 1e-5)
+    y = cf.softmax.default(x, -1)
+    _, lse = cf.cross_entropy_fwd.default(x, t, -100)
+    dloss = torch.rand(x.shape[0], device=x.device)
+    return {
+        "rms_norm_backward": {"registered": lambda: cf.rms_norm_backward.default(dy, x, w, rstd, None)},
+        "layer_norm_backward": {"registered": lambda: cf.layer_norm_backward.default(dy, x, w, mean, rstd_l, None, True)},
+        "softmax_backward": {"registered": lambda: cf.softmax_backward.default(dy, y, -1),
+                             "torch": lambda: torch.ops.aten._softmax_backward_data.default(dy, y, -1, x.dtype)},
+        "cross_entropy_bwd": {"registered": lambda: cf.cross_entropy_bwd.default(x, t, lse, dloss, -100)},
+    }
+
+
+def _profile_compiled_step(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> dict[str, float]:
+    """CPU time per call (profiler, total including children) of each cuteforge op in a
+    compiled training step: norm, a matmul, cross-entropy, forward and backward."""
+    xg = x.detach().clone().requires_grad_()
+    wg = w.detach().clone().requires_grad_()
+    head = torch.randn(x.shape[-1], x.shape[-1], device=x.device, dtype=x.dtype, requires_grad=True)
+
+    def step(x: torch.Tensor, w: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        return ops.cross_entropy(ops.rms_norm(x, w, 1e-6) @ head, t)
+
+    compiled = torch.compile(step, fullgraph=True)
+    for _ in range(5):
+        compiled(xg, wg, head).backward()
+    torch.cuda.synchronize()
+    steps = 50
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            compiled(xg, wg, head).backward()
+        torch.cuda.synchronize()
+    per_op: dict[str, list[float]] = defaultdict(list)
+    for e in prof.key_averages():
+        if e.key.startswith("cuteforge::"):
+            per_op[e.key].append(e.cpu_time_total / max(e.count, 1))
+    return {k: round(sum(v) / len(v), 2) for k, v in sorted(per_op.items())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, 1024, (4,), device="cuda")
+    forward: dict[str, dict[str, float]] = {}
+    for name, fns in _forward_rows(x, w, t).items():
+        for f in fns.values():
+            for _ in range(3):
+                f()  # compile or load, register, make the plans
+        us = timing.host_us_interleaved(fns)
+        forward[name] = {k: round(v, 2) for k, v in us.items()}
+        forward[name]["registered_over_eager"] = round(us["registered"] / us["eager"], 3)
+        print(name, forward[name], flush=True)
+    backward: dict[str, dict[str, float]] = {}
+    for name, fns in _backward_rows(x, w, t).items():
+        for f in fns.values():
+            for _ in range(3):
+                f()
+        backward[name] = {k: round(v, 2) for k, v in timing.host_us_interleaved(fns).items()}
+        print(name, backward[name], flush=True)
+    profiled = _profile_compiled_step(x, w, t)
+    print("profiler, compiled step:", profiled, flush=True)
+    result = {**results_header(), "shape": "bf16 (4, 1024)", "host_us_forward": forward, "host_us_backward": backward,
+              "profiler_cpu_us_per_call_compiled_step": profiled}
+    gpu = torch.cuda.get_device_name().split()[-1].lower()
+    write_results(args.out or OUT / f"{gpu}-compiled-dispatch.json", result)
+
+
+if __name__ == "__main__":
+    main()
