@@ -90,7 +90,13 @@ def log_topics() -> set[str]:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("CUTEFORGE_CACHE_DIR") or Path.home() / ".cache" / "cuteforge")
+    """CUTEFORGE_CACHE_DIR, else the user cache directory (platformdirs: on Linux
+    $XDG_CACHE_HOME/cuteforge, by default ~/.cache/cuteforge)."""
+    if os.environ.get("CUTEFORGE_CACHE_DIR"):
+        return Path(os.environ["CUTEFORGE_CACHE_DIR"])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cuteforge", appauthor=False))
 
 
 def disk_enabled() -> bool:

@@ -155,9 +155,17 @@ def table_rows(results: Sequence[Results], family: str) -> list[dict[str, Any]]:
     return out
 
 
-def _plot_png(results: Sequence[Results], family: str) -> bytes:
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+def _figure_class() -> Any:
+    """matplotlib's Figure (an Agg canvas, no pyplot global state), or a clear error."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise RuntimeError("plots and the HTML report need matplotlib: pip install 'cuteforge[plot]'") from None
+    return Figure
 
+
+def _plot_png(results: Sequence[Results], family: str) -> bytes:
+    Figure = _figure_class()
     fig = Figure(figsize=(9, 5.2), dpi=100)
     title = _draw_family(fig.add_subplot(), results, family)
     fig.suptitle(title, fontsize=12)
@@ -168,8 +176,7 @@ def _plot_png(results: Sequence[Results], family: str) -> bytes:
 
 def plot_grid(results: Sequence[Results], out_png: Path, columns: int = 2) -> Path:
     """Every family of `results` in one PNG, one panel each (what a report page shows)."""
-    from matplotlib.figure import Figure
-
+    Figure = _figure_class()
     fams = family_names(results)
     if not fams:
         raise ValueError("no families to plot in the results")

@@ -149,8 +149,8 @@ def _svg_to_png(svg: str, path: Path) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.patches import Rectangle
-    except ImportError as e:  # pragma: no cover - matplotlib is a dependency
-        raise ImportError("PNG output needs matplotlib: pip install matplotlib") from e
+    except ImportError:
+        raise RuntimeError("PNG output needs matplotlib: pip install 'cuteforge[plot]' (or write .svg)") from None
     root = ET.fromstring(svg)
     width, height = float(root.get("width", 100)), float(root.get("height", 100))
     scale = min(2.0, 8192 / max(width, height))  # 2x for crispness, capped at 8192 px
