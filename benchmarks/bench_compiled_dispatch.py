@@ -15,6 +15,7 @@ profiler pass over a compiled training step adds each op's CPU time per call the
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,10 @@ import torch.nn.functional as F
 import cuteforge.ops as ops
 from cuteforge import timing
 from cuteforge.report import results_header, write_results
+
+# the modules (cuteforge.ops re-exports functions under some of their names)
+ce_ops = importlib.import_module("cuteforge.ops.cross_entropy")
+norm_ops = importlib.import_module("cuteforge.ops.norm")
 
 OUT = Path(__file__).with_name("results")
 
@@ -92,11 +97,33 @@ def _profile_compiled_step(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) ->
         for _ in range(steps):
             compiled(xg, wg, head).backward()
         torch.cuda.synchronize()
+    # the Python implementations must not run on warm steps: count their calls
+    counts: dict[str, int] = defaultdict(int)
+    patched = []
+    for mod, name in ((norm_ops, "_forward"), (norm_ops, "_backward"), (ce_ops, "_fwd"), (ce_ops, "_bwd")):
+        orig = getattr(mod, name)
+
+        def counted(*a: Any, _orig: Any = orig, _key: str = f"{mod.__name__}.{name}", **k: Any) -> Any:
+            counts[_key] += 1
+            return _orig(*a, **k)
+
+        setattr(mod, name, counted)
+        patched.append((mod, name, orig))
+    try:
+        for _ in range(steps):
+            compiled(xg, wg, head).backward()
+        torch.cuda.synchronize()
+    finally:
+        for mod, name, orig in patched:
+            setattr(mod, name, orig)
+    print("Python implementation calls in", steps, "warm compiled steps:", dict(counts), flush=True)
     per_op: dict[str, list[float]] = defaultdict(list)
     for e in prof.key_averages():
         if e.key.startswith("cuteforge::"):
             per_op[e.key].append(e.cpu_time_total / max(e.count, 1))
-    return {k: round(sum(v) / len(v), 2) for k, v in sorted(per_op.items())}
+    out = {k: round(sum(v) / len(v), 2) for k, v in sorted(per_op.items())}
+    out["python_impl_calls_warm"] = sum(counts.values())
+    return out
 
 
 def main() -> None:
