@@ -1,0 +1,200 @@
+"""A transformers Llama trained and served with and without `cuteforge.patch`, eager and
+under torch.compile.
+
+The model is built from a config with random weights (no download), bf16 on the GPU:
+``small`` is hidden 1024 x 4 layers, ``large`` hidden 4096 x 2 layers; both with vocab
+128256 and sequence 2048 (batch 2). Contenders share the weights (the patched model is a
+copy of the stock one, patched) and the inputs, and run in interleaved rounds:
+
+- training step: forward with labels (the causal-LM loss), backward; grads cleared
+  between steps (no optimizer);
+- inference: a forward without labels under ``torch.no_grad``.
+
+Per contender: ms a step (wall, the GPU synchronized at the end of each round), host ms
+(the step's call returning, before the GPU finishes), peak memory above the weights (MB),
+and for the patched rows the loss and gradient agreement with stock (relative error of
+the flattened gradients) and torch._dynamo.explain's graph-break count.
+
+    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import cuteforge.nn as cnn
+from cuteforge.report import results_header, write_results
+
+OUT = Path(__file__).with_name("results")
+SIZES = {"small": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16,
+                   "num_key_value_heads": 8},
+         "large": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 2, "num_attention_heads": 32,
+                   "num_key_value_heads": 8}}
+VOCAB, SEQ, BATCH = 128256, 2048, 2
+
+
+def _model(size: str) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=SEQ, rms_norm_eps=1e-6, **SIZES[size])
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
+
+
+def _train_step(model: Callable[..., Any], params: list[torch.nn.Parameter], ids: torch.Tensor) -> torch.Tensor:
+    for p in params:
+        p.grad = None
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss
+
+
+def _infer_step(model: Callable[..., Any], ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _measure(steps: dict[str, Callable[[], Any]], rounds: int, per_round: int) -> dict[str, dict[str, float]]:
+    """Interleaved rounds: per contender the median over rounds of ms a step (wall, synced
+    per round) and host ms a step (the call's own time), and its peak memory in MB above
+    what was allocated before the step."""
+    wall: dict[str, list[float]] = {k: [] for k in steps}
+    host: dict[str, list[float]] = {k: [] for k in steps}
+    peak: dict[str, float] = {}
+    for name, step in steps.items():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    for _ in range(rounds):
+        for name, step in steps.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            calls = 0.0
+            for _ in range(per_round):
+                c0 = time.perf_counter()
+                step()
+                calls += time.perf_counter() - c0
+            torch.cuda.synchronize()
+            wall[name].append((time.perf_counter() - t0) * 1e3 / per_round)
+            host[name].append(calls * 1e3 / per_round)
+
+    def median(v: list[float]) -> float:
+        return sorted(v)[len(v) // 2]
+
+    return {k: {"ms": round(median(wall[k]), 3), "host_ms": round(median(host[k]), 3), "peak_MB": round(peak[k], 1)}
+            for k in steps}
+
+
+def _agreement(stock: torch.nn.Module, patched: torch.nn.Module, ids: torch.Tensor) -> dict[str, float]:
+    """Loss difference and the gradients' relative error, patched against stock, eager."""
+    ls = _train_step(stock, list(stock.parameters()), ids)
+    lp = _train_step(patched, list(patched.parameters()), ids)
+    num = den = 0.0
+    worst = 0.0
+    for ps, pp in zip(stock.parameters(), patched.parameters()):
+        if ps.grad is None:
+            continue
+        d = (pp.grad.float() - ps.grad.float()).norm().item()
+        n = ps.grad.float().norm().item()
+        num, den = num + d * d, den + n * n
+        if n > 0:
+            worst = max(worst, d / n)
+    return {"loss_stock": round(ls.item(), 5), "loss_patched": round(lp.item(), 5),
+            "loss_abs_diff": round(abs(ls.item() - lp.item()), 5), "grad_rel_err": round((num / den) ** 0.5, 5),
+            "grad_rel_err_worst_param": round(worst, 5)}
+
+
+def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(input_ids=ids, labels=ids)
+    torch._dynamo.reset()
+    return int(explained.graph_break_count)
+
+
+def run_size(size: str, reduce_overhead: bool, rounds: int, per_round: int) -> dict[str, Any]:
+    stock = _model(size)
+    patched = copy.deepcopy(stock)
+    report = cnn.patch(patched)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
+    row: dict[str, Any] = {"size": size, **SIZES[size], "vocab": VOCAB, "seq": SEQ, "batch": BATCH,
+                           "patch": str(report)}
+    row["agreement"] = _agreement(stock, patched, ids)
+    row["graph_breaks_patched"] = _graph_breaks(patched, ids)
+    models = {"stock eager": stock, "stock compile": torch.compile(stock), "patched eager": patched,
+              "patched compile": torch.compile(patched)}
+    if reduce_overhead:
+        models["stock reduce-overhead"] = torch.compile(stock, mode="reduce-overhead")
+        models["patched reduce-overhead"] = torch.compile(patched, mode="reduce-overhead")
+    sp, pp = list(stock.parameters()), list(patched.parameters())
+    train = {k: (lambda m=m, ps=(sp if k.startswith("stock") else pp): _train_step(m, ps, ids)) for k, m in models.items()}
+    infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items()}
+    for fns in (train, infer):
+        for name, f in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(3):
+                f()
+            torch.cuda.synchronize()
+            print(f"{size} {name}: warm-up (compile) {time.perf_counter() - t0:.1f} s", flush=True)
+    row["train"] = _measure(train, rounds, per_round)
+    row["infer"] = _measure(infer, rounds, per_round)
+    for what in ("train", "infer"):
+        r = row[what]
+        for mode in ("eager", "compile", "reduce-overhead"):
+            if f"stock {mode}" in r:
+                r[f"speedup {mode}"] = round(r[f"stock {mode}"]["ms"] / r[f"patched {mode}"]["ms"], 3)
+                r[f"peak ratio {mode}"] = round(r[f"patched {mode}"]["peak_MB"] / max(r[f"stock {mode}"]["peak_MB"], 1e-9), 3)
+    print(size, row, flush=True)
+    del models, train, infer, stock, patched
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return row
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 * len(rows), figsize=(5 * 2 * len(rows), 4), squeeze=False)
+    for i, row in enumerate(rows):
+        for j, what in enumerate(("train", "infer")):
+            ax = axes[0][2 * i + j]
+            names = [k for k, v in row[what].items() if isinstance(v, dict)]
+            ax.bar(range(len(names)), [row[what][k]["ms"] for k in names],
+                   color=["tab:gray" if k.startswith("stock") else "tab:red" for k in names])
+            ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+            ax.set_ylabel("ms a step")
+            ax.set_title(f"{row['size']} ({row['hidden_size']} x {row['num_hidden_layers']}): {what}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", action="append", choices=sorted(SIZES))
+    p.add_argument("--reduce-overhead", action="store_true")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--per-round", type=int, default=5)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    rows = [run_size(s, args.reduce_overhead, args.rounds, args.per_round) for s in (args.size or ["small", "large"])]
+    gpu = torch.cuda.get_device_name().split()[-1].lower()
+    out = Path(args.out) if args.out else OUT / f"{gpu}-model.json"
+    write_results(out, {**results_header(), "models": rows})
+    _plot(rows, out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Drop-in modules on cuteforge's ops, with torch's constructor signatures and state_dicts.
+
+Each module runs its cuteforge op for CUDA tensors of a supported dtype (fp32, bf16,
+fp16) and the torch op it replaces otherwise (CPU tensors, fp64), so a model that holds
+them still runs anywhere; under torch.compile the op is a registered custom op.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..signature import FLOAT_DTYPES
+
+__all__ = ["RMSNorm", "LayerNorm", "Linear", "CrossEntropyLoss", "SwiGLUMLP", "causal_lm_loss"]
+
+_ACTIVATIONS = {None: lambda t: t, "relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+
+
+def _on_cuteforge(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype in FLOAT_DTYPES
+
+
+def _last_dim(normalized_shape: int | Sequence[int], what: str) -> tuple[int]:
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+    if len(shape) != 1:
+        raise ValueError(f"cuteforge.nn.{what}: normalizes over the last dim only; normalized_shape must have one "
+                         f"entry, got {shape}")
+    return (int(shape[0]),)
+
+
+class RMSNorm(nn.Module):
+    """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math)."""
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True,
+                 device: Any = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.normalized_shape = _last_dim(normalized_shape, "RMSNorm")
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        if not _on_cuteforge(x):
+            return F.rms_norm(x, self.normalized_shape, self.weight, eps)
+        from .. import ops
+
+        weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)
+        return ops.rms_norm(x, weight, eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class LayerNorm(nn.Module):
+    """`torch.nn.LayerNorm` over the last dim on `cuteforge.ops.layer_norm` (fp32 math)."""
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device: Any = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.normalized_shape = _last_dim(normalized_shape, "LayerNorm")
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
+            self.bias = nn.Parameter(torch.zeros(self.normalized_shape, device=device, dtype=dtype)) if bias else None
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _on_cuteforge(x):
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        from .. import ops
+
+        weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)
+        return ops.layer_norm(x, weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class Linear(nn.Linear):
+    """`torch.nn.Linear` with an optional activation (None, "relu", "gelu" (tanh), "silu")
+    fused into the GEMM's epilogue: `cuteforge.ops.gemm` for 16-bit CUDA inputs on sm_90
+    when no gradient is wanted, torch's linear otherwise (the GEMM has no backward
+    kernel of its own yet)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
+                 device: Any = None, dtype: torch.dtype | None = None) -> None:
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"cuteforge.nn.Linear: activation must be one of {sorted(map(str, _ACTIVATIONS))}, "
+                             f"got {activation!r}")
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation
+
+    def _gemm_applies(self, x: torch.Tensor) -> bool:
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        return (not wants_grad and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+                and self.weight.dtype == x.dtype and torch.cuda.get_device_capability(x.device) == (9, 0)
+                and self.in_features % 8 == 0 and self.out_features % 8 == 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._gemm_applies(x):
+            return _ACTIVATIONS[self.activation](F.linear(x, self.weight, self.bias))
+        from .. import ops
+
+        y = ops.gemm(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, epilogue=self.activation,
+                     out_dtype=x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class CrossEntropyLoss(nn.Module):
+    """`torch.nn.CrossEntropyLoss` for class-index targets (no class weights, no label
+    smoothing) on `cuteforge.ops.cross_entropy`: one pass forward, one backward, the
+    softmax never materialized. Logits (..., C) are flattened to rows."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"cuteforge.nn.CrossEntropyLoss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not _on_cuteforge(logits) or target.dtype != torch.int64:
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                   ignore_index=self.ignore_index, reduction=self.reduction)
+        from .. import ops
+
+        loss = ops.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                 reduction=self.reduction, ignore_index=self.ignore_index)
+        return loss.view(target.shape) if self.reduction == "none" else loss
+
+
+class SwiGLUMLP(nn.Module):
+    """The SwiGLU feed-forward block of Llama-family models, ``down(silu(gate(x)) * up(x))``,
+    with the same submodules (gate_proj, up_proj, down_proj) and state_dict keys; the
+    gate's silu is fused into its GEMM where `Linear` runs the GEMM."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device: Any = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias, activation="silu", device=device, dtype=dtype)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias, device=device, dtype=dtype)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_proj(x) * self.up_proj(x))
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_items_in_batch: Any = None,
+                   ignore_index: int = -100, shift_labels: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+    """The next-token loss of a causal LM with transformers' loss-function signature: the
+    labels shift left by one (padded with ``ignore_index``), so the logits are read as
+    they are (no slice, no copy, no fp32 upcast: the kernel accumulates in fp32); a
+    sum over ``num_items_in_batch`` when given (gradient accumulation), else the mean."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    rows = logits.reshape(-1, vocab_size)
+    target = shift_labels.reshape(-1).to(rows.device)
+    if not _on_cuteforge(rows):
+        loss = F.cross_entropy(rows.float(), target, ignore_index=ignore_index,
+                               reduction="sum" if num_items_in_batch is not None else "mean")
+    else:
+        from .. import ops
+
+        loss = ops.cross_entropy(rows, target, ignore_index=ignore_index,
+                                 reduction="sum" if num_items_in_batch is not None else "mean").float()
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss

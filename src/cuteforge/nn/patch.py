@@ -1,0 +1,153 @@
+"""`cuteforge.patch(model)`: swap a transformers Llama-family model's norms, MLPs and loss for
+cuteforge's in place, reversibly.
+
+    report = cuteforge.patch(model)     # RMSNorm everywhere, the causal-LM loss
+    print(report)                       # what was swapped, what was left and why
+    report.undo()                       # or cuteforge.unpatch(model)
+
+Supported: the model types in `SUPPORTED` (Llama, Mistral, Qwen2, Qwen3 and their
+relatives that share Llama's RMSNorm / SwiGLU-MLP / loss layout). Every swapped module
+keeps its parameters (the same Parameter objects, so optimizers, state_dicts and
+checkpoints are unaffected).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from .modules import RMSNorm, SwiGLUMLP, causal_lm_loss
+
+__all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+_REPORT_ATTR = "_cuteforge_patch"
+
+
+@dataclass
+class PatchReport:
+    """What `patch` did: counts per kind of swap, modules left as they were (with why)."""
+
+    model_type: str
+    swapped: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def undo(self) -> None:
+        """Put every swapped module and the loss back (newest first)."""
+        while self._undo:
+            self._undo.pop()()
+        self.swapped.clear()
+
+    def __str__(self) -> str:
+        done = ", ".join(f"{n} {k}" for k, n in self.swapped.items() if n) or "nothing"
+        text = f"cuteforge.patch({self.model_type}): swapped {done}"
+        return text + ("; left as they were: " + "; ".join(self.skipped) if self.skipped else "")
+
+
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if not isinstance(kind, str):
+        raise TypeError(f"cuteforge.patch: expected a transformers model (with .config.model_type), got "
+                        f"{type(model).__name__}")
+    if kind not in SUPPORTED:
+        raise ValueError(f"cuteforge.patch: model type {kind!r} is not supported (supported: {', '.join(SUPPORTED)})")
+    return kind
+
+
+def _swap(report: PatchReport, parent: nn.Module, name: str, old: nn.Module, new: nn.Module, kind: str) -> None:
+    setattr(parent, name, new)
+    report._undo.append(lambda: setattr(parent, name, old))
+    report.swapped[kind] = report.swapped.get(kind, 0) + 1
+
+
+def _rms_norm_of(module: nn.Module) -> RMSNorm | None:
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or not isinstance(eps, float):
+        return None
+    new = RMSNorm(weight.shape[0], eps=eps, device="meta")
+    new.weight = weight  # the same Parameter: optimizer state and checkpoints stay valid
+    return new
+
+
+def _mlp_of(module: nn.Module, act: Any) -> SwiGLUMLP | None:
+    projections = [getattr(module, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
+    if act != "silu" or not all(type(p) is nn.Linear for p in projections):
+        return None
+    gate, up, down = projections
+    new = SwiGLUMLP(gate.in_features, gate.out_features, bias=gate.bias is not None, device="meta")
+    for mine, theirs in zip((new.gate_proj, new.up_proj, new.down_proj), projections):
+        mine.weight, mine.bias = theirs.weight, theirs.bias
+    return new
+
+
+def _patch_loss(model: nn.Module, report: PatchReport) -> None:
+    """Point transformers' ``loss_function`` at `causal_lm_loss` (its setter keeps it in the
+    instance's ``_loss_function``, which the property returns first)."""
+    if not isinstance(inspect.getattr_static(type(model), "loss_function", None), property):
+        report.skipped.append(f"loss: {type(model).__name__} has no loss_function property")
+        return
+    had = "_loss_function" in vars(model)
+    previous = vars(model).get("_loss_function")
+
+    def restore() -> None:
+        if had:
+            model._loss_function = previous
+        else:
+            vars(model).pop("_loss_function", None)
+
+    try:
+        model.loss_function = causal_lm_loss
+    except AttributeError:  # a property without a setter
+        model._loss_function = causal_lm_loss
+    if model.loss_function is not causal_lm_loss:
+        restore()
+        report.skipped.append(f"loss: {type(model).__name__}.loss_function does not return an assigned loss")
+        return
+    report._undo.append(restore)
+    report.swapped["loss"] = 1
+
+
+def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool = True) -> PatchReport:
+    """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``: opt-in; their GEMMs run on
+    cuteforge for inference, torch's with grad) and causal-LM loss (``loss``) in place;
+    return the report (also kept on the model for `unpatch`). A model patched already is
+    refused: unpatch it first."""
+    kind = _model_type(model)
+    if getattr(model, _REPORT_ATTR, None) is not None:
+        raise ValueError("cuteforge.patch: this model is patched already; call cuteforge.unpatch(model) first")
+    report = PatchReport(kind)
+    act = getattr(model.config, "hidden_act", None)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            cls = type(child).__name__
+            if norm and cls.endswith("RMSNorm") and not isinstance(child, RMSNorm):
+                new = _rms_norm_of(child)
+                if new is None:
+                    report.skipped.append(f"{cls} {name}: no 1-D weight and float epsilon")
+                else:
+                    _swap(report, parent, name, child, new, "RMSNorm")
+            elif mlp and cls.endswith("MLP") and not isinstance(child, SwiGLUMLP):
+                new_mlp = _mlp_of(child, act)
+                if new_mlp is None:
+                    report.skipped.append(f"{cls} {name}: not a bias-free silu gate/up/down MLP of nn.Linear")
+                else:
+                    _swap(report, parent, name, child, new_mlp, "MLP")
+    if loss:
+        _patch_loss(model, report)
+    setattr(model, _REPORT_ATTR, report)
+    report._undo.insert(0, lambda: setattr(model, _REPORT_ATTR, None))
+    return report
+
+
+def unpatch(model: nn.Module) -> None:
+    """Undo `patch` on ``model`` (nothing if it is not patched)."""
+    report = getattr(model, _REPORT_ATTR, None)
+    if report is not None:
+        report.undo()

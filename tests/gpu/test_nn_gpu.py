@@ -1,0 +1,110 @@
+"""cuteforge.nn and cuteforge.patch on the GPU: each module against the torch module it
+replaces (odd row counts, dtypes, gradients), and a small random transformers Llama
+patched against itself unpatched: the loss within bf16 rounding, gradients within 1e-2
+relative error, eager and under torch.compile with no graph break."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cuteforge.nn as cnn
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 7, 1000, 4097])
+def test_norm_modules_match_torch_with_gradients(dtype, rows) -> None:
+    n = 1000
+    for ours, theirs in ((cnn.RMSNorm(n, eps=1e-6), nn.RMSNorm(n, eps=1e-6)), (cnn.LayerNorm(n), nn.LayerNorm(n))):
+        theirs = theirs.to("cuda", dtype)
+        with torch.no_grad():
+            theirs.weight.normal_()
+        ours = ours.to("cuda", dtype)
+        ours.load_state_dict(theirs.state_dict())
+        x = torch.randn(rows, n, device="cuda", dtype=dtype, requires_grad=True)
+        y, y_ref = ours(x), theirs(x)
+        assert _rel(y, y_ref) < 1e-2
+        dy = torch.randn_like(y)
+        g = torch.autograd.grad(y, (x, ours.weight), dy)
+        g_ref = torch.autograd.grad(y_ref, (x, theirs.weight), dy)
+        for a, b in zip(g, g_ref):
+            assert _rel(a, b) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_loss_matches_torch(dtype) -> None:
+    logits = torch.randn(3, 333, 32000, device="cuda", dtype=dtype, requires_grad=True)
+    target = torch.randint(0, 32000, (3, 333), device="cuda")
+    target[0, :5] = -100
+    loss = cnn.CrossEntropyLoss()(logits, target)
+    ref = F.cross_entropy(logits.float().view(-1, 32000), target.view(-1))
+    assert abs(loss.float().item() - ref.item()) < 1e-2 * max(1.0, abs(ref.item()))
+    (g,) = torch.autograd.grad(loss, logits)
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    assert _rel(g, g_ref) < 1e-2
+
+
+def test_linear_with_activation_runs_the_gemm_without_grad() -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    lin = cnn.Linear(1024, 2816, activation="silu").to("cuda", torch.bfloat16)
+    x = torch.randn(7, 33, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert lin._gemm_applies(x)
+        assert _rel(lin(x), F.silu(F.linear(x, lin.weight, lin.bias))) < 1e-2
+
+
+def _llama(vocab: int = 1000):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16)
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_patched_llama_matches_stock(compiled) -> None:
+    stock = _llama()
+    patched = copy.deepcopy(stock)
+    report = cnn.patch(patched)
+    assert report.swapped.get("RMSNorm") == 5 and report.swapped.get("loss") == 1, report
+    ids = torch.randint(0, 1000, (2, 127), device="cuda")
+    ids[0, 3] = 5
+    run = torch.compile(patched, fullgraph=False) if compiled else patched
+    for _ in range(2 if compiled else 1):
+        loss, grads = _loss_and_grads(run, ids)
+    ref, ref_grads = _loss_and_grads(stock, ids)
+    assert abs(loss.float().item() - ref.float().item()) <= 2 ** -7 * abs(ref.float().item()) + 1e-3
+    num = sum(((a.float() - b.float()) ** 2).sum() for a, b in zip(grads, ref_grads) if b is not None)
+    den = sum((b.float() ** 2).sum() for b in ref_grads if b is not None)
+    assert (num / den).sqrt().item() < 1e-2
+    report.undo()
+    assert type(patched.model.norm).__name__ == "LlamaRMSNorm"
+
+
+def test_patched_llama_compiles_without_graph_breaks() -> None:
+    patched = _llama()
+    cnn.patch(patched)
+    ids = torch.randint(0, 1000, (2, 64), device="cuda")
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(patched)(input_ids=ids, labels=ids)
+    assert explained.graph_break_count == 0, explained.break_reasons

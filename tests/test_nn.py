@@ -1,0 +1,143 @@
+"""cuteforge.nn on the CPU: each module matches the torch module it replaces (CPU tensors
+take torch's ops; the CUDA paths are in tests/gpu/test_nn_gpu.py), state_dicts load both
+ways, and `patch` swaps a Llama-style model's modules and loss reversibly, refusing what
+it cannot handle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cuteforge.nn as cnn
+
+
+def test_modules_match_torch_and_share_state_dicts() -> None:
+    x = torch.randn(3, 5, 16)
+    ours, theirs = cnn.RMSNorm(16, eps=1e-6), nn.RMSNorm(16, eps=1e-6)
+    theirs.weight.data.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    torch.testing.assert_close(ours(x), theirs(x))
+    ln, tln = cnn.LayerNorm(16), nn.LayerNorm(16)
+    tln.weight.data.normal_()
+    tln.bias.data.normal_()
+    ln.load_state_dict(tln.state_dict())
+    torch.testing.assert_close(ln(x), tln(x))
+    lin = cnn.Linear(16, 8, activation="silu")
+    tlin = nn.Linear(16, 8)
+    tlin.load_state_dict(lin.state_dict())
+    torch.testing.assert_close(lin(x), F.silu(tlin(x)))
+    logits, target = torch.randn(6, 10), torch.tensor([1, 2, -100, 3, 9, 0])
+    for reduction in ("mean", "sum", "none"):
+        torch.testing.assert_close(cnn.CrossEntropyLoss(reduction=reduction)(logits, target),
+                                   F.cross_entropy(logits, target, reduction=reduction))
+
+
+def test_bad_arguments_name_themselves() -> None:
+    with pytest.raises(ValueError, match="normalized_shape"):
+        cnn.RMSNorm((4, 4))
+    with pytest.raises(ValueError, match="activation"):
+        cnn.Linear(4, 4, activation="tanh")
+    with pytest.raises(ValueError, match="reduction"):
+        cnn.CrossEntropyLoss(reduction="avg")
+
+
+def test_causal_lm_loss_shifts_the_labels() -> None:
+    logits = torch.randn(2, 7, 11)
+    labels = torch.randint(0, 11, (2, 7))
+    labels[0, 3] = -100
+    want = F.cross_entropy(logits[:, :-1].reshape(-1, 11), labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(cnn.causal_lm_loss(logits, labels, 11), want)
+    items = (labels[:, 1:] != -100).sum()
+    torch.testing.assert_close(cnn.causal_lm_loss(logits, labels, 11, num_items_in_batch=items), want)
+
+
+# --- a stand-in for a transformers Llama (the real one runs in tests/gpu) --------------------
+
+
+class _Config:
+    model_type = "llama"
+    hidden_act = "silu"
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, h: int, i: int) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(h, i, False), nn.Linear(h, i, False), nn.Linear(i, h, False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _stock_loss(logits, labels, vocab_size, **_):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab_size).float(), labels[:, 1:].reshape(-1))
+
+
+class _TinyLM(nn.Module):
+    def __init__(self, h: int = 16, vocab: int = 32) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.embed = nn.Embedding(vocab, h)
+        self.layers = nn.ModuleList(nn.ModuleDict({"norm": LlamaRMSNorm(h), "mlp": LlamaMLP(h, 24)}) for _ in range(2))
+        self.norm = LlamaRMSNorm(h)
+        self.head = nn.Linear(h, vocab, bias=False)
+
+    @property
+    def loss_function(self):
+        return getattr(self, "_loss_function", None) or _stock_loss
+
+    @loss_function.setter
+    def loss_function(self, value):
+        self._loss_function = value
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = h + layer["mlp"](layer["norm"](h))
+        return self.loss_function(self.head(self.norm(h)), labels, self.head.out_features)
+
+
+def test_patch_swaps_reversibly_and_keeps_the_parameters() -> None:
+    torch.manual_seed(0)
+    model = _TinyLM()
+    ids = torch.randint(0, 32, (2, 9))
+    before = model(ids, ids)
+    params = {n: p for n, p in model.named_parameters()}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    report = cnn.patch(model, mlp=True)
+    assert report.swapped == {"RMSNorm": 3, "MLP": 2, "loss": 1}, report
+    assert "RMSNorm" in str(report) and isinstance(model.norm, cnn.RMSNorm)
+    assert {n: p for n, p in model.named_parameters()} == params  # the same Parameter objects
+    assert model.state_dict().keys() == state.keys()
+    torch.testing.assert_close(model(ids, ids), before)
+    with pytest.raises(ValueError, match="patched already"):
+        cnn.patch(model)
+    cnn.unpatch(model)
+    assert type(model.norm) is LlamaRMSNorm and type(model.layers[0]["mlp"]) is LlamaMLP
+    assert model.loss_function is _stock_loss and "_loss_function" not in vars(model)
+    torch.testing.assert_close(model(ids, ids), before)
+    cnn.patch(model)  # patchable again after unpatch
+
+
+def test_patch_refuses_what_it_cannot_handle() -> None:
+    with pytest.raises(TypeError, match="transformers model"):
+        cnn.patch(nn.Linear(2, 2))
+    model = _TinyLM()
+    model.config = type("C", (), {"model_type": "gpt2"})()
+    with pytest.raises(ValueError, match="'gpt2' is not supported"):
+        cnn.patch(model)
+    odd = _TinyLM()
+    odd.norm.variance_epsilon = None  # not a float: left alone and reported
+    report = cnn.patch(odd)
+    assert report.swapped["RMSNorm"] == 2 and any("norm" in s for s in report.skipped)
