@@ -153,7 +153,7 @@ def gemm_diag(M: int, K: int, N: int, act: str = "none") -> dict[str, Any]:
     """Why does the cuteforge GEMM choice time slower than cuBLAS inside Inductor's
     selection? One addmm (bias, bf16) in the layouts Inductor hands over (a row-major, b =
     w.t(), the bias expanded to (M, N) with stride (0, 1)), every way in: cuBLAS, the extern
-    kernel Inductor times (the plain function cuteforge.inductor.cuteforge_addmm), the same
+    kernel Inductor times (the plain function cuteforge.inductor.custom_ops.cuteforge_addmm), the same
     through its custom op, the extern function of the Linear + act choice, the op
     torch.ops.cuteforge.gemm and the eager cuteforge.ops.gemm. Each timed
     by Inductor's own benchmarker (what selection compares), by cuteforge.timing.bench,
@@ -172,19 +172,19 @@ def gemm_diag(M: int, K: int, N: int, act: str = "none") -> dict[str, Any]:
     w = torch.randn(N, K, device="cuda", dtype=dt)
     bias = torch.randn(N, device="cuda", dtype=dt)
     b, inp = w.t(), bias.expand(M, N)
-    key, kinds = ci._preset_key("none", True)
+    key, kinds = ci.custom_ops._preset_key("none", True)
     fns = {
         "cublas_addmm": lambda: torch.addmm(inp, a, b),
-        "cuteforge_extern_addmm": lambda: ci.cuteforge_addmm(inp, a, b),
+        "cuteforge_extern_addmm": lambda: ci.custom_ops.cuteforge_addmm(inp, a, b),
         "cuteforge_inductor_custom_op_addmm": lambda: torch.ops.cuteforge_inductor.addmm.default(inp, a, b),
-        "cuteforge_extern_linear_bias_act": lambda: ci.cuteforge_linear_bias_act(a, w, bias, act="none"),
+        "cuteforge_extern_linear_bias_act": lambda: ci.custom_ops.cuteforge_linear_bias_act(a, w, bias, act="none"),
         "cuteforge_op_gemm": lambda: torch.ops.cuteforge.gemm(a, b, [bias], key, kinds, None),
         "cuteforge_eager_gemm": lambda: gemm(a, b, bias=bias),
     }
     if act != "none":
         tf = {"gelu": lambda y: F.gelu(y, approximate="tanh"), "silu": F.silu, "relu": F.relu}[act]
         fns[f"cublas_linear_{act}"] = lambda: tf(F.linear(a, w, bias))
-        fns[f"cuteforge_extern_linear_bias_{act}"] = lambda: ci.cuteforge_linear_bias_act(a, w, bias, act=act)
+        fns[f"cuteforge_extern_linear_bias_{act}"] = lambda: ci.custom_ops.cuteforge_linear_bias_act(a, w, bias, act=act)
         fns[f"cuteforge_eager_gemm_{act}"] = lambda: gemm(a, b, bias=bias, epilogue=act)
     out: dict[str, Any] = {"shape": [M, K, N], "layout": "a (M,K) row-major, b = w.t(), bias expanded (0, 1)"}
     refs = {"none": fns["cublas_addmm"]().float()}

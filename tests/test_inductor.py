@@ -17,8 +17,9 @@ from torch._inductor.choices import InductorChoices
 from torch._inductor.kernel import custom_op
 
 import cuteforge.inductor as ci
+from cuteforge.inductor import custom_ops, gemm_choices, rewrites, selection_log, support, switch
 
-OPS = [op._opoverload for op, *_ in ci._AUTOTUNED]
+OPS = [op._opoverload for op, *_ in custom_ops.AUTOTUNED]
 
 
 def _snapshot() -> dict[str, Any]:
@@ -30,7 +31,7 @@ def _snapshot() -> dict[str, Any]:
         "post": config.post_grad_custom_post_pass,
         "low": [lowering.lowerings.get(op) for op in OPS],
         "user": [user.get(op) for op in OPS],
-        "savers": list(ci._selector_cache().feedback_saver_fns),
+        "savers": list(selection_log._selector_cache().feedback_saver_fns),
     }
 
 
@@ -43,7 +44,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 @pytest.fixture(autouse=True)
 def _off(monkeypatch: pytest.MonkeyPatch):
     ci.disable()
-    monkeypatch.setattr(ci, "_WARNED", False)
+    monkeypatch.setattr(switch, "_WARNED", False)
     yield
     ci.disable()
     ci.clear_choices_log()
@@ -96,7 +97,7 @@ def test_enable_disable_restore_exactly() -> None:
     assert all(on_low is not off for on_low, off in zip(on["low"] + on["user"], before["low"] + before["user"]) if on_low)
     table = getattr(lowering, "user_lowerings", lowering.lowerings)
     assert all(op in table for op in OPS)
-    assert ci._feedback in ci._selector_cache().feedback_saver_fns
+    assert selection_log._feedback in selection_log._selector_cache().feedback_saver_fns
     assert ci.enable() is True  # idempotent: nothing re-wrapped
     assert _same(on, _snapshot())
     ci.disable()
@@ -165,14 +166,14 @@ def test_rewrite_of_a_dynamo_graph() -> None:
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         gm = _dynamo_graph(m, x)
-        counts = ci.rewrite_graph(gm.graph, require_gpu=False)
+        counts = rewrites.rewrite_graph(gm.graph, require_gpu=False)
     # exact gelu (approximate="none") is not the kernel's tanh form: left alone
     assert counts == {"layer_norm": 1, "softmax": 1, "rms_norm": 1, "linear_gelu": 1, "log_softmax": 1,
                       "linear_silu": 1}, counts
     t = _targets(gm)
     assert "cuteforge_inductor.linear_bias_act.default" in t and "cuteforge_inductor.layer_norm.default" in t
     # the down-proj (no activation) and the exact-gelu Linear stay Linear (Inductor's addmm)
-    assert sum(n.op == "call_function" and n.target in ci._LINEAR for n in gm.graph.nodes) == 2
+    assert sum(n.op == "call_function" and n.target in rewrites._LINEAR for n in gm.graph.nodes) == 2
     gm.recompile()  # well formed
 
 
@@ -180,10 +181,10 @@ def test_rewrite_leaves_training_graphs_and_gpu_check() -> None:
     m = _Block().to(torch.bfloat16)
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
     gm = _dynamo_graph(m, x)  # grad enabled, parameters require grad
-    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {}
+    assert rewrites.rewrite_graph(gm.graph, require_gpu=False) == {}
     with torch.no_grad():
         gm = _dynamo_graph(m, x)
-    assert ci.rewrite_graph(gm.graph) == {}  # CPU tensors: no sm_90 device, nothing offered
+    assert rewrites.rewrite_graph(gm.graph) == {}  # CPU tensors: no sm_90 device, nothing offered
 
 
 def test_rewrite_conditions() -> None:
@@ -196,13 +197,13 @@ def test_rewrite_conditions() -> None:
     with torch.no_grad():
         gm = _dynamo_graph(f, x, w)
     # not the last dim, non-contiguous, dtype=, fp32 weight on bf16 x, fp32 GEMM: none rewritten
-    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {}
+    assert rewrites.rewrite_graph(gm.graph, require_gpu=False) == {}
 
 
 def test_pass_rewrites_only_under_max_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
     ci.enable()
     calls: list[bool] = []
-    monkeypatch.setattr(ci, "rewrite_graph", lambda g, **k: calls.append(True) or {})
+    monkeypatch.setattr(rewrites, "rewrite_graph", lambda g, **k: calls.append(True) or {})
     config.pre_grad_custom_pass(torch.fx.Graph())
     assert calls == []
     with config.patch(max_autotune=True):
@@ -232,10 +233,10 @@ def test_gemm_choice_gate() -> None:
 
     with config.patch(max_autotune=True):
         # CPU device: nothing offered; a template list without the ATen mm: nothing offered
-        assert ci.gemm_choice(_FakeInputs("cpu", torch.bfloat16), [aten_mm], "mm") is None
-        assert ci.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [], "mm") is None
-        assert ci.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [aten_mm], "mm_plus_mm") is None
-    assert ci.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [aten_mm], "mm") is None  # not autotuning
+        assert gemm_choices.gemm_choice(_FakeInputs("cpu", torch.bfloat16), [aten_mm], "mm") is None
+        assert gemm_choices.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [], "mm") is None
+        assert gemm_choices.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [aten_mm], "mm_plus_mm") is None
+    assert gemm_choices.gemm_choice(_FakeInputs("cuda", torch.bfloat16), [aten_mm], "mm") is None  # not autotuning
 
 
 class _C:
@@ -246,13 +247,13 @@ class _C:
 def test_choice_log_classifies_winners() -> None:
     ci.enable()
     cf, tri, aten = _C("cuteforge_mm"), _C("triton_mm_3"), _C("mm")
-    ci._feedback({cf: 0.5, tri: 0.7, aten: 0.6}, "mm", [], [])
-    ci._feedback({cf: 0.9, aten: 0.6}, "addmm", [], [])
-    ci._feedback({tri: 0.1, aten: 0.2}, "bmm", [], [])  # no cuteforge candidate: not logged
+    selection_log._feedback({cf: 0.5, tri: 0.7, aten: 0.6}, "mm", [], [])
+    selection_log._feedback({cf: 0.9, aten: 0.6}, "addmm", [], [])
+    selection_log._feedback({tri: 0.1, aten: 0.2}, "bmm", [], [])  # no cuteforge candidate: not logged
     dec, ind = _C("cuteforge_softmax"), _C("cfi_softmax_inductor_softmax_0")
     fb = _C("cuteforge_inductor_softmax_fallback")  # 2.13's name for the op's eager impl
-    ci._feedback({dec: 0.3, fb: 0.31, ind: 0.2}, "cfi_softmax", [], [])
-    ci._feedback({fb: 0.1, ind: 0.2}, "cfi_softmax", [], [])
+    selection_log._feedback({dec: 0.3, fb: 0.31, ind: 0.2}, "cfi_softmax", [], [])
+    selection_log._feedback({fb: 0.1, ind: 0.2}, "cfi_softmax", [], [])
     log = ci.choices_log()
     assert [e["op"] for e in log] == ["mm", "addmm", "cfi_softmax", "cfi_softmax"]
     assert [e["cuteforge_won"] for e in log] == [True, False, False, True]
@@ -268,14 +269,14 @@ def test_decompositions_match_torch_on_cpu() -> None:
     x = torch.randn(3, 5, 64)
     w, b = torch.randn(64), torch.randn(64)
     lw, lb = torch.randn(32, 64), torch.randn(32)
-    e5, e6 = ci.eps_to_bits(1e-5), ci.eps_to_bits(1e-6)
-    torch.testing.assert_close(ci.inductor_layer_norm(x, w, b, e5), F.layer_norm(x, (64,), w, b, 1e-5))
-    torch.testing.assert_close(ci.inductor_layer_norm_nobias(x, w, e5), F.layer_norm(x, (64,), w, None, 1e-5))
-    torch.testing.assert_close(ci.inductor_rms_norm(x, w, e6), F.rms_norm(x, (64,), w, 1e-6))
-    torch.testing.assert_close(ci.inductor_linear_bias_act(x, lw, lb, "gelu"), F.gelu(F.linear(x, lw, lb), approximate="tanh"))
-    torch.testing.assert_close(ci.inductor_linear_act(x, lw, "silu"), F.silu(F.linear(x, lw)))
-    torch.testing.assert_close(ci.inductor_softmax(x), torch.softmax(x, -1))
-    torch.testing.assert_close(ci.inductor_log_softmax(x), torch.log_softmax(x, -1))
+    e5, e6 = custom_ops.eps_to_bits(1e-5), custom_ops.eps_to_bits(1e-6)
+    torch.testing.assert_close(custom_ops.inductor_layer_norm(x, w, b, e5), F.layer_norm(x, (64,), w, b, 1e-5))
+    torch.testing.assert_close(custom_ops.inductor_layer_norm_nobias(x, w, e5), F.layer_norm(x, (64,), w, None, 1e-5))
+    torch.testing.assert_close(custom_ops.inductor_rms_norm(x, w, e6), F.rms_norm(x, (64,), w, 1e-6))
+    torch.testing.assert_close(custom_ops.inductor_linear_bias_act(x, lw, lb, "gelu"), F.gelu(F.linear(x, lw, lb), approximate="tanh"))
+    torch.testing.assert_close(custom_ops.inductor_linear_act(x, lw, "silu"), F.silu(F.linear(x, lw)))
+    torch.testing.assert_close(custom_ops.inductor_softmax(x), torch.softmax(x, -1))
+    torch.testing.assert_close(custom_ops.inductor_log_softmax(x), torch.log_softmax(x, -1))
 
 
 def test_kernels_skip_the_custom_op_layers() -> None:
@@ -286,27 +287,27 @@ def test_kernels_skip_the_custom_op_layers() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     ci.enable()
-    for op in ("mm", "addmm", "bmm", *(o for *_, o in ci._AUTOTUNED)):
-        choice = ci._extern_choice(op)
-        assert choice.to_callable() is getattr(ci, f"cuteforge_{op}") is getattr(extern_kernels, f"cuteforge_{op}")
+    for op in ("mm", "addmm", "bmm", *(o for *_, o in custom_ops.AUTOTUNED)):
+        choice = custom_ops.extern_choice(op)
+        assert choice.to_callable() is getattr(custom_ops, f"cuteforge_{op}") is getattr(extern_kernels, f"cuteforge_{op}")
         assert not choice.use_fallback_kernel and not choice.has_out_variant
     assert not hasattr(torch.ops.cuteforge_inductor, "k_softmax")  # the old decompositions' ops are gone
     with FakeTensorMode():
         x, w, b = torch.empty(3, 5, 64), torch.empty(32, 64), torch.empty(32)
-        assert ci._linear_bias_act_op(x, w, b, "gelu").shape == (3, 5, 32)
-        assert ci._softmax_op(x).shape == x.shape
+        assert custom_ops._linear_bias_act_op(x, w, b, "gelu").shape == (3, 5, 32)
+        assert custom_ops._softmax_op(x).shape == x.shape
 
 
 def test_custom_choice_is_bound_to_the_lowered_op() -> None:
     """The cuteforge choice of a custom-op selection takes the scalars its lowering saw,
     and only inside that selection."""
     ci.enable()
-    assert ci._custom_choice("cfi_rms_norm", [], None) is None  # no lowering in progress
-    ci._LOWERING.append(("cfi_rms_norm", {"eps_bits": ci.eps_to_bits(1e-6)}))
+    assert switch._custom_choice("cfi_rms_norm", [], None) is None  # no lowering in progress
+    switch._LOWERING.append(("cfi_rms_norm", {"eps_bits": custom_ops.eps_to_bits(1e-6)}))
     try:
-        assert ci._custom_choice("cfi_softmax", [], None) is None  # another selection
+        assert switch._custom_choice("cfi_softmax", [], None) is None  # another selection
     finally:
-        ci._LOWERING.pop()
+        switch._LOWERING.pop()
 
 
 def _variant_name_211(self: Any, decomp: Any, kwargs: dict[str, Any]) -> str:
@@ -338,11 +339,11 @@ def test_choice_names_are_identifiers() -> None:
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
     with torch.no_grad():
         gm = _dynamo_graph(m, x)
-        ci.rewrite_graph(gm.graph, require_gpu=False)
+        rewrites.rewrite_graph(gm.graph, require_gpu=False)
     found = _scalars(gm)
     assert {str(op) for op, _ in found} >= {"cuteforge_inductor.layer_norm.default", "cuteforge_inductor.rms_norm.default",
                                              "cuteforge_inductor.softmax.default"}
-    decomps = {op._opoverload: (name, ds) for op, name, ds, _ in ci._AUTOTUNED}
+    decomps = {op._opoverload: (name, ds) for op, name, ds, _ in custom_ops.AUTOTUNED}
     template = SubgraphTemplate(name="t")
     for op, kwargs in found:
         name, ds = decomps[op]
@@ -355,8 +356,8 @@ def test_choice_names_are_identifiers() -> None:
             assert f"benchmark_{name}_{template._generate_variant_name(d, kwargs)}_0_buf0".isidentifier()
     # eps round-trips exactly, including the dtype-dependent default of rms_norm
     for eps in (1e-5, 1e-6, float(torch.finfo(torch.bfloat16).eps), 0.0):
-        assert ci.bits_to_eps(ci.eps_to_bits(eps)) == eps and ci._name_safe(ci.eps_to_bits(eps))
-    assert ci._eps_arg(-1e-5) is None and ci._eps_arg(float("nan")) is None and ci._eps_arg(True) is None
+        assert custom_ops.bits_to_eps(custom_ops.eps_to_bits(eps)) == eps and custom_ops._name_safe(custom_ops.eps_to_bits(eps))
+    assert rewrites._eps_arg(-1e-5) is None and rewrites._eps_arg(float("nan")) is None and rewrites._eps_arg(True) is None
 
 
 def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -370,8 +371,8 @@ def test_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> No
     NoValidChoicesError); here every choice must time finite."""
     from torch._inductor.codegen.subgraph import SubgraphTemplate
 
-    monkeypatch.setattr(ci, "_sm90", lambda device: True)
-    monkeypatch.setattr(ci, "_custom_choice", lambda *args: None)  # the cuteforge extern choices are CUDA-only
+    monkeypatch.setattr(support, "sm90", lambda device: True)
+    monkeypatch.setattr(switch, "_custom_choice", lambda *args: None)  # the cuteforge extern choices are CUDA-only
     monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no stored timings from an earlier run
     assert ci.enable()
@@ -409,7 +410,7 @@ def test_pointwise_producers_stay_with_inductor() -> None:
     w = torch.randn(64, dtype=torch.bfloat16)
     with torch.no_grad():
         gm = _dynamo_graph(f, x, w)
-    assert ci.rewrite_graph(gm.graph, require_gpu=False) == {"softmax": 1, "rms_norm": 1, "linear_relu": 1}
+    assert rewrites.rewrite_graph(gm.graph, require_gpu=False) == {"softmax": 1, "rms_norm": 1, "linear_relu": 1}
 
 
 def test_linear_act_on_a_pointwise_input_end_to_end(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -420,10 +421,10 @@ def test_linear_act_on_a_pointwise_input_end_to_end(monkeypatch: pytest.MonkeyPa
     test_end_to_end_on_cpu, and the op's eager impl computes with torch."""
     from torch._inductor.codegen.subgraph import SubgraphTemplate
 
-    monkeypatch.setattr(ci, "_sm90", lambda device: True)
-    monkeypatch.setattr(ci, "_custom_choice", lambda *args: None)  # the cuteforge extern choices are CUDA-only
-    monkeypatch.setattr(ci, "_linear_bias_act_impl", ci.inductor_linear_bias_act)
-    monkeypatch.setattr(ci, "gemm_choice", lambda *args: None)  # the inlined addmm's cuteforge choice is CUDA-only
+    monkeypatch.setattr(support, "sm90", lambda device: True)
+    monkeypatch.setattr(switch, "_custom_choice", lambda *args: None)  # the cuteforge extern choices are CUDA-only
+    monkeypatch.setattr(custom_ops, "_linear_bias_act_impl", custom_ops.inductor_linear_bias_act)
+    monkeypatch.setattr(gemm_choices, "gemm_choice", lambda *args: None)  # the inlined addmm's cuteforge choice is CUDA-only
     monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     assert ci.enable()
@@ -450,7 +451,7 @@ def test_cuteforge_choice_wins_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch
     from torch._inductor.codegen.subgraph import SubgraphTemplate
     from torch._inductor.select_algorithm import extern_kernels
 
-    monkeypatch.setattr(ci, "_sm90", lambda device: True)
+    monkeypatch.setattr(support, "sm90", lambda device: True)
     monkeypatch.setattr(SubgraphTemplate, "_generate_variant_name", _variant_name_211)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     real = custom_op.autotune_select_algorithm
@@ -465,7 +466,7 @@ def test_cuteforge_choice_wins_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch
 
     def cpu_rms_norm(x: torch.Tensor, w: torch.Tensor, eps_bits: int) -> torch.Tensor:
         calls.append(eps_bits)
-        return ci.inductor_rms_norm(x, w, eps_bits)
+        return custom_ops.inductor_rms_norm(x, w, eps_bits)
 
     monkeypatch.setattr(extern_kernels, "cuteforge_rms_norm", cpu_rms_norm)
 
@@ -477,5 +478,5 @@ def test_cuteforge_choice_wins_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch
     with torch.no_grad(), config.patch(fx_graph_cache=False, autotune_local_cache=False):
         got = torch.compile(f, mode="max-autotune")(x, w)
     torch.testing.assert_close(got, f(x, w))
-    assert calls and set(calls) == {ci.eps_to_bits(1e-6)}, calls  # the graph called it, with the op's eps
+    assert calls and set(calls) == {custom_ops.eps_to_bits(1e-6)}, calls  # the graph called it, with the op's eps
     torch._dynamo.reset()

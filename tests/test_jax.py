@@ -214,7 +214,7 @@ def test_corrupt_entry_is_quarantined_and_recompiled(tmp_path, monkeypatch):
     _export(cfj.amax, x)
     (obj,) = list((tmp_path / "c").glob("*/row_reduce.jax/*.o"))
     obj.write_bytes(obj.read_bytes()[:100])
-    cfj._L1.clear()
+    cfj.bridge._L1.clear()
     before = cfj.compile_stats()["compiles"]
     with pytest.warns(UserWarning, match="corrupt"):
         assert _calls(_export(lambda x: cfj.amax(x), x)) == 1  # a new function: jax retraces
@@ -347,7 +347,7 @@ def test_jax_objects_hold_the_torch_paths_device_code(monkeypatch):
 
     monkeypatch.setenv("CUTEFORGE_CACHE", "0")
     seen = []
-    build = cfj._build
+    build = cfj.bridge._build
 
     def spy(spec, kernel, forms, dtypes, arrange):
         inner = build(spec, kernel, forms, dtypes, arrange)
@@ -359,8 +359,8 @@ def test_jax_objects_hold_the_torch_paths_device_code(monkeypatch):
 
         return run
 
-    monkeypatch.setattr(cfj, "_build", spy)
-    monkeypatch.setattr(cfj, "_L1", {})
+    monkeypatch.setattr(cfj.bridge, "_build", spy)
+    monkeypatch.setattr(cfj.bridge, "_L1", {})
     bf = jnp.bfloat16
     jax.eval_shape(lambda a, b, c: cfj.gemm(a, b, bias=c, epilogue="gelu"), _spec((1000, 4096), bf),
                    _spec((4096, 1000), bf), _spec((1000,), jnp.float32))
@@ -370,7 +370,7 @@ def test_jax_objects_hold_the_torch_paths_device_code(monkeypatch):
     names = [s.kernel for s, _ in seen]
     assert names == ["gemm_sm90_tt_col", "norm_fwd", "norm_bwd", "cross_entropy_fwd", "cross_entropy_bwd"], names
     gemm_spec = seen[0][0]
-    assert gemm_spec.key.vec == (8, 8, 8, 4) and dict(gemm_spec.params)["sms"] == 132
+    assert gemm_spec.key.vec == (8, 8, 8, 4, 4) and dict(gemm_spec.params)["sms"] == 132
     for spec, ptx in seen:
         if spec.kernel in ("norm_fwd", "cross_entropy_fwd"):
             continue  # forward kernels: covered by the tests above since the first version
@@ -458,9 +458,9 @@ def _emu_ffi(obj, inputs, outputs):
 
 @pytest.fixture
 def emulated(monkeypatch):
-    monkeypatch.setattr(cfj, "_module", lambda kernel, key, params, config, forms, dtypes, layout, arrange:
+    monkeypatch.setattr(cfj.bridge, "kernel_object", lambda kernel, key, params, config, forms, dtypes, layout, arrange:
                         (kernel.name, dict(params), layout))
-    monkeypatch.setattr(cfj, "_ffi", _emu_ffi)
+    monkeypatch.setattr(cfj.bridge, "ffi", _emu_ffi)
 
 
 def _allclose(got, want, tol):
