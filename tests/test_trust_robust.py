@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from trust_stand_in import ARCH, IS_ROOT, KERNEL, get
 
 import cuteforge
-from cuteforge import Signature, TensorArg, cache, trust
-from cuteforge.cache import entry_for
+from cuteforge import Signature, TensorArg, cache, compiler, trust
+from cuteforge.cache import DEFAULT_CACHE, entry_for
 from cuteforge.signature import BoundKey
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -182,6 +182,56 @@ def test_stopped_lock_holder_delays_by_the_timeout_only(tmp_path: Path, monkeypa
     assert get("held")[:2] == (b"held", 1) and e.obj.exists()  # lock free again: written
 
 
+# --- a writer killed at any point ------------------------------------------------------------
+
+KILLED = """
+import sys, time
+from pathlib import Path
+from cuteforge import cache, compiler, trust
+point = sys.argv[1]
+real_write = trust.atomic_write
+def stall(path, data):
+    if point == "meta":  # the metadata written, the object not yet in place
+        real_write(path, data)
+    print("writing", flush=True)
+    time.sleep(60)
+def half(result, path):  # half the object in its temporary file
+    Path(path).write_bytes(result.compiled[: len(result.compiled) // 2])
+    print("writing", flush=True)
+    time.sleep(60)
+if point == "object":
+    cache._BYTES = cache._Codec(half, cache._BYTES.load, cache._BYTES.fresh)
+else:
+    trust.atomic_write = stall
+cache.DEFAULT_CACHE._get("k", "killed", "sm_90a", lambda keep: compiler.CompileResult(b"0123456789" * 100, None, None, None),
+                         "", None, cache._BYTES)
+"""
+
+
+@pytest.mark.parametrize("point", ["object", "meta"])
+def test_writer_killed_mid_write_leaves_no_torn_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(root))
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    child = subprocess.Popen([sys.executable, "-c", KILLED, point], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "writing"
+    finally:
+        child.kill()
+        child.wait()
+    calls = []
+
+    def compile_fn(keep: bool) -> compiler.CompileResult:
+        calls.append(1)
+        return compiler.CompileResult(b"0123456789" * 100, None, None, None)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = DEFAULT_CACHE.get_bytes(kernel="k", key_repr="killed", arch=ARCH, compile_fn=compile_fn)
+        assert out == b"0123456789" * 100 and calls == [1]
+        assert DEFAULT_CACHE.get_bytes(kernel="k", key_repr="killed", arch=ARCH, compile_fn=compile_fn) == out and calls == [1]
+
+
 # --- a tuning sweep that cannot be stored ----------------------------------------------------
 
 
@@ -261,7 +311,7 @@ def test_bind_reports_the_real_problem_before_the_device() -> None:
 # --- arbitrary bytes in any cache or tuning file ------------------------------------------
 
 
-FILES = ("object", "metadata", "record", "stats", "source")
+FILES = ("object", "metadata", "lock", "record", "stats", "source")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -288,7 +338,7 @@ def test_arbitrary_bytes_in_any_file_never_break_a_call(which: str, data: bytes)
             cache._save_stats()
             text = f"VALUE = {key!r}\n"
             h, source = codecache.write(text)
-            target = {"object": e.obj, "metadata": e.meta, "record": record, "stats": root / "stats.json", "source": source}[which]
+            target = {"object": e.obj, "metadata": e.meta, "lock": e.lock, "record": record, "stats": root / "stats.json", "source": source}[which]
             target.write_bytes(data)
 
             assert get(key)[0] == key.encode()
