@@ -320,7 +320,7 @@ class KernelCache:
 
     def _in_memory(self, kernel: str, key_repr: str, compile_fn: Callable[[bool], compiler.CompileResult],
                    source_path: str | None, codec: _Codec) -> Any:
-        return codec.fresh(kernel, self._compile(kernel, key_repr, compile_fn, None, source_path), None)
+        return codec.fresh(kernel, self._compile(kernel, key_repr, compile_fn, None, source_path, stacklevel=6), None)
 
     @staticmethod
     def _write(entry: Entry, kernel: str, key_repr: str, arch: str, result: compiler.CompileResult, codec: _Codec) -> None:
@@ -379,12 +379,13 @@ class KernelCache:
         compile_fn: Callable[[bool], compiler.CompileResult],
         entry: Entry | None,
         source_path: str | None,
+        stacklevel: int = 5,
     ) -> compiler.CompileResult:
         if _warm["sealed"]:
             msg = f"cuteforge: kernel {kernel!r} compiled after warm-up, key {key_repr}"
             if _warm["strict"] or os.environ.get("CUTEFORGE_STRICT") == "1":
                 raise CompileAfterWarmupError(msg)
-            warnings.warn(msg, stacklevel=5)
+            warnings.warn(msg, stacklevel=stacklevel)
         topics = log_topics()
         t0 = time.perf_counter()
         result = compile_fn("artifacts" in topics)

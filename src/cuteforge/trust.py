@@ -82,16 +82,17 @@ def _part(name: str) -> str:
     return name
 
 
-def private_dir(root: Path, *parts: str) -> Path:
+def private_dir(root: Path, *parts: str, create: bool = True) -> Path:
     """`root/parts...` with the root and every component checked (created 0700 where
-    missing); raises UntrustedPath or OSError."""
+    missing, else FileNotFoundError without `create`); raises UntrustedPath or OSError."""
     path = check_root(root)
     for name in parts:
         path = path / _part(name)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
+        if create:
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode):
             raise UntrustedPath(f"{path} is a symbolic link")

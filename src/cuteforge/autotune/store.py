@@ -172,14 +172,15 @@ class TuneStore:
     def path(self, ident: Mapping[str, Any]) -> Path:
         return self.root / ident["fingerprint"] / ident["kernel"] / self._name(ident)
 
-    def _dir(self, ident: Mapping[str, Any]) -> Path:
-        """The record's directory, checked and created (raises OSError when refused)."""
+    def _dir(self, ident: Mapping[str, Any], create: bool) -> Path:
+        """The record's directory, checked (and created with `create`); raises OSError when
+        refused or absent."""
         if self._root is not None:
-            return trust.private_dir(self._root, ident["fingerprint"], ident["kernel"])
+            return trust.private_dir(self._root, ident["fingerprint"], ident["kernel"], create=create)
         root = cache.private_root()
         if root is None:
             raise trust.UntrustedPath(f"the cache root {cache.cache_root()} is refused")
-        return trust.private_dir(root, "autotune", ident["fingerprint"], ident["kernel"])
+        return trust.private_dir(root, "autotune", ident["fingerprint"], ident["kernel"], create=create)
 
     def load(self, kernel: Any, problem: Problem, gpu: str | None = None, dsl: str | None = None) -> dict[str, Any] | None:
         """The stored record for this problem, or None (absent, unreadable, refused or not ours)."""
@@ -188,7 +189,7 @@ class TuneStore:
         if kept is not None:
             return dict(kept)
         try:
-            p = self._dir(ident) / self._name(ident)
+            p = self._dir(ident, create=False) / self._name(ident)
             rec = json.loads(trust.read_bytes(p))
         except (OSError, ValueError):
             return None
@@ -223,7 +224,7 @@ class TuneStore:
             **(extra or {}),
         }
         try:
-            p = self._dir(ident) / self._name(ident)
+            p = self._dir(ident, create=True) / self._name(ident)
             trust.atomic_write(p, json.dumps(rec, indent=1, default=repr))
         except Exception as e:  # a finished sweep must survive a store it cannot write
             with self._kept_lock:
