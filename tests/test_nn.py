@@ -141,3 +141,21 @@ def test_patch_refuses_what_it_cannot_handle() -> None:
     odd.norm.variance_epsilon = None  # not a float: left alone and reported
     report = cnn.patch(odd)
     assert report.swapped["RMSNorm"] == 2 and any("norm" in s for s in report.skipped)
+
+
+def test_linear_cross_entropy_chunks_and_checks() -> None:
+    import importlib
+
+    lce = importlib.import_module("cuteforge.ops.linear_cross_entropy")
+    assert lce.chunk_rows(4096, 128256, 2) == 1024  # 256 MiB of bf16 logits a chunk, four balanced chunks
+    assert lce.chunk_rows(7, 128256, 2) == 7
+    assert lce.chunk_rows(5000, 32000, 4) % 128 == 0
+    x, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="'weight' has 9 columns"):
+        lce.linear_cross_entropy(x, torch.randn(10, 9), t)
+    with pytest.raises(TypeError, match="share one of"):
+        lce.linear_cross_entropy(x, w.double(), t)
+    with pytest.raises(ValueError, match="reduction"):
+        lce.linear_cross_entropy(x, w, t, reduction="none")
+    with pytest.raises(ValueError, match="one CUDA device"):
+        lce.linear_cross_entropy(x, w, t)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .modules import RMSNorm, SwiGLUMLP, causal_lm_loss
@@ -114,11 +116,53 @@ def _patch_loss(model: nn.Module, report: PatchReport) -> None:
     report.swapped["loss"] = 1
 
 
-def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool = True) -> PatchReport:
+def _fused_forward(model: nn.Module) -> Callable[..., Any] | None:
+    """A forward for ``model`` that, given labels, takes the loss from the decoder's last
+    hidden states and the LM head's weight through `cuteforge.ops.linear_cross_entropy`
+    (the logits are never materialized; the output's ``logits`` is None), and is the
+    model's own forward otherwise; None where the model is not decoder + bias-free
+    nn.Linear head."""
+    decoder, head, original = getattr(model, "model", None), getattr(model, "lm_head", None), model.forward
+    if not isinstance(decoder, nn.Module) or type(head) is not nn.Linear or head.bias is not None:
+        return None
+
+    def forward(input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None, past_key_values: Any = None,
+                inputs_embeds: Any = None, labels: Any = None, use_cache: Any = None, logits_to_keep: Any = 0,
+                **kwargs: Any) -> Any:
+        if labels is None or not head.weight.is_cuda:
+            return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
+                            use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        from ..ops import linear_cross_entropy
+
+        num_items = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        hidden = out.last_hidden_state
+        if shift_labels is None:
+            shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
+                                    shift_labels.reshape(-1).to(hidden.device),
+                                    reduction="sum" if num_items is not None else "mean")
+        if num_items is not None:
+            loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values,
+                                      hidden_states=out.hidden_states, attentions=out.attentions)
+
+    return forward
+
+
+def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool = True,
+          fused_loss: bool = True) -> PatchReport:
     """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``: opt-in; their GEMMs run on
     cuteforge for inference, torch's with grad) and causal-LM loss (``loss``) in place;
-    return the report (also kept on the model for `unpatch`). A model patched already is
-    refused: unpatch it first."""
+    with ``fused_loss`` a call with labels computes the loss from the hidden states and
+    the LM head without materializing the logits (`cuteforge.ops.linear_cross_entropy`;
+    such calls return ``logits=None``). Returns the report (also kept on the model for
+    `unpatch`). A model patched already is refused: unpatch it first."""
     kind = _model_type(model)
     if getattr(model, _REPORT_ATTR, None) is not None:
         raise ValueError("cuteforge.patch: this model is patched already; call cuteforge.unpatch(model) first")
@@ -141,6 +185,23 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
                     _swap(report, parent, name, child, new_mlp, "MLP")
     if loss:
         _patch_loss(model, report)
+    if fused_loss:
+        forward = _fused_forward(model)
+        if forward is None:
+            report.skipped.append("fused loss: no decoder `model` and bias-free nn.Linear `lm_head`")
+        else:
+            had_own = "forward" in vars(model)
+            own = vars(model).get("forward")
+            model.forward = forward
+
+            def restore_forward() -> None:
+                if had_own:
+                    model.forward = own
+                else:
+                    vars(model).pop("forward", None)
+
+            report._undo.append(restore_forward)
+            report.swapped["fused loss"] = 1
     setattr(model, _REPORT_ATTR, report)
     report._undo.insert(0, lambda: setattr(model, _REPORT_ATTR, None))
     return report

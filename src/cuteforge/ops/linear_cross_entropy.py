@@ -1,0 +1,137 @@
+"""`cuteforge.ops.linear_cross_entropy(x, weight, target)`: ``cross_entropy(x @ weight.T,
+target)`` without the (tokens x vocab) logits in memory.
+
+An LM head's logits at a large vocabulary dominate a training step's peak memory
+(2 x 2048 tokens x 128256 classes: 1 GiB in bf16, twice that once a loss upcasts them,
+and as much again for their gradient). Here the tokens go through in chunks: a chunk's
+logits (cuBLAS), its per-row loss and logsumexp (the cross-entropy forward kernel), its
+logits gradient (the backward kernel), then that chunk's share of dx and dweight
+(cuBLAS, dweight accumulated over the chunks). The gradients are made in the forward,
+where the logits are at hand, and scaled by the loss's incoming gradient in the
+backward; only one chunk's logits and their gradient live at a time.
+
+x (T, H) and weight (V, H) fp32/bf16/fp16 CUDA, the same dtype; target (T,) int64 class
+indices (``ignore_index`` rows count for nothing); reduction "mean" (over the rows not
+ignored) or "sum". The loss is fp32. Registered as ``torch.ops.cuteforge.linear_cross_entropy``
+(one opaque op under torch.compile).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+from ..signature import FLOAT_DTYPES
+from .registered import define
+
+__all__ = ["linear_cross_entropy"]
+
+_WHERE = "cuteforge.ops.linear_cross_entropy"
+CHUNK_BYTES = 256 << 20  # a chunk's logits at most (and their gradient as much)
+_ce = importlib.import_module("cuteforge.ops.cross_entropy")  # the module (ops re-exports its function)
+
+
+def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) -> None:
+    for name, t in (("x", x), ("weight", weight), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_WHERE}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"{_WHERE}: arguments 'x' (T, H) and 'weight' (V, H) must be 2-D, got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"{_WHERE}: argument 'weight' has {weight.shape[1]} columns but 'x' has {x.shape[1]}")
+    if x.dtype not in FLOAT_DTYPES or weight.dtype != x.dtype:
+        raise TypeError(f"{_WHERE}: arguments 'x' and 'weight' must share one of float32, bfloat16, float16; got "
+                        f"{x.dtype} and {weight.dtype}")
+    if target.dtype != torch.int64 or target.shape != (x.shape[0],):
+        raise ValueError(f"{_WHERE}: argument 'target' must be int64 of shape ({x.shape[0]},), got {target.dtype} "
+                         f"{tuple(target.shape)}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"{_WHERE}: argument 'reduction' must be 'mean' or 'sum', got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{_WHERE}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+    if not (x.is_cuda and weight.device == x.device and target.device == x.device):
+        raise ValueError(f"{_WHERE}: 'x', 'weight' and 'target' must be on one CUDA device, got {x.device}, "
+                         f"{weight.device}, {target.device}")
+
+
+def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
+    """Rows a chunk takes: its logits within CHUNK_BYTES (at least 128 rows), the chunks
+    balanced and whole 128-row GEMM tiles."""
+    most = max(128, CHUNK_BYTES // max(1, vocab * itemsize) // 128 * 128)
+    chunks = -(-tokens // most)
+    rows = -(-tokens // chunks)
+    return max(1, min(tokens, -(-rows // 128) * 128))
+
+
+def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
+          need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dx, dweight) for an incoming loss gradient of 1; dx / dweight are empty where
+    not needed."""
+    t, h = x.shape
+    v = weight.shape[0]
+    if target.stride(0) != 1:
+        target = target.contiguous()
+    dx = torch.empty_like(x) if need_dx else x.new_empty(0)
+    dw = torch.zeros_like(weight) if need_dw else weight.new_empty(0)
+    valid = (target != ignore_index).sum()
+    # per-row loss gradient: 1 / (rows not ignored) for the mean (0 / 0 gives NaN, as torch)
+    row_grad = (1.0 / valid.float() if mean else torch.ones((), device=x.device)).expand(t)
+    losses = x.new_empty(t, dtype=torch.float32)
+    step = chunk_rows(t, v, x.element_size())
+    for s in range(0, t, step):
+        e = min(t, s + step)
+        xc, tc = x[s:e], target[s:e]
+        logits = xc @ weight.t()
+        loss_c, lse = _ce._fwd(logits, tc, ignore_index)
+        losses[s:e] = loss_c
+        if need_dx or need_dw:
+            dlogits = _ce._bwd(logits, tc, lse, row_grad[s:e].contiguous(), ignore_index)
+            del logits
+            if need_dx:
+                torch.mm(dlogits, weight, out=dx[s:e])
+            if need_dw:
+                dw.addmm_(dlogits.t(), xc)
+    loss = losses.sum()
+    return (loss / valid.float() if mean else loss), dx, dw
+
+
+def _fake(x, weight, target, ignore_index, mean, need_dx, need_dw):
+    dx = torch.empty_like(x) if need_dx else x.new_empty(0)
+    dw = torch.empty_like(weight) if need_dw else weight.new_empty(0)
+    return x.new_empty((), dtype=torch.float32), dx, dw
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    _, dx, dw = output
+    ctx.mark_non_differentiable(dx, dw)
+    ctx.need = inputs[5], inputs[6]
+    ctx.save_for_backward(dx, dw)
+
+
+def _backward(ctx: Any, g: torch.Tensor, _gdx: Any, _gdw: Any) -> tuple[Any, ...]:
+    dx, dw = ctx.saved_tensors
+    gx = dx * g.to(dx.dtype) if ctx.need[0] else None
+    gw = dw * g.to(dw.dtype) if ctx.need[1] else None
+    return gx, gw, None, None, None, None, None
+
+
+_op = define("cuteforge::linear_cross_entropy", _impl, fake=_fake, backward=_backward, setup_context=_setup)
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+                         reduction: str = "mean") -> torch.Tensor:
+    """``F.cross_entropy(x @ weight.T, target, ignore_index=, reduction=)`` (fp32 loss) with
+    only one chunk of the logits in memory at a time (module doc). x may be N-D (..., H)
+    with target (...)."""
+    if isinstance(x, torch.Tensor) and x.dim() > 2:
+        x = x.reshape(-1, x.shape[-1])
+    if isinstance(target, torch.Tensor) and target.dim() > 1:
+        target = target.reshape(-1)
+    _check(x, weight, target, ignore_index, reduction)
+    grad = torch.is_grad_enabled()
+    loss, _, _ = _op(x, weight, target, ignore_index, reduction == "mean", grad and x.requires_grad,
+                     grad and weight.requires_grad)
+    return loss
