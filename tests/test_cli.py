@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import cuteforge
+
 
 def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUTEFORGE_CACHE_DIR=str(cache))
@@ -33,8 +35,14 @@ def test_info_json(cache: Path) -> None:
     assert info["cache_dir"] == str(cache)
     if info["gpu"] is None:
         assert info["gpu_text"] == "no GPU" and info["target_arch"] == "sm_90a" and info["compile_only"]
+    assert info["versions"]["cuteforge"] == cuteforge.__version__
     text = cli("info", cache=cache)
-    assert text.returncode == 0 and "target arch" in text.stdout
+    assert text.returncode == 0 and "target arch" in text.stdout and f"cuteforge      {cuteforge.__version__}" in text.stdout
+
+
+def test_version(tmp_path: Path) -> None:
+    r = cli("--version", cache=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == f"cuteforge {cuteforge.__version__}"
 
 
 def test_precompile_twice_second_compiles_nothing(cache: Path) -> None:
@@ -61,11 +69,66 @@ def test_precompile_twice_second_compiles_nothing(cache: Path) -> None:
     assert "ahead of time" in lib.stdout
     m = re.search(r"(\d+) compiled, (\d+) loaded", lib.stdout)
     assert m and int(m[2]) == len(r1["kernels"]) and int(m[1]) > 0, lib.stdout[-2000:]
+    assert "per family" in lib.stdout and "row_reduce" in lib.stdout
+    assert "precompile for sm_90a" in lib.stderr and "[1/" in lib.stderr  # plain progress lines off a terminal
+
+    human = cli("cache", "stats", cache=cache)
+    assert human.returncode == 0 and human.stdout.startswith("cache dir") and "row_reduce" in human.stdout
+    # a closed pipe ends quietly
+    pipe = subprocess.run(f"{sys.executable} -m cuteforge cache ls | head -1", shell=True, capture_output=True, text=True,
+                          env=dict(os.environ, CUTEFORGE_CACHE_DIR=str(cache)), timeout=300)
+    assert pipe.returncode == 0 and "Traceback" not in pipe.stderr and len(pipe.stdout.splitlines()) == 1
 
 
-def test_cache_clear(tmp_path: Path) -> None:
-    r = cli("cache", "clear", "--json", cache=tmp_path)
+def test_cache_clear_asks_unless_yes(tmp_path: Path) -> None:
+    r = cli("cache", "clear", cache=tmp_path)  # no terminal to ask on: refuse, delete nothing
+    assert r.returncode == 2 and "--yes" in r.stderr and "Traceback" not in r.stderr
+    r = cli("cache", "clear", "--yes", "--json", cache=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["removed"] == 0
+
+
+USER_KERNEL = '''
+import cutlass, cutlass.cute as cute
+from cuda.bindings.driver import CUstream
+import cuteforge
+from cuteforge import Signature, TensorArg
+
+@cuteforge.kernel(signature=Signature(TensorArg("x", ("M",)), TensorArg("y", ("M",), dtype_like="x")), archs=("sm_80+",))
+def scale(spec):
+    factor = float(spec.param("factor"))
+
+    @cute.kernel
+    def scale_body(x: cute.Tensor, y: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        i = bidx * 128 + tidx
+        if i < x.shape[0]:
+            y[i] = (x[i].to(cutlass.Float32) * factor).to(y.element_type)
+
+    @cute.jit
+    def run(x: cute.Tensor, y: cute.Tensor, stream: CUstream):
+        scale_body(x, y).launch(grid=(cute.ceil_div(x.shape[0], 128), 1, 1), block=(128, 1, 1), stream=stream)
+    return run
+'''
+
+
+def test_user_kernel_compiles_without_a_gpu_and_show_finds_it(tmp_path: Path) -> None:
+    mod = tmp_path / "my_kernels.py"
+    mod.write_text(USER_KERNEL)
+    code = ("import sys, torch, cuteforge; sys.path.insert(0, sys.argv[1]); import my_kernels as m\n"
+            "x = torch.empty(1000, device='meta')\n"
+            "print(cuteforge.compile_only(m.scale, x, torch.empty_like(x), arch='sm_90a', factor=3.0))\n")
+    env = dict(os.environ, CUTEFORGE_CACHE_DIR=str(tmp_path / "c"))
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()).exists()
+    r = cli("show", f"{mod}:scale", cache=tmp_path / "c")
+    assert r.returncode == 0 and "kernel         scale" in r.stdout and "cache entries  1" in r.stdout, r.stderr
+    r = cli("show", f"{mod}:scale", "--ptx", "--tensors", "float32[1000];float32[1000]", "--param", "factor=3.0",
+            cache=tmp_path / "c")
+    assert r.returncode == 0 and ".target sm_90a" in r.stdout, r.stderr
+    r = cli("show", f"{mod}:scale", "--source", cache=tmp_path / "c")
+    assert r.returncode == 0 and "def scale_body" in r.stdout
 
 
 def test_viz_layout_to_svg_and_png(tmp_path: Path) -> None:
@@ -81,14 +144,20 @@ def test_viz_layout_to_svg_and_png(tmp_path: Path) -> None:
 
 
 def test_show(tmp_path: Path) -> None:
-    r = cli("show", "row_reduce", cache=tmp_path)
+    r = cli("show", "row_reduce", "--json", cache=tmp_path)
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
-    assert info["static"] == ["N"] and info["signature"][0]["dims"] == ["M", "N"] and info["example_candidates"]
+    assert info["static"] == ["N"] and info["signature"][0]["dims"] == ["M", "N"] and info["candidates"]
+    assert len(info["specializations"]) > 1
+    human = cli("show", "row_reduce", cache=tmp_path)
+    assert human.returncode == 0 and "specializations" in human.stdout and "[1]" in human.stdout
     src = cli("show", "row_reduce", "--source", cache=tmp_path)
-    assert src.returncode == 0 and "def row_reduce(spec" in src.stdout
-    ptx = cli("show", "row_reduce", "--ptx", cache=tmp_path)
+    assert src.returncode == 0 and "@cute.kernel" in src.stdout and "reduce/row.py" in src.stdout  # device code
+    ptx = cli("show", "row_reduce", "--ptx", "--spec", "1", cache=tmp_path)
     assert ptx.returncode == 0 and ".target sm_90a" in ptx.stdout and "ld.global" in ptx.stdout
+    assert info["specializations"][1]["key"] in ptx.stdout.splitlines()[0]
+    bad = cli("show", "row_reduce", "--ptx", "--spec", "9999", cache=tmp_path)
+    assert bad.returncode == 2 and "--spec 9999" in bad.stderr
 
 
 def test_bench_report_from_recorded_results(tmp_path: Path) -> None:

@@ -208,3 +208,29 @@ def test_html_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     # the highlighted best cells (#d9f2dc) rendered too
     green = np.abs(px - np.array([0xD9, 0xF2, 0xDC]) / 255).max(axis=-1) < 0.02
     assert green.sum() > 2000, "no highlighted table cells"
+
+
+def test_one_colour_per_implementation_everywhere() -> None:
+    assert report.impl_color("cuteforge") == report.IMPL_COLORS["cuteforge"]
+    assert report.impl_color("torch") != report.impl_color("cuteforge")
+    assert report.impl_color("some_new_impl") == report.impl_color("some_new_impl")
+
+
+def test_rows_that_differ_by_variant_are_all_plotted(tmp_path: Path) -> None:
+    rows = [{"M": 4096, "N": 4096, "K": 4096, "dtype": "e4m3", "scaling": s, "epilogue": e,
+             "cuteforge_TFLOPs": 1000.0, "cublas_TFLOPs": 990.0} for s in ("tensor", "rowwise") for e in ("none", "gelu")]
+    res = [{"gpu": "G", "command": "x", "fp8": rows}]
+    import matplotlib.figure
+
+    ax = matplotlib.figure.Figure().add_subplot()
+    title = report._draw_family(ax, res, "fp8")
+    assert "not plotted" not in title and len([ln for ln in ax.get_lines() if ln.get_label().startswith("cuteforge")]) == 4
+
+
+def test_report_date_is_the_runs(tmp_path: Path) -> None:
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"gpu": "G", "command": "x", "date": "2026-01-02", "host_us": {"a": 1.0}}))
+    (r,) = report.load_results([f])
+    assert r["_date"] == "2026-01-02"
+    f.write_text(json.dumps({"gpu": "G", "command": "x", "host_us": {"a": 1.0}}))
+    assert report.load_results([f])[0]["_date"] == "date not recorded"

@@ -299,7 +299,8 @@ def test_render_tv_cells() -> None:
     for r in by_cell.values():
         fills.setdefault(r.get("data-tid"), set()).add(r.get("fill"))
     assert all(len(f) == 1 for f in fills.values())  # one colour per thread ...
-    assert len({next(iter(f)) for f in fills.values()}) == 6  # ... distinct across threads
+    colours = {int(t): next(iter(f)) for t, f in fills.items()}
+    assert all(colours[t] != colours[t + 1] for t in range(5))  # ... neighbouring lanes a shade apart
 
 
 def test_render_tv_partial_and_errors() -> None:
@@ -531,3 +532,41 @@ def test_tiled_copy_and_mma_from_cute_dsl() -> None:
     # shared-memory A: every thread "holds" the whole 64x16 tile (descriptor operand), shown as T0
     assert owners(svgs["wg_A"]) == {(m, k): (0, m + 64 * k) for m in range(64) for k in range(16)}
     assert "TiledMma C (MxN 64x64)" in svgs["wg_C"] and "TiledCopy dst (32x16)" in svgs["ldsm_dst"]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_png_of_a_large_layout_fits_about_2000_px(tmp_path: Path) -> None:
+    from cuteforge.viz import PNG_MAX_PX
+    from cuteforge.viz.dsl import render_mma_preset
+
+    w, h = _png_size(save(render_mma_preset("sm90_64x64x16"), tmp_path / "mma.png"))
+    assert max(w, h) <= PNG_MAX_PX and max(w, h) >= PNG_MAX_PX - 2
+    w, h = _png_size(save(render_tv(*reversed(make_layout_tv("(4,32):(32,1)", "(4,4):(4,1)"))), tmp_path / "tv.png"))
+    assert max(w, h) <= PNG_MAX_PX
+
+
+def test_colours_follow_warps_and_warp_edges_are_drawn() -> None:
+    from cuteforge.viz.svg import _thread_color
+
+    assert len({_thread_color(32 * w) for w in range(4)}) == 4  # each warp its own hue
+    assert _thread_color(0)[:3] == _thread_color(31)[:3] or _thread_color(0) != _thread_color(32)
+    thr, val = parse_layout("(64,1):(1,0)"), parse_layout("(1,1):(1,0)")
+    tiler, tv = make_layout_tv(thr, val)
+    svg = render_tv(tv, tiler)
+    assert svg.count('class="warp-edge"') == 1  # threads 0-31 | 32-63 in one column: one boundary
+
+
+def test_crop_draws_part_of_the_grid() -> None:
+    from cuteforge.viz import crop, parse_crop
+
+    full = render("(16,16):(16,1)")
+    with crop(*parse_crop("0:4,2:6")):
+        part = render("(16,16):(16,1)")
+    assert part.count('class="cell"') == 16 < full.count('class="cell"') == 256
+    assert "rows 0:4, cols 2:6 of 16x16" in part
+    with pytest.raises(ValueError, match="crop"):
+        parse_crop("nonsense")

@@ -2,11 +2,13 @@
 an epilogue against torch eager's unfused sequence, side by side on the same inputs.
 
     python examples/templates/bench_fusion.py --out benchmarks/results/h200-templates-fusion.json
+    python examples/templates/bench_fusion.py --compile-only --arch sm_90a   # no GPU needed
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import elementwise
@@ -57,10 +59,32 @@ def bench_row_sum(dt: torch.dtype, m: int = 16384, n: int = 4096) -> dict:
     return _row("sum(x,-1)*s+bias", [m, n], dt, x.numel() * x.element_size(), cand, "template sum*s+bias fused", "template sum", "torch sum*s+bias eager")
 
 
+def compile_only() -> None:
+    """The kernels the benchmark times, compiled from CPU tensors (shapes and dtypes only)."""
+    for dt in (torch.float32, torch.bfloat16):
+        kw = dict(THREADS_PER_BLOCK=256, VEC=16 // torch.empty((), dtype=dt).element_size())
+        a = torch.empty(64, 8192, dtype=dt)
+        for ep in (None, RELU):
+            elementwise.template().compile({"a": a, "b": a.clone()}, torch.empty_like(a), epilogue=ep, **kw)
+        x, out = torch.empty(64, 4096, dtype=dt), torch.empty(64, dtype=dt)
+        row_reduce.template().compile({"x": x}, out, **kw)
+        row_reduce.template().compile({"x": x}, out, epilogue=AFFINE,
+                                      epilogue_args={"scale": 0.5, "bias": torch.empty(64, dtype=dt)}, **kw)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
+    p.add_argument("--compile-only", action="store_true", help="compile the measured kernels for --arch without a GPU")
+    p.add_argument("--arch", default=None, help="target, e.g. sm_90a (default: this GPU)")
     args = p.parse_args(argv)
+    if args.arch:
+        os.environ["CUTEFORGE_ARCH"] = args.arch
+        os.environ["CUTE_DSL_ARCH"] = args.arch
+    if args.compile_only:
+        compile_only()
+        print("compiled the measured template kernels (plain and fused) for", os.environ.get("CUTEFORGE_ARCH", "the default target"))
+        return 0
     rows = []
     for dt in (torch.float32, torch.bfloat16):
         rows += [bench_relu_add(dt), bench_row_sum(dt)]

@@ -142,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
                 template().compile({"a": a, "b": a.clone()}, torch.empty_like(a), THREADS_PER_BLOCK=tpb, VEC=16 // a.element_size())
             template().compile({"a": a, "b": a.clone()}, torch.empty_like(a), epilogue=ep,
                                epilogue_args={"bias": torch.empty(1000, dtype=dt), "s": 0.5}, prologues={"a": pro})
+        # 2048 threads per block is past the hardware's 1024 on purpose: the template's
+        # validate hook rejects that candidate before anything compiles, and says why.
         chs = template().choices({"a": a, "b": a.clone()}, torch.empty_like(a), THREADS_PER_BLOCK=[128, 256, 512, 2048])
         for c in chs:
-            print(f"{c.description}: {c.kernel_name or 'error'} {c.source_path or c.error}")
+            if c.error:
+                print(f"{c.description}: rejected as intended: {c.error}")
+            else:
+                print(f"{c.description}: {c.kernel_name} {c.source_path}")
         print("compiled elementwise_add for", os.environ.get("CUTEFORGE_ARCH", "the default target"))
         return 0
     torch.manual_seed(0)

@@ -1,16 +1,26 @@
 """The `cuteforge` command (also `python -m cuteforge`).
 
-Every subcommand ends a failure with one line on stderr and exit code 2, never a
-traceback; reporting subcommands take `--json`.
+Every subcommand prints for people by default and JSON with `--json`, shows progress on
+stderr (a bar on a terminal, plain lines otherwise), and ends a failure with one line on
+stderr and exit code 2, never a traceback. A closed pipe (`cuteforge cache ls | head -1`)
+ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import importlib.util
+import inspect
 import json
 import os
+import shutil
 import sys
 import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 EXIT_USAGE = 2
@@ -32,7 +42,9 @@ def _set_arch(arch: str | None) -> None:
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
 
-    out: dict[str, str | None] = {}
+    from . import __version__
+
+    out: dict[str, str | None] = {"cuteforge": __version__}
     for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi", "torch"):
         try:
             out[dist] = metadata.version(dist)
@@ -58,6 +70,7 @@ def cmd_info(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_info(r: dict[str, Any]) -> None:
     v = r["versions"]
+    print(f"cuteforge      {v['cuteforge']}")
     print(f"GPU            {r['gpu_text']}")
     print(f"target arch    {r['target_arch']}{'  (compile only)' if r['compile_only'] else ''}")
     print(f"CuTe DSL       nvidia-cutlass-dsl {v['nvidia-cutlass-dsl']}, apache-tvm-ffi {v['apache-tvm-ffi']}")
@@ -65,9 +78,58 @@ def _print_info(r: dict[str, Any]) -> None:
     print(f"kernel cache   {r['cache_dir']}{'' if r['disk_cache'] else '  (disabled: CUTEFORGE_CACHE=0)'}")
 
 
+class Progress:
+    """Progress on stderr: a rich bar on a terminal, plain lines otherwise (a log, CI)."""
+
+    def __init__(self, title: str, total: int, enabled: bool = True) -> None:
+        self.title, self.total, self.done, self.enabled = title, total, 0, enabled
+        self.tty = sys.stderr.isatty()
+        self._bar: Any = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Progress:
+        if self.enabled and self.tty:
+            from rich.console import Console
+            from rich.progress import Progress as RichProgress
+
+            self._bar = self._stack.enter_context(RichProgress(console=Console(stderr=True), transient=True))
+            self._task = self._bar.add_task(self.title, total=self.total)
+        elif self.enabled:
+            print(f"{self.title}: {self.total} to do", file=sys.stderr, flush=True)
+        return self
+
+    def advance(self, what: str) -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=f"{self.title}: {what}")
+        elif self.enabled:
+            print(f"[{self.done}/{self.total}] {what}", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def note(text: str) -> None:
+    """A progress note on stderr (what a long step is doing)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 def cmd_cache(args: argparse.Namespace) -> Any:
     from . import cache
 
+    if args.action == "clear" and not args.yes:
+        entries = cache.list_entries()
+        what = (f"{len(entries)} compiled kernels ({_mib(sum(e['bytes'] for e in entries))}) and the stored "
+                f"tuning results under {cache.cache_root()}")
+        if not sys.stdin.isatty():
+            raise CliError(f"cache clear deletes {what}; pass --yes to confirm (no terminal to ask on)")
+        answer = input(f"Delete {what}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            return {"removed": 0, "cache_dir": str(cache.cache_root()), "cancelled": True}
     if args.action == "stats":
         entries = cache.list_entries()
         return {
@@ -81,6 +143,24 @@ def cmd_cache(args: argparse.Namespace) -> Any:
         return cache.list_entries()
     removed = cache.clear()
     return {"removed": removed, "cache_dir": str(cache.cache_root())}
+
+
+def _print_cache(r: Any) -> None:
+    if isinstance(r, list):  # ls
+        for e in r:
+            print(f"{e.get('kernel') or '?':28s} {e.get('arch') or '?':8s} {e.get('bytes', 0):>9d}  {e.get('key') or ''}")
+        return
+    if "entries" in r:  # stats
+        print(f"cache dir      {r['cache_dir']}")
+        print(f"entries        {r['entries']} ({_mib(r['bytes'])})")
+        print(f"kernels        {', '.join(r['kernels']) or '-'}")
+        for k, v in (r.get("cumulative") or {}).items():
+            print(f"{k:14s} {round(v, 1) if isinstance(v, float) else v}")
+        return
+    if r.get("cancelled"):
+        print("nothing deleted")
+    else:
+        print(f"removed {r['removed']} entries from {r['cache_dir']}")
 
 
 def precompile(kernels: list[str] | None = None, progress: bool = True) -> list[dict[str, Any]]:
@@ -98,10 +178,7 @@ def precompile(kernels: list[str] | None = None, progress: bool = True) -> list[
     jobs = [(REGISTRY[n], key, params) for n in names if REGISTRY[n].specializations for key, params in REGISTRY[n].specializations()]
     arch = target_arch()
     rows = []
-    from rich.progress import Progress
-
-    with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task(f"precompile for {arch}", total=len(jobs))
+    with Progress(f"precompile for {arch}", len(jobs), enabled=progress) as bar:
         for k, key, params in jobs:
             spec = k.spec(key, tuple(sorted(params.items())), arch=arch)
             before = STATS.compiles
@@ -119,7 +196,7 @@ def precompile(kernels: list[str] | None = None, progress: bool = True) -> list[
                     "ms": round(ms, 1),
                 }
             )
-            bar.advance(task)
+            bar.advance(f"{k.name} {'/'.join(key.dtypes)} {rows[-1]['status']} {ms:.0f} ms")
     return rows
 
 
@@ -127,7 +204,7 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
     from .arch import target_arch
     from .cache import cache_root, fingerprint
 
-    rows = precompile(args.kernel or None, progress=not args.json and sys.stderr.isatty())
+    rows = precompile(args.kernel or None)
     out = {
         "arch": target_arch(),
         "cache_dir": str(cache_root() / fingerprint(target_arch())),
@@ -140,21 +217,44 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
         from .native import build
 
         t0 = time.perf_counter()
+        note("building the C++ extension (once per machine; one to two minutes the first time) ...")
         built = build.load() is not None
+        note(f"C++ extension {'ready' if built else 'not built'} ({time.perf_counter() - t0:.0f} s)")
         out["native_autograd"] = {"built": built, "dir": str(build.build_dir()), "s": round(time.perf_counter() - t0, 1)}
     return out
 
 
-def _print_precompile(r: dict[str, Any]) -> None:
+def _family(kernel: str) -> str:
+    """A kernel's family for summaries: gemm_sm90_tn_col -> gemm, norm_fwd -> norm."""
+    for fam in ("gemm", "norm", "softmax", "cross_entropy", "row_reduce", "col_reduce"):
+        if kernel.startswith(fam):
+            return fam
+    return kernel.split("_")[0]
+
+
+def _console() -> Any:
     from rich.console import Console
+
+    # off a terminal rich would assume 80 columns and cut names: use the real width or a wide one
+    return Console(width=None if sys.stdout.isatty() else max(shutil.get_terminal_size((160, 24)).columns, 160))
+
+
+def _print_precompile(r: dict[str, Any]) -> None:
     from rich.table import Table
 
-    t = Table(title=f"precompiled for {r['arch']}")
-    for col in ("kernel", "params", "dtypes", "static", "status", "ms"):
-        t.add_column(col, justify="right" if col == "ms" else "left")
+    fams: dict[str, dict[str, Any]] = {}
     for row in r["kernels"]:
-        t.add_row(row["kernel"], json.dumps(row["params"]), "/".join(row["dtypes"]), json.dumps(row["static"]), row["status"], f"{row['ms']:.0f}")
-    Console().print(t)
+        f = fams.setdefault(_family(row["kernel"]), {"kernels": set(), "compiled": 0, "loaded": 0, "ms": 0.0})
+        f["kernels"].add(row["kernel"])
+        f[row["status"]] += 1
+        f["ms"] += row["ms"]
+    t = Table(title=f"precompiled for {r['arch']}, per family")
+    for col in ("family", "kernels", "specializations", "compiled", "loaded", "seconds"):
+        t.add_column(col, justify="left" if col == "family" else "right", overflow="fold")
+    for name, f in sorted(fams.items()):
+        t.add_row(name, str(len(f["kernels"])), str(f["compiled"] + f["loaded"]), str(f["compiled"]), str(f["loaded"]),
+                  f"{f['ms'] / 1e3:.1f}")
+    _console().print(t)
     print(f"{r['compiled']} compiled, {r['loaded']} loaded from cache, {r['total_ms'] / 1e3:.1f} s in all; artifacts in {r['cache_dir']}")
     node = r.get("native_autograd")
     if node:
@@ -184,6 +284,26 @@ def _print_library(r: dict[str, Any]) -> None:
     from .report import print_tables
 
     print_tables([r])
+    _print_bench_summary(r)
+
+
+def _print_bench_summary(r: dict[str, Any]) -> None:
+    """One line per family: where cuteforge was fastest, its median % of copy."""
+    from rich.table import Table
+
+    from .report import family_names, table_rows
+
+    t = Table(title="summary per family")
+    for col in ("family", "rows", "cuteforge fastest", "cuteforge median % of ref", "slowest vs best"):
+        t.add_column(col, justify="left" if col == "family" else "right")
+    for fam in family_names([r]):
+        rows = table_rows([r], fam)
+        mine = [row for row in rows if "cuteforge" in row["values"]]
+        pcts = sorted(row["pct"]["cuteforge"] for row in mine if row["pct"].get("cuteforge") is not None)
+        worst = min((row["values"]["cuteforge"] / max(row["values"].values()) for row in mine), default=None)
+        t.add_row(fam, str(len(rows)), f"{sum(row['best'] == 'cuteforge' for row in mine)}/{len(mine)}",
+                  f"{pcts[len(pcts) // 2]:.1f}" if pcts else "-", f"{worst:.2f}x" if worst is not None else "-")
+    _console().print(t)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -201,38 +321,128 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    """A kernel's signature, source and cache entries; --ptx/--sass compile one specialization."""
-    from pathlib import Path
-
-    from . import compiler
+def _find_kernel(name: str) -> Any:
+    """A library kernel by name, or a user kernel as `module:kernel` / `path/to/file.py:kernel`."""
     from . import kernels as families
+    from .kernel import REGISTRY, Kernel
+
+    if ":" not in name:
+        families.load_all()
+        return REGISTRY.get(name)
+    mod_name, _, attr = name.rpartition(":")
+    try:
+        if mod_name.endswith(".py") or os.sep in mod_name:
+            spec = importlib.util.spec_from_file_location(Path(mod_name).stem, mod_name)
+            if spec is None or spec.loader is None:
+                raise CliError(f"cannot load {mod_name!r}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+        else:
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(mod_name)
+    except (ImportError, FileNotFoundError) as e:
+        raise CliError(f"cannot import {mod_name!r}: {e}") from None
+    k = getattr(module, attr, None)
+    if not isinstance(k, Kernel):
+        raise CliError(f"{mod_name}:{attr} is not a @cuteforge.kernel (got {type(k).__name__})")
+    return k
+
+
+def _device_files(fn: Any, home: str, seen: set[int] | None = None, out: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """Source files of the device code a builder reaches: the functions in its closures and
+    the module-level functions it names, kept where they live in cuteforge's kernels or in
+    the builder's own module (`home`)."""
+    seen = set() if seen is None else seen
+    out = {} if out is None else out
+    if id(fn) in seen or not isinstance(fn, types.FunctionType):
+        return out
+    seen.add(id(fn))
+    code = fn.__code__
+    if hasattr(fn, "_decorator_kind") or code.co_filename != inspect.getsourcefile(fn):
+        out.setdefault(code.co_filename, set()).add(fn.__qualname__)
+    for cell in fn.__closure__ or ():
+        with contextlib.suppress(ValueError):
+            _device_files(cell.cell_contents, home, seen, out)
+
+    def names(co: types.CodeType) -> Iterator[str]:
+        yield from co.co_names
+        for c in co.co_consts:
+            if isinstance(c, types.CodeType):
+                yield from names(c)
+
+    for n in names(code):
+        v = fn.__globals__.get(n)
+        if isinstance(v, types.FunctionType) and (v.__module__ or "").startswith(("cuteforge.kernels", home)):
+            out.setdefault(v.__code__.co_filename, set()).add(v.__qualname__)
+            _device_files(v, home, seen, out)
+    return out
+
+
+def _specializations(k: Any, args: argparse.Namespace) -> list[tuple[Any, dict[str, Any]]]:
+    """The specializations `show` can compile: --tensors (with --param) make one; otherwise
+    the kernel's standard ones."""
+    if args.tensors:
+        import torch
+
+        from .signature import torch_dtype
+
+        tensors = []
+        for item in args.tensors.split(";"):
+            dt, _, shape = item.strip().partition("[")
+            try:
+                dims = [int(d) for d in shape.rstrip("]").split(",") if d.strip()]
+                tensors.append(torch.empty(dims, dtype=torch_dtype(dt.strip()), device="meta"))
+            except (ValueError, KeyError, TypeError):
+                raise CliError(f"--tensors: {item!r} is not DTYPE[D0,D1,...], e.g. float32[4096,1024]") from None
+        return [(k.signature.fresh_key(tensors), _params(args.param))]
+    specs = [(key, {**params, **_params(args.param)}) for key, params in (k.specializations() if k.specializations else [])]
+    return specs
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """A kernel's signature, specializations and cache entries; its device code; the PTX or
+    SASS of one specialization (--spec picks it, --tensors describes a new one)."""
+    from . import compiler
     from .cache import list_entries
     from .kernel import REGISTRY
 
-    families.load_all()
-    k = REGISTRY.get(args.kernel)
+    k = _find_kernel(args.kernel)
     if k is None:
         from .templates.show import show_generated  # template kernels: their generated sources
 
         if show_generated(args.kernel, source=args.source, ptx=args.ptx, sass=args.sass):
             return 0
-        raise CliError(f"unknown kernel {args.kernel!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise CliError(f"unknown kernel {args.kernel!r}; known: {', '.join(sorted(REGISTRY))} "
+                       "(a kernel of your own: module:kernel or path/to/file.py:kernel)")
+    specs = _specializations(k, args)
     if args.source:
-        print(f"# {k.source_path}")
-        print(Path(k.source_path).read_text())
+        files: dict[str, set[str]] = {}
+        if specs:
+            key, params = specs[min(args.spec, len(specs) - 1)]
+            _device_files(k.builder(k.spec(key, k.key_params(sorted(params.items())))), k.builder.__module__, out=files)
+        else:
+            _device_files(k.builder, k.builder.__module__, out=files)
+        dsl_dir = os.path.dirname(os.path.dirname(importlib.util.find_spec("cutlass").origin or ""))
+        shown = [f for f in files if not f.startswith(dsl_dir) and os.path.exists(f)] or [k.source_path]
+        for f in shown:
+            print(f"# ===== {f} ({', '.join(sorted(files.get(f, ()))) or 'builder'})")
+            print(Path(f).read_text())
         return 0
-    specs = list(k.specializations()) if k.specializations else []
     if args.ptx or args.sass:
         if not specs:
-            raise CliError(f"kernel {k.name!r} declares no standard specializations to compile")
-        key, params = specs[0]
-        spec = k.spec(key, tuple(sorted(params.items())))
+            raise CliError(f"kernel {k.name!r} declares no standard specializations: describe one with "
+                           "--tensors 'float32[4096,1024];...' (and --param NAME=VALUE)")
+        if not 0 <= args.spec < len(specs):
+            raise CliError(f"--spec {args.spec}: kernel {k.name!r} has specializations 0..{len(specs) - 1} (see `cuteforge show {args.kernel}`)")
+        key, params = specs[args.spec]
+        spec = k.spec(key, k.key_params(sorted(params.items())))
+        compiler.prepare_dsl(spec.arch)
         result = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), spec.arch, keep_artifacts=True)
         print(f"# {k.name} {spec.key_repr()}")
         print((result.ptx or "") if args.ptx else compiler.sass(result.cubin or b""))
         return 0
-    info = {
+    info: dict[str, Any] = {
         "kernel": k.name,
         "archs": list(k.archs),
         "source": k.source_path,
@@ -241,15 +451,41 @@ def cmd_show(args: argparse.Namespace) -> int:
             for a in k.signature.args
         ],
         "static": list(k.signature.static),
-        "standard_specializations": len(specs),
+        "specializations": [],
         "cached_entries": sum(e["kernel"] == k.name for e in list_entries()),
     }
-    if specs:
-        spec = k.spec(specs[0][0], tuple(sorted(specs[0][1].items())))
-        info["example_key"] = spec.key_repr()
-        info["example_candidates"] = [repr(c) for c in (k.configs(spec) if k.configs else [])]
-    print(json.dumps(info, indent=1))
+    for i, (key, params) in enumerate(specs):
+        spec = k.spec(key, k.key_params(sorted(params.items())))
+        info["specializations"].append({"index": i, "key": spec.key_repr(), "config": repr(spec.config)})
+        if i == 0:
+            info["candidates"] = [repr(c) for c in (k.configs(spec) if k.configs else [])]
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"kernel         {info['kernel']}  (archs {', '.join(info['archs'])})")
+    print(f"source         {info['source']}")
+    for a in info["signature"]:
+        print(f"  {a['name']:12s} dims ({', '.join(a['dims'])})  dtypes {', '.join(a['dtypes'])}")
+    print(f"static dims    {', '.join(info['static']) or '-'}")
+    print(f"cache entries  {info['cached_entries']}")
+    print(f"specializations ({len(specs)}; --spec N picks one for --ptx / --sass):")
+    for sp in info["specializations"]:
+        print(f"  [{sp['index']}] {sp['key']}")
+    if info.get("candidates"):
+        print(f"configs tried for [0] ({len(info['candidates'])}):")
+        for c in info["candidates"]:
+            print(f"  {c}")
     return 0
+
+
+def _number(text: str) -> Any:
+    """'4' -> 4, '3.0' / '1e-5' -> float, anything else stays text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _params(items: list[str] | None) -> dict[str, Any]:
@@ -259,7 +495,7 @@ def _params(items: list[str] | None) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise ValueError(f"--param {item!r}: expected NAME=VALUE, e.g. act=gelu")
-        out[name.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+        out[name.strip()] = _number(value.strip())
     return out
 
 
@@ -281,11 +517,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_viz(args: argparse.Namespace) -> int:
     from . import viz
 
-    return viz.main_viz(args.kind, args.spec, args.output, args.format)
+    return viz.main_viz(args.kind, args.spec, args.output, args.format, args.crop)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="cuteforge", description="Compile-once CuTe DSL kernels for PyTorch.")
+    p.add_argument("--version", action="version", version=f"cuteforge {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("info", help="GPU, DSL version, cache dir, target arch")
@@ -293,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("cache", help="inspect or clear the persistent kernel cache")
     s.add_argument("action", choices=("stats", "ls", "clear"))
+    s.add_argument("--yes", "-y", action="store_true", help="clear: do not ask")
     s.add_argument("--json", action="store_true")
 
     for name, help_ in (
@@ -317,13 +557,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="DIR", help="write one PNG per op family into DIR")
     s.add_argument("--report", metavar="FILE.html", help="write one self-contained HTML page with all plots and tables")
 
-    s = sub.add_parser("show", help="a kernel's signature and cache entries; its source, PTX or SASS")
-    s.add_argument("kernel")
+    s = sub.add_parser("show", help="a kernel's signature, specializations and cache entries; its device code, PTX or SASS")
+    s.add_argument("kernel", help="a library kernel, or your own as module:kernel or path/to/file.py:kernel")
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--source", action="store_true", help="print the kernel's source file")
-    g.add_argument("--ptx", action="store_true", help="compile one standard specialization, print its PTX")
+    g.add_argument("--source", action="store_true", help="print the kernel's device code")
+    g.add_argument("--ptx", action="store_true", help="compile one specialization, print its PTX")
     g.add_argument("--sass", action="store_true", help="same, SASS (needs nvdisasm or cuobjdump)")
+    s.add_argument("--spec", type=int, default=0, metavar="N", help="which specialization (listed by `show K`; default 0)")
+    s.add_argument("--tensors", metavar="'DTYPE[D,...];...'", help="describe a specialization by its tensors, e.g. 'float32[1000];float32[1000]'")
+    s.add_argument("--param", action="append", metavar="NAME=VALUE", help="a kernel parameter (repeatable)")
     s.add_argument("--arch", help="target, e.g. sm_90a")
+    s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("tune", help="autotune a kernel for shapes (or compile every candidate, no GPU)")
     s.add_argument("kernel", help="row_reduce, softmax_fwd, softmax_bwd, norm_fwd, cross_entropy_fwd, "
@@ -346,10 +590,24 @@ def build_parser() -> argparse.ArgumentParser:
                    "for mma: PRESET [A|B|C] [MxNxK atoms], e.g. sm80_16x8x16 C 2x2x1")
     s.add_argument("-o", "--output", help="write .svg or .png here (default: SVG on stdout)")
     s.add_argument("--format", choices=("auto", "svg", "png"), default="auto")
+    s.add_argument("--crop", metavar="M0:M1,N0:N1", help="draw only these rows and columns (zoom into a large layout)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `cuteforge cache ls | head -1`: the reader is gone, end quietly
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("cuteforge: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "arch", None):
@@ -364,11 +622,13 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args)
         handler, printer = {
             "info": (cmd_info, _print_info),
-            "cache": (cmd_cache, None),
+            "cache": (cmd_cache, _print_cache),
             "precompile": (cmd_precompile, _print_precompile),
             "library": (cmd_library, _print_library),
         }[args.command]
         result = handler(args)
+    except BrokenPipeError:
+        raise
     except (CliError, ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"cuteforge {args.command}: error: {msg}", file=sys.stderr)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 import html
 import io
 import json
@@ -191,6 +192,27 @@ def plot_grid(results: Sequence[Results], out_png: Path, columns: int = 2) -> Pa
     return Path(out_png)
 
 
+# One colour per implementation in every plot (cuteforge is always red, torch always blue).
+IMPL_COLORS = {"cuteforge": "#d62728", "torch": "#1f77b4", "torch_compile": "#2ca02c", "compile": "#2ca02c",
+               "quack": "#9467bd", "cublas": "#000000", "triton": "#ff7f0e", "scaled_mm": "#000000"}
+_SPARE_COLORS = ("#8c564b", "#17becf", "#e377c2", "#bcbd22", "#7f7f7f", "#ff7f0e", "#aec7e8", "#98df8a")
+# Columns that tell rows of one (dtype, N) apart as separate series, not as repeats.
+_VARIANT_KEYS = ("epilogue", "scaling", "set", "phase", "mode", "variant")
+
+
+def impl_color(name: str) -> str:
+    """The colour of an implementation: fixed for the known ones, else stable per name."""
+    base = name.lower()
+    for known, color in IMPL_COLORS.items():
+        if base == known or base.startswith(known + "_"):
+            return color
+    return _SPARE_COLORS[int(hashlib.sha256(base.encode()).hexdigest(), 16) % len(_SPARE_COLORS)]
+
+
+def _variant(row: dict[str, Any]) -> str:
+    return " ".join(str(row[k]) for k in _VARIANT_KEYS if isinstance(row.get(k), str))
+
+
 def _draw_family(ax: Any, results: Sequence[Results], family: str) -> str:
     """Draw `family` on `ax`; returns its title."""
     per_file = [(r, families(r).get(family, [])) for r in results]
@@ -199,15 +221,15 @@ def _draw_family(ax: Any, results: Sequence[Results], family: str) -> str:
         raise ValueError(f"no '{family}' rows in the results")
     suffix = _metric(per_file[0][1][0]) or "_GBps"
     unit, several_gpus = _METRICS[suffix], len(per_file) > 1
-    colors, styles, markers = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"], ["-", "--", "-.", ":"], "os^Dv"
+    styles, markers = ["-", "--", "-.", ":"], "os^Dv"
     impls: list[str] = []
     dtypes: list[str] = []
     dropped = 0
     for fi, (r, rows) in enumerate(per_file):
-        # largest-M row (largest M*K for GEMMs) per (dtype, N)
+        # largest-M row (largest M*K for GEMMs) per (dtype and variant, N)
         pick: dict[tuple[str, int], dict[str, Any]] = {}
         for row in rows:
-            k = (str(row["dtype"]), row["N"])
+            k = (" ".join(filter(None, (str(row["dtype"]), _variant(row)))), row["N"])
             if k not in pick or row["M"] * row.get("K", 1) > pick[k]["M"] * pick[k].get("K", 1):
                 pick[k] = row
         dropped += len(rows) - len(pick)
@@ -221,7 +243,7 @@ def _draw_family(ax: Any, results: Sequence[Results], family: str) -> str:
                     continue
                 label = f"{name} {dt}" + (f" ({r['gpu']})" if several_gpus else "")
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label,
-                        color="black" if is_ref else colors[impls.index(name) % len(colors)],
+                        color=impl_color(name),
                         linestyle=styles[(dtypes.index(dt) + fi) % len(styles)],
                         marker=markers[dtypes.index(dt) % len(markers)], linewidth=2.2 if is_ref else 1.6, markersize=5)
         if suffix == "_GBps":
@@ -236,7 +258,8 @@ def _draw_family(ax: Any, results: Sequence[Results], family: str) -> str:
     ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
     ax.grid(True, which="major", alpha=0.3)
     gpus = ", ".join(dict.fromkeys(str(r["gpu"]) for r, _ in per_file))
-    note = f"largest M per N; {dropped} smaller-M row{'s' * (dropped != 1)} not plotted" if dropped else "one M per N"
+    note = (f"largest M per N; {dropped} row{'s' * (dropped != 1)} with a smaller M at the same N not plotted, "
+            "all in the table" if dropped else "one M per N")
     ax.legend(fontsize=8, loc="lower right", ncol=2 if len(ax.get_lines()) > 6 else 1, framealpha=0.9)
     return f"{family}: {unit} vs N on {gpus} ({note})"
 
@@ -424,17 +447,15 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
         raise ValueError(f"bad --dtype {dtypes!r}: expected e.g. float32,bfloat16,float16")
     copy_bps = timing.copy_bandwidth()
     result: Results = {**results_header("cuteforge " + " ".join(sys.argv[1:])), "copy_GBps": round(copy_bps / 1e9, 1)}
-    from rich.progress import Progress
+    from .cli import Progress
 
     jobs = [(op, dt, shape) for op in ops for dt in dts for shape in shape_list]
-    with Progress(transient=True, disable=not (progress and sys.stderr.isatty())) as bar:
-        task = bar.add_task("benchmarking", total=len(jobs))
+    with Progress("benchmarking", len(jobs), enabled=progress) as bar:
         for op, dt, shape in jobs:
-            bar.update(task, description=f"{op} {str(dt)[6:]} {shape[0]}x{shape[1]}")
             for backward in (False, True) if op in WITH_BACKWARD else (False,):
                 rows = measure_shapes(op, [shape], dt, copy_bps, compiled=compiled and not quick, backward=backward)
                 result.setdefault(rows[0]["op"], []).extend(rows)
-            bar.advance(task)
+            bar.advance(f"{op} {str(dt)[6:]} {shape[0]}x{shape[1]}")
     return result
 
 

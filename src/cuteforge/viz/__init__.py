@@ -11,7 +11,7 @@ Nothing here needs a GPU or imports ``cutlass``: layouts are parsed from CuTe no
 
 from .dsl import MMA_PRESETS, main_viz, render_mma_preset, render_tiled_copy, render_tiled_mma
 from .layout import IntTuple, Layout, make_layout_tv, parse_layout
-from .svg import SVG, render, render_tv, save
+from .svg import PNG_MAX_PX, SVG, crop, parse_crop, render, render_tv, save
 
-__all__ = ["MMA_PRESETS", "SVG", "IntTuple", "Layout", "main_viz", "make_layout_tv", "parse_layout", "render",
+__all__ = ["MMA_PRESETS", "PNG_MAX_PX", "SVG", "crop", "parse_crop", "IntTuple", "Layout", "main_viz", "make_layout_tv", "parse_layout", "render",
            "render_mma_preset", "render_tiled_copy", "render_tiled_mma", "render_tv", "save"]

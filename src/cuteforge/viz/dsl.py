@@ -128,7 +128,17 @@ def render_mma_preset(preset: str, operand: str = "C", atoms: str = "1x1x1") -> 
     return out["svg"]
 
 
-def main_viz(kind: str, spec: list[str], out: str | None, fmt: str = "auto") -> int:
+def main_viz(kind: str, spec: list[str], out: str | None, fmt: str = "auto", crop_text: str | None = None) -> int:
+    """``main_viz`` drawing only ``crop_text`` ('M0:M1,N0:N1') of the grid when given."""
+    if crop_text:
+        from .svg import crop, parse_crop
+
+        with crop(*parse_crop(crop_text)):
+            return _main_viz(kind, spec, out, fmt)
+    return _main_viz(kind, spec, out, fmt)
+
+
+def _main_viz(kind: str, spec: list[str], out: str | None, fmt: str = "auto") -> int:
     """Backend of ``cuteforge viz layout LAYOUT`` / ``cuteforge viz tv THR VAL``.
 
     Prints the SVG to stdout without ``out``; otherwise writes ``out`` (``fmt`` ``svg``/

@@ -1,10 +1,14 @@
 """Drawing layouts as SVG (and PNG through matplotlib): a grid per layout, colored by
-offset, or by thread for thread-value layouts."""
+offset, or by warp for thread-value layouts (lanes a shade apart, warp boundaries drawn
+as thick lines). `crop(rows, cols)` draws part of a large grid; PNGs fit ~2000 px."""
 
 from __future__ import annotations
 
 import colorsys
+import contextlib
+import contextvars
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -35,12 +39,55 @@ def _offset_color(offset: int, lo: int, hi: int) -> str:
     return _hsv_hex(0.8 * (offset - lo) / (hi - lo) if hi > lo else 0.0, 0.35)
 
 
+PNG_MAX_PX = 2000  # the longer side of a PNG, whatever the layout's size
+_CROP: contextvars.ContextVar[tuple[range, range] | None] = contextvars.ContextVar("cuteforge_viz_crop", default=None)
+
+
+@contextlib.contextmanager
+def crop(rows: range | tuple[int, int], cols: range | tuple[int, int]) -> Iterator[None]:
+    """Draw only rows x cols of the grids rendered inside (a zoom into a large layout)."""
+    r = rows if isinstance(rows, range) else range(*rows)
+    c = cols if isinstance(cols, range) else range(*cols)
+    token = _CROP.set((r, c))
+    try:
+        yield
+    finally:
+        _CROP.reset(token)
+
+
+def parse_crop(text: str) -> tuple[range, range]:
+    """'M0:M1,N0:N1' (ends exclusive; either side may be empty: ':16,0:64')."""
+    try:
+        parts = [p.split(":") for p in text.split(",")]
+        (a, b), (c, d) = parts
+        return range(int(a or 0), int(b) if b else 1 << 30), range(int(c or 0), int(d) if d else 1 << 30)
+    except ValueError:
+        raise ValueError(f"--crop {text!r}: expected ROWS,COLS as M0:M1,N0:N1, e.g. 0:16,0:32") from None
+
+
+def warp_of(tid: int) -> int:
+    return tid // 32
+
+
 def _thread_color(tid: int) -> str:
-    """Eight pastel hues cycled by thread; alternate groups of eight a shade deeper."""
-    return _hsv_hex((tid % 8) / 8, 0.25 if (tid // 8) % 2 == 0 else 0.45)
+    """One hue per warp (golden-ratio steps, so neighbouring warps differ clearly); the 32
+    lanes of a warp alternate two shades so that single threads stay readable."""
+    return _hsv_hex((warp_of(tid) * 0.381966) % 1.0, 0.22 if tid % 2 == 0 else 0.34)
 
 
 def _grid_svg(rows: int, cols: int, cells: dict[tuple[int, int], _Cell], title: str) -> SVG:
+    window = _CROP.get()
+    if window is not None:
+        rr = range(max(window[0].start, 0), min(window[0].stop, rows))
+        cr = range(max(window[1].start, 0), min(window[1].stop, cols))
+        if not rr or not cr:
+            raise ValueError(f"crop rows {window[0].start}:{window[0].stop}, cols {window[1].start}:"
+                             f"{window[1].stop} is outside the {rows}x{cols} grid")
+        cells = {(m - rr.start, n - cr.start): c for (m, n), c in cells.items() if m in rr and n in cr}
+        title = f"{title} [rows {rr.start}:{rr.stop}, cols {cr.start}:{cr.stop} of {rows}x{cols}]"
+        rows, cols, row0, col0 = len(rr), len(cr), rr.start, cr.start
+    else:
+        row0 = col0 = 0
     longest = max((len(line) for _, lines, _ in cells.values() for line in lines), default=1)
     cw, ch = max(36, round(_CHAR_W * longest) + 12), _CELL_H + 14 * (
         max((len(c[1]) for c in cells.values()), default=1) - 1)
@@ -58,10 +105,10 @@ def _grid_svg(rows: int, cols: int, cells: dict[tuple[int, int], _Cell], title: 
                    f'font-size="14" font-weight="bold" {_TEXT}>{escape(title)}</text>')
     for m in range(rows):
         out.append(f'<text class="row-index" x="{left / 2:g}" y="{top + (m + 0.5) * ch:g}" '
-                   f'fill="#606060" {_TEXT}>{m}</text>')
+                   f'fill="#606060" {_TEXT}>{m + row0}</text>')
     for n in range(cols):
         out.append(f'<text class="col-index" x="{left + (n + 0.5) * cw:g}" y="{top - 11}" '
-                   f'fill="#606060" {_TEXT}>{n}</text>')
+                   f'fill="#606060" {_TEXT}>{n + col0}</text>')
     for m in range(rows):
         for n in range(cols):
             fill, lines, data = cells.get((m, n), ("#ffffff", [], {"data-m": m, "data-n": n}))
@@ -74,6 +121,14 @@ def _grid_svg(rows: int, cols: int, cells: dict[tuple[int, int], _Cell], title: 
                             for i, line in enumerate(lines))
             if spans:
                 out.append(f'<text class="cell-label" {_TEXT}>{spans}</text>')
+    # warp boundaries: a thick line wherever a cell's warp differs from its neighbour's
+    warp = {mn: warp_of(c[2]["data-tid"]) for mn, c in cells.items() if "data-tid" in c[2]}
+    for (m, n), w in warp.items():
+        x, y = left + n * cw, top + m * ch
+        if warp.get((m, n + 1), w) != w:
+            out.append(f'<line class="warp-edge" x1="{x + cw}" y1="{y}" x2="{x + cw}" y2="{y + ch}" stroke="#000000" stroke-width="3"/>')
+        if warp.get((m + 1, n), w) != w:
+            out.append(f'<line class="warp-edge" x1="{x}" y1="{y + ch}" x2="{x + cw}" y2="{y + ch}" stroke="#000000" stroke-width="3"/>')
     out.append("</svg>")
     return SVG("\n".join(out) + "\n")
 
@@ -153,7 +208,7 @@ def _svg_to_png(svg: str, path: Path) -> None:
         raise RuntimeError("PNG output needs matplotlib: pip install 'cuteforge[plot]' (or write .svg)") from None
     root = ET.fromstring(svg)
     width, height = float(root.get("width", 100)), float(root.get("height", 100))
-    scale = min(2.0, 8192 / max(width, height))  # 2x for crispness, capped at 8192 px
+    scale = min(2.0, PNG_MAX_PX / max(width, height))  # 2x for small grids; large ones fit PNG_MAX_PX
     fig = Figure(figsize=(width / 100, height / 100), dpi=100 * scale)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(height, 0))
@@ -165,8 +220,11 @@ def _svg_to_png(svg: str, path: Path) -> None:
                                    num(el, "height"), facecolor=el.get("fill", "none"),
                                    edgecolor=el.get("stroke", "none"),
                                    linewidth=0.72 * num(el, "stroke-width", 0)))
+        elif el.tag.endswith("}line"):
+            ax.plot([num(el, "x1"), num(el, "x2")], [num(el, "y1"), num(el, "y2")], color=el.get("stroke", "black"),
+                    linewidth=0.72 * num(el, "stroke-width", 1) * scale, solid_capstyle="projecting")
         elif el.tag.endswith("}text"):
-            size = 0.72 * num(el, "font-size", num(root, "font-size", 12))  # px -> pt @100dpi
+            size = 0.72 * num(el, "font-size", num(root, "font-size", 12))  # px -> pt at 100 dpi
             for span in [c for c in el if c.tag.endswith("}tspan")] or [el]:
                 ax.text(num(span, "x"), num(span, "y"), span.text or "", ha="center",
                         va="center", family="monospace", fontsize=size,
