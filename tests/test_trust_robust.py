@@ -108,8 +108,14 @@ def test_lock_path_that_is_a_directory(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 CHILD = """
-import json, sys, warnings
-from cuteforge import cache, compiler
+import json, os, sys, warnings
+from cuteforge import cache, compiler, trust
+if sys.argv[1:] == ["locks"]:  # lock files this process cannot open (mode 000)
+    for i in range(2):
+        lock = cache.entry_for(trust.check_root(cache.cache_root()), kernel="k", key_repr=f"key{i}", arch="sm_90a").lock
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_text("")
+        os.chmod(lock, 0)
 n = []
 def compile_fn(keep):
     n.append(1)
@@ -121,10 +127,10 @@ print(json.dumps({"ok": outs == [b"obj", b"obj"], "compiles": len(n), "warnings"
 """
 
 
-def run_unprivileged(root: Path) -> dict:
+def run_unprivileged(root: Path, *args: str) -> dict:
     """CHILD in a process that permissions bind: as root, one without the capabilities
     that override them (setpriv), else this user's."""
-    cmd = [sys.executable, "-c", CHILD]
+    cmd = [sys.executable, "-c", CHILD, *args]
     if IS_ROOT:
         setpriv = shutil.which("setpriv")
         if setpriv is None:
@@ -144,12 +150,7 @@ def test_read_only_directory_compiles_in_memory(tmp_path: Path) -> None:
 
 
 def test_lock_file_that_cannot_be_opened(tmp_path: Path) -> None:
-    root = tmp_path / "cache"
-    for i in range(2):
-        lock = entry_for(trust.private_dir(root, *cache.entry_parts("k", ARCH)).parent.parent, kernel="k", key_repr=f"key{i}", arch=ARCH).lock
-        lock.write_text("")
-        os.chmod(lock, 0o000)
-    r = run_unprivileged(root)
+    r = run_unprivileged(tmp_path / "cache", "locks")
     assert r["ok"] and r["compiles"] == 2 and len(r["warnings"]) == 1 and "cannot be used" in r["warnings"][0], r
 
 
