@@ -183,7 +183,31 @@ def test_stopped_lock_holder_delays_by_the_timeout_only(tmp_path: Path, monkeypa
     assert get("held")[:2] == (b"held", 1) and e.obj.exists()  # lock free again: written
 
 
-# --- a writer killed at any point ------------------------------------------------------------
+# --- threads and killed writers -----------------------------------------------------------
+
+
+def test_eight_threads_compile_a_key_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    start = threading.Barrier(8)
+    compiles: list[int] = []
+    served: list[bytes] = []
+
+    def compile_fn(keep: bool) -> compiler.CompileResult:
+        compiles.append(1)
+        time.sleep(0.2)  # long enough for every other thread to miss and wait
+        return compiler.CompileResult(b"shared", None, None, None)
+
+    def call() -> None:
+        start.wait()
+        served.append(DEFAULT_CACHE.get_bytes(kernel=KERNEL, key_repr="threads", arch=ARCH, compile_fn=compile_fn))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert served == [b"shared"] * 8 and compiles == [1]
+
 
 KILLED = """
 import sys, time
