@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 import cuteforge.ops as ops
 from cuteforge import timing
-from cuteforge.kernels.cross_entropy.kernels import work_words
+from cuteforge.kernels.cross_entropy.device import work_words
 from cuteforge.report import results_header, write_results  # noqa: E402
 
 NS = [4096, 16384, 65536, 262144]

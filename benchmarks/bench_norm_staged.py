@@ -116,7 +116,7 @@ def deep_fwd_candidates(n: int, bits: int, lag: bool = False) -> list[Any]:
     for weight and bias in shared memory). With ``lag`` (--deep-lag) each shape of >= 2
     stages also lagged at 1, 2 and 3 CTAs per SM where they fit."""
 
-    from cuteforge.kernels.norm.config import _fitted_fwd_config, staged_config
+    from cuteforge.kernels.norm.config import fitted_fwd_config, staged_config
 
     out = []
     for c in (2, 4, 8, 16):
@@ -129,7 +129,7 @@ def deep_fwd_candidates(n: int, bits: int, lag: bool = False) -> list[Any]:
                     continue
                 shapes = [cfg, replace(cfg, ctas_per_sm=1)] if s == 1 else [cfg]
                 if lag and s >= 2:
-                    shapes += [_fitted_fwd_config(cfg, n, bits, 1, occ) for occ in (1, 2, 3)]
+                    shapes += [fitted_fwd_config(cfg, n, bits, 1, occ) for occ in (1, 2, 3)]
                 for c_ in shapes:
                     if c_ is not None and c_ not in out:
                         out.append(c_)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from cuteforge import timing
 from cuteforge.arch import target_arch
 from cuteforge.autotune.pool import CompileJob, compile_all
-from cuteforge.kernels.cross_entropy import kernels as ce_k
+from cuteforge.kernels.cross_entropy import device as ce_k
 from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd, cross_entropy_fwd
 from cuteforge.kernels.norm import config as norm_cfg
 from cuteforge.kernels.norm.spec import norm_bwd, norm_fwd

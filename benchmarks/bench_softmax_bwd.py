@@ -51,7 +51,7 @@ def plans(modes: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str,
     heuristic where the default is another path (what the default was before it), and
     every mbar candidate."""
     from cuteforge.arch import target_arch
-    from cuteforge.kernels.softmax.config import _heuristic_regs, longrow_bwd_candidates
+    from cuteforge.kernels.softmax.config import heuristic_regs, longrow_bwd_candidates
     from cuteforge.kernels.softmax.spec import config_for
 
     arch = target_arch()
@@ -62,7 +62,7 @@ def plans(modes: list[str], dtypes: list[str], ns: list[int]) -> list[tuple[str,
             for n in ns:
                 d = config_for(arch, n, bits, True, rows_for(n))
                 out.append((mode, dt, n, d, True))
-                regs = _heuristic_regs(n, bits, True)  # rows_for(n) >= 1024: no few-rows split
+                regs = heuristic_regs(n, bits, True)  # rows_for(n) >= 1024: no few-rows split
                 seen = {d}
                 for c in [regs, *longrow_bwd_candidates(n, bits)]:
                     if c not in seen:

@@ -45,12 +45,38 @@ def normalise(text: str) -> str:
     return _NAME_ARRAYS.sub("!llvm.array<N x i8>", text)
 
 
-def _grid() -> list[tuple[str, int]]:
+def _extra() -> list[tuple[str, object, dict]]:
+    """Kernels the precompile grid leaves out, on their default configs: the norm backward
+    (register, row-staged, cluster-staged, part ring; with and without partials), the
+    norm forward's long-row paths (cp_async, staged, lagged, short chains, a residual) and
+    the column reduction."""
+    from cuteforge.signature import BoundKey
+
+    out: list[tuple[str, object, dict]] = []
+    for kind, d in (("rms", "bfloat16"), ("layer", "bfloat16"), ("rms", "float32"), ("layer", "float32")):
+        v = 8 if d == "bfloat16" else 4
+        for n, has_dw in ((1024, True), (2560, True), (8192, True), (65536, True), (262144, True),
+                          (4096, False), (6144, False), (8192, False), (262144, False)):
+            key = BoundKey((d, d, d, d, "float32", "float32", d, "float32", "float32"), (("N", n),), (v, v, v, v, 4, 4, v, 4, 4))
+            out.append(("norm_bwd", key, {"kind": kind, "has_bias": kind == "layer", "has_dsum": False, "has_dw": has_dw}))
+        for n, res in ((32768, False), (65536, False), (262144, False), (65536, True)):
+            key = BoundKey((d,) * 6 + ("float32", "float32"), (("N", n),), (v,) * 6 + (4, 4))
+            out.append(("norm_fwd", key, {"kind": kind, "eps": 1e-5, "has_bias": kind == "layer", "has_residual": res}))
+    for d, v in (("bfloat16", 8), ("float32", 4)):
+        out.append(("col_reduce", BoundKey((d, d), (), (v, v)), {"op": "sum"}))
+    return out
+
+
+def _jobs(extra: bool) -> list[tuple[str, int]]:
+    """(kernel, index): index < 1000 a standard specialization, 1000 + i the i-th extra."""
     from cuteforge import kernels
     from cuteforge.kernel import REGISTRY
 
     kernels.load_all()
-    return [(name, i) for name in sorted(REGISTRY) if REGISTRY[name].specializations for i, _ in enumerate(REGISTRY[name].specializations())]
+    grid = [(name, i) for name in sorted(REGISTRY) if REGISTRY[name].specializations for i, _ in enumerate(REGISTRY[name].specializations())]
+    if extra:
+        grid += [(name, 1000 + i) for i, (name, _, _) in enumerate(_extra())]
+    return grid
 
 
 def _compile_one(job: tuple[str, int, str]) -> dict[str, str]:
@@ -60,7 +86,7 @@ def _compile_one(job: tuple[str, int, str]) -> dict[str, str]:
 
     kernels.load_all()
     k = REGISTRY[name]
-    key, params = list(k.specializations())[index]
+    key, params = list(k.specializations())[index] if index < 1000 else _extra()[index - 1000][1:]
     spec = k.spec(key, tuple(sorted(params.items())), arch=ARCH)
     result = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), spec.arch, keep_artifacts=True)
     ident = hashlib.sha256(repr((key, sorted(params.items()))).encode()).hexdigest()[:12]
@@ -75,8 +101,8 @@ def _compile_one(job: tuple[str, int, str]) -> dict[str, str]:
     return {"file": str(stem.relative_to(out)), "key": repr(key), "params": repr(sorted(params.items())), "config": repr(spec.config)}
 
 
-def record(out: str, jobs: int, only: list[str] | None) -> int:
-    grid = [(n, i) for n, i in _grid() if not only or n in only]
+def record(out: str, jobs: int, only: list[str] | None, extra: bool) -> int:
+    grid = [(n, i) for n, i in _jobs(extra) if not only or n in only]
     Path(out).mkdir(parents=True, exist_ok=True)
     index = {}
     ctx = multiprocessing.get_context("spawn")
@@ -124,12 +150,13 @@ def main() -> int:
     r.add_argument("out")
     r.add_argument("--jobs", type=int, default=1, help="compile processes")
     r.add_argument("--kernel", action="append", help="only these kernels (repeatable)")
+    r.add_argument("--extra", action="store_true", help="also the kernels the grid leaves out (norm backward, long-row norm forward, column reduction)")
     c = sub.add_parser("compare", help="compare two records")
     c.add_argument("base")
     c.add_argument("new")
     a = p.parse_args()
     if a.cmd == "record":
-        return record(a.out, a.jobs, a.kernel)
+        return record(a.out, a.jobs, a.kernel, a.extra)
     return compare(a.base, a.new)
 
 

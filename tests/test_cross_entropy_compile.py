@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from cuteforge.kernels.cross_entropy.kernels import ce_config
+from cuteforge.kernels.cross_entropy.device import ce_config
 from cuteforge.kernels.reduce.row import RowReduceConfig, default_config
 
 
@@ -103,7 +103,7 @@ def test_reduce_groups_and_workspace():
     """A reducing CTA reads at most 64 partials a thread (8 from 256 threads up), whole
     chunks of 8; two levels of groups reach 4M CTAs and more; the workspace has room for
     every counter and partial, plus a group of pad for the masked whole-chunk loads."""
-    from cuteforge.kernels.cross_entropy import kernels as k
+    from cuteforge.kernels.cross_entropy import device as k
 
     for t in (32, 64, 128, 256, 512, 1024):
         s = k.reduce_group(t)
@@ -251,7 +251,7 @@ def _reference_red_launcher(calls, works):
     (in `calls`, like _reference_launcher) and each launch's workspace (in `works`)."""
     import torch
 
-    from cuteforge.kernels.cross_entropy.kernels import WORK_ZERO, ce_config
+    from cuteforge.kernels.cross_entropy.device import WORK_ZERO, ce_config
 
     def build(key, cfg, ignore_index, mean, with_lse):
         # key: the stand-in _red_key's ("key", dtype, N); cfg: the row config (_row_config)
@@ -492,7 +492,7 @@ def test_mean_and_sum_take_the_reduced_kernel_at_any_n() -> None:
     rows past 16384 included (with v3's forward it read level or ahead of the per-row
     kernel + torch's reduction there on the H200, h200-cross-entropy-reduced.json), and
     precompile builds it for every dtype."""
-    from cuteforge.kernels.cross_entropy import kernels as k
+    from cuteforge.kernels.cross_entropy import device as k
     from cuteforge.kernels.cross_entropy import spec
 
     ce = importlib.import_module("cuteforge.ops.cross_entropy")  # (the package attribute is the function)
@@ -515,7 +515,7 @@ def test_forward_ring_holds_no_chunk_in_registers(monkeypatch):
     the H200, docs/kernels/cross_entropy.md v3)."""
     from ptxas_check import ptxas_no_spill
 
-    from cuteforge.kernels.cross_entropy import kernels
+    from cuteforge.kernels.cross_entropy import device as kernels
 
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
 

@@ -344,9 +344,9 @@ def test_layer_forward_threads_per_row_between_powers_of_two():
     """LayerNorm's 16-bit register forward at 1025..8191 takes the power of two
     threads a row nearest N / 32 in log scale (2560 -> 64, 4608 / 5120 -> 128, 6144 -> 256);
     at the powers of two, and for RMSNorm and fp32, the next power of two up as before."""
-    from cuteforge.kernels.norm.config import _pow2_nearest, default_config
+    from cuteforge.kernels.norm.config import default_config, pow2_nearest
 
-    assert [_pow2_nearest(v) for v in (80, 90.4, 90.6, 96, 144, 160, 192, 224, 256)] == [
+    assert [pow2_nearest(v) for v in (80, 90.4, 90.6, 96, 144, 160, 192, 224, 256)] == [
         64, 64, 128, 128, 128, 128, 256, 256, 256]
     for n, p in ((2560, 64), (3072, 128), (4608, 128), (5120, 128), (6144, 256), (7168, 256)):
         assert default_config(n, 16, kind="layer").threads_per_row == p, n
@@ -530,7 +530,11 @@ def test_autotune_candidates_validate(kernels):
 
 
 def test_mbar_exchange_validate_and_candidates():
-    from cuteforge.kernels.norm.config import V2_FWD_MIN_N, longrow_candidates, v2_forward_config
+    from cuteforge.kernels.norm.config import (
+        CLUSTER_FWD_MIN_N,
+        cluster_fwd_config,
+        longrow_candidates,
+    )
 
     with pytest.raises(ValueError, match="exchange="):
         NormConfig(256, 256, 4, exchange="fast").validate(65536, 16)
@@ -539,8 +543,8 @@ def test_mbar_exchange_validate_and_candidates():
     NormConfig(256, 256, 16, exchange="mbar").validate(65536, 16, backward=True)  # the backward takes it too
     with pytest.raises(ValueError, match="cluster_n > 1"):
         NormConfig(256, 256, 1, exchange="mbar").validate(4096, 16, backward=True)
-    assert v2_forward_config(65536, 16) == NormConfig(256, 256, 8, 1, exchange="mbar")
-    assert v2_forward_config(262144, 32).cluster_n == 16
+    assert cluster_fwd_config(65536, 16) == NormConfig(256, 256, 8, 1, exchange="mbar")
+    assert cluster_fwd_config(262144, 32).cluster_n == 16
     for bits in (16, 32):
         for n in (16384, 32768, 65536, 65537, 100000, 131072, 262144):
             cands = longrow_candidates(n, bits)
@@ -548,7 +552,7 @@ def test_mbar_exchange_validate_and_candidates():
             assert any(c.exchange == "mbar" for c in cands) and any(c.exchange == "barrier" for c in cands)
             for c in cands:
                 c.validate(n, bits)
-        assert default_config(262144, bits).exchange == ("barrier" if V2_FWD_MIN_N[bits] is None else "mbar")
+        assert default_config(262144, bits).exchange == ("barrier" if CLUSTER_FWD_MIN_N[bits] is None else "mbar")
 
 
 def test_lag_validation():
@@ -574,7 +578,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
     cp_async; odd N keeps the plain register path; every forward default from N = 1 to 262144
     (odd N included) validates for sm_90a."""
     from cuteforge.arch import limits_for
-    from cuteforge.kernels.norm.config import H100_LAGGED_FWD, _staged_table_config
+    from cuteforge.kernels.norm.config import LAGGED_FWD_ALTERNATIVES, staged_table_config
 
     want = {("rms", 32, 32768): (256, 2),
             ("rms", 16, 65537): (256, 16), ("layer", 16, 65537): (512, 8), ("rms", 32, 65537): (256, 8)}
@@ -616,7 +620,7 @@ def test_long_row_forward_defaults_follow_the_sweep():
             assert not cands[1].lag and cands[1].stages and cands[1].cluster_n > 1, cands[1]
         rcands = candidate_configs(n, bits, kind=kind, residual=True)
         assert rcands[0] == default_config(n, bits, kind=kind, residual=True)
-        h100 = _staged_table_config(H100_LAGGED_FWD.get((kind, bits), ()), n, bits)
+        h100 = staged_table_config(LAGGED_FWD_ALTERNATIVES.get((kind, bits), ()), n, bits)
         if h100 is not None and h100 != rcands[0]:  # measured without a residual: not offered with one
             assert h100 not in rcands, (n, bits, h100)
     # the H100's lagged picks (the earlier defaults) stay tuner candidates
@@ -666,11 +670,11 @@ def test_bwd_mbar_candidates_valid():
     """Every backward long-row candidate validates for sm_90a; mbar and the barrier
     baseline both appear; the backward defaults are untouched (barrier exchange)."""
     from cuteforge.arch import limits_for
-    from cuteforge.kernels.norm.config import longrow_bwd_candidates, v2_backward_config
+    from cuteforge.kernels.norm.config import cluster_bwd_config, longrow_bwd_candidates
 
     limits = limits_for("sm_90a")
-    assert v2_backward_config(65536, 16) == NormConfig(256, 256, 16, 2, exchange="mbar")
-    assert v2_backward_config(262144, 32).reload
+    assert cluster_bwd_config(65536, 16) == NormConfig(256, 256, 16, 2, exchange="mbar")
+    assert cluster_bwd_config(262144, 32).reload
     for bits in (16, 32):
         for n in (16384, 32768, 65536, 65537, 100000, 131072, 262144):
             cands = longrow_bwd_candidates(n, bits)

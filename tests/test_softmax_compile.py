@@ -16,7 +16,7 @@ import torch
 from ptxas_check import ptxas_no_spill, ptxas_report
 
 from cuteforge.kernels.softmax import MODES, SoftmaxConfig, candidate_configs, default_config
-from cuteforge.kernels.softmax.config import V2_FWD_MIN_N
+from cuteforge.kernels.softmax.config import ASYNC_FWD_MIN_N
 from cuteforge.signature import BoundKey
 
 _NS = [1, 7, 32, 256, 1000, 4096, 16384, 65536, 65537, 131072, 262144]
@@ -408,7 +408,7 @@ def test_longrow_candidates_valid(n, bits):
     for c in cands:
         c.validate(n, bits, False, limits_for("sm_90a"))
     d = default_config(n, bits)
-    assert d.path == ("async" if n >= V2_FWD_MIN_N[bits] else "regs")
+    assert d.path == ("async" if n >= ASYNC_FWD_MIN_N[bits] else "regs")
     assert default_config(n, bits, backward=True).path == "mbar"
 
 
@@ -426,7 +426,7 @@ def test_default_validates_for_every_n(bits):
         for m in (None, 1, 7, 1000, 32768):
             d = default_config(n, bits, m=m)
             d.validate(n, bits, False, lim)
-            assert (d.path == "async") == (n >= V2_FWD_MIN_N[bits])
+            assert (d.path == "async") == (n >= ASYNC_FWD_MIN_N[bits])
             if d.path == "async":
                 # a thread's share of the row's whole 16-byte vectors; the < 2 vectors of a
                 # realigned row's head and tail go element by element on top (row_split)
@@ -492,7 +492,7 @@ _V2_CASES = [
 
 @pytest.mark.parametrize("mode, dt, n, vec, cfg", _V2_CASES)
 def test_v2_compile(compiler_v2, mode, dt, n, vec, cfg):
-    from cuteforge.kernels.row_split import row_vectors
+    from cuteforge.kernels.rows.split import row_vectors
 
     ptx = compiler_v2(mode, dt, n, vec, cfg)
     bits = 32 if dt == "f32" else 16
@@ -644,7 +644,7 @@ def _check_bwd_registers(mode, dt, n, vec, cfg, ptx):
     """No spill, except under the two-CTA register budget of fp16 softmax_bwd at > 32
     elements per input (chunked.py): <= 128 registers there and a few bytes of spill
     accepted (N = 262144: 97.9 % of copy against 75.0 % at 142 registers, docs/kernels/softmax.md)."""
-    from cuteforge.kernels.row_split import split
+    from cuteforge.kernels.rows.split import split
 
     bv, nv, _, _ = split(n, vec, 32 if dt == "f32" else 16, cfg.threads_per_row)  # realigned rows: bv > vec
     per_input = -(-nv // (cfg.cluster_n * cfg.threads_per_row)) * bv
@@ -674,14 +674,14 @@ def test_bwd_mbar_defaults_for_every_n(bits):
     fp32: H200 backward sweep), shorter rows keep `regs`;
     every default validates for sm_90a at any M, and the measured winners are reproduced."""
     from cuteforge.arch import limits_for
-    from cuteforge.kernels.softmax.config import V2_BWD_MIN_N
+    from cuteforge.kernels.softmax.config import MBAR_BWD_MIN_N
 
     lim = limits_for("sm_90a")
     for n in _DENSE_NS:
         for m in (None, 1, 7, 1000, 32768):
             d = default_config(n, bits, True, m)
             d.validate(n, bits, True, lim)
-            assert (d.path == "mbar") == (n >= V2_BWD_MIN_N[bits])
+            assert (d.path == "mbar") == (n >= MBAR_BWD_MIN_N[bits])
             if d.path == "mbar":
                 assert d.threads == d.threads_per_row in (256, 512) and d.cluster_n >= 2
                 assert d.elems_per_thread(n) <= (64 if bits == 16 else 50)

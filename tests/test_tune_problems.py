@@ -111,7 +111,7 @@ def test_ops_take_only_their_own_config_type(monkeypatch: pytest.MonkeyPatch) ->
     import torch
 
     import cuteforge.autotune as autotune
-    from cuteforge.kernels.cross_entropy.kernels import ce_config
+    from cuteforge.kernels.cross_entropy.device import ce_config
     from cuteforge.kernels.norm import config as norm_config
     from cuteforge.kernels.reduce.row import RowReduceConfig
 

@@ -572,11 +572,11 @@ def test_v2_bwd_candidates_match_fp64(_warm_norm_v2_bwd, kind, dtype, n, cfg):
 def test_v2_bwd_many_rows_per_cluster():
     """Hundreds of rows per CTA group (the two mbarriers wrap their phases many times),
     rms and layer, against the default (barrier) backward on the same inputs."""
-    from cuteforge.kernels.norm.config import v2_backward_config
+    from cuteforge.kernels.norm.config import cluster_bwd_config
     from cuteforge.ops import norm as impl
 
     n, m = 32768, 6001
-    cfg = v2_backward_config(n, 16)
+    cfg = cluster_bwd_config(n, 16)
     assert cfg is not None and cfg.exchange == "mbar"
     for kind in KINDS:
         x, w, b, _ = _inputs(m, n, torch.bfloat16, bias=kind == "layer", seed=21)

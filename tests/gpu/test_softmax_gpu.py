@@ -298,7 +298,7 @@ def test_rows_not_on_16_bytes(_warm_unaligned, n: int, dtype: torch.dtype) -> No
                                       (262143, torch.float16), (32001, torch.bfloat16), (50257, torch.float32),
                                       (65537, torch.float32)])
 def test_realigned_forward_defaults_through_op(n: int, dtype: torch.dtype) -> None:
-    """The long-row forward defaults on rows not on 16 bytes (config._realigned_forward:
+    """The long-row forward defaults on rows not on 16 bytes (config.realigned_forward:
     `mbar`, under the 3-CTA register budget at 64 elements a thread, or `async` for 16-bit
     log_softmax at <= 32; fp32 from 32769), through the ops: contiguous rows (the
     same_heads kernel) and x shifted by one element against a fresh y (the fallback). M =
@@ -526,7 +526,7 @@ def test_v2_views_and_special_rows(path: str) -> None:
     [(16385, torch.bfloat16), (24577, torch.float16), (49152, torch.bfloat16), (131073, torch.bfloat16), (200000, torch.float32)],
 )
 def test_v2_defaults_between_measured_points(n: int, dtype: torch.dtype) -> None:
-    """The ops' long-row forward default (config._v2_forward: async path, cluster from the
+    """The ops' long-row forward default (config.long_forward: async path, cluster from the
     elements per thread) at N between and beside the benchmarked ones, odd N included,
     through the op (few rows: the cluster doubles; many rows: as the heuristic)."""
     from cuteforge.kernels.softmax.config import default_config
@@ -584,7 +584,7 @@ def _compile_missing(jobs: list) -> list:
     return compile_all(missing)  # a config that fails to build fails its own test, with its error
 
 
-# the ops' 16-bit backward defaults (config._v2_backward) between and at the measured N
+# the ops' 16-bit backward defaults (config.long_backward) between and at the measured N
 _BWD_DEFAULT_NS = [32768, 32769, 100000, 131073, 262144]
 _BWD_DEFAULT_MS = (1, 300)
 

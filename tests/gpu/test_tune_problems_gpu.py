@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import cuteforge.ops as ops
 from cuteforge.autotune import tune
-from cuteforge.kernels.cross_entropy.kernels import ce_config
+from cuteforge.kernels.cross_entropy.device import ce_config
 from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd, cross_entropy_fwd
 from cuteforge.kernels.norm import config as norm_config
 from cuteforge.kernels.norm.spec import norm_fwd

@@ -129,20 +129,12 @@ def _load_timed(kernel: Kernel, spec: CompileSpec) -> tuple[Any, float, str | No
 
 
 
-def precompile_candidates(
-    kernel: Kernel | str,
-    key: Any,
-    params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
-    *,
-    configs: Sequence[Any] | None = None,
-    workers: int | None = None,
-    arch: str | None = None,
-    prune: Callable[[CompileSpec, list[Any]], list[Any]] | None = None,
-    on_step: Callable[[str, Any, str], None] | None = None,
-) -> list[dict[str, Any]]:
+def precompile_candidates(kernel: Kernel | str, key: Any, params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+                          **options: Any) -> list[dict[str, Any]]:
     """Compile (or load) every valid candidate for one problem; no GPU needed. One row per
-    candidate: config, status ('compiled' | 'loaded' | 'failed' | 'invalid'), ms, error."""
-    return precompile_problems(kernel, [(key, params)], configs=configs, workers=workers, arch=arch, prune=prune, on_step=on_step)
+    candidate: config, status ('compiled' | 'loaded' | 'failed' | 'invalid'), ms, error.
+    ``options``: those of `precompile_problems` (configs, workers, arch, prune, on_step)."""
+    return precompile_problems(kernel, [(key, params)], **options)
 
 
 def precompile_problems(

@@ -1,7 +1,7 @@
 """Cross-entropy kernels (CuTe DSL): one streaming pass forward (per-row, or mean/sum in
 the same launch), one backward."""
 
-from .kernels import make_ce_bwd, make_ce_fwd, make_ce_fwd_reduce
+from .device import make_ce_bwd, make_ce_fwd, make_ce_fwd_reduce
 
 __all__ = ["make_ce_bwd", "make_ce_fwd", "make_ce_fwd_reduce"]
 

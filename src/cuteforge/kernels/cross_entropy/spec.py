@@ -2,7 +2,7 @@
 
 N (classes) is static like the row reduction's: the row loop is resolved at compile
 time. M and the logits row stride are dynamic. The thread layout is the row reduction's
-heuristic shape (``kernels.ce_config``, no cluster). ``ignore_index`` is a compile-time
+heuristic shape (``device.ce_config``, no cluster). ``ignore_index`` is a compile-time
 parameter of every kernel (it is almost always -100).
 
 Three kernels: ``cross_entropy_fwd`` (per-row loss and lse), ``cross_entropy_fwd_reduce``
@@ -21,7 +21,7 @@ from ...arch import limits_for
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg, dtype_name, vector_width
 from ..reduce import row
-from . import kernels
+from . import device
 
 # vocabulary sizes of common models (Llama 2, GPT-2, Llama 3, Qwen 2): what `precompile` builds
 STANDARD_N = (32000, 50257, 128256, 151936)
@@ -46,8 +46,8 @@ BWD_SIGNATURE = Signature(
 
 # out (1,) in logits' dtype; lse (L,): L = M + 1 with the parameter lse=True (lse per row,
 # then the count of non-ignored rows), else any length (not touched); work: the
-# (device, stream) workspace, at least kernels.work_words(grid) int32 words with the first
-# kernels.WORK_ZERO zero (ops/cross_entropy.py keeps it so).
+# (device, stream) workspace, at least device.work_words(grid) int32 words with the first
+# device.WORK_ZERO zero (ops/cross_entropy.py keeps it so).
 REDUCE_SIGNATURE = Signature(
     TensorArg("logits", ("M", "N")),
     TensorArg("target", ("M",), dtypes=(torch.int64,)),
@@ -59,15 +59,15 @@ REDUCE_SIGNATURE = Signature(
 
 
 def config_for(n: int, dtype_bits: int, backward: bool = False) -> Any:
-    return kernels.ce_config(n, dtype_bits, backward)
+    return device.ce_config(n, dtype_bits, backward)
 
 
 def _default_config(spec: CompileSpec) -> Any:
-    return kernels.ce_config(spec.static("N"), spec.dtype("logits").width)
+    return device.ce_config(spec.static("N"), spec.dtype("logits").width)
 
 
 def _default_bwd_config(spec: CompileSpec) -> Any:
-    return kernels.ce_config(spec.static("N"), spec.dtype("logits").width, backward=True)
+    return device.ce_config(spec.static("N"), spec.dtype("logits").width, backward=True)
 
 
 def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
@@ -75,7 +75,7 @@ def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
     flight (those that fit the row), then the row reduction's candidates (none with a
     cluster)."""
     n, bits = spec.static("N"), spec.dtype("logits").width
-    out = [kernels.ce_config(n, bits, backward)]
+    out = [device.ce_config(n, bits, backward)]
     nv = -(-n // (128 // bits))
     shapes = [row.RowReduceConfig(t, t, u) for t, u in ((512, 4), (256, 4), (512, 8), (128, 4)) if nv // t >= u]
     for c in shapes + [c for c in row.candidate_configs(n, bits) if c.cluster_n == 1]:
@@ -130,7 +130,7 @@ def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     validate=_validate,
 )
 def cross_entropy_fwd(spec: CompileSpec) -> Any:
-    return kernels.make_ce_fwd(
+    return device.make_ce_fwd(
         spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index")
     )
 
@@ -157,7 +157,7 @@ def _reduce_specs() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
 )
 def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
     _validate_reduce(spec, spec.config)
-    return kernels.make_ce_fwd_reduce(
+    return device.make_ce_fwd_reduce(
         spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index"),
         bool(spec.param("mean")), bool(spec.param("lse")),
     )
@@ -173,6 +173,6 @@ def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
     validate=_validate,
 )
 def cross_entropy_bwd(spec: CompileSpec) -> Any:
-    return kernels.make_ce_bwd(
+    return device.make_ce_bwd(
         spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config, spec.param("ignore_index")
     )

@@ -31,82 +31,15 @@ maximum), exactly as the row kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from ...arch import DeviceLimits
-from .row import _SENTINEL, OPS, _argmax_take, _is_pow2, _pow2_ceil, _sel
+from .config import OPS, ColReduceConfig, candidate_col_configs, default_col_config
+from .row import _SENTINEL, _argmax_take, _sel
 
 __all__ = ["ColReduceConfig", "default_col_config", "candidate_col_configs", "make_col_reduce"]
-
-_TARGET_CTAS = 132 * 4  # 4 resident 256-thread CTAs per H200 SM: ~64 KB of loads in flight
-
-
-@dataclass(frozen=True)
-class ColReduceConfig:
-    """threads: CTA size; threads_x: threads across the inner dim (each owns one
-    vector); unroll: loads in flight per thread; cluster_n: CTAs splitting R."""
-
-    threads: int = 256
-    threads_x: int = 8
-    unroll: int = 4
-    cluster_n: int = 1
-
-    def validate(self, dtype_bits: int, limits: DeviceLimits | None = None) -> None:
-        t, tx = self.threads, self.threads_x
-        if dtype_bits not in (16, 32):
-            raise ValueError(f"dtype_bits must be 16 or 32, got {dtype_bits}")
-        if not isinstance(t, int) or t < 32 or t > 1024 or t % 32 != 0:
-            raise ValueError(f"threads={t}: must be a multiple of 32 in [32, 1024]")
-        if not isinstance(tx, int) or not _is_pow2(tx) or tx * (128 // dtype_bits) > t:
-            raise ValueError(f"threads_x={tx}: must be a power of 2 with threads_x * vec <= threads ({t})")
-        if not isinstance(self.unroll, int) or not 1 <= self.unroll <= 16:
-            raise ValueError(f"unroll={self.unroll}: must be in [1, 16]")
-        if self.cluster_n not in (1, 2, 4, 8):
-            raise ValueError(f"cluster_n={self.cluster_n}: must be 1, 2, 4 or 8")
-        if limits is not None and self.cluster_n > limits.max_cluster_size:
-            raise ValueError(f"cluster_n={self.cluster_n}: sm_{limits.sm} allows clusters of at most {limits.max_cluster_size}")
-
-
-def default_col_config(o: int, r: int, i: int, dtype_bits: int, vec: int, clusters: bool = True) -> ColReduceConfig:
-    """Heuristic: 8 threads (128 B) across the inner dim, 256-thread CTAs, and a
-    cluster split of R when the (outer x inner) tiles alone cannot fill the GPU, up to
-    about one wave of 4 CTAs per SM."""
-    ncv = -(-i // vec)
-    tx = min(8, _pow2_ceil(ncv))
-    t, u = 256, 4
-    ty = t // tx
-    ctas = o * -(-ncv // tx)
-    c = 1
-    if clusters:
-        # double while the grid stays within one wave of ~4 CTAs per SM: on the H200 a
-        # 1024-CTA grid (two partial waves) ran 6-14 % slower than 512 CTAs
-        while c < 8 and ctas * c * 2 <= _TARGET_CTAS and r >= 4 * u * ty * c:
-            c *= 2
-    cfg = ColReduceConfig(t, tx, u, c)
-    cfg.validate(dtype_bits)
-    return cfg
-
-
-def candidate_col_configs(o: int, r: int, i: int, dtype_bits: int, vec: int) -> list[ColReduceConfig]:
-    base = default_col_config(o, r, i, dtype_bits, vec)
-    out = [base]
-    for c in (
-        ColReduceConfig(256, base.threads_x, 8, base.cluster_n),
-        ColReduceConfig(512, base.threads_x, 4, base.cluster_n),
-        ColReduceConfig(256, min(32, base.threads_x * 2), 4, base.cluster_n),
-        ColReduceConfig(256, base.threads_x, 4, min(8, base.cluster_n * 2)),
-    ):
-        try:
-            c.validate(dtype_bits)
-        except ValueError:
-            continue
-        if c not in out:
-            out.append(c)
-    return out
 
 
 def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceConfig):

@@ -88,14 +88,13 @@ iterations of 4 loads.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from ...arch import DeviceLimits
-from ..row_split import realigned, row_vectors
+from ..rows.split import realigned, row_vectors
+from .config import LOAD_HINTS, OPS, RowReduceConfig, candidate_configs, default_config
 
 __all__ = [
     "OPS",
@@ -106,190 +105,7 @@ __all__ = [
     "make_row_reduce",
 ]
 
-OPS = ("sum", "mean", "amax", "amin", "argmax")
-LOAD_HINTS = ("", "nc", "no_alloc", "l2_256", "no_alloc_l2_256", "cs")
-
-_SMEM_LIMIT = 227 * 1024  # sm_90 opt-in max dynamic smem per CTA
-_REGS_PER_SM = 65536
-_MAX_REGS_PER_THREAD = 255
 _SENTINEL = 2**31 - 1  # "no index yet" for argmax chains
-
-
-def _is_pow2(v: int) -> bool:
-    return v > 0 and (v & (v - 1)) == 0
-
-
-def _pow2_ceil(v: int) -> int:
-    return 1 << max(0, (int(v) - 1).bit_length())
-
-
-@dataclass(frozen=True)
-class RowReduceConfig:
-    """Launch/tiling knobs of the row-reduce kernel (hashable, picklable).
-
-    threads:          CTA size (multiple of 32, <= 1024).
-    threads_per_row:  threads cooperating on one row (power of 2, <= threads);
-                      rows per CTA = threads // threads_per_row.
-    unroll:           vector loads issued per thread before they are reduced
-                      (loads in flight per thread), 1..16.
-    cluster_n:        CTAs per row (1 = no cluster; 2/4/8 use an sm_90 cluster
-                      and a DSMEM reduction).
-    load_hint:        cache qualifiers of the vector loads, one of LOAD_HINTS
-                      ("" = plain ld.global; see the module docstring).
-    """
-
-    threads: int = 256
-    threads_per_row: int = 256
-    unroll: int = 4
-    cluster_n: int = 1
-    load_hint: str = ""
-
-    @property
-    def rows_per_cta(self) -> int:
-        return self.threads // self.threads_per_row
-
-    @property
-    def warps_per_row(self) -> int:
-        return max(self.threads_per_row // 32, 1)
-
-    def smem_bytes(self) -> int:
-        # fp32 partial + int32 index per (row, warp-of-row, cta-of-cluster)
-        return self.rows_per_cta * self.warps_per_row * self.cluster_n * 8
-
-    def est_regs_per_thread(self) -> int:
-        # 16-byte fragment per in-flight load (4 regs), argmax-sized
-        # accumulators (value+index for 4..8 chains) and addressing overhead.
-        return 40 + 4 * self.unroll
-
-    def validate(self, n: int, dtype_bits: int, limits: DeviceLimits | None = None) -> None:
-        """Raise ValueError if this config cannot run for rows of n elements
-        of a dtype of dtype_bits bits (on a device with `limits`, default sm_90)."""
-        t, p = self.threads, self.threads_per_row
-        if limits is not None:
-            if t > limits.threads_per_block:
-                raise ValueError(f"threads={t} > {limits.threads_per_block} per block on sm_{limits.sm}")
-            if self.cluster_n > limits.max_cluster_size:
-                raise ValueError(f"cluster_n={self.cluster_n}: sm_{limits.sm} allows clusters of at most {limits.max_cluster_size}")
-            if self.smem_bytes() > limits.smem_per_block:
-                raise ValueError(f"shared memory {self.smem_bytes()} B > {limits.smem_per_block} B on sm_{limits.sm}")
-            if self.est_regs_per_thread() * t > limits.registers_per_sm:
-                raise ValueError(f"~{self.est_regs_per_thread() * t} registers per CTA > {limits.registers_per_sm} on sm_{limits.sm}")
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
-        if dtype_bits not in (16, 32):
-            raise ValueError(f"dtype_bits must be 16 or 32, got {dtype_bits}")
-        if not isinstance(t, int) or t < 32 or t > 1024 or t % 32 != 0:
-            raise ValueError(f"threads={t}: must be a multiple of 32 in [32, 1024]")
-        if not isinstance(p, int) or not _is_pow2(p) or p > t:
-            raise ValueError(f"threads_per_row={p}: must be a power of 2 and <= threads ({t})")
-        if t % p != 0:
-            raise ValueError(f"threads_per_row={p} must divide threads={t}")
-        if not isinstance(self.unroll, int) or not 1 <= self.unroll <= 16:
-            raise ValueError(f"unroll={self.unroll}: must be in [1, 16]")
-        if self.cluster_n not in (1, 2, 4, 8):
-            raise ValueError(
-                f"cluster_n={self.cluster_n}: must be 1, 2, 4 or 8 (portable cluster sizes)"
-            )
-        if self.load_hint not in LOAD_HINTS:
-            raise ValueError(f"load_hint={self.load_hint!r}: must be one of {LOAD_HINTS}")
-        if self.cluster_n > 1:
-            vec_max = 128 // dtype_bits
-            need = self.cluster_n * p * vec_max
-            if n < need:
-                raise ValueError(
-                    f"cluster_n={self.cluster_n} with threads_per_row={p} needs n >= "
-                    f"{need} (one 16-byte vector per thread of the cluster); got n={n}"
-                )
-        regs = self.est_regs_per_thread()
-        if regs > _MAX_REGS_PER_THREAD or regs * t > _REGS_PER_SM:
-            raise ValueError(
-                f"unroll={self.unroll} with threads={t} needs ~{regs} registers/thread "
-                f"({regs * t} per CTA > {_REGS_PER_SM}); lower unroll or threads"
-            )
-        if self.smem_bytes() > _SMEM_LIMIT:
-            raise ValueError(f"shared memory {self.smem_bytes()} B > {_SMEM_LIMIT} B")
-
-
-def default_config(n: int, dtype_bits: int, m: int | None = None) -> RowReduceConfig:
-    """Heuristic config for rows of n elements of dtype_bits bits.
-
-    ``m`` (optional, number of rows) lets very long rows with few rows use a
-    cluster to fill the GPU; without it no cluster is used.
-    """
-    vec_max = 128 // dtype_bits
-    nv = -(-n // vec_max)  # 16-byte vectors per row
-    # ~4 vectors per thread, whole rows per warp-group for short rows.
-    p = min(1024, _pow2_ceil(max(1, -(-nv // 4))))
-    if p >= 1024:
-        threads, unroll = 1024, 4
-    elif p >= 256:
-        threads, unroll = p, 4
-    else:
-        threads, unroll = 256, 4
-    per_thread = -(-nv // p)
-    unroll = max(1, min(unroll, per_thread))
-    cluster_n = 1
-    if m is not None and p == 1024:
-        # few long rows: split rows over a cluster until ~2 CTAs per SM
-        ctas = m
-        while cluster_n < 8 and ctas * cluster_n < 264 and nv >= 2 * cluster_n * p * 4:
-            cluster_n *= 2
-    cfg = _canonical(RowReduceConfig(threads, p, unroll, cluster_n), n, dtype_bits)
-    cfg.validate(n, dtype_bits)
-    return cfg
-
-
-def _canonical(c: RowReduceConfig, n: int, dtype_bits: int) -> RowReduceConfig:
-    """Clip unroll to the full rounds a thread actually has at the widest vector
-    (configs that differ only beyond that compile to the same kernel)."""
-    nv = n // (128 // dtype_bits)
-    rounds = nv // (c.threads_per_row * c.cluster_n)
-    return replace(c, unroll=max(1, min(c.unroll, rounds)))
-
-
-def candidate_configs(n: int, dtype_bits: int) -> list[RowReduceConfig]:
-    """A small (<= 8) set of distinct, valid configs around the heuristic for
-    autotuning; the first one is :func:`default_config`."""
-    base = default_config(n, dtype_bits)
-    nv = -(-n // (128 // dtype_bits))
-    p0 = base.threads_per_row
-    cands: list[RowReduceConfig] = [base]
-    seen = {_canonical(base, n, dtype_bits)}
-
-    def add(c: RowReduceConfig) -> None:
-        try:
-            c.validate(n, dtype_bits)
-        except ValueError:
-            return
-        key = _canonical(c, n, dtype_bits)
-        if key not in seen:
-            seen.add(key)
-            cands.append(key)
-
-    if p0 < 256:
-        # short rows: rows per CTA, threads per row (-> loads per thread), hints
-        u = base.unroll
-        add(RowReduceConfig(256, max(1, p0 // 2), 8))
-        add(RowReduceConfig(128, p0, u))
-        add(RowReduceConfig(512, p0, u))
-        add(RowReduceConfig(256, min(256, p0 * 2), max(1, u // 2)))
-        add(RowReduceConfig(1024, p0, u))
-        add(RowReduceConfig(256, p0, u, load_hint="nc"))
-        add(RowReduceConfig(256, p0, u, load_hint="no_alloc_l2_256"))
-    else:
-        # long rows: CTA size vs. loads in flight vs. rows per CTA, clusters
-        add(RowReduceConfig(512, 512, 8))
-        add(RowReduceConfig(1024, 1024, 4))
-        add(RowReduceConfig(256, 256, 8))
-        add(RowReduceConfig(512, 256, 8))
-        add(RowReduceConfig(base.threads, p0, base.unroll, load_hint="no_alloc_l2_256"))
-        if nv >= 2 * 2 * 1024 * 4:
-            add(RowReduceConfig(1024, 1024, 4, cluster_n=2))
-        if nv >= 2 * 4 * 512 * 8:
-            add(RowReduceConfig(512, 512, 8, cluster_n=4))
-        add(RowReduceConfig(1024, 512, 8))
-        add(RowReduceConfig(base.threads, p0, base.unroll, load_hint="nc"))
-    return cands[:8]
 
 
 # ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""Forward softmax / log-softmax for long rows, v2 (``SoftmaxConfig.path`` != "regs").
+"""Forward softmax / log-softmax for long rows (``SoftmaxConfig.path`` != "regs").
 
-What differs from the v1 kernel (device.py), all aimed at 16-bit rows of N >= 32768,
-where v1 reaches only 67-82 % of copy bandwidth on the H200:
+What differs from the register kernel (device.py), all aimed at 16-bit rows of N >= 32768,
+where that one reaches only 67-82 % of copy bandwidth on the H200:
 
 * **Contiguous chunks.** CTA c of a cluster of C owns the vectors
   [c*CB, (c+1)*CB) of the row (CB = ceil(NV / C), in KT = ceil(CB / P) rounds of its P
@@ -22,7 +22,7 @@ where v1 reaches only 67-82 % of copy bandwidth on the H200:
   memory, so the loads hold no registers. Each thread reads back only the vectors it
   copied itself, so ``cp.async.wait_group 0`` suffices (no CTA barrier).
   ``async`` converts the chunk into registers once and keeps the exponentials there
-  (v1's arithmetic); ``smem`` never holds the row: one pass for the max, one for the sum
+  (the register kernel's arithmetic); ``smem`` never holds the row: one pass for the max, one for the sum
   of exponentials, one for the output (exponentials recomputed), a 16-byte vector at a
   time, so a CTA needs few registers and shared memory bounds the CTAs per SM.
 
@@ -46,7 +46,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from ..row_split import load_left, move, operand, realigned, split, store_left
+from ..rows.split import load_left, move, operand, realigned, split, store_left
 from .config import STAGED_PATHS, SoftmaxConfig
 
 __all__ = ["make_softmax_chunked", "make_softmax_chunked_bwd"]
@@ -127,7 +127,7 @@ class _Rows:
 
 
 def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False):
-    """@cute.jit f(x, y, stream) for mode "softmax" / "log_softmax" and a v2 path;
+    """@cute.jit f(x, y, stream) for mode "softmax" / "log_softmax" and a long-row path;
     for "softmax_bwd" / "log_softmax_bwd" (path "mbar" only) f(dy, y, dx, stream), see
     ``make_softmax_chunked_bwd``."""
     if mode in ("softmax_bwd", "log_softmax_bwd"):
@@ -154,7 +154,7 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
     # log_softmax's output x - lse needs x, not the exponentials: a staged chunk is read
     # back from shared memory for it, so no fp32 copy of the row stays live across the
     # exchange (at 64 elements per thread the held copy cost resident CTAs: bf16 131072 /
-    # 262144 at 84.5 / 80.2 % of copy against softmax's 96.6 / 91.3, h200-membound-softmax-v2.3.json)
+    # 262144 at 84.5 / 80.2 % of copy against softmax's 96.6 / 91.3)
     reread_out = recompute or (staged and log)
     copy_bits = BV * bits
     CHUNK = CV * BV  # elements of a CTA's chunk of one row (its room in shared memory)

@@ -56,7 +56,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from ..row_split import load_left, move, operand, realigned, row_vectors, store_left
+from ..rows.split import load_left, move, operand, realigned, row_vectors, store_left
 from .config import SoftmaxConfig, is_backward
 
 __all__ = ["make_softmax"]

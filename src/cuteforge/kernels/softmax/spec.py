@@ -59,7 +59,7 @@ def kernel_params(mode: str, key: BoundKey, same_heads: bool) -> tuple[tuple[str
     every operand's rows start as far from a 16-byte boundary as the reference's (the ops:
     pointers and row strides checked at plan time; outputs are fresh, aligned and
     contiguous). That kernel has no element-by-element fallback: the 16-bit backward at
-    N = 151937 read 84-87 % of copy without it, 58-63 % with it (softmax.md v2.7)."""
+    N = 151937 read 84-87 % of copy without it, 58-63 % with it."""
     params: tuple[tuple[str, Any], ...] = (("mode", mode),)
     if same_heads and rows_realigned(key):
         params += (("same_heads", True),)
