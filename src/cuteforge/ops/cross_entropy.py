@@ -564,14 +564,25 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean", ignore_index: int = -100
+    logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean", ignore_index: int = -100,
+    check_targets: bool | None = None,
 ) -> torch.Tensor:
     """torch.nn.functional.cross_entropy(logits, target, reduction=..., ignore_index=...)
-    for (M, N) logits and int64 class targets, in one pass forward and one backward."""
+    for (M, N) logits and int64 class targets, in one pass forward and one backward.
+
+    A target outside [0, N) that is not ``ignore_index`` makes its row's loss and gradient
+    NaN (so a mean or sum is NaN) without a host sync; ``check_targets=True`` (default: the
+    module's CHECK_TARGETS, from CUTEFORGE_CHECK_TARGETS) raises a ValueError naming the
+    first such target before launch instead (one device sync a call)."""
+    if check_targets is None:
+        check_targets = CHECK_TARGETS
     if _is_compiling():
         # checked at trace time too: the custom op validates tensors only when it runs,
         # and an unknown reduction would otherwise silently reduce as "mean"
         _check(logits, target, reduction, ignore_index)
+        if check_targets:  # no host sync inside a graph: torch's device-side assert
+            bad = (target != ignore_index) & ((target < 0) | (target >= logits.shape[1]))
+            torch._assert_async(~bad.any(), f"{_WHERE}: a target is outside [0, N) and not ignore_index")
         loss, _ = _fwd_op(logits, target, ignore_index)
         return _reduce(loss, target, reduction, ignore_index, logits.dtype)
     try:
@@ -580,7 +591,7 @@ def cross_entropy(
                       target.data_ptr() & 15, target.get_device())]
     except (AttributeError, KeyError, TypeError):
         run = _plan(logits, target, reduction, ignore_index)  # raises on bad input
-    if CHECK_TARGETS:
+    if check_targets:
         _check_targets(target, logits.shape[1], ignore_index)
     if logits.requires_grad and _grad_enabled():
         loss = _native_autograd(logits, target, ignore_index, reduction)

@@ -5,8 +5,8 @@ An LM head's logits at a large vocabulary dominate a training step's peak memory
 (2 x 2048 tokens x 128256 classes: 1 GiB in bf16, twice that once a loss upcasts them,
 and as much again for their gradient). Here the tokens go through in chunks: a chunk's
 logits (cuBLAS), its per-row loss and logsumexp (the cross-entropy forward kernel), its
-logits gradient (the backward kernel), then that chunk's share of dx and dweight
-(cuBLAS, dweight accumulated over the chunks). The gradients are made in the forward,
+logits gradient written over the logits (the backward kernel), then that chunk's share
+of dx and dweight (cuBLAS, dweight accumulated over the chunks). The gradients are made in the forward,
 where the logits are at hand, and scaled by the loss's incoming gradient in the
 backward; only one chunk's logits and their gradient live at a time.
 
@@ -29,7 +29,7 @@ from .registered import define
 __all__ = ["linear_cross_entropy"]
 
 _WHERE = "cuteforge.ops.linear_cross_entropy"
-CHUNK_BYTES = 256 << 20  # a chunk's logits at most (and their gradient as much)
+CHUNK_BYTES = 512 << 20  # a chunk's logits at most (their gradient overwrites them)
 _ce = importlib.import_module("cuteforge.ops.cross_entropy")  # the module (ops re-exports its function)
 
 
@@ -67,20 +67,21 @@ def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
 
 
 def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
-          need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, dx, dweight) for an incoming loss gradient of 1; dx / dweight are empty where
-    not needed."""
+          need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dx, dweight, scale): dx and dweight are the gradients of the summed loss (empty
+    where not needed), ``scale`` what turns them into the loss's (1 / rows not ignored for
+    the mean): the logits' gradient stays unscaled, so fp16 keeps it out of subnormals."""
     t, h = x.shape
     v = weight.shape[0]
     if target.stride(0) != 1:
         target = target.contiguous()
     dx = torch.empty_like(x) if need_dx else x.new_empty(0)
-    dw = torch.zeros_like(weight) if need_dw else weight.new_empty(0)
-    valid = (target != ignore_index).sum()
-    # per-row loss gradient: 1 / (rows not ignored) for the mean (0 / 0 gives NaN, as torch)
-    row_grad = (1.0 / valid.float() if mean else torch.ones((), device=x.device)).expand(t)
+    dw = (torch.empty_like(weight) if t else torch.zeros_like(weight)) if need_dw else weight.new_empty(0)
+    valid = (target != ignore_index).sum().float()
+    scale = 1.0 / valid if mean else torch.ones((), device=x.device)  # 0 / 0 gives NaN for the mean, as torch
     losses = x.new_empty(t, dtype=torch.float32)
     step = chunk_rows(t, v, x.element_size())
+    ones = torch.ones(min(t, step), device=x.device)
     for s in range(0, t, step):
         e = min(t, s + step)
         xc, tc = x[s:e], target[s:e]
@@ -88,31 +89,35 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
         loss_c, lse = _ce._fwd(logits, tc, ignore_index)
         losses[s:e] = loss_c
         if need_dx or need_dw:
-            dlogits = _ce._bwd(logits, tc, lse, row_grad[s:e].contiguous(), ignore_index)
-            del logits
+            # the logits' gradient over the logits (the kernel is elementwise per position
+            # given the row's logsumexp): one chunk buffer instead of two
+            dlogits, dloss = logits, ones[: e - s]
+            _ce._bwd_kernel(logits, tc, lse, dloss, dlogits, ignore_index)(logits, tc, lse, dloss, dlogits)
             if need_dx:
                 torch.mm(dlogits, weight, out=dx[s:e])
-            if need_dw:
+            if need_dw and s == 0:
+                torch.mm(dlogits.t(), xc, out=dw)  # the first chunk writes dweight: no zero fill, no read
+            elif need_dw:
                 dw.addmm_(dlogits.t(), xc)
-    loss = losses.sum()
-    return (loss / valid.float() if mean else loss), dx, dw
+    return losses.sum() * scale, dx, dw, scale
 
 
 def _fake(x, weight, target, ignore_index, mean, need_dx, need_dw):
     dx = torch.empty_like(x) if need_dx else x.new_empty(0)
     dw = torch.empty_like(weight) if need_dw else weight.new_empty(0)
-    return x.new_empty((), dtype=torch.float32), dx, dw
+    return x.new_empty((), dtype=torch.float32), dx, dw, x.new_empty((), dtype=torch.float32)
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    _, dx, dw = output
-    ctx.mark_non_differentiable(dx, dw)
+    _, dx, dw, scale = output
+    ctx.mark_non_differentiable(dx, dw, scale)
     ctx.need = inputs[5], inputs[6]
-    ctx.save_for_backward(dx, dw)
+    ctx.save_for_backward(dx, dw, scale)
 
 
-def _backward(ctx: Any, g: torch.Tensor, _gdx: Any, _gdw: Any) -> tuple[Any, ...]:
-    dx, dw = ctx.saved_tensors
+def _backward(ctx: Any, g: torch.Tensor, *_: Any) -> tuple[Any, ...]:
+    dx, dw, scale = ctx.saved_tensors
+    g = g * scale  # fp32: the incoming gradient times 1 / rows for the mean
     gx = dx * g.to(dx.dtype) if ctx.need[0] else None
     gw = dw * g.to(dw.dtype) if ctx.need[1] else None
     return gx, gw, None, None, None, None, None
@@ -132,6 +137,6 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         target = target.reshape(-1)
     _check(x, weight, target, ignore_index, reduction)
     grad = torch.is_grad_enabled()
-    loss, _, _ = _op(x, weight, target, ignore_index, reduction == "mean", grad and x.requires_grad,
+    loss, _, _, _ = _op(x, weight, target, ignore_index, reduction == "mean", grad and x.requires_grad,
                      grad and weight.requires_grad)
     return loss

@@ -37,7 +37,7 @@ from ..native import backward as native
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
 from ..signature import dtype_name
-from .layout import as_rows, rows_view
+from .layout import as_rows, require_cuda, rows_view
 from .registered import define
 
 MAX_N = 262144
@@ -78,7 +78,7 @@ def bwd_groups(device: torch.device, cfg: Any, m: int) -> int:
 # --------------------------------------------------------------------------- checks
 
 
-def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> None:
+def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any, device: bool = True) -> None:
     """Clear errors naming the argument; nothing is launched on bad input."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{where}: argument 'x' must be a torch.Tensor, got {type(x).__name__}")
@@ -86,8 +86,6 @@ def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) 
         raise TypeError(f"{where}: argument 'x' has dtype {x.dtype}; supported: float32, bfloat16, float16")
     if x.dim() < 1:
         raise ValueError(f"{where}: argument 'x' must have at least 1 dim, got a scalar")
-    if not x.is_cuda:
-        raise ValueError(f"{where}: argument 'x' must be a CUDA tensor, got one on {x.device}")
     n = x.shape[-1]
     if not 1 <= n <= MAX_N:
         raise ValueError(f"{where}: argument 'x' must have a last dim in [1, {MAX_N}], got shape {tuple(x.shape)}")
@@ -117,6 +115,8 @@ def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) 
         raise TypeError(f"{where}: argument 'eps' must be a float, got {type(eps).__name__}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{where}: argument 'eps' must be finite and >= 0, got {eps}")
+    if device:  # last: a CPU caller sees the real problem first
+        require_cuda(where, "x", x)
 
 
 def _vec_of(w: torch.Tensor) -> torch.Tensor:
@@ -642,7 +642,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residu
     """
     where = "cuteforge.ops.rms_norm"
     if _is_compiling():
-        _check(where, x, weight, None, residual, eps)
+        _check(where, x, weight, None, residual, eps, device=False)  # the device: when the graph runs
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         r2 = None if residual is None else residual.reshape(-1, shape[-1])
@@ -676,7 +676,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     biased variance like torch). With ``residual`` returns ``(y, x + residual)``."""
     where = "cuteforge.ops.layer_norm"
     if _is_compiling():
-        _check(where, x, weight, bias, residual, eps)
+        _check(where, x, weight, bias, residual, eps, device=False)  # the device: when the graph runs
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         r2 = None if residual is None else residual.reshape(-1, shape[-1])

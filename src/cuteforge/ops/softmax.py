@@ -31,7 +31,7 @@ from ..native import backward as native
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, dtype_name
-from .layout import as_rows, rows_view
+from .layout import as_rows, require_cuda, rows_view
 from .registered import define
 
 __all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
@@ -54,11 +54,9 @@ _FWD: dict[tuple[Any, ...], _Run] = {}
 _TABLES = {mode: native_launch.Table(1) for mode in ("softmax", "log_softmax")}
 
 
-def _check(where: str, name: str, t: Any) -> None:
+def _check(where: str, name: str, t: Any, device: bool = True) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cuda:
-        raise ValueError(f"{where}: argument {name!r} must be a CUDA tensor, got one on {t.device}")
     if t.dtype not in FLOAT_DTYPES:
         allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
         raise TypeError(f"{where}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: {allowed}")
@@ -66,6 +64,8 @@ def _check(where: str, name: str, t: Any) -> None:
         raise ValueError(f"{where}: argument {name!r} must have at least 1 dim, got a 0-d tensor")
     if t.shape[-1] > MAX_N:
         raise ValueError(f"{where}: argument {name!r} has a last dim of {t.shape[-1]}; at most {MAX_N} is supported")
+    if device:
+        require_cuda(where, name, t)
 
 
 def _check_dim(where: str, dim: Any, ndim: int) -> None:
@@ -114,8 +114,9 @@ def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
 
 def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
     where = f"cuteforge.ops.{mode}"
-    _check(where, "x", x)
+    _check(where, "x", x, device=False)
     _check_dim(where, dim, x.dim())
+    require_cuda(where, "x", x)  # last: a CPU caller sees the real problem first
     x2 = as_rows(x)
     m, n = x2.shape
     shape = tuple(x.shape)
@@ -172,8 +173,8 @@ def _bwd_kernel(mode: str, dy2: torch.Tensor, y2: torch.Tensor, where: str) -> A
 
 def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     where = f"cuteforge.ops.{mode.removesuffix('_bwd')}_backward"
-    _check(where, "grad", dy)
-    _check(where, "y", y)
+    _check(where, "grad", dy, device=False)
+    _check(where, "y", y, device=False)
     if dy.shape != y.shape:
         raise ValueError(f"{where}: argument 'grad' has shape {tuple(dy.shape)} but 'y' has {tuple(y.shape)}; they must match")
     if dy.dtype != y.dtype:
@@ -181,6 +182,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     if dy.device != y.device:
         raise ValueError(f"{where}: argument 'grad' is on {dy.device} but 'y' is on {y.device}")
     _check_dim(where, dim, y.dim())
+    require_cuda(where, "y", y)
     dy2, y2 = as_rows(dy), as_rows(y)
     m, n = y2.shape
     launch: Callable[..., Any] = _skip

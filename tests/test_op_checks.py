@@ -1,0 +1,34 @@
+"""The ops' argument checks on the CPU: every op checks dtypes, shapes and scalars before
+the device, so a CPU caller sees the real problem; a CPU call that is otherwise right is
+told the tensor must be on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuteforge.ops as ops
+
+X = torch.randn(4, 8)
+W = torch.randn(8)
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda: ops.rms_norm(X.double(), W), TypeError, "'x' has dtype torch.float64"),
+    (lambda: ops.rms_norm(X, torch.randn(7)), ValueError, "'weight' must have shape"),
+    (lambda: ops.rms_norm(X, W, eps=-1.0), ValueError, "'eps' must be finite"),
+    (lambda: ops.layer_norm(X, W, torch.randn(8).half()), TypeError, "'bias'"),
+    (lambda: ops.softmax(X.int()), TypeError, "'x' has dtype int32"),
+    (lambda: ops.softmax(X, dim=0), ValueError, "'dim' must be the last dim"),
+    (lambda: ops.sum(X.long()), TypeError, "'x' has dtype int64"),
+    (lambda: ops.amax(X, dim=5), ValueError, "'dim'=5 is out of range"),
+    (lambda: ops.cross_entropy(X, torch.zeros(4, dtype=torch.int32)), TypeError, "'target' must be int64"),
+    (lambda: ops.cross_entropy(X, torch.zeros(4, dtype=torch.int64), reduction="avg"), ValueError, "'reduction'"),
+    (lambda: ops.rms_norm(X, W), ValueError, "'x' must be a CUDA tensor"),
+    (lambda: ops.softmax(X), ValueError, "'x' must be a CUDA tensor"),
+    (lambda: ops.sum(X), ValueError, "'x' must be a CUDA tensor"),
+    (lambda: ops.cross_entropy(X, torch.zeros(4, dtype=torch.int64)), ValueError, "'logits' must be a CUDA tensor"),
+])
+def test_the_real_problem_first(call, error, match) -> None:
+    with pytest.raises(error, match=match):
+        call()
