@@ -15,7 +15,7 @@ Per contender: ms a step (wall, the GPU synchronized at the end of each round), 
 and for the patched rows the loss and gradient agreement with stock (relative error of
 the flattened gradients) and torch._dynamo.explain's graph-break count.
 
-    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--out FILE]
+    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--out FILE]
 """
 
 from __future__ import annotations
@@ -122,10 +122,14 @@ def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return int(explained.graph_break_count)
 
 
-def run_size(size: str, reduce_overhead: bool, rounds: int, per_round: int) -> dict[str, Any]:
+def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int) -> dict[str, Any]:
     stock = _model(size)
     patched = copy.deepcopy(stock)
     report = cnn.patch(patched)
+    plain = None
+    if unfused:  # patched without the fused loss: the logits materialized, cuteforge's cross-entropy
+        plain = copy.deepcopy(stock)
+        cnn.patch(plain, fused_loss=False)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
     row: dict[str, Any] = {"size": size, **SIZES[size], "vocab": VOCAB, "seq": SEQ, "batch": BATCH,
                            "patch": str(report)}
@@ -136,9 +140,14 @@ def run_size(size: str, reduce_overhead: bool, rounds: int, per_round: int) -> d
     if reduce_overhead:
         models["stock reduce-overhead"] = torch.compile(stock, mode="reduce-overhead")
         models["patched reduce-overhead"] = torch.compile(patched, mode="reduce-overhead")
-    sp, pp = list(stock.parameters()), list(patched.parameters())
-    train = {k: (lambda m=m, ps=(sp if k.startswith("stock") else pp): _train_step(m, ps, ids)) for k, m in models.items()}
-    infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items()}
+    owners = {k: stock if k.startswith("stock") else patched for k in models}
+    if plain is not None:
+        models["patched-unfused eager"], models["patched-unfused compile"] = plain, torch.compile(plain)
+        owners["patched-unfused eager"] = owners["patched-unfused compile"] = plain
+    params = {k: list(m.parameters()) for k, m in owners.items()}
+    train = {k: (lambda m=m, ps=params[k]: _train_step(m, ps, ids)) for k, m in models.items()}
+    # without labels the fused loss is not involved: the unfused rows would repeat the patched ones
+    infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items() if "unfused" not in k}
     for fns in (train, infer):
         for name, f in fns.items():
             t0 = time.perf_counter()
@@ -151,11 +160,13 @@ def run_size(size: str, reduce_overhead: bool, rounds: int, per_round: int) -> d
     for what in ("train", "infer"):
         r = row[what]
         for mode in ("eager", "compile", "reduce-overhead"):
-            if f"stock {mode}" in r:
-                r[f"speedup {mode}"] = round(r[f"stock {mode}"]["ms"] / r[f"patched {mode}"]["ms"], 3)
-                r[f"peak ratio {mode}"] = round(r[f"patched {mode}"]["peak_MB"] / max(r[f"stock {mode}"]["peak_MB"], 1e-9), 3)
+            for variant in ("patched", "patched-unfused"):
+                if f"stock {mode}" in r and f"{variant} {mode}" in r:
+                    tag = mode if variant == "patched" else f"{mode} unfused"
+                    r[f"speedup {tag}"] = round(r[f"stock {mode}"]["ms"] / r[f"{variant} {mode}"]["ms"], 3)
+                    r[f"peak ratio {tag}"] = round(r[f"{variant} {mode}"]["peak_MB"] / max(r[f"stock {mode}"]["peak_MB"], 1e-9), 3)
     print(size, row, flush=True)
-    del models, train, infer, stock, patched
+    del models, train, infer, stock, patched, plain, owners, params
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     return row
@@ -185,11 +196,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--size", action="append", choices=sorted(SIZES))
     p.add_argument("--reduce-overhead", action="store_true")
+    p.add_argument("--unfused", action="store_true", help="add patched contenders without the fused loss")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    rows = [run_size(s, args.reduce_overhead, args.rounds, args.per_round) for s in (args.size or ["small", "large"])]
+    rows = [run_size(s, args.reduce_overhead, args.unfused, args.rounds, args.per_round) for s in (args.size or ["small", "large"])]
     gpu = torch.cuda.get_device_name().split()[-1].lower()
     out = Path(args.out) if args.out else OUT / f"{gpu}-model.json"
     write_results(out, {**results_header(), "models": rows})
