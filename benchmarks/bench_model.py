@@ -62,14 +62,18 @@ def _infer_step(model: Callable[..., Any], ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids).logits
 
 
-def _measure(steps: dict[str, Callable[[], Any]], rounds: int, per_round: int) -> dict[str, dict[str, float]]:
+def _measure(steps: dict[str, Callable[[], Any]], rounds: int, per_round: int,
+             params: list[torch.nn.Parameter]) -> dict[str, dict[str, float]]:
     """Interleaved rounds: per contender the median over rounds of ms a step (wall, synced
     per round) and host ms a step (the call's own time), and its peak memory in MB above
-    what was allocated before the step."""
+    what was allocated before the step, with every gradient of ``params`` cleared first
+    (so the base holds the weights only)."""
     wall: dict[str, list[float]] = {k: [] for k in steps}
     host: dict[str, list[float]] = {k: [] for k in steps}
     peak: dict[str, float] = {}
     for name, step in steps.items():
+        for p in params:
+            p.grad = None
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
@@ -125,7 +129,7 @@ def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
 def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int) -> dict[str, Any]:
     stock = _model(size)
     patched = copy.deepcopy(stock)
-    report = cnn.patch(patched)
+    report = cnn.patch(patched, fused_loss=True)
     plain = None
     if unfused:  # patched without the fused loss: the logits materialized, cuteforge's cross-entropy
         plain = copy.deepcopy(stock)
@@ -155,8 +159,9 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
                 f()
             torch.cuda.synchronize()
             print(f"{size} {name}: warm-up (compile) {time.perf_counter() - t0:.1f} s", flush=True)
-    row["train"] = _measure(train, rounds, per_round)
-    row["infer"] = _measure(infer, rounds, per_round)
+    every = [p for ps in params.values() for p in ps]
+    row["train"] = _measure(train, rounds, per_round, every)
+    row["infer"] = _measure(infer, rounds, per_round, every)
     for what in ("train", "infer"):
         r = row[what]
         for mode in ("eager", "compile", "reduce-overhead"):

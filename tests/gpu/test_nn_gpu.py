@@ -81,11 +81,11 @@ def _loss_and_grads(model, ids):
     return loss.detach(), [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_patched_llama_matches_stock(compiled) -> None:
+@pytest.mark.parametrize(("compiled", "fused_loss"), [(False, "compiled"), (False, True), (True, "compiled")])
+def test_patched_llama_matches_stock(compiled, fused_loss) -> None:
     stock = _llama()
     patched = copy.deepcopy(stock)
-    report = cnn.patch(patched)
+    report = cnn.patch(patched, fused_loss=fused_loss)
     assert report.swapped.get("RMSNorm") == 5 and report.swapped.get("loss") == 1, report
     ids = torch.randint(0, 1000, (2, 127), device="cuda")
     ids[0, 3] = 5

@@ -116,12 +116,12 @@ def _patch_loss(model: nn.Module, report: PatchReport) -> None:
     report.swapped["loss"] = 1
 
 
-def _fused_forward(model: nn.Module) -> Callable[..., Any] | None:
+def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] | None:
     """A forward for ``model`` that, given labels, takes the loss from the decoder's last
     hidden states and the LM head's weight through `cuteforge.ops.linear_cross_entropy`
     (the logits are never materialized; the output's ``logits`` is None), and is the
-    model's own forward otherwise; None where the model is not decoder + bias-free
-    nn.Linear head."""
+    model's own forward otherwise (and in eager mode with ``compiled_only``); None where
+    the model is not decoder + bias-free nn.Linear head."""
     decoder, head, original = getattr(model, "model", None), getattr(model, "lm_head", None), model.forward
     if not isinstance(decoder, nn.Module) or type(head) is not nn.Linear or head.bias is not None:
         return None
@@ -129,7 +129,7 @@ def _fused_forward(model: nn.Module) -> Callable[..., Any] | None:
     def forward(input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None, past_key_values: Any = None,
                 inputs_embeds: Any = None, labels: Any = None, use_cache: Any = None, logits_to_keep: Any = 0,
                 **kwargs: Any) -> Any:
-        if labels is None or not head.weight.is_cuda:
+        if labels is None or not head.weight.is_cuda or (compiled_only and not torch.compiler.is_compiling()):
             return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
                             use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
@@ -156,13 +156,20 @@ def _fused_forward(model: nn.Module) -> Callable[..., Any] | None:
 
 
 def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool = True,
-          fused_loss: bool = True) -> PatchReport:
+          fused_loss: bool | str = "compiled") -> PatchReport:
     """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``: opt-in; their GEMMs run on
-    cuteforge for inference, torch's with grad) and causal-LM loss (``loss``) in place;
-    with ``fused_loss`` a call with labels computes the loss from the hidden states and
-    the LM head without materializing the logits (`cuteforge.ops.linear_cross_entropy`;
-    such calls return ``logits=None``). Returns the report (also kept on the model for
-    `unpatch`). A model patched already is refused: unpatch it first."""
+    cuteforge for inference, torch's with grad) and causal-LM loss (``loss``) in place.
+
+    ``fused_loss``: a call with labels computes the loss from the hidden states and the LM
+    head without materializing the logits (`cuteforge.ops.linear_cross_entropy`; such calls
+    return ``logits=None``): always (True), never (False), or under torch.compile only
+    ("compiled", the default: eager, cuteforge's cross-entropy on bf16 logits was faster
+    and no larger; compiled, the fused loss was both faster and smaller, docs/nn.md).
+
+    Returns the report (also kept on the model for `unpatch`). A model patched already is
+    refused: unpatch it first."""
+    if fused_loss not in (True, False, "compiled"):
+        raise ValueError(f"cuteforge.patch: fused_loss must be True, False or 'compiled', got {fused_loss!r}")
     kind = _model_type(model)
     if getattr(model, _REPORT_ATTR, None) is not None:
         raise ValueError("cuteforge.patch: this model is patched already; call cuteforge.unpatch(model) first")
@@ -186,7 +193,7 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
     if loss:
         _patch_loss(model, report)
     if fused_loss:
-        forward = _fused_forward(model)
+        forward = _fused_forward(model, compiled_only=fused_loss == "compiled")
         if forward is None:
             report.skipped.append("fused loss: no decoder `model` and bias-free nn.Linear `lm_head`")
         else:
