@@ -36,8 +36,11 @@ __all__ = [
     "compile_only",
     "end_warmup",
     "kernel",
+    "nn",
     "ops",
+    "patch",
     "target_arch",
+    "unpatch",
 ]
 
 
@@ -47,10 +50,14 @@ def cache_stats() -> dict[str, float]:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ops":
+    if name in ("ops", "nn"):
         import importlib
 
-        return importlib.import_module(".ops", __name__)
+        return importlib.import_module(f".{name}", __name__)
+    if name in ("patch", "unpatch"):
+        from . import nn
+
+        return getattr(nn, name)
     if name == "Template":
         from .templates import Template
 
