@@ -47,6 +47,7 @@ from ..kernels.gemm.sm90.config import (
 from ..kernels.gemm.spec import AB_DTYPES, FP8_DTYPES, gemm_fp8_kernel, gemm_kernel
 from ..signature import FLOAT_DTYPES, dtype_name
 from ..workspace import stream_workspace
+from .registered import define
 
 _WHERE = "cuteforge.ops.gemm"
 _PLANS: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
@@ -457,13 +458,14 @@ def _lookup(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_k
 # --- torch.library registration -----------------------------------------------------------
 
 
-@torch.library.custom_op("cuteforge::gemm", mutates_args=())
-def _gemm_op(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+# no launch plans: a stream-K GEMM takes a workspace per stream or capture (`workspace.py`),
+# which a plan keyed by layout cannot hold
+def _gemm_impl(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, kinds: str,
+               out_dtype: torch.dtype | None) -> torch.Tensor:
     return _run(a, b, ops, epi_key, kinds, out_dtype)
 
 
-@_gemm_op.register_fake
-def _(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+def _gemm_fake(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
     torch._check(a.shape[-1] == b.shape[-2], lambda: f"{_WHERE}: a and b disagree on K")
     batched = a.dim() == 3 or b.dim() == 3
     L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
@@ -490,17 +492,15 @@ def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
     return cast[0], cast[1], cast[2:], None, None, None
 
 
-_gemm_op.register_autograd(_backward, setup_context=_setup)
+_gemm_op = define("cuteforge::gemm", _gemm_impl, fake=_gemm_fake, backward=_backward, setup_context=_setup)
 
 
-@torch.library.custom_op("cuteforge::gemm_fp8", mutates_args=())
-def _gemm_fp8_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, ops: list[torch.Tensor],
-                 epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
+def _gemm_fp8_impl(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   ops: list[torch.Tensor], epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
     return _run(a, b, ops, epi_key, kinds, out_dtype, scales=(scale_a, scale_b))
 
 
-@_gemm_fp8_op.register_fake
-def _(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, ops: list[torch.Tensor],
+def _gemm_fp8_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, ops: list[torch.Tensor],
       epi_key: str, kinds: str, out_dtype: torch.dtype | None) -> torch.Tensor:
     torch._check(a.shape[-1] == b.shape[-2], lambda: f"{_WHERE}: a and b disagree on K")
     torch._check(scale_a.numel() == 1 and scale_b.numel() == 1,
@@ -510,6 +510,9 @@ def _(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Te
     L = a.shape[0] if a.dim() == 3 else (b.shape[0] if b.dim() == 3 else 1)
     shape = (L, a.shape[-2], b.shape[-1]) if batched else (a.shape[-2], b.shape[-1])
     return a.new_empty(shape, dtype=out_dtype or torch.bfloat16)
+
+
+_gemm_fp8_op = define("cuteforge::gemm_fp8", _gemm_fp8_impl, fake=_gemm_fp8_fake)
 
 
 def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta: float,
