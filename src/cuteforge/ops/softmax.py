@@ -1,10 +1,11 @@
 """Softmax and log-softmax over the last dim as torch ops, with autograd.
 
 `cuteforge.ops.softmax(x, dim=-1)` / `log_softmax(x, dim=-1)`: x is a CUDA tensor of
-fp32/bf16/fp16 with any number of dims >= 1; softmax runs over the last one (fp32 math,
-output in x's dtype, contiguous). Leading dims are flattened (a view when they can be;
-a 2-D view with a row stride runs without a copy). A last dim that is not unit-stride
-is copied first.
+fp32/bf16/fp16 with any number of dims >= 1; softmax runs over `dim` (fp32 math, output
+in x's dtype). Over the last dim: leading dims are flattened (a view when they can be; a
+2-D view with a row stride runs without a copy), a last dim that is not unit-stride is
+copied first, and the output is contiguous. Over another dim the kernels take a copy
+with that dim moved last, and the output is that copy's result moved back (a view).
 
 The warm no-grad path is one C call where x's rows are a view of it (the op's launch
 table in `cuteforge.native.launch`, keyed by dim with its type and x's dtype, shape,
@@ -323,6 +324,12 @@ def _native_autograd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor | Non
     return y
 
 
+def _other_dim(x: Any, dim: Any) -> bool:
+    """dim is a valid dim of tensor x other than its last."""
+    return (isinstance(x, torch.Tensor) and isinstance(dim, int) and not isinstance(dim, bool)
+            and -x.dim() <= dim < x.dim() and dim % x.dim() != x.dim() - 1)
+
+
 def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
     is_compiling = torch.compiler.is_compiling
     grad_enabled = torch.is_grad_enabled
@@ -334,6 +341,9 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
         # Tracing needs the custom-op boundary; eager autograd goes through the C++ node
         # (else a plain autograd.Function) and no-grad calls skip both.
         # The warm path is inlined on purpose: each Python call level costs ~0.1 us.
+        if dim != -1 and _other_dim(x, dim):
+            # the kernels run over rows: the dim moves last (a transposing copy), and back
+            return fn(x.movedim(dim, -1), -1).movedim(-1, dim)
         if is_compiling():
             return custom(x, dim)
         call = table.call  # the C memo: one C call for a warm no-grad layout
@@ -352,8 +362,9 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
 
     fn.__name__ = fn.__qualname__ = mode
     fn.__doc__ = (
-        f"{mode} over the last dim of a CUDA tensor (fp32/bf16/fp16, fp32 math), with autograd "
-        "and torch.compile support. Returns a contiguous tensor of x's shape and dtype."
+        f"{mode} over dim of a CUDA tensor (fp32/bf16/fp16, fp32 math), with autograd and "
+        "torch.compile support. Returns a tensor of x's shape and dtype: contiguous for the last "
+        "dim; for another dim the kernels run on a transposed copy and the result is its view."
     )
     return fn
 
