@@ -4,7 +4,7 @@
 // Why: the autograd engine runs a CUDA node's backward on its device thread. A Python
 // node (torch.autograd.Function) must take the GIL there: on the H200 the same backward
 // kernel took 95 us per call behind a Python node and 39 us behind a C++ one
-// (docs/kernels/norm.md v2.10), more than the kernel itself at small sizes.
+// (docs/kernels/norm.md), more than the kernel itself at small sizes.
 //
 // The node knows nothing about any op. Python builds a Plan per forward layout
 // (cuteforge/native/backward.py): which incoming gradients the kernel takes and the

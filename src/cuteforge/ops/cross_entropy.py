@@ -162,9 +162,9 @@ def _red_key(logits: torch.Tensor, target: torch.Tensor) -> Any:
 
 def _red_words(logits: torch.Tensor, cfg: Any) -> int:
     """The workspace words a reduced forward of these logits under `cfg` needs, or 0 where
-    the caller reduces with torch ops instead: a grid beyond kernels.reduce_fits. (Until
-    v3.1, 16-bit rows past 16384 took the per-row kernel + torch reduction, measured faster
-    with v2's forward; with v3's the reduced kernel is level or ahead there, cross_entropy.md.)"""
+    the caller reduces with torch ops instead: a grid beyond kernels.reduce_fits (the
+    reduced kernel is level with or ahead of the per-row kernel + torch reduction at
+    every N, docs/kernels/cross_entropy.md)."""
     m = logits.shape[0]
     ctas = -(-m // cfg.rows_per_cta)
     return work_words(ctas) if reduce_fits(ctas, cfg.threads) else 0
@@ -366,7 +366,7 @@ class _EagerReduced(torch.autograd.Function):
     """mean/sum with grad: one autograd node around one launch of the reduced forward
     (which also writes lse (M) and the count of non-ignored rows after it, at lse[M]).
     The chain _Eager -> sum -> div -> to(dtype) cost four nodes of host time in the
-    backward, more than the kernel at small sizes (docs/kernels/cross_entropy.md, v1.1)."""
+    backward, more than the kernel at small sizes (docs/kernels/cross_entropy.md)."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,

@@ -61,7 +61,7 @@ def _max_clusters(device: torch.device, c: int) -> int | None:
 
 def bwd_groups(device: torch.device, cfg: Any, m: int) -> int:
     """Q, the persistent backward's CTA groups for m rows: sm_count x ctas_per_sm /
-    cluster_n, at most the number of row blocks; for a cluster-staged config (v2.5) also
+    cluster_n, at most the number of row blocks; for a cluster-staged config also
     at most the clusters the device runs at once (x ctas_per_sm): a group that does not
     fit would run as a second wave after the others, doubling the time. A ``row_grid``
     config (the kernel without partials) runs one CTA per row block instead."""
@@ -130,7 +130,7 @@ def _small_m_config(kind: str, x2: torch.Tensor) -> Any:
     """For M rows that fit in one wave of the default register forward (every CTA runs at
     most one row block), the same config with weight and bias loaded beside x
     (``early_weight``): nothing overlaps the row's latency there, and the weight's load
-    after the reduction was a second DRAM round trip. H200, kernel alone (norm.md v2.11):
+    after the reduction was a second DRAM round trip. H200, kernel alone (docs/kernels/norm.md):
     fp32 N = 256, M = 1: 6.91 -> 4.74 us (torch 6.40); M = 128: 7.20 -> 5.66 us (torch
     6.27). At M = 32768 it is level or worse (bf16 N = 256: 14.8 -> 15.5 us), so large M
     keeps the heuristic. None where the heuristic's config stands."""
@@ -407,7 +407,7 @@ _ln_op = define("cuteforge::layer_norm", _ln_impl, fake=_ln_fake,
 # --------------------------------------------------------------------------- eager autograd
 # Eager calls with grad skip the custom-op boundary too: its dispatch (forward, and the
 # backward op called from register_autograd) cost more host time than the kernels take
-# at small sizes (docs/kernels/norm.md, v3).
+# at small sizes (docs/kernels/norm.md).
 
 
 class _RmsFn(torch.autograd.Function):

@@ -262,7 +262,7 @@ _log_softmax_op, _log_softmax_bwd_op = _register("log_softmax")
 def _eager_function(mode: str) -> Any:
     """Eager autograd without the custom-op boundary: forward and backward call the
     warm paths directly. Through the custom ops, an autograd.grad of a small softmax
-    cost several times the kernel's time in host dispatch (docs/kernels/softmax.md, v3)."""
+    cost several times the kernel's time in host dispatch (docs/kernels/softmax.md)."""
     bwd_mode = f"{mode}_bwd"
 
     class _Fn(torch.autograd.Function):
