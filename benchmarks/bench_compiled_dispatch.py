@@ -5,7 +5,8 @@ Inductor's generated code calls an op as ``torch.ops.cuteforge.<op>.default(...)
 call is timed here directly (the "registered" column), next to the eager call
 (``cuteforge.ops.<op>``, one C call) and torch's op, on the same small warm inputs
 (host-bound), interleaved (`timing.host_us_interleaved`: the GPU synchronized between
-loops, so the host is measured). The backward ops are timed the same way; their eager
+loops, so the host is measured); for some ops torch's own op is also called the way a
+compiled graph calls it (``torch.ops.aten.<op>.<overload>``), the floor of that path. The backward ops are timed the same way; their eager
 counterpart runs inside the C++ autograd node and has no call of its own to time. A
 profiler pass over a compiled training step adds each op's CPU time per call there.
 
@@ -35,7 +36,9 @@ OUT = Path(__file__).with_name("results")
 
 
 def _forward_rows(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> dict[str, dict[str, Any]]:
-    cf = torch.ops.cuteforge
+    """Per op its contenders; "torch_op_overload" is torch's own op called as a compiled
+    graph calls ops (torch.ops.aten.<op>.<overload>): the host cost of that call path."""
+    cf, aten = torch.ops.cuteforge, torch.ops.aten
     r = torch.randn_like(x)
     rows = {
         "rms_norm": {"eager": lambda: ops.rms_norm(x, w, 1e-6), "registered": lambda: cf.rms_norm.default(x, w, None, 1e-6),
@@ -45,13 +48,15 @@ def _forward_rows(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> dict[str
                               "torch": lambda: F.rms_norm(x + r, (x.shape[-1],), w, 1e-6)},
         "layer_norm": {"eager": lambda: ops.layer_norm(x, w, w, 1e-5),
                        "registered": lambda: cf.layer_norm.default(x, w, w, None, 1e-5),
-                       "torch": lambda: F.layer_norm(x, (x.shape[-1],), w, w, 1e-5)},
+                       "torch": lambda: F.layer_norm(x, (x.shape[-1],), w, w, 1e-5),
+                       "torch_op_overload": lambda: aten.native_layer_norm.default(x, [x.shape[-1]], w, w, 1e-5)},
         "softmax": {"eager": lambda: ops.softmax(x), "registered": lambda: cf.softmax.default(x, -1),
-                    "torch": lambda: torch.softmax(x, -1)},
+                    "torch": lambda: torch.softmax(x, -1),
+                    "torch_op_overload": lambda: aten._softmax.default(x, -1, False)},
         "log_softmax": {"eager": lambda: ops.log_softmax(x), "registered": lambda: cf.log_softmax.default(x, -1),
                         "torch": lambda: torch.log_softmax(x, -1)},
         "sum": {"eager": lambda: ops.sum(x), "registered": lambda: cf.sum.default(x, -1, False),
-                "torch": lambda: torch.sum(x, -1)},
+                "torch": lambda: torch.sum(x, -1), "torch_op_overload": lambda: aten.sum.dim_IntList(x, [-1])},
         "amax": {"eager": lambda: ops.amax(x), "registered": lambda: cf.amax.default(x, -1, False),
                  "torch": lambda: torch.amax(x, -1)},
         "cross_entropy none": {"eager": lambda: ops.cross_entropy(x, t, reduction="none"),
