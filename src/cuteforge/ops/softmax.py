@@ -183,7 +183,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     if dy.device != y.device:
         raise ValueError(f"{where}: argument 'grad' is on {dy.device} but 'y' is on {y.device}")
     _check_dim(where, dim, y.dim())
-    require_cuda(where, "y", y)
+    require_cuda(where, "grad", dy)
     dy2, y2 = as_rows(dy), as_rows(y)
     m, n = y2.shape
     launch: Callable[..., Any] = _skip
