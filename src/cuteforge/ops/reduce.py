@@ -233,13 +233,17 @@ def _col_runner(op: str, xv: torch.Tensor, out: torch.Tensor, vec: int, split: i
     return run
 
 
+def _planned(op: str, x: torch.Tensor, dim: int, keepdim: bool = False) -> _Plan:
+    """The memoized run for this call's layout, made on a miss."""
+    try:
+        return _PLANS[_memo_key(op, x, dim, keepdim)]
+    except (AttributeError, KeyError, TypeError):
+        return _plan(op, x, dim, keepdim)
+
+
 def _run(op: str, x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     """The custom op's body (torch.compile, autograd); eager calls take `_entry`'s copy."""
-    try:
-        run = _PLANS[_memo_key(op, x, dim, keepdim)]
-    except (AttributeError, KeyError, TypeError):
-        run = _plan(op, x, dim, keepdim)
-    return run(x)
+    return _planned(op, x, dim, keepdim)(x)
 
 
 # --- torch.library registration: what torch.compile and CUDA graphs see -------------------
@@ -262,7 +266,7 @@ def _register(op: str) -> Any:
 
     # the plan is the eager one (a launch plan where x is read in place)
     setup, backward = _setup_context(op) if op != "argmax" else (None, None)
-    return define(f"cuteforge::{op}", impl, fake=fake, plan=lambda x, dim, keepdim: _plan(op, x, dim, keepdim),
+    return define(f"cuteforge::{op}", impl, fake=fake, plan=lambda x, dim, keepdim: _planned(op, x, dim, keepdim),
                   backward=backward, setup_context=setup)
 
 

@@ -8,8 +8,9 @@ defined in one way for every family.
 - ``fake(*args)``: outputs of the right shapes, dtypes and strides for tracing.
 - ``plan(*args) -> run | None``: the launch plan for this call's layout
   (`cuteforge.native.launch.runner`, returning the op's outputs in schema order from its
-  tensor arguments in schema order), or None where the layout has none (the call then
-  stays on ``impl``). With it, the op's CUDA and autograd kernels are C++ (`native.dispatch`):
+  tensor arguments in schema order); None, or any other run, where the layout has none
+  (the call then stays on ``impl``; ``plan`` runs on every such call, so it should answer
+  such layouts from a memo or cheap checks). With it, the op's CUDA and autograd kernels are C++ (`native.dispatch`):
   every later call of the layout allocates and launches without Python. They are
   registered at the op's first real call, where the C++ extension is available.
 - ``backward`` / ``setup_context``: the autograd formula (`torch.library.register_autograd`).
@@ -39,9 +40,10 @@ def define(qualname: str, impl: Callable[..., Any], *, fake: Callable[..., Any],
 
     def miss(*args: Any) -> tuple[Any, Any]:
         run = plan(*args) if plan is not None else None
-        if run is None:
+        c_plan = None if run is None else dispatch.plan_of(run)
+        if c_plan is None:  # no C plan for this layout: the op's own (memoized) Python path
             return impl(*args), None
-        return run(*(args[i] for i in tensors)), dispatch.plan_of(run)
+        return run(*(args[i] for i in tensors)), c_plan
 
     def body(*args: Any) -> Any:
         nonlocal registered

@@ -153,12 +153,16 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
     return run
 
 
-def _fwd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+def _fwd_planned(mode: str, x: torch.Tensor, dim: int) -> _Run:
+    """The memoized run for this call's layout, made on a miss."""
     try:
-        run = _FWD[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
+        return _FWD[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
     except (AttributeError, KeyError, TypeError):
-        run = _plan_fwd(mode, x, dim)
-    return run(x)
+        return _plan_fwd(mode, x, dim)
+
+
+def _fwd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor:
+    return _fwd_planned(mode, x, dim)(x)
 
 
 def _bwd_kernel(mode: str, dy2: torch.Tensor, y2: torch.Tensor, where: str) -> Any:
@@ -214,9 +218,11 @@ def _bwd(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor
 def _bwd_op_plan(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> Any:
     """The registered backward's launch plan: grad and y read in place as (M, N) rows,
     dx allocated in y's shape; None where either needs a copy (the call stays on Python)."""
-    shape, _ = _plan_bwd(f"{mode}_bwd", dy, y, dim)  # checks, compiles (memoized)
     dy2, y2 = rows_view(dy), rows_view(y)
-    if dy2 is None or y2 is None or 0 in y2.shape:
+    if dy2 is None or y2 is None:
+        return None
+    shape, _ = _plan_bwd(f"{mode}_bwd", dy, y, dim)  # checks, compiles (memoized)
+    if 0 in y2.shape:
         return None
     m, n = y2.shape
     IN = native_launch.INPUT
@@ -251,7 +257,7 @@ def _register(mode: str) -> tuple[Any, Any]:
 
     # the forward's plan is the eager one: x read in place, y in x's shape
     forward_op = define(f"cuteforge::{mode}", forward_impl, fake=lambda x, dim=-1: x.new_empty(x.shape),
-                        plan=lambda x, dim: _plan_fwd(mode, x, dim), backward=backward, setup_context=setup_context)
+                        plan=lambda x, dim: _fwd_planned(mode, x, dim), backward=backward, setup_context=setup_context)
     return forward_op, backward_op
 
 
