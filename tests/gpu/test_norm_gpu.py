@@ -479,7 +479,7 @@ def test_layer_moments_exchange_far_mean(dtype, offset):
 
 # --------------------------------------------------------------------------- backward: mbarrier exchange
 # NormConfig.exchange = "mbar" in the persistent backward (kernels/norm/bwd.py, two
-# mbarriers alternating over a CTA's rows: common.make_allreduce_mbar_rows). Not a
+# mbarriers alternating over a CTA's rows: exchange.make_allreduce_mbar_rows). Not a
 # default yet, so every backward long-row candidate (config.longrow_bwd_candidates) runs
 # explicitly against an fp64 reference of dx, dweight, dbias. Even N use the variant
 # bench_longrow.py times (rms without bias, layer with bias, no dsum: the compiles are

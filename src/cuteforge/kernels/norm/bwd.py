@@ -21,10 +21,10 @@ leaving the register file to the accumulators at huge N.
 ``common.make_allreduce_mbar_rows`` instead of a full cluster barrier per row: each
 warp's lanes l < C ``st.async`` the partial sums into CTA l, counted on CTA l's
 mbarrier, and each CTA waits on its own. Two mbarriers and two buffer halves alternate
-over the CTA's rows (row j: slot j % 2, phase (j // 2) % 2); common.py argues why that
+over the CTA's rows (row j: slot j % 2, phase (j // 2) % 2); exchange.py argues why that
 is race-free for a persistent loop.
 
-``stages > 0`` (v2.4, ``make_norm_bwd_staged``): the rows come through shared memory.
+``stages > 0`` (``make_norm_bwd_staged``): the rows come through shared memory.
 Thread 0 brings row block j of the CTA into stage j % S with bulk asynchronous copies
 (``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: x, dy and, when
 fused, dsum; one copy per operand row, counted on the stage's mbarrier), S rows ahead.
@@ -37,7 +37,7 @@ reduction barrier (stage j % S gets row j + S; no extra barrier), otherwise afte
 explicit CTA barrier at the end of row j. The weight is bulk-copied into shared memory
 once when it fits beside the stages (else held in registers).
 
-``parts >= 2`` (v2.12, ring.py ``make_norm_bwd_ring``): the staged chunks move through a
+``parts >= 2`` (ring.py ``make_norm_bwd_ring``): the staged chunks move through a
 ring of part-sized slots instead of whole-row stages, each slot refilled as soon as its
 part has been read for dx (for rows whose chunk allows only one whole stage).
 """
@@ -50,22 +50,15 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
 
-from .common import (
-    Tile,
-    column_of,
+from ..rows.staging import (
     launch_bounds,
-    make_allreduce,
-    make_allreduce_mbar_rows,
-    make_bwd_columns,
     make_chunk,
-    make_row_io,
     make_stage_issue,
     make_stage_start,
-    mbar_tx_bytes,
     persistent_group,
-    reduce_smem_elems,
     staged_smem,
 )
+from .common import Tile, column_of, make_bwd_columns, make_row_io
 from .config import (
     SMEM_PER_BLOCK,
     SMEM_PER_SM,
@@ -73,6 +66,7 @@ from .config import (
     default_register_config,
     staged_stages,
 )
+from .exchange import make_allreduce, make_allreduce_mbar_rows, mbar_tx_bytes, reduce_smem_elems
 from .fwd import KINDS
 from .ring import make_norm_bwd_ring, ring_fit
 
@@ -382,7 +376,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     once and read from there, when it fits beside the stages at ``ctas_per_sm`` CTAs per
     SM; otherwise it is held in registers for the launch.
 
-    With ``cluster_n`` = C > 1 (v2.5; ``exchange == "mbar"``) a row is split over the
+    With ``cluster_n`` = C > 1 (``exchange == "mbar"``) a row is split over the
     cluster: CTA c stages, reads and writes only its contiguous chunk
     [c N / C, (c + 1) N / C) of x, dy, dsum, dx, weight and the partial rows, and the row
     sums meet through ``make_allreduce_mbar_rows`` (two exchange mbarriers beside the stage
@@ -428,7 +422,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     # the column math, shared with the part ring (common.make_bwd_columns). bf16 is widened
     # by integer ops (common.make_widen): the row's share of x and dy is widened twice per
     # row; layer bf16 at N = 32768 / 131072 / 262144 measured 90.8 / 88.0 / 82.5 -> 98.4 /
-    # 92.0 / 88.8 % of copy, RMSNorm bf16 within 2 points either way (norm.md v2.9)
+    # 92.0 / 88.8 % of copy, RMSNorm bf16 within 2 points either way
     sums_col, row_sums, dx_col = make_bwd_columns(tile, x_dtype, w_dtype, is_ln, has_bias, has_dsum)
     # barriers (S stages + the weight's), the weight, the first S rows
     _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, 1, w_smem)

@@ -8,15 +8,15 @@
 One CTA (or one cluster, cluster_n > 1) per R rows; the row stays in registers in x's
 dtype (common.py), so x (and residual) are read once and y (and s) written once. The
 statistics are fp32; LayerNorm's variance is the two-pass form over registers (no
-E[x^2] - E[x]^2 cancellation): over a cluster (v2.7) each warp centres on its own mean and
+E[x^2] - E[x]^2 cancellation): over a cluster each warp centres on its own mean and
 one exchange merges the warps' (sum, M2) pairs (common.make_moments_fold), a padded row
 takes two exchanges (sum, then the squares centred on the row mean). rstd (and mean) are
 stored per row for the backward.
 Rows past M (last CTA) re-read row M-1 so every lane joins the shuffles; they store
 nothing.
 
-``stages > 0`` (v2.6, ``make_norm_fwd_staged``; the long-row default since v2.7):
-the rows come through shared memory, with the staged backward's machinery (common.py's
+``stages > 0`` (``make_norm_fwd_staged``; the long-row default):
+the rows come through shared memory, with the staged backward's machinery (rows/staging.py's
 ``make_stage_issue``): a persistent grid of Q CTA groups (clusters), thread 0 of each
 CTA brings its N / cluster_n chunk of row j of x (and the residual) into stage j % S
 with bulk asynchronous copies S rows ahead; the threads wait on the stage's mbarrier,
@@ -24,10 +24,10 @@ read their share of the chunk once into registers (s = x + residual formed there
 shared memory is only ever written by the copies), reduce (with a cluster through
 ``make_allreduce_mbar_rows``: use u = n_red j + i of a row's i-th reduction takes slot
 u % 2, phase (u // 2) % 2), refill the stage with the row S ahead right after the first
-reduction (v2.7: every thread has read it by then), then form the statistics' other
+reduction (every thread has read it by then), then form the statistics' other
 passes and y from registers and write y (and s) straight to global memory.
 
-``lag`` (v2.17, LayerNorm over a cluster): a CTA posts row j's moments, then
+``lag`` (LayerNorm over a cluster): a CTA posts row j's moments, then
 finishes row j - 1 (its exchange was in flight meanwhile) from x read again out of its
 stage, and only then refills that stage; the cluster round trip no longer stalls every
 warp of the SM, and x is not held in registers across it (3 CTAs of 512 threads fit).
@@ -39,27 +39,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
 
-from .common import (
-    Tile,
+from ..rows.grid import row_coords
+from ..rows.staging import (
     launch_bounds,
-    make_allreduce,
-    make_allreduce_mbar,
-    make_allreduce_mbar_rows,
     make_chunk,
-    make_moments_lagged,
-    make_moments_mbar,
-    make_row_async,
-    make_row_io,
     make_stage_issue,
     make_stage_start,
-    make_warp_moments,
-    make_widen,
-    mbar_tx_bytes,
-    moments_exchange_ok,
     persistent_group,
-    reduce_smem_elems,
     staged_smem,
 )
+from .common import Tile, make_row_async, make_row_io, make_widen
 from .config import (
     LAG_SLOTS,
     SMEM_PER_BLOCK,
@@ -69,6 +58,17 @@ from .config import (
     staged_fwd_groups,
     staged_rows,
     staged_stages,
+)
+from .exchange import (
+    make_allreduce,
+    make_allreduce_mbar,
+    make_allreduce_mbar_rows,
+    make_moments_lagged,
+    make_moments_mbar,
+    make_warp_moments,
+    mbar_tx_bytes,
+    moments_exchange_ok,
+    reduce_smem_elems,
 )
 
 KINDS = ("rms", "layer")
@@ -106,7 +106,7 @@ def make_norm_fwd(
             return make_norm_fwd_staged(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, w_aligned)
         config = default_register_fwd_config(n, x_dtype.width, kind)
     tile = Tile.of(n, vec, config)
-    # cp_async (v2.8): the row share (level 2: weight and bias too) through shared memory,
+    # cp_async: the row share (level 2: weight and bias too) through shared memory,
     # for rows of 16-byte vectors that start 16-byte aligned (and a weight that does); else
     # the same config loads straight into registers (same results)
     use_async = bool(config.cp_async and rows_aligned and not tile.TAIL and vec * x_dtype.width == 128
@@ -135,7 +135,7 @@ def make_norm_fwd(
     # weight: 80, fp32 layer_norm: 68-79), past the 64 that 1024 resident threads per SM
     # allow (one 512-thread CTA per SM instead of two, three 256-thread CTAs instead of
     # four); column by column the same kernels get <= 64, no spill, same arithmetic
-    # (docs/kernels/norm.md v2.3). Cluster rows fit either way and keep the whole-row form.
+    # Cluster rows fit either way and keep the whole-row form.
     stream_y = (has_bias and C == 1) or use_async
     padded = bool(tile.REM or tile.TAIL)
 
@@ -150,19 +150,7 @@ def make_norm_fwd(
         mean_out: cute.Tensor,
         rstd_out: cute.Tensor,
     ):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        if cutlass.const_expr(C > 1):
-            if cutlass.const_expr(not use_mbar):
-                cute.arch.cluster_arrive_relaxed()
-            cta = cute.arch.block_idx_in_cluster()
-            row_block = bidx // C
-        else:
-            cta = 0
-            row_block = bidx
-        r = tidx // P
-        t = tidx % P
-        g = cta * P + t
+        tidx, cta, r, t, g, row_block = row_coords(C, P, R, arrive=not use_mbar)
         m = x.shape[0]
         row = row_block * R + r
         row_c = cutlass.min(row, m - 1)
@@ -366,7 +354,7 @@ def device_fwd_groups(config: NormConfig) -> int:
     """``staged_fwd_groups`` for the current CUDA device (its SM count and, with a cluster,
     the clusters it runs at once). When no device can be asked (CPU compiles, and the
     autotune pool's workers, which never touch CUDA): 132 SMs and the H200's measured
-    cluster occupancy (docs/kernels/norm.md v2.5: 30 clusters of 4, 15 of 8, 7 of 16; 2 not
+    cluster occupancy (30 clusters of 4, 15 of 8, 7 of 16; 2 not
     measured, uncapped)."""
     sms, cap = 132, _H200_MAX_CLUSTERS.get(config.cluster_n)
     try:
@@ -386,7 +374,7 @@ def device_fwd_groups(config: NormConfig) -> int:
 
 def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, eps: float,
                          has_bias: bool, has_residual: bool, w_aligned: bool = False, groups: int | None = None):
-    """The row-staged forward (``config.stages`` > 0; module docstring, v2.6). Same launch
+    """The row-staged forward (``config.stages`` > 0; module docstring). Same launch
     signature and results as ``make_norm_fwd``'s register path. Rows of x / residual must
     start 16-byte aligned; each CTA's N / cluster_n chunk holds a multiple of 16 bytes
     (``NormConfig.validate``). Persistent: the grid is min(M, ``groups``) CTA groups
@@ -395,7 +383,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     Weight and bias (``w_aligned``): bulk-copied into shared memory once per launch when
     they fit beside the stages at ``ctas_per_sm`` CTAs per SM, else read per row column by
     column from global memory (L1 / L2 hits). Each thread reads its share of a staged row
-    once, into registers (v2.7), so with a multi-warp row (or a cluster) the stage is
+    once, into registers, so with a multi-warp row (or a cluster) the stage is
     refilled with the row S ahead right after the row's first reduction (its barrier, or
     the exchange's mbarrier wait: a CTA passes it only when every warp of the cluster has
     read its share); otherwise after an explicit CTA barrier at the end of the row."""
@@ -412,8 +400,8 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     KT1, V = tile.KT1, tile.vec
     is_ln = kind == "layer"
     inv_n = 1.0 / n
-    # config.short_chains (session 31): shorter dependent chains per row, set by the 16-bit
-    # N = 262144 default only (norm.md, sessions 30-31): the moments in one shuffle chain,
+    # config.short_chains: shorter dependent chains per row, set by the 16-bit
+    # N = 262144 default only: the moments in one shuffle chain,
     # y's normalisation as one FFMA for 16-bit x, and the CTA's rows counted instead of a
     # division per row
     SHORT = bool(config.short_chains)
@@ -435,7 +423,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         xtx = 0
     n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
     S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
-    # the lagged form (config.lag, v2.17): one moments exchange per row and a second stage to
+    # the lagged form (config.lag): one moments exchange per row and a second stage to
     # bring the next row into
     LAG = bool(config.lag) and moments and S >= 2
     n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
@@ -458,14 +446,14 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     # rows, instead of a shared-memory load and a widen per element per row, where a thread
     # has >= 128 registers (<= 512 threads per SM) and those take at most half of them (a
     # quarter with a fused residual, which needs its own). No staged forward candidate then
-    # spills (ptxas survey, norm.md v2.13; LayerNorm bf16 262144 takes 251 registers at 256
+    # spills (ptxas survey; LayerNorm bf16 262144 takes 251 registers at 256
     # threads, 65536 127 at 512); 1024-thread CTAs keep the weight per row (64 registers:
     # the 16-CTA 262144 candidate spilled 36 bytes with it). H100 A/B: LayerNorm bf16 65536
     # / 262144 +2.0 / +0.5 points of copy (32768 on 1024 threads +1.9, not taken). An fp32
     # weight (nothing to widen) that fits in shared memory beside the stages measured level to
     # -0.6, so it stays per row there; one that does not fit (LayerNorm fp32 at N = 262144:
     # 64 KiB chunks of x, weight and bias) is held within half the registers, residual or not,
-    # rather than read from L2 for every row (v2.15: 73 -> 93 % of copy; with the residual,
+    # rather than read from L2 for every row (73 -> 93 % of copy; with the residual,
     # 128 registers at 512 threads, no spill).
     budget = 65536 // (T * config.ctas_per_sm)
     w_elems = V * KT1 * n_w  # fp32 registers the held weight (and bias) take
@@ -473,12 +461,12 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     HOIST_W = budget >= 128 and (
         (w_dtype.width == 16 and w_elems <= w_share)
         or (w_dtype.width == 32 and not w_smem and w_elems <= budget // 2))
-    # v2.19: in the lagged form (x is not held across the exchange), a 16-bit weight (and
+    # In the lagged form (x is not held across the exchange), a 16-bit weight (and
     # bias) whose fp32 copies would take more than that share but whose 16-bit values fit it
     # (half the registers), with no room in shared memory, is held as loaded and widened
     # column by column when y is formed, instead of read from L2 for every row: the shapes
     # that fill every SM at N = 262144 (2 CTAs per SM, or 8-CTA clusters of 64 KiB chunks)
-    # read 59-77 % of copy on the H200 with the weight per row (norm.md v2.18). ptxas,
+    # read 59-77 % of copy on the H200 with the weight per row. ptxas,
     # sm_90a, at 128 registers: 28 bytes of spill (84-96 registers before); the unlagged
     # form, which holds x too, spills 348 and is left as it was, as is a fused residual (the
     # 256-thread 16-CTA lagged shape reached 255 registers and spilled with it). Not measured
@@ -487,7 +475,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 and not w_smem and w_elems // 2 <= w_share)
     # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
     # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
-    # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds (norm.md v2.9)
+    # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds
     widen_x = make_widen(x_dtype, V, pairs=C >= 8)
     widen_w = make_widen(w_dtype, V, pairs=C >= 8)
     # barriers (S stages + the weight's and bias'), weight and bias, the first S rows

@@ -1,9 +1,9 @@
-"""The part-ring staged backward (``NormConfig.parts`` >= 2, v2.12).
+"""The part-ring staged backward (``NormConfig.parts`` >= 2).
 
 The row-staged backward (bwd.py ``make_norm_bwd_staged``) moves whole row chunks through
 S stages. At fp32 N = 262144 a CTA's chunk of x and dy is 128 KiB, so only one stage fits
 and nothing is in flight while a row is reduced, exchanged and written: the kernel ran at
-62-81 % of copy there, against 96-99 % at N <= 131072 (norm.md v2.9).
+62-81 % of copy there, against 96-99 % at N <= 131072.
 
 Here a CTA's chunk is cut into P parts of whole rounds (round k of the chunk is the k-th
 T x vec block of it, so part p holds rounds [p RP, (p + 1) RP), RP = KT1 / P), and the
@@ -33,22 +33,16 @@ import cutlass.cute as cute
 from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
 
-from .common import (
-    Tile,
+from ..rows.staging import (
     launch_bounds,
-    make_allreduce,
-    make_allreduce_mbar_rows,
-    make_bwd_columns,
     make_chunk,
-    make_row_io,
     make_stage_barrier_init,
-    mbar_tx_bytes,
     persistent_group,
-    reduce_smem_elems,
-    row_view,
     staged_smem,
 )
+from .common import Tile, make_bwd_columns, make_row_io, row_view
 from .config import NormConfig, ring_slots, staged_rows
+from .exchange import make_allreduce, make_allreduce_mbar_rows, mbar_tx_bytes, reduce_smem_elems
 
 
 def ring_fit(config: NormConfig, n: int, x_dtype, w_dtype, has_dsum: bool, w_aligned: bool) -> int:

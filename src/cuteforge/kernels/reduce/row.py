@@ -93,6 +93,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from ..rows.grid import row_coords
 from ..rows.split import realigned, row_vectors
 from .config import LOAD_HINTS, OPS, RowReduceConfig, candidate_configs, default_config
 
@@ -236,18 +237,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
 
     @cute.kernel
     def _kernel(x: cute.Tensor, out: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        if cutlass.const_expr(C > 1):
-            cute.arch.cluster_arrive_relaxed()
-            cta = cute.arch.block_idx_in_cluster()
-            row_block = bidx // C
-        else:
-            cta = 0
-            row_block = bidx
-        r = tidx // P
-        t = tidx % P
-        g = cta * P + t
+        tidx, cta, r, t, g, row_block = row_coords(C, P, R)
         m_rows = x.shape[0]
         row = row_block * R + r
         row_c = cutlass.min(row, m_rows - 1)

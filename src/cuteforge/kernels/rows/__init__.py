@@ -1,3 +1,4 @@
 """What the row families (reduce, softmax, norm, cross-entropy) share: `tiling` (the
-host-side arithmetic of their configs) and `split` (rows that do not start on 16 bytes,
-realigned at run time)."""
+host-side arithmetic of their configs, the `RowTiling` mixin), `grid` (where a thread
+stands in the row grid), `staging` (rows brought into shared memory by bulk copies) and
+`split` (rows that do not start on 16 bytes, realigned at run time)."""

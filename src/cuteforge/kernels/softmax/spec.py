@@ -143,7 +143,7 @@ def softmax_fwd(spec: CompileSpec) -> Any:
     if mode not in FWD_MODES:
         raise ValueError(f"softmax_fwd: mode must be one of {FWD_MODES}, got {mode!r}")
     same = _same_heads(spec)
-    if getattr(spec.config, "path", "regs") != "regs":  # v2 forward paths (chunked.py)
+    if getattr(spec.config, "path", "regs") != "regs":  # the long-row forward paths (chunked.py)
         return make_softmax_chunked(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config, same)
     return make_softmax(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config, same)
 

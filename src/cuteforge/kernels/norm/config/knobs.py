@@ -75,7 +75,7 @@ cp_async:         forward only, row in registers (stages = 0): 0 loads straight 
 lag:              staged LayerNorm forward over a cluster only: 0 finishes each row (its
                   statistics' exchange, then y) before reading the next; 1 sends a row's
                   (sum, M2) pairs, then finishes the row before it, reading its x again
-                  from its stage (common.make_moments_lagged): the cluster round trip runs
+                  from its stage (exchange.make_moments_lagged): the cluster round trip runs
                   under the next row's first pass, at the price of a second read of the
                   chunk from shared memory and a stage held one row longer (with a fused
                   residual, s = x + residual formed again there). Rows whose statistics
@@ -83,7 +83,7 @@ lag:              staged LayerNorm forward over a cluster only: 0 finishes each 
 short_chains:     staged forward over a cluster only: shorter dependent chains per row.
                   LayerNorm's moments in one shuffle chain (each thread centres its
                   squares on its own mean, the warp and the cluster fold merge the
-                  (sum, M2) pairs pairwise, common.warp_merge_moments) instead of a warp
+                  (sum, M2) pairs pairwise, exchange.warp_merge_moments) instead of a warp
                   sum and then the centred squares' sum; for 16-bit x, y's normalisation
                   as one FFMA, (s * rstd - mean * rstd) * w; and the CTA's rows counted
                   instead of one integer division per row.
@@ -105,7 +105,7 @@ from ....arch import DeviceLimits
 from ...rows.tiling import RowTiling, is_pow2
 
 EXCHANGES = ("barrier", "mbar")
-LAG_SLOTS = 4  # the lagged forward's exchange slots (common.make_moments_lagged says why four)
+LAG_SLOTS = 4  # the lagged forward's exchange slots (exchange.make_moments_lagged says why four)
 
 REGS_PER_SM = 65536
 MAX_REGS = 255

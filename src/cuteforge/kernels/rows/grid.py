@@ -1,0 +1,33 @@
+"""Where a thread stands in the row kernels' grid (device code, traced inline): CTAs of
+``R`` rows of ``P`` threads each, or, with ``C`` > 1, clusters of ``C`` CTAs that share
+each row (CTA ``cta`` of a cluster holds threads ``cta * P .. cta * P + P - 1`` of the
+row's ``C * P``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cutlass.cute as cute
+
+
+def row_coords(C: int, P: int, R: int, arrive: bool = True) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """(tidx, cta, r, t, g, row_block): the thread's index in its CTA, its CTA's rank in
+    the cluster (0 without one), its row in the CTA and its thread in that row, its thread
+    in the whole row (over the cluster) and the CTA's (cluster's) block of R rows: the
+    thread's row is ``row_block * R + r`` (left to the caller, whose instruction order
+    stays as it was). ``arrive``: with a cluster, arrive (relaxed) on the cluster barrier
+    first, for a kernel whose exchange waits on it later."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    if C > 1:
+        if arrive:
+            cute.arch.cluster_arrive_relaxed()
+        cta = cute.arch.block_idx_in_cluster()
+        row_block = bidx // C
+    else:
+        cta = 0
+        row_block = bidx
+    r = tidx // P
+    t = tidx % P
+    g = cta * P + t
+    return tidx, cta, r, t, g, row_block
