@@ -32,3 +32,13 @@ W = torch.randn(8)
 def test_the_real_problem_first(call, error, match) -> None:
     with pytest.raises(error, match=match):
         call()
+
+
+def test_numpy_scalars_are_accepted() -> None:
+    import numpy as np
+
+    # every check passes; the CPU tensor is the only problem left
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        ops.rms_norm(X, W, eps=np.float32(1e-6))
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        ops.cross_entropy(X, torch.zeros(4, dtype=torch.int64), ignore_index=np.int64(-1))

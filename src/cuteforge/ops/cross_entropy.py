@@ -37,6 +37,7 @@ is unavailable, an autograd.Function, for mean/sum one that holds the reduced ke
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable
 from typing import Any
@@ -90,7 +91,7 @@ def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
         raise ValueError(f"{_WHERE}: argument 'logits' must have N >= 1 classes, got shape {tuple(logits.shape)}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{_WHERE}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):  # numpy ints too
         raise TypeError(f"{_WHERE}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
     if not -(2**63) <= ignore_index < 2**63:  # compared with int64 targets in the kernel
         raise ValueError(f"{_WHERE}: argument 'ignore_index'={ignore_index} does not fit in int64")
@@ -576,6 +577,8 @@ def cross_entropy(
     first such target before launch instead (one device sync a call)."""
     if check_targets is None:
         check_targets = CHECK_TARGETS
+    if not isinstance(ignore_index, int) and isinstance(ignore_index, numbers.Integral):
+        ignore_index = int(ignore_index)  # a numpy integer
     if _is_compiling():
         # checked at trace time too: the custom op validates tensors only when it runs,
         # and an unknown reduction would otherwise silently reduce as "mean"

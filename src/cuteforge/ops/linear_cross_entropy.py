@@ -19,6 +19,7 @@ ignored) or "sum". The loss is fp32. Registered as ``torch.ops.cuteforge.linear_
 from __future__ import annotations
 
 import importlib
+import numbers
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
                          f"{tuple(target.shape)}")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"{_WHERE}: argument 'reduction' must be 'mean' or 'sum', got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):  # numpy ints too
         raise TypeError(f"{_WHERE}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
     if not (x.is_cuda and weight.device == x.device and target.device == x.device):
         raise ValueError(f"{_WHERE}: 'x', 'weight' and 'target' must be on one CUDA device, got {x.device}, "

@@ -24,6 +24,7 @@ CTA group, summed here by ``torch.sum`` (Q is about 132-528 rows).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -111,7 +112,7 @@ def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any, 
             raise TypeError(f"{where}: argument 'residual' has dtype {residual.dtype} but 'x' has {x.dtype}; they must match")
         if residual.shape != x.shape:
             raise ValueError(f"{where}: argument 'residual' has shape {tuple(residual.shape)} but 'x' has {tuple(x.shape)}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # numpy scalars too
         raise TypeError(f"{where}: argument 'eps' must be a float, got {type(eps).__name__}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{where}: argument 'eps' must be finite and >= 0, got {eps}")
@@ -641,6 +642,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residu
     x: fp32/bf16/fp16 CUDA tensor; weight: (N,) in x's dtype or fp32.
     """
     where = "cuteforge.ops.rms_norm"
+    if not isinstance(eps, (float, int)) and isinstance(eps, numbers.Real):
+        eps = float(eps)  # a numpy scalar
     if _is_compiling():
         _check(where, x, weight, None, residual, eps, device=False)  # the device: when the graph runs
         shape = x.shape
@@ -675,6 +678,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """LayerNorm over the last dim: ``(x - mean) * rsqrt(var + eps) * weight + bias`` (fp32 math,
     biased variance like torch). With ``residual`` returns ``(y, x + residual)``."""
     where = "cuteforge.ops.layer_norm"
+    if not isinstance(eps, (float, int)) and isinstance(eps, numbers.Real):
+        eps = float(eps)  # a numpy scalar
     if _is_compiling():
         _check(where, x, weight, bias, residual, eps, device=False)  # the device: when the graph runs
         shape = x.shape
