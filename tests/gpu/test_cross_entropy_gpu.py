@@ -459,3 +459,14 @@ def test_forward_configs_match_torch(m: int, dtype: torch.dtype, n: int, cfg: tu
     cross_entropy_fwd.get(cross_entropy_fwd.signature.bind(args), params, RowReduceConfig(*cfg))(*args)
     torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(loss, _ref(x, t, "none"), rtol=1e-5, atol=1e-5)
+
+
+def test_check_targets_raises_before_launch() -> None:
+    import cuteforge.ops as cf_ops
+
+    logits = torch.randn(5, 100, device="cuda")
+    target = torch.tensor([1, 2, 100, -100, 3], device="cuda")
+    with pytest.raises(ValueError, match=r"target\[2\] = 100, outside \[0, 100\)"):
+        cf_ops.cross_entropy(logits, target, check_targets=True)
+    loss = cf_ops.cross_entropy(logits, target, reduction="none")  # unchecked: that row is NaN
+    assert torch.isnan(loss[2]) and torch.isfinite(loss[[0, 1, 4]]).all() and loss[3] == 0

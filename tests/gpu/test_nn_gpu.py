@@ -108,3 +108,16 @@ def test_patched_llama_compiles_without_graph_breaks() -> None:
     torch._dynamo.reset()
     explained = torch._dynamo.explain(patched)(input_ids=ids, labels=ids)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_patched_mlp_inference_matches_stock() -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    stock = _llama()
+    patched = copy.deepcopy(stock)
+    report = cnn.patch(patched, mlp=True)
+    assert report.swapped.get("MLP") == 2, report
+    ids = torch.randint(0, 1000, (2, 64), device="cuda")
+    with torch.no_grad():
+        got, want = patched(input_ids=ids).logits, stock(input_ids=ids).logits
+    assert _rel(got, want) < 2e-2
