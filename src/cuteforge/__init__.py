@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .arch import ArchError, target_arch
+from .bundle import use_bundle
 from .cache import STATS, CompileAfterWarmupError, end_warmup
 from .compiler import compile_only
 from .kernel import REGISTRY, CompileSpec, Kernel, kernel
@@ -41,6 +42,7 @@ __all__ = [
     "patch",
     "target_arch",
     "unpatch",
+    "use_bundle",
 ]
 
 

@@ -18,6 +18,10 @@ Loading an object runs its code, so every path goes through `trust.py`: a refuse
 (another user's, or writable by others) means in-memory compilation with one warning per
 process. A cache that cannot be written (read-only, full, out of inodes) never breaks a
 call either: it compiles in memory, again with one warning per process.
+
+Kernel bundles (`bundle.py`: `use_bundle`, CUTEFORGE_BUNDLES) are read-only layers below
+this cache: a miss here is looked up in them, each object checked against its bundle's
+manifest before it loads, and only a miss in every layer compiles.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class CacheStats:
     compile_ms: float = 0.0
     load_ms: float = 0.0
     quarantined: int = 0
+    bundle_loads: int = 0  # objects served by a kernel bundle (bundle.py)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -143,15 +148,19 @@ def toolchain_versions() -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found))
 
 
-@functools.cache
-def fingerprint(arch: str) -> str:
-    parts = {
+def fingerprint_parts(arch: str) -> dict[str, Any]:
+    """What the fingerprint covers: cuteforge's sources, the DSL and tvm-ffi, Python, the arch."""
+    return {
         "cuteforge": package_source_hash(),
         "toolchain": toolchain_versions(),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "arch": arch,
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def fingerprint(arch: str) -> str:
+    return hashlib.sha256(json.dumps(fingerprint_parts(arch), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def private_root() -> Path | None:
@@ -222,6 +231,7 @@ class _Codec:
     export: Callable[[compiler.CompileResult, str], None]
     load: Callable[[Path], Any]
     fresh: Callable[[str, compiler.CompileResult, Path | None], Any]
+    from_bytes: Callable[[bytes], Any]  # a bundle's checked object
 
 
 def _fresh_function(kernel: str, result: compiler.CompileResult, written: Path | None) -> Any:
@@ -238,8 +248,15 @@ def _write_bytes(result: compiler.CompileResult, path: str) -> None:
 
 # TVM-FFI objects called with torch tensors; plain bytes handed to another runtime
 # (cuteforge.jax gives XLA the object itself).
-_FUNCTIONS = _Codec(lambda r, path: compiler.export_object(r.compiled, path), lambda p: compiler.load_object(str(p)), _fresh_function)
-_BYTES = _Codec(_write_bytes, lambda p: p.read_bytes(), lambda kernel, r, written: r.compiled)
+def _load_bundled(data: bytes) -> Any:
+    from . import bundle
+
+    return compiler.load_object(str(bundle.private_copy(data)))
+
+
+_FUNCTIONS = _Codec(lambda r, path: compiler.export_object(r.compiled, path), lambda p: compiler.load_object(str(p)), _fresh_function,
+                    _load_bundled)
+_BYTES = _Codec(_write_bytes, lambda p: p.read_bytes(), lambda kernel, r, written: r.compiled, lambda data: data)
 
 
 class KernelCache:
@@ -276,15 +293,21 @@ class KernelCache:
 
     def _get(self, kernel: str, key_repr: str, arch: str, compile_fn: Callable[[bool], compiler.CompileResult],
              extra_fingerprint: str, source_path: str | None, codec: _Codec) -> Any:
+        bundled = functools.partial(self._bundled, kernel, key_repr, arch, extra_fingerprint, codec)
         root = private_root() if disk_enabled() else None
         if root is None:
-            return self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
+            value = bundled()
+            return value if value is not None else self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
         try:
             entry = Entry.at(trust.private_dir(root, *entry_parts(kernel, arch, extra_fingerprint)), key_hash(key_repr))
         except OSError as e:  # a refused component, or a directory that cannot be made
             _unwritable(root, e)
-            return self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
+            value = bundled()
+            return value if value is not None else self._in_memory(kernel, key_repr, compile_fn, source_path, codec)
         value, problem = self._load(entry, key_repr, codec)
+        if value is not None:
+            return value
+        value = bundled()  # a read-only layer: served from the bundle, not copied into the cache
         if value is not None:
             return value
         lock = FileLock(str(entry.lock), timeout=lock_timeout(), mode=0o600)
@@ -317,6 +340,30 @@ class KernelCache:
                 lock.release()
             except OSError:
                 pass
+
+    @staticmethod
+    def _bundled(kernel: str, key_repr: str, arch: str, extra_fingerprint: str, codec: _Codec) -> Any:
+        """The object for this key from the first kernel bundle holding it (checked against
+        its manifest), or None."""
+        from . import bundle
+
+        if not bundle.layers():
+            return None
+        t0 = time.perf_counter()
+        fp, kernel_dir = entry_parts(kernel, arch, extra_fingerprint)
+        found = bundle.find_object(fp, kernel_dir, key_hash(key_repr), key_repr, arch)
+        if found is None:
+            return None
+        source, data = found
+        try:
+            value = codec.from_bytes(data)
+        except Exception as e:  # an object the loader rejects: compile instead
+            trust.warn_once(f"bundle-load:{source}:{kernel}:{key_hash(key_repr)}", f"cuteforge: kernel bundle {source}: "
+                            f"{kernel}'s object did not load ({type(e).__name__}: {str(e)[:200]}); compiling instead", stacklevel=5)
+            return None
+        STATS.bundle_loads += 1
+        STATS.load_ms += (time.perf_counter() - t0) * 1e3
+        return value
 
     def _in_memory(self, kernel: str, key_repr: str, compile_fn: Callable[[bool], compiler.CompileResult],
                    source_path: str | None, codec: _Codec) -> Any:

@@ -163,11 +163,26 @@ def _print_cache(r: Any) -> None:
         print(f"removed {r['removed']} entries from {r['cache_dir']}")
 
 
-def precompile(kernels: list[str] | None = None, progress: bool = True) -> list[dict[str, Any]]:
-    """Compile (or load) every standard specialization of the library's kernels."""
+def _precompile_row(k: Any, spec: Any, status: str, ms: float, error: str | None = None) -> dict[str, Any]:
+    row = {
+        "kernel": k.name,
+        "params": dict(spec.params),
+        "dtypes": list(spec.key.dtypes),
+        "static": dict(spec.key.static),
+        "config": repr(spec.config),
+        "status": status,
+        "ms": round(ms, 1),
+        "entry": str(k.cache_entry(spec)),
+    }
+    if error:
+        row["error"] = error
+    return row
+
+
+def precompile_specs(kernels: list[str] | None = None) -> list[tuple[Any, Any]]:
+    """(kernel, spec) for every standard specialization of the library's kernels (or of `kernels`)."""
     from . import kernels as families
     from .arch import target_arch
-    from .cache import STATS
     from .kernel import REGISTRY
 
     families.load_all()
@@ -175,36 +190,68 @@ def precompile(kernels: list[str] | None = None, progress: bool = True) -> list[
     for n in names:
         if n not in REGISTRY:
             raise CliError(f"unknown kernel {n!r}; known: {', '.join(sorted(REGISTRY))}")
-    jobs = [(REGISTRY[n], key, params) for n in names if REGISTRY[n].specializations for key, params in REGISTRY[n].specializations()]
+    arch = target_arch()
+    return [(REGISTRY[n], REGISTRY[n].spec(key, tuple(sorted(params.items())), arch=arch))
+            for n in names if REGISTRY[n].specializations for key, params in REGISTRY[n].specializations()]
+
+
+def precompile(kernels: list[str] | None = None, progress: bool = True, workers: int = 1,
+               specs: list[tuple[Any, Any]] | None = None) -> list[dict[str, Any]]:
+    """Compile (or load) every standard specialization of the library's kernels; with
+    `workers` > 1 in that many compile processes (`autotune.pool`) writing the disk cache."""
+    from .arch import target_arch
+    from .autotune import pool
+    from .cache import STATS
+
+    jobs = precompile_specs(kernels) if specs is None else specs
     arch = target_arch()
     rows = []
-    with Progress(f"precompile for {arch}", len(jobs), enabled=progress) as bar:
-        for k, key, params in jobs:
-            spec = k.spec(key, tuple(sorted(params.items())), arch=arch)
+    if workers > 1 and len(jobs) > 1 and not pool.disk_cache_usable():
+        note("the kernel cache cannot be used: compiling in this process")
+        workers = 1
+    with Progress(f"precompile for {arch}" + (f" ({workers} workers)" if workers > 1 else ""), len(jobs), enabled=progress) as bar:
+        if workers > 1 and len(jobs) > 1:
+            order = {id(spec): i for i, (_, spec) in enumerate(jobs)}
+            by_job = {pool.CompileJob.of(k, spec.key, spec.params, spec.config, spec.arch): (k, spec) for k, spec in jobs}
+            found: dict[int, dict[str, Any]] = {}
+            with pool.CompilePool(min(workers, len(jobs)), arch) as compile_pool:
+                for out in compile_pool.as_completed(by_job):
+                    k, spec = by_job[out.job]
+                    row = _precompile_row(k, spec, out.status, out.ms, out.error)
+                    found[order[id(spec)]] = row
+                    bar.advance(f"{k.name} {'/'.join(spec.key.dtypes)} {row['status']} {out.ms:.0f} ms")
+            rows = [found[i] for i in sorted(found)]
+            failed = [r for r in rows if r["status"] == "failed"]
+            if failed:
+                raise CliError(f"{len(failed)} of {len(rows)} compiles failed; first: {failed[0]['kernel']}: {failed[0].get('error')}")
+            return rows
+        for k, spec in jobs:
             before = STATS.compiles
             t0 = time.perf_counter()
             k.compile(spec)
             ms = (time.perf_counter() - t0) * 1e3
-            rows.append(
-                {
-                    "kernel": k.name,
-                    "params": dict(spec.params),
-                    "dtypes": list(key.dtypes),
-                    "static": dict(key.static),
-                    "config": repr(spec.config),
-                    "status": "compiled" if STATS.compiles > before else "loaded",
-                    "ms": round(ms, 1),
-                }
-            )
-            bar.advance(f"{k.name} {'/'.join(key.dtypes)} {rows[-1]['status']} {ms:.0f} ms")
+            rows.append(_precompile_row(k, spec, "compiled" if STATS.compiles > before else "loaded", ms))
+            bar.advance(f"{k.name} {'/'.join(spec.key.dtypes)} {rows[-1]['status']} {ms:.0f} ms")
     return rows
+
+
+def _workers(args: argparse.Namespace) -> int:
+    """--workers, else CUTEFORGE_COMPILE_WORKERS, else 1 for `precompile` and the CPU count
+    for `library` and `bundle create`."""
+    from .autotune.pool import default_workers
+
+    if getattr(args, "workers", None):
+        return max(1, args.workers)
+    if os.environ.get("CUTEFORGE_COMPILE_WORKERS") or args.command in ("library", "bundle"):
+        return default_workers()
+    return 1
 
 
 def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
     from .arch import target_arch
     from .cache import cache_root, fingerprint
 
-    rows = precompile(args.kernel or None)
+    rows = precompile(args.kernel or None, workers=_workers(args))
     out = {
         "arch": target_arch(),
         "cache_dir": str(cache_root() / fingerprint(target_arch())),
@@ -222,6 +269,45 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
         note(f"C++ extension {'ready' if built else 'not built'} ({time.perf_counter() - t0:.0f} s)")
         out["native_autograd"] = {"built": built, "dir": str(build.build_dir()), "s": round(time.perf_counter() - t0, 1)}
     return out
+
+
+def cmd_bundle(args: argparse.Namespace) -> dict[str, Any]:
+    from . import bundle
+    from .arch import target_arch
+
+    if args.action == "create":
+        if args.from_cache:
+            return {"action": "create", **bundle.create_from_cache(args.path, [target_arch()], force=args.force)}
+        rows = precompile(args.kernel or None, progress=not args.json, workers=_workers(args))
+        made = bundle.create_from_cache(args.path, [target_arch()], objects=[r["entry"] for r in rows], force=args.force)
+        return {"action": "create", **made, "compiled": sum(r["status"] == "compiled" for r in rows),
+                "loaded": sum(r["status"] == "loaded" for r in rows)}
+    if args.action == "verify":
+        result = bundle.verify(args.path, args.sha256)
+        if not result["ok"]:
+            raise CliError(f"kernel bundle {args.path}: {len(result['bad'])} files do not match the manifest: "
+                           + ", ".join(result["bad"][:5]))
+        return {"action": "verify", **result}
+    return {"action": "ls", **bundle.describe(args.path)}
+
+
+def _print_bundle(r: dict[str, Any]) -> None:
+    if r["action"] == "create":
+        extra = f" ({r['compiled']} compiled, {r['loaded']} from the cache)" if "compiled" in r else ""
+        print(f"wrote {r['path']}: {r['objects']} kernels, {r['tuning']} tuning records, {_mib(r['bytes'])}{extra}")
+        print(f"manifest sha256 {r['sha256']}  (pin it: cuteforge.use_bundle(path, sha256=...) or CUTEFORGE_BUNDLES=path#sha256=...)")
+        return
+    print(f"bundle         {r['path']}")
+    print(f"sha256         {r['sha256']}")
+    for fid, f in r["fingerprints"].items():
+        here = {True: "  (matches this installation)", False: "  (another installation: skipped here)"}.get(f.get("matches_here"), "")
+        print(f"fingerprint    {fid}: {f.get('arch')}, cuteforge {f.get('cuteforge_version')}, python {f.get('python')}{here}")
+    if r["action"] == "verify":
+        print(f"verified       {r['objects']} kernels, {r['tuning']} tuning records: every file matches the manifest")
+        return
+    for o in r["objects"]:
+        print(f"{o.get('kernel') or '?':28s} {o.get('arch') or '?':8s} {o.get('key') or ''}")
+    print(f"{len(r['objects'])} kernels, {len(r['tuning'])} tuning records")
 
 
 def _family(kernel: str) -> str:
@@ -543,8 +629,22 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--arch", help="target, e.g. sm_90a (default: this GPU's, else sm_90a)")
         s.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
         s.add_argument("--json", action="store_true")
+        s.add_argument("--workers", type=int, metavar="N", help="compile processes (default: 1 for precompile, "
+                       "the CPU count for library; CUTEFORGE_COMPILE_WORKERS)")
         if name == "library":
             s.add_argument("--quick", action="store_true", help="fewer shapes")
+
+    s = sub.add_parser("bundle", help="kernel bundles: compiled kernels and tuning records to ship to other machines")
+    s.add_argument("action", choices=("create", "ls", "verify"))
+    s.add_argument("path", help="the bundle directory (create: where to write it)")
+    s.add_argument("--from-cache", action="store_true", help="create: pack what the kernel cache holds for the target "
+                   "instead of precompiling the library's standard specializations")
+    s.add_argument("--arch", help="create: target, e.g. sm_90a (default: this GPU's, else sm_90a)")
+    s.add_argument("--kernel", action="append", help="create: only this kernel (repeatable)")
+    s.add_argument("--workers", type=int, metavar="N", help="create: compile processes (default: the CPU count)")
+    s.add_argument("--force", action="store_true", help="create: replace an existing bundle")
+    s.add_argument("--sha256", metavar="HEX", help="verify: the manifest must hash to this")
+    s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("bench", help="benchmark ops against torch (GPU), or report on recorded results (--from)")
     s.add_argument("ops", nargs="*", help="ops to measure (default: sum): sum, mean, amax, amin, argmax, softmax, log_softmax, rms_norm, layer_norm, cross_entropy")
@@ -625,6 +725,7 @@ def _main(argv: list[str] | None = None) -> int:
             "cache": (cmd_cache, _print_cache),
             "precompile": (cmd_precompile, _print_precompile),
             "library": (cmd_library, _print_library),
+            "bundle": (cmd_bundle, _print_bundle),
         }[args.command]
         result = handler(args)
     except BrokenPipeError:

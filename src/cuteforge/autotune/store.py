@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import arch as arch_mod
-from .. import cache, config_types, trust
+from .. import bundle, cache, config_types, trust
 from ..signature import BoundKey
 
 SCHEMA = 1
@@ -192,7 +192,10 @@ class TuneStore:
             p = self._dir(ident, create=False) / self._name(ident)
             rec = json.loads(trust.read_bytes(p))
         except (OSError, ValueError):
-            return None
+            found = bundle.find_record(ident["fingerprint"], ident["kernel"], self._name(ident)) if self._root is None else None
+            if found is None:  # neither here nor in a kernel bundle (bundle.py)
+                return None
+            p, rec = found
         if not _valid_record(rec, ident):
             return None
         rec["path"] = str(p)
