@@ -163,7 +163,7 @@ def _print_cache(r: Any) -> None:
         print(f"removed {r['removed']} entries from {r['cache_dir']}")
 
 
-def _precompile_row(k: Any, spec: Any, status: str, ms: float, error: str | None = None) -> dict[str, Any]:
+def _precompile_row(k: Any, spec: Any, status: str, ms: float, error: str | None = None, pid: int | None = None) -> dict[str, Any]:
     row = {
         "kernel": k.name,
         "params": dict(spec.params),
@@ -176,6 +176,8 @@ def _precompile_row(k: Any, spec: Any, status: str, ms: float, error: str | None
     }
     if error:
         row["error"] = error
+    if pid:
+        row["worker"] = pid
     return row
 
 
@@ -217,7 +219,7 @@ def precompile(kernels: list[str] | None = None, progress: bool = True, workers:
             with pool.CompilePool(min(workers, len(jobs)), arch) as compile_pool:
                 for out in compile_pool.as_completed(by_job):
                     k, spec = by_job[out.job]
-                    row = _precompile_row(k, spec, out.status, out.ms, out.error)
+                    row = _precompile_row(k, spec, out.status, out.ms, out.error, out.pid)
                     found[order[id(spec)]] = row
                     bar.advance(f"{k.name} {'/'.join(spec.key.dtypes)} {row['status']} {out.ms:.0f} ms")
             rows = [found[i] for i in sorted(found)]
@@ -278,7 +280,7 @@ def cmd_bundle(args: argparse.Namespace) -> dict[str, Any]:
     if args.action == "create":
         if args.from_cache:
             return {"action": "create", **bundle.create_from_cache(args.path, [target_arch()], force=args.force)}
-        rows = precompile(args.kernel or None, progress=not args.json, workers=_workers(args))
+        rows = precompile(args.kernel or None, workers=_workers(args))
         made = bundle.create_from_cache(args.path, [target_arch()], objects=[r["entry"] for r in rows], force=args.force)
         return {"action": "create", **made, "compiled": sum(r["status"] == "compiled" for r in rows),
                 "loaded": sum(r["status"] == "loaded" for r in rows)}
