@@ -253,6 +253,10 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
     from .arch import target_arch
     from .cache import cache_root, fingerprint
 
+    if not args.kernel:  # the whole library: the C++ extension too, built in the background meanwhile
+        from .native import build
+
+        build.load()
     rows = precompile(args.kernel or None, workers=_workers(args))
     out = {
         "arch": target_arch(),
@@ -265,12 +269,35 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
     if not args.kernel:  # the whole library: the C++ extension too (cuteforge/native: launch, autograd node)
         from .native import build
 
-        t0 = time.perf_counter()
-        note("building the C++ extension (once per machine; one to two minutes the first time) ...")
-        built = build.load() is not None
-        note(f"C++ extension {'ready' if built else 'not built'} ({time.perf_counter() - t0:.0f} s)")
-        out["native_autograd"] = {"built": built, "dir": str(build.build_dir()), "s": round(time.perf_counter() - t0, 1)}
+        out["native_autograd"] = build_native()
     return out
+
+
+def build_native() -> dict[str, Any]:
+    """Build (or load) the C++ extension in the foreground; what `build-native` reports."""
+    from .native import build
+
+    t0 = time.perf_counter()
+    if not build.built():
+        note("building the C++ extension (once per machine; one to two minutes the first time) ...")
+    built = build.load(wait=True) is not None
+    note(f"C++ extension {'ready' if built else 'not built'} ({time.perf_counter() - t0:.1f} s)")
+    return {"built": built, "dir": str(build.build_dir()), "s": round(time.perf_counter() - t0, 1)}
+
+
+def cmd_build_native(args: argparse.Namespace) -> dict[str, Any]:
+    from .native import build
+
+    if not build.enabled():
+        raise CliError("the C++ extension is turned off (CUTEFORGE_NATIVE_AUTOGRAD=0)")
+    r = build_native()
+    if not r["built"]:
+        raise CliError("the C++ extension could not be built (see the warning above); eager calls use the Python paths")
+    return r
+
+
+def _print_build_native(r: dict[str, Any]) -> None:
+    print(f"C++ extension (forward launch, autograd node, dispatcher kernels) ready in {r['dir']} ({r['s']:.1f} s)")
 
 
 def cmd_bundle(args: argparse.Namespace) -> dict[str, Any]:
@@ -636,6 +663,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "library":
             s.add_argument("--quick", action="store_true", help="fewer shapes")
 
+    s = sub.add_parser("build-native", help="build the C++ extension now (calls otherwise build it in the background)")
+    s.add_argument("--json", action="store_true")
+
     s = sub.add_parser("bundle", help="kernel bundles: compiled kernels and tuning records to ship to other machines")
     s.add_argument("action", choices=("create", "ls", "verify"))
     s.add_argument("path", help="the bundle directory (create: where to write it)")
@@ -728,6 +758,7 @@ def _main(argv: list[str] | None = None) -> int:
             "precompile": (cmd_precompile, _print_precompile),
             "library": (cmd_library, _print_library),
             "bundle": (cmd_bundle, _print_bundle),
+            "build-native": (cmd_build_native, _print_build_native),
         }[args.command]
         result = handler(args)
     except BrokenPipeError:

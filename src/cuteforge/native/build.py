@@ -14,15 +14,26 @@ under a refused root, or when another process holds the build lock for longer th
 `CUTEFORGE_NATIVE_AUTOGRAD=0` turns off both jobs (the name predates the forward launch).
 When the build cannot run (no compiler, or that setting), `load()` returns
 None after one warning and the ops keep their Python autograd nodes and Python launches.
+
+No call waits for a build. An extension built before is imported straight from its build
+directory (its file name carries the build tag; no toolchain check, a few milliseconds).
+Where none is built, `load()` starts the build in a background thread and returns None,
+so calls take the Python paths; once it is ready, later `load()` calls return the module
+(progress on stderr; `building()` says whether one is under way). `load(wait=True)`
+builds in the foreground, or waits for the background build (`cuteforge build-native`,
+`precompile`, the tests: `CUTEFORGE_NATIVE_BUILD=wait` makes every `load()` wait).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -70,21 +81,118 @@ def build_dir() -> Path:
     return trust.private_dir(trust.process_temp_dir("native"), name)
 
 
-def load() -> ModuleType | None:
-    """The extension module, building it first if this machine has none; None when it
-    is disabled or cannot be built (warned once per process)."""
+_lock = threading.Lock()
+
+
+def module_name() -> str:
+    return f"cuteforge_ffi_backward_{build_tag()}"
+
+
+def _wait_default() -> bool:
+    return os.environ.get("CUTEFORGE_NATIVE_BUILD", "background") == "wait"
+
+
+def building() -> bool:
+    """Whether the extension is being built in the background right now."""
+    t = _state.get("thread")
+    return isinstance(t, threading.Thread) and t.is_alive()
+
+
+def load(wait: bool | None = None) -> ModuleType | None:
+    """The extension module; None when it is disabled or cannot be built (warned once per
+    process), and, unless `wait` (default: CUTEFORGE_NATIVE_BUILD=wait), while it builds
+    in the background: the first call on a machine without it starts that build."""
     if "module" in _state:
         return _state["module"]  # type: ignore[return-value]
-    mod = None
-    if enabled():
-        try:
-            mod = _build_and_load()
-        except Exception as e:  # no compiler, headers missing: keep the Python nodes
-            warnings.warn(f"cuteforge: the C++ extension could not be built ({type(e).__name__}: "
-                          f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); eager calls use "
-                          "Python launches and Python autograd nodes (set CUTEFORGE_NATIVE_AUTOGRAD=0 to silence)",
-                          RuntimeWarning, stacklevel=3)
+    if not enabled():
+        _state["module"] = None
+        return None
+    wait = _wait_default() if wait is None else wait
+    with _lock:
+        if "module" in _state:
+            return _state["module"]  # type: ignore[return-value]
+        thread = _state.get("thread")
+        if thread is None:
+            mod = None if wait else _import_now()
+            if wait or mod is not None:
+                _state["module"] = mod if mod is not None else _settle(stacklevel=4)
+                return _state["module"]  # type: ignore[return-value]
+            thread = threading.Thread(target=_background, name="cuteforge-native-build", daemon=True)
+            _state["thread"] = thread
+            thread.start()
+            return None
+    if wait:
+        thread.join()  # type: ignore[union-attr]
+    return _state.get("module")  # type: ignore[return-value]
+
+
+def _settle(stacklevel: int) -> ModuleType | None:
+    try:
+        return _build_and_load()
+    except Exception as e:  # no compiler, headers missing: keep the Python nodes
+        warnings.warn(f"cuteforge: the C++ extension could not be built ({type(e).__name__}: "
+                      f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); eager calls use "
+                      "Python launches and Python autograd nodes (set CUTEFORGE_NATIVE_AUTOGRAD=0 to silence)",
+                      RuntimeWarning, stacklevel=stacklevel)
+        return None
+
+
+def _background() -> None:
+    t0 = time.perf_counter()
+    print("cuteforge: building the C++ extension (eager launch, autograd node) in the background, once per machine "
+          "(about 30 s on 16 cores, 90 s on 2); calls use the Python paths until it is ready "
+          "(`cuteforge build-native` builds it ahead)", file=sys.stderr, flush=True)
+    mod = _settle(stacklevel=2)
     _state["module"] = mod
+    if mod is not None:
+        print(f"cuteforge: C++ extension ready ({time.perf_counter() - t0:.0f} s); calls use it from now on", file=sys.stderr, flush=True)
+
+
+def _import_now() -> ModuleType | None:
+    """The built extension if it is there and no build of it is under way, else None at once."""
+    try:
+        directory = build_dir()
+        with FileLock(str(directory) + ".lock", timeout=0, mode=0o600):
+            return _import_built(directory)
+    except (Timeout, OSError):
+        return None
+
+
+def _so_path(directory: Path) -> Path:
+    return directory / f"{module_name()}.so"
+
+
+def built() -> bool:
+    """Whether this machine has the extension built for this (sources, torch, tvm-ffi, Python)."""
+    try:
+        return _so_path(build_dir()).is_file()
+    except OSError:
+        return False
+
+
+def _import_built(directory: Path) -> ModuleType | None:
+    """The built extension imported straight from `directory` (no toolchain check), or None
+    when it is not there or does not import (then it is rebuilt)."""
+    path = _so_path(directory)
+    try:
+        trust.check_file(path)
+    except OSError:
+        return None
+    name = module_name()
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        import torch  # noqa: F401  (its libraries first: the extension links against them)
+
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except (ImportError, OSError) as e:
+        log.warning("cuteforge: the built C++ extension %s did not import (%s); rebuilding it", path, e)
+        return None
+    sys.modules[name] = mod
     return mod
 
 
@@ -114,6 +222,10 @@ def _build_and_load() -> ModuleType:
         directory = trust.private_dir(trust.process_temp_dir("native"), directory.name)
         return _build(cpp_extension, ffi_info, directory)
     try:
+        # Holding the lock, no build of this directory is under way: a built file is whole.
+        mod = _import_built(directory)
+        if mod is not None:
+            return mod
         # torch's own build lock (a `lock` file its FileBaton creates in the build
         # directory and removes when done) outlives a build that was killed; every later
         # build would then wait for it forever. Holding our lock, no other build of this
@@ -130,7 +242,7 @@ def _build(cpp_extension: ModuleType, ffi_info: ModuleType, directory: Path) -> 
     if not any(directory.glob("*.so")):
         log.warning("cuteforge: building the C++ extension (autograd node, forward launch) once for this torch (~30 s) in %s", directory)
     return cpp_extension.load(
-        name=f"cuteforge_ffi_backward_{build_tag()}",
+        name=module_name(),
         sources=[str(f) for f in SOURCES],
         extra_include_paths=includes,
         extra_cflags=["-O2"],

@@ -35,6 +35,12 @@ def plan_of(run: Any) -> Any:
     return None
 
 
+def pending() -> bool:
+    """Whether a `register` that returned False may succeed later: the extension is being
+    built in the background, or has become ready since (checked in that order)."""
+    return native_launch.enabled() and (build.building() or build.load() is not None)
+
+
 def register(op: Any, miss: Miss, backend: str = "CUDA") -> bool:
     """Register the C++ kernels for ``op`` (a `torch.library.custom_op` with its fake and
     autograd registered); False, and nothing registered, where the extension is

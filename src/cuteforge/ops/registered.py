@@ -49,8 +49,9 @@ def define(qualname: str, impl: Callable[..., Any], *, fake: Callable[..., Any],
         nonlocal registered
         out = impl(*args)
         if not registered and plan is not None:
-            registered = True  # once, whether or not the extension is there
-            dispatch.register(op, miss, backend)
+            # once, whether or not the extension is there; while it builds in the
+            # background, again at later calls until it is ready
+            registered = dispatch.register(op, miss, backend) or not dispatch.pending()
         return out
 
     op = torch.library.custom_op(qualname, body, mutates_args=(), schema=schema)
