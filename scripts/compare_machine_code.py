@@ -32,8 +32,9 @@ from pathlib import Path
 
 ARCH = os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-# Kernel and host function names carry the Python function's name and argument types.
-_NAMES = re.compile(r"\b(?:kernel_)?cutlass_\w+")
+# Kernel and host function names carry the Python function's (or class's) name and the
+# argument types; every identifier the DSL derives from them contains "cutlass_".
+_NAMES = re.compile(r"\b\w*cutlass_\w+")
 _NAME_ARRAYS = re.compile(r"!llvm\.array<\d+ x i8>")
 _BLOB = re.compile(r'(llvm\.mlir\.global internal constant @\w*binary\w*\()"[^"]*"')
 
@@ -130,8 +131,8 @@ def compare(base: str, new: str) -> int:
             a, b = Path(base, f + suffix), Path(new, f + suffix)
             if not a.exists() and not b.exists():
                 continue
-            ta = a.read_text() if a.exists() else ""
-            tb = b.read_text() if b.exists() else ""
+            ta = normalise(a.read_text()) if a.exists() else ""  # again: records of an older normalise
+            tb = normalise(b.read_text()) if b.exists() else ""
             if ta != tb:
                 differs = True
                 diff = list(difflib.unified_diff(ta.splitlines(), tb.splitlines(), lineterm="", n=1))

@@ -19,7 +19,7 @@
    kernel's heuristic default, when timed, wins unless another config beats it by more
    than `keep_default` (2 %): on a power-limited GPU (a large GEMM on an H100) repeated
    sweeps move single configs by up to ~4 %, and a pick made on noise can run slower than
-   the default elsewhere (docs/kernels/gemm.md, v4.1).
+   the default elsewhere (docs/kernels/gemm.md).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def activation_of_half(name: str, h: Any) -> Any:
     """gelu or silu of x = 2 h, from h (an fp32 TensorSSA inside @cute.jit code). Every
     scaling is by a power of two, so folding the halving into the terms of x gives the same
     h, bit for bit, as halving x once it is formed. The output is h + h * tanh(u), one
-    rounding, where v4.3's 0.5 x (1 + t) rounded twice."""
+    rounding, where the plain form 0.5 x (1 + t) rounds twice."""
     import cutlass.cute as cute
 
     if name == "gelu":

@@ -39,61 +39,70 @@ from cutlass import Float32, Int32, Int64
 from .config import OPS, ColReduceConfig, candidate_col_configs, default_col_config
 from .row import _SENTINEL, _argmax_take, _sel
 
-__all__ = ["ColReduceConfig", "default_col_config", "candidate_col_configs", "make_col_reduce"]
+__all__ = ["ColReduce", "ColReduceConfig", "default_col_config", "candidate_col_configs", "make_col_reduce"]
 
 
-def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceConfig):
-    """A @cute.jit f(x: (O, R, I) : (sO, sR, 1), out: (O, I) : (sOo, 1), stream)."""
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
-    if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-        raise ValueError(f"unsupported input dtype {in_dtype}")
-    bits = in_dtype.width
-    if vec not in (1, 2, 4, 8) or vec * bits > 128:
-        raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
-    if op == "argmax" and out_dtype is not Int64:
-        raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
-    config.validate(bits)
+class ColReduce:
+    """The column reduction (module docstring) for one (op, dtypes, vector width, config):
+    the tiling in ``__init__``, the host launch in ``__call__``, the device ``kernel``."""
 
-    T, TX, U, C = config.threads, config.threads_x, config.unroll, config.cluster_n
-    TY = T // TX
-    PY = TY * C  # row lanes over the whole cluster
-    CW = TX * vec  # inner elements per CTA
-    WX = max(TX, 32)  # threads sharing one shared-memory row
-    SR = T // WX  # shared-memory rows (one per warp, or per TX-wide group)
-    SH = 32 // TX if TX < 32 else 1  # lanes of a warp sharing a column
-    is_arg = op == "argmax"
-    init = 0.0 if op in ("sum", "mean") else (-math.inf if op in ("amax", "argmax") else math.inf)
-    copy_bits = vec * bits
+    def __init__(self, op: str, in_dtype, out_dtype, vec: int, config: ColReduceConfig) -> None:
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
+        if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+            raise ValueError(f"unsupported input dtype {in_dtype}")
+        bits = in_dtype.width
+        if vec not in (1, 2, 4, 8) or vec * bits > 128:
+            raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
+        if op == "argmax" and out_dtype is not Int64:
+            raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
+        config.validate(bits)
+        self.op, self.in_dtype, self.out_dtype, self.vec = op, in_dtype, out_dtype, vec
+        self.threads, self.threads_x = config.threads, config.threads_x
+        self.unroll, self.cluster_n = config.unroll, config.cluster_n
+        self.lanes_y = self.threads // self.threads_x  # TY: row lanes of a CTA
+        self.cluster_lanes_y = self.lanes_y * self.cluster_n  # PY: row lanes over the whole cluster
+        self.cta_cols = self.threads_x * vec  # CW: inner elements per CTA
+        self.smem_row_threads = max(self.threads_x, 32)  # WX: threads sharing one shared-memory row
+        self.smem_rows = self.threads // self.smem_row_threads  # SR: one per warp, or per TX-wide group
+        self.col_lanes = 32 // self.threads_x if self.threads_x < 32 else 1  # SH: lanes of a warp sharing a column
+        self.is_arg = op == "argmax"
+        self.init = 0.0 if op in ("sum", "mean") else (-math.inf if op in ("amax", "argmax") else math.inf)
+        self.copy_bits = vec * in_dtype.width
 
-    def combine(a, b):
-        if op in ("sum", "mean"):
+    def _combine(self, a, b):
+        if self.op in ("sum", "mean"):
             return a + b
-        if op == "amax":
+        if self.op == "amax":
             return cute.arch.fmax(a, b, nan=True)
         return cute.arch.fmin(a, b, nan=True)
 
     @cute.jit
-    def _accum(acc, aidx, v: cutlass.Constexpr, xv, idx):
+    def _accum(self, acc, aidx, v: cutlass.Constexpr, xv, idx):
         xf = xv.to(Float32)
-        if cutlass.const_expr(is_arg):
+        if cutlass.const_expr(self.is_arg):
             old = acc[v]
             take = (~(xf <= old)) & (old == old)  # rows arrive in increasing order
             acc[v] = _sel(take, xf, old, Float32)
             aidx[v] = _sel(take, Int32(idx), aidx[v], Int32)
         else:
-            acc[v] = combine(acc[v], xf)
+            acc[v] = self._combine(acc[v], xf)
 
     @cute.jit
-    def _merge(val, idx, oval, oidx):
-        if cutlass.const_expr(is_arg):
+    def _merge(self, val, idx, oval, oidx):
+        if cutlass.const_expr(self.is_arg):
             take = _argmax_take(oval, oidx, val, idx)
             return _sel(take, oval, val, Float32), _sel(take, oidx, idx, Int32)
         else:
-            return combine(val, oval), idx
+            return self._combine(val, oval), idx
 
     @cute.kernel
-    def _kernel(x: cute.Tensor, out: cute.Tensor):
+    def kernel(self, x: cute.Tensor, out: cute.Tensor):
+        TX, U, C, vec = self.threads_x, self.unroll, self.cluster_n, self.vec
+        TY, PY, CW, WX, SR, SH = (self.lanes_y, self.cluster_lanes_y, self.cta_cols, self.smem_row_threads,
+                                  self.smem_rows, self.col_lanes)
+        op, in_dtype, out_dtype, is_arg, init, copy_bits = (self.op, self.in_dtype, self.out_dtype, self.is_arg,
+                                                            self.init, self.copy_bits)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         if cutlass.const_expr(C > 1):
@@ -135,7 +144,7 @@ def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceCon
                     cute.copy(atom, g[None, cvi, rb + u * PY], frag[None, u])
                 for u in cutlass.range_constexpr(U):
                     for v in cutlass.range_constexpr(vec):
-                        _accum(acc, aidx, v, frag[v, u], rb + u * PY)
+                        self._accum(acc, aidx, v, frag[v, u], rb + u * PY)
             if n_full * (PY * U) < n_r:  # uniform: a partial round is left
                 rb = n_full * (PY * U) + gy
                 for u in cutlass.range_constexpr(U):
@@ -144,13 +153,13 @@ def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceCon
                 for u in cutlass.range_constexpr(U):
                     if rb + u * PY < n_r:
                         for v in cutlass.range_constexpr(vec):
-                            _accum(acc, aidx, v, frag[v, u], rb + u * PY)
+                            self._accum(acc, aidx, v, frag[v, u], rb + u * PY)
         elif col0 < n_i:
             # partial last vector of a vec-aligned view: scalar loads, this thread only
             for r in cutlass.range(gy, n_r, PY, unroll=1):
                 for v in cutlass.range_constexpr(vec):
                     if col0 + v < n_i:
-                        _accum(acc, aidx, v, xo[r, col0 + v], r)
+                        self._accum(acc, aidx, v, xo[r, col0 + v], r)
 
         # ---- lanes of a warp that share this thread's columns
         if cutlass.const_expr(SH > 1):
@@ -161,7 +170,7 @@ def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceCon
                     oidx = aidx[v]
                     if cutlass.const_expr(is_arg):
                         oidx = cute.arch.shuffle_sync_bfly(aidx[v], offset=lane_off)
-                    nv, ni = _merge(acc[v], aidx[v], oval, oidx)
+                    nv, ni = self._merge(acc[v], aidx[v], oval, oidx)
                     acc[v] = nv
                     aidx[v] = ni
 
@@ -183,7 +192,7 @@ def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceCon
             oidx = idx
             if cutlass.const_expr(is_arg):
                 oidx = s_idx[j, c]
-            val, idx = _merge(val, idx, s_val[j, c], oidx)
+            val, idx = self._merge(val, idx, s_val[j, c], oidx)
 
         if cutlass.const_expr(C > 1):
             s_cl = smem.allocate_tensor(Float32, cute.make_layout((C, CW), stride=(CW, 1)), byte_alignment=16)
@@ -202,7 +211,7 @@ def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceCon
                 oidx = idx
                 if cutlass.const_expr(is_arg):
                     oidx = s_cli[j, c]
-                val, idx = _merge(val, idx, s_cl[j, c], oidx)
+                val, idx = self._merge(val, idx, s_cl[j, c], oidx)
 
         col = ci * CW + tidx
         store = (tidx < CW) & (col < n_i)
@@ -217,12 +226,23 @@ def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceCon
                 out[o, col] = val.to(out_dtype)
 
     @cute.jit
-    def col_reduce(x: cute.Tensor, out: cute.Tensor, stream):
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
+        C, CW = self.cluster_n, self.cta_cols
         n_o = x.shape[0]
         n_blocks = n_o * cute.ceil_div(x.shape[2], CW)
         if cutlass.const_expr(C > 1):
-            _kernel(x, out).launch(grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
+            self.kernel(x, out).launch(grid=(n_blocks * C, 1, 1), block=(self.threads, 1, 1), cluster=(C, 1, 1),
+                                       stream=stream)
         else:
-            _kernel(x, out).launch(grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream)
+            self.kernel(x, out).launch(grid=(n_blocks, 1, 1), block=(self.threads, 1, 1), stream=stream)
+
+
+def make_col_reduce(op: str, in_dtype, out_dtype, vec: int, config: ColReduceConfig):
+    """A @cute.jit f(x: (O, R, I) : (sO, sR, 1), out: (O, I) : (sOo, 1), stream)."""
+    reduce = ColReduce(op, in_dtype, out_dtype, vec, config)
+
+    @cute.jit
+    def col_reduce(x: cute.Tensor, out: cute.Tensor, stream):
+        reduce(x, out, stream)
 
     return col_reduce

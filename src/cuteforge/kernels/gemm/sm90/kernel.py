@@ -34,7 +34,7 @@ Structure (one persistent CTA per SM slot, `1 + consumer_wgs` warpgroups):
   too (`config.stream_k_ends_len`): each tile's owner runs its first k-blocks, and the
   clusters that wave leaves idle run the tiles' ends, each end published into the slot
   of its tile after whole tiles and other ends, none of which wait; the owner adds that
-  one partial (the 16-bit default where the ends are long, session 35). The flags come
+  one partial (the 16-bit default where the ends are long). The flags come
   first in the workspace, one per SM for every config (`config.stream_k_flag_words`):
   configs share a stream's workspace.
 
