@@ -35,8 +35,10 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -137,13 +139,26 @@ def _settle(stacklevel: int) -> ModuleType | None:
         return None
 
 
+def when_ready(hook: Callable[[], Any]) -> None:
+    """Call ``hook`` when a background build of the extension finishes with the module
+    ready (never, if it is ready, disabled or failed already): the ops forget the Python
+    launches they memoized meanwhile, so their next calls make C plans."""
+    with _lock:
+        if "module" not in _state:
+            _state.setdefault("ready_hooks", []).append(hook)  # type: ignore[union-attr]
+
+
 def _background() -> None:
     t0 = time.perf_counter()
     print("cuteforge: building the C++ extension (eager launch, autograd node) in the background, once per machine "
           "(about 30 s on 16 cores, 90 s on 2); calls use the Python paths until it is ready "
           "(`cuteforge build-native` builds it ahead)", file=sys.stderr, flush=True)
     mod = _settle(stacklevel=2)
-    _state["module"] = mod
+    with _lock:
+        _state["module"] = mod
+        hooks = _state.pop("ready_hooks", []) if mod is not None else []
+    for hook in hooks:  # type: ignore[union-attr]
+        hook()
     if mod is not None:
         print(f"cuteforge: C++ extension ready ({time.perf_counter() - t0:.0f} s); calls use it from now on", file=sys.stderr, flush=True)
 

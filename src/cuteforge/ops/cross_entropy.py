@@ -53,6 +53,7 @@ from ..kernels.cross_entropy.spec import (
 )
 from ..kernels.reduce.row import RowReduceConfig
 from ..native import backward as native
+from ..native import build as native_build
 from ..native import launch as native_launch
 from ..signature import FLOAT_DTYPES
 from ..workspace import stream_workspace
@@ -482,6 +483,7 @@ def _reduce(loss: torch.Tensor, target: torch.Tensor, reduction: str, ignore_ind
 # too, on the current stream's workspace: `_work`, a capture check and a stream lookup).
 _Run = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _PLANS: dict[tuple[Any, ...], _Run] = {}
+native_build.when_ready(_PLANS.clear)  # runs made while the extension built are Python launches
 
 
 def _memo_key(logits: torch.Tensor, target: torch.Tensor, reduction: Any, ignore_index: Any) -> tuple[Any, ...]:

@@ -35,6 +35,7 @@ from ..arch import max_active_clusters
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
 from ..native import backward as native
+from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
 from ..signature import dtype_name
@@ -543,6 +544,7 @@ _grad_enabled = torch.is_grad_enabled
 # calls; a hit also stands for "already checked" on the autograd path.
 _Run = Callable[[torch.Tensor, torch.Tensor, Any, Any], Any]
 _EAGER: dict[tuple[Any, ...], _Run] = {}
+native_build.when_ready(_EAGER.clear)  # runs made while the extension built are Python launches
 # ... and its C copy for the C launches, keyed by (eps, x, weight, bias, residual): a warm
 # no-grad call is one C call
 _TABLES = {"rms": native_launch.Table(1), "layer": native_launch.Table(1)}

@@ -26,6 +26,7 @@ import torch
 
 from ..arch import target_arch
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
+from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.backward import contiguous_arg
 from .registered import define
@@ -38,6 +39,7 @@ _MAX_PLANS = 4096
 # Python closure allocating the output and calling launch(x, out).
 _Plan = Callable[[torch.Tensor], torch.Tensor]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
+native_build.when_ready(_PLANS.clear)  # runs made while the extension built are Python launches
 # ... and its C copy for the C launches, keyed by (dim, keepdim, x): a warm call is one C call
 _TABLES = {op: native_launch.Table(2) for op in OPS}
 

@@ -29,6 +29,7 @@ import torch
 from ..arch import target_arch
 from ..kernels.softmax.spec import config_for, kernel_params, softmax_bwd, softmax_fwd
 from ..native import backward as native
+from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, dtype_name
@@ -51,6 +52,7 @@ _PLANS: dict[tuple[Any, ...], _Plan] = {}
 # read in place (one C call: allocation, argument views, launch), else a Python closure
 _Run = Callable[[torch.Tensor], torch.Tensor]
 _FWD: dict[tuple[Any, ...], _Run] = {}
+native_build.when_ready(_FWD.clear)  # runs made while the extension built are Python launches
 # ... and its C copy for the C launches, keyed by (dim, x): a warm call is one C call
 _TABLES = {mode: native_launch.Table(1) for mode in ("softmax", "log_softmax")}
 
