@@ -49,8 +49,8 @@ def normalise(text: str) -> str:
 def _extra() -> list[tuple[str, object, dict]]:
     """Kernels the precompile grid leaves out, on their default configs: the norm backward
     (register, row-staged, cluster-staged, part ring; with and without partials), the
-    norm forward's long-row paths (cp_async, staged, lagged, short chains, a residual) and
-    the column reduction."""
+    norm forward's long-row paths (cp_async, staged, lagged, short chains, a residual), the
+    column reduction, and the row reduction's other ops."""
     from cuteforge.signature import BoundKey
 
     out: list[tuple[str, object, dict]] = []
@@ -65,6 +65,12 @@ def _extra() -> list[tuple[str, object, dict]]:
             out.append(("norm_fwd", key, {"kind": kind, "eps": 1e-5, "has_bias": kind == "layer", "has_residual": res}))
     for d, v in (("bfloat16", 8), ("float32", 4)):
         out.append(("col_reduce", BoundKey((d, d), (), (v, v)), {"op": "sum"}))
+    for d, v in (("bfloat16", 8), ("float32", 4)):  # the other ops (the grid builds sum)
+        for op in ("mean", "amax", "amin", "argmax"):
+            o, vo = ("int64", 2) if op == "argmax" else (d, v)
+            out.append(("col_reduce", BoundKey((d, o), (), (v, vo)), {"op": op}))
+            for n in (1000, 4096):
+                out.append(("row_reduce", BoundKey((d, o), (("N", n),), (v, vo)), {"op": op}))
     return out
 
 
@@ -151,7 +157,7 @@ def main() -> int:
     r.add_argument("out")
     r.add_argument("--jobs", type=int, default=1, help="compile processes")
     r.add_argument("--kernel", action="append", help="only these kernels (repeatable)")
-    r.add_argument("--extra", action="store_true", help="also the kernels the grid leaves out (norm backward, long-row norm forward, column reduction)")
+    r.add_argument("--extra", action="store_true", help="also the kernels the grid leaves out (norm backward, long-row norm forward, column reduction, other reduce ops)")
     c = sub.add_parser("compare", help="compare two records")
     c.add_argument("base")
     c.add_argument("new")

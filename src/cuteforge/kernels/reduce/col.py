@@ -36,13 +36,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from .combine import SENTINEL, ReduceOp, select
 from .config import OPS, ColReduceConfig, candidate_col_configs, default_col_config
-from .row import _SENTINEL, _argmax_take, _sel
 
 __all__ = ["ColReduce", "ColReduceConfig", "default_col_config", "candidate_col_configs", "make_col_reduce"]
 
 
-class ColReduce:
+class ColReduce(ReduceOp):
     """The column reduction (module docstring) for one (op, dtypes, vector width, config):
     the tiling in ``__init__``, the host launch in ``__call__``, the device ``kernel``."""
 
@@ -57,7 +57,8 @@ class ColReduce:
         if op == "argmax" and out_dtype is not Int64:
             raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
         config.validate(bits)
-        self.op, self.in_dtype, self.out_dtype, self.vec = op, in_dtype, out_dtype, vec
+        super().__init__(op)
+        self.in_dtype, self.out_dtype, self.vec = in_dtype, out_dtype, vec
         self.threads, self.threads_x = config.threads, config.threads_x
         self.unroll, self.cluster_n = config.unroll, config.cluster_n
         self.lanes_y = self.threads // self.threads_x  # TY: row lanes of a CTA
@@ -66,35 +67,7 @@ class ColReduce:
         self.smem_row_threads = max(self.threads_x, 32)  # WX: threads sharing one shared-memory row
         self.smem_rows = self.threads // self.smem_row_threads  # SR: one per warp, or per TX-wide group
         self.col_lanes = 32 // self.threads_x if self.threads_x < 32 else 1  # SH: lanes of a warp sharing a column
-        self.is_arg = op == "argmax"
-        self.init = 0.0 if op in ("sum", "mean") else (-math.inf if op in ("amax", "argmax") else math.inf)
         self.copy_bits = vec * in_dtype.width
-
-    def _combine(self, a, b):
-        if self.op in ("sum", "mean"):
-            return a + b
-        if self.op == "amax":
-            return cute.arch.fmax(a, b, nan=True)
-        return cute.arch.fmin(a, b, nan=True)
-
-    @cute.jit
-    def _accum(self, acc, aidx, v: cutlass.Constexpr, xv, idx):
-        xf = xv.to(Float32)
-        if cutlass.const_expr(self.is_arg):
-            old = acc[v]
-            take = (~(xf <= old)) & (old == old)  # rows arrive in increasing order
-            acc[v] = _sel(take, xf, old, Float32)
-            aidx[v] = _sel(take, Int32(idx), aidx[v], Int32)
-        else:
-            acc[v] = self._combine(acc[v], xf)
-
-    @cute.jit
-    def _merge(self, val, idx, oval, oidx):
-        if cutlass.const_expr(self.is_arg):
-            take = _argmax_take(oval, oidx, val, idx)
-            return _sel(take, oval, val, Float32), _sel(take, oidx, idx, Int32)
-        else:
-            return self._combine(val, oval), idx
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, out: cute.Tensor):
@@ -126,7 +99,7 @@ class ColReduce:
         acc = cute.make_rmem_tensor(cute.make_layout((vec,)), Float32)
         acc.fill(init)
         aidx = cute.make_rmem_tensor(cute.make_layout((vec,)), Int32)
-        aidx.fill(_SENTINEL)
+        aidx.fill(SENTINEL)
         xo = x[o, None, None]  # (R, I) : (sR, 1)
 
         if col0 + vec <= n_i:
@@ -144,7 +117,7 @@ class ColReduce:
                     cute.copy(atom, g[None, cvi, rb + u * PY], frag[None, u])
                 for u in cutlass.range_constexpr(U):
                     for v in cutlass.range_constexpr(vec):
-                        self._accum(acc, aidx, v, frag[v, u], rb + u * PY)
+                        self.accumulate(acc, aidx, v, frag[v, u], rb + u * PY)
             if n_full * (PY * U) < n_r:  # uniform: a partial round is left
                 rb = n_full * (PY * U) + gy
                 for u in cutlass.range_constexpr(U):
@@ -153,13 +126,13 @@ class ColReduce:
                 for u in cutlass.range_constexpr(U):
                     if rb + u * PY < n_r:
                         for v in cutlass.range_constexpr(vec):
-                            self._accum(acc, aidx, v, frag[v, u], rb + u * PY)
+                            self.accumulate(acc, aidx, v, frag[v, u], rb + u * PY)
         elif col0 < n_i:
             # partial last vector of a vec-aligned view: scalar loads, this thread only
             for r in cutlass.range(gy, n_r, PY, unroll=1):
                 for v in cutlass.range_constexpr(vec):
                     if col0 + v < n_i:
-                        self._accum(acc, aidx, v, xo[r, col0 + v], r)
+                        self.accumulate(acc, aidx, v, xo[r, col0 + v], r)
 
         # ---- lanes of a warp that share this thread's columns
         if cutlass.const_expr(SH > 1):
@@ -170,7 +143,7 @@ class ColReduce:
                     oidx = aidx[v]
                     if cutlass.const_expr(is_arg):
                         oidx = cute.arch.shuffle_sync_bfly(aidx[v], offset=lane_off)
-                    nv, ni = self._merge(acc[v], aidx[v], oval, oidx)
+                    nv, ni = self.merge(acc[v], aidx[v], oval, oidx)
                     acc[v] = nv
                     aidx[v] = ni
 
@@ -186,13 +159,13 @@ class ColReduce:
         cute.arch.sync_threads()
 
         val = Float32(init)
-        idx = Int32(_SENTINEL)
+        idx = Int32(SENTINEL)
         c = cutlass.min(tidx, CW - 1)
         for j in cutlass.range_constexpr(SR):
             oidx = idx
             if cutlass.const_expr(is_arg):
                 oidx = s_idx[j, c]
-            val, idx = self._merge(val, idx, s_val[j, c], oidx)
+            val, idx = self.merge(val, idx, s_val[j, c], oidx)
 
         if cutlass.const_expr(C > 1):
             s_cl = smem.allocate_tensor(Float32, cute.make_layout((C, CW), stride=(CW, 1)), byte_alignment=16)
@@ -206,12 +179,12 @@ class ColReduce:
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
             val = Float32(init)
-            idx = Int32(_SENTINEL)
+            idx = Int32(SENTINEL)
             for j in cutlass.range_constexpr(C):
                 oidx = idx
                 if cutlass.const_expr(is_arg):
                     oidx = s_cli[j, c]
-                val, idx = self._merge(val, idx, s_cl[j, c], oidx)
+                val, idx = self.merge(val, idx, s_cl[j, c], oidx)
 
         col = ci * CW + tidx
         store = (tidx < CW) & (col < n_i)
@@ -219,7 +192,7 @@ class ColReduce:
             store = store & (cta == 0)
         if store:
             if cutlass.const_expr(is_arg):
-                out[o, col] = Int64(_sel(idx == _SENTINEL, Int32(0), idx, Int32))
+                out[o, col] = Int64(select(idx == SENTINEL, Int32(0), idx, Int32))
             elif cutlass.const_expr(op == "mean"):
                 out[o, col] = (val / Float32(n_r)).to(out_dtype)
             else:

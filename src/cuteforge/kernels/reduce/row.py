@@ -95,6 +95,7 @@ from cutlass import Float32, Int32, Int64
 
 from ..rows.grid import row_coords
 from ..rows.split import realigned, row_vectors
+from .combine import SENTINEL, ReduceOp, select
 from .config import LOAD_HINTS, OPS, RowReduceConfig, candidate_configs, default_config
 
 __all__ = [
@@ -106,30 +107,9 @@ __all__ = [
     "make_row_reduce",
 ]
 
-_SENTINEL = 2**31 - 1  # "no index yet" for argmax chains
-
-
 # ----------------------------------------------------------------------------
 # device helpers
 # ----------------------------------------------------------------------------
-
-
-def _sel(cond, a, b, ty):
-    return ty(cutlass.select_(cond, a, b))
-
-
-def _argmax_take(v_new, i_new, v_old, i_old):
-    """True if (v_new, i_new) beats (v_old, i_old) under torch's GreaterOrNan."""
-    new_nan = v_new != v_new
-    old_nan = v_old != v_old
-    lower = i_new < i_old
-    gt = v_new > v_old
-    eq = v_new == v_old
-    # new NaN: wins unless old is NaN with a lower index
-    nan_case = new_nan & ((~old_nan) | lower)
-    # new number: wins only against a number that is smaller (or equal, higher idx)
-    num_case = (~new_nan) & (~old_nan) & (gt | (eq & lower))
-    return nan_case | num_case
 
 
 def _load_hint_kwargs(hint: str) -> dict:
@@ -185,44 +165,14 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
     U = max(1, min(config.unroll, K)) if K > 0 else 1
     N_OUTER = K // U
     K_LEFT = K - N_OUTER * U
-    is_arg = op == "argmax"
-    if op in ("sum", "mean"):
-        init = 0.0
-    elif op in ("amax", "argmax"):
-        init = -math.inf
-    else:
-        init = math.inf
     inv_n = 1.0 / n
     use_smem = S > 1
     hint_kw = _load_hint_kwargs(config.load_hint)
     copy_bits = BV * bits
 
-    def combine(a, b):
-        if op in ("sum", "mean"):
-            return a + b
-        if op == "amax":
-            return cute.arch.fmax(a, b, nan=True)
-        return cute.arch.fmin(a, b, nan=True)
-
-    @cute.jit
-    def _accum_elem(acc, aidx, v: cutlass.Constexpr, xv, idx):
-        # per-chain update, elements arrive in increasing index order
-        xf = xv.to(Float32)
-        if cutlass.const_expr(is_arg):
-            old = acc[v]
-            take = (~(xf <= old)) & (old == old)  # strictly greater, or first NaN
-            acc[v] = _sel(take, xf, old, Float32)
-            aidx[v] = _sel(take, Int32(idx), aidx[v], Int32)
-        else:
-            acc[v] = combine(acc[v], xf)
-
-    @cute.jit
-    def _merge_pair(val, idx, oval, oidx):
-        if cutlass.const_expr(is_arg):
-            take = _argmax_take(oval, oidx, val, idx)
-            return _sel(take, oval, val, Float32), _sel(take, oidx, idx, Int32)
-        else:
-            return combine(val, oval), idx
+    reduce_op = ReduceOp(op)
+    is_arg, init = reduce_op.is_arg, reduce_op.init
+    _accum_elem, _merge_pair = reduce_op.accumulate, reduce_op.merge
 
     @cute.jit
     def _group_reduce(val, idx, group: cutlass.Constexpr):
@@ -246,7 +196,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
         acc = cute.make_rmem_tensor(cute.make_layout((BV,)), Float32)
         acc.fill(init)
         aidx = cute.make_rmem_tensor(cute.make_layout((BV,)), Int32)
-        aidx.fill(_SENTINEL)
+        aidx.fill(SENTINEL)
         body = g_row.iterator  # where the vectors start
         h = Int32(0)  # elements before it
         if cutlass.const_expr(realign):
@@ -354,7 +304,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
                 cute.arch.sync_threads()
             lane_g = t % G
             val = Float32(init)
-            idx = Int32(_SENTINEL)
+            idx = Int32(SENTINEL)
             for i in cutlass.range_constexpr((S + G - 1) // G):
                 if cutlass.const_expr((i + 1) * G <= S):
                     j = lane_g + i * G
@@ -365,10 +315,10 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
                 else:
                     j = cutlass.min(lane_g + i * G, S - 1)
                     ok = lane_g + i * G < S
-                    oval = _sel(ok, s_val[r, j], Float32(init), Float32)
+                    oval = select(ok, s_val[r, j], Float32(init), Float32)
                     oidx = idx
                     if cutlass.const_expr(is_arg):
-                        oidx = _sel(ok, s_idx[r, j], Int32(_SENTINEL), Int32)
+                        oidx = select(ok, s_idx[r, j], Int32(SENTINEL), Int32)
                     val, idx = _merge_pair(val, idx, oval, oidx)
             # slots were spread over lanes [0, min(S, G)): fold just those
             val, idx = _group_reduce(val, idx, min(S, G))
@@ -378,7 +328,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
             is_leader = is_leader & (cta == 0)
         if is_leader:
             if cutlass.const_expr(is_arg):
-                res = _sel(idx == _SENTINEL, Int32(0), idx, Int32)
+                res = select(idx == SENTINEL, Int32(0), idx, Int32)
                 out[row] = Int64(res)
             elif cutlass.const_expr(op == "mean"):
                 out[row] = (val * Float32(inv_n)).to(out_dtype)
