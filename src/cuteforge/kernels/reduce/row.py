@@ -104,6 +104,7 @@ __all__ = [
     "RowReduceConfig",
     "default_config",
     "candidate_configs",
+    "RowReduce",
     "make_row_reduce",
 ]
 
@@ -128,65 +129,77 @@ def _load_hint_kwargs(hint: str) -> dict:
     }[hint]
 
 
-def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowReduceConfig):
-    """Return a @cute.jit callable f(x: cute.Tensor, out: cute.Tensor, stream).
+class RowReduce(ReduceOp):
+    """The row reduction (module docstring) for one (op, dtypes, N, vector width, config):
+    the tiling in ``__init__``, the host launch in ``__call__``, the device ``kernel``.
 
     x: (M, n) with stride (row_stride, 1), row starts vec*elem_bytes aligned.
     out: (M,) of out_dtype (Int64 for argmax). N need not be a multiple of vec.
     """
-    if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
-    if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-        raise ValueError(f"unsupported input dtype {in_dtype}")
-    bits = in_dtype.width
-    if vec not in (1, 2, 4, 8) or vec * bits > 128:
-        raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
-    if op == "argmax":
-        if out_dtype is not Int64:
-            raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
-    elif out_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-        raise ValueError(f"unsupported output dtype {out_dtype}")
-    config.validate(n, bits)
 
-    T = config.threads
-    P = config.threads_per_row
-    C = config.cluster_n
-    R = T // P  # rows per CTA
-    G = min(P, 32)  # lanes of one row inside a warp
-    W = max(P // 32, 1)  # warps per row
-    S = W * C  # partial slots per row
-    PT = P * C  # virtual threads per row
-    BV, NV = row_vectors(n, vec, bits)  # vectors of BV elements, NV full ones per row
-    realign = BV > vec  # rows not on 16 bytes: a head of h < BV scalars before the body
-    TAIL = n - NV * BV  # scalars: trailing (< vec), or realigned head + tail (< 2 BV)
-    K = NV // PT  # full rounds
-    REM = NV - K * PT  # leftover vectors (virtual threads g < REM)
-    KT = K + (1 if REM > 0 else 0)  # rounds incl. the partial one
-    U = max(1, min(config.unroll, K)) if K > 0 else 1
-    N_OUTER = K // U
-    K_LEFT = K - N_OUTER * U
-    inv_n = 1.0 / n
-    use_smem = S > 1
-    hint_kw = _load_hint_kwargs(config.load_hint)
-    copy_bits = BV * bits
-
-    reduce_op = ReduceOp(op)
-    is_arg, init = reduce_op.is_arg, reduce_op.init
-    _accum_elem, _merge_pair = reduce_op.accumulate, reduce_op.merge
+    def __init__(self, op: str, in_dtype, out_dtype, n: int, vec: int, config: RowReduceConfig) -> None:
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
+        if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+            raise ValueError(f"unsupported input dtype {in_dtype}")
+        bits = in_dtype.width
+        if vec not in (1, 2, 4, 8) or vec * bits > 128:
+            raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
+        if op == "argmax":
+            if out_dtype is not Int64:
+                raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
+        elif out_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+            raise ValueError(f"unsupported output dtype {out_dtype}")
+        config.validate(n, bits)
+        super().__init__(op)
+        self.in_dtype, self.out_dtype, self.n, self.vec = in_dtype, out_dtype, n, vec
+        self.threads = config.threads  # T
+        self.threads_per_row = P = config.threads_per_row  # P
+        self.cluster_n = C = config.cluster_n  # C
+        self.rows_per_cta = config.threads // P  # R
+        self.lanes = min(P, 32)  # G: lanes of one row inside a warp
+        self.warps_per_row = W = max(P // 32, 1)  # W
+        self.slots = W * C  # S: partial slots per row
+        self.row_threads = PT = P * C  # PT: virtual threads per row
+        BV, NV = row_vectors(n, vec, bits)  # vectors of BV elements, NV full ones per row
+        self.vector, self.vectors = BV, NV
+        self.realign = BV > vec  # rows not on 16 bytes: a head of h < BV scalars before the body
+        self.tail = n - NV * BV  # TAIL: trailing (< vec), or realigned head + tail (< 2 BV) scalars
+        self.rounds = K = NV // PT  # K: full rounds
+        self.rem = NV - K * PT  # REM: leftover vectors (virtual threads g < REM)
+        self.rounds_all = K + (1 if self.rem > 0 else 0)  # KT: rounds incl. the partial one
+        self.unroll = U = max(1, min(config.unroll, K)) if K > 0 else 1  # U
+        self.outer = K // U  # N_OUTER
+        self.left = K - self.outer * U  # K_LEFT
+        self.inv_n = 1.0 / n
+        self.use_smem = self.slots > 1
+        self.load_hint = config.load_hint
+        self.hint_kw = _load_hint_kwargs(config.load_hint)
+        self.copy_bits = BV * bits
+        self.bits = bits
 
     @cute.jit
-    def _group_reduce(val, idx, group: cutlass.Constexpr):
+    def group_reduce(self, val, idx, group: cutlass.Constexpr):
         for step in cutlass.range_constexpr(int(math.log2(group))):
             off = group >> (step + 1)
             oval = cute.arch.shuffle_sync_bfly(val, offset=off)
             oidx = idx
-            if cutlass.const_expr(is_arg):
+            if cutlass.const_expr(self.is_arg):
                 oidx = cute.arch.shuffle_sync_bfly(idx, offset=off)
-            val, idx = _merge_pair(val, idx, oval, oidx)
+            val, idx = self.merge(val, idx, oval, oidx)
         return val, idx
 
     @cute.kernel
-    def _kernel(x: cute.Tensor, out: cute.Tensor):
+    def kernel(self, x: cute.Tensor, out: cute.Tensor):
+        op, in_dtype, out_dtype, vec, bits = self.op, self.in_dtype, self.out_dtype, self.vec, self.bits
+        P, C, R, G, W, S, PT = (self.threads_per_row, self.cluster_n, self.rows_per_cta, self.lanes, self.warps_per_row,
+                                self.slots, self.row_threads)
+        BV, NV, realign, TAIL = self.vector, self.vectors, self.realign, self.tail
+        K, REM, KT, U, N_OUTER, K_LEFT = self.rounds, self.rem, self.rounds_all, self.unroll, self.outer, self.left
+        inv_n, use_smem, hint_kw, copy_bits = self.inv_n, self.use_smem, self.hint_kw, self.copy_bits
+        load_hint = self.load_hint
+        is_arg, init = self.is_arg, self.init
+        _accum_elem, _merge_pair, _group_reduce = self.accumulate, self.merge, self.group_reduce
         tidx, cta, r, t, g, row_block = row_coords(C, P, R)
         m_rows = x.shape[0]
         row = row_block * R + r
@@ -208,7 +221,7 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
                     _accum_elem(acc, aidx, 0, g_row[i], i)
 
         if cutlass.const_expr(KT > 0):
-            if cutlass.const_expr(config.load_hint != ""):
+            if cutlass.const_expr(load_hint != ""):
                 atom = cute.make_copy_atom(
                     cute.nvgpu.CopyG2ROp(), in_dtype, num_bits_per_copy=copy_bits, **hint_kw
                 )
@@ -336,14 +349,24 @@ def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowR
                 out[row] = val.to(out_dtype)
 
     @cute.jit
-    def row_reduce(x: cute.Tensor, out: cute.Tensor, stream):
+    def __call__(self, x: cute.Tensor, out: cute.Tensor, stream):
+        C, R = self.cluster_n, self.rows_per_cta
         m_rows = x.shape[0]
         n_blocks = cute.ceil_div(m_rows, R)
         if cutlass.const_expr(C > 1):
-            _kernel(x, out).launch(
-                grid=(n_blocks * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream
+            self.kernel(x, out).launch(
+                grid=(n_blocks * C, 1, 1), block=(self.threads, 1, 1), cluster=(C, 1, 1), stream=stream
             )
         else:
-            _kernel(x, out).launch(grid=(n_blocks, 1, 1), block=(T, 1, 1), stream=stream)
+            self.kernel(x, out).launch(grid=(n_blocks, 1, 1), block=(self.threads, 1, 1), stream=stream)
+
+
+def make_row_reduce(op: str, in_dtype, out_dtype, n: int, vec: int, config: RowReduceConfig):
+    """Return a @cute.jit callable f(x: cute.Tensor, out: cute.Tensor, stream) (`RowReduce`)."""
+    reduce = RowReduce(op, in_dtype, out_dtype, n, vec, config)
+
+    @cute.jit
+    def row_reduce(x: cute.Tensor, out: cute.Tensor, stream):
+        reduce(x, out, stream)
 
     return row_reduce
