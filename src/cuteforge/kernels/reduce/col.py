@@ -37,7 +37,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from .combine import SENTINEL, ReduceOp, select
-from .config import OPS, ColReduceConfig, candidate_col_configs, default_col_config
+from .config import ColReduceConfig, candidate_col_configs, default_col_config
 
 __all__ = ["ColReduce", "ColReduceConfig", "default_col_config", "candidate_col_configs", "make_col_reduce"]
 
@@ -47,17 +47,9 @@ class ColReduce(ReduceOp):
     the tiling in ``__init__``, the host launch in ``__call__``, the device ``kernel``."""
 
     def __init__(self, op: str, in_dtype, out_dtype, vec: int, config: ColReduceConfig) -> None:
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
-        if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-            raise ValueError(f"unsupported input dtype {in_dtype}")
-        bits = in_dtype.width
-        if vec not in (1, 2, 4, 8) or vec * bits > 128:
-            raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
-        if op == "argmax" and out_dtype is not Int64:
-            raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
-        config.validate(bits)
         super().__init__(op)
+        self.check_operands(in_dtype, out_dtype, vec)
+        config.validate(in_dtype.width)
         self.in_dtype, self.out_dtype, self.vec = in_dtype, out_dtype, vec
         self.threads, self.threads_x = config.threads, config.threads_x
         self.unroll, self.cluster_n = config.unroll, config.cluster_n

@@ -10,7 +10,7 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 
 from .config import OPS
 
@@ -44,6 +44,16 @@ class ReduceOp:
         self.op = op
         self.is_arg = op == "argmax"
         self.init = 0.0 if op in ("sum", "mean") else (-math.inf if op in ("amax", "argmax") else math.inf)
+
+    def check_operands(self, in_dtype: Any, out_dtype: Any, vec: int) -> None:
+        """Raise ValueError unless the kernels take these dtypes and vector width."""
+        if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+            raise ValueError(f"unsupported input dtype {in_dtype}")
+        bits = in_dtype.width
+        if vec not in (1, 2, 4, 8) or vec * bits > 128:
+            raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
+        if self.is_arg and out_dtype is not Int64:
+            raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
 
     def combine(self, a: Any, b: Any) -> Any:
         if self.op in ("sum", "mean"):

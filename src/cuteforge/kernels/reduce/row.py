@@ -138,20 +138,12 @@ class RowReduce(ReduceOp):
     """
 
     def __init__(self, op: str, in_dtype, out_dtype, n: int, vec: int, config: RowReduceConfig) -> None:
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; expected one of {OPS}")
-        if in_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-            raise ValueError(f"unsupported input dtype {in_dtype}")
-        bits = in_dtype.width
-        if vec not in (1, 2, 4, 8) or vec * bits > 128:
-            raise ValueError(f"vec={vec} invalid for {bits}-bit dtype (vec*bits must be <= 128)")
-        if op == "argmax":
-            if out_dtype is not Int64:
-                raise ValueError(f"argmax writes Int64 indices, got out_dtype={out_dtype}")
-        elif out_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-            raise ValueError(f"unsupported output dtype {out_dtype}")
-        config.validate(n, bits)
         super().__init__(op)
+        self.check_operands(in_dtype, out_dtype, vec)
+        if op != "argmax" and out_dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+            raise ValueError(f"unsupported output dtype {out_dtype}")
+        bits = in_dtype.width
+        config.validate(n, bits)
         self.in_dtype, self.out_dtype, self.n, self.vec = in_dtype, out_dtype, n, vec
         self.threads = config.threads  # T
         self.threads_per_row = P = config.threads_per_row  # P
