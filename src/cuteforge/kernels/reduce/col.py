@@ -36,6 +36,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
+from ..rows.grid import cluster_block
 from .combine import SENTINEL, ReduceOp, select
 from .config import ColReduceConfig, candidate_col_configs, default_col_config
 
@@ -68,15 +69,7 @@ class ColReduce(ReduceOp):
                                   self.smem_rows, self.col_lanes)
         op, in_dtype, out_dtype, is_arg, init, copy_bits = (self.op, self.in_dtype, self.out_dtype, self.is_arg,
                                                             self.init, self.copy_bits)
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        if cutlass.const_expr(C > 1):
-            cute.arch.cluster_arrive_relaxed()
-            cta = cute.arch.block_idx_in_cluster()
-            cb = bidx // C
-        else:
-            cta = 0
-            cb = bidx
+        tidx, cta, cb = cluster_block(C)
         n_r = x.shape[1]
         n_i = x.shape[2]
         ncb_i = (n_i + CW - 1) // CW

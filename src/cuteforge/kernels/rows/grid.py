@@ -10,6 +10,20 @@ from typing import Any
 import cutlass.cute as cute
 
 
+def cluster_block(C: int, arrive: bool = True) -> tuple[Any, Any, Any]:
+    """(tidx, cta, block): the thread's index in its CTA, its CTA's rank in the cluster (0
+    without one) and the cluster's (or the CTA's) index in the grid. ``arrive``: with a
+    cluster, arrive (relaxed) on the cluster barrier first, for a kernel whose exchange
+    waits on it later."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    if C > 1:
+        if arrive:
+            cute.arch.cluster_arrive_relaxed()
+        return tidx, cute.arch.block_idx_in_cluster(), bidx // C
+    return tidx, 0, bidx
+
+
 def row_coords(C: int, P: int, R: int, arrive: bool = True) -> tuple[Any, Any, Any, Any, Any, Any]:
     """(tidx, cta, r, t, g, row_block): the thread's index in its CTA, its CTA's rank in
     the cluster (0 without one), its row in the CTA and its thread in that row, its thread
@@ -17,16 +31,7 @@ def row_coords(C: int, P: int, R: int, arrive: bool = True) -> tuple[Any, Any, A
     thread's row is ``row_block * R + r`` (left to the caller, whose instruction order
     stays as it was). ``arrive``: with a cluster, arrive (relaxed) on the cluster barrier
     first, for a kernel whose exchange waits on it later."""
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    if C > 1:
-        if arrive:
-            cute.arch.cluster_arrive_relaxed()
-        cta = cute.arch.block_idx_in_cluster()
-        row_block = bidx // C
-    else:
-        cta = 0
-        row_block = bidx
+    tidx, cta, row_block = cluster_block(C, arrive)
     r = tidx // P
     t = tidx % P
     g = cta * P + t
