@@ -329,3 +329,35 @@ def test_plans_run_on_cuda_or_cpu_only() -> None:
     with pytest.raises(ValueError, match="runs on cuda or cpu, not meta"):
         native_launch.runner("TestMeta", _ffi(_double_and_row_sums), torch.device("meta"), 1,
                              [((2, 2), torch.float32)], [contiguous_arg(IN, 0, (2, 2)), contiguous_arg(OUT, 0, (2, 2))], [0])
+
+
+def _fill_partials(y: object, p: object) -> None:
+    # y = 1; p (2, 3, 4): p[r, q, n] = r * 100 + q * 10 + n
+    y, p = _view(y), _view(p)
+    y.fill_(1.0)
+    r, q, n = torch.meshgrid(torch.arange(2.0), torch.arange(3.0), torch.arange(4.0), indexing="ij")
+    p.copy_(r * 100 + q * 10 + n)
+
+
+def _fill_twos(p: object) -> None:
+    _view(p).fill_(2.0)
+
+
+def test_summed_returns_one_sum_per_output_row_by_row() -> None:
+    run = native_launch.runner(
+        "TestSums", _ffi(_fill_partials), CPU, 1, [((2, 4), torch.float32), ((2, 3, 4), torch.float32)],
+        [contiguous_arg(OUT, 0, (2, 4)), contiguous_arg(OUT, 1, (2, 3, 4))],
+        [0, (1, "bfloat16", 0), (1, "float32", 1)])
+    y, d0, d1 = run(torch.empty(2, 4))
+    n = torch.arange(4.0)
+    torch.testing.assert_close(y, torch.ones(2, 4))
+    assert d0.dtype == torch.bfloat16 and d1.dtype == torch.float32
+    torch.testing.assert_close(d0.float(), 3 * n + 30)  # rows q = 0..2 of r = 0 summed
+    torch.testing.assert_close(d1, 300 + 3 * n + 30)
+    run2 = native_launch.runner(
+        "TestSum2D", _ffi(_fill_twos), CPU, 1, [((3, 4), torch.float32)],
+        [contiguous_arg(OUT, 0, (3, 4))], [(0, "float32", -1)])
+    torch.testing.assert_close(run2(torch.empty(1)), torch.full((4,), 6.0))
+    with pytest.raises(ValueError, match="summed return is"):
+        native_launch.runner("TestBadSum", _ffi(lambda p: None), CPU, 1, [((3, 4), torch.float32)],
+                             [contiguous_arg(OUT, 0, (3, 4))], [(0, "float32")])

@@ -317,13 +317,17 @@ Returned run_plan(const LaunchPlan& p, const at::Tensor* const* in) {
   }
   call_on_current_stream(p.fn, any, static_cast<int32_t>(p.args.size()), p.device, p.name);
   Returned r;
+  at::Tensor sums[kMaxTensors];  // per output: its sum over dim -2, made once for all its returned rows
   for (const LaunchReturn& ret : p.returns) {
     if (!ret.column_sum) {
       r.push_back(out[ret.index]);
       continue;
     }
-    const at::Tensor& b = out[ret.index];
-    at::Tensor s = b.size(-2) == 1 ? b.select(-2, 0) : b.sum(-2);
+    at::Tensor& s = sums[ret.index];
+    if (!s.defined()) {
+      const at::Tensor& b = out[ret.index];
+      s = b.size(-2) == 1 ? b.select(-2, 0) : b.sum(-2);
+    }
     r.push_back((ret.row >= 0 ? s.select(0, ret.row) : s).to(ret.dtype));
   }
   return r;
