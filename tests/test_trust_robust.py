@@ -225,7 +225,7 @@ def half(result, path):  # half the object in its temporary file
     print("writing", flush=True)
     time.sleep(60)
 if point == "object":
-    cache._BYTES = cache._Codec(half, cache._BYTES.load, cache._BYTES.fresh)
+    cache._BYTES = cache._Codec(half, cache._BYTES.load, cache._BYTES.fresh, cache._BYTES.from_bytes)
 else:
     trust.atomic_write = stall
 cache.DEFAULT_CACHE._get("k", "killed", "sm_90a", lambda keep: compiler.CompileResult(b"0123456789" * 100, None, None, None),
