@@ -8,13 +8,17 @@ says:
 - args: the kernel's operands in order, each an input (`INPUT`, by position in the call)
   or an output (`OUTPUT`) with the (sizes, strides) view the kernel reads
   (`backward.arg`, `backward.contiguous_arg` build them);
-- returns: which outputs the call returns (one: the tensor; more: a tuple).
+- returns: which outputs the call returns (one: the tensor; more: a tuple), each an
+  output index, or ``(index, dtype, row)`` for that output summed over its dim -2 and
+  cast (per-CTA dweight partials; ``row`` picks one row of an (R, Q, N) output's (R, N)
+  sum, -1 takes a (Q, N) output's whole sum; one sum per output serves all its rows).
 
 `runner(...)` gives ``run(*inputs) -> outputs`` (None where the extension is unavailable
 or `CUTEFORGE_NATIVE_LAUNCH=0`: the op keeps its Python launch). ``run`` checks only the
 count of inputs, that each is a tensor on the plan's device or None where no argument
 reads it (an absent bias); the layout is the memo key's. `Table` is an op's memo of such
-plans on the C side.
+plans on the C side; the registered ops' dispatcher kernels (`dispatch.py`) hold the same
+plans, keyed by the op's arguments.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def enabled() -> bool:
 
 
 def runner(name: str, fn: Any, device: torch.device, n_inputs: int, outs: Sequence[tuple[Sequence[int], torch.dtype]],
-           args: Sequence[tuple[Any, ...]], returns: Sequence[int]) -> Callable[..., Any] | None:
+           args: Sequence[tuple[Any, ...]], returns: Sequence[int | tuple[int, str, int]]) -> Callable[..., Any] | None:
     """``run(*inputs)`` calling the compiled TVM-FFI function ``fn``, or None where the
     extension or the launch is turned off, the extension cannot be built, or ``fn`` is no
     TVM-FFI function (a test's stand-in kernel)."""
