@@ -554,3 +554,28 @@ def test_backward_realigns_rows_not_on_16_bytes(monkeypatch, dt, n, vec):
     ptx = _compile("bwd", dt, n, vec)
     assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx) and re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
     ptxas_no_spill(ptx)
+
+
+def test_check_targets_raises_before_launch(monkeypatch):
+    """An out-of-range target (not ignore_index) with check_targets=True is a ValueError
+    naming it, raised before any launch; without it the call runs (its row is NaN on the
+    GPU), and ignore_index rows are never out of range."""
+    import sys
+
+    import pytest
+    import torch
+
+    import cuteforge.ops  # noqa: F401
+
+    ce = sys.modules["cuteforge.ops.cross_entropy"]
+    calls, _ = _patch_kernels(monkeypatch, ce)
+    x = torch.randn(4, 10)
+    bad = torch.tensor([1, 10, -100, 3])
+    n = len(calls)
+    with pytest.raises(ValueError, match=r"argument 'target' has target\[1\] = 10, outside \[0, 10\)"):
+        ce.cross_entropy(x, bad, check_targets=True)
+    with pytest.raises(ValueError, match=r"target\[0\] = -1"):
+        ce.cross_entropy(x, torch.tensor([-1, 0, 0, 0]), reduction="none", check_targets=True)
+    assert ce.cross_entropy(x, torch.tensor([1, 9, -100, 0]), check_targets=True).isfinite()
+    ce.cross_entropy(x, bad, reduction="none")  # unchecked: runs
+    assert len(calls) >= n
