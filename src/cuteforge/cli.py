@@ -253,6 +253,8 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
     from .arch import target_arch
     from .cache import cache_root, fingerprint
 
+    if getattr(args, "distributed", False) or getattr(args, "bundle", None):
+        return _precompile_distributed(args)
     if not args.kernel:  # the whole library: the C++ extension too, built in the background meanwhile
         from .native import build
 
@@ -294,6 +296,22 @@ def cmd_build_native(args: argparse.Namespace) -> dict[str, Any]:
     if not r["built"]:
         raise CliError("the C++ extension could not be built (see the warning above); eager calls use the Python paths")
     return r
+
+
+def _precompile_distributed(args: argparse.Namespace) -> dict[str, Any] | None:
+    """`precompile --distributed --bundle OUT` (cuteforge.distributed); None on ranks other than 0."""
+    from . import distributed
+
+    if not (args.distributed and args.bundle):
+        raise CliError("--distributed and --bundle OUT go together (run it under torchrun)")
+    if Path(args.bundle).expanduser().exists() and not args.force:
+        raise CliError(f"{args.bundle} exists (pass --force to replace it)")
+    r = distributed.precompile(args.kernel or None, args.bundle, workers=_workers(args), force=args.force)
+    if r is None:
+        return None
+    rows = r["kernels"]
+    return {**r, "cache_dir": args.bundle, "compiled": sum(x["status"] == "compiled" for x in rows),
+            "loaded": sum(x["status"] == "loaded" for x in rows), "total_ms": round(sum(x["ms"] for x in rows), 1)}
 
 
 def _print_build_native(r: dict[str, Any]) -> None:
@@ -370,6 +388,11 @@ def _print_precompile(r: dict[str, Any]) -> None:
         t.add_row(name, str(len(f["kernels"])), str(f["compiled"] + f["loaded"]), str(f["compiled"]), str(f["loaded"]),
                   f"{f['ms'] / 1e3:.1f}")
     _console().print(t)
+    if r.get("bundle"):
+        b = r["bundle"]
+        print(f"{r['compiled']} compiled, {r['loaded']} loaded from cache over {r['ranks']} ranks; bundle {b['path']}: "
+              f"{b['objects']} objects, manifest sha256 {b['sha256']}")
+        return
     print(f"{r['compiled']} compiled, {r['loaded']} loaded from cache, {r['total_ms'] / 1e3:.1f} s in all; artifacts in {r['cache_dir']}")
     node = r.get("native_autograd")
     if node:
@@ -662,6 +685,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "the CPU count for library; CUTEFORGE_COMPILE_WORKERS)")
         if name == "library":
             s.add_argument("--quick", action="store_true", help="fewer shapes")
+        else:
+            s.add_argument("--distributed", action="store_true", help="under torchrun: split the specializations "
+                           "over the ranks, gather the objects to rank 0, which writes the --bundle")
+            s.add_argument("--bundle", metavar="OUT", help="with --distributed: the bundle directory rank 0 writes")
+            s.add_argument("--force", action="store_true", help="with --distributed: replace an existing bundle")
 
     s = sub.add_parser("build-native", help="build the C++ extension now (calls otherwise build it in the background)")
     s.add_argument("--json", action="store_true")
@@ -761,6 +789,8 @@ def _main(argv: list[str] | None = None) -> int:
             "build-native": (cmd_build_native, _print_build_native),
         }[args.command]
         result = handler(args)
+        if result is None:  # a rank other than 0 of a distributed run: rank 0 reports
+            return 0
     except BrokenPipeError:
         raise
     except (CliError, ValueError, TypeError, KeyError, RuntimeError, OSError) as e:
