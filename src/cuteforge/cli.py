@@ -249,7 +249,7 @@ def _workers(args: argparse.Namespace) -> int:
     return 1
 
 
-def cmd_precompile(args: argparse.Namespace) -> dict[str, Any]:
+def cmd_precompile(args: argparse.Namespace) -> dict[str, Any] | None:
     from .arch import target_arch
     from .cache import cache_root, fingerprint
 
