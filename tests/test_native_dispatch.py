@@ -7,29 +7,20 @@ scalars and dtypes get plans of their own."""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
+from test_native_launch import _view  # a TVM-FFI tensor view as a torch CPU tensor
 
 from cuteforge.native import build, dispatch
 from cuteforge.native import launch as native_launch
 from cuteforge.native.backward import arg, contiguous_arg
 from cuteforge.ops.registered import define
 
-pytestmark = pytest.mark.skipif(build.load is None, reason="the C++ extension could not be built here")
+pytestmark = pytest.mark.skipif(build.load(wait=True) is None, reason="the C++ extension could not be built here")
 
 IN, OUT = native_launch.INPUT, native_launch.OUTPUT
 CPU = torch.device("cpu")
 CALLS = {"impl": 0, "kernel": 0}
-
-
-def _view(t: object) -> torch.Tensor:
-    shape, strides = tuple(t.shape), tuple(t.strides)
-    span = 1 + sum((d - 1) * s for d, s in zip(shape, strides)) if all(shape) else 0
-    ptr = t.data_ptr() if callable(t.data_ptr) else t.data_ptr
-    flat = torch.frombuffer((ctypes.c_float * max(span, 1)).from_address(ptr), dtype=torch.float32)
-    return flat.as_strided(shape, strides)
 
 
 def _kernel(factor: float):
