@@ -1,21 +1,36 @@
-"""`cuteforge precompile --distributed --bundle OUT` under `torchrun` (or any launcher that
-sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT): the standard specializations are split
-over the ranks, each rank compiles its share into its own kernel cache, the compiled objects
-and tuning records are gathered to rank 0, which writes one bundle. The bundle's manifest is
-the one a single-process `cuteforge bundle create` of the same specializations writes.
+"""Work split over the ranks of a `torchrun` job (or any launcher that sets RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT), gathered to rank 0.
+
+`cuteforge precompile --distributed --bundle OUT` (`precompile`): the standard
+specializations are split over the ranks, each rank compiles its share into its own kernel
+cache, the compiled objects and tuning records are gathered to rank 0, which writes one
+bundle. The bundle's manifest is the one a single-process `cuteforge bundle create` of the
+same specializations writes.
+
+`cuteforge tune KERNEL --shapes ... --distributed [--bundle OUT]` (`tune`): the shapes are
+split over the ranks (rank r takes shapes r, r + world, ...), each rank tunes its share on its
+own GPU (cuda:LOCAL_RANK) through the ordinary tuner, and the tuning records are gathered to
+rank 0, which writes them into its tuning store, or with `--bundle OUT` into a bundle
+together with each problem's winning compiled object. The records are the ones a
+single-process `cuteforge tune` of the same shapes writes.
 
 The ranks exchange bytes only, over the gloo backend (CPU), so the same code runs on hosts
 with or without GPUs and across hosts."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+from . import bundle, cache
+
 
 class DistributedError(RuntimeError):
-    """A distributed precompile that cannot run (no launcher environment, an unusable cache)."""
+    """A distributed precompile or tune that cannot run (no launcher environment, an unusable
+    cache, a failure on some rank)."""
 
 
 def _init() -> tuple[Any, bool]:
@@ -39,7 +54,6 @@ def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: 
                force: bool = False) -> dict[str, Any] | None:
     """This rank's share of the precompile; on rank 0 the bundle written at `out` and every
     rank's rows (in job order), on the other ranks None."""
-    from . import bundle, cache
     from .arch import target_arch
     from .cli import precompile as compile_share
     from .cli import precompile_specs
@@ -97,3 +111,123 @@ def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: 
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+def _record_item(path: str) -> tuple[str, bytes]:
+    """(bundle-relative name, bytes) of a stored tuning record, its name checked against its identity."""
+    from .autotune.store import TuneStore
+
+    data = bundle._read_file(Path(path))
+    ident = json.loads(data)["identity"]
+    name = TuneStore._name(ident)
+    if Path(path).name != name:
+        raise DistributedError(f"tuning record {path} is not named after its identity")
+    return f"autotune/{ident['fingerprint']}/{ident['kernel']}/{name}", data
+
+
+def _use_local_gpu() -> str | None:
+    """Make cuda:LOCAL_RANK this rank's current device (one GPU a rank); its name, or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    n = torch.cuda.device_count()
+    if local >= n:
+        raise DistributedError(f"local rank {local} has no GPU of its own (this host has {n}): "
+                               "run at most one rank per GPU (torchrun --nproc-per-node N)")
+    torch.cuda.set_device(local)
+    return f"cuda:{local}"
+
+
+def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: int | None = None, *,
+         params: dict[str, Any] | None = None, force: bool = False, out: str | os.PathLike[str] | None = None,
+         replace: bool = False) -> dict[str, Any] | None:
+    """This rank's share of `cuteforge tune --distributed`: on rank 0 the merged result (every
+    shape's row, in the order given, with the rank that tuned it) after the records were
+    written into its tuning store, or with `out` into a bundle there; on the other ranks None."""
+    from .arch import compile_only, target_arch
+    from .autotune.measure import measurement
+    from .autotune.problems import parse_shapes
+    from .autotune.store import TuneStore, gpu_name
+    from .tune_cli import library_kernel, problem_factory, tune_one
+
+    t0 = time.perf_counter()
+    dist, owned = _init()
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        arch = target_arch()
+        error = None
+        rows: list[dict[str, Any]] = []
+        share: list[int] = []
+        objects: list[tuple[str, bytes, dict[str, Any]]] = []
+        records: list[tuple[str, bytes]] = []
+        device = None
+        try:
+            parsed = parse_shapes(shapes)
+            share = list(range(rank, len(parsed), world))
+            k = library_kernel(kernel)
+            factory = problem_factory(k.name)
+            if measurement().needs_gpu:
+                device = _use_local_gpu()
+                if compile_only():
+                    raise DistributedError(f"no GPU of the target arch {arch} here: tuning needs one")
+            for i in share:
+                row = tune_one(k, parsed[i], factory(parsed[i], dtype, dict(params or {})), workers, force)
+                rows.append({**row, "rank": rank, "device": device, "gpu": gpu_name()})
+            records = [_record_item(r["record"]) for r in rows if r["record"]]
+            if out is not None:  # the winners' compiled objects travel with the records
+                root = cache.private_root()
+                if root is not None:
+                    winners = {str(Path(r["entry"])) for r in rows}
+                    objects = list(bundle._cache_objects(root, [cache.fingerprint(arch)], winners))
+        except Exception as e:  # reported by rank 0; every rank still takes part in the gather
+            error = f"rank {rank}: {type(e).__name__}: {e}"
+        part = {"rank": rank, "jobs": share, "rows": rows, "objects": objects, "records": records, "error": error}
+        parts: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(part, parts, dst=0)
+        failed, result = None, None
+        if rank == 0:
+            assert parts is not None
+            errors = [p["error"] for p in parts if p["error"]]
+            if errors:
+                failed = "; ".join(errors)
+            else:
+                try:
+                    result = _merge_tuned(parts, arch, out, replace, TuneStore())
+                    result.update(kernel=kernel, arch=arch, dtype=dtype, ranks=world, gpus=world,
+                                  wall_s=round(time.perf_counter() - t0, 2))
+                except Exception as e:  # the other ranks wait for the outcome: never leave them hanging
+                    failed = f"rank 0: {type(e).__name__}: {e}"
+        outcome = [failed]
+        dist.broadcast_object_list(outcome, src=0)
+        if outcome[0]:
+            raise DistributedError(outcome[0])
+        return result
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+def _merge_tuned(parts: list[dict[str, Any]], arch: str, out: str | os.PathLike[str] | None, replace: bool,
+                 store: Any) -> dict[str, Any]:
+    """Rank 0: every rank's rows in shape order; the records into `store`, or a bundle at `out`."""
+    by_job = {i: row for p in parts for i, row in zip(p["jobs"], p["rows"])}
+    rows = [by_job[i] for i in sorted(by_job)]
+    here = cache.fingerprint(arch)
+    records = {name: data for p in parts for name, data in p["records"]}
+    foreign = sorted({name.split("/")[1] for name in records} - {here})
+    if foreign:
+        raise DistributedError(f"records of another installation (fingerprint {foreign[0]}, here {here}): every rank "
+                               "must run the same cuteforge, CuTe DSL, tvm-ffi and Python")
+    made, written = None, []
+    if out is not None:
+        objects = {name: (name, data, entry) for p in parts for name, data, entry in p["objects"]}
+        items = [(name, data, {"file": name, "sha256": bundle._sha256(data)}) for name, data in records.items()]
+        made = bundle.write(out, objects.values(), items, [arch], replace)
+    else:
+        for _, data in sorted(records.items()):
+            saved = store.put(data)
+            written.append(str(saved) if saved is not None else None)
+    return {"mode": "tune", "shapes": rows, "gpu": ", ".join(sorted({str(r.get("gpu")) for r in rows})), "bundle": made,
+            "records": written if out is None else sorted(records)}

@@ -17,9 +17,11 @@ import os
 import time
 from typing import Any
 
-from .autotune.candidates import precompile_problems, resolve_kernel
+from .autotune.candidates import norm_params, precompile_problems, resolve_kernel
+from .autotune.measure import measurement
 from .autotune.problems import ProblemFactory, ProblemInputs, parse_shapes
 from .autotune.problems import problem_factory as registered_factory
+from .autotune.store import gpu_name
 from .autotune.tuner import tune
 from .kernel import Kernel
 
@@ -53,13 +55,24 @@ def tune_main(
     force: bool = False,
     progress: bool = True,
     verbose: bool = True,
-) -> dict[str, Any]:
+    distributed: bool = False,
+    bundle: str | None = None,
+) -> dict[str, Any] | None:
     """Tune (or with `compile_only`, compile every candidate of) `kernel` for `shapes`.
 
     `gpus`: 'all' or a count: compile every candidate first (worker pool), then time the
     shapes in one process per GPU, shapes dealt round-robin. `verbose` shows the
     autotuner's log lines (cache hits, sweeps) on stderr for the duration of the call.
+    `distributed` (under torchrun): the ranks split the shapes, one GPU a rank, and rank 0
+    writes every rank's records into its tuning store, or into a bundle at `bundle`
+    (`distributed.tune`); None on the other ranks.
     """
+    if bundle is not None and not distributed:
+        raise ValueError("--bundle OUT goes with --distributed (a single process: `cuteforge bundle create OUT --from-cache` after tuning)")
+    if distributed and (compile_only or gpus is not None):
+        raise ValueError("--distributed tunes one GPU a rank: it takes neither --compile-only nor --gpus")
+    if bundle is not None and os.path.lexists(os.path.expanduser(bundle)):
+        raise ValueError(f"{bundle} exists: remove it or name another bundle")
     if arch:
         from .arch import parse_arch
 
@@ -68,13 +81,18 @@ def tune_main(
         os.environ["CUTE_DSL_ARCH"] = arch
     from . import arch as arch_mod
 
+    if distributed:
+        from . import distributed as dist_mod
+
+        with _log_to_stderr(verbose):
+            return dist_mod.tune(kernel, shapes, dtype, workers, params=params, force=force, out=bundle)
     k = library_kernel(kernel)
     factory = problem_factory(k.name)
     target = arch_mod.target_arch()
     parsed = parse_shapes(shapes)
     problems = [factory(s, dtype, dict(params or {})) for s in parsed]
     t0 = time.perf_counter()
-    if not compile_only and arch_mod.compile_only():
+    if not compile_only and measurement().needs_gpu and arch_mod.compile_only():
         raise RuntimeError(f"no GPU of the target arch {target} here: tuning needs one (use --compile-only to only compile)")
     n_gpus = _gpu_count(gpus) if not compile_only else 1
     with _Bar(progress) as bar, _log_to_stderr(verbose):
@@ -97,16 +115,18 @@ def tune_main(
             for s, p in zip(parsed, problems):
                 label = f"tune {k.name} {'x'.join(map(str, s))} {dtype}"
                 bar.start(label, None)
-                results.append(_tune_one(k, s, p, workers, force, lambda stage, c, d, label=label: bar.note(f"{label}: {stage} {d}")))
-    return {"mode": "tune", "kernel": k.name, "arch": target, "gpu": arch_mod.gpu_info().name, "gpus": n_gpus,  # type: ignore[union-attr]
+                results.append(tune_one(k, s, p, workers, force, lambda stage, c, d, label=label: bar.note(f"{label}: {stage} {d}")))
+    return {"mode": "tune", "kernel": k.name, "arch": target, "gpu": gpu_name(), "gpus": n_gpus,
             "dtype": dtype, "shapes": results, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
-def _tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | None, force: bool, on_step: Any = None) -> dict[str, Any]:
-    tensors = p.make_tensors()
+def tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | None, force: bool, on_step: Any = None) -> dict[str, Any]:
+    """Tune one problem of the command (tensors from the current `Measurement`); its result row."""
+    tensors = measurement().tensors(p.make_tensors)
     res = tune(k, tensors, p.params, configs=p.configs, reference=p.reference, workers=workers, force=force, dims=p.dims,
                key=p.key, outputs=p.outputs, on_step=on_step)
     del tensors
+    best_spec = k.spec(p.key, norm_params(p.params), res.best_config, arch=res.problem.arch)
     return {
         "shape": "x".join(map(str, shape)),
         "problem": res.problem.describe(),
@@ -121,6 +141,7 @@ def _tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | N
         "timer": res.mode,
         "wall_s": round(res.wall_s, 3),
         "record": res.path,
+        "entry": str(k.cache_entry(best_spec)),  # where the best config's compiled object lives
     }
 
 
@@ -143,7 +164,7 @@ def _gpu_main(index: int, queue: Any, kernel: str, shapes: list[tuple[int, ...]]
         k = library_kernel(kernel)
         rows = []
         for s in shapes:
-            row = _tune_one(k, s, problem_factory(k.name)(s, dtype, dict(params or {})), 0, force)
+            row = tune_one(k, s, problem_factory(k.name)(s, dtype, dict(params or {})), 0, force)
             rows.append({**row, "gpu_index": index})
         queue.put((index, rows, None))
     except Exception as e:  # reported to the parent, which raises it
@@ -277,3 +298,7 @@ def print_tune(r: dict[str, Any]) -> None:
         ru = s["runner_up"]
         t.add_row(s["shape"], s["source"], s["best"], f"{s['best_ms']}", "-" if ru is None else f"{ru['ms']}", str(s["compiles"]), f"{s['wall_s']:.1f}")
     con.print(t)
+    if "ranks" in r:  # distributed: where rank 0 put every rank's records
+        b = r.get("bundle")
+        where = f"bundle {b['path']} (manifest sha256 {b['sha256']})" if b else "the tuning store"
+        print(f"{len(r['records'])} tuning records from {r['ranks']} ranks written into {where} in {r['wall_s']} s")

@@ -18,6 +18,7 @@ from .candidates import (
     register_validator,
     validate_config,
 )
+from .measure import Measurement, measurement, use_measurement
 from .pool import CompileJob, CompileOutcome, CompilePool, compile_all, default_workers
 from .store import Problem, TuneStore, make_problem, pow2_bucket
 from .timer import GraphTimer, make_input_sets
@@ -29,6 +30,7 @@ __all__ = [
     "CompileOutcome",
     "CompilePool",
     "GraphTimer",
+    "Measurement",
     "Problem",
     "TuneResult",
     "TuneStore",
@@ -39,11 +41,13 @@ __all__ = [
     "lookup",
     "make_input_sets",
     "make_problem",
+    "measurement",
     "mode",
     "pow2_bucket",
     "precompile_candidates",
     "precompile_problems",
     "register_validator",
     "tune",
+    "use_measurement",
     "validate_config",
 ]

@@ -241,6 +241,27 @@ class TuneStore:
             self._kept.pop(str(self.path(ident)), None)
         return p
 
+    def put(self, data: bytes) -> Path | None:
+        """Store a record another process wrote (its bytes, as its store wrote them) under the
+        name its identity gives; None when this store cannot be written (a warning says why).
+        ValueError for bytes that are no tuning record."""
+        try:
+            rec = json.loads(data)
+            ident = rec["identity"]
+            ok = isinstance(ident, dict) and _valid_record(rec, ident) and ident.get("schema") == SCHEMA
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise ValueError("not a tuning record of this cuteforge")
+        try:
+            p = self._dir(ident, create=True) / self._name(ident)
+            trust.atomic_write(p, data)
+        except Exception as e:  # noqa: BLE001 - reported, as `save` reports it
+            trust.warn_once(f"tune-store:{self.root}", f"cuteforge autotune: could not store tuning results in {self.root} "
+                            f"({type(e).__name__}: {e})", stacklevel=3)
+            return None
+        return p
+
 
 def times_from_record(rec: Mapping[str, Any], configs: list[Any]) -> dict[Any, float] | None:
     """Stored medians for `configs`, or None when any of them was not part of the sweep."""

@@ -20,6 +20,9 @@
    than `keep_default` (2 %): on a power-limited GPU (a large GEMM on an H100) repeated
    sweeps move single configs by up to ~4 %, and a pick made on noise can run slower than
    the default elsewhere (docs/kernels/gemm.md).
+
+Steps 3 to 5 go through the current `Measurement` (`measure.py`: tensors, compile, check,
+timer), which a test swaps for a deterministic one to run the rest of the flow without a GPU.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from typing import Any
 from .. import arch as arch_mod
 from ..cache import STATS
 from ..kernel import CompileSpec, Kernel
-from .candidates import candidates, iter_ready, norm_params, resolve_kernel
+from .candidates import candidates, norm_params, resolve_kernel
+from .measure import Measurement, measurement
 from .store import Bucket, Problem, TuneStore, config_from_json, make_problem, times_from_record
-from .timer import GraphTimer, Timer, make_input_sets
+from .timer import Timer
 
 log = logging.getLogger("cuteforge")
 INF = float("inf")
@@ -105,33 +109,6 @@ def _dynamic_dims(kernel: Kernel, tensors: Sequence[Any]) -> dict[str, int]:
             if sym not in kernel.signature.static:
                 dims.setdefault(sym, int(n))
     return dims
-
-
-def _tolerance(dtype: Any) -> tuple[float, float]:
-    import torch
-
-    if not dtype.is_floating_point:
-        return 0.0, 0.0
-    return (1e-3, 1e-3) if dtype in (torch.float32, torch.float64) else (2e-2, 2e-2)
-
-
-def _check(fn: Any, tensors: Sequence[Any], out_idx: Sequence[int], expected: Any, rtol: float | None, atol: float | None, names: Sequence[str] = ()) -> str | None:
-    """Run once on the call's tensors (outputs poisoned first); the mismatch, or None."""
-    import torch
-
-    exp = list(expected) if isinstance(expected, (tuple, list)) else [expected]
-    for i in out_idx:
-        tensors[i].fill_(float("nan") if tensors[i].dtype.is_floating_point else -7)
-    fn(*tensors)
-    torch.cuda.synchronize()
-    for i, e in zip(out_idx, exp):
-        got = tensors[i]
-        r, a = _tolerance(got.dtype)
-        try:
-            torch.testing.assert_close(got, e.to(got.dtype), rtol=r if rtol is None else rtol, atol=a if atol is None else atol, equal_nan=True)
-        except AssertionError as err:
-            return f"wrong result in {names[i] if i < len(names) else i!r}: " + " ".join(str(err).split())[:400]
-    return None
 
 
 def tune(
@@ -240,25 +217,23 @@ def _sweep(k: Kernel, problem: Problem, base: CompileSpec, cands: list[Any], err
            reference: Callable[..., Any] | None, workers: int | None, timer: Timer | None, outputs: Sequence[str] | None, rtol: float | None, atol: float | None,
            st: TuneStore | None, rounds: int, warmup_ms: float, on_step: Callable[[str, Any, str], None] | None, t_start: float,
            keep_default: float) -> TuneResult:
+    meas: Measurement = measurement()
     if timer is None:
-        if arch_mod.compile_only():
+        if meas.needs_gpu and arch_mod.compile_only():
             raise RuntimeError(f"tuning {k.name} needs a GPU of the target arch {problem.arch} to time on; compile only with precompile_candidates()")
-        timer = GraphTimer()
+        timer = meas.timer()
     step = on_step or (lambda *a: None)
-    import torch
-
-    has_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors)
-    input_sets = make_input_sets(tensors) if has_cuda else [tuple(tensors)]
+    input_sets = meas.input_sets(tensors)
     expected = None
     out_idx = [k.signature.names.index(o) for o in outputs] if outputs else [len(k.signature.args) - 1]
     if reference is not None:
-        expected = reference(*tensors)
+        expected = meas.expected(reference, tensors)
     times: dict[Any, float] = {}
     samples: dict[Any, list[float]] = {}
     fns: dict[Any, Any] = {}
     n_timed = 0
     worker_compiles, parent_before = 0, STATS.compiles
-    for (_, _, c), fn, status, ms, err in iter_ready(k, [(base.key, params, c) for c in cands], problem.arch, workers):
+    for (_, _, c), fn, status, ms, err in meas.ready(k, [(base.key, params, c) for c in cands], problem.arch, workers):
         worker_compiles += status == "compiled"
         step("compiled", c, f"{status} {ms:.0f} ms")
         if fn is None:
@@ -266,7 +241,7 @@ def _sweep(k: Kernel, problem: Problem, base: CompileSpec, cands: list[Any], err
             log.info("cuteforge autotune: %s: %r scores inf: %s", k.name, c, errors[c])
             continue
         try:
-            bad = _check(fn, tensors, out_idx, expected, rtol, atol, k.signature.names) if expected is not None else None
+            bad = meas.check(fn, tensors, out_idx, expected, rtol, atol, k.signature.names) if expected is not None else None
             if bad is None:
                 timer(c, fn, input_sets)  # warm-up sample (the default timer captures its graph)
                 n_timed += 1
