@@ -1,0 +1,24 @@
+"""`cuteforge tune`: autotune a kernel for shapes, or compile every candidate (tune_cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .common import _params
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ..tune_cli import print_tune, tune_main
+
+    result = tune_main(
+        args.kernel, args.shapes, args.dtype, args.workers, args.compile_only, args.arch,
+        gpus=args.gpus, params=_params(args.param), force=args.force, progress=not args.json and sys.stderr.isatty(),
+        verbose=not args.json,
+    )
+    if args.json:
+        print(json.dumps({"command": "cuteforge " + " ".join(sys.argv[1:]), **result}, indent=1, default=str))
+    else:
+        print_tune(result)
+    return 0
