@@ -105,10 +105,10 @@ def test_fingerprint_changes_with_toolchain(monkeypatch: pytest.MonkeyPatch) -> 
     cache.fingerprint.cache_clear()
     base = cache.fingerprint("sm_90a")
     assert cache.fingerprint("sm_100a") != base
-    monkeypatch.setattr(cache, "toolchain_versions", lambda: (("nvidia-cutlass-dsl", "9.9.9"),))
+    monkeypatch.setattr(cache.key, "toolchain_versions", lambda: (("nvidia-cutlass-dsl", "9.9.9"),))
     cache.fingerprint.cache_clear()
     assert cache.fingerprint("sm_90a") != base
-    monkeypatch.setattr(cache, "package_source_hash", lambda: "changed")
+    monkeypatch.setattr(cache.key, "package_source_hash", lambda: "changed")
     cache.fingerprint.cache_clear()
     changed = cache.fingerprint("sm_90a")
     monkeypatch.undo()
