@@ -480,3 +480,130 @@ def test_cuteforge_choice_wins_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch
     torch.testing.assert_close(got, f(x, w))
     assert calls and set(calls) == {custom_ops.eps_to_bits(1e-6)}, calls  # the graph called it, with the op's eps
     torch._dynamo.reset()
+
+
+def test_passes_pickle_with_their_uuid() -> None:
+    """Every pass enable() installs is a module-level object that pickles (Inductor pickles
+    the config on some versions: a local class there bypassed the FX graph cache) and keeps
+    its uuid through the round trip."""
+    import pickle
+
+    from cuteforge.inductor import passes
+
+    assert ci.enable()
+    try:
+        for p in (config.pre_grad_custom_pass, config.post_grad_custom_post_pass):
+            assert type(p).__module__ == "cuteforge.inductor.passes" and "<locals>" not in type(p).__qualname__
+            back = pickle.loads(pickle.dumps(p))
+            assert type(back) is type(p) and back.uuid() == p.uuid() and p.uuid()
+        assert config.pre_grad_custom_pass.rewrites == tuple(sorted(rewrites.REWRITES))
+        assert isinstance(config.pre_grad_custom_pass, passes.CustomGraphPass)
+    finally:
+        ci.disable()
+
+
+def test_pass_uuid_follows_version_rewrites_and_prior(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cuteforge
+    from cuteforge.inductor.passes import CuteforgeKeyPass, CuteforgePreGradPass
+
+    every, only_softmax = CuteforgePreGradPass(), CuteforgePreGradPass(rewrites=["softmax"])
+    assert every.uuid() != only_softmax.uuid()
+    assert CuteforgePreGradPass(rewrites=reversed(rewrites.REWRITES)).uuid() == every.uuid()  # a set, not a list
+    with pytest.raises(ValueError, match="unknown rewrite"):
+        CuteforgePreGradPass(rewrites=["matmul"])
+    pre, key = every.uuid(), CuteforgeKeyPass().uuid()
+    monkeypatch.setattr(cuteforge, "__version__", "0.0.0-other")
+    assert CuteforgePreGradPass().uuid() != pre and CuteforgeKeyPass().uuid() != key
+
+    class Known(passes_base()):  # type: ignore[misc]
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            pass
+
+        def uuid(self) -> Any:
+            return "known-1"
+
+    assert CuteforgeKeyPass(Known()).uuid() != CuteforgeKeyPass().uuid()
+    assert CuteforgeKeyPass(lambda g: None).uuid() is None  # a prior the cache cannot key: as Inductor treats it
+    assert CuteforgePreGradPass(lambda g: None).uuid() is None
+
+
+def passes_base() -> type:
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    return CustomGraphPass
+
+
+def test_only_the_enabled_rewrites_apply() -> None:
+    m = _Block().to(torch.bfloat16)
+    with torch.no_grad():
+        gm = _dynamo_graph(m, torch.randn(4, 8, 64, dtype=torch.bfloat16))
+    counts = rewrites.rewrite_graph(gm.graph, require_gpu=False, only=["softmax", "rms_norm"])
+    assert set(counts) == {"softmax", "rms_norm"}, counts
+    targets = " ".join(_targets(gm))
+    assert "layer_norm" in targets and "cuteforge_inductor.layer_norm" not in targets
+
+
+_FX_CACHE_SCRIPT = r"""
+import json, sys
+import torch, torch._dynamo
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._inductor import config
+import cuteforge.inductor as ci
+from cuteforge.inductor import rewrites, support, switch
+
+support.sm90 = lambda device: True  # the rewrite applies to these CPU graphs
+switch._custom_choice = lambda *args: None  # the cuteforge extern choices are CUDA-only
+
+def f(x, w, b):
+    h = torch.softmax(F.layer_norm(x, (64,), w, b, 1e-5), -1)
+    return F.rms_norm(h, (64,), w, 1e-6)
+
+x, w, b = torch.randn(4, 64), torch.randn(64), torch.randn(64)
+runs = []
+for only in json.loads(sys.argv[1]):
+    ci.disable()
+    assert ci.enable(rewrites=only)
+    torch._dynamo.reset()
+    counters.clear()
+    seen = []
+    real = rewrites.rewrite_graph
+    rewrites.rewrite_graph = lambda g, **kw: seen.append(real(g, **kw)) or seen[-1]
+    with torch.no_grad(), config.patch(fx_graph_cache=True, max_autotune=True):
+        torch.compile(f)(x, w, b)
+    rewrites.rewrite_graph = real
+    runs.append({"counters": dict(counters["inductor"]), "rewrote": seen})
+print(json.dumps(runs))
+"""
+
+
+def test_fx_graph_cache_hits_with_enable(tmp_path: Any) -> None:
+    """With enable(), a graph the pre-grad pass rewrote is served by Inductor's FX graph cache:
+    a second compile after torch._dynamo.reset() and a compile in a fresh process hit it, and
+    none bypasses it; another set of rewrites is another key (a miss, not a stale hit). CPU
+    graphs with the device gate patched open, so the rewrite really runs; the cuteforge extern
+    choices (CUDA) are not offered, so this covers the cache key and the pickling, not a
+    graph that calls a cuteforge kernel."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), CUDA_VISIBLE_DEVICES="")
+    every = json.dumps([None, None, ["layer_norm"]])
+
+    def run(plan: str) -> list[dict[str, Any]]:
+        out = subprocess.run([sys.executable, "-c", _FX_CACHE_SCRIPT, plan], env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run(every)
+    fresh = run(json.dumps([None]))
+    runs = [*first, *fresh]
+    for r in runs:
+        assert r["counters"].get("fxgraph_cache_bypass", 0) == 0, r
+    assert first[0]["counters"].get("fxgraph_cache_miss") == 1 and first[0]["rewrote"] == [{"layer_norm": 1, "softmax": 1, "rms_norm": 1}]
+    assert first[1]["counters"].get("fxgraph_cache_hit") == 1, first[1]
+    assert first[2]["counters"].get("fxgraph_cache_miss") == 1 and first[2]["rewrote"] == [{"layer_norm": 1}], first[2]
+    assert fresh[0]["counters"].get("fxgraph_cache_hit") == 1, fresh[0]

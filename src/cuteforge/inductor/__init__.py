@@ -36,7 +36,9 @@ torch 2.11 and 2.13 (both read from source):
    timings; those with a cuteforge candidate are logged (logger `cuteforge.inductor`) and
    kept for `choices_log()`.
 
-The FX graph cache key follows the switch: a `CustomGraphPass` with a `uuid()` goes into
+The FX graph cache key follows the switch: both passes are module-level, picklable
+`CustomGraphPass` objects (`passes.py`) with a `uuid()` (cuteforge's version, this package's
+sources, the rewrites enabled, the prior pass's uuid); the key pass goes into
 `config.post_grad_custom_post_pass` (part of `FxGraphHashDetails` on both versions), so
 a graph compiled with cuteforge is never served to a run without it, and the reverse.
 
@@ -46,7 +48,8 @@ Every candidate calls the ordinary cuteforge ops, so their plan memo, on-disk co
 cache and stored tuning results serve Inductor's benchmarking and the compiled graph alike.
 
 Modules: `support` (version gate, where candidates apply), `custom_ops` (the ops and both
-sides of each selection), `gemm_choices` (seam 1), `rewrites` (seam 2's graph passes),
+sides of each selection), `gemm_choices` (seam 1), `rewrites` (seam 2's graph rewrite),
+`passes` (the pass objects in Inductor's config; imported by enable()),
 `selection_log` (seam 3), `switch` (enable / disable, seam 2's lowering and selection
 wrappers).
 """

@@ -1,18 +1,15 @@
-"""Seam 2: the pre-grad graph pass that rewrites softmax / log_softmax / rms_norm /
-layer_norm and Linear + act into `cuteforge_inductor::*` ops, and the key pass that puts
-"cuteforge enabled" into the FX graph cache key."""
+"""Seam 2: the graph rewrite of softmax / log_softmax / rms_norm / layer_norm and Linear + act
+into `cuteforge_inductor::*` ops (`rewrite_graph`). The pass objects enable() installs, which
+run it and key the FX graph cache, are in `passes.py`."""
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import operator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import selection_log, support
+from . import support
 from .custom_ops import (
     _layer_norm_nb_op,
     _layer_norm_op,
@@ -24,20 +21,6 @@ from .custom_ops import (
     _softmax_op,
     eps_to_bits,
 )
-
-log = logging.getLogger("cuteforge.inductor")
-
-
-def _module_uuid() -> str:
-    """The integration's sources and cuteforge's version: a graph compiled with one
-    version of the rewrites is never served to another."""
-    h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.read_bytes())
-    from .. import __version__
-
-    h.update(__version__.encode())
-    return h.hexdigest()
 
 
 def _arg(node: torch.fx.Node, i: int, name: str, default: Any = None) -> Any:
@@ -51,6 +34,9 @@ def _ev(node: Any) -> Any:
 
 
 _CHECK_DEVICE = [True]  # rewrite_graph(require_gpu=False) turns the sm_90 check off (CPU tests)
+# What rewrite_graph may rewrite: every kind it knows, or the `only` of the call in progress.
+REWRITES = ("softmax", "log_softmax", "rms_norm", "layer_norm", "linear_act")
+_ONLY: list[frozenset[str]] = [frozenset(REWRITES)]
 
 
 def _inference_tensor(t: Any) -> bool:
@@ -132,13 +118,26 @@ def _act_of(node: torch.fx.Node) -> str | None:
     return None
 
 
-def rewrite_graph(graph: torch.fx.Graph, *, require_gpu: bool = True) -> dict[str, int]:
+def check_rewrites(only: Any) -> frozenset[str]:
+    """`only` (names from REWRITES; None: all of them) as a set, or a ValueError naming the unknown."""
+    if only is None:
+        return frozenset(REWRITES)
+    names = frozenset([only] if isinstance(only, str) else only)
+    unknown = sorted(names - set(REWRITES))
+    if unknown:
+        raise ValueError(f"unknown rewrite(s) {unknown}; known: {', '.join(REWRITES)}")
+    return names
+
+
+def rewrite_graph(graph: torch.fx.Graph, *, require_gpu: bool = True, only: Any = None) -> dict[str, int]:
     """Rewrite supported patterns of a Dynamo (pre-grad) graph into cuteforge_inductor ops.
 
     Returns counts per op. `require_gpu=False` skips the device check (CPU tests of the
-    rewrite itself); everything else (no grad, static shapes, dtypes, last dim) still holds."""
+    rewrite itself); everything else (no grad, static shapes, dtypes, last dim) still holds.
+    `only`: the kinds to rewrite (names from REWRITES; default all)."""
     counts: dict[str, int] = {}
     _CHECK_DEVICE.append(require_gpu)
+    _ONLY.append(check_rewrites(only))
     try:
         for node in list(graph.nodes):
             if node.op not in ("call_function", "call_method"):
@@ -148,6 +147,7 @@ def rewrite_graph(graph: torch.fx.Graph, *, require_gpu: bool = True) -> dict[st
                 counts[new] = counts.get(new, 0) + 1
     finally:
         _CHECK_DEVICE.pop()
+        _ONLY.pop()
     if counts:
         graph.lint()
     return counts
@@ -178,9 +178,13 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
         if _arg(node, 3, "dtype") is not None or not _row_ok(_ev(x), dim, out) or not _buffered(x):
             return None
         log_ = _is(node, _LOG_SOFTMAX, "log_softmax")
+        if ("log_softmax" if log_ else "softmax") not in _ONLY[-1]:
+            return None
         _replace(graph, node, (_log_softmax_op if log_ else _softmax_op)._opoverload, (x,))
         return "log_softmax" if log_ else "softmax"
     if _is(node, _RMS):
+        if "rms_norm" not in _ONLY[-1]:
+            return None
         x, shape, w, eps = node.args[0], _arg(node, 1, "normalized_shape"), _arg(node, 2, "weight"), _arg(node, 3, "eps")
         xv = _ev(x)
         if w is None or not _norm_ok(xv, shape, [_ev(w)], out) or not _buffered(x):
@@ -191,6 +195,8 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
         _replace(graph, node, _rms_norm_op._opoverload, (x, w, bits))
         return "rms_norm"
     if _is(node, _LAYER):
+        if "layer_norm" not in _ONLY[-1]:
+            return None
         x, shape, w, b, eps = (node.args[0], _arg(node, 1, "normalized_shape"), _arg(node, 2, "weight"),
                                _arg(node, 3, "bias"), _arg(node, 4, "eps", 1e-5))
         ws = [_ev(w)] + ([_ev(b)] if b is not None else [])
@@ -203,7 +209,7 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
             _replace(graph, node, _layer_norm_op._opoverload, (x, w, b, bits))
         return "layer_norm"
     act = _act_of(node)
-    if act is not None:
+    if act is not None and "linear_act" in _ONLY[-1]:
         lin = node.args[0]
         if not (isinstance(lin, torch.fx.Node) and _is(lin, _LINEAR) and len(lin.users) == 1):
             return None
@@ -222,64 +228,3 @@ def _rewrite_node(graph: torch.fx.Graph, node: torch.fx.Node) -> str | None:
         graph.erase_node(lin)
         return f"linear_{act}"
     return None
-
-
-def _pass_base() -> type:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    return CustomGraphPass
-
-
-class _Passes:
-    """Built lazily (CustomGraphPass imports Inductor)."""
-
-    pre: type | None = None
-    key: type | None = None
-
-
-def _pass_classes() -> tuple[type, type]:
-    if _Passes.pre is None:
-        base = _pass_base()
-
-        class CuteforgePreGradPass(base):  # type: ignore[misc, valid-type]
-            """config.pre_grad_custom_pass: the rewrite, then whatever pass was there before."""
-
-            def __init__(self, prior: Any) -> None:
-                self.prior = prior
-
-            def __call__(self, graph: torch.fx.Graph) -> None:
-                if support.autotuning():
-                    counts = rewrite_graph(graph)
-                    if counts:
-                        selection_log.ensure_feedback()
-                        log.info("cuteforge.inductor: rewrote %s", counts)
-                _run_prior(self.prior, graph)
-
-            def uuid(self) -> Any:
-                return ("cuteforge-pre", _module_uuid(), _prior_uuid(self.prior))
-
-        class CuteforgeKeyPass(base):  # type: ignore[misc, valid-type]
-            """config.post_grad_custom_post_pass: changes no graph (runs the prior pass);
-            its uuid puts 'cuteforge enabled' into the FX graph cache key."""
-
-            def __init__(self, prior: Any) -> None:
-                self.prior = prior
-
-            def __call__(self, graph: torch.fx.Graph) -> None:
-                _run_prior(self.prior, graph)
-
-            def uuid(self) -> Any:
-                return ("cuteforge-key", _module_uuid(), _prior_uuid(self.prior))
-
-        _Passes.pre, _Passes.key = CuteforgePreGradPass, CuteforgeKeyPass
-    return _Passes.pre, _Passes.key  # type: ignore[return-value]
-
-
-def _run_prior(prior: Any, graph: torch.fx.Graph) -> None:
-    for p in prior if isinstance(prior, (list, tuple)) else ([prior] if prior is not None else []):
-        p(graph)
-
-
-def _prior_uuid(prior: Any) -> Any:
-    ps = prior if isinstance(prior, (list, tuple)) else ([prior] if prior is not None else [])
-    return tuple(p.uuid() if hasattr(p, "uuid") else repr(p) for p in ps)

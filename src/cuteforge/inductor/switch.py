@@ -9,7 +9,7 @@ import inspect
 import logging
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -17,7 +17,7 @@ import torch
 from . import selection_log
 from .custom_ops import AUTOTUNED, _linear_act_op, _linear_bias_act_op, extern_choice
 from .gemm_choices import GEMM_OPS, _wrap_get_template_configs
-from .rewrites import _pass_classes
+from .rewrites import check_rewrites
 from .support import unsupported_reason
 
 log = logging.getLogger("cuteforge.inductor")
@@ -104,12 +104,24 @@ def is_enabled() -> bool:
     return _STATE is not None
 
 
-def enable() -> bool:
+def enable(rewrites: Iterable[str] | None = None) -> bool:
     """Offer cuteforge kernels to torch.compile(mode="max-autotune"). Idempotent. On a torch
-    this module does not support: warns once, changes nothing, returns False."""
+    this module does not support: warns once, changes nothing, returns False.
+
+    `rewrites`: which ops the pre-grad pass hands to cuteforge (names from
+    `rewrites.REWRITES`: softmax, log_softmax, rms_norm, layer_norm, linear_act; default
+    all); part of the pass's uuid, so the FX graph cache keeps graphs of different sets
+    apart. Called again with another set, it replaces the pass's set."""
     global _STATE, _WARNED
+    only = check_rewrites(rewrites)
     with _LOCK:
         if _STATE is not None:
+            from torch._inductor import config
+
+            from .passes import CuteforgePreGradPass
+
+            if set(config.pre_grad_custom_pass.rewrites) != only:
+                config.pre_grad_custom_pass = CuteforgePreGradPass(_STATE["pre_grad_custom_pass"], only)
             return True
         reason = unsupported_reason()
         if reason is not None:
@@ -130,7 +142,8 @@ def enable() -> bool:
             # them runs, including one the FX graph cache serves to a fresh process
             extern_choice(op_name)
 
-        pre_cls, key_cls = _pass_classes()
+        from .passes import CuteforgeKeyPass, CuteforgePreGradPass
+
         user = getattr(lowering, "user_lowerings", None)  # 2.13: register_* writes here; 2.11: lowerings
         state: dict[str, Any] = {
             "get_template_configs": InductorChoices.__dict__["get_template_configs"],
@@ -156,8 +169,8 @@ def enable() -> bool:
                     state["extern_names"].append(fb)
         try:
             InductorChoices.get_template_configs = _wrap_get_template_configs(state["get_template_configs"])
-            config.pre_grad_custom_pass = pre_cls(state["pre_grad_custom_pass"])
-            config.post_grad_custom_post_pass = key_cls(state["post_grad_custom_post_pass"])
+            config.pre_grad_custom_pass = CuteforgePreGradPass(state["pre_grad_custom_pass"], only)
+            config.post_grad_custom_post_pass = CuteforgeKeyPass(state["post_grad_custom_post_pass"])
             custom_op.autotune_select_algorithm = _wrap_select(state["autotune_select_algorithm"])
             for op, name, decomps, _ in AUTOTUNED:
                 register_custom_op_autotuning(op, configs=[CustomOpConfig(d) for d in decomps], name=name)
