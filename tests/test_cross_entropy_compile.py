@@ -284,17 +284,20 @@ def _reference_red_launcher(calls, works):
 
 
 def _patch_kernels(monkeypatch, ce):
+    import sys
+
+    launch = sys.modules["cuteforge.ops.cross_entropy_launch"]
     calls: list = []
     works: list = []
-    monkeypatch.setattr(ce, "_fwd_launcher", _reference_launcher(calls))
-    monkeypatch.setattr(ce, "_red_key", lambda logits, target: ("key", logits.dtype, logits.shape[1]))
-    monkeypatch.setattr(ce, "_red_get", _reference_red_launcher(calls, works))
+    monkeypatch.setattr(launch, "_fwd_launcher", _reference_launcher(calls))
+    monkeypatch.setattr(launch, "_red_key", lambda logits, target: ("key", logits.dtype, logits.shape[1]))
+    monkeypatch.setattr(launch, "_red_get", _reference_red_launcher(calls, works))
     # the row config without a store lookup (which binds CUDA tensors): the heuristic
-    monkeypatch.setattr(ce, "_row_config", lambda lg, tg, ii: ce.config_for(lg.shape[1], lg.element_size() * 8))
+    monkeypatch.setattr(launch, "_row_config", lambda lg, tg, ii: launch.config_for(lg.shape[1], lg.element_size() * 8))
     monkeypatch.setattr(ce, "_PLANS", {})
-    monkeypatch.setattr(ce, "_RED", {})
-    # the C++ autograd node without a kernel: every backward takes its fallback, ce._bwd
-    monkeypatch.setattr(ce, "_bwd_kernel", lambda *args: None)
+    monkeypatch.setattr(launch, "_RED", {})
+    # the C++ autograd node without a kernel: every backward takes its fallback, launch._bwd
+    monkeypatch.setattr(launch, "_bwd_kernel", lambda *args: None)
     monkeypatch.setattr(ce, "_NODE_PLANS", {})
     import torch
 
@@ -370,6 +373,7 @@ def test_eager_grad_path_one_launch(monkeypatch, native_node):
     import cuteforge.ops  # noqa: F401
 
     ce = sys.modules["cuteforge.ops.cross_entropy"]
+    launch = sys.modules["cuteforge.ops.cross_entropy_launch"]  # the kernels' launchers
     calls, works = _patch_kernels(monkeypatch, ce)
     if not native_node:
         monkeypatch.setattr(ce.native, "module", lambda: None)
@@ -384,7 +388,7 @@ def test_eager_grad_path_one_launch(monkeypatch, native_node):
         torch.testing.assert_close(lse, torch.logsumexp(logits.float(), 1))
         return ((p - onehot) * torch.where(keep, dloss, 0.0)[:, None]).to(logits.dtype)
 
-    monkeypatch.setattr(ce, "_bwd", bwd)
+    monkeypatch.setattr(launch, "_bwd", bwd)
     t = torch.tensor([1, -100, 3, 39, 0, 3])
     for dt in (torch.float32, torch.bfloat16):
         for red in ("mean", "sum"):
@@ -417,8 +421,9 @@ def test_no_grad_plan_compiles_on_first_run(monkeypatch):
     import cuteforge.ops  # noqa: F401
 
     ce = sys.modules["cuteforge.ops.cross_entropy"]
+    launch = sys.modules["cuteforge.ops.cross_entropy_launch"]  # the kernels' launchers
     calls, _ = _patch_kernels(monkeypatch, ce)
-    monkeypatch.setattr(ce, "_bwd", lambda logits, *a: torch.zeros_like(logits))
+    monkeypatch.setattr(launch, "_bwd", lambda logits, *a: torch.zeros_like(logits))
     x, t = torch.randn(6, 40, requires_grad=True), torch.tensor([1, -100, 3, 39, 0, 3])
     ce.cross_entropy(x, t).backward()
     ce.cross_entropy(x, t).backward()
@@ -439,7 +444,7 @@ def test_reduce_launcher_params_match_precompile(monkeypatch):
     import cuteforge.ops  # noqa: F401
     from cuteforge.kernels.cross_entropy.spec import cross_entropy_fwd_reduce
 
-    ce = sys.modules["cuteforge.ops.cross_entropy"]
+    launch = sys.modules["cuteforge.ops.cross_entropy_launch"]  # the kernels' launchers
     asked: list = []
 
     class Fake:  # the registered kernel, on a CPU: records what it is asked for
@@ -454,12 +459,12 @@ def test_reduce_launcher_params_match_precompile(monkeypatch):
             asked.append(params)
             return lambda *a: None
 
-    monkeypatch.setattr(ce, "cross_entropy_fwd_reduce", Fake)
-    monkeypatch.setattr(ce, "_RED", {})
-    monkeypatch.setattr(ce, "_row_config", lambda lg, tg, ii: ce.config_for(lg.shape[1], lg.element_size() * 8))
-    fn, words = ce._red_launcher(torch.randn(6, 40), torch.zeros(6, dtype=torch.long), -100, True, True)
+    monkeypatch.setattr(launch, "cross_entropy_fwd_reduce", Fake)
+    monkeypatch.setattr(launch, "_RED", {})
+    monkeypatch.setattr(launch, "_row_config", lambda lg, tg, ii: launch.config_for(lg.shape[1], lg.element_size() * 8))
+    fn, words = launch._red_launcher(torch.randn(6, 40), torch.zeros(6, dtype=torch.long), -100, True, True)
     _, params = next(iter(cross_entropy_fwd_reduce.specializations()))
-    assert asked == [tuple(sorted(params.items()))] and callable(fn) and words == ce.work_words(1)
+    assert asked == [tuple(sorted(params.items()))] and callable(fn) and words == launch.work_words(1)
 
 
 def test_beyond_two_levels_reduces_with_torch(monkeypatch):
@@ -473,9 +478,10 @@ def test_beyond_two_levels_reduces_with_torch(monkeypatch):
     import cuteforge.ops  # noqa: F401
 
     ce = sys.modules["cuteforge.ops.cross_entropy"]
+    launch = sys.modules["cuteforge.ops.cross_entropy_launch"]  # the kernels' launchers
     calls, works = _patch_kernels(monkeypatch, ce)
-    monkeypatch.setattr(ce, "reduce_fits", lambda ctas, threads: False)
-    monkeypatch.setattr(ce, "_bwd", lambda logits, target, lse, dloss, ii: torch.full_like(logits, float(dloss[0])))
+    monkeypatch.setattr(launch, "reduce_fits", lambda ctas, threads: False)
+    monkeypatch.setattr(launch, "_bwd", lambda logits, target, lse, dloss, ii: torch.full_like(logits, float(dloss[0])))
     x, t = torch.randn(6, 40), torch.tensor([1, -100, 3, 39, 0, 3])
     for red in ("mean", "sum"):
         torch.testing.assert_close(ce.cross_entropy(x, t, reduction=red), F.cross_entropy(x, t, reduction=red))
@@ -495,10 +501,10 @@ def test_mean_and_sum_take_the_reduced_kernel_at_any_n() -> None:
     from cuteforge.kernels.cross_entropy import device as k
     from cuteforge.kernels.cross_entropy import spec
 
-    ce = importlib.import_module("cuteforge.ops.cross_entropy")  # (the package attribute is the function)
+    launch = importlib.import_module("cuteforge.ops.cross_entropy_launch")
 
     def words(m: int, n: int, dt: torch.dtype) -> int:
-        return ce._red_words(torch.empty(m, n, dtype=dt, device="meta"), k.ce_config(n, dt.itemsize * 8))
+        return launch._red_words(torch.empty(m, n, dtype=dt, device="meta"), k.ce_config(n, dt.itemsize * 8))
 
     for n in (16385, 65536, 131072):
         assert words(32768, n, torch.bfloat16) > 0 and words(32768, n, torch.float16) > 0

@@ -44,30 +44,21 @@ from typing import Any
 
 import torch
 
-from ..kernels.cross_entropy.kernels import WORK_ZERO, reduce_fits, work_words
-from ..kernels.cross_entropy.spec import (
-    config_for,
-    cross_entropy_bwd,
-    cross_entropy_fwd,
-    cross_entropy_fwd_reduce,
-)
-from ..kernels.reduce.row import RowReduceConfig
+from ..kernels.cross_entropy.kernels import WORK_ZERO
 from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
 from ..signature import FLOAT_DTYPES
 from ..workspace import stream_workspace
+from . import cross_entropy_launch as launch
+from .cross_entropy_launch import _MAX_PLANS, _WHERE
+from .cross_entropy_launch import _fwd as _fwd  # ops.linear_cross_entropy calls it here
 from .registered import define
 
 __all__ = ["cross_entropy", "CHECK_TARGETS"]
 
 CHECK_TARGETS = os.environ.get("CUTEFORGE_CHECK_TARGETS", "") not in ("", "0")
 _REDUCTIONS = ("mean", "sum", "none")
-_MAX_PLANS = 4096
-_FWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
-_BWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
-_RED: dict[tuple[Any, ...], Callable[..., Any]] = {}
-_WHERE = "cuteforge.ops.cross_entropy"
 
 
 def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
@@ -108,91 +99,6 @@ def _check_targets(target: torch.Tensor, n: int, ignore_index: int) -> None:
         )
 
 
-def _key(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[Any, ...]:
-    # pointers only through their 16-byte alignment (it decides the compiled variant)
-    return (logits.dtype, logits.shape, logits.stride(), logits.data_ptr() & 15, target.dtype, target.data_ptr() & 15,
-            logits.get_device(), ignore_index)
-
-
-def _skip(*args: Any) -> None:
-    """M == 0: nothing to launch."""
-
-
-def _tuned(kernel: Any, key: Any, ignore_index: int, logits: torch.Tensor) -> Any:
-    """A stored tuning result (`cuteforge tune cross_entropy_fwd` / `_bwd`) for this call,
-    else the heuristic. `lookup` has checked it against the kernel's validate hook."""
-    from ..autotune import lookup  # slow path only
-
-    m, n = logits.shape
-    cfg = lookup(kernel, key, (("ignore_index", ignore_index),), {"M": m})
-    return cfg if isinstance(cfg, RowReduceConfig) else config_for(n, logits.element_size() * 8,
-                                                                   kernel is cross_entropy_bwd)
-
-
-def _row_config(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Any:
-    """The forward's row config (M > 0). The reduced forward runs the per-row forward's
-    row loop, so it takes the same config: a stored result for `cross_entropy_fwd` and
-    this layout, or the heuristic."""
-    loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-    key = cross_entropy_fwd.signature.bind((logits, target, loss, loss), _WHERE)
-    return _tuned(cross_entropy_fwd, key, ignore_index, logits)
-
-
-def _fwd_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Callable[..., Any]:
-    m, n = logits.shape
-    loss = torch.empty(m, dtype=torch.float32, device=logits.device)
-    key = cross_entropy_fwd.signature.bind((logits, target, loss, loss), _WHERE)
-    fn: Callable[..., Any] = _skip
-    if m > 0:
-        params = (("ignore_index", ignore_index),)
-        fn = cross_entropy_fwd.get(key, params, _tuned(cross_entropy_fwd, key, ignore_index, logits))
-    if len(_FWD) >= _MAX_PLANS:
-        _FWD.clear()
-    _FWD[_key(logits, target, ignore_index)] = fn
-    return fn
-
-
-def _red_key(logits: torch.Tensor, target: torch.Tensor) -> Any:
-    """Validate a reduced forward's call and return its BoundKey (the same with and
-    without lse, and for any workspace: their lengths are dynamic dims of their own)."""
-    dev = logits.device
-    out = torch.empty(1, dtype=logits.dtype, device=dev)
-    lse = torch.empty(1, dtype=torch.float32, device=dev)
-    work = torch.empty(4, dtype=torch.int32, device=dev)
-    return cross_entropy_fwd_reduce.signature.bind((logits, target, out, lse, work), _WHERE)
-
-
-def _red_words(logits: torch.Tensor, cfg: Any) -> int:
-    """The workspace words a reduced forward of these logits under `cfg` needs, or 0 where
-    the caller reduces with torch ops instead: a grid beyond kernels.reduce_fits (the
-    reduced kernel is level with or ahead of the per-row kernel + torch reduction at
-    every N, docs/kernels/cross_entropy.md)."""
-    m = logits.shape[0]
-    ctas = -(-m // cfg.rows_per_cta)
-    return work_words(ctas) if reduce_fits(ctas, cfg.threads) else 0
-
-
-def _red_get(key: Any, cfg: Any, ignore_index: int, mean: bool, with_lse: bool) -> Callable[..., Any]:
-    """fn(logits, target, out (1,), lse, work): compiled once ever, loaded, or an L1 hit."""
-    params = (("ignore_index", ignore_index), ("lse", with_lse), ("mean", mean))  # sorted, as precompile's
-    return cross_entropy_fwd_reduce.get(key, params, cfg)
-
-
-def _red_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
-                  with_lse: bool) -> tuple[Callable[..., Any] | None, int]:
-    """(reduced forward, workspace words) for this layout (M >= 1), memoized in _RED;
-    (None, 0) where the grid is beyond kernels.reduce_fits."""
-    cfg = _row_config(logits, target, ignore_index)
-    words = _red_words(logits, cfg)
-    fn = None
-    if words:
-        fn = _red_get(_red_key(logits, target), cfg, ignore_index, mean, with_lse)
-    if len(_RED) >= _MAX_PLANS:
-        _RED.clear()
-    _RED[(*_key(logits, target, ignore_index), mean, with_lse)] = fn, words
-    return fn, words
-
-
 WORKSPACE_OWNER = "cross_entropy"  # its key in cuteforge.workspace
 
 
@@ -206,54 +112,11 @@ def _empty_result(logits: torch.Tensor, mean: bool) -> torch.Tensor:
     return logits.new_full((), float("nan") if mean else 0.0)
 
 
-def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row (loss, lse), fp32. The custom op's body and the eager path."""
-    if target.stride(0) != 1:
-        target = target.contiguous()
-    try:
-        fn = _FWD[_key(logits, target, ignore_index)]
-    except (AttributeError, KeyError, TypeError):
-        fn = _fwd_launcher(logits, target, ignore_index)
-    m = logits.shape[0]
-    loss = logits.new_empty(m, dtype=torch.float32)
-    lse = logits.new_empty(m, dtype=torch.float32)
-    fn(logits, target, loss, lse)
-    return loss, lse
-
-
-def _bwd_kernel(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, dlogits: torch.Tensor,
-                ignore_index: int) -> Any:
-    """The compiled backward for these operands (M > 0)."""
-    key = cross_entropy_bwd.signature.bind((logits, target, lse, dloss, dlogits), _WHERE)
-    return cross_entropy_bwd.get(key, (("ignore_index", ignore_index),), _tuned(cross_entropy_bwd, key, ignore_index, logits))
-
-
-def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """dlogits for a per-row loss gradient `dloss` (ignored rows get zeros in the kernel)."""
-    m, n = logits.shape
-    dlogits = torch.empty((m, n), dtype=logits.dtype, device=logits.device)
-    if m == 0:
-        return dlogits
-    if target.stride(0) != 1:
-        target = target.contiguous()
-    if dloss.dtype != torch.float32 or dloss.stride(0) != 1:
-        dloss = dloss.float().contiguous()  # the mean/sum backward hands in an expanded scalar
-    k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15, lse.data_ptr() & 15, dloss.data_ptr() & 15)
-    fn = _BWD.get(k)
-    if fn is None:
-        fn = _bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
-        if len(_BWD) >= _MAX_PLANS:
-            _BWD.clear()
-        _BWD[k] = fn
-    fn(logits, target, lse, dloss, dlogits)
-    return dlogits
-
-
 # --- torch.library registration (torch.compile) and the eager autograd path --------------
 
 
 def _fwd_impl(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(logits, target, ignore_index)
+    return launch._fwd(logits, target, ignore_index)
 
 
 def _fwd_fake(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,7 +127,7 @@ def _fwd_fake(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> 
 
 def _bwd_impl(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
               ignore_index: int) -> torch.Tensor:
-    return _bwd(logits, target, lse, dloss, ignore_index)
+    return launch._bwd(logits, target, lse, dloss, ignore_index)
 
 
 def _bwd_fake(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
@@ -284,9 +147,9 @@ def _fwd_op_plan(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) 
     if not _in_place(logits, target):
         return None
     try:
-        fn = _FWD[_key(logits, target, ignore_index)]
+        fn = launch._FWD[launch._key(logits, target, ignore_index)]
     except KeyError:
-        fn = _fwd_launcher(logits, target, ignore_index)
+        fn = launch._fwd_launcher(logits, target, ignore_index)
     m = logits.shape[0]
     IN, OUT = native_launch.INPUT, native_launch.OUTPUT
     return native_launch.runner("cuteforge::cross_entropy_fwd", fn, logits.device, 2, [((m,), torch.float32)] * 2,
@@ -301,7 +164,7 @@ def _bwd_op_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, 
         return None
     m, n = logits.shape
     dlogits = torch.empty((m, n), dtype=logits.dtype, device=logits.device)
-    fn = _bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
+    fn = launch._bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
     IN, OUT = native_launch.INPUT, native_launch.OUTPUT
     return native_launch.runner("cuteforge::cross_entropy_bwd", fn, logits.device, 4, [((m, n), logits.dtype)],
                                 [native.arg(IN, 0, logits), native.contiguous_arg(IN, 1, (m,)),
@@ -336,7 +199,7 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
-        loss, lse = _fwd(logits, target, ignore_index)
+        loss, lse = launch._fwd(logits, target, ignore_index)
         ctx.ignore_index = ignore_index
         ctx.save_for_backward(logits, target, lse)
         return loss
@@ -344,7 +207,7 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g_loss: torch.Tensor) -> tuple[Any, None, None]:
         logits, target, lse = ctx.saved_tensors
-        return _bwd(logits, target, lse, g_loss, ctx.ignore_index), None, None
+        return launch._bwd(logits, target, lse, g_loss, ctx.ignore_index), None, None
 
 
 def _reduced_with_lse(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
@@ -353,9 +216,9 @@ def _reduced_with_lse(logits: torch.Tensor, target: torch.Tensor, ignore_index: 
     target: lse (M + 1) holds each row's logsumexp and, at lse[M], the count of rows not
     ignored. None where the grid is beyond the kernel's two levels."""
     try:
-        fn, words = _RED[(*_key(logits, target, ignore_index), mean, True)]
+        fn, words = launch._RED[(*launch._key(logits, target, ignore_index), mean, True)]
     except KeyError:
-        fn, words = _red_launcher(logits, target, ignore_index, mean, True)
+        fn, words = launch._red_launcher(logits, target, ignore_index, mean, True)
     if fn is None:
         return None
     lse = logits.new_empty(logits.shape[0] + 1, dtype=torch.float32)
@@ -382,7 +245,7 @@ class _EagerReduced(torch.autograd.Function):
             target = target.contiguous()
         reduced = _reduced_with_lse(logits, target, ignore_index, mean)
         if reduced is None:  # a grid beyond the kernel's two levels: torch reduces the rows' losses
-            loss, lse = _fwd(logits, target, ignore_index)
+            loss, lse = launch._fwd(logits, target, ignore_index)
             count = target.ne(ignore_index).sum()
             ctx.save_for_backward(logits, target, torch.cat([lse, count.float().view(1)]))
             return _reduce(loss, target, "mean" if mean else "sum", ignore_index, dtype)
@@ -397,8 +260,8 @@ class _EagerReduced(torch.autograd.Function):
         scale = g.float()
         if ctx.mean:
             scale = scale / lse[m]  # the count (fp32), as torch divides by it
-        # a stride-0 (M,) view: _bwd materializes it as the kernel's contiguous dloss
-        return _bwd(logits, target, lse[:m], scale.expand(m), ctx.ignore_index), None, None, None, None
+        # a stride-0 (M,) view: launch._bwd materializes it as the kernel's contiguous dloss
+        return launch._bwd(logits, target, lse[:m], scale.expand(m), ctx.ignore_index), None, None, None, None
 
 
 # --- the C++ autograd node (cuteforge.native): the eager backward without a Python node ---
@@ -415,7 +278,7 @@ def _node_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ig
     rows_lse = lse[:m]
     dloss = torch.empty(m, dtype=torch.float32, device=logits.device)
     dlogits = torch.empty((m, n), dtype=logits.dtype, device=logits.device)
-    fn = _bwd_kernel(logits, target, rows_lse, dloss, dlogits, ignore_index)
+    fn = launch._bwd_kernel(logits, target, rows_lse, dloss, dlogits, ignore_index)
     grad = native.grad_scalar_rows(m, 2 if mean else -1) if reduced else native.grad_as_is(dloss)
 
     def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
@@ -425,8 +288,8 @@ def _node_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ig
             scale = torch.zeros((), device=lg.device) if g is None else g.float()
             if mean:
                 scale = scale / ls[m]
-            return [_bwd(lg, t, ls[:m], scale.expand(m), ignore_index)]
-        return [_bwd(lg, t, ls, lg.new_zeros(m, dtype=torch.float32) if g is None else g, ignore_index)]
+            return [launch._bwd(lg, t, ls[:m], scale.expand(m), ignore_index)]
+        return [launch._bwd(lg, t, ls, lg.new_zeros(m, dtype=torch.float32) if g is None else g, ignore_index)]
 
     args = [native.arg(native.SAVED, 0, logits), native.contiguous_arg(native.SAVED, 1, (m,)),
             native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.GRAD, 0, (m,)),
@@ -437,7 +300,7 @@ def _node_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ig
 
 def _plan_for(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int, reduced: bool,
               mean: bool) -> Any:
-    key = (*_key(logits, target, ignore_index), lse.shape, reduced, mean)
+    key = (*launch._key(logits, target, ignore_index), lse.shape, reduced, mean)
     plan = _NODE_PLANS.get(key)
     if plan is None:
         if len(_NODE_PLANS) >= _MAX_PLANS:
@@ -454,7 +317,7 @@ def _native_autograd(logits: torch.Tensor, target: torch.Tensor, ignore_index: i
     if native.module() is None or native.forward_ad_active() or m == 0 or target.stride(0) != 1:
         return None
     if reduction == "none":
-        loss, lse = _fwd(logits, target, ignore_index)
+        loss, lse = launch._fwd(logits, target, ignore_index)
         native.attach(_plan_for(logits, target, lse, ignore_index, False, False), [logits], [loss],
                       [logits, target, lse])
         return loss.to(logits.dtype)
@@ -504,10 +367,10 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
     m, dtype, f32 = logits.shape[0], logits.dtype, torch.float32
     same = dtype == f32
     # mean / sum: the row config the reduced forward shares with the per-row one
-    cfg = _row_config(logits, tgt, ignore_index) if reduction != "none" and m > 0 else None
+    cfg = launch._row_config(logits, tgt, ignore_index) if reduction != "none" and m > 0 else None
 
     if reduction == "none":
-        fn = _fwd_launcher(logits, tgt, ignore_index)
+        fn = launch._fwd_launcher(logits, tgt, ignore_index)
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             if copy:
@@ -517,14 +380,14 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
             return loss if same else loss.to(dtype)
 
     elif m == 0:
-        _red_key(logits, tgt)  # validates; nothing to launch
+        launch._red_key(logits, tgt)  # validates; nothing to launch
         mean = reduction == "mean"
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return _empty_result(lg, mean)
 
-    elif not _red_words(logits, cfg):  # a grid beyond the reduced kernel's two levels
-        fn = _fwd_launcher(logits, tgt, ignore_index)
+    elif not launch._red_words(logits, cfg):  # a grid beyond the reduced kernel's two levels
+        fn = launch._fwd_launcher(logits, tgt, ignore_index)
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             if copy:
@@ -536,15 +399,15 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
     else:
         # validated now; compiled on the first call without grad (a call with grad runs
         # the variant with lse instead: _EagerReduced), then this plan replaces itself
-        key = _red_key(logits, tgt)
-        words = _red_words(logits, cfg)
+        key = launch._red_key(logits, tgt)
+        words = launch._red_words(logits, cfg)
         args = (cfg, ignore_index, reduction == "mean", False)
         unused = logits.new_empty(1, dtype=f32)  # the lse argument, never touched without lse
         device = logits.get_device()
         memo = _memo_key(logits, target, reduction, ignore_index)
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            red = _red_get(key, *args)
+            red = launch._red_get(key, *args)
 
             def fast(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
                 if copy:
