@@ -758,8 +758,9 @@ def test_eager_warm_path_memo_key(monkeypatch):
 
     nm = sys.modules["cuteforge.ops.norm"]
     builds: list = []
-    monkeypatch.setattr(nm, "_check", lambda *a: None)  # CPU tensors: the CUDA check would refuse them
-    monkeypatch.setattr(nm, "_fwd_plan", _norm_reference_plan(builds))
+    launch = sys.modules["cuteforge.ops.norm_launch"]  # the kernels' launchers
+    monkeypatch.setattr(launch, "_check", lambda *a: None)  # CPU tensors: the CUDA check would refuse them
+    monkeypatch.setattr(launch, "_fwd_plan", _norm_reference_plan(builds))
     monkeypatch.setattr(nm, "_EAGER", {})
     x = torch.randn(6, 32)
     w = torch.randn(32)
