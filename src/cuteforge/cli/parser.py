@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--param", action="append", metavar="NAME=VALUE",
                    help="a problem parameter (repeatable), e.g. op=amax (row_reduce), mode=log_softmax "
                    "(softmax_*), kind=layer (norm_fwd), ignore_index=-1 (cross_entropy_*), act=gelu (gemm_sm90_*)")
+    s.add_argument("--distributed", action="store_true", help="under torchrun (one GPU a rank, cuda:LOCAL_RANK): "
+                   "the ranks split the shapes and gather the tuning records to rank 0, which writes them into its "
+                   "tuning store (or --bundle); works across hosts (torch.distributed, gloo)")
+    s.add_argument("--bundle", metavar="OUT", help="with --distributed: rank 0 writes the records, with each "
+                   "problem's winning compiled object, into a new kernel bundle at OUT")
     s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("viz", help="render a CuTe layout or thread-value layout to SVG/PNG")

@@ -15,8 +15,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     result = tune_main(
         args.kernel, args.shapes, args.dtype, args.workers, args.compile_only, args.arch,
         gpus=args.gpus, params=_params(args.param), force=args.force, progress=not args.json and sys.stderr.isatty(),
-        verbose=not args.json,
+        verbose=not args.json, distributed=args.distributed, bundle=args.bundle,
     )
+    if result is None:  # a rank other than 0 of a distributed run: rank 0 reports
+        return 0
     if args.json:
         print(json.dumps({"command": "cuteforge " + " ".join(sys.argv[1:]), **result}, indent=1, default=str))
     else:
