@@ -113,28 +113,18 @@ def _cmp(a: Any, b: Any, op: str) -> Any:
     return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[op]
 
 
-def lt(a: Any, b: Any) -> Any:
-    return _cmp(a, b, "lt")
+def _comparison(op: str) -> Any:
+    """The fusion op `op` (lt, le, ...): `_cmp` under the op's own name."""
+
+    def compare(a: Any, b: Any) -> Any:
+        return _cmp(a, b, op)
+
+    compare.__name__ = compare.__qualname__ = op
+    return compare
 
 
-def le(a: Any, b: Any) -> Any:
-    return _cmp(a, b, "le")
-
-
-def gt(a: Any, b: Any) -> Any:
-    return _cmp(a, b, "gt")
-
-
-def ge(a: Any, b: Any) -> Any:
-    return _cmp(a, b, "ge")
-
-
-def eq(a: Any, b: Any) -> Any:
-    return _cmp(a, b, "eq")
-
-
-def ne(a: Any, b: Any) -> Any:
-    return _cmp(a, b, "ne")
+# the names Epilogue.source renders (cf_ops.lt(...)) and Epilogue.apply looks up
+lt, le, gt, ge, eq, ne = (_comparison(op) for op in ("lt", "le", "gt", "ge", "eq", "ne"))
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:

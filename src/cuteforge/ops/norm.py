@@ -417,6 +417,30 @@ def _native_run(where: str, launch: Any, x: torch.Tensor, weight: torch.Tensor, 
     return native_launch.runner(where, launch, x.device, 4, outs, args, [0] if residual is None else [0, 2])
 
 
+def _traced(kind: str, where: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            residual: torch.Tensor | None, eps: Any) -> Any:
+    """Under torch.compile: the registered op on 2-D views, checked at trace time (the
+    device when the graph runs)."""
+    norm_launch._check(where, x, weight, bias, residual, eps, device=False)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    r2 = None if residual is None else residual.reshape(-1, shape[-1])
+    y, ro = (_rms_op(x2, weight, r2, float(eps)) if kind == "rms" else _ln_op(x2, weight, bias, r2, float(eps)))[:2]
+    return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
+
+
+def _with_grad(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, eps: Any) -> Any:
+    """Eager with grad: the forward with its autograd node, on 2-D x as it is (no
+    reshape/view nodes in the autograd graph), else on its (M, N) view."""
+    if x.dim() == 2:
+        return _autograd(kind, x, weight, bias, residual, float(eps))
+    shape = x.shape
+    r2 = None if residual is None else residual.reshape(-1, shape[-1])
+    out = _autograd(kind, x.reshape(-1, shape[-1]), weight, bias, r2, float(eps))
+    return out.view(shape) if residual is None else (out[0].view(shape), out[1].view(shape))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residual: torch.Tensor | None = None) -> Any:
     """RMSNorm over the last dim: ``x * rsqrt(mean(x^2) + eps) * weight`` (fp32 math).
 
@@ -427,12 +451,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residu
     if not isinstance(eps, (float, int)) and isinstance(eps, numbers.Real):
         eps = float(eps)  # a numpy scalar
     if _is_compiling():
-        norm_launch._check(where, x, weight, None, residual, eps, device=False)  # the device: when the graph runs
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        r2 = None if residual is None else residual.reshape(-1, shape[-1])
-        y, ro, _ = _rms_op(x2, weight, r2, float(eps))
-        return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
+        return _traced("rms", where, x, weight, None, residual, eps)
     call = _TABLES["rms"].call  # the C memo: one C call for a warm no-grad layout
     if call is not None:
         out = call(eps, x, weight, None, residual)
@@ -446,12 +465,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residu
     except (AttributeError, KeyError, TypeError):
         run = _eager_plan("rms", where, x, weight, None, residual, eps)  # raises on bad input
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)):
-        if x.dim() == 2:  # no reshape/view nodes in the autograd graph
-            return _autograd("rms", x, weight, None, residual, float(eps))
-        shape = x.shape
-        r2 = None if residual is None else residual.reshape(-1, shape[-1])
-        out = _autograd("rms", x.reshape(-1, shape[-1]), weight, None, r2, float(eps))
-        return out.view(shape) if residual is None else (out[0].view(shape), out[1].view(shape))
+        return _with_grad("rms", x, weight, None, residual, eps)
     return run(x, weight, None, residual)
 
 
@@ -463,12 +477,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if not isinstance(eps, (float, int)) and isinstance(eps, numbers.Real):
         eps = float(eps)  # a numpy scalar
     if _is_compiling():
-        norm_launch._check(where, x, weight, bias, residual, eps, device=False)  # the device: when the graph runs
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        r2 = None if residual is None else residual.reshape(-1, shape[-1])
-        y, ro, _, _ = _ln_op(x2, weight, bias, r2, float(eps))
-        return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
+        return _traced("layer", where, x, weight, bias, residual, eps)
     call = _TABLES["layer"].call  # the C memo: one C call for a warm no-grad layout
     if call is not None:
         out = call(eps, x, weight, bias, residual)
@@ -484,10 +493,5 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         run = _eager_plan("layer", where, x, weight, bias, residual, eps)  # raises on bad input
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
                             or (residual is not None and residual.requires_grad)):
-        if x.dim() == 2:
-            return _autograd("layer", x, weight, bias, residual, float(eps))
-        shape = x.shape
-        r2 = None if residual is None else residual.reshape(-1, shape[-1])
-        out = _autograd("layer", x.reshape(-1, shape[-1]), weight, bias, r2, float(eps))
-        return out.view(shape) if residual is None else (out[0].view(shape), out[1].view(shape))
+        return _with_grad("layer", x, weight, bias, residual, eps)
     return run(x, weight, bias, residual)

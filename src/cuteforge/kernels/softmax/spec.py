@@ -129,38 +129,38 @@ def standard_specializations(backward: bool):
     return f
 
 
-@kernel(
-    name="softmax_fwd",
-    signature=FWD_SIGNATURE,
-    archs=("sm_80+",),
-    default_config=_default_config(False),
-    configs=_configs(False),
-    specializations=standard_specializations(False),
-    validate=_validator(False),
-)
-def softmax_fwd(spec: CompileSpec) -> Any:
+def _softmax_kernel(backward: bool) -> Any:
+    """`@kernel` for softmax_fwd or softmax_bwd: every hook is the direction's own."""
+    return kernel(
+        name="softmax_bwd" if backward else "softmax_fwd",
+        signature=BWD_SIGNATURE if backward else FWD_SIGNATURE,
+        archs=("sm_80+",),
+        default_config=_default_config(backward),
+        configs=_configs(backward),
+        specializations=standard_specializations(backward),
+        validate=_validator(backward),
+    )
+
+
+def _mode(spec: CompileSpec, kernel_name: str, modes: tuple[str, ...]) -> str:
     mode = spec.param("mode")
-    if mode not in FWD_MODES:
-        raise ValueError(f"softmax_fwd: mode must be one of {FWD_MODES}, got {mode!r}")
+    if mode not in modes:
+        raise ValueError(f"{kernel_name}: mode must be one of {modes}, got {mode!r}")
+    return mode
+
+
+@_softmax_kernel(backward=False)
+def softmax_fwd(spec: CompileSpec) -> Any:
+    mode = _mode(spec, "softmax_fwd", FWD_MODES)
     same = _same_heads(spec)
     if getattr(spec.config, "path", "regs") != "regs":  # the long-row forward paths (chunked.py)
         return make_softmax_chunked(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config, same)
     return make_softmax(mode, spec.dtype("x"), spec.static("N"), row_vec(spec.key), spec.config, same)
 
 
-@kernel(
-    name="softmax_bwd",
-    signature=BWD_SIGNATURE,
-    archs=("sm_80+",),
-    default_config=_default_config(True),
-    configs=_configs(True),
-    specializations=standard_specializations(True),
-    validate=_validator(True),
-)
+@_softmax_kernel(backward=True)
 def softmax_bwd(spec: CompileSpec) -> Any:
-    mode = spec.param("mode")
-    if mode not in BWD_MODES:
-        raise ValueError(f"softmax_bwd: mode must be one of {BWD_MODES}, got {mode!r}")
+    mode = _mode(spec, "softmax_bwd", BWD_MODES)
     same = _same_heads(spec)
     if getattr(spec.config, "path", "regs") == "mbar":  # chunked rows, st.async exchange (chunked.py)
         return make_softmax_chunked(mode, spec.dtype("dy"), spec.static("N"), row_vec(spec.key), spec.config, same)
