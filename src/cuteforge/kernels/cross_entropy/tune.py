@@ -37,17 +37,29 @@ def _tensors(m: int, n: int, dt: torch.dtype, device: str, backward: bool) -> li
     return [logits, target, *rows] + ([torch.empty(m, n, dtype=dt, device=device)] if backward else [])
 
 
-def fwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
-    m, n = rows_shape("cross_entropy_fwd", shape)
-    p = _params("cross_entropy_fwd", params)
+def _problem(kernel: Any, shape: tuple[int, ...], dtype: str, params: dict[str, Any],
+             backward: bool) -> tuple[int, int, dict[str, Any], torch.dtype, Any]:
+    """(M, N, parameters, dtype, key): the shape and parameters checked, the key bound as
+    `ops.cross_entropy` binds it."""
+    m, n = rows_shape(kernel.name, shape)
+    p = _params(kernel.name, params)
     dt = torch_dtype(dtype)
-    key = cross_entropy_fwd.signature.fresh_key(_tensors(m, n, dt, "meta", False))
+    return m, n, p, dt, kernel.signature.fresh_key(_tensors(m, n, dt, "meta", backward))
+
+
+def _random(m: int, n: int, dt: torch.dtype, backward: bool) -> list[torch.Tensor]:
+    """The CUDA operands with logits ~ 4 N(0, 1) and targets in [0, N)."""
+    tensors = _tensors(m, n, dt, "cuda", backward)
+    tensors[0].copy_(torch.randn(m, n, device="cuda") * 4)
+    tensors[1].copy_(torch.randint(0, n, (m,), device="cuda"))
+    return tensors
+
+
+def fwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
+    m, n, p, dt, key = _problem(cross_entropy_fwd, shape, dtype, params, False)
 
     def make() -> tuple[Any, ...]:
-        logits, target, loss, lse = _tensors(m, n, dt, "cuda", False)
-        logits.copy_(torch.randn(m, n, device="cuda") * 4)
-        target.copy_(torch.randint(0, n, (m,), device="cuda"))
-        return logits, target, loss, lse
+        return tuple(_random(m, n, dt, False))
 
     def reference(logits: Any, target: Any, *_: Any) -> Any:
         return torch.nn.functional.cross_entropy(logits.float(), target, reduction="none", ignore_index=p["ignore_index"])
@@ -56,15 +68,10 @@ def fwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> P
 
 
 def bwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
-    m, n = rows_shape("cross_entropy_bwd", shape)
-    p = _params("cross_entropy_bwd", params)
-    dt = torch_dtype(dtype)
-    key = cross_entropy_bwd.signature.fresh_key(_tensors(m, n, dt, "meta", True))
+    m, n, p, dt, key = _problem(cross_entropy_bwd, shape, dtype, params, True)
 
     def make() -> tuple[Any, ...]:
-        logits, target, lse, dloss, dlogits = _tensors(m, n, dt, "cuda", True)
-        logits.copy_(torch.randn(m, n, device="cuda") * 4)
-        target.copy_(torch.randint(0, n, (m,), device="cuda"))
+        logits, target, lse, dloss, dlogits = _random(m, n, dt, True)
         lse.copy_(torch.logsumexp(logits.float(), -1))
         dloss.copy_(torch.randn(m, device="cuda"))
         return logits, target, lse, dloss, dlogits
