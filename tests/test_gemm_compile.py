@@ -1078,6 +1078,20 @@ def test_stream_k_ends_compiles_without_spill() -> None:
     assert plain != _ptx(True, True, ("bfloat16",) * 3, None, GemmConfig(stream_k=True, stream_k_ends=True))
 
 
+def test_long_k_one_wave_default() -> None:
+    """Weight-gradient shapes (long K, one wave of pingpong 128x192 tiles) take LONG_K; a
+    second wave, short K, a fused epilogue or a tile count under LONG_K_FILL of the SMs
+    keep the other rules."""
+    from cuteforge.kernels.gemm.sm90.config import fit_swizzle
+    from cuteforge.kernels.gemm.sm90.config.defaults import LONG_K
+
+    for m, n, k in ((1536, 1536, 12288), (1024, 2816, 16384), (2816, 1024, 16384)):
+        assert default_config(m, n, k, 132) == fit_swizzle(LONG_K, m, n), (m, n, k)
+    for m, n, k in ((1024, 4096, 16384), (2048, 2048, 8192), (1024, 2816, 4096), (1024, 1024, 16384)):
+        assert default_config(m, n, k, 132) != fit_swizzle(LONG_K, m, n), (m, n, k)
+    assert not default_config(1024, 2816, 16384, 132, fused=True).pingpong
+
+
 def test_stream_k_compiles() -> None:
     """stream_k kernels: the flag protocol (gpu-scope fence + acquire loads) is in the PTX
     and nowhere else; plain and fused compile without spills."""

@@ -4,6 +4,7 @@ epilogues, every candidate config, gradients, torch.compile, errors."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -253,6 +254,56 @@ def test_gradients() -> None:
     F.gelu(a2 @ b2 + bias2, approximate="tanh").backward(g.float())
     for got, want in ((a.grad, a2.grad), (b.grad, b2.grad), (bias.grad, bias2.grad)):
         torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-6)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 8), (7, 136, 1000), (1000, 520, 72), (4097, 264, 344)])
+@pytest.mark.parametrize("epi", ["none", "bias", "gelu", "silu", "relu_row", "residual", "c_alpha_beta"])
+def test_gradients_run_on_cuteforge_gemms(monkeypatch, dtype, m, k, n, epi) -> None:
+    """The backward's dA and dB are cuteforge GEMMs (torch's recompute is never called), in
+    each input's layout (an nn.Linear weight's gradient contiguous), matching torch."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    mod = importlib.import_module("cuteforge.ops.gemm")  # the package exports the function under this name
+
+    monkeypatch.setattr(mod, "_reference", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch recompute ran")))
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
+    w = (torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5).requires_grad_()
+    kw: dict[str, Any] = {}
+    extra: list[torch.Tensor] = []
+    if epi in ("bias", "gelu", "silu"):
+        kw["bias"] = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+        kw["epilogue"] = None if epi == "bias" else epi
+    elif epi == "relu_row":
+        kw.update(bias=torch.randn(m, 1, device="cuda", dtype=dtype, requires_grad=True), epilogue="relu")
+    elif epi == "residual":
+        kw["residual"] = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
+    else:
+        kw.update(c=torch.randn(1, n, device="cuda", dtype=dtype, requires_grad=True), alpha=0.5, beta=2.0)
+    extra = [t for t in kw.values() if isinstance(t, torch.Tensor)]
+    g = torch.randn(m, n, device="cuda", dtype=dtype)
+    gemm(x, w.t(), **kw).backward(g)
+    assert w.grad.is_contiguous() and x.grad.is_contiguous()
+    leaves = [t.detach().float().requires_grad_() for t in (x, w, *extra)]
+    kf = dict(kw)
+    for name, t in zip([n_ for n_, v in kw.items() if isinstance(v, torch.Tensor)], leaves[2:]):
+        kf[name] = t
+    acts = {None: lambda t: t, "relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
+    z = kf.get("alpha", 1.0) * (leaves[0] @ leaves[1].t())
+    if "c" in kf:
+        z = z + kf["beta"] * kf["c"]
+    if "bias" in kf:
+        z = z + kf["bias"]
+    y = acts[kf.get("epilogue")](z) + (kf["residual"] if "residual" in kf else 0)
+    y.backward(g.float())
+    for got, want in ((x.grad, leaves[0].grad), (w.grad, leaves[1].grad), *((t.grad, lf.grad) for t, lf in zip(extra, leaves[2:]))):
+        assert got.shape == want.shape and got.dtype == dtype
+        assert _rel_err(got, want) < 2e-2, (epi, got.shape)
 
 
 def test_torch_compile_and_errors() -> None:

@@ -6,6 +6,7 @@ relative error, eager and under torch.compile with no graph break."""
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -64,6 +65,51 @@ def test_linear_with_activation_runs_the_gemm_without_grad() -> None:
     with torch.no_grad():
         assert lin._gemm_applies(x)
         assert _rel(lin(x), F.silu(F.linear(x, lin.weight, lin.bias))) < 1e-2
+
+
+@pytest.mark.parametrize("activation", [None, "silu", "gelu"])
+@pytest.mark.parametrize("rows", [1, 7, 1000, 4097])
+def test_linear_trains_on_the_gemm(monkeypatch, activation, rows) -> None:
+    """With a gradient, Linear's forward and its backward's dX / dW run cuteforge GEMMs (torch's
+    recompute never runs); the weight's gradient is contiguous and every gradient matches torch."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    import cuteforge.ops as ops_pkg
+    gemm_mod = importlib.import_module("cuteforge.ops.gemm")  # the package exports the function under this name
+
+    monkeypatch.setattr(gemm_mod, "_reference", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch recompute ran")))
+    calls = []
+    real = ops_pkg.gemm
+    monkeypatch.setattr(ops_pkg, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    lin = cnn.Linear(264, 520, activation=activation).to("cuda", torch.bfloat16)
+    ref = nn.Linear(264, 520).to("cuda", torch.bfloat16)
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(rows, 264, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    g = torch.randn(rows, 520, device="cuda", dtype=torch.bfloat16)
+    lin(x).backward(g)
+    assert calls, "Linear did not call ops.gemm"
+    acts = {None: lambda t: t, "silu": F.silu, "gelu": lambda t: F.gelu(t, approximate="tanh")}
+    acts[activation](ref(x_ref)).backward(g)
+    assert lin.weight.grad.is_contiguous()
+    for got, want in ((x.grad, x_ref.grad), (lin.weight.grad, ref.weight.grad), (lin.bias.grad, ref.bias.grad)):
+        assert _rel(got, want) < 2e-2
+
+
+def test_patched_mlp_trains_like_stock() -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    stock = _llama()
+    patched = copy.deepcopy(stock)
+    cnn.patch(patched, mlp=True)
+    ids = torch.randint(0, 1000, (2, 127), device="cuda")
+    loss, grads = _loss_and_grads(patched, ids)
+    ref, ref_grads = _loss_and_grads(stock, ids)
+    assert abs(loss.float().item() - ref.float().item()) <= 2 ** -7 * abs(ref.float().item()) + 1e-3
+    num = sum(((a.float() - b.float()) ** 2).sum() for a, b in zip(grads, ref_grads) if b is not None)
+    den = sum((b.float() ** 2).sum() for b in ref_grads if b is not None)
+    assert (num / den).sqrt().item() < 1e-2
 
 
 def _llama(vocab: int = 1000):

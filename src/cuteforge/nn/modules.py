@@ -91,9 +91,11 @@ class LayerNorm(nn.Module):
 
 class Linear(nn.Linear):
     """`torch.nn.Linear` with an optional activation (None, "relu", "gelu" (tanh), "silu")
-    fused into the GEMM's epilogue: `cuteforge.ops.gemm` for 16-bit CUDA inputs on sm_90
-    when no gradient is wanted, torch's linear otherwise (the GEMM has no backward
-    kernel of its own yet)."""
+    on `cuteforge.ops.gemm` for 16-bit CUDA inputs on sm_90 (torch's linear elsewhere).
+    Without a gradient the activation is fused into the GEMM's epilogue; with one the GEMM
+    fuses the bias, the activation runs in torch on the saved pre-activation (as torch's
+    own layers do: recomputing it would cost the backward a GEMM), and the backward's dX
+    and dW GEMMs run on cuteforge's kernels."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  device: Any = None, dtype: torch.dtype | None = None) -> None:
@@ -104,8 +106,7 @@ class Linear(nn.Linear):
         self.activation = activation
 
     def _gemm_applies(self, x: torch.Tensor) -> bool:
-        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        return (not wants_grad and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+        return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
                 and self.weight.dtype == x.dtype and torch.cuda.get_device_capability(x.device) == (9, 0)
                 and self.in_features % 8 == 0 and self.out_features % 8 == 0)
 
@@ -114,8 +115,12 @@ class Linear(nn.Linear):
             return _ACTIVATIONS[self.activation](F.linear(x, self.weight, self.bias))
         from .. import ops
 
-        y = ops.gemm(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, epilogue=self.activation,
-                     out_dtype=x.dtype)
+        x2 = x.reshape(-1, self.in_features)
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if wants_grad and self.activation is not None:
+            y = _ACTIVATIONS[self.activation](ops.gemm(x2, self.weight.t(), bias=self.bias, out_dtype=x.dtype))
+        else:
+            y = ops.gemm(x2, self.weight.t(), bias=self.bias, epilogue=self.activation, out_dtype=x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

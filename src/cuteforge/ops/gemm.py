@@ -479,11 +479,63 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     ctx.meta = (epi_key, kinds)
 
 
+# the activations' backward kernels in torch: grad of act at the pre-activation z
+_ACT_BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "relu": lambda g, z: torch.ops.aten.threshold_backward(g, z, 0),
+    "gelu": lambda g, z: torch.ops.aten.gelu_backward(g, z, approximate="tanh"),
+    "silu": lambda g, z: torch.ops.aten.silu_backward(g, z),
+}
+
+
+def _backward_on_gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi: GemmEpilogue | None,
+                      g: torch.Tensor, needs: Sequence[bool]) -> tuple[Any, ...] | None:
+    """The gradients of a 2-D 16-bit GEMM with a preset epilogue (or none) on cuteforge's
+    own GEMMs: dA = dZ @ B^T, dB = A^T @ dZ (a K-heavy product: the stream-K fill split),
+    dbias and dc sums of dZ, d residual = g. An activation recomputes its pre-activation z
+    with one more GEMM (bias, c and alpha fused) and applies torch's activation backward.
+    None where this path does not apply (torch's recompute then serves)."""
+    fields = epi.preset_fields() if epi is not None else ("none", False, False, False, 1.0, 1.0)
+    if (fields is None or a.dim() != 2 or b.dim() != 2 or a.dtype not in AB_DTYPES or b.dtype != a.dtype
+            or not g.is_cuda or torch.cuda.get_device_capability(g.device) != (9, 0) or 0 in (*a.shape, b.shape[1])):
+        return None
+    act, has_bias, has_c, has_res, alpha, beta = fields
+    it = iter(ops)
+    bias = next(it) if has_bias else None
+    c = next(it) if has_c else None
+    if act != "none":
+        z = gemm(a, b, bias=bias, c=c, alpha=alpha, beta=beta, out_dtype=g.dtype)
+        dz = _ACT_BACKWARD[act](g, z)
+    else:
+        dz = g
+    dacc = (dz * alpha if alpha != 1.0 else dz).to(a.dtype)
+    # each gradient in its input's layout (autograd then makes no copy), e.g. an nn.Linear
+    # weight's: b = W.t() is K-major, so dB = (dZ^T @ A)^T lands as W's contiguous gradient
+    da = db = None
+    if needs[0]:
+        da = gemm(b, dacc.t(), out_dtype=a.dtype).t() if _k_major_t(a) else gemm(dacc, b.t(), out_dtype=a.dtype)
+    if needs[1]:
+        db = gemm(dacc.t(), a, out_dtype=b.dtype).t() if _k_major_t(b) else gemm(a.t(), dacc, out_dtype=b.dtype)
+    # the operands in kernel order: bias (per column or per row), c, residual
+    terms = [dz] * has_bias + [dz * beta if beta != 1.0 else dz] * has_c + [g] * has_res
+    op_grads = [d.float().sum_to_size(t.shape).to(t.dtype) for d, t in zip(terms, ops)] if needs[2] else [None] * len(ops)
+    return da, db, op_grads, None, None, None
+
+
+def _k_major_t(t: torch.Tensor) -> bool:
+    """Whether a 2-D operand is the transpose of a contiguous matrix (unit stride down its rows)."""
+    return t.stride(0) == 1 and t.stride(1) == t.shape[0] and t.shape[1] > 1
+
+
 def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-    """Recompute the forward in torch (fp32) and differentiate it: exact for every epilogue."""
+    """Where `_backward_on_gemm` applies, its GEMMs; else recompute the forward in torch
+    (fp32) and differentiate it: exact for every epilogue."""
     epi_key, kinds = ctx.meta
     a, b, *ops = ctx.saved_tensors
     epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
+    needs = getattr(ctx, "needs_input_grad", None) or (True, True, True)
+    fast = _backward_on_gemm(a, b, list(ops), epi, g.contiguous(), needs)
+    if fast is not None:
+        return fast
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(True) for t in (a, b, *ops)]
         y = _reference(leaves[0], leaves[1], leaves[2:], epi, torch.float32)

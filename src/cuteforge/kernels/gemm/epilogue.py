@@ -142,6 +142,11 @@ class GemmEpilogue:
 
         return Epilogue.from_key(self.key.removeprefix("fusion:"))
 
+    def preset_fields(self) -> tuple[str, bool, bool, bool, float, float] | None:
+        """(activation, bias, c, residual, alpha, beta) of a preset epilogue; None for a
+        fusion Epilogue or fp8 scales."""
+        return self._preset_fields() if self.key.startswith("preset:") else None
+
     def _preset_fields(self) -> tuple[str, bool, bool, bool, float, float]:
         f = dict(part.split("=", 1) for part in self.key.removeprefix("preset:").split(","))
         return f["act"], f["bias"] != "None", f["c"] == "True", f["res"] == "True", float(f["alpha"]), float(f["beta"])
