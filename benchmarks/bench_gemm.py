@@ -14,6 +14,7 @@ autotuning takes about a minute per shape and graph.
     python benchmarks/bench_gemm.py --set defaults --sweep-epilogue gelu,silu --sweep-shapes 8192x8192x8192
     python benchmarks/bench_gemm.py --set fp8,fp8sweep --fp8-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --set custom --shapes 65536x128x4096,1024x1024x1024
+    python benchmarks/bench_gemm.py --set backward --out benchmarks/results/h200-gemm-backward.json
     python benchmarks/bench_gemm.py --set compile --compile-shapes 8192x8192x8192,4096x4096x4096
     python benchmarks/bench_gemm.py --out benchmarks/results/h200-gemm.json --plot benchmarks/results/h200-gemm.png
 
@@ -62,6 +63,14 @@ SKINNY = [(m, n, k) for m in (16, 128, 2048) for k, n in ((4096, 4096), (4096, 1
 EPILOGUE = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672), (2048, 14336, 4096),
             (8192, 28672, 4096)]
 # Short K on many tiles (the pingpong default's range; 4096^2 x 1024 keeps 128x128 tiles).
+# An nn.Linear's backward (x (T, in), W (out, in), dY (T, out)): the weight gradient dW =
+# dY^T @ x, M x N = out x in with K = T tokens (A M-major, B N-major), and dX = dY @ W (B
+# N-major), M = T. dW rows: the issue-bar shapes and a hidden-1024 / 4096 model's
+# projections over 4096 and 16384 tokens; dX rows: the model sizes over 4096 tokens.
+BACKWARD_DW = [(1536, 1536, 12288), (4096, 4096, 16384), (1024, 2816, 16384), (2816, 1024, 16384),
+               (1024, 1024, 4096), (2816, 1024, 4096), (1024, 2816, 4096), (4096, 14336, 4096), (14336, 4096, 4096)]
+BACKWARD_DX = [(4096, 1024, 1024), (4096, 1024, 2816), (4096, 2816, 1024), (4096, 4096, 4096), (4096, 4096, 14336),
+               (4096, 14336, 4096)]
 SHORTK = [(8192, 8192, 512), (8192, 8192, 1024), (4096, 16384, 512), (16384, 4096, 1024), (4096, 4096, 1024)]
 
 
@@ -132,6 +141,27 @@ def flag_errors(result: dict) -> list[dict]:
                     flagged.append({"section": section, **where, "contender": key.removesuffix("rel_err").rstrip("_") or "cuteforge",
                                     "rel_err": v})
     return flagged
+
+
+def backward(kind: str, shapes: list[tuple[int, int, int]]) -> list[dict]:
+    """Rows of the 'backward' set: cuteforge's default against cuBLAS (torch.mm) on the same
+    views, `kind` "dW" (A = dY^T, M-major; B = x, N-major) or "dX" (A = dY; B = W, N-major)."""
+    rows = []
+    for m, n, k in shapes:
+        if kind == "dW":
+            a, b = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t(), torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        else:
+            a, b = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        row: dict[str, Any] = {"set": "backward", "kind": kind, "M": m, "N": n, "K": k, "dtype": "bfloat16",
+                               "cuteforge_config": repr(_default(m, n, k))}
+        row["cuteforge_rel_err"] = _err(gemm(a, b), torch.mm(a, b))
+        fns = {"cublas": lambda a=a, b=b: torch.mm(a, b), "cuteforge": lambda a=a, b=b: gemm(a, b)}
+        for name, ms in measure(fns).items():
+            row[f"{name}_TFLOPs"] = tflops(m, n, k, ms)
+        row["vs_cublas"] = round(row["cuteforge_TFLOPs"] / row["cublas_TFLOPs"], 3)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
 
 
 def plain(shapes: list[tuple[int, int, int]], q: Any, tag: str) -> list[dict]:
@@ -561,6 +591,9 @@ def main() -> int:
         if tag in sets:
             result.setdefault("plain", []).extend(plain([s for s in shapes if tag in ("bar", "custom") or s not in BAR], q, tag))
             write_results(out, result)
+    if "backward" in sets:
+        result["backward"] = backward("dW", BACKWARD_DW) + backward("dX", BACKWARD_DX)
+        write_results(out, result)
     if "epilogue" in sets:
         result["epilogue"] = epilogues(_shapes(args.epilogue_shapes), q)
         write_results(out, result)

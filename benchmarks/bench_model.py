@@ -15,7 +15,11 @@ Per contender: ms a step (wall, the GPU synchronized at the end of each round), 
 and for the patched rows the loss and gradient agreement with stock (relative error of
 the flattened gradients) and torch._dynamo.explain's graph-break count.
 
-    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--out FILE]
+    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--out FILE]
+
+`--unfused` adds the patched model without the fused LM-head loss (what `patch()` runs in
+eager mode by default); `--mlp` adds it with the MLP swapped too (`patch(mlp=True)`: the
+projections and their gradients on cuteforge GEMMs).
 """
 
 from __future__ import annotations
@@ -126,7 +130,7 @@ def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return int(explained.graph_break_count)
 
 
-def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int) -> dict[str, Any]:
+def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int, mlp: bool = False) -> dict[str, Any]:
     stock = _model(size)
     patched = copy.deepcopy(stock)
     report = cnn.patch(patched, fused_loss=True)
@@ -148,6 +152,11 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     if plain is not None:
         models["patched-unfused eager"], models["patched-unfused compile"] = plain, torch.compile(plain)
         owners["patched-unfused eager"] = owners["patched-unfused compile"] = plain
+    if mlp:  # patched with the MLP on cuteforge.nn.SwiGLUMLP too (forward and backward GEMMs on ops.gemm)
+        with_mlp = copy.deepcopy(stock)
+        cnn.patch(with_mlp, fused_loss=True, mlp=True)
+        models["patched-mlp eager"], models["patched-mlp compile"] = with_mlp, torch.compile(with_mlp)
+        owners["patched-mlp eager"] = owners["patched-mlp compile"] = with_mlp
     params = {k: list(m.parameters()) for k, m in owners.items()}
     train = {k: (lambda m=m, ps=params[k]: _train_step(m, ps, ids)) for k, m in models.items()}
     # without labels the fused loss is not involved: the unfused rows would repeat the patched ones
@@ -165,13 +174,15 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     for what in ("train", "infer"):
         r = row[what]
         for mode in ("eager", "compile", "reduce-overhead"):
-            for variant in ("patched", "patched-unfused"):
+            for variant in ("patched", "patched-unfused", "patched-mlp"):
                 if f"stock {mode}" in r and f"{variant} {mode}" in r:
-                    tag = mode if variant == "patched" else f"{mode} unfused"
+                    tag = mode if variant == "patched" else f"{mode} {variant.removeprefix('patched-')}"
                     r[f"speedup {tag}"] = round(r[f"stock {mode}"]["ms"] / r[f"{variant} {mode}"]["ms"], 3)
                     r[f"peak ratio {tag}"] = round(r[f"{variant} {mode}"]["peak_MB"] / max(r[f"stock {mode}"]["peak_MB"], 1e-9), 3)
     print(size, row, flush=True)
     del models, train, infer, stock, patched, plain, owners, params
+    if mlp:
+        del with_mlp
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     return row
@@ -202,14 +213,17 @@ def main() -> None:
     p.add_argument("--size", action="append", choices=sorted(SIZES))
     p.add_argument("--reduce-overhead", action="store_true")
     p.add_argument("--unfused", action="store_true", help="add patched contenders without the fused loss")
+    p.add_argument("--mlp", action="store_true", help="add patched contenders with the MLP swapped too (patch(mlp=True))")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    rows = [run_size(s, args.reduce_overhead, args.unfused, args.rounds, args.per_round) for s in (args.size or ["small", "large"])]
     gpu = torch.cuda.get_device_name().split()[-1].lower()
     out = Path(args.out) if args.out else OUT / f"{gpu}-model.json"
-    write_results(out, {**results_header(), "models": rows})
+    rows = []
+    for size in args.size or ["small", "large"]:  # written after each size: a run cut short keeps what it measured
+        rows.append(run_size(size, args.reduce_overhead, args.unfused, args.rounds, args.per_round, args.mlp))
+        write_results(out, {**results_header(), "models": rows})
     _plot(rows, out.with_suffix(".png"))
 
 
