@@ -1,0 +1,72 @@
+"""The standard specializations `cuteforge precompile` builds cover common model sizes, keyed
+as the ops key a contiguous call (checked against each family's tuning problem factory, which
+keys a problem as its op does), and `--shapes` adds row lengths. No compile: the grid only."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from cuteforge import kernels
+from cuteforge.autotune.problems import problem_factory
+from cuteforge.cli.common import CliError
+from cuteforge.cli.precompile import precompile_specs, row_lengths
+from cuteforge.kernels.softmax.spec import kernel_params
+
+HIDDEN = (2048, 4096, 5120, 8192)
+VOCAB = (32000, 50257, 128256, 151936)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@pytest.fixture(scope="module")
+def grid() -> set[tuple[str, Any, Any]]:
+    kernels.load_all()
+    return {(k.name, s.key, s.params) for k, s in precompile_specs()}
+
+
+def _covered(grid: set[tuple[str, Any, Any]], kernel: str, n: int, dtype: str, params: dict[str, Any]) -> bool:
+    p = problem_factory(kernel)((64, n), dtype, dict(params))
+    compile_params = tuple(sorted(p.params.items()))
+    if kernel.startswith("softmax"):  # the op adds same_heads for realigned contiguous rows (ops/softmax.py)
+        compile_params = kernel_params(p.params["mode"], p.key, True)
+    return (kernel, p.key, compile_params) in grid
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norms_cover_model_hidden_sizes(grid: set[tuple[str, Any, Any]], dtype: str) -> None:
+    for n in HIDDEN:
+        assert _covered(grid, "norm_fwd", n, dtype, {"kind": "rms", "eps": 1e-6}), (n, dtype)
+        assert _covered(grid, "norm_fwd", n, dtype, {"kind": "layer"}), (n, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_and_softmax_cover_vocabularies(grid: set[tuple[str, Any, Any]], dtype: str) -> None:
+    for n in VOCAB:
+        assert _covered(grid, "cross_entropy_fwd", n, dtype, {}), (n, dtype)
+        assert _covered(grid, "cross_entropy_bwd", n, dtype, {}), (n, dtype)
+        for mode in ("softmax", "log_softmax"):
+            assert _covered(grid, "softmax_fwd", n, dtype, {"mode": mode}), (n, dtype, mode)
+
+
+def test_grid_size() -> None:
+    """What a full precompile compiles: a change here is a change in compile time (docs/bundles.md)."""
+    counts = Counter(k.name for k, _ in precompile_specs())
+    assert sum(counts.values()) == 267, counts
+    assert counts["norm_fwd"] == 30 and counts["softmax_fwd"] == 90 and counts["softmax_bwd"] == 66
+
+
+def test_shapes_add_row_lengths() -> None:
+    assert row_lengths("7168,4096x14336, 7168") == (7168, 14336)
+    assert row_lengths(None) == ()
+    with pytest.raises(CliError, match="--shapes"):
+        row_lengths("4096xabc")
+    base = precompile_specs(["norm_fwd", "softmax_fwd", "gemm_sm90_tn"])
+    more = precompile_specs(["norm_fwd", "softmax_fwd", "gemm_sm90_tn"], (7168, 4096))  # 4096 is standard already
+    added = Counter(k.name for k, _ in more) - Counter(k.name for k, _ in base)
+    assert added == {"norm_fwd": 6, "softmax_fwd": 6}, added  # (rms, layer) and (softmax, log_softmax) x 3 dtypes
+    grid = {(k.name, s.key, s.params) for k, s in more}
+    for dtype in DTYPES:
+        assert _covered(grid, "norm_fwd", 7168, dtype, {"kind": "layer"})
+        assert _covered(grid, "softmax_fwd", 7168, dtype, {"mode": "log_softmax"})
