@@ -51,7 +51,7 @@ def _init() -> tuple[Any, bool]:
 
 
 def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: int = 1,
-               force: bool = False) -> dict[str, Any] | None:
+               force: bool = False, extra_ns: tuple[int, ...] = ()) -> dict[str, Any] | None:
     """This rank's share of the precompile; on rank 0 the bundle written at `out` and every
     rank's rows (in job order), on the other ranks None."""
     from .arch import target_arch
@@ -62,7 +62,7 @@ def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: 
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         arch = target_arch()
-        jobs = precompile_specs(kernels)
+        jobs = precompile_specs(kernels, extra_ns)
         share = list(range(rank, len(jobs), world))
         error = None
         rows: list[dict[str, Any]] = []

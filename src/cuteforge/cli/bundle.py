@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .common import CliError, _mib
-from .precompile import _workers, precompile
+from .precompile import _workers, precompile, row_lengths
 
 
 def cmd_bundle(args: argparse.Namespace) -> dict[str, Any]:
@@ -16,7 +16,7 @@ def cmd_bundle(args: argparse.Namespace) -> dict[str, Any]:
     if args.action == "create":
         if args.from_cache:
             return {"action": "create", **bundle.create_from_cache(args.path, [target_arch()], force=args.force)}
-        rows = precompile(args.kernel or None, workers=_workers(args))
+        rows = precompile(args.kernel or None, workers=_workers(args), extra_ns=row_lengths(args.shapes))
         made = bundle.create_from_cache(args.path, [target_arch()], objects=[r["entry"] for r in rows], force=args.force)
         return {"action": "create", **made, "compiled": sum(r["status"] == "compiled" for r in rows),
                 "loaded": sum(r["status"] == "loaded" for r in rows)}

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "over the ranks, gather the objects to rank 0, which writes the --bundle")
             s.add_argument("--bundle", metavar="OUT", help="with --distributed: the bundle directory rank 0 writes")
             s.add_argument("--force", action="store_true", help="with --distributed: replace an existing bundle")
+            s.add_argument("--shapes", metavar="N,...", help="more row lengths for the row kernels (norms, softmax, "
+                           "cross-entropy, reductions) besides the standard grid: N or MxN (only N keys them), "
+                           "e.g. 7168,4096x14336")
 
     s = sub.add_parser("build-native", help="build the C++ extension now (calls otherwise build it in the background)")
     s.add_argument("--json", action="store_true")
@@ -50,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernel", action="append", help="create: only this kernel (repeatable)")
     s.add_argument("--workers", type=int, metavar="N", help="create: compile processes (default: the CPU count)")
     s.add_argument("--force", action="store_true", help="create: replace an existing bundle")
+    s.add_argument("--shapes", metavar="N,...", help="create: more row lengths for the row kernels besides the "
+                   "standard grid (as precompile --shapes)")
     s.add_argument("--sha256", metavar="HEX", help="verify: the manifest must hash to this")
     s.add_argument("--json", action="store_true")
 

@@ -4,6 +4,7 @@ pool, or split over torchrun ranks into a bundle) and `cuteforge build-native`."
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import time
 from pathlib import Path
@@ -30,8 +31,30 @@ def _precompile_row(k: Any, spec: Any, status: str, ms: float, error: str | None
     return row
 
 
-def precompile_specs(kernels: list[str] | None = None) -> list[tuple[Any, Any]]:
-    """(kernel, spec) for every standard specialization of the library's kernels (or of `kernels`)."""
+def row_lengths(shapes: str | None) -> tuple[int, ...]:
+    """`--shapes` of precompile / bundle create: comma-separated row lengths N or MxN shapes
+    (M does not key a row kernel: only N is kept), e.g. '5120,7168' or '4096x5120'."""
+    if not shapes:
+        return ()
+    from ..autotune.problems import parse_shapes
+
+    try:
+        return tuple(dict.fromkeys(s[-1] for s in parse_shapes(shapes)))
+    except ValueError as e:
+        raise CliError(f"--shapes: {e}") from None
+
+
+def _takes_lengths(fn: Any) -> bool:
+    """Whether a kernel's `specializations` takes `ns` (the row families' do)."""
+    try:
+        return "ns" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def precompile_specs(kernels: list[str] | None = None, extra_ns: tuple[int, ...] = ()) -> list[tuple[Any, Any]]:
+    """(kernel, spec) for every standard specialization of the library's kernels (or of
+    `kernels`); with `extra_ns`, the row kernels' specializations at those row lengths too."""
     from .. import kernels as families
     from ..arch import target_arch
     from ..kernel import REGISTRY
@@ -42,19 +65,32 @@ def precompile_specs(kernels: list[str] | None = None) -> list[tuple[Any, Any]]:
         if n not in REGISTRY:
             raise CliError(f"unknown kernel {n!r}; known: {', '.join(sorted(REGISTRY))}")
     arch = target_arch()
-    return [(REGISTRY[n], REGISTRY[n].spec(key, tuple(sorted(params.items())), arch=arch))
-            for n in names if REGISTRY[n].specializations for key, params in REGISTRY[n].specializations()]
+    out = []
+    for n in names:
+        grid = REGISTRY[n].specializations
+        if not grid:
+            continue
+        pairs = list(grid())
+        if extra_ns and _takes_lengths(grid):
+            pairs += list(grid(ns=extra_ns))
+        seen = set()
+        for key, params in pairs:
+            spec = REGISTRY[n].spec(key, tuple(sorted(params.items())), arch=arch)
+            if spec.key_repr() not in seen:
+                seen.add(spec.key_repr())
+                out.append((REGISTRY[n], spec))
+    return out
 
 
 def precompile(kernels: list[str] | None = None, progress: bool = True, workers: int = 1,
-               specs: list[tuple[Any, Any]] | None = None) -> list[dict[str, Any]]:
+               specs: list[tuple[Any, Any]] | None = None, extra_ns: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """Compile (or load) every standard specialization of the library's kernels; with
     `workers` > 1 in that many compile processes (`autotune.pool`) writing the disk cache."""
     from ..arch import target_arch
     from ..autotune import pool
     from ..cache import STATS
 
-    jobs = precompile_specs(kernels) if specs is None else specs
+    jobs = precompile_specs(kernels, extra_ns) if specs is None else specs
     arch = target_arch()
     rows = []
     if workers > 1 and len(jobs) > 1 and not pool.disk_cache_usable():
@@ -108,7 +144,7 @@ def cmd_precompile(args: argparse.Namespace) -> dict[str, Any] | None:
         from ..native import build
 
         build.load()
-    rows = precompile(args.kernel or None, workers=_workers(args))
+    rows = precompile(args.kernel or None, workers=_workers(args), extra_ns=row_lengths(getattr(args, "shapes", None)))
     out = {
         "arch": target_arch(),
         "cache_dir": str(cache_root() / fingerprint(target_arch())),
@@ -132,7 +168,8 @@ def _precompile_distributed(args: argparse.Namespace) -> dict[str, Any] | None:
         raise CliError("--distributed and --bundle OUT go together (run it under torchrun)")
     if Path(args.bundle).expanduser().exists() and not args.force:
         raise CliError(f"{args.bundle} exists (pass --force to replace it)")
-    r = distributed.precompile(args.kernel or None, args.bundle, workers=_workers(args), force=args.force)
+    r = distributed.precompile(args.kernel or None, args.bundle, workers=_workers(args), force=args.force,
+                               extra_ns=row_lengths(args.shapes))
     if r is None:
         return None
     rows = r["kernels"]

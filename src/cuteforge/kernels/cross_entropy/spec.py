@@ -109,9 +109,9 @@ def _vec(spec: CompileSpec, *args: str) -> int:
     return min(spec.vec(a) for a in args)
 
 
-def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+def _specs(with_grad: bool, ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     for dt in FLOAT_DTYPES:
-        for n in STANDARD_N:
+        for n in ns:
             v = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) logits
             names = (dtype_name(dt), "int64", "float32", "float32")
             if with_grad:
@@ -126,7 +126,7 @@ def _specs(with_grad: bool) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     archs=("sm_80+",),
     default_config=_default_config,
     configs=_configs,
-    specializations=lambda: _specs(False),
+    specializations=lambda ns=STANDARD_N: _specs(False, ns),
     validate=_validate,
 )
 def cross_entropy_fwd(spec: CompileSpec) -> Any:
@@ -135,11 +135,11 @@ def cross_entropy_fwd(spec: CompileSpec) -> Any:
     )
 
 
-def _reduce_specs() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     """mean with lse: what a training step's `ops.cross_entropy(logits, target)` runs
     (no-grad calls and sum compile on first use)."""
     for dt in FLOAT_DTYPES:
-        for n in STANDARD_N:
+        for n in ns:
             v = vector_width(0, (n,), dt.itemsize)
             names = (dtype_name(dt), "int64", dtype_name(dt), "float32", "int32")
             static = (("N", n), ("ONE", 1))
@@ -169,7 +169,7 @@ def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
     archs=("sm_80+",),
     default_config=_default_bwd_config,
     configs=_bwd_configs,
-    specializations=lambda: _specs(True),
+    specializations=lambda ns=STANDARD_N: _specs(True, ns),
     validate=_validate,
 )
 def cross_entropy_bwd(spec: CompileSpec) -> Any:

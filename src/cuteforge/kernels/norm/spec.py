@@ -16,11 +16,20 @@ import torch
 
 from ...arch import limits_for
 from ...kernel import CompileSpec, kernel
-from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
+from ...signature import (
+    FLOAT_DTYPES,
+    MAX_VECTOR_BYTES,
+    BoundKey,
+    Signature,
+    TensorArg,
+    dtype_name,
+    vector_width,
+)
 from . import bwd, config, fwd
 
 F32 = (torch.float32,)
-STANDARD_N = (1024, 2048, 4096, 8192, 16384)
+STANDARD_N = (1024, 2048, 4096, 5120, 8192, 16384)
+MODEL_N = (2048, 4096, 5120, 8192)  # hidden sizes of common models (layer_norm's grid)
 
 FWD_SIGNATURE = Signature(
     TensorArg("x", ("M", "N")),
@@ -78,14 +87,20 @@ def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
                                     bool(spec.param("has_residual")))  # filtered by `validate`
 
 
-def _specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
-    """rms_norm forward, weight in x's dtype, no bias/residual, eps=1e-6."""
-    for dt in FLOAT_DTYPES:
-        v = MAX_VECTOR_BYTES // dt.itemsize
-        d, f = dtype_name(dt), "float32"
-        for n in STANDARD_N:
-            key = BoundKey((d, d, d, d, d, d, f, f), (("N", n),), (v, v, v, v, v, v, 4, 4))
-            yield key, {"kind": "rms", "eps": 1e-6, "has_bias": False, "has_residual": False}
+def _specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """rms_norm forward (weight in x's dtype, no bias/residual, eps=1e-6) at STANDARD_N, and
+    layer_norm forward (weight and bias, eps=1e-5: nn.LayerNorm's) at the model hidden sizes
+    MODEL_N; with `ns`, both kinds at those lengths (`cuteforge precompile --shapes`)."""
+    layer_ns = MODEL_N if ns is None else ns
+    rms_ns = STANDARD_N if ns is None else ns
+    for kind, lengths, eps, bias in (("rms", rms_ns, 1e-6, False), ("layer", layer_ns, 1e-5, True)):
+        for dt in FLOAT_DTYPES:
+            v = MAX_VECTOR_BYTES // dt.itemsize
+            d, f = dtype_name(dt), "float32"
+            for n in lengths:
+                r = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) rows
+                key = BoundKey((d, d, d, d, d, d, f, f), (("N", n),), (r, v, v, r, r, r, 4, 4))
+                yield key, {"kind": kind, "eps": eps, "has_bias": bias, "has_residual": False}
 
 
 @kernel(

@@ -19,7 +19,15 @@ import torch
 
 from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
-from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, dtype_name
+from ...signature import (
+    FLOAT_DTYPES,
+    MAX_VECTOR_BYTES,
+    BoundKey,
+    Signature,
+    TensorArg,
+    dtype_name,
+    vector_width,
+)
 from . import col, row
 
 OPS = ("sum", "mean", "amax", "amin", "argmax")
@@ -57,9 +65,9 @@ def _specializations(ops: Iterable[str] = ("sum",), ns: Iterable[int] = STANDARD
     for op in ops:
         for dt in FLOAT_DTYPES:
             o = out_dtype(op, dt)
-            vec_x = MAX_VECTOR_BYTES // dt.itemsize
             vec_o = MAX_VECTOR_BYTES // o.itemsize
             for n in ns:
+                vec_x = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) rows
                 yield BoundKey((dtype_name(dt), dtype_name(o)), (("N", n),), (vec_x, vec_o)), {"op": op}
 
 

@@ -21,6 +21,7 @@ from ...signature import (
     TensorArg,
     dtype_name,
     torch_dtype,
+    vector_width,
 )
 from . import config as cfg_mod
 from .chunked import make_softmax_chunked
@@ -30,6 +31,9 @@ FWD_MODES = ("softmax", "log_softmax")
 BWD_MODES = ("softmax_bwd", "log_softmax_bwd")
 # The N values `cuteforge precompile` builds ahead of time (powers of two seen in models).
 STANDARD_N = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+# Vocabulary sizes of common models (Llama 2, GPT-2, Llama 3, Qwen 2): the forward's grid
+# also holds them (sampling over a vocabulary; the training loss is cross-entropy's).
+VOCAB_N = (32000, 50257, 128256, 151936)
 
 FWD_SIGNATURE = Signature(
     TensorArg("x", ("M", "N")),
@@ -115,16 +119,20 @@ def _configs(backward: bool):
 
 
 def standard_specializations(backward: bool):
-    """(key, params) pairs of contiguous rows of the STANDARD_N lengths, every dtype and
-    mode: what `cuteforge precompile` builds ahead of time."""
+    """(key, params) pairs of contiguous rows of the STANDARD_N lengths (the forward also of
+    the VOCAB_N lengths), every dtype and mode: what `cuteforge precompile` builds ahead of
+    time. Keyed and parameterized as the ops key a contiguous call (rows that do not start on
+    16 bytes: a narrower vector and same_heads, `kernel_params`)."""
 
-    def f(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    def f(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+        lengths = ns if ns is not None else STANDARD_N if backward else STANDARD_N + VOCAB_N
         for mode in BWD_MODES if backward else FWD_MODES:
             for dt in FLOAT_DTYPES:
-                vec = MAX_VECTOR_BYTES // dt.itemsize
                 nargs = 3 if backward else 2
-                for n in ns:
-                    yield BoundKey((dtype_name(dt),) * nargs, (("N", n),), (vec,) * nargs), {"mode": mode}
+                for n in lengths:
+                    vec = vector_width(0, (n,), dt.itemsize)
+                    key = BoundKey((dtype_name(dt),) * nargs, (("N", n),), (vec,) * nargs)
+                    yield key, dict(kernel_params(mode, key, True))
 
     return f
 
