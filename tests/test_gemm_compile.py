@@ -1085,9 +1085,9 @@ def test_long_k_one_wave_default() -> None:
     from cuteforge.kernels.gemm.sm90.config import fit_swizzle
     from cuteforge.kernels.gemm.sm90.config.defaults import LONG_K
 
-    for m, n, k in ((1536, 1536, 12288), (1024, 2816, 16384), (2816, 1024, 16384)):
+    for m, n, k in ((1536, 1536, 12288), (1024, 2816, 16384), (2816, 1024, 16384), (1024, 2816, 4096)):
         assert default_config(m, n, k, 132) == fit_swizzle(LONG_K, m, n), (m, n, k)
-    for m, n, k in ((1024, 4096, 16384), (2048, 2048, 8192), (1024, 2816, 4096), (1024, 1024, 16384)):
+    for m, n, k in ((1024, 4096, 16384), (2048, 2048, 8192), (1024, 2816, 2048), (1024, 1024, 16384)):
         assert default_config(m, n, k, 132) != fit_swizzle(LONG_K, m, n), (m, n, k)
     assert not default_config(1024, 2816, 16384, 132, fused=True).pingpong
 

@@ -280,6 +280,8 @@ def test_gradients_run_on_cuteforge_gemms(monkeypatch, dtype, m, k, n, epi) -> N
         kw["bias"] = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
         kw["epilogue"] = None if epi == "bias" else epi
     elif epi == "relu_row":
+        if m == 1:
+            pytest.skip("a (1, 1) bias reads as per column")
         kw.update(bias=torch.randn(m, 1, device="cuda", dtype=dtype, requires_grad=True), epilogue="relu")
     elif epi == "residual":
         kw["residual"] = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)

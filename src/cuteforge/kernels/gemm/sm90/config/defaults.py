@@ -25,11 +25,12 @@ SHORT_K_NARROW = GemmConfig(tile_n=128, pingpong=True, raster="n")  # the short-
 # the two tiles' `tile_efficiency` ratio): where 192-wide tiles fit the problem much
 # worse, the narrow tile stays.
 SHORT_K_GAIN = 1.04
-# Long K (>= 8192) whose pingpong 128x192 tiles fill one wave to at least LONG_K_FILL (a
+# Long K (>= 4096) whose pingpong 128x192 tiles fill one wave to at least LONG_K_FILL (a
 # weight gradient: M, N = hidden sizes, K = tokens): one tile a CTA, its epilogue under
-# the other warpgroup's mainloop. H200, dW layouts (A M-major): 0.88 / 0.98 / 0.96x cuBLAS
-# at 1536^2 x 12288, 1024x2816x16384, 2816x1024x16384 against 0.85 / 0.86 / 0.93x for the
-# 128x128 stream-K default; at 176-192 tiles (1024x4096, 2048^2) it fell to 0.70-0.72x.
+# the other warpgroup's mainloop. H200, dW layouts (A M-major): 0.88 / 1.01 / 0.97 / 1.00 /
+# 0.83x cuBLAS at 1536^2 x 12288, 1024x2816x16384, 2816x1024x16384, 1024x2816x4096 and
+# 2816x1024x4096 against 0.85 / 0.86 / 0.93 / 0.77 / 0.80x for the 128x128 stream-K
+# default; at 48 tiles (1024^2) 0.48x and at 176-192 (1024x4096, 2048^2) 0.70-0.72x.
 LONG_K = GemmConfig(tile_n=192, pingpong=True, epi_bufs=2)
 LONG_K_FILL = 0.72
 
@@ -86,7 +87,7 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             return wide
         return narrow
     long_k_tiles = -(-m // LONG_K.tile_m) * -(-n // LONG_K.tile_n) * batch
-    if not fused and k is not None and k >= 8192 and LONG_K_FILL * sm_count <= long_k_tiles <= sm_count:
+    if not fused and k is not None and k >= 4096 and LONG_K_FILL * sm_count <= long_k_tiles <= sm_count:
         return fit_swizzle(LONG_K, m, n)
     if m <= 64:
         shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
