@@ -97,6 +97,22 @@ def test_linear_trains_on_the_gemm(monkeypatch, activation, rows) -> None:
         assert _rel(got, want) < 2e-2
 
 
+def test_linear_trains_under_torch_compile() -> None:
+    """The GEMM's backward traces under torch.compile (AOT autograd runs it on fake tensors)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    torch.manual_seed(0)
+    lin = cnn.Linear(264, 520, activation="silu").to("cuda", torch.bfloat16)
+    ref = nn.Linear(264, 520).to("cuda", torch.bfloat16)
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(1000, 264, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(1000, 520, device="cuda", dtype=torch.bfloat16)
+    torch.compile(lin)(x).backward(g)
+    F.silu(ref(x)).backward(g)
+    for got, want in ((lin.weight.grad, ref.weight.grad), (lin.bias.grad, ref.bias.grad)):
+        assert _rel(got, want) < 2e-2
+
+
 def test_patched_mlp_trains_like_stock() -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the GEMM is sm_90a")

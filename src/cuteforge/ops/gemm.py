@@ -499,11 +499,16 @@ def _backward_on_gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor],
             or not g.is_cuda or torch.cuda.get_device_capability(g.device) != (9, 0) or 0 in (*a.shape, b.shape[1])):
         return None
     act, has_bias, has_c, has_res, alpha, beta = fields
-    it = iter(ops)
-    bias = next(it) if has_bias else None
-    c = next(it) if has_c else None
+
+    # the custom op itself, not gemm(): AOT autograd traces this backward with fake tensors
+    def mm(x: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        return _gemm_op(x, y, [], _NONE_KEY, "", out_dtype)
+
     if act != "none":
-        z = gemm(a, b, bias=bias, c=c, alpha=alpha, beta=beta, out_dtype=g.dtype)
+        # z = alpha * a @ b + beta * c + bias: the forward's epilogue without its activation
+        pre = GemmEpilogue.preset("none", bias=epi.kinds[0] if has_bias else None, c=has_c, alpha=alpha, beta=beta)
+        pre_ops = list(ops[:has_bias + has_c])
+        z = _gemm_op(a, b, pre_ops, pre.key if pre is not None else _NONE_KEY, ",".join(pre.kinds) if pre else "", g.dtype)
         dz = _ACT_BACKWARD[act](g, z)
     else:
         dz = g
@@ -512,9 +517,9 @@ def _backward_on_gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor],
     # weight's: b = W.t() is K-major, so dB = (dZ^T @ A)^T lands as W's contiguous gradient
     da = db = None
     if needs[0]:
-        da = gemm(b, dacc.t(), out_dtype=a.dtype).t() if _k_major_t(a) else gemm(dacc, b.t(), out_dtype=a.dtype)
+        da = mm(b, dacc.t(), a.dtype).t() if _k_major_t(a) else mm(dacc, b.t(), a.dtype)
     if needs[1]:
-        db = gemm(dacc.t(), a, out_dtype=b.dtype).t() if _k_major_t(b) else gemm(a.t(), dacc, out_dtype=b.dtype)
+        db = mm(dacc.t(), a, b.dtype).t() if _k_major_t(b) else mm(a.t(), dacc, b.dtype)
     # the operands in kernel order: bias (per column or per row), c, residual
     terms = [dz] * has_bias + [dz * beta if beta != 1.0 else dz] * has_c + [g] * has_res
     op_grads = [d.float().sum_to_size(t.shape).to(t.dtype) for d, t in zip(terms, ops)] if needs[2] else [None] * len(ops)
