@@ -168,6 +168,10 @@ def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: 
             share = list(range(rank, len(parsed), world))
             k = library_kernel(kernel)
             factory = problem_factory(k.name)
+            if workers is None:  # the host's cores shared by its ranks' compile pools
+                from .autotune.pool import default_workers
+
+                workers = max(1, default_workers() // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
             if measurement().needs_gpu:
                 device = _use_local_gpu()
                 if compile_only():
