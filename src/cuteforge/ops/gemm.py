@@ -24,7 +24,8 @@ out_dtype says.
 Every layout runs without a copy when TMA can address it (unit stride in K or in M/N,
 16-byte aligned rows); anything else is copied once into an aligned buffer. Warm calls
 are one dict lookup. Under torch.compile or autograd the call goes through the custom
-op `torch.ops.cuteforge.gemm` (fake impl + a backward that recomputes in torch).
+op `torch.ops.cuteforge.gemm` (fake impl; a backward whose dA / dB are cuteforge GEMMs for
+2-D 16-bit calls with a preset epilogue, an fp32 recompute in torch otherwise).
 """
 
 from __future__ import annotations
