@@ -174,7 +174,7 @@ def bundle_summary(made: dict[str, Any], create_s: float, library_s: float, stat
             "create_s": round(create_s, 1), "library_quick_s": round(library_s, 1),
             "compiles": int(cum.get("compiles", 0)), "bundle_loads": int(cum.get("bundle_loads", 0)),
             "bar_met": int(cum.get("compiles", 0)) == 0,
-            "compiled_kernels": sorted({f"{e['kernel']} {e.get('key') or ''}"[:200] for e in compiled if e.get("kernel")})}
+            "compiled_kernels": sorted({str(e.get("key") or e["kernel"]) for e in compiled if e.get("kernel")})}
 
 
 def gpu_slug(name: str) -> str:

@@ -14,6 +14,7 @@ from cuteforge.autotune.problems import problem_factory
 from cuteforge.cli.common import CliError
 from cuteforge.cli.precompile import precompile_specs, row_lengths
 from cuteforge.kernels.softmax.spec import kernel_params
+from cuteforge.signature import BoundKey
 
 HIDDEN = (2048, 4096, 5120, 8192)
 VOCAB = (32000, 50257, 128256, 151936)
@@ -50,11 +51,32 @@ def test_cross_entropy_and_softmax_cover_vocabularies(grid: set[tuple[str, Any, 
             assert _covered(grid, "softmax_fwd", n, dtype, {"mode": mode}), (n, dtype, mode)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_backward_covers_model_hidden_sizes(grid: set[tuple[str, Any, Any]], dtype: str) -> None:
+    """The key ops/norm_launch.py binds for a training step's backward (x, weight, dy, dy as
+    dsum, two (M,) float32 statistics, dx, two (Q, N) float32 partials), written out."""
+    width = {"float32": 4, "bfloat16": 8, "float16": 8}[dtype]
+    for n in HIDDEN:
+        key = BoundKey((dtype,) * 4 + ("float32",) * 2 + (dtype,) + ("float32",) * 2, (("N", n),),
+                       (width,) * 4 + (4, 4, width, 4, 4))
+        assert ("norm_bwd", key, (("has_bias", False), ("has_dsum", False), ("kind", "rms"))) in grid, (n, dtype)
+        assert ("norm_bwd", key, (("has_bias", True), ("has_dsum", False), ("kind", "layer"))) in grid, (n, dtype)
+
+
 def test_grid_size() -> None:
     """What a full precompile compiles: a change here is a change in compile time (docs/bundles.md)."""
     counts = Counter(k.name for k, _ in precompile_specs())
-    assert sum(counts.values()) == 267, counts
-    assert counts["norm_fwd"] == 30 and counts["softmax_fwd"] == 90 and counts["softmax_bwd"] == 66
+    assert sum(counts.values()) == 435, counts
+    assert counts["norm_fwd"] == 30 and counts["norm_bwd"] == 24 and counts["softmax_fwd"] == 90 and counts["softmax_bwd"] == 66
+    assert counts["row_reduce"] == 5 * 11 * 3 and counts["cross_entropy_fwd_reduce"] == 2 * 4 * 3
+
+
+def test_every_reduction_and_the_no_grad_loss(grid: set[tuple[str, Any, Any]]) -> None:
+    for dtype in ("float32", "bfloat16"):
+        for op in ("sum", "mean", "amax", "amin", "argmax"):
+            assert _covered(grid, "row_reduce", 16384, dtype, {"op": op}), (op, dtype)
+    names = {params for k, _, params in grid if k == "cross_entropy_fwd_reduce"}
+    assert {dict(p)["lse"] for p in names} == {True, False}
 
 
 def test_shapes_add_row_lengths() -> None:
@@ -66,6 +88,8 @@ def test_shapes_add_row_lengths() -> None:
     more = precompile_specs(["norm_fwd", "softmax_fwd", "gemm_sm90_tn"], (7168, 4096))  # 4096 is standard already
     added = Counter(k.name for k, _ in more) - Counter(k.name for k, _ in base)
     assert added == {"norm_fwd": 6, "softmax_fwd": 6}, added  # (rms, layer) and (softmax, log_softmax) x 3 dtypes
+    more_bwd = Counter(k.name for k, _ in precompile_specs(["norm_bwd"], (7168,)))
+    assert more_bwd == {"norm_bwd": 24 + 6}, more_bwd
     grid = {(k.name, s.key, s.params) for k, s in more}
     for dtype in DTYPES:
         assert _covered(grid, "norm_fwd", 7168, dtype, {"kind": "layer"})

@@ -136,14 +136,15 @@ def cross_entropy_fwd(spec: CompileSpec) -> Any:
 
 
 def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
-    """mean with lse: what a training step's `ops.cross_entropy(logits, target)` runs
-    (no-grad calls and sum compile on first use)."""
-    for dt in FLOAT_DTYPES:
-        for n in ns:
-            v = vector_width(0, (n,), dt.itemsize)
-            names = (dtype_name(dt), "int64", dtype_name(dt), "float32", "int32")
-            static = (("N", n), ("ONE", 1))
-            yield BoundKey(names, static, (v, 2, 16 // dt.itemsize, 4, 4)), {"ignore_index": -100, "lse": True, "mean": True}
+    """mean, with lse (what a training step's `ops.cross_entropy(logits, target)` runs) and
+    without (a no-grad call: evaluation); reduction="sum" compiles on first use."""
+    for with_lse in (True, False):
+        for dt in FLOAT_DTYPES:
+            for n in ns:
+                v = vector_width(0, (n,), dt.itemsize)
+                names = (dtype_name(dt), "int64", dtype_name(dt), "float32", "int32")
+                static = (("N", n), ("ONE", 1))
+                yield BoundKey(names, static, (v, 2, 16 // dt.itemsize, 4, 4)), {"ignore_index": -100, "lse": with_lse, "mean": True}
 
 
 @kernel(

@@ -121,6 +121,20 @@ def norm_fwd(spec: CompileSpec) -> Any:
     )
 
 
+def _bwd_specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """The backward a training step runs (weight, and for layer_norm bias, wanting gradients;
+    no residual) at the model hidden sizes MODEL_N (or `ns`): keyed as `ops/norm_launch.py`
+    binds its freshly allocated operands (x, weight, dy, dy as dsum, statistics, dx, the
+    dweight partials)."""
+    for kind, bias in (("rms", False), ("layer", True)):
+        for dt in FLOAT_DTYPES:
+            for n in MODEL_N if ns is None else ns:
+                rows, w = torch.empty(1, n, dtype=dt, device="meta"), torch.empty(n, dtype=dt, device="meta")
+                stat, part = torch.empty(1, device="meta"), torch.empty(1, n, device="meta")
+                key = BWD_SIGNATURE.fresh_key((rows, w, rows, rows, stat, stat, rows, part, part))
+                yield key, {"has_bias": bias, "has_dsum": False, "kind": kind}
+
+
 @kernel(
     name="norm_bwd",
     signature=BWD_SIGNATURE,
@@ -128,6 +142,7 @@ def norm_fwd(spec: CompileSpec) -> Any:
     default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True)),
                                                        s.param("kind")),
     configs=lambda s: _configs(s, True),
+    specializations=_bwd_specializations,
     validate=lambda spec, cfg: _validate(spec, cfg, True),
 )
 def norm_bwd(spec: CompileSpec) -> Any:

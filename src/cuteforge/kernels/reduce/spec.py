@@ -61,7 +61,9 @@ def _configs(spec: CompileSpec) -> list[Any]:
     return row.candidate_configs(spec.static("N"), spec.dtype("x").width)
 
 
-def _specializations(ops: Iterable[str] = ("sum",), ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+def _specializations(ops: Iterable[str] = OPS, ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """Every op (sum, mean, amax, amin, argmax) over contiguous rows of each length: a
+    reduction kernel compiles in a fraction of a second, and `cuteforge library` calls all five."""
     for op in ops:
         for dt in FLOAT_DTYPES:
             o = out_dtype(op, dt)
