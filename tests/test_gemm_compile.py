@@ -331,7 +331,7 @@ def test_op_empty_dims_give_torchs_answer(monkeypatch: pytest.MonkeyPatch) -> No
     import torch.nn.functional as F
 
     mod = importlib.import_module("cuteforge.ops.gemm")  # the package attribute is the function
-    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(importlib.import_module("cuteforge.ops.gemm_launch"), "_check_devices", lambda *args: None)
     monkeypatch.setattr(mod, "_PLANS", {})
     monkeypatch.setattr(mod, "_EAGER", {})
     bias, c = _cpu(7), _cpu(5, 7, dtype=torch.float32)
@@ -704,7 +704,7 @@ def test_fp8_empty_dims_and_custom_op(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.nn.functional as F
 
     mod = importlib.import_module("cuteforge.ops.gemm")
-    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(importlib.import_module("cuteforge.ops.gemm_launch"), "_check_devices", lambda *args: None)
     monkeypatch.setattr(mod, "_PLANS", {})
     monkeypatch.setattr(mod, "_EAGER", {})
     bias = _cpu(7)
@@ -735,7 +735,7 @@ def test_eager_warm_path_memo_key(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.nn.functional as F
 
     mod = importlib.import_module("cuteforge.ops.gemm")
-    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(importlib.import_module("cuteforge.ops.gemm_launch"), "_check_devices", lambda *args: None)
     monkeypatch.setattr(mod, "_PLANS", {})
     monkeypatch.setattr(mod, "_EAGER", {})
     slow = mod._gemm_slow
@@ -852,7 +852,7 @@ def test_eager_warm_path_keeps_the_sign_of_a_zero_alpha(monkeypatch: pytest.Monk
     import importlib
 
     mod = importlib.import_module("cuteforge.ops.gemm")
-    monkeypatch.setattr(mod, "_check_devices", lambda *args: None)
+    monkeypatch.setattr(importlib.import_module("cuteforge.ops.gemm_launch"), "_check_devices", lambda *args: None)
     monkeypatch.setattr(mod, "_PLANS", {})
     monkeypatch.setattr(mod, "_EAGER", {})
     a, b = _cpu(5, 0), _cpu(0, 7)
@@ -1198,7 +1198,7 @@ def test_persistent_grid_capped_by_resident_clusters(monkeypatch: pytest.MonkeyP
     the `clusters` compile parameter; pairs are never asked (sms / 2 always fit)."""
     import importlib
 
-    mod = importlib.import_module("cuteforge.ops.gemm")
+    mod = importlib.import_module("cuteforge.ops.gemm_launch")
     asked: list[int] = []
 
     def fake_cap(device: int, size: int) -> int | None:

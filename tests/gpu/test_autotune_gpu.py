@@ -162,7 +162,8 @@ def test_gemm_tune_main_winner_is_what_ops_gemm_runs(tmp_path: Path, monkeypatch
     a = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1000, 1000, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
-    kern = gemm_mod.gemm_kernel(True, True, ("col",))
+    launch = importlib.import_module("cuteforge.ops.gemm_launch")
+    kern = launch.gemm_kernel(True, True, ("col",))
     stored = lookup(kern, kern.signature.bind((a.unsqueeze(0), w.t().unsqueeze(0), a.unsqueeze(0), torch.zeros(4, dtype=torch.int32, device="cuda"), bias)),
                     {"sms": torch.cuda.get_device_properties(0).multi_processor_count, "epilogue": gemm_mod.GemmEpilogue.preset("gelu", bias="col").key},
                     {"M": 1000, "N": 1000, "K": 1000})
@@ -171,7 +172,7 @@ def test_gemm_tune_main_winner_is_what_ops_gemm_runs(tmp_path: Path, monkeypatch
     def no_heuristic(*args: object, **kw: object) -> None:
         raise AssertionError("ops.gemm fell back to the heuristic despite a stored tuning result")
 
-    monkeypatch.setattr(gemm_mod, "default_config", no_heuristic)
+    monkeypatch.setattr(launch, "default_config", no_heuristic)
     gemm_mod._PLANS.clear()
     got = gemm_mod.gemm(a, w.t(), bias=bias, epilogue="gelu")
     ref = F.gelu(a.float() @ w.float().t() + bias.float(), approximate="tanh")

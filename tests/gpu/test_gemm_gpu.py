@@ -268,9 +268,9 @@ def test_gradients_run_on_cuteforge_gemms(monkeypatch, dtype, m, k, n, epi) -> N
     each input's layout (an nn.Linear weight's gradient contiguous), matching torch."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the GEMM is sm_90a")
-    mod = importlib.import_module("cuteforge.ops.gemm")  # the package exports the function under this name
+    launch = importlib.import_module("cuteforge.ops.gemm_launch")
 
-    monkeypatch.setattr(mod, "_reference", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch recompute ran")))
+    monkeypatch.setattr(launch, "_reference", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch recompute ran")))
     torch.manual_seed(0)
     x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
     w = (torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5).requires_grad_()
@@ -482,7 +482,7 @@ def test_stream_k_ends() -> None:
     ends; plain, bf16 -> fp32 and fused bias + gelu, ragged edges, each launched twice
     (the owners clear the flags for the next launch)."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig, scheduled_clusters, stream_k_ends_len
-    from cuteforge.ops.gemm import _persistent_clusters
+    from cuteforge.ops.gemm_launch import _persistent_clusters
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = GemmConfig(stream_k=True, stream_k_ends=True)
@@ -517,7 +517,7 @@ def test_stream_k_ends_batched() -> None:
     1000x2000: 32 clusters a batch, the 58 cut ones in batches 6 and 7) or sit in the last
     one; plain and bias + gelu, ragged, a broadcast B, twice each."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig, scheduled_clusters, stream_k_ends_len
-    from cuteforge.ops.gemm import _persistent_clusters
+    from cuteforge.ops.gemm_launch import _persistent_clusters
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = GemmConfig(stream_k=True, stream_k_ends=True)
@@ -549,7 +549,7 @@ def test_batched_default_cuts_ends(monkeypatch: pytest.MonkeyPatch) -> None:
 
     from cuteforge.kernels.gemm.sm90.config import default_config
 
-    gemm_mod = importlib.import_module("cuteforge.ops.gemm")  # the module: `cuteforge.ops.gemm` the attribute is the op
+    launch = importlib.import_module("cuteforge.ops.gemm_launch")  # where the plan asks for the default
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [(b, m, n, k) for b, m, n, k in ((3, 2000, 5000, 8000), (2, 1100, 2500, 8000))
@@ -563,7 +563,7 @@ def test_batched_default_cuts_ends(monkeypatch: pytest.MonkeyPatch) -> None:
         picked.append(cfg)
         return cfg
 
-    monkeypatch.setattr(gemm_mod, "default_config", recording)
+    monkeypatch.setattr(launch, "default_config", recording)
     for batch, m, n, k in cases:
         a = torch.randn(batch, m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(batch, k, n, device="cuda", dtype=torch.bfloat16)
@@ -587,7 +587,7 @@ def test_stream_k_ends_four_cta_then_pairs() -> None:
     its tile-0 partial written right after the flags) and then 2-CTA stream-K launches,
     whose flags would have covered those words, all correct, twice over."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig, scheduled_clusters, stream_k_ends_len
-    from cuteforge.ops.gemm import _persistent_clusters
+    from cuteforge.ops.gemm_launch import _persistent_clusters
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     c4 = GemmConfig(cluster_m=2, cluster_n=2, stream_k=True, stream_k_ends=True)

@@ -75,9 +75,9 @@ def test_linear_trains_on_the_gemm(monkeypatch, activation, rows) -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the GEMM is sm_90a")
     import cuteforge.ops as ops_pkg
-    gemm_mod = importlib.import_module("cuteforge.ops.gemm")  # the package exports the function under this name
+    launch = importlib.import_module("cuteforge.ops.gemm_launch")
 
-    monkeypatch.setattr(gemm_mod, "_reference", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch recompute ran")))
+    monkeypatch.setattr(launch, "_reference", lambda *a, **k: (_ for _ in ()).throw(AssertionError("torch recompute ran")))
     calls = []
     real = ops_pkg.gemm
     monkeypatch.setattr(ops_pkg, "gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
