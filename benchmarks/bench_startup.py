@@ -22,7 +22,7 @@ The C++ extension (`cuteforge build-native`) is built once, in the cache this sc
 with, and copied into every fresh cache, so no measurement waits for or competes with its
 background build.
 
-Run on a GPU machine (one command, everything included; about 4 minutes on an H200 host
+Run on a GPU machine (one command, everything included; 4 to 5 minutes on an H200 host
 with 16 cores):
 
     python benchmarks/bench_startup.py [--out FILE] [--workers N] [--skip-bundle]
