@@ -115,7 +115,7 @@ def _backward_on_gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor],
     None where this path does not apply (torch's recompute then serves)."""
     fields = epi.preset_fields() if epi is not None else ("none", False, False, False, 1.0, 1.0)
     if (fields is None or a.dim() != 2 or b.dim() != 2 or a.dtype not in AB_DTYPES or b.dtype != a.dtype
-            or not g.is_cuda or torch.cuda.get_device_capability(g.device) != (9, 0) or 0 in (*a.shape, b.shape[1])):
+            or not _on_sm90(g) or 0 in (*a.shape, b.shape[1])):
         return None
     act, has_bias, has_c, has_res, alpha, beta = fields
 
@@ -143,6 +143,11 @@ def _backward_on_gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor],
     terms = [dz] * has_bias + [dz * beta if beta != 1.0 else dz] * has_c + [g] * has_res
     op_grads = [d.float().sum_to_size(t.shape).to(t.dtype) for d, t in zip(terms, ops)] if needs[2] else [None] * len(ops)
     return da, db, op_grads, None, None, None
+
+
+def _on_sm90(t: torch.Tensor) -> bool:
+    """Whether `t` lives where the sm_90a GEMM runs."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device) == (9, 0)
 
 
 def _k_major_t(t: torch.Tensor) -> bool:
