@@ -125,22 +125,13 @@ class KernelCache:
     ) -> Callable[..., Any]:
         return self._get(kernel, key_repr, arch, compile_fn, extra_fingerprint, source_path, _FUNCTIONS)
 
-    def get_bytes(
-        self,
-        *,
-        kernel: str,
-        key_repr: str,
-        arch: str,
-        compile_fn: Callable[[bool], compiler.CompileResult],
-        extra_fingerprint: str = "",
-        source_path: str | None = None,
-    ) -> bytes:
-        """As `get`, for a compile whose `CompileResult.compiled` is the object's bytes,
-        returned as they are (another runtime loads them: cuteforge.jax)."""
-        return self._get(kernel, key_repr, arch, compile_fn, extra_fingerprint, source_path, _BYTES)
+    def get_bytes(self, **request: Any) -> bytes:
+        """As `get` (the same keyword arguments), for a compile whose `CompileResult.compiled`
+        is the object's bytes, returned as they are (another runtime loads them: cuteforge.jax)."""
+        return self._get(**request, codec=_BYTES)
 
     def _get(self, kernel: str, key_repr: str, arch: str, compile_fn: Callable[[bool], compiler.CompileResult],
-             extra_fingerprint: str, source_path: str | None, codec: _Codec) -> Any:
+             extra_fingerprint: str = "", source_path: str | None = None, codec: _Codec = _FUNCTIONS) -> Any:
         bundled = functools.partial(self._bundled, kernel, key_repr, arch, extra_fingerprint, codec)
         root = private_root() if disk_enabled() else None
         if root is None:

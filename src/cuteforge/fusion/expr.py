@@ -48,6 +48,18 @@ def is_bool(node: Node) -> bool:
     return node[0] in COMPARE
 
 
+def _operator(op: str, reflected: bool = False) -> Callable[[Sym, Any], Sym]:
+    """A `Sym` operator method recording the binary node `op` over (self, other), or with
+    `reflected` (the `__r*__` methods) over (other, self)."""
+    if reflected:
+        def method(self: Sym, o: Any) -> Sym:
+            return _binary(op, o, self)
+    else:
+        def method(self: Sym, o: Any) -> Sym:
+            return _binary(op, self, o)
+    return method
+
+
 class Sym:
     """A symbolic value standing for a tensor of fp32 elements while a function is traced."""
 
@@ -61,29 +73,10 @@ class Sym:
         return f"Sym({to_key(self.node)})"
 
     # arithmetic ------------------------------------------------------------------
-    def __add__(self, o: Any) -> Sym:
-        return _binary("add", self, o)
-
-    def __radd__(self, o: Any) -> Sym:
-        return _binary("add", o, self)
-
-    def __sub__(self, o: Any) -> Sym:
-        return _binary("sub", self, o)
-
-    def __rsub__(self, o: Any) -> Sym:
-        return _binary("sub", o, self)
-
-    def __mul__(self, o: Any) -> Sym:
-        return _binary("mul", self, o)
-
-    def __rmul__(self, o: Any) -> Sym:
-        return _binary("mul", o, self)
-
-    def __truediv__(self, o: Any) -> Sym:
-        return _binary("div", self, o)
-
-    def __rtruediv__(self, o: Any) -> Sym:
-        return _binary("div", o, self)
+    __add__, __radd__ = _operator("add"), _operator("add", reflected=True)
+    __sub__, __rsub__ = _operator("sub"), _operator("sub", reflected=True)
+    __mul__, __rmul__ = _operator("mul"), _operator("mul", reflected=True)
+    __truediv__, __rtruediv__ = _operator("div"), _operator("div", reflected=True)
 
     def __neg__(self) -> Sym:
         return apply_op("neg", self)
@@ -107,23 +100,8 @@ class Sym:
         return out
 
     # comparisons: boolean values, usable only as the condition of where() -------------
-    def __lt__(self, o: Any) -> Sym:
-        return _binary("lt", self, o)
-
-    def __le__(self, o: Any) -> Sym:
-        return _binary("le", self, o)
-
-    def __gt__(self, o: Any) -> Sym:
-        return _binary("gt", self, o)
-
-    def __ge__(self, o: Any) -> Sym:
-        return _binary("ge", self, o)
-
-    def __eq__(self, o: Any) -> Sym:  # type: ignore[override]
-        return _binary("eq", self, o)
-
-    def __ne__(self, o: Any) -> Sym:  # type: ignore[override]
-        return _binary("ne", self, o)
+    __lt__, __le__, __gt__ = _operator("lt"), _operator("le"), _operator("gt")
+    __ge__, __eq__, __ne__ = _operator("ge"), _operator("eq"), _operator("ne")
 
     # what a traced value cannot do ---------------------------------------------------
     def __bool__(self) -> bool:

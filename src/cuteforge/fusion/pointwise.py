@@ -160,8 +160,26 @@ def _record_or_compute(op: str, *args: Any) -> Any:
     raise expr.UnsupportedFusionError(f"cuteforge.fusion.{op} works on traced values and numbers inside an epilogue/prologue function, got ({kinds})")
 
 
-def relu(x: Any) -> Any:
-    return _record_or_compute("relu", x)
+def _function(op: str) -> Callable[..., Any]:
+    """The fusion function `op` (cuteforge.fusion.relu, ...): records the node on traced
+    values, computes on plain numbers."""
+
+    if expr.OPS[op] == 1:
+        def f(x: Any) -> Any:
+            return _record_or_compute(op, x)
+    else:
+        def f(a: Any, b: Any) -> Any:  # type: ignore[misc]
+            return _record_or_compute(op, a, b)
+
+    f.__name__ = f.__qualname__ = op
+    f.__doc__ = f"cuteforge.fusion.{op}: on traced values inside an epilogue/prologue function, or on numbers."
+    return f
+
+
+relu, silu, sigmoid, tanh, exp = (_function(op) for op in ("relu", "silu", "sigmoid", "tanh", "exp"))
+sqrt, rsqrt, log, neg = (_function(op) for op in ("sqrt", "rsqrt", "log", "neg"))
+abs = _function("abs")  # noqa: A001 - the fusion op's name
+minimum, maximum = _function("minimum"), _function("maximum")
 
 
 def gelu(x: Any, approximate: str = "none") -> Any:
@@ -169,50 +187,6 @@ def gelu(x: Any, approximate: str = "none") -> Any:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _record_or_compute("gelu" if approximate == "none" else "gelu_tanh", x)
-
-
-def silu(x: Any) -> Any:
-    return _record_or_compute("silu", x)
-
-
-def sigmoid(x: Any) -> Any:
-    return _record_or_compute("sigmoid", x)
-
-
-def tanh(x: Any) -> Any:
-    return _record_or_compute("tanh", x)
-
-
-def exp(x: Any) -> Any:
-    return _record_or_compute("exp", x)
-
-
-def sqrt(x: Any) -> Any:
-    return _record_or_compute("sqrt", x)
-
-
-def rsqrt(x: Any) -> Any:
-    return _record_or_compute("rsqrt", x)
-
-
-def log(x: Any) -> Any:
-    return _record_or_compute("log", x)
-
-
-def abs(x: Any) -> Any:  # noqa: A001 - the fusion op's name
-    return _record_or_compute("abs", x)
-
-
-def neg(x: Any) -> Any:
-    return _record_or_compute("neg", x)
-
-
-def minimum(a: Any, b: Any) -> Any:
-    return _record_or_compute("minimum", a, b)
-
-
-def maximum(a: Any, b: Any) -> Any:
-    return _record_or_compute("maximum", a, b)
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:
