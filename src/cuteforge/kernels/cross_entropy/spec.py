@@ -62,14 +62,6 @@ def config_for(n: int, dtype_bits: int, backward: bool = False) -> Any:
     return device.ce_config(n, dtype_bits, backward)
 
 
-def _default_config(spec: CompileSpec) -> Any:
-    return device.ce_config(spec.static("N"), spec.dtype("logits").width)
-
-
-def _default_bwd_config(spec: CompileSpec) -> Any:
-    return device.ce_config(spec.static("N"), spec.dtype("logits").width, backward=True)
-
-
 def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
     """The heuristic, one-row CTAs of 128 / 256 / 512 threads with 4 or 8 vectors in
     flight (those that fit the row), then the row reduction's candidates (none with a
@@ -82,14 +74,6 @@ def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
         if c not in out:
             out.append(c)
     return out[:8]
-
-
-def _configs(spec: CompileSpec) -> list[Any]:
-    return _candidates(spec, False)
-
-
-def _bwd_configs(spec: CompileSpec) -> list[Any]:
-    return _candidates(spec, True)
 
 
 def _validate(spec: CompileSpec, config: Any) -> None:
@@ -120,15 +104,22 @@ def _specs(with_grad: bool, ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[Bo
                 yield BoundKey(names, (("N", n),), (v, 2, 4, 4)), {"ignore_index": -100}
 
 
-@kernel(
-    name="cross_entropy_fwd",
-    signature=FWD_SIGNATURE,
-    archs=("sm_80+",),
-    default_config=_default_config,
-    configs=_configs,
-    specializations=lambda ns=STANDARD_N: _specs(False, ns),
-    validate=_validate,
-)
+def _ce_kernel(name: str, signature: Signature, specializations: Any, validate: Any = _validate,
+               backward: bool = False) -> Any:
+    """`@kernel` for one of the cross-entropy kernels: the configs are the direction's
+    (`device.ce_config` and `_candidates`)."""
+    return kernel(
+        name=name,
+        signature=signature,
+        archs=("sm_80+",),
+        default_config=lambda s: config_for(s.static("N"), s.dtype("logits").width, backward),
+        configs=lambda s: _candidates(s, backward),
+        specializations=specializations,
+        validate=validate,
+    )
+
+
+@_ce_kernel("cross_entropy_fwd", FWD_SIGNATURE, lambda ns=STANDARD_N: _specs(False, ns))
 def cross_entropy_fwd(spec: CompileSpec) -> Any:
     return device.make_ce_fwd(
         spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index")
@@ -147,15 +138,7 @@ def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, di
                 yield BoundKey(names, static, (v, 2, 16 // dt.itemsize, 4, 4)), {"ignore_index": -100, "lse": with_lse, "mean": True}
 
 
-@kernel(
-    name="cross_entropy_fwd_reduce",
-    signature=REDUCE_SIGNATURE,
-    archs=("sm_80+",),
-    default_config=_default_config,
-    configs=_configs,
-    specializations=_reduce_specs,
-    validate=_validate_reduce,
-)
+@_ce_kernel("cross_entropy_fwd_reduce", REDUCE_SIGNATURE, _reduce_specs, _validate_reduce)
 def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
     _validate_reduce(spec, spec.config)
     return device.make_ce_fwd_reduce(
@@ -164,15 +147,7 @@ def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
     )
 
 
-@kernel(
-    name="cross_entropy_bwd",
-    signature=BWD_SIGNATURE,
-    archs=("sm_80+",),
-    default_config=_default_bwd_config,
-    configs=_bwd_configs,
-    specializations=lambda ns=STANDARD_N: _specs(True, ns),
-    validate=_validate,
-)
+@_ce_kernel("cross_entropy_bwd", BWD_SIGNATURE, lambda ns=STANDARD_N: _specs(True, ns), backward=True)
 def cross_entropy_bwd(spec: CompileSpec) -> Any:
     return device.make_ce_bwd(
         spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config, spec.param("ignore_index")

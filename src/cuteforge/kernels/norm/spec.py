@@ -78,7 +78,7 @@ def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
     n, bits = spec.static("N"), spec.dtype("x").width
     if backward:  # the backward's candidates around the heuristic, after this kernel's own default
-        base = config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)), spec.param("kind"))
+        base = _default_config(spec, True)
         near = config.row_grid_candidates(base, n, bits) if base.row_grid else []  # the frozen kernel's
         rest = [c for c in config.candidate_configs(n, bits, True, spec.param("kind")) if c != base]
         return ([base] + near + rest)[:8]
@@ -103,24 +103,6 @@ def _specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey
                 yield key, {"kind": kind, "eps": eps, "has_bias": bias, "has_residual": False}
 
 
-@kernel(
-    name="norm_fwd",
-    signature=FWD_SIGNATURE,
-    archs=("sm_90+",),
-    default_config=lambda s: config.default_config(s.static("N"), s.dtype("x").width, False, s.param("kind"),
-                                                   bool(s.param("has_residual"))),
-    configs=lambda s: _configs(s, False),
-    specializations=_specializations,
-    validate=lambda spec, cfg: _validate(spec, cfg, False),
-)
-def norm_fwd(spec: CompileSpec) -> Any:
-    return fwd.make_norm_fwd(
-        spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _FWD_ROWS),
-        spec.config, float(spec.param("eps")), bool(spec.param("has_bias")), bool(spec.param("has_residual")),
-        _aligned(spec, ("x", "residual")), _aligned(spec, ("weight", "bias")),
-    )
-
-
 def _bwd_specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     """The backward a training step runs (weight, and for layer_norm bias, wanting gradients;
     no residual) at the model hidden sizes MODEL_N (or `ns`): keyed as `ops/norm_launch.py`
@@ -135,21 +117,41 @@ def _bwd_specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[Boun
                 yield key, {"has_bias": bias, "has_dsum": False, "kind": kind}
 
 
-@kernel(
-    name="norm_bwd",
-    signature=BWD_SIGNATURE,
-    archs=("sm_90+",),
-    default_config=lambda s: config.default_bwd_config(s.static("N"), s.dtype("x").width, bool(s.param("has_dw", True)),
-                                                       s.param("kind")),
-    configs=lambda s: _configs(s, True),
-    specializations=_bwd_specializations,
-    validate=lambda spec, cfg: _validate(spec, cfg, True),
-)
+def _default_config(spec: CompileSpec, backward: bool) -> Any:
+    n, bits = spec.static("N"), spec.dtype("x").width
+    if backward:
+        return config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)), spec.param("kind"))
+    return config.default_config(n, bits, False, spec.param("kind"), bool(spec.param("has_residual")))
+
+
+def _norm_kernel(backward: bool) -> Any:
+    """`@kernel` for norm_fwd or norm_bwd: every hook is the direction's own."""
+    return kernel(
+        name="norm_bwd" if backward else "norm_fwd",
+        signature=BWD_SIGNATURE if backward else FWD_SIGNATURE,
+        archs=("sm_90+",),
+        default_config=lambda s: _default_config(s, backward),
+        configs=lambda s: _configs(s, backward),
+        specializations=_bwd_specializations if backward else _specializations,
+        validate=lambda spec, cfg: _validate(spec, cfg, backward),
+    )
+
+
+@_norm_kernel(backward=False)
+def norm_fwd(spec: CompileSpec) -> Any:
+    return fwd.make_norm_fwd(
+        spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _FWD_ROWS),
+        spec.config, float(spec.param("eps")), bool(spec.param("has_bias")), bool(spec.param("has_residual")),
+        _aligned(spec, ("x", "residual")), _aligned(spec, ("weight", "bias")),
+    )
+
+
+@_norm_kernel(backward=True)
 def norm_bwd(spec: CompileSpec) -> Any:
     return bwd.make_norm_bwd(
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _BWD_ROWS),
         spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
-        _rows_aligned(spec), spec.vec("weight") * spec.dtype("weight").width == 128,
+        _aligned(spec, ("x", "dy", "dsum")), _aligned(spec, ("weight",)),
         bool(spec.param("has_dw", True)),  # absent: True (the keys from before it existed)
     )
 
@@ -159,8 +161,3 @@ def _aligned(spec: CompileSpec, names: tuple[str, ...]) -> bool:
     vector width covers 16 bytes (what the staged kernels' bulk copies need)."""
     return all(spec.vec(a) * spec.dtype(a).width == 128 for a in names)
 
-
-def _rows_aligned(spec: CompileSpec) -> bool:
-    """Every row of x, dy and dsum starts 16-byte aligned (what the staged backward's bulk
-    copies need): the per-argument vector width covers 16 bytes."""
-    return all(spec.vec(a) * spec.dtype(a).width == 128 for a in ("x", "dy", "dsum"))
