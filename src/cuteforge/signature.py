@@ -254,3 +254,13 @@ def check_key_part(value: Any, what: str) -> None:
         f"{what} is a {type(value).__name__}; compile keys take ints, floats, strings, bools, "
         "None, torch dtypes, tuples of those and frozen dataclasses"
     )
+
+
+def check_last_dim(where: str, name: str, value: Any, ndim: int, hint: str) -> None:
+    """An op's `name` argument (dim, axis): an int naming the last dim of an ndim-D input,
+    the one the row kernels reduce over; `hint` says how to move another one last."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: argument {name!r} must be an int, got {type(value).__name__}")
+    if value not in (-1, ndim - 1):
+        raise ValueError(f"{where}: argument {name!r} must be the last {name} (-1 or {ndim - 1}) of a {ndim}-D input, got {value}"
+                         f" ({hint})")

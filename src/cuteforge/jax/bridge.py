@@ -36,7 +36,7 @@ from cuteforge import cache as _cache  # noqa: E402  (after the JAX check on pur
 from cuteforge import compiler as _compiler  # noqa: E402
 from cuteforge.arch import target_arch  # noqa: E402
 from cuteforge.kernel import CompileSpec, Kernel  # noqa: E402
-from cuteforge.signature import BoundKey, vector_width  # noqa: E402
+from cuteforge.signature import BoundKey, check_last_dim, vector_width  # noqa: E402
 
 _compiler.prepare_dsl()  # the DSL reads its target arch when first imported
 from cuda.bindings.driver import CUstream  # noqa: E402  (the entry's annotations are resolved
@@ -212,13 +212,7 @@ def check_array(where: str, name: str, a: Any, *, min_ndim: int = 1) -> None:
 
 
 def check_axis(where: str, axis: Any, ndim: int) -> None:
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"{where}: argument 'axis' must be an int, got {type(axis).__name__}")
-    if axis not in (-1, ndim - 1):
-        raise ValueError(
-            f"{where}: argument 'axis' must be the last axis (-1 or {ndim - 1}) of a {ndim}-D input, got {axis}"
-            " (move the axis last, e.g. with jnp.moveaxis)"
-        )
+    check_last_dim(where, "axis", axis, ndim, "move the axis last, e.g. with jnp.moveaxis")
 
 
 def check_n(where: str, name: str, n: int, limit: int = MAX_N) -> None:

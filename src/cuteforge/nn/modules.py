@@ -34,19 +34,31 @@ def _last_dim(normalized_shape: int | Sequence[int], what: str) -> tuple[int]:
     return (int(shape[0]),)
 
 
-class RMSNorm(nn.Module):
-    """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math)."""
+class _RowNorm(nn.Module):
+    """What RMSNorm and LayerNorm hold as torch's modules do: the last-dim shape, eps and,
+    with elementwise_affine, a weight of ones (else a weight registered as None)."""
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True,
-                 device: Any = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, what: str, normalized_shape: int | Sequence[int], eps: float | None, elementwise_affine: bool,
+                 device: Any, dtype: torch.dtype | None) -> None:
         super().__init__()
-        self.normalized_shape = _last_dim(normalized_shape, "RMSNorm")
+        self.normalized_shape = _last_dim(normalized_shape, what)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:
             self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
         else:
             self.register_parameter("weight", None)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(_RowNorm):
+    """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math)."""
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True,
+                 device: Any = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
@@ -57,24 +69,16 @@ class RMSNorm(nn.Module):
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)
         return ops.rms_norm(x, weight, eps)
 
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
-
-class LayerNorm(nn.Module):
+class LayerNorm(_RowNorm):
     """`torch.nn.LayerNorm` over the last dim on `cuteforge.ops.layer_norm` (fp32 math)."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device: Any = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        self.normalized_shape = _last_dim(normalized_shape, "LayerNorm")
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
+        super().__init__("LayerNorm", normalized_shape, eps, elementwise_affine, device, dtype)
         if elementwise_affine:
-            self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
             self.bias = nn.Parameter(torch.zeros(self.normalized_shape, device=device, dtype=dtype)) if bias else None
         else:
-            self.register_parameter("weight", None)
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,9 +88,6 @@ class LayerNorm(nn.Module):
 
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)
         return ops.layer_norm(x, weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
 
 class Linear(nn.Linear):

@@ -32,7 +32,7 @@ from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
-from ..signature import FLOAT_DTYPES, dtype_name
+from ..signature import FLOAT_DTYPES, check_last_dim, dtype_name
 from .layout import as_rows, require_cuda, rows_view
 from .registered import define
 
@@ -42,6 +42,7 @@ _MAX_PLANS = 4096
 # Longest row the configs hold (backward: 16 CTAs x 512 threads x 32 elements); the
 # tested range. Longer rows would fail in the config heuristic without naming x.
 MAX_N = 262144
+_MOVE_DIM = "move the softmax dim last, e.g. with movedim"  # check_last_dim's hint
 # backward plan: (output shape as a tuple of ints, launch(*operands, out)). launch takes the
 # caller's tensors as they are (a 2-D operand goes straight to the compiled function; other
 # layouts get a wrapper that views or copies them into rows; an empty problem gets a no-op),
@@ -69,16 +70,6 @@ def _check(where: str, name: str, t: Any, device: bool = True) -> None:
         raise ValueError(f"{where}: argument {name!r} has a last dim of {t.shape[-1]}; at most {MAX_N} is supported")
     if device:
         require_cuda(where, name, t)
-
-
-def _check_dim(where: str, dim: Any, ndim: int) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{where}: argument 'dim' must be an int, got {type(dim).__name__}")
-    if dim not in (-1, ndim - 1):
-        raise ValueError(
-            f"{where}: argument 'dim' must be the last dim (-1 or {ndim - 1}) of a {ndim}-D input, got {dim}"
-            " (move the softmax dim last, e.g. with movedim)"
-        )
 
 
 def _direct(t: torch.Tensor) -> bool:
@@ -118,7 +109,7 @@ def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
 def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
     where = f"cuteforge.ops.{mode}"
     _check(where, "x", x, device=False)
-    _check_dim(where, dim, x.dim())
+    check_last_dim(where, "dim", dim, x.dim(), _MOVE_DIM)
     require_cuda(where, "x", x)  # last: a CPU caller sees the real problem first
     x2 = as_rows(x)
     m, n = x2.shape
@@ -188,7 +179,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
         raise TypeError(f"{where}: argument 'grad' has dtype {dtype_name(dy.dtype)} but 'y' has {dtype_name(y.dtype)}; they must match")
     if dy.device != y.device:
         raise ValueError(f"{where}: argument 'grad' is on {dy.device} but 'y' is on {y.device}")
-    _check_dim(where, dim, y.dim())
+    check_last_dim(where, "dim", dim, y.dim(), _MOVE_DIM)
     require_cuda(where, "grad", dy)
     dy2, y2 = as_rows(dy), as_rows(y)
     m, n = y2.shape
