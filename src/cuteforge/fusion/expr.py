@@ -60,6 +60,16 @@ def _operator(op: str, reflected: bool = False) -> Callable[[Sym, Any], Sym]:
     return method
 
 
+def _refused(what: str, hint: str = "") -> Callable[..., Any]:
+    """A `Sym` method for an operation a traced value cannot do: raises
+    UnsupportedFusionError naming it (`_unsupported`)."""
+
+    def method(self: Sym, *args: Any, **kwargs: Any) -> Any:
+        raise _unsupported(what, hint)
+
+    return method
+
+
 class Sym:
     """A symbolic value standing for a tensor of fp32 elements while a function is traced."""
 
@@ -104,63 +114,25 @@ class Sym:
     __ge__, __eq__, __ne__ = _operator("ge"), _operator("eq"), _operator("ne")
 
     # what a traced value cannot do ---------------------------------------------------
-    def __bool__(self) -> bool:
-        raise _unsupported("Python control flow on a traced value (if / and / or / not / bool())", "use where(cond, a, b)")
-
-    def __float__(self) -> float:
-        raise _unsupported("float() of a traced value", "math.* functions are not traceable; use cuteforge.fusion's functions")
-
-    def __int__(self) -> int:
-        raise _unsupported("int() of a traced value")
-
-    def __index__(self) -> int:
-        raise _unsupported("using a traced value as an index")
-
-    def __floordiv__(self, o: Any) -> Sym:
-        raise _unsupported("floor division (//)")
-
-    __rfloordiv__ = __floordiv__
-
-    def __mod__(self, o: Any) -> Sym:
-        raise _unsupported("modulo (%)")
-
-    __rmod__ = __mod__
-
-    def __matmul__(self, o: Any) -> Sym:
-        raise _unsupported("matrix multiplication (@)", "epilogues are elementwise")
-
-    __rmatmul__ = __matmul__
-
-    def __and__(self, o: Any) -> Sym:
-        raise _unsupported("bitwise and (&)")
-
-    __rand__ = __and__
-
-    def __or__(self, o: Any) -> Sym:
-        raise _unsupported("bitwise or (|)")
-
-    __ror__ = __or__
-
-    def __xor__(self, o: Any) -> Sym:
-        raise _unsupported("bitwise xor (^)")
-
-    def __invert__(self) -> Sym:
-        raise _unsupported("bitwise not (~)")
+    __bool__ = _refused("Python control flow on a traced value (if / and / or / not / bool())", "use where(cond, a, b)")
+    __float__ = _refused("float() of a traced value", "math.* functions are not traceable; use cuteforge.fusion's functions")
+    __int__ = _refused("int() of a traced value")
+    __index__ = _refused("using a traced value as an index")
+    __floordiv__ = __rfloordiv__ = _refused("floor division (//)")
+    __mod__ = __rmod__ = _refused("modulo (%)")
+    __matmul__ = __rmatmul__ = _refused("matrix multiplication (@)", "epilogues are elementwise")
+    __and__ = __rand__ = _refused("bitwise and (&)")
+    __or__ = __ror__ = _refused("bitwise or (|)")
+    __xor__ = _refused("bitwise xor (^)")
+    __invert__ = _refused("bitwise not (~)")
 
     def __rpow__(self, o: Any) -> Sym:
         raise _unsupported(f"the power {o!r} ** x", "use exp()")
 
-    def __getitem__(self, i: Any) -> Sym:
-        raise _unsupported("indexing a traced value", "epilogues are elementwise")
-
-    def __iter__(self) -> Any:
-        raise _unsupported("iterating over a traced value")
-
-    def __len__(self) -> int:
-        raise _unsupported("len() of a traced value")
-
-    def __call__(self, *a: Any, **k: Any) -> Any:
-        raise _unsupported("calling a traced value")
+    __getitem__ = _refused("indexing a traced value", "epilogues are elementwise")
+    __iter__ = _refused("iterating over a traced value")
+    __len__ = _refused("len() of a traced value")
+    __call__ = _refused("calling a traced value")
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise _unsupported(f"setting attribute .{name} on a traced value")
