@@ -19,7 +19,7 @@ import torch
 
 from ...arch import limits_for
 from ...kernel import CompileSpec, kernel
-from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg, dtype_name, vector_width
+from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
 from ..reduce import row
 from . import device
 
@@ -93,15 +93,20 @@ def _vec(spec: CompileSpec, *args: str) -> int:
     return min(spec.vec(a) for a in args)
 
 
+def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
 def _specs(with_grad: bool, ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """Keyed as the ops bind contiguous (M, n) logits, the target and fresh outputs."""
+    target, f32 = _meta(1, dtype=torch.int64), _meta(1)
     for dt in FLOAT_DTYPES:
         for n in ns:
-            v = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) logits
-            names = (dtype_name(dt), "int64", "float32", "float32")
+            logits = _meta(1, n, dtype=dt)
             if with_grad:
-                yield BoundKey((*names, dtype_name(dt)), (("N", n),), (v, 2, 4, 4, v)), {"ignore_index": -100}
+                yield BWD_SIGNATURE.fresh_key((logits, target, f32, f32, logits)), {"ignore_index": -100}
             else:
-                yield BoundKey(names, (("N", n),), (v, 2, 4, 4)), {"ignore_index": -100}
+                yield FWD_SIGNATURE.fresh_key((logits, target, f32, f32)), {"ignore_index": -100}
 
 
 def _ce_kernel(name: str, signature: Signature, specializations: Any, validate: Any = _validate,
@@ -129,13 +134,12 @@ def cross_entropy_fwd(spec: CompileSpec) -> Any:
 def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     """mean, with lse (what a training step's `ops.cross_entropy(logits, target)` runs) and
     without (a no-grad call: evaluation); reduction="sum" compiles on first use."""
+    target, lse, work = _meta(1, dtype=torch.int64), _meta(1), _meta(1, dtype=torch.int32)
     for with_lse in (True, False):
         for dt in FLOAT_DTYPES:
             for n in ns:
-                v = vector_width(0, (n,), dt.itemsize)
-                names = (dtype_name(dt), "int64", dtype_name(dt), "float32", "int32")
-                static = (("N", n), ("ONE", 1))
-                yield BoundKey(names, static, (v, 2, 16 // dt.itemsize, 4, 4)), {"ignore_index": -100, "lse": with_lse, "mean": True}
+                key = REDUCE_SIGNATURE.fresh_key((_meta(1, n, dtype=dt), target, _meta(1, dtype=dt), lse, work))
+                yield key, {"ignore_index": -100, "lse": with_lse, "mean": True}
 
 
 @_ce_kernel("cross_entropy_fwd_reduce", REDUCE_SIGNATURE, _reduce_specs, _validate_reduce)

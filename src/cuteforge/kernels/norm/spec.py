@@ -16,15 +16,7 @@ import torch
 
 from ...arch import limits_for
 from ...kernel import CompileSpec, kernel
-from ...signature import (
-    FLOAT_DTYPES,
-    MAX_VECTOR_BYTES,
-    BoundKey,
-    Signature,
-    TensorArg,
-    dtype_name,
-    vector_width,
-)
+from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
 from . import bwd, config, fwd
 
 F32 = (torch.float32,)
@@ -95,11 +87,10 @@ def _specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey
     rms_ns = STANDARD_N if ns is None else ns
     for kind, lengths, eps, bias in (("rms", rms_ns, 1e-6, False), ("layer", layer_ns, 1e-5, True)):
         for dt in FLOAT_DTYPES:
-            v = MAX_VECTOR_BYTES // dt.itemsize
-            d, f = dtype_name(dt), "float32"
-            for n in lengths:
-                r = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) rows
-                key = BoundKey((d, d, d, d, d, d, f, f), (("N", n),), (r, v, v, r, r, r, 4, 4))
+            for n in lengths:  # keyed as the op binds contiguous (M, n) rows and fresh outputs
+                rows, w = torch.empty(1, n, dtype=dt, device="meta"), torch.empty(n, dtype=dt, device="meta")
+                stat = torch.empty(1, device="meta")
+                key = FWD_SIGNATURE.fresh_key((rows, w, w, rows, rows, rows, stat, stat))
                 yield key, {"kind": kind, "eps": eps, "has_bias": bias, "has_residual": False}
 
 

@@ -19,15 +19,7 @@ import torch
 
 from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
-from ...signature import (
-    FLOAT_DTYPES,
-    MAX_VECTOR_BYTES,
-    BoundKey,
-    Signature,
-    TensorArg,
-    dtype_name,
-    vector_width,
-)
+from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
 from . import col, row
 
 OPS = ("sum", "mean", "amax", "amin", "argmax")
@@ -66,11 +58,9 @@ def _specializations(ops: Iterable[str] = OPS, ns: Iterable[int] = STANDARD_N) -
     reduction kernel compiles in a fraction of a second, and `cuteforge library` calls all five."""
     for op in ops:
         for dt in FLOAT_DTYPES:
-            o = out_dtype(op, dt)
-            vec_o = MAX_VECTOR_BYTES // o.itemsize
-            for n in ns:
-                vec_x = vector_width(0, (n,), dt.itemsize)  # contiguous (M, n) rows
-                yield BoundKey((dtype_name(dt), dtype_name(o)), (("N", n),), (vec_x, vec_o)), {"op": op}
+            out = torch.empty(1, dtype=out_dtype(op, dt), device="meta")
+            for n in ns:  # keyed as the op binds contiguous (M, n) rows and its fresh output
+                yield SIGNATURE.fresh_key((torch.empty(1, n, dtype=dt, device="meta"), out)), {"op": op}
 
 
 def _row_validate(spec: CompileSpec, config: Any) -> None:

@@ -11,18 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
-from ...signature import (
-    FLOAT_DTYPES,
-    MAX_VECTOR_BYTES,
-    BoundKey,
-    Signature,
-    TensorArg,
-    dtype_name,
-    torch_dtype,
-    vector_width,
-)
+from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, torch_dtype
 from . import config as cfg_mod
 from .chunked import make_softmax_chunked
 from .device import make_softmax
@@ -128,10 +121,9 @@ def standard_specializations(backward: bool):
         lengths = ns if ns is not None else STANDARD_N if backward else STANDARD_N + VOCAB_N
         for mode in BWD_MODES if backward else FWD_MODES:
             for dt in FLOAT_DTYPES:
-                nargs = 3 if backward else 2
                 for n in lengths:
-                    vec = vector_width(0, (n,), dt.itemsize)
-                    key = BoundKey((dtype_name(dt),) * nargs, (("N", n),), (vec,) * nargs)
+                    rows = torch.empty(1, n, dtype=dt, device="meta")
+                    key = (BWD_SIGNATURE if backward else FWD_SIGNATURE).fresh_key((rows,) * (3 if backward else 2))
                     yield key, dict(kernel_params(mode, key, True))
 
     return f
