@@ -61,13 +61,16 @@ def test_norm_backward_covers_model_hidden_sizes(grid: set[tuple[str, Any, Any]]
                        (width,) * 4 + (4, 4, width, 4, 4))
         assert ("norm_bwd", key, (("has_bias", False), ("has_dsum", False), ("kind", "rms"))) in grid, (n, dtype)
         assert ("norm_bwd", key, (("has_bias", True), ("has_dsum", False), ("kind", "layer"))) in grid, (n, dtype)
+        # frozen weights: the op names has_dw only when False (ops/norm_launch.py, sorted)
+        frozen = (("has_bias", False), ("has_dsum", False), ("has_dw", False), ("kind", "rms"))
+        assert ("norm_bwd", key, frozen) in grid, (n, dtype)
 
 
 def test_grid_size() -> None:
     """What a full precompile compiles: a change here is a change in compile time (docs/bundles.md)."""
     counts = Counter(k.name for k, _ in precompile_specs())
-    assert sum(counts.values()) == 435, counts
-    assert counts["norm_fwd"] == 30 and counts["norm_bwd"] == 24 and counts["softmax_fwd"] == 90 and counts["softmax_bwd"] == 66
+    assert sum(counts.values()) == 459, counts
+    assert counts["norm_fwd"] == 30 and counts["norm_bwd"] == 48 and counts["softmax_fwd"] == 90 and counts["softmax_bwd"] == 66
     assert counts["row_reduce"] == 5 * 11 * 3 and counts["cross_entropy_fwd_reduce"] == 2 * 4 * 3
 
 
@@ -89,7 +92,7 @@ def test_shapes_add_row_lengths() -> None:
     added = Counter(k.name for k, _ in more) - Counter(k.name for k, _ in base)
     assert added == {"norm_fwd": 6, "softmax_fwd": 6}, added  # (rms, layer) and (softmax, log_softmax) x 3 dtypes
     more_bwd = Counter(k.name for k, _ in precompile_specs(["norm_bwd"], (7168,)))
-    assert more_bwd == {"norm_bwd": 24 + 6}, more_bwd
+    assert more_bwd == {"norm_bwd": 48 + 12}, more_bwd
     grid = {(k.name, s.key, s.params) for k, s in more}
     for dtype in DTYPES:
         assert _covered(grid, "norm_fwd", 7168, dtype, {"kind": "layer"})

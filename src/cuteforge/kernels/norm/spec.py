@@ -95,17 +95,20 @@ def _specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey
 
 
 def _bwd_specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
-    """The backward a training step runs (weight, and for layer_norm bias, wanting gradients;
-    no residual) at the model hidden sizes MODEL_N (or `ns`): keyed as `ops/norm_launch.py`
-    binds its freshly allocated operands (x, weight, dy, dy as dsum, statistics, dx, the
-    dweight partials)."""
-    for kind, bias in (("rms", False), ("layer", True)):
-        for dt in FLOAT_DTYPES:
-            for n in MODEL_N if ns is None else ns:
-                rows, w = torch.empty(1, n, dtype=dt, device="meta"), torch.empty(n, dtype=dt, device="meta")
-                stat, part = torch.empty(1, device="meta"), torch.empty(1, n, device="meta")
-                key = BWD_SIGNATURE.fresh_key((rows, w, rows, rows, stat, stat, rows, part, part))
-                yield key, {"has_bias": bias, "has_dsum": False, "kind": kind}
+    """The backward a training step runs (no residual), with the weight (and layer_norm's
+    bias) wanting gradients and frozen (fine-tuning with frozen norms: the kernel without
+    dweight partials, `has_dw` False), at the model hidden sizes MODEL_N (or `ns`): keyed as
+    `ops/norm_launch.py` binds its freshly allocated operands (x, weight, dy, dy as dsum,
+    statistics, dx, the dweight partials)."""
+    for has_dw in (True, False):
+        for kind, bias in (("rms", False), ("layer", True)):
+            for dt in FLOAT_DTYPES:
+                for n in MODEL_N if ns is None else ns:
+                    rows, w = torch.empty(1, n, dtype=dt, device="meta"), torch.empty(n, dtype=dt, device="meta")
+                    stat, part = torch.empty(1, device="meta"), torch.empty(1, n, device="meta")
+                    key = BWD_SIGNATURE.fresh_key((rows, w, rows, rows, stat, stat, rows, part, part))
+                    # has_dw is named only when False, as the op names it (older keys unchanged)
+                    yield key, {"has_bias": bias, "has_dsum": False, "kind": kind, **({} if has_dw else {"has_dw": False})}
 
 
 def _default_config(spec: CompileSpec, backward: bool) -> Any:
