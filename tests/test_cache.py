@@ -177,3 +177,13 @@ def test_stats_are_saved_for_the_cli(tmp_path: Path) -> None:
     run_worker(tmp_path)
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["compiles"] == 1 and stats["l2_loads"] == 1
+
+
+def test_toolchain_versions_from_dist_info_names_match_the_metadata() -> None:
+    """The fingerprint's toolchain part, read from dist-info directory names, is what
+    parsing every installed distribution's metadata finds."""
+    from cuteforge.cache import key
+
+    found = key.toolchain_versions.__wrapped__()
+    assert found == key._toolchain_from_metadata()
+    assert any(name == "nvidia-cutlass-dsl" for name, _ in found)

@@ -33,9 +33,34 @@ def package_source_hash() -> str:
 
 
 
+_TOOLCHAIN_PREFIXES = ("nvidia_cutlass_dsl", "apache_tvm_ffi")
+
+
 @functools.cache
 def toolchain_versions() -> tuple[tuple[str, str], ...]:
-    """Every installed nvidia-cutlass-dsl* distribution (cu12 and cu13 libs differ) + tvm-ffi."""
+    """Every installed nvidia-cutlass-dsl* distribution (cu12 and cu13 libs differ) + tvm-ffi.
+
+    Read from the `<name>-<version>.dist-info` directory names on sys.path (a process's
+    first cache lookup pays this: parsing every installed distribution's metadata took
+    tens of milliseconds in an environment with torch's stack); the metadata scan where
+    none is named so (egg-info, unusual installs)."""
+    found = set()
+    for base in sys.path:
+        try:
+            entries = os.scandir(base or ".")
+        except OSError:
+            continue
+        with entries:
+            for e in entries:
+                if e.name.endswith(".dist-info") and e.name.lower().startswith(_TOOLCHAIN_PREFIXES):
+                    name, _, version = e.name[: -len(".dist-info")].partition("-")
+                    name = name.lower().replace("_", "-")
+                    if version and (name.startswith("nvidia-cutlass-dsl") or name == "apache-tvm-ffi"):
+                        found.add((name, version))
+    return tuple(sorted(found)) if found else _toolchain_from_metadata()
+
+
+def _toolchain_from_metadata() -> tuple[tuple[str, str], ...]:
     from importlib import metadata
 
     found = set()
