@@ -79,6 +79,14 @@ def test_softmax_problems_start_with_the_ops_heuristic() -> None:
     bwd = problem_factory("softmax_bwd")((16, 1000), "float32", {})
     assert bwd.key == BoundKey(("float32",) * 3, N, (4, 4, 4)) and bwd.params == {"mode": "softmax_bwd"}
     assert bwd.configs[0] == config_for("sm_90a", 1000, 32, True, 16) and bwd.outputs == ("dx",)
+    # realigned rows (N * 2 bytes not a multiple of 16): the ops call with same_heads, so the
+    # stored winner must be keyed with it
+    from cuteforge.kernels.softmax.spec import kernel_params
+
+    odd = problem_factory("softmax_fwd")((4096, 50257), "bfloat16", {})
+    assert odd.params == dict(kernel_params("softmax", odd.key, True)) == {"mode": "softmax", "same_heads": True}
+    odd_bwd = problem_factory("softmax_bwd")((4096, 50257), "bfloat16", {"mode": "log_softmax_bwd"})
+    assert odd_bwd.params == {"mode": "log_softmax_bwd", "same_heads": True}
     with pytest.raises(ValueError, match="mode must be one of"):
         problem_factory("softmax_bwd")((8, 8), "float32", {"mode": "softmax"})
     with pytest.raises(ValueError, match="unknown parameter"):

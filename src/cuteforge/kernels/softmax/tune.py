@@ -4,7 +4,8 @@
     cuteforge tune softmax_bwd --shapes 32768x4096 --dtype float32 [--param mode=log_softmax_bwd]
 
 Keyed as `ops.softmax` / `log_softmax` and their backward key contiguous (M, N) operands
-with fresh outputs, so the ops look the stored winner up. Candidates: the ops' own
+with fresh outputs (their parameters too: `same_heads` where the rows are realigned), so
+the ops look the stored winner up. Candidates: the ops' own
 heuristic for (M, N) first (it depends on M), then the family's list around it."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ...arch import target_arch
 from ...autotune.problems import ProblemInputs, register_problem, rows_shape
 from ...signature import torch_dtype
 from .config import candidate_configs
-from .spec import BWD_MODES, FWD_MODES, config_for, softmax_bwd, softmax_fwd
+from .spec import BWD_MODES, FWD_MODES, config_for, kernel_params, softmax_bwd, softmax_fwd
 
 
 def _configs(m: int, n: int, bits: int, backward: bool, mode: str, key: Any) -> list[Any]:
@@ -47,7 +48,9 @@ def fwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> P
     def reference(x: Any, y: Any) -> Any:
         return (torch.softmax if mode == "softmax" else torch.log_softmax)(x.float(), dim=-1)
 
-    return ProblemInputs(key, params, {"M": m}, make, reference, configs=_configs(m, n, dt.itemsize * 8, False, mode, key))
+    # contiguous operands: every row as far from 16 bytes as a fresh output's (same_heads)
+    return ProblemInputs(key, dict(kernel_params(mode, key, True)), {"M": m}, make, reference,
+                         configs=_configs(m, n, dt.itemsize * 8, False, mode, key))
 
 
 def bwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> ProblemInputs:
@@ -69,8 +72,8 @@ def bwd_problem(shape: tuple[int, ...], dtype: str, params: dict[str, Any]) -> P
             return dy - torch.exp(y) * dy.sum(-1, keepdim=True)
         return y * (dy - (dy * y).sum(-1, keepdim=True))
 
-    return ProblemInputs(key, params, {"M": m}, make, reference, configs=_configs(m, n, dt.itemsize * 8, True, mode, key),
-                         outputs=("dx",))
+    return ProblemInputs(key, dict(kernel_params(mode, key, True)), {"M": m}, make, reference,
+                         configs=_configs(m, n, dt.itemsize * 8, True, mode, key), outputs=("dx",))
 
 
 register_problem("softmax_fwd", fwd_problem)
