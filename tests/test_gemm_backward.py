@@ -86,3 +86,31 @@ def test_backward_serves_only_what_it_can(products, monkeypatch) -> None:
     monkeypatch.setattr(mod, "_on_sm90", lambda t: True)
     assert mod._backward_on_gemm(a[0], b, [], None, g[0].bfloat16(), (True, True, True)) is not None
     assert len(products) == 2
+
+
+@pytest.mark.parametrize("epilogue", [None, "silu"])
+def test_eager_calls_with_grad_run_on_plans_not_the_custom_op(monkeypatch, epilogue) -> None:
+    """An eager call with grad runs the forward and the backward's GEMMs through `_run`'s
+    plans (`_GemmFunction`), never the custom op, and its gradients match torch's."""
+    runs: list[str] = []
+
+    def torch_run(a, b, ops, epi_key, kinds, out_dtype, config=None, names=None, scales=()):
+        runs.append(epi_key)
+        epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
+        return launch._reference(a, b, ops, epi, out_dtype or a.dtype)
+
+    monkeypatch.setattr(mod, "_run", torch_run)
+    monkeypatch.setattr(mod, "_on_sm90", lambda t: True)
+    monkeypatch.setattr(mod, "_gemm_op", lambda *a: (_ for _ in ()).throw(AssertionError("the custom op ran")))
+    torch.manual_seed(0)
+    x = torch.randn(33, 40, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(24, 40, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(24, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(33, 24, dtype=torch.bfloat16)
+    mod.gemm(x, w.t(), bias=bias, epilogue=epilogue).backward(g)
+    assert len(runs) == (4 if epilogue else 3)  # forward, [z,] dX, dW
+    leaves = [t.detach().float().requires_grad_() for t in (x, w, bias)]
+    ACTS[epilogue or "none"](leaves[0] @ leaves[1].t() + leaves[2]).backward(g.float())
+    assert w.grad.is_contiguous()
+    for got, want in zip((x.grad, w.grad, bias.grad), (lf.grad for lf in leaves)):
+        torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)

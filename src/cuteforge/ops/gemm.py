@@ -23,9 +23,10 @@ out_dtype says.
 
 Every layout runs without a copy when TMA can address it (unit stride in K or in M/N,
 16-byte aligned rows); anything else is copied once into an aligned buffer. Warm calls
-are one dict lookup. Under torch.compile or autograd the call goes through the custom
-op `torch.ops.cuteforge.gemm` (fake impl; a backward whose dA / dB are cuteforge GEMMs for
-2-D 16-bit calls with a preset epilogue, an fp32 recompute in torch otherwise).
+are one dict lookup. Under torch.compile the call goes through the custom op
+`torch.ops.cuteforge.gemm` (fake impl + autograd); an eager call with grad through an
+autograd.Function on the same plans. Either backward runs dA / dB as cuteforge GEMMs for
+2-D 16-bit calls with a preset epilogue, an fp32 recompute in torch otherwise.
 """
 
 from __future__ import annotations
@@ -107,27 +108,27 @@ _ACT_BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 
 
 def _backward_on_gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi: GemmEpilogue | None,
-                      g: torch.Tensor, needs: Sequence[bool]) -> tuple[Any, ...] | None:
+                      g: torch.Tensor, needs: Sequence[bool], run: Callable[..., torch.Tensor] | None = None,
+                      ) -> tuple[Any, ...] | None:
     """The gradients of a 2-D 16-bit GEMM with a preset epilogue (or none) on cuteforge's
-    own GEMMs: dA = dZ @ B^T, dB = A^T @ dZ (a K-heavy product: the stream-K fill split),
-    dbias and dc sums of dZ, d residual = g. An activation recomputes its pre-activation z
-    with one more GEMM (bias, c and alpha fused) and applies torch's activation backward.
-    None where this path does not apply (torch's recompute then serves)."""
+    own GEMMs: dA = dZ @ B^T, dB = A^T @ dZ, dbias and dc sums of dZ, d residual = g. An
+    activation recomputes its pre-activation z with one more GEMM (bias, c and alpha
+    fused) and applies torch's activation backward. `run(a, b, ops, epi_key, kinds,
+    out_dtype)` runs each GEMM: the custom op (default; AOT autograd traces the custom
+    op's backward with fake tensors) or, in eager mode, `_run`'s memoized plans. Returns
+    (da, db, [d operand]); None where this path does not apply (torch's recompute serves)."""
     fields = epi.preset_fields() if epi is not None else ("none", False, False, False, 1.0, 1.0)
     if (fields is None or a.dim() != 2 or b.dim() != 2 or a.dtype not in AB_DTYPES or b.dtype != a.dtype
             or not _on_sm90(g) or 0 in (*a.shape, b.shape[1])):
         return None
     act, has_bias, has_c, has_res, alpha, beta = fields
-
-    # the custom op itself, not gemm(): AOT autograd traces this backward with fake tensors
-    def mm(x: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        return _gemm_op(x, y, [], _NONE_KEY, "", out_dtype)
+    run = run or _gemm_op
 
     if act != "none":
         # z = alpha * a @ b + beta * c + bias: the forward's epilogue without its activation
         pre = GemmEpilogue.preset("none", bias=epi.kinds[0] if has_bias else None, c=has_c, alpha=alpha, beta=beta)
         pre_ops = list(ops[:has_bias + has_c])
-        z = _gemm_op(a, b, pre_ops, pre.key if pre is not None else _NONE_KEY, ",".join(pre.kinds) if pre else "", g.dtype)
+        z = run(a, b, pre_ops, pre.key if pre is not None else _NONE_KEY, ",".join(pre.kinds) if pre else "", g.dtype)
         dz = _ACT_BACKWARD[act](g, z)
     else:
         dz = g
@@ -136,13 +137,13 @@ def _backward_on_gemm(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor],
     # weight's: b = W.t() is K-major, so dB = (dZ^T @ A)^T lands as W's contiguous gradient
     da = db = None
     if needs[0]:
-        da = mm(b, dacc.t(), a.dtype).t() if _k_major_t(a) else mm(dacc, b.t(), a.dtype)
+        da = run(b, dacc.t(), [], _NONE_KEY, "", a.dtype).t() if _k_major_t(a) else run(dacc, b.t(), [], _NONE_KEY, "", a.dtype)
     if needs[1]:
-        db = mm(dacc.t(), a, b.dtype).t() if _k_major_t(b) else mm(a.t(), dacc, b.dtype)
+        db = run(dacc.t(), a, [], _NONE_KEY, "", b.dtype).t() if _k_major_t(b) else run(a.t(), dacc, [], _NONE_KEY, "", b.dtype)
     # the operands in kernel order: bias (per column or per row), c, residual
     terms = [dz] * has_bias + [dz * beta if beta != 1.0 else dz] * has_c + [g] * has_res
     op_grads = [d.float().sum_to_size(t.shape).to(t.dtype) for d, t in zip(terms, ops)] if needs[2] else [None] * len(ops)
-    return da, db, op_grads, None, None, None
+    return da, db, op_grads
 
 
 def _on_sm90(t: torch.Tensor) -> bool:
@@ -155,14 +156,12 @@ def _k_major_t(t: torch.Tensor) -> bool:
     return t.stride(0) == 1 and t.stride(1) == t.shape[0] and t.shape[1] > 1
 
 
-def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-    """Where `_backward_on_gemm` applies, its GEMMs; else recompute the forward in torch
-    (fp32) and differentiate it: exact for every epilogue."""
-    epi_key, kinds = ctx.meta
-    a, b, *ops = ctx.saved_tensors
+def _grads(a: torch.Tensor, b: torch.Tensor, ops: list[torch.Tensor], epi_key: str, kinds: str, g: torch.Tensor,
+           needs: Sequence[bool], run: Callable[..., torch.Tensor] | None = None) -> tuple[Any, Any, list[Any]]:
+    """(da, db, [d operand]): `_backward_on_gemm` where it applies, else the forward
+    recomputed in torch (fp32) and differentiated: exact for every epilogue."""
     epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
-    needs = getattr(ctx, "needs_input_grad", None) or (True, True, True)
-    fast = _backward_on_gemm(a, b, list(ops), epi, g.contiguous(), needs)
+    fast = _backward_on_gemm(a, b, ops, epi, g.contiguous(), needs, run)
     if fast is not None:
         return fast
     with torch.enable_grad():
@@ -170,7 +169,34 @@ def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         y = launch._reference(leaves[0], leaves[1], leaves[2:], epi, torch.float32)
         grads = torch.autograd.grad(y, leaves, g.float(), allow_unused=True)
     cast = [None if gr is None else gr.to(t.dtype) for gr, t in zip(grads, (a, b, *ops))]
-    return cast[0], cast[1], cast[2:], None, None, None
+    return cast[0], cast[1], cast[2:]
+
+
+def _backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+    a, b, *ops = ctx.saved_tensors
+    needs = getattr(ctx, "needs_input_grad", None) or (True, True, True)
+    da, db, op_grads = _grads(a, b, list(ops), *ctx.meta, g, needs)
+    return da, db, op_grads, None, None, None
+
+
+class _GemmFunction(torch.autograd.Function):
+    """Eager calls with grad: the forward and the backward's GEMMs on `_run`'s memoized
+    plans, without the custom op (whose autograd and dispatch cost tens of microseconds of
+    host time a GEMM); torch.compile keeps the custom op."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, epi_key: str, kinds: str, out_dtype: Any,
+                names: tuple[str, ...], *ops: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b, *ops)
+        ctx.meta = (epi_key, kinds)
+        return _run(a, b, ops, epi_key, kinds, out_dtype, names=names)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        a, b, *ops = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        da, db, op_grads = _grads(a, b, list(ops), *ctx.meta, g, (need[0], need[1], any(need[6:])), _run)
+        return (da, db, None, None, None, None, *op_grads)
 
 
 _gemm_op = define("cuteforge::gemm", _gemm_impl, fake=_gemm_fake, backward=_backward, setup_context=_setup)
@@ -272,8 +298,8 @@ def gemm(
     weight), K a multiple of 16; the output defaults to bfloat16. No backward.
 
     `config` (a `GemmConfig`) pins the kernel config for eager calls without grad,
-    bypassing tuned results and the heuristic (benchmarks, experiments); calls through
-    the custom op (torch.compile, or an input that requires grad) ignore it.
+    bypassing tuned results and the heuristic (benchmarks, experiments); calls under
+    torch.compile or with an input that requires grad ignore it.
 
     Warm eager calls are one dict lookup keyed by every argument (see `_EAGER`)."""
     if _is_compiling():
@@ -354,10 +380,12 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
     needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops, *scales))
     if scales and needs_grad:
         raise TypeError(f"{_WHERE}: the fp8 GEMM has no backward (as torch._scaled_mm); call it under torch.no_grad()")
-    if torch.compiler.is_compiling() or needs_grad:
+    if torch.compiler.is_compiling():
         if scales:
             return _gemm_fp8_op(a, b, scales[0], scales[1], ops, epi_key, kinds, out_dtype)
         return _gemm_op(a, b, ops, epi_key, kinds, out_dtype)
+    if needs_grad:
+        return _GemmFunction.apply(a, b, epi_key, kinds, out_dtype, tuple(names), *ops)
     fn = _lookup(a, b, ops, epi_key, kinds, out_dtype, config, names, scales)
     if epilogue_args is None and (epilogue is None or isinstance(epilogue, str)) and not any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in (scale_a, scale_b)):
