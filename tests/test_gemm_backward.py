@@ -114,3 +114,25 @@ def test_eager_calls_with_grad_run_on_plans_not_the_custom_op(monkeypatch, epilo
     assert w.grad.is_contiguous()
     for got, want in zip((x.grad, w.grad, bias.grad), (lf.grad for lf in leaves)):
         torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
+
+
+def test_double_backward_takes_the_differentiable_custom_op(monkeypatch) -> None:
+    """With create_graph=True the eager backward's GEMMs go through the custom op (whose own
+    autograd makes the gradients differentiable), not the plans."""
+    used: list[str] = []
+
+    def tagged(tag):
+        def run(a, b, ops, epi_key, kinds, out_dtype, *rest, **kw):
+            used.append(tag)
+            epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
+            return launch._reference(a, b, ops, epi, out_dtype or a.dtype)
+        return run
+
+    monkeypatch.setattr(mod, "_run", tagged("plan"))
+    monkeypatch.setattr(mod, "_gemm_op", tagged("custom op"))
+    monkeypatch.setattr(mod, "_on_sm90", lambda t: True)
+    x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(16, 8, dtype=torch.bfloat16, requires_grad=True)
+    y = mod.gemm(x, w)
+    torch.autograd.grad(y, (x, w), torch.ones_like(y), create_graph=True)
+    assert used == ["plan", "custom op", "custom op"]

@@ -195,7 +195,9 @@ class _GemmFunction(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         a, b, *ops = ctx.saved_tensors
         need = ctx.needs_input_grad
-        da, db, op_grads = _grads(a, b, list(ops), *ctx.meta, g, (need[0], need[1], any(need[6:])), _run)
+        # create_graph=True (grad mode on here): the custom op, so the gradients are differentiable
+        run = None if torch.is_grad_enabled() else _run
+        da, db, op_grads = _grads(a, b, list(ops), *ctx.meta, g, (need[0], need[1], any(need[6:])), run)
         return (da, db, None, None, None, None, *op_grads)
 
 
