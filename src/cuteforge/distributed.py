@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,32 @@ def _init() -> tuple[Any, bool]:
         raise DistributedError("--distributed needs torch.distributed's gloo backend, which this torch lacks")
     dist.init_process_group(backend="gloo")
     return dist, True
+
+
+def _gather_and_merge(dist: Any, rank: int, world: int, part: dict[str, Any],
+                      merge: Callable[[list[dict[str, Any]]], Any]) -> Any:
+    """Gather every rank's `part` to rank 0, which runs `merge(parts)` unless some rank
+    reported an error; every rank then learns the outcome (raising DistributedError on a
+    failure anywhere), so none is left waiting. Rank 0 returns what merge returned, the
+    others None."""
+    parts: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(part, parts, dst=0)
+    failed, result = None, None
+    if rank == 0:
+        assert parts is not None
+        errors = [p["error"] for p in parts if p["error"]]
+        if errors:
+            failed = "; ".join(errors)
+        else:
+            try:
+                result = merge(parts)
+            except Exception as e:  # the other ranks wait for the outcome: never leave them hanging
+                failed = f"rank 0: {type(e).__name__}: {e}"
+    outcome = [failed]
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0]:
+        raise DistributedError(outcome[0])
+    return result
 
 
 def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: int = 1,
@@ -84,30 +111,15 @@ def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: 
         except Exception as e:  # reported by rank 0; every rank still takes part in the gather
             error = f"rank {rank}: {e}"
         part = {"rank": rank, "jobs": share, "rows": rows, "objects": objects, "records": records, "error": error}
-        parts: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
-        failed = None
-        if rank == 0:
-            assert parts is not None
-            errors = [p["error"] for p in parts if p["error"]]
-            if errors:
-                failed = "; ".join(errors)
-            else:
-                by_job = {i: row for p in parts for i, row in zip(p["jobs"], p["rows"])}
-                all_rows = [by_job[i] for i in sorted(by_job)]
-                merged_objects = {name: (name, data, entry) for p in parts for name, data, entry in p["objects"]}
-                merged_records = {name: (name, data, entry) for p in parts for name, data, entry in p["records"]}
-                try:
-                    made = bundle.write(out, merged_objects.values(), merged_records.values(), [arch], force)
-                except Exception as e:  # the other ranks wait for the outcome: never leave them hanging
-                    failed = f"rank 0: writing the bundle: {e}"
-        outcome = [failed]
-        dist.broadcast_object_list(outcome, src=0)
-        if outcome[0]:
-            raise DistributedError(outcome[0])
-        if rank != 0:
-            return None
-        return {"arch": arch, "ranks": world, "kernels": all_rows, "bundle": made}
+
+        def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+            by_job = {i: row for p in parts for i, row in zip(p["jobs"], p["rows"])}
+            merged_objects = {name: (name, data, entry) for p in parts for name, data, entry in p["objects"]}
+            merged_records = {name: (name, data, entry) for p in parts for name, data, entry in p["records"]}
+            made = bundle.write(out, merged_objects.values(), merged_records.values(), [arch], force)
+            return {"arch": arch, "ranks": world, "kernels": [by_job[i] for i in sorted(by_job)], "bundle": made}
+
+        return _gather_and_merge(dist, rank, world, part, merge)
     finally:
         if owned:
             dist.destroy_process_group()
@@ -188,26 +200,14 @@ def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: 
         except Exception as e:  # reported by rank 0; every rank still takes part in the gather
             error = f"rank {rank}: {type(e).__name__}: {e}"
         part = {"rank": rank, "jobs": share, "rows": rows, "objects": objects, "records": records, "error": error}
-        parts: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
-        failed, result = None, None
-        if rank == 0:
-            assert parts is not None
-            errors = [p["error"] for p in parts if p["error"]]
-            if errors:
-                failed = "; ".join(errors)
-            else:
-                try:
-                    result = _merge_tuned(parts, arch, out, replace, TuneStore())
-                    result.update(kernel=kernel, arch=arch, dtype=dtype, ranks=world, gpus=world,
-                                  wall_s=round(time.perf_counter() - t0, 2))
-                except Exception as e:  # the other ranks wait for the outcome: never leave them hanging
-                    failed = f"rank 0: {type(e).__name__}: {e}"
-        outcome = [failed]
-        dist.broadcast_object_list(outcome, src=0)
-        if outcome[0]:
-            raise DistributedError(outcome[0])
-        return result
+
+        def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+            result = _merge_tuned(parts, arch, out, replace, TuneStore())
+            result.update(kernel=kernel, arch=arch, dtype=dtype, ranks=world, gpus=world,
+                          wall_s=round(time.perf_counter() - t0, 2))
+            return result
+
+        return _gather_and_merge(dist, rank, world, part, merge)
     finally:
         if owned:
             dist.destroy_process_group()
