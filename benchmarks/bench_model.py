@@ -19,7 +19,8 @@ the flattened gradients) and torch._dynamo.explain's graph-break count.
 
 `--unfused` adds the patched model without the fused LM-head loss (what `patch()` runs in
 eager mode by default); `--mlp` adds it with the MLP swapped too (`patch(mlp=True)`: the
-projections and their gradients on cuteforge GEMMs).
+projections and their gradients on cuteforge GEMMs; with `--unfused` also without the
+fused loss); `--profile` adds each training contender's top CUDA kernels for one step.
 """
 
 from __future__ import annotations
@@ -130,14 +131,44 @@ def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return int(explained.graph_break_count)
 
 
-def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int, mlp: bool = False) -> dict[str, Any]:
+def _variants(unfused: bool, mlp: bool) -> dict[str, dict[str, Any]]:
+    """The patched contenders and their `patch()` arguments."""
+    out: dict[str, dict[str, Any]] = {"patched": {"fused_loss": True}}
+    if unfused:  # the logits materialized, cuteforge's cross-entropy on them
+        out["patched-unfused"] = {"fused_loss": False}
+    if mlp:  # the MLP on cuteforge.nn.SwiGLUMLP too (forward and backward GEMMs on ops.gemm)
+        out["patched-mlp"] = {"fused_loss": True, "mlp": True}
+        if unfused:
+            out["patched-mlp-unfused"] = {"fused_loss": False, "mlp": True}
+    return out
+
+
+def _profile(steps: dict[str, Callable[[], Any]], top: int = 12) -> dict[str, list[dict[str, Any]]]:
+    """Per contender, the CUDA kernels of one step that take the most GPU time (ms), and
+    the step's total kernel time: where a contender's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, step in steps.items():
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+        total = sum(e.self_device_time_total for e in kernels) / 1e3
+        out[name] = [{"kernel": "(all)", "ms": round(total, 3), "calls": sum(e.count for e in kernels)}] + [
+            {"kernel": e.key[:120], "ms": round(e.self_device_time_total / 1e3, 3), "calls": e.count}
+            for e in kernels[:top]]
+    return out
+
+
+def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int, mlp: bool = False,
+             profile: bool = False) -> dict[str, Any]:
     stock = _model(size)
     patched = copy.deepcopy(stock)
     report = cnn.patch(patched, fused_loss=True)
-    plain = None
-    if unfused:  # patched without the fused loss: the logits materialized, cuteforge's cross-entropy
-        plain = copy.deepcopy(stock)
-        cnn.patch(plain, fused_loss=False)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
     row: dict[str, Any] = {"size": size, **SIZES[size], "vocab": VOCAB, "seq": SEQ, "batch": BATCH,
                            "patch": str(report)}
@@ -149,18 +180,19 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
         models["stock reduce-overhead"] = torch.compile(stock, mode="reduce-overhead")
         models["patched reduce-overhead"] = torch.compile(patched, mode="reduce-overhead")
     owners = {k: stock if k.startswith("stock") else patched for k in models}
-    if plain is not None:
-        models["patched-unfused eager"], models["patched-unfused compile"] = plain, torch.compile(plain)
-        owners["patched-unfused eager"] = owners["patched-unfused compile"] = plain
-    if mlp:  # patched with the MLP on cuteforge.nn.SwiGLUMLP too (forward and backward GEMMs on ops.gemm)
-        with_mlp = copy.deepcopy(stock)
-        cnn.patch(with_mlp, fused_loss=True, mlp=True)
-        models["patched-mlp eager"], models["patched-mlp compile"] = with_mlp, torch.compile(with_mlp)
-        owners["patched-mlp eager"] = owners["patched-mlp compile"] = with_mlp
+    for variant, kwargs in _variants(unfused, mlp).items():
+        if variant == "patched":
+            continue
+        model = copy.deepcopy(stock)
+        cnn.patch(model, **kwargs)
+        models[f"{variant} eager"], models[f"{variant} compile"] = model, torch.compile(model)
+        owners[f"{variant} eager"] = owners[f"{variant} compile"] = model
     params = {k: list(m.parameters()) for k, m in owners.items()}
     train = {k: (lambda m=m, ps=params[k]: _train_step(m, ps, ids)) for k, m in models.items()}
     # without labels the fused loss is not involved: the unfused rows would repeat the patched ones
     infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items() if "unfused" not in k}
+    if profile:
+        row["profile_train"] = _profile(train)
     for fns in (train, infer):
         for name, f in fns.items():
             t0 = time.perf_counter()
@@ -174,15 +206,13 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     for what in ("train", "infer"):
         r = row[what]
         for mode in ("eager", "compile", "reduce-overhead"):
-            for variant in ("patched", "patched-unfused", "patched-mlp"):
+            for variant in _variants(unfused, mlp):
                 if f"stock {mode}" in r and f"{variant} {mode}" in r:
                     tag = mode if variant == "patched" else f"{mode} {variant.removeprefix('patched-')}"
                     r[f"speedup {tag}"] = round(r[f"stock {mode}"]["ms"] / r[f"{variant} {mode}"]["ms"], 3)
                     r[f"peak ratio {tag}"] = round(r[f"{variant} {mode}"]["peak_MB"] / max(r[f"stock {mode}"]["peak_MB"], 1e-9), 3)
     print(size, row, flush=True)
-    del models, train, infer, stock, patched, plain, owners, params
-    if mlp:
-        del with_mlp
+    del models, train, infer, stock, patched, owners, params
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     return row
@@ -214,6 +244,7 @@ def main() -> None:
     p.add_argument("--reduce-overhead", action="store_true")
     p.add_argument("--unfused", action="store_true", help="add patched contenders without the fused loss")
     p.add_argument("--mlp", action="store_true", help="add patched contenders with the MLP swapped too (patch(mlp=True))")
+    p.add_argument("--profile", action="store_true", help="add each training contender's top CUDA kernels (one step)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--out", default=None)
@@ -222,7 +253,8 @@ def main() -> None:
     out = Path(args.out) if args.out else OUT / f"{gpu}-model.json"
     rows = []
     for size in args.size or ["small", "large"]:  # written after each size: a run cut short keeps what it measured
-        rows.append(run_size(size, args.reduce_overhead, args.unfused, args.rounds, args.per_round, args.mlp))
+        rows.append(run_size(size, args.reduce_overhead, args.unfused, args.rounds, args.per_round, args.mlp,
+                             args.profile))
         write_results(out, {**results_header(), "models": rows})
     _plot(rows, out.with_suffix(".png"))
 
