@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import cuteforge
 import cuteforge.nn as cnn
 
 
@@ -116,8 +117,8 @@ def test_patch_swaps_reversibly_and_keeps_the_parameters() -> None:
     params = {n: p for n, p in model.named_parameters()}
     state = {k: v.clone() for k, v in model.state_dict().items()}
     report = cnn.patch(model, mlp=True)
-    assert report.swapped == {"RMSNorm": 3, "MLP": 2, "loss": 1}, report
-    assert "RMSNorm" in str(report) and isinstance(model.norm, cnn.RMSNorm)
+    assert report.swapped == {"RMSNorm": 3, "Embedding": 1, "MLP": 2, "loss": 1}, report
+    assert "RMSNorm" in str(report) and isinstance(model.norm, cnn.RMSNorm) and isinstance(model.embed, cnn.Embedding)
     assert {n: p for n, p in model.named_parameters()} == params  # the same Parameter objects
     assert model.state_dict().keys() == state.keys()
     torch.testing.assert_close(model(ids, ids), before)
@@ -125,6 +126,7 @@ def test_patch_swaps_reversibly_and_keeps_the_parameters() -> None:
         cnn.patch(model)
     cnn.unpatch(model)
     assert type(model.norm) is LlamaRMSNorm and type(model.layers[0]["mlp"]) is LlamaMLP
+    assert type(model.embed) is nn.Embedding
     assert model.loss_function is _stock_loss and "_loss_function" not in vars(model)
     torch.testing.assert_close(model(ids, ids), before)
     cnn.patch(model)  # patchable again after unpatch
@@ -141,6 +143,48 @@ def test_patch_refuses_what_it_cannot_handle() -> None:
     odd.norm.variance_epsilon = None  # not a float: left alone and reported
     report = cnn.patch(odd)
     assert report.swapped["RMSNorm"] == 2 and any("norm" in s for s in report.skipped)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 3, -2])
+def test_embedding_matches_torch_with_gradients(padding_idx) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(50, 8, dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 7))
+    ids[0, :3] = 48  # padding_idx=-2: a row repeated and padded
+    out = cuteforge.ops.embedding(ids, weight, padding_idx)
+    grad = torch.randn_like(out)
+    (mine,) = torch.autograd.grad(out, weight, grad)
+    ref = F.embedding(ids, weight, padding_idx)
+    (theirs,) = torch.autograd.grad(ref, weight, grad)
+    assert torch.equal(out, ref) and torch.equal(mine, theirs) and mine.dtype == torch.bfloat16
+
+
+def test_embedding_gradient_under_compile_skips_the_fp32_table() -> None:
+    """Compiled, the module's backward is the opaque op (torch's kernel, bf16 out), not
+    Inductor's decomposition into an fp32 scatter over a zeroed fp32 table."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    stock = nn.Embedding(64, 16, padding_idx=0, dtype=torch.bfloat16)
+    mine = cnn.Embedding(64, 16, padding_idx=0, dtype=torch.bfloat16)
+    mine.weight = stock.weight
+    ids = torch.randint(0, 64, (4, 9))
+
+    def step(module):
+        torch._dynamo.reset()
+        stock.weight.grad = None
+        f = torch.compile(lambda i: (module(i).float() ** 2).sum())
+        _, code = run_and_get_code(lambda: f(ids).backward())
+        return stock.weight.grad.clone(), "\n".join(code)
+
+    want, stock_code = step(stock)
+    got, code = step(mine)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert "cuteforge.embedding_backward" in code and "cuteforge.embedding_backward" not in stock_code
+    with pytest.raises(TypeError, match="'ids' must be an integer tensor"):
+        cuteforge.ops.embedding(ids.float(), stock.weight)
+    with pytest.raises(ValueError, match="'padding_idx' must be within"):
+        cuteforge.ops.embedding(ids, stock.weight, 64)
 
 
 def test_linear_cross_entropy_chunks_and_checks() -> None:

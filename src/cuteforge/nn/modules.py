@@ -17,7 +17,7 @@ from torch import nn
 
 from ..signature import FLOAT_DTYPES
 
-__all__ = ["RMSNorm", "LayerNorm", "Linear", "CrossEntropyLoss", "SwiGLUMLP", "causal_lm_loss"]
+__all__ = ["Embedding", "RMSNorm", "LayerNorm", "Linear", "CrossEntropyLoss", "SwiGLUMLP", "causal_lm_loss"]
 
 _ACTIVATIONS = {None: lambda t: t, "relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
 
@@ -126,6 +126,21 @@ class Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation!r}" if self.activation else "")
+
+
+class Embedding(nn.Embedding):
+    """`torch.nn.Embedding` whose weight gradient stays in the weight's dtype under
+    torch.compile (`cuteforge.ops.embedding`: Inductor would accumulate it in an fp32 copy
+    of the whole table). Eager calls, and ``max_norm`` / ``scale_grad_by_freq`` / ``sparse``,
+    run torch's own embedding, which already does that."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if (not torch.compiler.is_compiling() or self.max_norm is not None or self.scale_grad_by_freq
+                or self.sparse):
+            return super().forward(ids)
+        from .. import ops
+
+        return ops.embedding(ids, self.weight, self.padding_idx)
 
 
 class CrossEntropyLoss(nn.Module):

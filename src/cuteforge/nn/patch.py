@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modules import RMSNorm, SwiGLUMLP, causal_lm_loss
+from .modules import Embedding, RMSNorm, SwiGLUMLP, causal_lm_loss
 
 __all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
 
@@ -75,6 +75,13 @@ def _rms_norm_of(module: nn.Module) -> RMSNorm | None:
         return None
     new = RMSNorm(weight.shape[0], eps=eps, device="meta")
     new.weight = weight  # the same Parameter: optimizer state and checkpoints stay valid
+    return new
+
+
+def _embedding_of(module: nn.Embedding) -> Embedding:
+    new = Embedding(module.num_embeddings, module.embedding_dim, module.padding_idx, module.max_norm,
+                    module.norm_type, module.scale_grad_by_freq, module.sparse, device="meta")
+    new.weight = module.weight  # the same Parameter (a tied LM head keeps sharing it)
     return new
 
 
@@ -156,9 +163,11 @@ def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] 
 
 
 def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool = True,
-          fused_loss: bool | str = "compiled") -> PatchReport:
+          fused_loss: bool | str = "compiled", embedding: bool = True) -> PatchReport:
     """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``: opt-in; their GEMMs run on
-    cuteforge for inference, torch's with grad) and causal-LM loss (``loss``) in place.
+    cuteforge's kernels, forward and backward), causal-LM loss (``loss``) and token
+    embeddings (``embedding``: `cuteforge.nn.Embedding`, whose gradient under torch.compile
+    skips Inductor's fp32 copy of the table) in place.
 
     ``fused_loss``: a call with labels computes the loss from the hidden states and the LM
     head without materializing the logits (`cuteforge.ops.linear_cross_entropy`; such calls
@@ -184,6 +193,8 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
                     report.skipped.append(f"{cls} {name}: no 1-D weight and float epsilon")
                 else:
                     _swap(report, parent, name, child, new, "RMSNorm")
+            elif embedding and type(child) is nn.Embedding:
+                _swap(report, parent, name, child, _embedding_of(child), "Embedding")
             elif mlp and cls.endswith("MLP") and not isinstance(child, SwiGLUMLP):
                 new_mlp = _mlp_of(child, act)
                 if new_mlp is None:

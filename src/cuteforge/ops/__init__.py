@@ -1,10 +1,11 @@
 """Torch-facing ops. Each is also registered as `torch.ops.cuteforge.<name>`."""
 
 from .cross_entropy import cross_entropy
+from .embedding import embedding
 from .gemm import gemm
 from .linear_cross_entropy import linear_cross_entropy
 from .norm import layer_norm, rms_norm
 from .reduce import amax, amin, argmax, mean, sum  # noqa: A004
 from .softmax import log_softmax, softmax
 
-__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax", "cross_entropy", "linear_cross_entropy", "gemm", "rms_norm", "layer_norm"]
+__all__ = ["sum", "mean", "amax", "amin", "argmax", "softmax", "log_softmax", "cross_entropy", "embedding", "linear_cross_entropy", "gemm", "rms_norm", "layer_norm"]
