@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,35 @@ def test_damaged_entry_recompiles(tmp_path: Path, damage: str) -> None:
     # and the rewritten entry is good again
     again = run_worker(tmp_path)
     assert again["compiles"] == 0 and again["l2_loads"] == 1, again
+
+
+def test_package_source_hash_is_memoized_by_the_files_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuteforge.cache import key
+
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    monkeypatch.setattr(key, "PACKAGE_DIR", pkg)
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path / "c"))
+    memo_file = tmp_path / "c" / "source-hash.json"
+    key.source_hash.cache_clear()
+    digest = key.package_source_hash.__wrapped__()
+    assert digest == key.source_hash((str(pkg / "a.py"), str(pkg / "sub" / "b.py")), str(pkg))
+    memo = json.loads(memo_file.read_text())
+    assert memo["hash"] == digest
+    memo_file.write_text(json.dumps({**memo, "hash": "f" * 64}))  # the same stats: the memo answers
+    assert key.package_source_hash.__wrapped__() == "f" * 64
+    # an edit of the same size with its mtime put back still changes ctime: hashed again
+    st = (pkg / "a.py").stat()
+    time.sleep(0.05)  # past the file system clock's tick (a few ms), so the edit's ctime differs
+    (pkg / "a.py").write_text("x = 3\n")
+    os.utime(pkg / "a.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+    key.source_hash.cache_clear()
+    edited = key.package_source_hash.__wrapped__()
+    assert edited not in (digest, "f" * 64)
+    assert json.loads(memo_file.read_text())["hash"] == edited
+    key.source_hash.cache_clear()
 
 
 def test_fingerprint_changes_with_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:

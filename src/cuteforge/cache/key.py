@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import trust
+from .store import cache_root, disk_enabled
+
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the cuteforge package
 
 
@@ -27,9 +30,55 @@ def source_hash(files: tuple[str, ...], base: str = "") -> str:
 
 
 
+def _package_files() -> list[tuple[str, os.stat_result]]:
+    """Every .py file of the package (absolute path, its stat), in a stable order."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(PACKAGE_DIR):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        found += [os.path.join(dirpath, name) for name in filenames if name.endswith(".py")]
+    return [(path, os.stat(path)) for path in sorted(found)]
+
+
+_SOURCE_MEMO = "source-hash.json"  # in the cache root: stat signature -> content hash
+
+
+@functools.cache
 def package_source_hash() -> str:
-    files = tuple(sorted(str(p) for p in PACKAGE_DIR.rglob("*.py")))
-    return source_hash(files, str(PACKAGE_DIR))
+    """sha256 over cuteforge's sources (names relative to the package, contents).
+
+    Reading and hashing every source file costs a new process 10-30 ms on its first cache
+    lookup, so the hash is memoized in the cache root under a signature of the files'
+    stats (name, size, inode, mtime and ctime in ns): any write, copy or reinstall changes
+    ctime, which no tool can set back. The hash itself stays content-only, so identical
+    sources on two machines share fingerprints (and kernel bundles)."""
+    files = _package_files()
+    signature = hashlib.sha256(repr([(os.path.relpath(f, PACKAGE_DIR), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+                                     for f, st in files]).encode()).hexdigest()
+    memo = _read_source_memo()
+    if memo.get("signature") == signature and isinstance(memo.get("hash"), str):
+        return memo["hash"]
+    digest = source_hash(tuple(f for f, _ in files), str(PACKAGE_DIR))
+    _write_source_memo({"signature": signature, "hash": digest})
+    return digest
+
+
+def _read_source_memo() -> dict[str, Any]:
+    if not disk_enabled():
+        return {}
+    try:
+        memo = json.loads(trust.read_bytes(trust.check_root(cache_root()) / _SOURCE_MEMO))
+    except (OSError, ValueError):  # absent, refused, damaged: hash the files
+        return {}
+    return memo if isinstance(memo, dict) else {}
+
+
+def _write_source_memo(memo: dict[str, str]) -> None:
+    if not disk_enabled():
+        return
+    try:
+        trust.atomic_write(trust.check_root(cache_root()) / _SOURCE_MEMO, json.dumps(memo))
+    except OSError:  # a refused or read-only root: the next process hashes again
+        pass
 
 
 
