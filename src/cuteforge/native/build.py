@@ -26,6 +26,7 @@ builds in the foreground, or waits for the background build (`cuteforge build-na
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -57,14 +58,33 @@ def enabled() -> bool:
 
 
 def build_tag() -> str:
+    """What the extension is built for: its sources, torch, tvm-ffi, Python (16 hex digits).
+    Computed once per process: a load asks it several times."""
+    return _build_tag(tuple(SOURCES + HEADERS))
+
+
+@functools.cache
+def _build_tag(files: tuple[Path, ...]) -> str:
     import torch
-    import tvm_ffi
 
     h = hashlib.sha256()
-    for f in SOURCES + HEADERS:
+    for f in files:
         h.update(f.read_bytes())
-    h.update(f"{torch.__version__}|{tvm_ffi.__version__}|{sys.version}|{sys.platform}".encode())
+    h.update(f"{torch.__version__}|{_tvm_ffi_version()}|{sys.version}|{sys.platform}".encode())
     return h.hexdigest()[:16]
+
+
+def _tvm_ffi_version() -> str:
+    """tvm-ffi's version from its installed distribution's name: importing `tvm_ffi` for
+    its `__version__` would cost a process's first call 20-40 ms."""
+    from ..cache import toolchain_versions
+
+    version = dict(toolchain_versions()).get("apache-tvm-ffi")
+    if version is not None:
+        return version
+    import tvm_ffi
+
+    return str(tvm_ffi.__version__)
 
 
 def build_dir() -> Path:
