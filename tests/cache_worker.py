@@ -18,4 +18,5 @@ key = BoundKey(("float32", "float32"), (), (4, 4))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     fn = kt.scale.get(key, (("factor", variant),))
-print(json.dumps({**STATS.as_dict(), "callable": callable(fn), "warnings": [str(w.message) for w in caught]}))
+print(json.dumps({**STATS.as_dict(), "callable": callable(fn), "warnings": [str(w.message) for w in caught],
+                  "kind": type(fn).__name__, "tvm_ffi": "tvm_ffi" in sys.modules}))

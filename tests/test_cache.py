@@ -3,6 +3,7 @@ permissions, strict mode. CPU only: kernels compile for sm_90a and load without 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -98,6 +99,72 @@ def test_damaged_entry_recompiles(tmp_path: Path, damage: str) -> None:
     # and the rewritten entry is good again
     again = run_worker(tmp_path)
     assert again["compiles"] == 0 and again["l2_loads"] == 1, again
+
+
+def test_warm_load_opens_the_linked_library_without_tvm_ffi(tmp_path: Path) -> None:
+    first = run_worker(tmp_path)
+    (obj,) = entries(tmp_path)
+    lib = obj.with_suffix(".so")
+    meta = json.loads(obj.with_suffix(".json").read_text())
+    assert first["compiles"] == 1 and lib.is_file() and meta["lib_sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert lib.stat().st_mode & 0o077 == 0  # private whatever the umask: the loader refuses anything else
+    warm = run_worker(tmp_path)
+    assert warm["compiles"] == 0 and warm["l2_loads"] == 1 and warm["callable"]
+    assert warm["kind"] == "LinkedKernel" and not warm["tvm_ffi"] and not warm["warnings"]
+
+
+LINKED_CALL = """
+import sys, torch
+from cuteforge import compiler
+lib = sys.argv[1]
+fn = compiler.load_shared(lib)
+handle = fn.__chandle__()
+print(type(fn).__name__, "tvm_ffi" in sys.modules, handle > 0 and fn.__chandle__() == handle)
+try:  # CPU tensors: the kernel's own argument check answers, so the call reached it
+    fn(torch.ones(4), torch.ones(4))
+except ValueError as e:
+    print("cuda" in str(e), "tvm_ffi" in sys.modules)
+print(type(compiler.load_shared(lib)).__name__)  # tvm_ffi imported now: its own Function
+"""
+
+
+def test_linked_kernel_needs_tvm_ffi_only_when_called_from_python(tmp_path: Path) -> None:
+    run_worker(tmp_path)
+    (obj,) = entries(tmp_path)
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", LINKED_CALL, str(obj.with_suffix(".so"))], env=e, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["LinkedKernel False True", "True True", "Function"], out.stdout
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "does_not_open"])
+def test_damaged_library_loads_the_object_instead(tmp_path: Path, damage: str) -> None:
+    run_worker(tmp_path)
+    (obj,) = entries(tmp_path)
+    lib, meta_path = obj.with_suffix(".so"), obj.with_suffix(".json")
+    if damage == "truncate":
+        lib.write_bytes(lib.read_bytes()[:1000])
+    elif damage == "delete":
+        lib.unlink()
+    else:  # its sha256 recorded, but no library (its runtime moved, say)
+        lib.write_bytes(b"not a shared library")
+        meta = json.loads(meta_path.read_text())
+        meta_path.write_text(json.dumps({**meta, "lib_sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}))
+    r = run_worker(tmp_path)
+    assert r["compiles"] == 0 and r["l2_loads"] == 1 and r["callable"] and r["kind"] != "LinkedKernel"
+    assert not (tmp_path / "quarantine").exists() and not r["warnings"]
+
+
+def test_without_a_c_compiler_entries_load_through_the_dsl(tmp_path: Path) -> None:
+    no_tools = tmp_path / "bin"
+    no_tools.mkdir()
+    first = run_worker(tmp_path / "c", env={"PATH": str(no_tools), "CC": ""})
+    assert first["compiles"] == 1 and any("cannot be linked" in w for w in first["warnings"]), first["warnings"]
+    (obj,) = entries(tmp_path / "c")
+    assert not obj.with_suffix(".so").exists() and "lib_sha256" not in json.loads(obj.with_suffix(".json").read_text())
+    warm = run_worker(tmp_path / "c")
+    assert warm["compiles"] == 0 and warm["l2_loads"] == 1 and warm["callable"] and warm["kind"] != "LinkedKernel"
 
 
 def test_package_source_hash_is_memoized_by_the_files_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,11 +85,56 @@ def export_object(compiled: Any, path: str) -> None:
 
 
 def load_object(path: str) -> Callable[..., Any]:
-    """Load an object file written by `export_object`; returns the TVM-FFI function."""
+    """Load an object file written by `export_object`; returns the TVM-FFI function.
+
+    The DSL links the object in memory (its JIT linker, after loading its runtime
+    libraries): tens of milliseconds. `load_shared` is the fast path for cached kernels."""
     prepare_dsl()
     import cutlass.cute as cute
 
     return cute.runtime.load_module(path, enable_tvm_ffi=True)[ENTRY]
+
+
+def linker() -> str | None:
+    """The C compiler driver that links objects into shared libraries (CC, else cc, gcc,
+    c++ on PATH), or None where the machine has none."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "c++"):
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    return None
+
+
+def link_shared(object_path: str, library_path: str) -> None:
+    """Link an object written by `export_object` into a shared library for `load_shared`:
+    the DSL's runtime and tvm-ffi as its dependencies, found through an rpath, so opening
+    it is one dlopen. Needs the DSL (it names its runtime libraries) and a C compiler;
+    raises RuntimeError without one or when the link fails."""
+    cc = linker()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or c++ on PATH, or CC) to link kernels with")
+    prepare_dsl()
+    import cutlass.cute as cute
+
+    libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+    argv = [cc, "-shared", "-o", library_path, object_path,
+            # every kernel library defines the same internal symbol names: bind each to its own
+            "-Wl,-Bsymbolic"]
+    for lib in libs:
+        d = os.path.dirname(lib)
+        argv += [f"-L{d}", f"-l:{os.path.basename(lib)}", f"-Wl,-rpath,{d}"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"linking {object_path} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+
+
+def load_shared(path: str) -> Callable[..., Any]:
+    """Open a shared library written by `link_shared`; returns its TVM-FFI function
+    (`kernel_library.open_function`). No DSL, no JIT linking, no tvm-ffi import: a dlopen
+    and a symbol lookup."""
+    from .kernel_library import open_function
+
+    return open_function(path, ENTRY)
 
 
 def sass(cubin: bytes) -> str:

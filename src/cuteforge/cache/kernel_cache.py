@@ -72,6 +72,10 @@ class _Codec:
     load: Callable[[Path], Any]
     fresh: Callable[[str, compiler.CompileResult, Path | None], Any]
     from_bytes: Callable[[bytes], Any]  # a bundle's checked object
+    # (object path, library path): the exported object linked into a shared library, and
+    # its loader; a process's first load of a cached kernel then skips the DSL's JIT linker
+    link: Callable[[str, str], None] | None = None
+    load_linked: Callable[[Path], Any] | None = None
 
 
 
@@ -99,7 +103,7 @@ def _load_bundled(data: bytes) -> Any:
 
 
 _FUNCTIONS = _Codec(lambda r, path: compiler.export_object(r.compiled, path), lambda p: compiler.load_object(str(p)), _fresh_function,
-                    _load_bundled)
+                    _load_bundled, compiler.link_shared, lambda p: compiler.load_shared(str(p)))
 
 
 
@@ -216,10 +220,36 @@ class KernelCache:
 
         def fill(staged: str) -> None:
             codec.export(result, staged)
-            meta = {"kernel": kernel, "key": key_repr, "sha256": _sha256(Path(staged).read_bytes()), "arch": arch, "created": time.time()}
+            meta: dict[str, Any] = {"kernel": kernel, "key": key_repr, "sha256": _sha256(Path(staged).read_bytes()), "arch": arch,
+                                    "created": time.time()}
+            linked = KernelCache._link(entry, staged, codec)
+            if linked is not None:
+                meta["lib_sha256"] = linked
             trust.atomic_write(entry.meta, json.dumps(meta, indent=1))
 
         trust.atomic_write_with(entry.obj, fill)
+
+    @staticmethod
+    def _link(entry: Entry, staged: str, codec: _Codec) -> str | None:
+        """The staged object linked into the entry's shared library (written whole before
+        the metadata that names its sha256); its sha256, or None where it cannot be linked
+        (no C compiler): the entry then loads through the DSL."""
+        if codec.link is None:
+            return None
+        link = codec.link
+
+        def linked(tmp: str) -> None:
+            link(staged, tmp)
+            os.chmod(tmp, 0o700)  # the linker makes its output per the umask: a library loads only when private
+
+        try:
+            trust.atomic_write_with(entry.lib, linked)
+            return _sha256(trust.read_bytes(entry.lib))
+        except Exception as e:  # the object alone is a complete entry
+            trust.warn_once("link", f"cuteforge: cached kernels cannot be linked into shared libraries ({type(e).__name__}: "
+                            f"{str(e)[:300]}); they load through the DSL's JIT linker, tens of ms more on a process's first "
+                            "call of each", stacklevel=6)
+            return None
 
     def _load(self, entry: Entry, key_repr: str, codec: _Codec = _FUNCTIONS) -> tuple[Any, str | None]:
         """(value, None) on success; (None, reason) if the entry is damaged or not to be
@@ -233,9 +263,12 @@ class KernelCache:
                 return None, "its metadata is not a JSON object"
             if meta.get("key") != key_repr:
                 return None, "it was written for another key"
+            # the object is the entry (bundles copy it): damaged, the entry is, library or not
             if _sha256(trust.read_bytes(entry.obj)) != meta.get("sha256"):
                 return None, "object does not match its recorded sha256 (truncated or altered)"
-            value = codec.load(entry.obj)
+            value = self._load_linked(entry, meta, codec)
+            if value is None:
+                value = codec.load(entry.obj)
         except FileNotFoundError:
             return None, "its metadata file is missing"
         except trust.UntrustedPath as e:
@@ -246,11 +279,27 @@ class KernelCache:
         STATS.load_ms += (time.perf_counter() - t0) * 1e3
         return value, None
 
+    @staticmethod
+    def _load_linked(entry: Entry, meta: dict[str, Any], codec: _Codec) -> Any:
+        """The entry's shared library loaded, when the metadata names one and it matches its
+        sha256; else None, and the object loads instead (a library that is missing, damaged
+        or does not open, say after the DSL's runtime moved, is only a slower load)."""
+        expected = meta.get("lib_sha256")
+        if codec.load_linked is None or not isinstance(expected, str) or not os.path.lexists(entry.lib):
+            return None
+        try:
+            if _sha256(trust.read_bytes(entry.lib)) != expected:
+                return None
+            return codec.load_linked(entry.lib)
+        except Exception as e:  # any failure falls back to the object
+            log.debug("cuteforge: %s did not load (%s: %s); loading the object", entry.lib, type(e).__name__, e)
+            return None
+
     def _quarantine(self, root: Path, entry: Entry, reason: str) -> None:
         stamp = f"{int(time.time() * 1e3)}-{os.getpid()}"
         try:
             qdir = trust.private_dir(root, "quarantine")
-            for p in (entry.obj, entry.meta):
+            for p in (entry.obj, entry.meta, entry.lib):
                 if os.path.lexists(p):
                     os.replace(p, qdir / f"{p.name}.{stamp}")
         except OSError as e:  # the rewrite below replaces the damaged files anyway

@@ -145,10 +145,12 @@ class Entry:
     obj: Path
     meta: Path
     lock: Path
+    lib: Path  # the object linked into a shared library: what a process loads when it is there
 
     @classmethod
     def at(cls, directory: Path, key_hash: str) -> Entry:
-        return cls(directory / f"{key_hash}.o", directory / f"{key_hash}.json", directory / f"{key_hash}.lock")
+        return cls(directory / f"{key_hash}.o", directory / f"{key_hash}.json", directory / f"{key_hash}.lock",
+                   directory / f"{key_hash}.so")
 
 
 
