@@ -54,15 +54,23 @@ class _RowNorm(nn.Module):
 
 
 class RMSNorm(_RowNorm):
-    """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math)."""
+    """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math).
+
+    Under torch.compile it lowers to ``F.rms_norm`` by default (``under_compile="inductor"``):
+    Inductor's norm kernel is as fast and fuses with its neighbours, which the opaque
+    custom op prevents (docs/nn.md); ``under_compile="cuteforge"`` keeps the op."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True,
-                 device: Any = None, dtype: torch.dtype | None = None) -> None:
+                 device: Any = None, dtype: torch.dtype | None = None, under_compile: str = "inductor") -> None:
         super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype)
+        if under_compile not in ("inductor", "cuteforge"):
+            raise ValueError(f"cuteforge.nn.RMSNorm: under_compile must be 'inductor' or 'cuteforge', got "
+                             f"{under_compile!r}")
+        self.under_compile = under_compile
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        if not _on_cuteforge(x):
+        if not _on_cuteforge(x) or (self.under_compile == "inductor" and torch.compiler.is_compiling()):
             return F.rms_norm(x, self.normalized_shape, self.weight, eps)
         from .. import ops
 
@@ -131,12 +139,13 @@ class Linear(nn.Linear):
 class Embedding(nn.Embedding):
     """`torch.nn.Embedding` whose weight gradient stays in the weight's dtype under
     torch.compile (`cuteforge.ops.embedding`: Inductor would accumulate it in an fp32 copy
-    of the whole table). Eager calls, and ``max_norm`` / ``scale_grad_by_freq`` / ``sparse``,
-    run torch's own embedding, which already does that."""
+    of the whole table). Eager calls, calls without a gradient (where Inductor's gather
+    fuses into its consumer), and ``max_norm`` / ``scale_grad_by_freq`` / ``sparse`` run
+    torch's own embedding."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if (not torch.compiler.is_compiling() or self.max_norm is not None or self.scale_grad_by_freq
-                or self.sparse):
+        if (not torch.compiler.is_compiling() or not (torch.is_grad_enabled() and self.weight.requires_grad)
+                or self.max_norm is not None or self.scale_grad_by_freq or self.sparse):
             return super().forward(ids)
         from .. import ops
 
