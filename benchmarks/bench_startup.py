@@ -11,7 +11,15 @@ kernel cache directory, so nothing is warm that a new process would not find war
 (b) warm: a new process's first call of the same op on the cache (a) filled: the kernel
     is on disk. The bar: the median over the ops <= 20 ms, everything in the call included
     (binding, cache lookup, object load, the DSL runtime's first use, launch plan, launch,
-    sync); `import cuteforge.ops` is reported beside it.
+    sync); `import cuteforge.ops` is reported beside it, and which packages the call
+    imported (none of tvm_ffi, cutlass, jinja2 belongs there).
+(p) phases: the same first call in one more fresh process on that cache, the parts it
+    shares with every op done first, each timed alone: the cache fingerprint (cuteforge's
+    source hash), the C++ extension's load, the DSL runtime and tvm-ffi libraries
+    (dlopen); then the op's call, split into the kernel's load from the cache (the cache's
+    load time) and the rest (binding, config, launch plan, the CUDA module load and
+    launch, sync). `import tvm_ffi` is timed after it: what a kernel's first call from
+    Python (not through the C++ launch) adds.
 (c) bundle: `cuteforge bundle create` (a precompile of the standard grid, `--shapes` the
     library's quick shapes added), then `cuteforge library --quick` on a fresh cache with
     CUTEFORGE_BUNDLES set to it: the compiles it still made (the saved cache counters of
@@ -23,9 +31,13 @@ with, and copied into every fresh cache, so no measurement waits for or competes
 background build.
 
 Run on a GPU machine (one command, everything included; 4 to 5 minutes on an H200 host
-with 16 cores):
+with 16 cores, about 2 with --skip-bundle):
 
     python benchmarks/bench_startup.py [--out FILE] [--workers N] [--skip-bundle]
+
+The extension is built in CUTEFORGE_CACHE_DIR; where that is unset and platformdirs is
+not installed, the script sets it to the directory platformdirs would name on Linux
+($XDG_CACHE_HOME/cuteforge, by default ~/.cache/cuteforge).
 
 Writes benchmarks/results/<gpu>-startup.json (the schema of every results file:
 `cuteforge bench --from` reads it).
@@ -65,9 +77,11 @@ def op_shape(op: str) -> dict[str, int]:
     return {"M": ROWS[0], "N": VOCAB if op == "cross_entropy" else ROWS[1]}
 
 
-def child(op: str, dtype_name: str) -> dict[str, Any]:
-    """Time `op`'s first call in this process (see the module docstring, (a) and (b))."""
-    t_start = time.perf_counter()
+WATCHED = ("tvm_ffi", "cutlass", "jinja2", "platformdirs")  # packages a warm first call should not import
+
+
+def op_inputs(op: str, dtype_name: str) -> tuple[Any, ...]:
+    """The op's inputs on the GPU, made (and the CUDA context up) before any clock starts."""
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -81,28 +95,132 @@ def child(op: str, dtype_name: str) -> dict[str, Any]:
 
         ins = inputs(op, shape["M"], shape["N"], dtype)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    import cuteforge
+    return ins
+
+
+def op_fn(op: str) -> Any:
     import cuteforge.ops as ops
     from cuteforge.library_bench import cuteforge_fn
 
-    fn = ops.gemm if op == "gemm" else cuteforge_fn(op)
+    return ops.gemm if op == "gemm" else cuteforge_fn(op)
+
+
+def ms(t0: float, t1: float, digits: int = 2) -> float:
+    return round((t1 - t0) * 1e3, digits)
+
+
+def child(op: str, dtype_name: str) -> dict[str, Any]:
+    """Time `op`'s first call in this process (see the module docstring, (a) and (b))."""
+    t_start = time.perf_counter()
+    import torch
+
+    ins = op_inputs(op, dtype_name)
+    t0 = time.perf_counter()
+    import cuteforge
+
+    fn = op_fn(op)
     t1 = time.perf_counter()
+    before = set(sys.modules)
     fn(*ins)
     torch.cuda.synchronize()
     t2 = time.perf_counter()
+    imported = sorted({m.split(".")[0] for m in set(sys.modules) - before} & set(WATCHED))
     fn(*ins)
     torch.cuda.synchronize()
     t3 = time.perf_counter()
     from cuteforge.native import build
 
     stats = cuteforge.cache_stats()
-    return {"op": op, **shape, "dtype": dtype_name, "import_ms": round((t1 - t0) * 1e3, 2),
-            "first_call_ms": round((t2 - t1) * 1e3, 2), "second_call_ms": round((t3 - t2) * 1e3, 3),
-            "process_to_first_result_ms": round((t2 - t_start) * 1e3, 1),
+    return {"op": op, **op_shape(op), "dtype": dtype_name, "import_ms": ms(t0, t1),
+            "first_call_ms": ms(t1, t2), "second_call_ms": ms(t2, t3, 3),
+            "process_to_first_result_ms": ms(t_start, t2, 1),
             "compiles": int(stats["compiles"]), "compile_ms": round(stats["compile_ms"], 1),
             "l2_loads": int(stats["l2_loads"]), "load_ms": round(stats["load_ms"], 2),
-            "bundle_loads": int(stats["bundle_loads"]), "native_extension": build.built()}
+            "bundle_loads": int(stats["bundle_loads"]), "native_extension": build.built(),
+            "imported_by_first_call": imported}
+
+
+def child_phases(op: str, dtype_name: str) -> dict[str, Any]:
+    """`op`'s first call on a warm cache taken apart (see the module docstring, (p))."""
+    import ctypes
+
+    import torch
+
+    ins = op_inputs(op, dtype_name)
+    import cuteforge
+    from cuteforge import arch, cache
+    from cuteforge.native import build
+
+    fn = op_fn(op)
+    import cutlass.cute as cute  # already imported by the ops' kernels: this finds the libraries only
+
+    from cuteforge.kernel import Kernel
+    from cuteforge.native import launch
+
+    libs = runtime_libraries(cute)
+    row: dict[str, Any] = {"op": op, "dtype": dtype_name}
+    spent = {"kernel_get": 0.0, "launch_plan": 0.0}
+    Kernel.get = timed(Kernel.get, spent, "kernel_get")  # type: ignore[method-assign]
+    launch.runner = timed(launch.runner, spent, "launch_plan")
+    t0 = time.perf_counter()
+    cache.fingerprint(arch.target_arch())
+    t1 = time.perf_counter()
+    build.load()
+    t2 = time.perf_counter()
+    for lib in libs:
+        ctypes.CDLL(lib)  # as the kernel's library loads them: its dependencies, kept loaded
+    t3 = time.perf_counter()
+    fn(*ins)
+    torch.cuda.synchronize()
+    t4 = time.perf_counter()
+    fn(*ins)
+    torch.cuda.synchronize()
+    t5 = time.perf_counter()
+    had_tvm_ffi = "tvm_ffi" in sys.modules
+    import tvm_ffi  # noqa: F401
+
+    t6 = time.perf_counter()
+    stats = cuteforge.cache_stats()
+    call = ms(t3, t4)
+    row.update({"fingerprint_ms": ms(t0, t1), "native_extension_ms": ms(t1, t2), "runtime_libraries_ms": ms(t2, t3),
+                "object_load_ms": round(stats["load_ms"], 2), "call_rest_ms": round(call - stats["load_ms"], 2),
+                "call_ms": call, "total_ms": ms(t0, t4), "second_call_ms": ms(t4, t5, 3),
+                # inside the call: the kernels' lookups (key, spec, config default, cache, load), the
+                # launch plans, and everything else (binding, tuned-config lookup, the launch with
+                # the CUDA module load, sync)
+                "kernel_get_ms": round(spent["kernel_get"], 2), "launch_plan_ms": round(spent["launch_plan"], 2),
+                "call_other_ms": round(call - spent["kernel_get"] - spent["launch_plan"], 2),
+                "tvm_ffi_import_ms": None if had_tvm_ffi else ms(t5, t6), "compiles": int(stats["compiles"])})
+    return row
+
+
+def runtime_libraries(cute: Any) -> list[str]:
+    """The DSL runtime's and tvm-ffi's shared libraries, found without importing `tvm_ffi`
+    (the DSL's own `find_runtime_libraries(enable_tvm_ffi=True)` imports it, which would
+    spare the call under test that import)."""
+    import importlib.util
+
+    libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=False)
+    spec = importlib.util.find_spec("tvm_ffi")
+    for base in (spec.submodule_search_locations or []) if spec is not None else []:
+        lib = os.path.join(base, "lib", "libtvm_ffi.so")
+        if os.path.isfile(lib):
+            libs.append(lib)
+            break
+    return libs
+
+
+def timed(fn: Any, spent: dict[str, float], name: str) -> Any:
+    """`fn`, adding the milliseconds each call takes to ``spent[name]``."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] += (time.perf_counter() - t0) * 1e3
+
+    return wrapper
 
 
 # --- parent: fresh processes, fresh caches ---------------------------------------------
@@ -143,8 +261,9 @@ def last_json(stdout: str) -> Any:
     return json.loads(stdout[start:])
 
 
-def child_row(op: str, dtype: str, cache: Path) -> dict[str, Any]:
-    out, _ = run([sys.executable, str(Path(__file__).resolve()), "--child", op, "--dtype", dtype], cache)
+def child_row(op: str, dtype: str, cache: Path, phases: bool = False) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", op, "--dtype", dtype]
+    out, _ = run(cmd + (["--phases"] if phases else []), cache)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -164,6 +283,17 @@ def warm_summary(rows: list[dict[str, Any]], bar_ms: float = WARM_BAR_MS) -> dic
             "import_ms_median": round(statistics.median(r["import_ms"] for r in rows), 1),
             "compiles": sum(r["compiles"] for r in rows),
             "slowest": max(rows, key=lambda r: r["first_call_ms"])["op"]}
+
+
+PHASES = ("fingerprint_ms", "native_extension_ms", "runtime_libraries_ms", "object_load_ms", "call_rest_ms")
+
+
+def phases_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """(p): per phase its median over the ops, and the phase that costs most."""
+    med = {k: round(statistics.median(r[k] for r in rows), 2) for k in (*PHASES, "total_ms")}
+    imports = [r["tvm_ffi_import_ms"] for r in rows if r.get("tvm_ffi_import_ms") is not None]
+    return {"rows": rows, "median": med, "largest": max(PHASES, key=lambda k: med[k]),
+            "tvm_ffi_import_ms_median": round(statistics.median(imports), 2) if imports else None}
 
 
 def bundle_summary(made: dict[str, Any], create_s: float, library_s: float, stats: dict[str, Any],
@@ -190,6 +320,22 @@ def native_dir() -> Path | None:
     return Path(r["dir"]) if r.get("built") else None
 
 
+def default_cache_dir() -> str | None:
+    """Set CUTEFORGE_CACHE_DIR where it is unset and platformdirs (which names the default
+    cache) is not installed: to the directory platformdirs names on Linux. Returns what it
+    set, or None."""
+    if os.environ.get("CUTEFORGE_CACHE_DIR"):
+        return None
+    try:
+        import platformdirs  # noqa: F401
+    except ImportError:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        os.environ["CUTEFORGE_CACHE_DIR"] = os.path.join(base, "cuteforge")
+        print(f"CUTEFORGE_CACHE_DIR unset and platformdirs absent: using {os.environ['CUTEFORGE_CACHE_DIR']}", flush=True)
+        return os.environ["CUTEFORGE_CACHE_DIR"]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="GPU needed for every part; see the module docstring for what each measures.")
@@ -201,9 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-bundle", action="store_true", help="leave out (c)")
     p.add_argument("--keep", metavar="DIR", help="build the caches and the bundle under DIR and keep them")
     p.add_argument("--child", metavar="OP", help=argparse.SUPPRESS)
+    p.add_argument("--phases", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.dtype)))
+        print(json.dumps((child_phases if args.phases else child)(args.child, args.dtype)))
         return 0
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = sorted(set(ops) - set(OPS))
@@ -217,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("a CUDA GPU is needed (every part times first calls of kernels)")
     t_all = time.perf_counter()
+    seed_cache = default_cache_dir()
     result: dict[str, Any] = {**results_header(), "dtype": args.dtype}
+    if seed_cache is not None:
+        result["cache_dir_set_to"] = seed_cache
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="cuteforge-startup-"))
     base.mkdir(parents=True, exist_ok=True)
     try:
@@ -230,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         warm = [child_row(op, args.dtype, caches[op]) for op in ops]
         result["warm"] = warm_summary(warm)
         print(json.dumps({"warm": result["warm"]}, indent=1), flush=True)
+        result["phases"] = phases_summary([child_row(op, args.dtype, caches[op], phases=True) for op in ops])
+        print(json.dumps({"phases": result["phases"]}, indent=1), flush=True)
         if not args.skip_bundle:
             bundle_out = base / "bundle"
             out, create_s = run(cuteforge_cmd("bundle", "create", str(bundle_out), "--workers", str(args.workers),

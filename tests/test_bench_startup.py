@@ -5,8 +5,10 @@ parts themselves need a GPU."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -68,6 +70,75 @@ def test_summaries_and_results_file(tmp_path: Path) -> None:
               "warm": warm, "bundle": bundle}
     (r,) = report.load_results([report.write_results(tmp_path / "h200-startup.json", result)])
     assert set(report.sections(r)) >= {"cold", "warm", "bundle"}
+
+
+def _phases(op: str, load: float, rest: float, ffi: float | None) -> dict[str, Any]:
+    return {"op": op, "dtype": "bfloat16", "fingerprint_ms": 0.5, "native_extension_ms": 3.0, "runtime_libraries_ms": 2.0,
+            "object_load_ms": load, "call_rest_ms": rest, "call_ms": load + rest, "total_ms": 5.5 + load + rest,
+            "second_call_ms": 0.05, "tvm_ffi_import_ms": ffi, "compiles": 0}
+
+
+def test_phases_summary_names_the_largest_phase() -> None:
+    s = _bench().phases_summary([_phases("sum", 1.0, 9.0, 30.0), _phases("softmax", 2.0, 12.0, None),
+                                 _phases("gemm", 40.0, 4.0, 34.0)])
+    assert s["median"]["object_load_ms"] == 2.0 and s["median"]["call_rest_ms"] == 9.0
+    assert s["median"]["total_ms"] == 5.5 + 2.0 + 12.0  # the median op's own total
+    assert s["largest"] == "call_rest_ms" and s["tvm_ffi_import_ms_median"] == 32.0
+
+
+def test_phases_child_runs_with_cpu_stand_ins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The phases child end to end, with the op, its inputs and the GPU sync stood in for: it
+    times each phase, attributes the call's launch plans, and its row is what the summary reads."""
+    import torch
+
+    from cuteforge.kernel import Kernel
+    from cuteforge.native import build, launch
+
+    b = _bench()
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(Kernel, "get", Kernel.get)  # the child wraps these two: restored after the test
+    monkeypatch.setattr(launch, "runner", launch.runner)
+    monkeypatch.setattr(build, "load", lambda wait=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(b, "op_inputs", lambda op, dtype: (torch.ones(4),))
+
+    def op(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)  # the first call's own work
+        assert launch.runner("stand-in", object(), x.device, 1, [], [], []) is None  # no TVM-FFI function: no plan
+        return x + 1
+
+    monkeypatch.setattr(b, "op_fn", lambda name: op)
+    row = b.child_phases("sum", "float32")
+    assert set(b.PHASES) <= set(row) and row["compiles"] == 0 and row["kernel_get_ms"] == 0.0
+    assert row["call_ms"] >= 20.0 and row["call_other_ms"] >= 20.0 and row["launch_plan_ms"] < row["call_ms"]
+    assert row["total_ms"] >= row["call_ms"] and b.phases_summary([row])["median"]["call_rest_ms"] == row["call_rest_ms"]
+
+
+def test_runtime_libraries_found_without_importing_tvm_ffi() -> None:
+    """The phases child loads these before the call it times: importing tvm_ffi to find them
+    would take that import out of the call."""
+    code = (
+        "import importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('b', {str(SCRIPT)!r})\n"
+        "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+        "import cutlass.cute as cute\n"
+        "libs = b.runtime_libraries(cute)\n"
+        "print(sorted(os.path.basename(p) for p in libs if os.path.isfile(p)), 'tvm_ffi' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["['libcute_dsl_runtime.so',", "'libtvm_ffi.so']", "False"], out.stdout
+
+
+def test_cache_dir_named_where_platformdirs_is_absent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    b = _bench()
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path / "mine"))
+    assert b.default_cache_dir() is None  # a set directory is kept
+    monkeypatch.delenv("CUTEFORGE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setitem(sys.modules, "platformdirs", None)  # not installed: importing it raises
+    assert b.default_cache_dir() == str(tmp_path / "xdg" / "cuteforge")
+    assert os.environ["CUTEFORGE_CACHE_DIR"] == str(tmp_path / "xdg" / "cuteforge")
 
 
 def test_last_json_skips_leading_lines() -> None:
