@@ -158,7 +158,7 @@ def child_phases(op: str, dtype_name: str) -> dict[str, Any]:
     from cuteforge.native import launch
 
     libs = runtime_libraries(cute)
-    row: dict[str, Any] = {"op": op, "dtype": dtype_name}
+    row: dict[str, Any] = {"op": op, **op_shape(op), "dtype": dtype_name}
     spent = {"kernel_get": 0.0, "launch_plan": 0.0}
     Kernel.get = timed(Kernel.get, spent, "kernel_get")  # type: ignore[method-assign]
     launch.runner = timed(launch.runner, spent, "launch_plan")
@@ -368,20 +368,24 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {**results_header(), "dtype": args.dtype}
     if seed_cache is not None:
         result["cache_dir_set_to"] = seed_cache
+    path = Path(args.out or RESULTS / f"{gpu_slug(result['gpu'])}-startup.json")
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="cuteforge-startup-"))
     base.mkdir(parents=True, exist_ok=True)
+
+    def section(name: str, value: dict[str, Any]) -> None:
+        """Keep a finished section: printed, and in the results file at once (a run cut short
+        keeps what it measured)."""
+        result[name] = value
+        print(json.dumps({name: value}, indent=1), flush=True)
+        write_results(path, result, check=False)
+
     try:
         native = native_dir()
         result["native_extension"] = native is not None
         caches = {op: fresh_cache(base, f"ops-{op}", native) for op in ops}
-        cold = [child_row(op, args.dtype, caches[op]) for op in ops]
-        result["cold"] = cold_summary(cold)
-        print(json.dumps({"cold": result["cold"]}, indent=1), flush=True)
-        warm = [child_row(op, args.dtype, caches[op]) for op in ops]
-        result["warm"] = warm_summary(warm)
-        print(json.dumps({"warm": result["warm"]}, indent=1), flush=True)
-        result["phases"] = phases_summary([child_row(op, args.dtype, caches[op], phases=True) for op in ops])
-        print(json.dumps({"phases": result["phases"]}, indent=1), flush=True)
+        section("cold", cold_summary([child_row(op, args.dtype, caches[op]) for op in ops]))
+        section("warm", warm_summary([child_row(op, args.dtype, caches[op]) for op in ops]))
+        section("phases", phases_summary([child_row(op, args.dtype, caches[op], phases=True) for op in ops]))
         if not args.skip_bundle:
             bundle_out = base / "bundle"
             out, create_s = run(cuteforge_cmd("bundle", "create", str(bundle_out), "--workers", str(args.workers),
@@ -392,14 +396,12 @@ def main(argv: list[str] | None = None) -> int:
             _, library_s = run(cuteforge_cmd("library", "--quick", "--json"), lib_cache, pin)
             stats = last_json(run(cuteforge_cmd("cache", "stats", "--json"), lib_cache)[0])
             listed = json.loads(run(cuteforge_cmd("cache", "ls", "--json"), lib_cache)[0])
-            result["bundle"] = {**bundle_summary(made, create_s, library_s, stats, listed),
-                                "create_command": f"cuteforge bundle create OUT --workers {args.workers} --shapes {QUICK_SHAPES}"}
-            print(json.dumps({"bundle": result["bundle"]}, indent=1), flush=True)
+            section("bundle", {**bundle_summary(made, create_s, library_s, stats, listed),
+                               "create_command": f"cuteforge bundle create OUT --workers {args.workers} --shapes {QUICK_SHAPES}"})
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     result["seconds"] = round(time.perf_counter() - t_all, 1)
-    path = Path(args.out or RESULTS / f"{gpu_slug(result['gpu'])}-startup.json")
     write_results(path, result)
     print(f"wrote {path}")
     return 0

@@ -66,14 +66,15 @@ def test_summaries_and_results_file(tmp_path: Path) -> None:
                               {"cumulative": {"compiles": 1, "bundle_loads": 120}}, listed)
     assert bundle["compiles"] == 1 and not bundle["bar_met"] and bundle["compiled_kernels"] == ["k1"]
     assert b.gpu_slug("NVIDIA H200") == "h200"
+    phases = b.phases_summary([_phases("sum", 1.0, 9.0, 30.0)])
     result = {**report.results_header("python benchmarks/bench_startup.py"), "dtype": "bfloat16", "cold": cold,
-              "warm": warm, "bundle": bundle}
+              "warm": warm, "phases": phases, "bundle": bundle}
     (r,) = report.load_results([report.write_results(tmp_path / "h200-startup.json", result)])
-    assert set(report.sections(r)) >= {"cold", "warm", "bundle"}
+    assert set(report.sections(r)) >= {"cold", "warm", "phases", "bundle"}
 
 
 def _phases(op: str, load: float, rest: float, ffi: float | None) -> dict[str, Any]:
-    return {"op": op, "dtype": "bfloat16", "fingerprint_ms": 0.5, "native_extension_ms": 3.0, "runtime_libraries_ms": 2.0,
+    return {"op": op, "M": 4096, "N": 4096, "dtype": "bfloat16", "fingerprint_ms": 0.5, "native_extension_ms": 3.0, "runtime_libraries_ms": 2.0,
             "object_load_ms": load, "call_rest_ms": rest, "call_ms": load + rest, "total_ms": 5.5 + load + rest,
             "second_call_ms": 0.05, "tvm_ffi_import_ms": ffi, "compiles": 0}
 
