@@ -58,7 +58,19 @@ from ..rows.staging import (
     persistent_group,
     staged_smem,
 )
-from .common import Tile, column_of, make_bwd_columns, make_row_io
+from .common import (
+    Tile,
+    advance_row_stats,
+    bwd_fragments,
+    column_of,
+    first_row_stats,
+    fold_chains,
+    make_bwd_columns,
+    make_row_io,
+    next_row_stats,
+    staged_chunk,
+    store_partial_rows,
+)
 from .config import (
     SMEM_PER_BLOCK,
     SMEM_PER_SM,
@@ -66,24 +78,19 @@ from .config import (
     default_register_config,
     staged_stages,
 )
-from .exchange import make_allreduce, make_allreduce_mbar_rows, mbar_tx_bytes, reduce_smem_elems
+from .exchange import (
+    make_allreduce,
+    make_allreduce_mbar_rows,
+    make_chunk_allreduce,
+    mbar_tx_bytes,
+    reduce_smem_elems,
+)
 from .fwd import KINDS
 from .ring import make_norm_bwd_ring, ring_fit
 
 
-def make_norm_bwd(
-    kind: str,
-    x_dtype,
-    w_dtype,
-    n: int,
-    vec: int,
-    config: NormConfig,
-    has_bias: bool,
-    has_dsum: bool,
-    rows_aligned: bool = True,
-    w_aligned: bool = False,
-    has_dw: bool = True,
-):
+def make_norm_bwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool, has_dsum: bool,
+                  rows_aligned: bool = True, w_aligned: bool = False, has_dw: bool = True):
     """@cute.jit f(x, weight, dy, dsum, mean, rstd, dx, dwp, dbp, stream).
 
     x is the normalised input (x + residual when fused); dy and dsum have x's dtype.
@@ -134,18 +141,8 @@ def make_norm_bwd(
     fold = R > 1 and has_dw  # several rows per CTA: fold the row-slots' partials in smem
     n_fold = n_acc * R * n if fold else 1
 
-    @cute.kernel
-    def _kernel(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        dy: cute.Tensor,
-        dsum: cute.Tensor,
-        mean_in: cute.Tensor,
-        rstd_in: cute.Tensor,
-        dx: cute.Tensor,
-        dwp: cute.Tensor,
-        dbp: cute.Tensor,
-    ):
+    @cute.jit
+    def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -182,21 +179,17 @@ def make_norm_bwd(
                     cute.arch.mbarrier_arrive_and_expect_tx(mbar + i, tx_bytes)
             cute.arch.cluster_arrive_relaxed()  # its wait (below) precedes the first st.async
 
-        dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dwa, dba = tile.fragments(Float32, Float32)
         dwa.fill(0.0)
-        dba = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
         dba.fill(0.0)
-        xr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        dyr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
+        xr, dyr, wr = tile.fragments(x_dtype, x_dtype, w_dtype)
         acc1 = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
         acc2 = cute.make_rmem_tensor(cute.make_layout((V,)), Float32)
 
         if cutlass.const_expr(prefetch):
             # the next row block's x/dy (and its row's rstd, mean) land here while the
             # current one is worked on; st holds the current row's (rstd, mean)
-            xn = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-            dyn = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+            xn, dyn = tile.fragments(x_dtype, x_dtype)
             st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
             stn = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
             row0 = cutlass.min(q * R + r, m - 1)
@@ -255,12 +248,7 @@ def make_norm_bwd(
                     acc1[v] = acc1[v] + gv * xh
                     if cutlass.const_expr(is_ln):
                         acc2[v] = acc2[v] + gv
-            s1 = acc1[0]
-            s2 = acc2[0]
-            for v in cutlass.range_constexpr(1, V):
-                s1 = s1 + acc1[v]
-                if cutlass.const_expr(is_ln):
-                    s2 = s2 + acc2[v]
+            s1, s2 = fold_chains(acc1, acc2, V, is_ln)
             if cutlass.const_expr(use_mbar):
                 s1, s2 = allreduce_m(s1, s2, buf, mbar, slot, (it // 2) % 2, tidx == 0, r, t, cta)
             else:
@@ -331,28 +319,25 @@ def make_norm_bwd(
                 if cutlass.const_expr(has_bias):
                     store_scalar(dba, dbp[q, None], g)
 
-    return _launcher(_kernel, T, C, _bounds)
+    return _launcher(_body, T, C, _bounds)
 
 
-def _launcher(kernel, T: int, C: int, bounds: dict):
+def _launcher(body, T: int, C: int, bounds: dict):
     """@cute.jit norm_bwd(x, weight, dy, dsum, mean, rstd, dx, dweight_partial,
-    dbias_partial, stream): the backward ``kernel`` on one CTA group of C CTAs (a cluster
-    when C > 1) of T threads per row of the partials (the persistent grid's Q groups), with
-    the launch ``bounds``."""
+    dbias_partial, stream): the backward kernel on one CTA group of C CTAs (a cluster when
+    C > 1) of T threads per row of the partials (the persistent grid's Q groups), with the
+    launch ``bounds``. Its device code is ``body``, a @cute.jit of the nine tensors traced
+    inline: the register, row-staged and part-ring backwards share this entry and differ
+    only in their body."""
+
+    @cute.kernel
+    def kernel(x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
+               rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor):
+        body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp)
 
     @cute.jit
-    def norm_bwd(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        dy: cute.Tensor,
-        dsum: cute.Tensor,
-        mean_in: cute.Tensor,
-        rstd_in: cute.Tensor,
-        dx: cute.Tensor,
-        dwp: cute.Tensor,
-        dbp: cute.Tensor,
-        stream,
-    ):
+    def norm_bwd(x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
+                 rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor, stream):
         n_q = dwp.shape[0]
         if cutlass.const_expr(C > 1):
             kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
@@ -384,27 +369,15 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     a CTA passes row j + 1's wait only when every warp of the cluster sent its row j + 1
     partial, i.e. finished row j."""
     config.validate(n, x_dtype.width, backward=True)
-    C = config.cluster_n
-    if not config.stages or config.rows_per_cta != 1 or (C > 1 and config.exchange != "mbar"):
-        raise ValueError(f"the staged backward needs stages > 0, one row per CTA and (with a cluster) the mbar exchange: {config}")
-    NC = n // C  # this CTA's chunk of the row
-    T = config.threads
-    tile = Tile(NC, vec, T, 1, T)  # the chunk, tiled over the CTA's threads
+    C, T = config.cluster_n, config.threads
+    tile = staged_chunk(config, n, vec, "backward")
+    NC = tile.n  # this CTA's chunk of the row
     _, _, store_scalar, load_col, store_col = make_row_io(tile)
-    KT1, V = tile.KT1, tile.vec
+    KT1 = tile.KT1
     is_ln = kind == "layer"
     nval = 2 if is_ln else 1
     inv_n = 1.0 / n
-    if C > 1:
-        xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
-        allreduce_m = make_allreduce_mbar_rows(xtile, nval)
-        xtx = nval * mbar_tx_bytes(xtile)
-        n_smem = reduce_smem_elems(xtile, 2)
-        allreduce = None
-    else:
-        allreduce = make_allreduce(tile)
-        xtx = 0
-        n_smem = reduce_smem_elems(tile, 2)
+    reduce_row, xtx, n_smem = make_chunk_allreduce(tile, n, C, nval)
     S = staged_stages(config, n, x_dtype.width, has_dsum)
     n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
     _issue = make_stage_issue(x_dtype, NC, C, n_rows)  # thread 0: (x, dy, dsum) chunks of a row -> a stage
@@ -418,7 +391,6 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
                   and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
     padded = bool(tile.REM or tile.TAIL)
-    NACC = min(V, 4)  # independent chains per row sum (fewer registers than one per vector lane)
     # the column math, shared with the part ring (common.make_bwd_columns). bf16 is widened
     # by integer ops (common.make_widen): the row's share of x and dy is widened twice per
     # row; layer bf16 at N = 32768 / 131072 / 262144 measured 90.8 / 88.0 / 82.5 -> 98.4 /
@@ -430,18 +402,8 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
 
     _part = make_chunk(NC, C)  # this CTA's chunk of a row (the whole row without a cluster)
 
-    @cute.kernel
-    def _kernel(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        dy: cute.Tensor,
-        dsum: cute.Tensor,
-        mean_in: cute.Tensor,
-        rstd_in: cute.Tensor,
-        dx: cute.Tensor,
-        dwp: cute.Tensor,
-        dbp: cute.Tensor,
-    ):
+    @cute.jit
+    def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
         tidx, _, _ = cute.arch.thread_idx()
         cta, q, n_q = persistent_group(C)
         g = tidx
@@ -456,19 +418,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
         _start(tidx, cta, q, n_q, m, x, dy, dsum, w, w, srows, full, xbar if cutlass.const_expr(C > 1) else full, sw, sw)
 
-        dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        dwa.fill(0.0)
-        dba = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        dba.fill(0.0)
-        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
-        xc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        dyc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        dsc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        oc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        # fp32 columns, widened from the staged (x, dy) and the weight's registers per use
-        xf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        dyf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        wf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dwa, dba, wr, xc, dyc, dsc, oc, f, (acc1, acc2) = bwd_fragments(tile, x_dtype, w_dtype)
         if cutlass.const_expr(padded):
             wr.fill(0.0)
             xc.fill(0.0)
@@ -480,29 +430,14 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 load_col(wg, wr, g, k)  # the weight stays in registers for the whole launch
         else:
             cute.arch.mbarrier_wait(full + S, 0)
-        acc1 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
-        acc2 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
-        # this row's (rstd, mean) and the next row's, loaded one row ahead
-        st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        stn = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        st.fill(0.0)
-        stn.fill(0.0)
-        st[0] = rstd_in[q]
-        if cutlass.const_expr(is_ln):
-            st[1] = mean_in[q]
+        st, stn = first_row_stats(rstd_in, mean_in, q, is_ln)
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
 
         for blk in cutlass.range(q, m, n_q, unroll=1):
             it = (blk - q) // n_q  # this CTA's row count so far
             stage = it % S
-            nb = blk + n_q
-            if nb < m:
-                stn[0] = rstd_in[nb]
-                if cutlass.const_expr(is_ln):
-                    stn[1] = mean_in[nb]
-            rstd = st[0]
-            mean = st[1]
+            rstd, mean = next_row_stats(st, stn, rstd_in, mean_in, blk + n_q, m, is_ln)
             sx = srows[None, stage * n_rows]
             sdy = srows[None, stage * n_rows + 1]
             cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
@@ -513,12 +448,9 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 load_col(sdy, dyc, g, k)
                 if cutlass.const_expr(w_smem):
                     load_col(sw, wr, g, k)
-                sums_col(xc, dyc, wr, (xf, dyf, wf), (acc1, acc2), mean, rstd, k)
+                sums_col(xc, dyc, wr, f, (acc1, acc2), mean, rstd, k)
             s1, s2 = row_sums((acc1, acc2))
-            if cutlass.const_expr(C > 1):
-                s1, s2 = allreduce_m(s1, s2, buf, xbar, it % 2, (it // 2) % 2, tidx == 0, 0, g, cta)
-            else:
-                s1, s2 = allreduce(s1, s2, nval, buf, it % 2, 0, g, 0)
+            s1, s2 = reduce_row(s1, s2, buf, xbar, it, g, cta)
             if cutlass.const_expr(early_refill):
                 # every thread (of every CTA of the cluster) is past this row's reduction, so
                 # done with the previous row's stage: refill that stage with the row S - 1
@@ -540,7 +472,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     load_col(sw, wr, g, k)
                 if cutlass.const_expr(has_dsum):
                     load_col(srows[None, stage * n_rows + 2], dsc, g, k)
-                dx_col(xc, dyc, wr, dsc, (xf, dyf, wf), mean, rstd, c1, c2, dwa, dba, oc, k)
+                dx_col(xc, dyc, wr, dsc, f, mean, rstd, c1, c2, dwa, dba, oc, k)
                 store_col(oc, dxr, g, k)
             if cutlass.const_expr(not early_refill):
                 cute.arch.sync_threads()  # every thread is done with this stage
@@ -548,12 +480,8 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     nr = blk + S * n_q
                     if nr < m:
                         _issue(x, dy, dsum, srows, full, nr, stage, cta)
-            st[0] = stn[0]
-            st[1] = stn[1]
+            advance_row_stats(st, stn)
 
-        if cutlass.const_expr(has_dw):
-            store_scalar(dwa, _part(dwp[q, None], cta), g)
-            if cutlass.const_expr(has_bias):
-                store_scalar(dba, _part(dbp[q, None], cta), g)
+        store_partial_rows(store_scalar, _part, dwa, dba, dwp, dbp, q, cta, g, has_dw, has_bias)
 
-    return _launcher(_kernel, T, C, _bounds)
+    return _launcher(_body, T, C, _bounds)

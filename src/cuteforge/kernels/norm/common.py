@@ -45,6 +45,11 @@ class Tile:
     def of(cls, n: int, vec: int, cfg: NormConfig) -> Tile:
         return cls(n, vec, cfg.threads_per_row, cfg.cluster_n, cfg.threads)
 
+    def fragments(self, *dtypes) -> tuple:
+        """A fresh (vec, KT1) register fragment per dtype, for a thread's share of a row
+        (device code, traced inline)."""
+        return tuple(cute.make_rmem_tensor(cute.make_layout((self.vec, self.KT1)), d) for d in dtypes)
+
     @property
     def R(self) -> int:
         return self.T // self.P
@@ -182,78 +187,59 @@ def make_widen(dtype, vec: int, pairs: bool = True):
 def make_row_io(tile: Tile):
     """@cute.jit helpers (load, store, store_scalar, load_col, store_col) for one Tile;
     load_col / store_col move one fragment column k (a Constexpr) of what load / store move."""
-    vec, K, REM, KT, TAIL, NV = tile.vec, tile.K, tile.REM, tile.KT, tile.TAIL, tile.NV
+    vec, K, REM, KT, KT1, TAIL, NV = tile.vec, tile.K, tile.REM, tile.KT, tile.KT1, tile.TAIL, tile.NV
     padded = bool(REM or TAIL)
 
     def _view(row: cute.Tensor) -> cute.Tensor:
         return row_view(tile, row)
 
     @cute.jit
-    def load(row: cute.Tensor, frag: cute.Tensor, g):
-        """frag (vec, KT1) <- this thread's share of `row` (zeros where it owns none)."""
+    def move_col(row: cute.Tensor, frag: cute.Tensor, g, k: cutlass.Constexpr, to_row: cutlass.Constexpr):
+        """Fragment column k (a Constexpr) between this thread's share of ``row`` and
+        ``frag``: into frag, or with ``to_row`` out to row; only the slots it owns."""
         dt = row.element_type
-        if cutlass.const_expr(padded):
-            frag.fill(0.0)
-        if cutlass.const_expr(KT > 0):
+        if cutlass.const_expr(k < KT):
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
             thr = _view(row)[None, g, None]
-            for k in cutlass.range_constexpr(K):
-                cute.copy(atom, thr[None, k], frag[None, k])
-            if cutlass.const_expr(REM > 0):
+            src, dst = thr, frag
+            if cutlass.const_expr(to_row):
+                src, dst = frag, thr
+            if cutlass.const_expr(k < K):
+                cute.copy(atom, src[None, k], dst[None, k])
+            else:
                 if g < REM:
-                    cute.copy(atom, thr[None, K], frag[None, K])
-        if cutlass.const_expr(TAIL > 0):
+                    cute.copy(atom, src[None, K], dst[None, K])
+        else:
             if g < TAIL:
-                frag[0, KT] = row[NV * vec + g]
+                if cutlass.const_expr(to_row):
+                    row[NV * vec + g] = frag[0, KT]
+                else:
+                    frag[0, KT] = row[NV * vec + g]
+
+    @cute.jit
+    def load(row: cute.Tensor, frag: cute.Tensor, g):
+        """frag (vec, KT1) <- this thread's share of `row` (zeros where it owns none)."""
+        if cutlass.const_expr(padded):
+            frag.fill(0.0)
+        for k in cutlass.range_constexpr(KT1):
+            move_col(row, frag, g, k, False)
 
     @cute.jit
     def store(frag: cute.Tensor, row: cute.Tensor, g):
         """row <- frag (same dtype), only the elements this thread owns."""
-        dt = row.element_type
-        if cutlass.const_expr(KT > 0):
-            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
-            thr = _view(row)[None, g, None]
-            for k in cutlass.range_constexpr(K):
-                cute.copy(atom, frag[None, k], thr[None, k])
-            if cutlass.const_expr(REM > 0):
-                if g < REM:
-                    cute.copy(atom, frag[None, K], thr[None, K])
-        if cutlass.const_expr(TAIL > 0):
-            if g < TAIL:
-                row[NV * vec + g] = frag[0, KT]
+        for k in cutlass.range_constexpr(KT1):
+            move_col(row, frag, g, k, True)
 
     @cute.jit
     def load_col(row: cute.Tensor, frag: cute.Tensor, g, k: cutlass.Constexpr):
         """frag[:, k] <- column k of this thread's share of `row` (``load`` one column at a
         time; slots it does not own are left as they are)."""
-        dt = row.element_type
-        if cutlass.const_expr(k < KT):
-            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
-            thr = _view(row)[None, g, None]
-            if cutlass.const_expr(k < K):
-                cute.copy(atom, thr[None, k], frag[None, k])
-            else:
-                if g < REM:
-                    cute.copy(atom, thr[None, K], frag[None, K])
-        else:
-            if g < TAIL:
-                frag[0, KT] = row[NV * vec + g]
+        move_col(row, frag, g, k, False)
 
     @cute.jit
     def store_col(frag: cute.Tensor, row: cute.Tensor, g, k: cutlass.Constexpr):
         """row <- frag[:, k], column k of ``store``."""
-        dt = row.element_type
-        if cutlass.const_expr(k < KT):
-            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=vec * dt.width)
-            thr = _view(row)[None, g, None]
-            if cutlass.const_expr(k < K):
-                cute.copy(atom, frag[None, k], thr[None, k])
-            else:
-                if g < REM:
-                    cute.copy(atom, frag[None, K], thr[None, K])
-        else:
-            if g < TAIL:
-                row[NV * vec + g] = frag[0, KT]
+        move_col(row, frag, g, k, True)
 
     @cute.jit
     def store_scalar(frag: cute.Tensor, row: cute.Tensor, g):
@@ -281,6 +267,19 @@ def column_of(tile: Tile, g, k: int, v: int):
     return (g + k * tile.PT) * tile.vec + v
 
 
+@cute.jit
+def fold_chains(acc1: cute.Tensor, acc2: cute.Tensor, n: cutlass.Constexpr, is_ln: cutlass.Constexpr):
+    """(s1, s2): the n independent chains of the backward's row sums folded in order, s1
+    from acc1 and (LayerNorm) s2 from acc2; for RMSNorm s2 stays acc2[0]."""
+    s1 = acc1[0]
+    s2 = acc2[0]
+    for v in cutlass.range_constexpr(1, n):
+        s1 = s1 + acc1[v]
+        if cutlass.const_expr(is_ln):
+            s2 = s2 + acc2[v]
+    return s1, s2
+
+
 def make_bwd_columns(tile: Tile, x_dtype, w_dtype, is_ln: bool, has_bias: bool, has_dsum: bool):
     """The staged backwards' per-column math: @cute.jit (sums_col, row_sums, dx_col).
 
@@ -302,7 +301,7 @@ def make_bwd_columns(tile: Tile, x_dtype, w_dtype, is_ln: bool, has_bias: bool, 
       the dweight (, dbias) accumulators dwa (, dba); c1 = mean(g xhat), c2 = mean(g).
     """
     V = tile.vec
-    NACC = min(V, 4)
+    NACC = bwd_chains(tile)
     widen_x = make_widen(x_dtype, V)
     widen_w = make_widen(w_dtype, V)
 
@@ -322,14 +321,7 @@ def make_bwd_columns(tile: Tile, x_dtype, w_dtype, is_ln: bool, has_bias: bool, 
 
     @cute.jit
     def row_sums(acc):
-        acc1, acc2 = acc
-        s1 = acc1[0]
-        s2 = acc2[0]
-        for v in cutlass.range_constexpr(1, NACC):
-            s1 = s1 + acc1[v]
-            if cutlass.const_expr(is_ln):
-                s2 = s2 + acc2[v]
-        return s1, s2
+        return fold_chains(acc[0], acc[1], NACC, is_ln)
 
     @cute.jit
     def dx_col(xc: cute.Tensor, dyc: cute.Tensor, wr: cute.Tensor, dsc: cute.Tensor, f, mean, rstd, c1, c2,
@@ -351,3 +343,77 @@ def make_bwd_columns(tile: Tile, x_dtype, w_dtype, is_ln: bool, has_bias: bool, 
             oc[v, k] = dxv.to(x_dtype)
 
     return sums_col, row_sums, dx_col
+
+
+def staged_chunk(config: NormConfig, n: int, vec: int, direction: str) -> Tile:
+    """The tile of a row-staged kernel's CTA: its N / cluster_n chunk of a row over its
+    threads (one row per CTA). Raises for a config that is not a staged one (``direction``
+    names the kernel in the message)."""
+    C = config.cluster_n
+    if not config.stages or config.rows_per_cta != 1 or (C > 1 and config.exchange != "mbar"):
+        raise ValueError(f"the staged {direction} needs stages > 0, one row per CTA and (with a cluster) the mbar "
+                         f"exchange: {config}")
+    return Tile(n // C, vec, config.threads, 1, config.threads)
+
+
+def bwd_chains(tile: Tile) -> int:
+    """Independent chains per row sum of the staged backwards (fewer registers than one per
+    vector lane)."""
+    return min(tile.vec, 4)
+
+
+def bwd_fragments(tile: Tile, x_dtype, w_dtype):
+    """The staged backwards' registers (a plain function, traced inline): (vec, KT1)
+    fragments for the dweight and dbias accumulators (zeroed), the weight, x, dy, dsum and
+    dx columns in their dtypes, the fp32 columns (x, dy, weight) widened from them per use
+    (``make_bwd_columns``), and the row sums' chains (acc1, acc2)."""
+    dwa, dba = tile.fragments(Float32, Float32)
+    dwa.fill(0.0)
+    dba.fill(0.0)
+    wr, xc, dyc, dsc, oc = tile.fragments(w_dtype, x_dtype, x_dtype, x_dtype, x_dtype)
+    f = tile.fragments(Float32, Float32, Float32)
+    acc = tuple(cute.make_rmem_tensor(cute.make_layout((bwd_chains(tile),)), Float32) for _ in range(2))
+    return dwa, dba, wr, xc, dyc, dsc, oc, f, acc
+
+
+def first_row_stats(rstd_in: cute.Tensor, mean_in: cute.Tensor, q, is_ln: bool):
+    """(st, stn) for a persistent backward's row loop (a plain function, traced inline):
+    st holds the current row's (rstd, mean), starting with row q's; stn receives the next
+    row's one row ahead (``next_row_stats``). mean stays 0 for RMSNorm."""
+    st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+    stn = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+    st.fill(0.0)
+    stn.fill(0.0)
+    st[0] = rstd_in[q]
+    if is_ln:
+        st[1] = mean_in[q]
+    return st, stn
+
+
+def advance_row_stats(st: cute.Tensor, stn: cute.Tensor):
+    """At a row's end: the next row's (rstd, mean) become the current ones (traced inline)."""
+    st[0] = stn[0]
+    st[1] = stn[1]
+
+
+def store_partial_rows(store_scalar, chunk, dwa: cute.Tensor, dba: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor,
+                       q, cta, g, has_dw: bool, has_bias: bool):
+    """A staged backward's end (traced inline): this CTA's chunk (``chunk``, rows/staging.py
+    ``make_chunk``) of row q of the fp32 dweight (and dbias) partials from the accumulators
+    dwa (dba) through ``store_scalar`` (``make_row_io``); nothing without ``has_dw``."""
+    if has_dw:
+        store_scalar(dwa, chunk(dwp[q, None], cta), g)
+        if has_bias:
+            store_scalar(dba, chunk(dbp[q, None], cta), g)
+
+
+@cute.jit
+def next_row_stats(st: cute.Tensor, stn: cute.Tensor, rstd_in: cute.Tensor, mean_in: cute.Tensor, nb, m,
+                   is_ln: cutlass.Constexpr):
+    """This row's (rstd, mean) from st, with row nb's (the CTA's next, when nb < m) loaded
+    into stn meanwhile, so that no global load lies on the path to the row sums."""
+    if nb < m:
+        stn[0] = rstd_in[nb]
+        if cutlass.const_expr(is_ln):
+            stn[1] = mean_in[nb]
+    return st[0], st[1]

@@ -34,6 +34,52 @@ from cutlass import Float32, Int32
 from .common import Tile
 
 
+@cute.jit
+def lane_sum(val, group: cutlass.Constexpr):
+    """Sum of val over each aligned group of ``group`` lanes (a power of 2), handed to every
+    lane of the group (butterfly)."""
+    for step in cutlass.range_constexpr(int(math.log2(group))):
+        val = val + cute.arch.shuffle_sync_bfly(val, offset=group >> (step + 1))
+    return val
+
+
+@cute.jit
+def fold_partials(buf: cute.Tensor, base, lane, S: cutlass.Constexpr, G: cutlass.Constexpr):
+    """The sum of the S partials buf[base .. base + S), on every one of the G lanes that
+    share a row: lane ``lane`` adds partials lane, lane + G, ... (lanes past S add zeros),
+    then a butterfly over the G lanes."""
+    tot = Float32(0.0)
+    for i in cutlass.range_constexpr((S + G - 1) // G):
+        if cutlass.const_expr((i + 1) * G <= S):
+            tot = tot + buf[base + lane + i * G]
+        else:
+            j = cutlass.min(lane + i * G, S - 1)
+            tot = tot + Float32(cutlass.select_(lane + i * G < S, buf[base + j], Float32(0.0)))
+    return lane_sum(tot, G)
+
+
+def _mbarrier(mbar, slot):
+    """mbarrier ``slot`` of the array at ``mbar``; slot None: ``mbar`` itself."""
+    return mbar if slot is None else mbar + slot
+
+
+@cute.jit
+def send_to_cluster(a, b, nval: cutlass.Constexpr, buf: cute.Tensor, base_a, base_b, mbar, slot, t, cta,
+                    W: cutlass.Constexpr, C: cutlass.Constexpr):
+    """The warp's partial a (and, ``nval`` 2, b) into slot cta * W + warp of buf[base_a ..]
+    (buf[base_b ..]) of every CTA of the cluster: lane l < C ``st.async``s them into CTA l,
+    the bytes counted on CTA l's mbarrier ``slot`` of ``mbar`` (slot None: ``mbar``)."""
+    words = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
+    words[0] = a
+    words[1] = b
+    iw = cute.recast_tensor(words, Int32)
+    mine = cta * W + t // 32
+    if t % 32 < C:
+        cute.arch.store_async_dsmem(buf.iterator + (base_a + mine), iw[0], _mbarrier(mbar, slot), t % 32)
+        if cutlass.const_expr(nval > 1):
+            cute.arch.store_async_dsmem(buf.iterator + (base_b + mine), iw[1], _mbarrier(mbar, slot), t % 32)
+
+
 def make_allreduce(tile: Tile):
     """@cute.jit allreduce(a, b, buf, slot, r, t, cta) -> (sum a, sum b) over the row.
 
@@ -44,16 +90,10 @@ def make_allreduce(tile: Tile):
     G, W, S, C, R = tile.G, tile.W, tile.S, tile.C, tile.R
 
     @cute.jit
-    def _bfly(val, group: cutlass.Constexpr):
-        for step in cutlass.range_constexpr(int(math.log2(group))):
-            val = val + cute.arch.shuffle_sync_bfly(val, offset=group >> (step + 1))
-        return val
-
-    @cute.jit
     def allreduce(a, b, nval: cutlass.Constexpr, buf: cute.Tensor, slot, r, t, cta):
-        a = _bfly(a, G)
+        a = lane_sum(a, G)
         if cutlass.const_expr(nval > 1):
-            b = _bfly(b, G)
+            b = lane_sum(b, G)
         if cutlass.const_expr(S > 1):
             base_a = ((slot * 2) * R + r) * S
             base_b = ((slot * 2 + 1) * R + r) * S
@@ -88,9 +128,9 @@ def make_allreduce(tile: Tile):
                     if cutlass.const_expr(nval > 1):
                         b2 = b2 + Float32(cutlass.select_(ok, buf[base_b + j], Float32(0.0)))
             # lanes past S hold zeros: a butterfly over all G lanes hands every lane the total
-            a = _bfly(a, G)
+            a = lane_sum(a, G)
             if cutlass.const_expr(nval > 1):
-                b = _bfly(b2, G)
+                b = lane_sum(b2, G)
         return a, b
 
     return allreduce
@@ -107,14 +147,8 @@ def make_allreduce_mbar(tile: Tile):
         raise ValueError(f"the mbarrier exchange needs a cluster and whole warps per row (C={C}, P={tile.P})")
 
     @cute.jit
-    def _bfly(val, group: cutlass.Constexpr):
-        for step in cutlass.range_constexpr(int(math.log2(group))):
-            val = val + cute.arch.shuffle_sync_bfly(val, offset=group >> (step + 1))
-        return val
-
-    @cute.jit
     def allreduce(a, buf: cute.Tensor, mbar, slot: cutlass.Constexpr, r, t, cta):
-        a = _bfly(a, G)
+        a = lane_sum(a, G)
         base = (slot * R + r) * S
         one = cute.make_rmem_tensor(cute.make_layout((1,)), Float32)
         one[0] = a
@@ -122,15 +156,7 @@ def make_allreduce_mbar(tile: Tile):
         if t % 32 < C:  # lane l sends the warp's partial to CTA l
             cute.arch.store_async_dsmem(buf.iterator + (base + cta * W + t // 32), word[0], mbar + slot, t % 32)
         cute.arch.mbarrier_wait(mbar + slot, 0)
-        lane = t % G
-        tot = Float32(0.0)
-        for i in cutlass.range_constexpr((S + G - 1) // G):
-            if cutlass.const_expr((i + 1) * G <= S):
-                tot = tot + buf[base + lane + i * G]
-            else:
-                j = cutlass.min(lane + i * G, S - 1)
-                tot = tot + Float32(cutlass.select_(lane + i * G < S, buf[base + j], Float32(0.0)))
-        return _bfly(tot, G)
+        return fold_partials(buf, base, t % G, S, G)
 
     return allreduce
 
@@ -286,14 +312,7 @@ def make_moments_mbar(tile: Tile):
     def moments(s, m2, buf: cute.Tensor, mbar, r, t, cta):
         base_s = r * S
         base_m2 = (R + r) * S
-        words = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        words[0] = s
-        words[1] = m2
-        iw = cute.recast_tensor(words, Int32)
-        mine = cta * W + t // 32
-        if t % 32 < C:  # lane l sends the warp's pair to CTA l
-            cute.arch.store_async_dsmem(buf.iterator + (base_s + mine), iw[0], mbar, t % 32)
-            cute.arch.store_async_dsmem(buf.iterator + (base_m2 + mine), iw[1], mbar, t % 32)
+        send_to_cluster(s, m2, 2, buf, base_s, base_m2, mbar, None, t, cta, W, C)
         cute.arch.mbarrier_wait(mbar, 0)
         return fold(buf, base_s, base_m2, t % 32)
 
@@ -356,40 +375,15 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False, merge
     fold_moments = make_moments_fold(tile, merge) if moments else None
 
     @cute.jit
-    def _bfly(val, group: cutlass.Constexpr):
-        for step in cutlass.range_constexpr(int(math.log2(group))):
-            val = val + cute.arch.shuffle_sync_bfly(val, offset=group >> (step + 1))
-        return val
-
-    @cute.jit
-    def _fold(buf: cute.Tensor, base, lane):
-        tot = Float32(0.0)
-        for i in cutlass.range_constexpr((S + G - 1) // G):
-            if cutlass.const_expr((i + 1) * G <= S):
-                tot = tot + buf[base + lane + i * G]
-            else:
-                j = cutlass.min(lane + i * G, S - 1)
-                tot = tot + Float32(cutlass.select_(lane + i * G < S, buf[base + j], Float32(0.0)))
-        return _bfly(tot, G)
-
-    @cute.jit
     def allreduce(a, b, buf: cute.Tensor, mbar, slot, phase, arm, r, t, cta):
         if cutlass.const_expr(not moments):
-            a = _bfly(a, G)
+            a = lane_sum(a, G)
             if cutlass.const_expr(nval > 1):
-                b = _bfly(b, G)
+                b = lane_sum(b, G)
         bar = mbar + slot
         base_a = ((slot * nval) * R + r) * S
         base_b = base_a + R * S
-        mine = cta * W + t // 32
-        words = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        words[0] = a
-        words[1] = b
-        iw = cute.recast_tensor(words, Int32)
-        if t % 32 < C:  # lane l sends the warp's partial(s) to CTA l
-            cute.arch.store_async_dsmem(buf.iterator + (base_a + mine), iw[0], bar, t % 32)
-            if cutlass.const_expr(nval > 1):
-                cute.arch.store_async_dsmem(buf.iterator + (base_b + mine), iw[1], bar, t % 32)
+        send_to_cluster(a, b, nval, buf, base_a, base_b, bar, None, t, cta, W, C)
         cute.arch.mbarrier_wait(bar, phase)
         if arm:
             cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
@@ -397,9 +391,9 @@ def make_allreduce_mbar_rows(tile: Tile, nval: int, moments: bool = False, merge
         if cutlass.const_expr(moments):
             a, b = fold_moments(buf, base_a, base_b, lane)
         else:
-            a = _fold(buf, base_a, lane)
+            a = fold_partials(buf, base_a, lane, S, G)
             if cutlass.const_expr(nval > 1):
-                b = _fold(buf, base_b, lane)
+                b = fold_partials(buf, base_b, lane, S, G)
         return a, b
 
     return allreduce
@@ -435,14 +429,7 @@ def make_moments_lagged(tile: Tile, merge: bool = False):
     @cute.jit
     def send(s, m2, buf: cute.Tensor, mbar, slot, t, cta):
         base_s = 2 * slot * S
-        words = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        words[0] = s
-        words[1] = m2
-        iw = cute.recast_tensor(words, Int32)
-        mine = cta * W + t // 32
-        if t % 32 < C:  # lane l sends the warp's pair to CTA l
-            cute.arch.store_async_dsmem(buf.iterator + (base_s + mine), iw[0], mbar + slot, t % 32)
-            cute.arch.store_async_dsmem(buf.iterator + (base_s + S + mine), iw[1], mbar + slot, t % 32)
+        send_to_cluster(s, m2, 2, buf, base_s, base_s + S, mbar, slot, t, cta, W, C)
 
     @cute.jit
     def recv(buf: cute.Tensor, mbar, slot, phase, arm, t):
@@ -452,3 +439,28 @@ def make_moments_lagged(tile: Tile, merge: bool = False):
         return fold(buf, 2 * slot * S, 2 * slot * S + S, t % 32)
 
     return send, recv
+
+
+def make_chunk_allreduce(chunk: Tile, n: int, C: int, nval: int):
+    """The row sums of a persistent kernel whose CTA holds a chunk of each row (``chunk``:
+    that chunk over the CTA's threads, one row per CTA) of a row split over C CTAs:
+    (reduce, tx, n_smem). ``reduce(a, b, buf, xbar, it, tidx, cta) -> (sum a, sum b)`` (a
+    plain function, traced inline) for the CTA's it-th row: over the cluster through
+    ``make_allreduce_mbar_rows`` (exchange mbarriers ``xbar``, slot it % 2, phase
+    (it // 2) % 2, thread 0 re-arming), else over the CTA (``make_allreduce``, buffer slot
+    it % 2); b takes part when ``nval`` is 2. ``tx``: the bytes each exchange mbarrier is
+    armed with (0 without a cluster); ``n_smem``: the fp32 elements of ``buf``."""
+    if C > 1:
+        xtile = Tile(n, chunk.vec, chunk.T, C, chunk.T)  # the whole row over the cluster: the exchange's slots
+        allreduce_m = make_allreduce_mbar_rows(xtile, nval)
+
+        def reduce_cluster(a, b, buf: cute.Tensor, xbar, it, tidx, cta):
+            return allreduce_m(a, b, buf, xbar, it % 2, (it // 2) % 2, tidx == 0, 0, tidx, cta)
+
+        return reduce_cluster, nval * mbar_tx_bytes(xtile), reduce_smem_elems(xtile, 2)
+    allreduce = make_allreduce(chunk)
+
+    def reduce_cta(a, b, buf: cute.Tensor, xbar, it, tidx, cta):
+        return allreduce(a, b, nval, buf, it % 2, 0, tidx, 0)
+
+    return reduce_cta, 0, reduce_smem_elems(chunk, 2)

@@ -48,7 +48,7 @@ from ..rows.staging import (
     persistent_group,
     staged_smem,
 )
-from .common import Tile, make_row_async, make_row_io, make_widen
+from .common import Tile, make_row_async, make_row_io, make_widen, staged_chunk
 from .config import (
     LAG_SLOTS,
     SMEM_PER_BLOCK,
@@ -74,19 +74,8 @@ from .exchange import (
 KINDS = ("rms", "layer")
 
 
-def make_norm_fwd(
-    kind: str,
-    x_dtype,
-    w_dtype,
-    n: int,
-    vec: int,
-    config: NormConfig,
-    eps: float,
-    has_bias: bool,
-    has_residual: bool,
-    rows_aligned: bool = True,
-    w_aligned: bool = False,
-):
+def make_norm_fwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, eps: float, has_bias: bool,
+                  has_residual: bool, rows_aligned: bool = True, w_aligned: bool = False):
     """@cute.jit f(x, weight, bias, residual, y, residual_out, mean, rstd, stream).
 
     Absent operands are passed as stand-ins and never touched: bias -> weight,
@@ -139,17 +128,8 @@ def make_norm_fwd(
     stream_y = (has_bias and C == 1) or use_async
     padded = bool(tile.REM or tile.TAIL)
 
-    @cute.kernel
-    def _kernel(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        b: cute.Tensor,
-        res: cute.Tensor,
-        y: cute.Tensor,
-        res_out: cute.Tensor,
-        mean_out: cute.Tensor,
-        rstd_out: cute.Tensor,
-    ):
+    @cute.jit
+    def _body(x, w, b, res, y, res_out, mean_out, rstd_out):
         tidx, cta, r, t, g, row_block = row_coords(C, P, R, arrive=not use_mbar)
         m = x.shape[0]
         row = row_block * R + r
@@ -170,8 +150,7 @@ def make_norm_fwd(
                     cute.arch.mbarrier_arrive_and_expect_tx(mbar + i, tx_bytes)
             cute.arch.cluster_arrive_relaxed()  # its wait (below) precedes the first st.async
 
-        xr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
-        rr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), x_dtype)
+        xr, rr = tile.fragments(x_dtype, x_dtype)
         sw = None
         sb = None
         if cutlass.const_expr(use_async):
@@ -211,8 +190,7 @@ def make_norm_fwd(
             if ok:
                 store(xr, res_out[row, None], g)
 
-        wr = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
-        br = cute.make_rmem_tensor(cute.make_layout((tile.vec, KT1)), w_dtype)
+        wr, br = tile.fragments(w_dtype, w_dtype)
         if cutlass.const_expr(config.early_weight):
             load(w, wr, g)
             if cutlass.const_expr(has_bias):
@@ -314,26 +292,24 @@ def make_norm_fwd(
     budget = config.ctas_per_sm - (1 if has_residual else 0)
     _bounds = launch_bounds(T, budget if use_async else 1)
 
-    return _launcher(_kernel, lambda m: cute.ceil_div(m, R), T, C, _bounds)
+    return _launcher(_body, lambda m: cute.ceil_div(m, R), T, C, _bounds)
 
 
-def _launcher(kernel, n_groups, T: int, C: int, bounds: dict):
+def _launcher(body, n_groups, T: int, C: int, bounds: dict):
     """@cute.jit norm_fwd(x, weight, bias, residual, y, residual_out, mean, rstd, stream): the
-    forward ``kernel`` on n_groups(M) CTA groups (traced inline) of C CTAs (a cluster when
-    C > 1) of T threads, with the launch ``bounds``."""
+    forward kernel on n_groups(M) CTA groups (traced inline) of C CTAs (a cluster when
+    C > 1) of T threads, with the launch ``bounds``. Its device code is ``body``, a
+    @cute.jit of the eight tensors traced inline: the register and row-staged forwards
+    share this entry and differ only in their body."""
+
+    @cute.kernel
+    def kernel(x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
+               res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor):
+        body(x, w, b, res, y, res_out, mean_out, rstd_out)
 
     @cute.jit
-    def norm_fwd(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        b: cute.Tensor,
-        res: cute.Tensor,
-        y: cute.Tensor,
-        res_out: cute.Tensor,
-        mean_out: cute.Tensor,
-        rstd_out: cute.Tensor,
-        stream,
-    ):
+    def norm_fwd(x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
+                 res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, stream):
         q = n_groups(x.shape[0])
         if cutlass.const_expr(C > 1):
             kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
@@ -390,12 +366,9 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     if kind not in KINDS:
         raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
     config.validate(n, x_dtype.width)
-    C = config.cluster_n
-    if not config.stages or config.rows_per_cta != 1 or (C > 1 and config.exchange != "mbar"):
-        raise ValueError(f"the staged forward needs stages > 0, one row per CTA and (with a cluster) the mbar exchange: {config}")
-    NC = n // C  # this CTA's chunk of the row
-    T = config.threads
-    tile = Tile(NC, vec, T, 1, T)  # the chunk, tiled over the CTA's threads
+    C, T = config.cluster_n, config.threads
+    tile = staged_chunk(config, n, vec, "forward")
+    NC = tile.n  # this CTA's chunk of the row
     _, _, _, load_col, store_col = make_row_io(tile)
     KT1, V = tile.KT1, tile.vec
     is_ln = kind == "layer"
@@ -579,17 +552,8 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             _sum_col(sx, sr, xc, rc, xf, rf, tidx, k)
             _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, tidx, k)
 
-    @cute.kernel
-    def _kernel(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        b: cute.Tensor,
-        res: cute.Tensor,
-        y: cute.Tensor,
-        res_out: cute.Tensor,
-        mean_out: cute.Tensor,
-        rstd_out: cute.Tensor,
-    ):
+    @cute.jit
+    def _body(x, w, b, res, y, res_out, mean_out, rstd_out):
         tidx, _, _ = cute.arch.thread_idx()
         cta, q, n_q = persistent_group(C)
         g = tidx
@@ -607,16 +571,9 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 sb = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
         _start(tidx, cta, q, n_q, m, x, res, res, w, b, srows, full, xbar if cutlass.const_expr(C > 1) else full, sw, sb)
 
-        xc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        rc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
-        br = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
-        oc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
+        xc, rc, wr, br, oc = tile.fragments(x_dtype, x_dtype, w_dtype, w_dtype, x_dtype)
         # fp32 copies, widened once per row (x) or per column (weight, bias)
-        xf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        rf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        wf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        bf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        xf, rf, wf, bf = tile.fragments(Float32, Float32, Float32, Float32)
         if cutlass.const_expr(padded):
             xc.fill(0.0)  # slots a thread does not own: zeros (masked in LayerNorm's centred sum)
             rc.fill(0.0)
@@ -757,4 +714,4 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                         if nr < m:
                             _issue(x, res, res, srows, full, nr, stage, cta)
 
-    return _launcher(_kernel, lambda m: cutlass.min(m, QMAX), T, C, _bounds)
+    return _launcher(_body, lambda m: cutlass.min(m, QMAX), T, C, _bounds)

@@ -40,9 +40,19 @@ from ..rows.staging import (
     persistent_group,
     staged_smem,
 )
-from .common import Tile, make_bwd_columns, make_row_io, row_view
+from .common import (
+    Tile,
+    advance_row_stats,
+    bwd_fragments,
+    first_row_stats,
+    make_bwd_columns,
+    make_row_io,
+    next_row_stats,
+    row_view,
+    store_partial_rows,
+)
 from .config import NormConfig, ring_slots, staged_rows
-from .exchange import make_allreduce, make_allreduce_mbar_rows, mbar_tx_bytes, reduce_smem_elems
+from .exchange import make_chunk_allreduce
 
 
 def ring_fit(config: NormConfig, n: int, x_dtype, w_dtype, has_dsum: bool, w_aligned: bool) -> int:
@@ -100,24 +110,14 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
         raise ValueError(f"parts={P} needs the chunk ({NC} elements) in whole rounds of {T} x {vec}, a multiple of {P}")
     ptile = Tile(NC // P, vec, T, 1, T)  # one part
     _, _, store_scalar, load_col, store_col = make_row_io(tile)
-    KT1, V, RP = tile.KT1, tile.vec, tile.KT1 // P
+    V, RP = tile.vec, tile.KT1 // P
     is_ln = kind == "layer"
     nval = 2 if is_ln else 1
     inv_n = 1.0 / n
-    if C > 1:
-        xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
-        allreduce_m = make_allreduce_mbar_rows(xtile, nval)
-        xtx = nval * mbar_tx_bytes(xtile)
-        n_smem = reduce_smem_elems(xtile, 2)
-        allreduce = None
-    else:
-        allreduce = make_allreduce(tile)
-        xtx = 0
-        n_smem = reduce_smem_elems(tile, 2)
+    reduce_row, xtx, n_smem = make_chunk_allreduce(tile, n, C, nval)
     n_rows = staged_rows(True, has_dsum)
     W = T // 32
     _issue = make_part_issue(x_dtype, NC, C, n_rows, P)
-    NACC = min(V, 4)
     # the column math of bwd.py's whole-row staged kernel (common.make_bwd_columns)
     sums_col, row_sums, dx_col = make_bwd_columns(tile, x_dtype, w_dtype, is_ln, has_bias, has_dsum)
     # L full mbarriers + the weight's, then L empty ones (one arrival per warp)
@@ -143,18 +143,8 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
             cute.arch.mbarrier_wait(full + EMPTY + slot, (u // L) % 2)
             _issue(x, dy, dsum, sring, full, nb, nu % P, slot, cta)
 
-    @cute.kernel
-    def _kernel(
-        x: cute.Tensor,
-        w: cute.Tensor,
-        dy: cute.Tensor,
-        dsum: cute.Tensor,
-        mean_in: cute.Tensor,
-        rstd_in: cute.Tensor,
-        dx: cute.Tensor,
-        dwp: cute.Tensor,
-        dbp: cute.Tensor,
-    ):
+    @cute.jit
+    def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
         tidx, _, _ = cute.arch.thread_idx()
         cta, q, n_q = persistent_group(C)
         g = tidx
@@ -172,41 +162,16 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                 if q + (u // P) * n_q < m:
                     _issue(x, dy, dsum, sring, full, q + (u // P) * n_q, u % P, u, cta)
 
-        dwa = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        dwa.fill(0.0)
-        dba = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        dba.fill(0.0)
-        wr = cute.make_rmem_tensor(cute.make_layout((V, KT1)), w_dtype)
-        xc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        dyc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        dsc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        oc = cute.make_rmem_tensor(cute.make_layout((V, KT1)), x_dtype)
-        xf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        dyf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
-        wf = cute.make_rmem_tensor(cute.make_layout((V, KT1)), Float32)
+        dwa, dba, wr, xc, dyc, dsc, oc, f, (acc1, acc2) = bwd_fragments(tile, x_dtype, w_dtype)
         cute.arch.mbarrier_wait(full + L, 0)
-        acc1 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
-        acc2 = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
-        st = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        stn = cute.make_rmem_tensor(cute.make_layout((2,)), Float32)
-        st.fill(0.0)
-        stn.fill(0.0)
-        st[0] = rstd_in[q]
-        if cutlass.const_expr(is_ln):
-            st[1] = mean_in[q]
+        st, stn = first_row_stats(rstd_in, mean_in, q, is_ln)
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
 
         for blk in cutlass.range(q, m, n_q, unroll=1):
             it = (blk - q) // n_q  # this CTA's row count so far
             u0 = it * P  # the row's first part in the CTA's stream
-            nb = blk + n_q
-            if nb < m:
-                stn[0] = rstd_in[nb]
-                if cutlass.const_expr(is_ln):
-                    stn[1] = mean_in[nb]
-            rstd = st[0]
-            mean = st[1]
+            rstd, mean = next_row_stats(st, stn, rstd_in, mean_in, blk + n_q, m, is_ln)
             acc1.fill(0.0)
             acc2.fill(0.0)
             slot0 = u0 % L
@@ -220,12 +185,9 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                     load_part_col(sring[None, slot * n_rows], xc, g, kk, k)
                     load_part_col(sring[None, slot * n_rows + 1], dyc, g, kk, k)
                     load_col(sw, wr, g, k)
-                    sums_col(xc, dyc, wr, (xf, dyf, wf), (acc1, acc2), mean, rstd, k)
+                    sums_col(xc, dyc, wr, f, (acc1, acc2), mean, rstd, k)
             s1, s2 = row_sums((acc1, acc2))
-            if cutlass.const_expr(C > 1):
-                s1, s2 = allreduce_m(s1, s2, buf, xbar, it % 2, (it // 2) % 2, tidx == 0, 0, g, cta)
-            else:
-                s1, s2 = allreduce(s1, s2, nval, buf, it % 2, 0, g, 0)
+            s1, s2 = reduce_row(s1, s2, buf, xbar, it, g, cta)
             c1 = s1 * Float32(inv_n)
             c2 = Float32(0.0)
             if cutlass.const_expr(is_ln):
@@ -240,7 +202,7 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                     load_col(sw, wr, g, k)
                     if cutlass.const_expr(has_dsum):
                         load_part_col(sring[None, slot * n_rows + 2], dsc, g, kk, k)
-                    dx_col(xc, dyc, wr, dsc, (xf, dyf, wf), mean, rstd, c1, c2, dwa, dba, oc, k)
+                    dx_col(xc, dyc, wr, dsc, f, mean, rstd, c1, c2, dwa, dba, oc, k)
                     store_col(oc, dxr, g, k)
                 # the warp is done with this part: release its slot (every lane's reads
                 # precede the elected arrive through the warp barrier)
@@ -252,12 +214,8 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                         refill(x, dy, dsum, sring, full, u0 + p - 1, q, n_q, m, cta)
             if tidx == 0:
                 refill(x, dy, dsum, sring, full, u0 + P - 1, q, n_q, m, cta)
-            st[0] = stn[0]
-            st[1] = stn[1]
+            advance_row_stats(st, stn)
 
-        if cutlass.const_expr(has_dw):
-            store_scalar(dwa, _chunk(dwp[q, None], cta), g)
-            if cutlass.const_expr(has_bias):
-                store_scalar(dba, _chunk(dbp[q, None], cta), g)
+        store_partial_rows(store_scalar, _chunk, dwa, dba, dwp, dbp, q, cta, g, has_dw, has_bias)
 
-    return launcher(_kernel, T, C, _bounds)
+    return launcher(_body, T, C, _bounds)
