@@ -145,18 +145,21 @@ def test_patch_refuses_what_it_cannot_handle() -> None:
     assert report.swapped["RMSNorm"] == 2 and any("norm" in s for s in report.skipped)
 
 
-def test_rms_norm_under_compile_lowers_to_inductor_unless_asked(monkeypatch) -> None:
-    """Compiled, RMSNorm is torch's rms_norm (Inductor fuses it) unless
-    ``under_compile="cuteforge"``, which keeps the custom op (here it is recorded, not run)."""
+def test_rms_norm_under_compile_picks_the_kernel(monkeypatch) -> None:
+    """Compiled, RMSNorm without a gradient is torch's rms_norm (Inductor fuses it), with
+    one cuteforge's op ("auto"); "inductor" / "cuteforge" always take the one (the op is
+    recorded here, not run)."""
     calls = []
     monkeypatch.setattr("cuteforge.nn.modules._on_cuteforge", lambda x: True)
     monkeypatch.setattr("cuteforge.ops.rms_norm", lambda x, w, eps: calls.append(eps) or F.rms_norm(x, (4,), w, eps))
     x = torch.randn(3, 4)
-    for mode, want in (("inductor", 0), ("cuteforge", 1)):
+    for mode, grad, want in (("auto", False, 0), ("auto", True, 1), ("inductor", True, 0), ("cuteforge", False, 1)):
         calls.clear()
         torch._dynamo.reset()
-        torch.compile(cnn.RMSNorm(4, eps=1e-6, under_compile=mode), backend="eager")(x)
-        assert len(calls) == want, mode
+        module = cnn.RMSNorm(4, eps=1e-6, under_compile=mode)
+        with torch.set_grad_enabled(grad):
+            torch.compile(module, backend="eager")(x)
+        assert len(calls) == want, (mode, grad)
     with pytest.raises(ValueError, match="under_compile"):
         cnn.RMSNorm(4, under_compile="triton")
 

@@ -56,21 +56,30 @@ class _RowNorm(nn.Module):
 class RMSNorm(_RowNorm):
     """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math).
 
-    Under torch.compile it lowers to ``F.rms_norm`` by default (``under_compile="inductor"``):
-    Inductor's norm kernel is as fast and fuses with its neighbours, which the opaque
-    custom op prevents (docs/nn.md); ``under_compile="cuteforge"`` keeps the op."""
+    Under torch.compile, ``under_compile`` picks the kernel: "auto" (the default) lowers a
+    call without a gradient to ``F.rms_norm``, which Inductor fuses with its neighbours
+    (the opaque custom op cost compiled inference 1-8 %), and keeps cuteforge's op when a
+    gradient is wanted (one kernel forward and one backward: Inductor's decomposed backward
+    cost the host-bound compiled training step up to 7 %, docs/nn.md); "inductor" and
+    "cuteforge" always take the one."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True,
-                 device: Any = None, dtype: torch.dtype | None = None, under_compile: str = "inductor") -> None:
+                 device: Any = None, dtype: torch.dtype | None = None, under_compile: str = "auto") -> None:
         super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype)
-        if under_compile not in ("inductor", "cuteforge"):
-            raise ValueError(f"cuteforge.nn.RMSNorm: under_compile must be 'inductor' or 'cuteforge', got "
+        if under_compile not in ("auto", "inductor", "cuteforge"):
+            raise ValueError(f"cuteforge.nn.RMSNorm: under_compile must be 'auto', 'inductor' or 'cuteforge', got "
                              f"{under_compile!r}")
         self.under_compile = under_compile
 
+    def _to_inductor(self, x: torch.Tensor) -> bool:
+        if self.under_compile == "cuteforge" or not torch.compiler.is_compiling():
+            return False
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad))
+        return self.under_compile == "inductor" or not wants_grad
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        if not _on_cuteforge(x) or (self.under_compile == "inductor" and torch.compiler.is_compiling()):
+        if not _on_cuteforge(x) or self._to_inductor(x):
             return F.rms_norm(x, self.normalized_shape, self.weight, eps)
         from .. import ops
 
