@@ -137,11 +137,13 @@ def _tree(vals: list, fn):
 
 def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
     """The forward's per-row work, shared by the per-row and the reduced kernels (both
-    inline it): ``row_stats(x, target, row_c, r, t)`` reads row ``row_c`` with the P
-    threads of row slot ``r`` (``t`` = thread in the row) and returns ``(m, s, xt, tgt,
-    in_range)``: the row's max and sum of 2^((x - m) log2 e) (valid in every thread of the
-    row after the merges), the target logit, the target and whether it is in [0, n);
-    ``row_loss(m, s, xt, tgt, in_range)`` gives (lse, loss) from those."""
+    inline it): (block_row, row_loss). ``block_row(x, target, tidx, bidx)`` places the
+    thread (its row slot r of the CTA's R, its thread t in the row) and gives ``row_stats(x,
+    target, row_c, r, t)``, which reads row ``row_c`` with the P threads of row slot ``r``
+    and returns ``(m, s, xt, tgt, in_range)``: the row's max and sum of 2^((x - m) log2 e)
+    (valid in every thread of the row after the merges), the target logit, the target and
+    whether it is in [0, n); ``row_loss(m, s, xt, tgt, in_range)`` gives (lse, loss) from
+    those."""
     # Rows that do not start on 16 bytes (vec below 16 bytes: N = 50257, or a view) are
     # read from each row's first 16-byte boundary in 16-byte vectors through a pointer
     # realigned at run time, the h < BV elements before it and the tail after the body as
@@ -302,28 +304,34 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
         lv = Float32(cutlass.select_(in_range, log_s + (m - xt), Float32(math.nan)))
         return lse_v, Float32(cutlass.select_(tgt == Int64(ignore_index), Float32(0.0), lv))
 
-    return row_stats, row_loss
+    def block_row(x, target, tidx, bidx):
+        """(t, row, m_rows, stats) of thread tidx of CTA bidx: its thread in its row, its
+        row, the row count, and ``row_stats`` of the row (a row past the end, in the last
+        CTA, reads row m_rows - 1 and must store nothing)."""
+        r = tidx // P
+        t = tidx % P
+        m_rows = x.shape[0]
+        row = bidx * R + r
+        row_c = cutlass.min(row, m_rows - 1)
+        return t, row, m_rows, row_stats(x, target, row_c, r, t)
+
+    return block_row, row_loss
 
 
 def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
     """@cute.jit f(logits (M, n), target (M,) i64, loss (M,) f32, lse (M,) f32, stream)."""
     _check(in_dtype, n, vec, config)
     p = _plan(n, vec, config)
-    T, P, R = p["T"], p["P"], p["R"]
-    row_stats, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
+    T, R = p["T"], p["R"]
+    block_row, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
 
     @cute.kernel
     def _kernel(x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        r = tidx // P
-        t = tidx % P
-        m_rows = x.shape[0]
-        row = bidx * R + r
-        row_c = cutlass.min(row, m_rows - 1)
-        m, s, xt, tgt, in_range = row_stats(x, target, row_c, r, t)
+        t, row, m_rows, stats = block_row(x, target, tidx, bidx)
         if (t == 0) & (row < m_rows):
-            lse_v, loss_v = row_loss(m, s, xt, tgt, in_range)
+            lse_v, loss_v = row_loss(*stats)
             loss[row] = loss_v
             lse[row] = lse_v
 
@@ -392,13 +400,13 @@ def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, igno
     only on M, so an input gives the same bits on every run."""
     _check(in_dtype, n, vec, config)
     p = _plan(n, vec, config)
-    T, P, R = p["T"], p["P"], p["R"]
+    T, R = p["T"], p["R"]
     if T % 32:
         raise ValueError(f"threads={T} must be a multiple of 32")
     S = reduce_group(T)
     NCH = S // T // REDUCE_CHUNK  # chunks of REDUCE_CHUNK partials per thread
     NW = T // 32
-    row_stats, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
+    block_row, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
 
     @cute.jit
     def _cta_sum(v, c, s_v, s_c, tidx):
@@ -467,12 +475,7 @@ def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, igno
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        r = tidx // P
-        t = tidx % P
-        m_rows = x.shape[0]
-        row = bidx * R + r
-        row_c = cutlass.min(row, m_rows - 1)
-        m, s, xt, tgt, in_range = row_stats(x, target, row_c, r, t)
+        t, row, m_rows, (m, s, xt, tgt, in_range) = block_row(x, target, tidx, bidx)
         acc = Float32(0.0)
         cnt = Int32(0)
         if (t == 0) & (row < m_rows):

@@ -94,6 +94,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from ..rows.grid import row_coords
+from ..rows.partials import make_fold_partials, make_post_partials
 from ..rows.split import realigned, row_vectors
 from .combine import SENTINEL, ReduceOp, select
 from .config import LOAD_HINTS, OPS, RowReduceConfig, candidate_configs, default_config
@@ -165,6 +166,10 @@ class RowReduce(ReduceOp):
         self.left = K - self.outer * U  # K_LEFT
         self.inv_n = 1.0 / n
         self.use_smem = self.slots > 1
+        # the row's warps / cluster CTAs: (value, index) partials through shared memory
+        self.post_partials = make_post_partials(self.is_arg, W, self.lanes, C, self.slots)
+        self.fold_partials = make_fold_partials(self.merge, self.is_arg, self.slots, self.lanes, Float32, self.init,
+                                                Int32, SENTINEL)
         self.load_hint = config.load_hint
         self.hint_kw = _load_hint_kwargs(config.load_hint)
         self.copy_bits = BV * bits
@@ -184,14 +189,14 @@ class RowReduce(ReduceOp):
     @cute.kernel
     def kernel(self, x: cute.Tensor, out: cute.Tensor):
         op, in_dtype, out_dtype, vec, bits = self.op, self.in_dtype, self.out_dtype, self.vec, self.bits
-        P, C, R, G, W, S, PT = (self.threads_per_row, self.cluster_n, self.rows_per_cta, self.lanes, self.warps_per_row,
-                                self.slots, self.row_threads)
+        P, C, R, G, S, PT = self.threads_per_row, self.cluster_n, self.rows_per_cta, self.lanes, self.slots, self.row_threads
         BV, NV, realign, TAIL = self.vector, self.vectors, self.realign, self.tail
         K, REM, KT, U, N_OUTER, K_LEFT = self.rounds, self.rem, self.rounds_all, self.unroll, self.outer, self.left
         inv_n, use_smem, hint_kw, copy_bits = self.inv_n, self.use_smem, self.hint_kw, self.copy_bits
         load_hint = self.load_hint
         is_arg, init = self.is_arg, self.init
         _accum_elem, _merge_pair, _group_reduce = self.accumulate, self.merge, self.group_reduce
+        _post, _fold = self.post_partials, self.fold_partials
         tidx, cta, r, t, g, row_block = row_coords(C, P, R)
         m_rows = x.shape[0]
         row = row_block * R + r
@@ -288,43 +293,8 @@ class RowReduce(ReduceOp):
             s_idx = smem.allocate_tensor(
                 Int32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16
             )
-            slot = cta * W + t // 32
-            writer = t % G == 0
-            if cutlass.const_expr(C > 1):
-                cute.arch.cluster_wait()  # all peers resident before DSMEM stores
-                if writer:
-                    off = r * S + slot
-                    for peer in cutlass.range_constexpr(C):
-                        # st.shared::cluster into the peer CTA's buffer
-                        cute.arch.map_dsmem_ptr(s_val.iterator + off, peer).store(val)
-                        if cutlass.const_expr(is_arg):
-                            cute.arch.map_dsmem_ptr(s_idx.iterator + off, peer).store(idx)
-                cute.arch.cluster_arrive()
-                cute.arch.cluster_wait()
-            else:
-                if writer:
-                    s_val[r, slot] = val
-                    if cutlass.const_expr(is_arg):
-                        s_idx[r, slot] = idx
-                cute.arch.sync_threads()
-            lane_g = t % G
-            val = Float32(init)
-            idx = Int32(SENTINEL)
-            for i in cutlass.range_constexpr((S + G - 1) // G):
-                if cutlass.const_expr((i + 1) * G <= S):
-                    j = lane_g + i * G
-                    oidx = idx
-                    if cutlass.const_expr(is_arg):
-                        oidx = s_idx[r, j]
-                    val, idx = _merge_pair(val, idx, s_val[r, j], oidx)
-                else:
-                    j = cutlass.min(lane_g + i * G, S - 1)
-                    ok = lane_g + i * G < S
-                    oval = select(ok, s_val[r, j], Float32(init), Float32)
-                    oidx = idx
-                    if cutlass.const_expr(is_arg):
-                        oidx = select(ok, s_idx[r, j], Int32(SENTINEL), Int32)
-                    val, idx = _merge_pair(val, idx, oval, oidx)
+            _post(val, idx, s_val, s_idx, r, t, cta)
+            val, idx = _fold(s_val, s_idx, r, t % G)
             # slots were spread over lanes [0, min(S, G)): fold just those
             val, idx = _group_reduce(val, idx, min(S, G))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import cutlass
 import cutlass.cute as cute
 
 
@@ -24,6 +25,14 @@ def cluster_block(C: int, arrive: bool = True) -> tuple[Any, Any, Any]:
     return tidx, 0, bidx
 
 
+def wait_for_peers(c: int) -> None:
+    """With a cluster (c > 1), the wait on the cluster barrier its prologue arrived on
+    (relaxed, after arming its mbarriers): every peer CTA resident, its mbarriers armed,
+    before the first ``st.async`` into it."""
+    if c > 1:
+        cute.arch.cluster_wait()
+
+
 def row_coords(C: int, P: int, R: int, arrive: bool = True) -> tuple[Any, Any, Any, Any, Any, Any]:
     """(tidx, cta, r, t, g, row_block): the thread's index in its CTA, its CTA's rank in
     the cluster (0 without one), its row in the CTA and its thread in that row, its thread
@@ -36,3 +45,11 @@ def row_coords(C: int, P: int, R: int, arrive: bool = True) -> tuple[Any, Any, A
     t = tidx % P
     g = cta * P + t
     return tidx, cta, r, t, g, row_block
+
+
+def clamped_row(row, x) -> tuple[Any, Any, Any]:
+    """(row, m, row_c): the thread's ``row``, the row count m of x, and the row it reads,
+    clamped into x: rows past the end (the last CTA's) re-read row m - 1, so that every
+    lane joins the row's shuffles and barriers; they store nothing."""
+    m = x.shape[0]
+    return row, m, cutlass.min(row, m - 1)

@@ -46,14 +46,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from ..rows.grid import clamped_row, row_coords
 from ..rows.split import load_left, move, operand, realigned, split, store_left
 from .config import STAGED_PATHS, SoftmaxConfig
+from .device import check_operands
+from .online import NEG_INF, make_lane_reduce, merge_max_sum
 
 __all__ = ["make_softmax_chunked", "make_softmax_chunked_bwd"]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-NEG_INF = -math.inf
 # CTAs per SM that the 16-bit forward's register budget is set for at 64 elements a
 # thread (make_softmax_chunked; 0: no launch bound, for an A/B)
 FWD_MIN_CTAS = 3
@@ -61,6 +63,18 @@ FWD_MIN_CTAS = 3
 
 def _sel(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
+
+
+@cute.jit
+def _arm_exchange(mbar, tidx, tx_bytes: cutlass.Constexpr):
+    """The row exchange's mbarrier (count 1) armed for the ``tx_bytes`` a row brings, then
+    the relaxed cluster arrive whose wait precedes the first ``st.async`` into a peer."""
+    if tidx == 0:
+        cute.arch.mbarrier_init(mbar, 1)
+    cute.arch.mbarrier_init_fence()
+    if tidx == 0:
+        cute.arch.mbarrier_arrive_and_expect_tx(mbar, tx_bytes)
+    cute.arch.cluster_arrive_relaxed()
 
 
 def _chunks(nv: int, p: int, c: int) -> tuple[int, int, int]:
@@ -163,18 +177,8 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
         return _chunk_has(base, t, k, CB, P, NV)
     TX_BYTES = R * S * 8
 
-    def combine(a1, b1, a2, b2):
-        m = cute.arch.fmax(a1, a2)
-        ms = _sel(m == Float32(NEG_INF), Float32(0.0), m)
-        s = b1 * cute.math.exp2(a1 - ms, fastmath=True) + b2 * cute.math.exp2(a2 - ms, fastmath=True)
-        return m, s
-
-    @cute.jit
-    def _lane_reduce(a, b, group: cutlass.Constexpr):
-        for step in cutlass.range_constexpr(int(math.log2(group))):
-            off = group >> (step + 1)
-            a, b = combine(a, b, cute.arch.shuffle_sync_bfly(a, offset=off), cute.arch.shuffle_sync_bfly(b, offset=off))
-        return a, b
+    combine = merge_max_sum
+    _lane_reduce = make_lane_reduce(combine, True)
 
     @cute.jit
     def _fold(red_f: cute.Tensor, r, lane_g):
@@ -228,30 +232,15 @@ def make_softmax_chunked(mode: str, dtype, n: int, vec: int, config: SoftmaxConf
 
     @cute.kernel
     def _fwd(x: cute.Tensor, y: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        cta = 0
-        row_block = bidx
-        if cutlass.const_expr(C > 1):
-            cta = cute.arch.block_idx_in_cluster()
-            row_block = bidx // C
-        r = tidx // P
-        t = tidx % P
-        row = row_block * R + r
-        m_rows = x.shape[0]
-        row_c = cutlass.min(row, m_rows - 1)
+        tidx, cta, r, t, _, row_block = row_coords(C, P, R, arrive=False)
+        row, m_rows, row_c = clamped_row(row_block * R + r, x)
 
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Int64, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
         red_f = cute.make_tensor(cute.recast_ptr(red.iterator, dtype=Float32), cute.make_layout((R, S, 2), stride=(2 * S, 2, 1)))
         mbar = smem.allocate_array(Int64, 1, byte_alignment=8)
         if cutlass.const_expr(C > 1):
-            if tidx == 0:
-                cute.arch.mbarrier_init(mbar, 1)
-            cute.arch.mbarrier_init_fence()
-            if tidx == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, TX_BYTES)
-            cute.arch.cluster_arrive_relaxed()
+            _arm_exchange(mbar, tidx, TX_BYTES)
 
         x_row = x[row_c, None]
         body, h = rows.head(x_row)
@@ -409,13 +398,8 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         raise ValueError(f"make_softmax_chunked_bwd: mode must be softmax_bwd or log_softmax_bwd, got {mode!r}")
     if config.path != "mbar":
         raise ValueError(f"path={config.path!r} is forward-only; the backward has paths 'regs' and 'mbar'")
-    if dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-        raise ValueError(f"unsupported dtype {dtype}")
+    check_operands(dtype, n, vec)
     bits = dtype.width
-    if vec not in (1, 2, 4, 8) or vec * bits > 128:
-        raise ValueError(f"vec={vec} invalid for a {bits}-bit dtype (vec*bits must be <= 128)")
-    if n % vec != 0:
-        raise ValueError(f"n={n} must be a multiple of vec={vec}")
     log = mode == "log_softmax_bwd"
     config.validate(n, bits, True)
     T, P, C = config.threads, config.threads_per_row, config.cluster_n
@@ -481,48 +465,30 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
     rows = _Rows(BV, NV, TAIL, LC, P, C, bits, realign)
 
     @cute.jit
-    def _load(src: cute.Tensor, frag: cute.Tensor, base, t, by_elem: cutlass.Constexpr):
+    def _move_rounds(src: cute.Tensor, dst: cute.Tensor, base, t, by_elem: cutlass.Constexpr, load: cutlass.Constexpr):
+        """The thread's rounds of its chunk from src to dst: loaded into a register fragment
+        (``load``: rounds the chunk lacks are zeroed) or stored from one; whole rounds below
+        KF, the others where the chunk has them."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
         for k in cutlass.range_constexpr(KT):
             if cutlass.const_expr(k < KF):
-                move(atom, src[None, k], frag[None, k], by_elem, BV)
+                move(atom, src[None, k], dst[None, k], by_elem, BV)
             else:
-                for v in cutlass.range_constexpr(BV):
-                    frag[v, k] = dtype(0.0)
+                if cutlass.const_expr(load):
+                    for v in cutlass.range_constexpr(BV):
+                        dst[v, k] = dtype(0.0)
                 if _in_chunk(base, t, k):
-                    move(atom, src[None, k], frag[None, k], by_elem, BV)
-
-    @cute.jit
-    def _store(frag: cute.Tensor, dst: cute.Tensor, base, t, by_elem: cutlass.Constexpr):
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
-        for k in cutlass.range_constexpr(KT):
-            if cutlass.const_expr(k < KF):
-                move(atom, frag[None, k], dst[None, k], by_elem, BV)
-            else:
-                if _in_chunk(base, t, k):
-                    move(atom, frag[None, k], dst[None, k], by_elem, BV)
+                    move(atom, src[None, k], dst[None, k], by_elem, BV)
 
     @cute.kernel
     def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        cta = cute.arch.block_idx_in_cluster()
-        row_block = bidx // C
-        r = tidx // P
-        t = tidx % P
-        row = row_block * R + r
-        m_rows = dy.shape[0]
-        row_c = cutlass.min(row, m_rows - 1)
+        tidx, cta, r, t, _, row_block = row_coords(C, P, R, arrive=False)
+        row, m_rows, row_c = clamped_row(row_block * R + r, dy)
 
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
         mbar = smem.allocate_array(Int64, 1, byte_alignment=8)
-        if tidx == 0:
-            cute.arch.mbarrier_init(mbar, 1)
-        cute.arch.mbarrier_init_fence()
-        if tidx == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(mbar, TX_BYTES)
-        cute.arch.cluster_arrive_relaxed()
+        _arm_exchange(mbar, tidx, TX_BYTES)
 
         base = cta * CB + t  # vector index of round 0
         # y (the forward's output) is the reference row of the split; dy and dx go
@@ -535,12 +501,12 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
         f_y = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
         if cutlass.const_expr(FALLBACK):
             if dy_same:
-                _load(_chunk_view(dy_vec, t, cta), f_dy, base, t, False)
+                _move_rounds(_chunk_view(dy_vec, t, cta), f_dy, base, t, False, True)
             else:
-                _load(_chunk_view(dy_el, t, cta), f_dy, base, t, True)
+                _move_rounds(_chunk_view(dy_el, t, cta), f_dy, base, t, True, True)
         else:
-            _load(_chunk_view(dy_vec, t, cta), f_dy, base, t, False)
-        _load(_chunk_view(y_vec, t, cta), f_y, base, t, False)
+            _move_rounds(_chunk_view(dy_vec, t, cta), f_dy, base, t, False, True)
+        _move_rounds(_chunk_view(y_vec, t, cta), f_y, base, t, False, True)
         dyl = None
         yl = None
         if cutlass.const_expr(LC > 0):
@@ -595,11 +561,11 @@ def make_softmax_chunked_bwd(mode: str, dtype, n: int, vec: int, config: Softmax
             dx_vec, dx_el, dx_same = rows.operand(dx_row, h)
             if cutlass.const_expr(FALLBACK):
                 if dx_same:
-                    _store(out, _chunk_view(dx_vec, t, cta), base, t, False)
+                    _move_rounds(out, _chunk_view(dx_vec, t, cta), base, t, False, False)
                 else:
-                    _store(out, _chunk_view(dx_el, t, cta), base, t, True)
+                    _move_rounds(out, _chunk_view(dx_el, t, cta), base, t, True, False)
             else:
-                _store(out, _chunk_view(dx_vec, t, cta), base, t, False)
+                _move_rounds(out, _chunk_view(dx_vec, t, cta), base, t, False, False)
             if cutlass.const_expr(LC > 0):
                 out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
                 if cutlass.const_expr(log):

@@ -56,8 +56,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from ..rows.partials import make_fold_partials, make_post_partials
 from ..rows.split import load_left, move, operand, realigned, row_vectors, store_left
 from .config import SoftmaxConfig, is_backward
+from .online import NEG_INF, make_lane_reduce, merge_max_sum
 
 __all__ = ["make_softmax"]
 
@@ -67,6 +69,18 @@ LN2 = math.log(2.0)
 
 def _sel(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
+
+
+def check_operands(dtype, n: int, vec: int) -> None:
+    """What every softmax kernel takes: fp32 / bf16 / fp16 rows of n elements, in vectors
+    of vec elements (at most 16 bytes) that divide n."""
+    if dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
+        raise ValueError(f"unsupported dtype {dtype}")
+    bits = dtype.width
+    if vec not in (1, 2, 4, 8) or vec * bits > 128:
+        raise ValueError(f"vec={vec} invalid for a {bits}-bit dtype (vec*bits must be <= 128)")
+    if n % vec != 0:
+        raise ValueError(f"n={n} must be a multiple of vec={vec}")
 
 
 def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False):
@@ -79,13 +93,8 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
     """
     bwd = is_backward(mode)
     log = mode.startswith("log")
-    if dtype not in (Float32, cutlass.BFloat16, cutlass.Float16):
-        raise ValueError(f"unsupported dtype {dtype}")
+    check_operands(dtype, n, vec)
     bits = dtype.width
-    if vec not in (1, 2, 4, 8) or vec * bits > 128:
-        raise ValueError(f"vec={vec} invalid for a {bits}-bit dtype (vec*bits must be <= 128)")
-    if n % vec != 0:
-        raise ValueError(f"n={n} must be a multiple of vec={vec}")
     config.validate(n, bits, bwd)
 
     T = config.threads
@@ -110,27 +119,18 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
     if C > 1 and K < 1:
         raise ValueError(f"cluster_n={C}: n={n} at vec={vec} gives a CTA of the cluster no full round")
     copy_bits = BV * bits
-    NEG_INF = -math.inf
 
     def combine(a1, b1, a2, b2):
         # bwd: plain sum in a1 (b unused); fwd: online-softmax merge of (max, sum) pairs.
         if bwd:
             return a1 + a2, b1
-        m = cute.arch.fmax(a1, a2)
-        ms = _sel(m == Float32(NEG_INF), Float32(0.0), m)
-        s = b1 * cute.math.exp2(a1 - ms, fastmath=True) + b2 * cute.math.exp2(a2 - ms, fastmath=True)
-        return m, s
+        return merge_max_sum(a1, b1, a2, b2)
 
-    @cute.jit
-    def _lane_reduce(a, b, group: cutlass.Constexpr):
-        for step in cutlass.range_constexpr(int(math.log2(group))):
-            off = group >> (step + 1)
-            oa = cute.arch.shuffle_sync_bfly(a, offset=off)
-            ob = b
-            if cutlass.const_expr(not bwd):
-                ob = cute.arch.shuffle_sync_bfly(b, offset=off)
-            a, b = combine(a, b, oa, ob)
-        return a, b
+    _lane_reduce = make_lane_reduce(combine, not bwd)
+
+    # the row's warps / cluster CTAs: (max, sum) pairs (backward: sums) through shared memory
+    _post = make_post_partials(not bwd, W, G, C, S)
+    _fold = make_fold_partials(combine, not bwd, S, G, Float32, 0.0 if bwd else NEG_INF, Float32, 0.0)
 
     @cute.jit
     def _row_reduce(a, b, r, t, cta):
@@ -140,42 +140,8 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
             smem = cutlass.memory.SmemAllocator()
             s_a = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
             s_b = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
-            slot = cta * W + t // 32
-            writer = t % G == 0
-            if cutlass.const_expr(C > 1):
-                cute.arch.cluster_wait()  # all peers resident before DSMEM stores
-                if writer:
-                    off = r * S + slot
-                    for peer in cutlass.range_constexpr(C):
-                        cute.arch.map_dsmem_ptr(s_a.iterator + off, peer).store(a)
-                        if cutlass.const_expr(not bwd):
-                            cute.arch.map_dsmem_ptr(s_b.iterator + off, peer).store(b)
-                cute.arch.cluster_arrive()
-                cute.arch.cluster_wait()
-            else:
-                if writer:
-                    s_a[r, slot] = a
-                    if cutlass.const_expr(not bwd):
-                        s_b[r, slot] = b
-                cute.arch.sync_threads()
-            lane_g = t % G
-            a = Float32(0.0 if bwd else NEG_INF)
-            b = Float32(0.0)
-            for i in cutlass.range_constexpr((S + G - 1) // G):
-                if cutlass.const_expr((i + 1) * G <= S):
-                    j = lane_g + i * G
-                    ob = b
-                    if cutlass.const_expr(not bwd):
-                        ob = s_b[r, j]
-                    a, b = combine(a, b, s_a[r, j], ob)
-                else:
-                    j = cutlass.min(lane_g + i * G, S - 1)
-                    ok = lane_g + i * G < S
-                    oa = _sel(ok, s_a[r, j], Float32(0.0 if bwd else NEG_INF))
-                    ob = b
-                    if cutlass.const_expr(not bwd):
-                        ob = _sel(ok, s_b[r, j], Float32(0.0))
-                    a, b = combine(a, b, oa, ob)
+            _post(a, b, s_a, s_b, r, t, cta)
+            a, b = _fold(s_a, s_b, r, t % G)
             # every lane needs the total (unlike a plain reduction, where one writer
             # does): fold all G lanes; lanes >= S hold the identity
             a, b = _lane_reduce(a, b, G)
