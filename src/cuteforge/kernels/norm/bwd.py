@@ -50,12 +50,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
 
+from ..rows.grid import wait_for_peers
 from ..rows.staging import (
     launch_bounds,
     make_chunk,
-    make_stage_issue,
     make_stage_start,
-    persistent_group,
+    persistent_coords,
     staged_smem,
 )
 from .common import (
@@ -380,7 +380,6 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     reduce_row, xtx, n_smem = make_chunk_allreduce(tile, n, C, nval)
     S = staged_stages(config, n, x_dtype.width, has_dsum)
     n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
-    _issue = make_stage_issue(x_dtype, NC, C, n_rows)  # thread 0: (x, dy, dsum) chunks of a row -> a stage
     # refill a stage right after the next row's reduction (no extra barrier), which needs
     # that reduction to order every thread's reads of the stage before it (a CTA barrier
     # for a row of several warps, the exchange's mbarrier wait with a cluster) and a second
@@ -397,22 +396,19 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     # 92.0 / 88.8 % of copy, RMSNorm bf16 within 2 points either way
     sums_col, row_sums, dx_col = make_bwd_columns(tile, x_dtype, w_dtype, is_ln, has_bias, has_dsum)
     # barriers (S stages + the weight's), the weight, the first S rows
-    _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, 1, w_smem)
+    # _issue: thread 0 brings the (x, dy, dsum) chunks of a row into a stage
+    _start, _issue, _refill = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, 1, w_smem)
     _bounds = launch_bounds(T, config.ctas_per_sm)
 
     _part = make_chunk(NC, C)  # this CTA's chunk of a row (the whole row without a cluster)
 
     @cute.jit
     def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, q, n_q = persistent_group(C)
+        tidx, cta, q, n_q, m = persistent_coords(C, x)
         g = tidx
-        m = x.shape[0]
-
-        smem = cutlass.memory.SmemAllocator()
         # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
         # with a cluster the row sums' exchange mbarriers
-        srows, buf, full, xbar = staged_smem(smem, x_dtype, NC, S * n_rows, n_smem, S + 1, C)
+        smem, srows, buf, full, xbar = staged_smem(x_dtype, NC, S * n_rows, n_smem, S + 1, C)
         sw = srows  # a stand-in unless the weight sits in shared memory
         if cutlass.const_expr(w_smem):
             sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
@@ -431,8 +427,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         else:
             cute.arch.mbarrier_wait(full + S, 0)
         st, stn = first_row_stats(rstd_in, mean_in, q, is_ln)
-        if cutlass.const_expr(C > 1):
-            cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
+        wait_for_peers(C)
 
         for blk in cutlass.range(q, m, n_q, unroll=1):
             it = (blk - q) // n_q  # this CTA's row count so far
@@ -476,10 +471,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 store_col(oc, dxr, g, k)
             if cutlass.const_expr(not early_refill):
                 cute.arch.sync_threads()  # every thread is done with this stage
-                if tidx == 0:
-                    nr = blk + S * n_q
-                    if nr < m:
-                        _issue(x, dy, dsum, srows, full, nr, stage, cta)
+                _refill(tidx, x, dy, dsum, srows, full, blk, S, n_q, m, stage, cta)
             advance_row_stats(st, stn)
 
         store_partial_rows(store_scalar, _part, dwa, dba, dwp, dbp, q, cta, g, has_dw, has_bias)

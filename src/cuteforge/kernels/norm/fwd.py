@@ -39,13 +39,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int64
 
-from ..rows.grid import row_coords
+from ..rows.grid import row_coords, wait_for_peers
 from ..rows.staging import (
     launch_bounds,
     make_chunk,
-    make_stage_issue,
     make_stage_start,
-    persistent_group,
+    persistent_coords,
     staged_smem,
 )
 from .common import Tile, make_row_async, make_row_io, make_widen, staged_chunk
@@ -403,7 +402,6 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
     lag_send, lag_recv = make_moments_lagged(xtile, merge=SHORT) if LAG else (None, None)
     n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
-    _issue = make_stage_issue(x_dtype, NC, C, n_rows)
     _part = make_chunk(NC, C)
     # the first reduction syncs every thread of the CTA (a multi-warp row, or the cluster
     # exchange), after which the row is in registers: its stage is refilled there
@@ -452,7 +450,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     widen_x = make_widen(x_dtype, V, pairs=C >= 8)
     widen_w = make_widen(w_dtype, V, pairs=C >= 8)
     # barriers (S stages + the weight's and bias'), weight and bias, the first S rows
-    _start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem, n_xbar)
+    _start, _issue, _refill = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem, n_xbar)
     QMAX = int(groups) if groups else device_fwd_groups(config)
     _bounds = launch_bounds(T, config.ctas_per_sm)
 
@@ -554,15 +552,11 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
 
     @cute.jit
     def _body(x, w, b, res, y, res_out, mean_out, rstd_out):
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, q, n_q = persistent_group(C)
+        tidx, cta, q, n_q, m = persistent_coords(C, x)
         g = tidx
-        m = x.shape[0]
-
-        smem = cutlass.memory.SmemAllocator()
         # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
         # with a cluster the row sums' exchange mbarriers
-        srows, buf, full, xbar = staged_smem(smem, x_dtype, NC, S * n_rows, n_smem, S + 1, C, n_xbar)
+        smem, srows, buf, full, xbar = staged_smem(x_dtype, NC, S * n_rows, n_smem, S + 1, C, n_xbar)
         sw = srows  # stand-ins unless weight and bias sit in shared memory
         sb = srows
         if cutlass.const_expr(w_smem):
@@ -592,8 +586,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 if cutlass.const_expr(has_bias):
                     load_col(bg, br, g, k)
         acc = cute.make_rmem_tensor(cute.make_layout((NACC,)), Float32)
-        if cutlass.const_expr(C > 1):
-            cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
+        wait_for_peers(C)
 
         # the CTA group's rows q, q + n_q, ... (with SHORT counted: one division here, not one a row)
         lo, hi, step = q, m, n_q
@@ -673,10 +666,7 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     # every thread of this CTA is past this row's first reduction, so done reading
                     # this row's stage (the row now lives in registers): refill it with the row S
                     # ahead, while this row's statistics and output are still being formed
-                    if tidx == 0:
-                        nr = blk + S * n_q
-                        if nr < m:
-                            _issue(x, res, res, srows, full, nr, stage, cta)
+                    _refill(tidx, x, res, res, srows, full, blk, S, n_q, m, stage, cta)
                 if cutlass.const_expr(is_ln and not moments):
                     # ---- pass 2: the centred sum of squares (exact two-pass variance)
                     mean = tot * Float32(inv_n)
@@ -709,9 +699,6 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                     _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k)
                 if cutlass.const_expr(not early_refill):
                     cute.arch.sync_threads()  # every thread is done with this stage
-                    if tidx == 0:
-                        nr = blk + S * n_q
-                        if nr < m:
-                            _issue(x, res, res, srows, full, nr, stage, cta)
+                    _refill(tidx, x, res, res, srows, full, blk, S, n_q, m, stage, cta)
 
     return _launcher(_body, lambda m: cutlass.min(m, QMAX), T, C, _bounds)

@@ -33,11 +33,12 @@ import cutlass.cute as cute
 from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
 
+from ..rows.grid import wait_for_peers
 from ..rows.staging import (
     launch_bounds,
     make_chunk,
     make_stage_barrier_init,
-    persistent_group,
+    persistent_coords,
     staged_smem,
 )
 from .common import (
@@ -145,13 +146,9 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
 
     @cute.jit
     def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, q, n_q = persistent_group(C)
+        tidx, cta, q, n_q, m = persistent_coords(C, x)
         g = tidx
-        m = x.shape[0]
-
-        smem = cutlass.memory.SmemAllocator()
-        sring, buf, full, xbar = staged_smem(smem, x_dtype, NC // P, L * n_rows, n_smem, 2 * L + 1, C)
+        smem, sring, buf, full, xbar = staged_smem(x_dtype, NC // P, L * n_rows, n_smem, 2 * L + 1, C)
         sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)  # the weight's chunk
         _init(tidx, full, xbar if cutlass.const_expr(C > 1) else full)
         if tidx == 0:
@@ -165,8 +162,7 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
         dwa, dba, wr, xc, dyc, dsc, oc, f, (acc1, acc2) = bwd_fragments(tile, x_dtype, w_dtype)
         cute.arch.mbarrier_wait(full + L, 0)
         st, stn = first_row_stats(rstd_in, mean_in, q, is_ln)
-        if cutlass.const_expr(C > 1):
-            cute.arch.cluster_wait()  # every peer resident, its mbarriers armed, before the first st.async
+        wait_for_peers(C)
 
         for blk in cutlass.range(q, m, n_q, unroll=1):
             it = (blk - q) // n_q  # this CTA's row count so far

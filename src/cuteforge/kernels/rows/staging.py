@@ -66,13 +66,17 @@ def make_stage_issue(dtype, nc: int, c: int, n_rows: int):
 
 def make_stage_start(x_dtype, w_dtype, nc: int, c: int, stages: int, n_rows: int, xtx: int, n_w: int,
                      w_smem: bool, n_xbar: int = 2):
-    """@cute.jit start(tidx, cta, q, n_q, m, a, b, d, w, bias, srows, full, xbar, sw, sb): the
-    staged kernels' prologue once their shared memory is allocated (``staged_smem``): the
-    mbarriers (``make_stage_barrier_init``); with ``w_smem`` thread 0 bulk-copies this CTA's
-    chunk of the weight (and, n_w == 2, the bias) into sw (sb), completing on mbarrier
-    ``full + stages``; then it issues the CTA group's first ``stages`` rows (q, q + n_q, ...)
-    of a, b, d into the stages (``make_stage_issue``). Stand-ins for what a kernel lacks (xbar
-    without a cluster, sw / sb without ``w_smem``, bias with n_w == 1) are never touched.
+    """(start, issue, refill) of a staged kernel. @cute.jit start(tidx, cta, q, n_q, m, a, b,
+    d, w, bias, srows, full, xbar, sw, sb): the prologue once the shared memory is allocated
+    (``staged_smem``): the mbarriers (``make_stage_barrier_init``); with ``w_smem`` thread 0
+    bulk-copies this CTA's chunk of the weight (and, n_w == 2, the bias) into sw (sb),
+    completing on mbarrier ``full + stages``; then it issues the CTA group's first
+    ``stages`` rows (q, q + n_q, ...) of a, b, d into the stages with ``issue``
+    (``make_stage_issue``), through which the kernel refills them too. @cute.jit
+    refill(tidx, a, b, d, srows, full, blk, ahead, n_q, m, stage, cta): thread 0 brings the
+    CTA group's row ``ahead`` (a Constexpr) rows past ``blk``, when there is one, into stage
+    ``stage``. Stand-ins for what a kernel lacks (xbar without a cluster, sw / sb without
+    ``w_smem``, bias with n_w == 1) are never touched.
     ``n_xbar``: the cluster's exchange mbarriers (2; 4 for the lagged LayerNorm forward)."""
     init = make_stage_barrier_init(stages + 1, c, xtx, n_xbar=n_xbar)
     issue = make_stage_issue(x_dtype, nc, c, n_rows)
@@ -95,30 +99,42 @@ def make_stage_start(x_dtype, w_dtype, nc: int, c: int, stages: int, n_rows: int
                 if q + i * n_q < m:
                     issue(a, b, d, srows, full, q + i * n_q, i, cta)
 
-    return start
+    @cute.jit
+    def refill(tidx, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, srows: cute.Tensor, full, blk,
+               ahead: cutlass.Constexpr, n_q, m, stage, cta):
+        if tidx == 0:
+            nr = blk + ahead * n_q
+            if nr < m:
+                issue(a, b, d, srows, full, nr, stage, cta)
+
+    return start, issue, refill
 
 
-def persistent_group(c: int):
-    """(cta, q, n_q) of the calling CTA in a persistent grid of CTA groups (one cluster of
-    c CTAs per group when c > 1): its rank in the cluster, its group, and the number of
-    groups. A plain function, traced inline by the staged kernels."""
+def persistent_coords(c: int, x: cute.Tensor):
+    """(tidx, cta, q, n_q, m) of the calling thread in a persistent grid of CTA groups (one
+    cluster of c CTAs per group when c > 1) over the m rows of x: its index in its CTA, its
+    CTA's rank in the cluster, its group, and the number of groups; group q visits rows q,
+    q + n_q, ... A plain function, traced inline by the staged kernels."""
+    tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
     if c > 1:
-        return cute.arch.block_idx_in_cluster(), bidx // c, gdim // c
-    return 0, bidx, gdim
+        return tidx, cute.arch.block_idx_in_cluster(), bidx // c, gdim // c, x.shape[0]
+    return tidx, 0, bidx, gdim, x.shape[0]
 
 
-def staged_smem(smem, dtype, nc: int, slots: int, n_smem: int, n_full: int, c: int, n_xbar: int = 2):
-    """The staged kernels' shared memory, in allocation order: the stage slots ((nc, slots)
+def staged_smem(dtype, nc: int, slots: int, n_smem: int, n_full: int, c: int, n_xbar: int = 2):
+    """The staged kernels' shared memory: its allocator (for what a kernel adds after), then
+    in allocation order the stage slots ((nc, slots)
     of dtype, 128-byte aligned for the bulk copies), the fp32 reduction buffer (n_smem),
     n_full "full" mbarriers (one per stage, plus the weight's) and, with a cluster, the
     ``n_xbar`` mbarriers of the row sums' exchange (else None)."""
+    smem = cutlass.memory.SmemAllocator()
     srows = smem.allocate_tensor(dtype, cute.make_layout((nc, slots), stride=(1, nc)), byte_alignment=128)
     buf = smem.allocate_tensor(Float32, cute.make_layout((n_smem,)), byte_alignment=16)
     full = smem.allocate_array(Int64, n_full, byte_alignment=8)
     xbar = smem.allocate_array(Int64, n_xbar, byte_alignment=8) if c > 1 else None
-    return srows, buf, full, xbar
+    return smem, srows, buf, full, xbar
 
 
 def make_stage_barrier_init(n_full: int, c: int, xtx: int, n_empty: int = 0, empty_count: int = 1, n_xbar: int = 2):
