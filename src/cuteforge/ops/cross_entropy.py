@@ -372,7 +372,8 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
     # mean / sum: the row config the reduced forward shares with the per-row one
     cfg = launch._row_config(logits, tgt, ignore_index) if reduction != "none" and m > 0 else None
 
-    if reduction == "none":
+    # per-row losses: "none", or a mean / sum whose grid is beyond the reduced kernel's two levels
+    if reduction == "none" or (m > 0 and not launch._red_words(logits, cfg)):
         fn = launch._fwd_launcher(logits, tgt, ignore_index)
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -380,6 +381,8 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
                 t = t.contiguous()
             loss = lg.new_empty(m, dtype=f32)
             fn(lg, t, loss, lg.new_empty(m, dtype=f32))
+            if reduction != "none":
+                return _reduce(loss, t, reduction, ignore_index, dtype)
             return loss if same else loss.to(dtype)
 
     elif m == 0:
@@ -388,16 +391,6 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return _empty_result(lg, mean)
-
-    elif not launch._red_words(logits, cfg):  # a grid beyond the reduced kernel's two levels
-        fn = launch._fwd_launcher(logits, tgt, ignore_index)
-
-        def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            if copy:
-                t = t.contiguous()
-            loss = lg.new_empty(m, dtype=f32)
-            fn(lg, t, loss, lg.new_empty(m, dtype=f32))
-            return _reduce(loss, t, reduction, ignore_index, dtype)
 
     else:
         # validated now; compiled on the first call without grad (a call with grad runs

@@ -447,51 +447,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, residu
     With ``residual`` returns ``(y, x + residual)`` and normalises the sum.
     x: fp32/bf16/fp16 CUDA tensor; weight: (N,) in x's dtype or fp32.
     """
-    where = "cuteforge.ops.rms_norm"
-    if not isinstance(eps, (float, int)) and isinstance(eps, numbers.Real):
-        eps = float(eps)  # a numpy scalar
-    if _is_compiling():
-        return _traced("rms", where, x, weight, None, residual, eps)
-    call = _TABLES["rms"].call  # the C memo: one C call for a warm no-grad layout
-    if call is not None:
-        out = call(eps, x, weight, None, residual)
-        if out is not None:
-            return out
-    try:
-        run = _EAGER[("rms", eps, type(eps), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device(),
-                      weight.dtype, weight.shape, weight.stride(), weight.data_ptr() & 15, weight.get_device(), None,
-                      None if residual is None else (residual.dtype, residual.shape, residual.stride(),
-                                                     residual.data_ptr() & 15, residual.get_device()))]
-    except (AttributeError, KeyError, TypeError):
-        run = _eager_plan("rms", where, x, weight, None, residual, eps)  # raises on bad input
-    if _grad_enabled() and (x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)):
-        return _with_grad("rms", x, weight, None, residual, eps)
-    return run(x, weight, None, residual)
+    return _norm("rms", "cuteforge.ops.rms_norm", x, weight, None, residual, eps)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, *,
                residual: torch.Tensor | None = None) -> Any:
     """LayerNorm over the last dim: ``(x - mean) * rsqrt(var + eps) * weight + bias`` (fp32 math,
     biased variance like torch). With ``residual`` returns ``(y, x + residual)``."""
-    where = "cuteforge.ops.layer_norm"
+    return _norm("layer", "cuteforge.ops.layer_norm", x, weight, bias, residual, eps)
+
+
+def _norm(kind: str, where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any) -> Any:
+    """Both ops' call: traced under torch.compile, else the C memo, else the Python plan
+    memoized per layout (a miss validates, with clear errors), with autograd when a
+    gradient is wanted."""
     if not isinstance(eps, (float, int)) and isinstance(eps, numbers.Real):
         eps = float(eps)  # a numpy scalar
     if _is_compiling():
-        return _traced("layer", where, x, weight, bias, residual, eps)
-    call = _TABLES["layer"].call  # the C memo: one C call for a warm no-grad layout
+        return _traced(kind, where, x, weight, bias, residual, eps)
+    call = _TABLES[kind].call  # the C memo: one C call for a warm no-grad layout
     if call is not None:
         out = call(eps, x, weight, bias, residual)
         if out is not None:
             return out
     try:
-        run = _EAGER[("layer", eps, type(eps), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device(),
+        run = _EAGER[(kind, eps, type(eps), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device(),
                       weight.dtype, weight.shape, weight.stride(), weight.data_ptr() & 15, weight.get_device(),
                       None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 15, bias.get_device()),
                       None if residual is None else (residual.dtype, residual.shape, residual.stride(),
                                                      residual.data_ptr() & 15, residual.get_device()))]
     except (AttributeError, KeyError, TypeError):
-        run = _eager_plan("layer", where, x, weight, bias, residual, eps)  # raises on bad input
+        run = _eager_plan(kind, where, x, weight, bias, residual, eps)  # raises on bad input
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
                             or (residual is not None and residual.requires_grad)):
-        return _with_grad("layer", x, weight, bias, residual, eps)
+        return _with_grad(kind, x, weight, bias, residual, eps)
     return run(x, weight, bias, residual)

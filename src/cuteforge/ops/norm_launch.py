@@ -16,6 +16,7 @@ import torch
 from ..arch import max_active_clusters
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
+from ..signature import check_matches
 from .layout import as_rows, require_cuda
 
 MAX_N = 262144
@@ -81,14 +82,7 @@ def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any, 
     if bias is not None and bias.dtype != weight.dtype:
         raise TypeError(f"{where}: argument 'bias' has dtype {bias.dtype} but 'weight' has {weight.dtype}; they must match")
     if residual is not None:
-        if not isinstance(residual, torch.Tensor):
-            raise TypeError(f"{where}: argument 'residual' must be a torch.Tensor, got {type(residual).__name__}")
-        if residual.device != x.device:
-            raise ValueError(f"{where}: argument 'residual' is on {residual.device} but 'x' is on {x.device}")
-        if residual.dtype != x.dtype:
-            raise TypeError(f"{where}: argument 'residual' has dtype {residual.dtype} but 'x' has {x.dtype}; they must match")
-        if residual.shape != x.shape:
-            raise ValueError(f"{where}: argument 'residual' has shape {tuple(residual.shape)} but 'x' has {tuple(x.shape)}")
+        check_matches(where, "residual", residual, "x", x)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # numpy scalars too
         raise TypeError(f"{where}: argument 'eps' must be a float, got {type(eps).__name__}")
     if not (math.isfinite(eps) and eps >= 0):

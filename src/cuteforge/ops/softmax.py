@@ -32,7 +32,7 @@ from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.backward import arg, contiguous_arg
-from ..signature import FLOAT_DTYPES, check_last_dim, dtype_name
+from ..signature import FLOAT_DTYPES, check_last_dim, check_matches, dtype_name
 from .layout import as_rows, require_cuda, rows_view
 from .registered import define
 
@@ -173,12 +173,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     where = f"cuteforge.ops.{mode.removesuffix('_bwd')}_backward"
     _check(where, "grad", dy, device=False)
     _check(where, "y", y, device=False)
-    if dy.shape != y.shape:
-        raise ValueError(f"{where}: argument 'grad' has shape {tuple(dy.shape)} but 'y' has {tuple(y.shape)}; they must match")
-    if dy.dtype != y.dtype:
-        raise TypeError(f"{where}: argument 'grad' has dtype {dtype_name(dy.dtype)} but 'y' has {dtype_name(y.dtype)}; they must match")
-    if dy.device != y.device:
-        raise ValueError(f"{where}: argument 'grad' is on {dy.device} but 'y' is on {y.device}")
+    check_matches(where, "grad", dy, "y", y)
     check_last_dim(where, "dim", dim, y.dim(), _MOVE_DIM)
     require_cuda(where, "grad", dy)
     dy2, y2 = as_rows(dy), as_rows(y)
