@@ -162,6 +162,14 @@ def test_rms_norm_under_compile_picks_the_kernel(monkeypatch) -> None:
         assert len(calls) == want, (mode, grad)
     with pytest.raises(ValueError, match="under_compile"):
         cnn.RMSNorm(4, under_compile="triton")
+    calls.clear()
+    monkeypatch.setattr("cuteforge.ops.layer_norm", lambda x, w, b, eps: calls.append(eps) or F.layer_norm(x, (4,), w, b))
+    for grad, want in ((False, 0), (True, 1)):
+        calls.clear()
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(grad):
+            torch.compile(cnn.LayerNorm(4), backend="eager")(x)
+        assert len(calls) == want, grad
 
 
 @pytest.mark.parametrize("padding_idx", [None, 3, -2])

@@ -39,8 +39,12 @@ class _RowNorm(nn.Module):
     with elementwise_affine, a weight of ones (else a weight registered as None)."""
 
     def __init__(self, what: str, normalized_shape: int | Sequence[int], eps: float | None, elementwise_affine: bool,
-                 device: Any, dtype: torch.dtype | None) -> None:
+                 device: Any, dtype: torch.dtype | None, under_compile: str) -> None:
         super().__init__()
+        if under_compile not in ("auto", "inductor", "cuteforge"):
+            raise ValueError(f"cuteforge.nn.{what}: under_compile must be 'auto', 'inductor' or 'cuteforge', got "
+                             f"{under_compile!r}")
+        self.under_compile = under_compile
         self.normalized_shape = _last_dim(normalized_shape, what)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -48,6 +52,15 @@ class _RowNorm(nn.Module):
             self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
         else:
             self.register_parameter("weight", None)
+
+    def _to_inductor(self, x: torch.Tensor) -> bool:
+        """Under torch.compile, whether this call lowers to torch's norm (``under_compile``:
+        "auto" does for calls without a gradient, where Inductor fuses the norm with its
+        neighbours and the opaque custom op would fence it off)."""
+        if self.under_compile == "cuteforge" or not torch.compiler.is_compiling():
+            return False
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        return self.under_compile == "inductor" or not wants_grad
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -65,17 +78,7 @@ class RMSNorm(_RowNorm):
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True,
                  device: Any = None, dtype: torch.dtype | None = None, under_compile: str = "auto") -> None:
-        super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype)
-        if under_compile not in ("auto", "inductor", "cuteforge"):
-            raise ValueError(f"cuteforge.nn.RMSNorm: under_compile must be 'auto', 'inductor' or 'cuteforge', got "
-                             f"{under_compile!r}")
-        self.under_compile = under_compile
-
-    def _to_inductor(self, x: torch.Tensor) -> bool:
-        if self.under_compile == "cuteforge" or not torch.compiler.is_compiling():
-            return False
-        wants_grad = torch.is_grad_enabled() and (x.requires_grad or (self.weight is not None and self.weight.requires_grad))
-        return self.under_compile == "inductor" or not wants_grad
+        super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype, under_compile)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
@@ -88,18 +91,20 @@ class RMSNorm(_RowNorm):
 
 
 class LayerNorm(_RowNorm):
-    """`torch.nn.LayerNorm` over the last dim on `cuteforge.ops.layer_norm` (fp32 math)."""
+    """`torch.nn.LayerNorm` over the last dim on `cuteforge.ops.layer_norm` (fp32 math);
+    ``under_compile`` as in `RMSNorm`."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, device: Any = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__("LayerNorm", normalized_shape, eps, elementwise_affine, device, dtype)
+                 bias: bool = True, device: Any = None, dtype: torch.dtype | None = None,
+                 under_compile: str = "auto") -> None:
+        super().__init__("LayerNorm", normalized_shape, eps, elementwise_affine, device, dtype, under_compile)
         if elementwise_affine:
             self.bias = nn.Parameter(torch.zeros(self.normalized_shape, device=device, dtype=dtype)) if bias else None
         else:
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _on_cuteforge(x):
+        if not _on_cuteforge(x) or self._to_inductor(x):
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         from .. import ops
 
