@@ -214,6 +214,48 @@ def test_embedding_gradient_under_compile_skips_the_fp32_table() -> None:
         cuteforge.ops.embedding(ids, stock.weight, 64)
 
 
+def test_linear_cross_entropy_math_and_one_backward_kernel_lookup(monkeypatch) -> None:
+    """The chunked loss and gradients against torch, with the cross-entropy kernels stood in
+    for by torch; the backward kernel is resolved once per chunk layout, not per call."""
+    import importlib
+
+    lce = importlib.import_module("cuteforge.ops.linear_cross_entropy")
+    launch = importlib.import_module("cuteforge.ops.cross_entropy_launch")
+    monkeypatch.setattr(lce, "CHUNK_BYTES", 128 * 40 * 4)  # 128-row chunks: three of them, the last short
+    resolved = []
+
+    def fwd(logits, target, ignore_index):
+        lse = logits.float().logsumexp(-1)
+        picked = logits.float().gather(1, target.clamp_min(0)[:, None])[:, 0]
+        return torch.where(target == ignore_index, 0.0, lse - picked), lse
+
+    def bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index):
+        resolved.append(logits.shape)
+
+        def run(lg, t, ls, dl, out):
+            g = (lg.float() - ls[:, None]).exp()
+            g[torch.arange(len(t)), t.clamp_min(0)] -= 1
+            out.copy_(torch.where((t == ignore_index)[:, None], 0.0, g * dl[:, None]))
+        return run
+
+    monkeypatch.setattr(lce._ce, "_fwd", fwd)
+    monkeypatch.setattr(launch, "_bwd_kernel", bwd_kernel)
+    monkeypatch.setattr(launch, "_BWD", {})
+    torch.manual_seed(0)
+    x, w = torch.randn(300, 16), torch.randn(40, 16)
+    t = torch.randint(0, 40, (300,))
+    t[::7] = -100
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = F.cross_entropy(xr @ wr.t(), t)
+    ref.backward()
+    for _ in range(2):
+        loss, dx, dw, scale = lce._impl(x, w, t, -100, True, True, True)
+        torch.testing.assert_close(loss, ref.detach())
+        torch.testing.assert_close(dx * scale, xr.grad)
+        torch.testing.assert_close(dw * scale, wr.grad)
+    assert resolved == [(128, 40), (44, 40)]  # two chunk layouts, each resolved once over both calls
+
+
 def test_linear_cross_entropy_chunks_and_checks() -> None:
     import importlib
 

@@ -142,7 +142,17 @@ def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: t
         target = target.contiguous()
     if dloss.dtype != torch.float32 or dloss.stride(0) != 1:
         dloss = dloss.float().contiguous()  # the mean/sum backward hands in an expanded scalar
-    k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15, lse.data_ptr() & 15, dloss.data_ptr() & 15)
+    _bwd_into(logits, target, lse, dloss, dlogits, ignore_index)
+    return dlogits
+
+
+def _bwd_into(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, dlogits: torch.Tensor,
+              ignore_index: int) -> None:
+    """Launch the backward into ``dlogits`` (M > 0; ``target`` and ``dloss`` unit-stride,
+    ``dloss`` fp32), its kernel memoized per layout: binding the signature and looking up
+    tuning records on every call cost a warm call hundreds of microseconds of host time."""
+    k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15, dlogits.stride(), lse.data_ptr() & 15,
+         dloss.data_ptr() & 15)
     fn = _BWD.get(k)
     if fn is None:
         fn = _bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
@@ -150,4 +160,3 @@ def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: t
             _BWD.clear()
         _BWD[k] = fn
     fn(logits, target, lse, dloss, dlogits)
-    return dlogits

@@ -93,7 +93,7 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
             # the logits' gradient over the logits (the kernel is elementwise per position
             # given the row's logsumexp): one chunk buffer instead of two
             dlogits, dloss = logits, ones[: e - s]
-            _ce._bwd_kernel(logits, tc, lse, dloss, dlogits, ignore_index)(logits, tc, lse, dloss, dlogits)
+            _ce._bwd_into(logits, tc, lse, dloss, dlogits, ignore_index)
             if need_dx:
                 torch.mm(dlogits, weight, out=dx[s:e])
             if need_dw and s == 0:
