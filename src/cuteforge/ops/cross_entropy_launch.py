@@ -149,8 +149,8 @@ def _bwd(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: t
 def _bwd_into(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor, dlogits: torch.Tensor,
               ignore_index: int) -> None:
     """Launch the backward into ``dlogits`` (M > 0; ``target`` and ``dloss`` unit-stride,
-    ``dloss`` fp32), its kernel memoized per layout: binding the signature and looking up
-    tuning records on every call cost a warm call hundreds of microseconds of host time."""
+    ``dloss`` fp32), its kernel memoized per layout, so a warm call neither binds the
+    signature nor looks up tuning records."""
     k = (*_key(logits, target, ignore_index), dlogits.data_ptr() & 15, dlogits.stride(), lse.data_ptr() & 15,
          dloss.data_ptr() & 15)
     fn = _BWD.get(k)
