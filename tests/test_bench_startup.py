@@ -109,9 +109,14 @@ def test_phases_child_runs_with_cpu_stand_ins(monkeypatch: pytest.MonkeyPatch, t
         return x + 1
 
     monkeypatch.setattr(b, "op_fn", lambda name: op)
+    from cuteforge import STATS
+
+    monkeypatch.setattr(STATS, "compiles", STATS.compiles + 3)  # this process's earlier work is not the call's
+    monkeypatch.setattr(STATS, "load_ms", STATS.load_ms + 500.0)
     row = b.child_phases("sum", "float32")
     assert set(b.PHASES) <= set(row) and row["compiles"] == 0 and row["kernel_get_ms"] == 0.0
     assert row["call_ms"] >= 20.0 and row["call_other_ms"] >= 20.0 and row["launch_plan_ms"] < row["call_ms"]
+    assert row["object_load_ms"] == 0.0 and row["call_rest_ms"] == row["call_ms"]
     assert row["total_ms"] >= row["call_ms"] and b.phases_summary([row])["median"]["call_rest_ms"] == row["call_rest_ms"]
 
 
