@@ -26,6 +26,9 @@ def run_worker(cache_dir: Path, variant: float = 2.0, env: dict[str, str] | None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+LINKED = {"CUTEFORGE_LINKED_KERNELS": "1"}
+
+
 def entries(cache_dir: Path) -> list[Path]:
     return sorted(cache_dir.glob("*/*/*.o"))
 
@@ -101,14 +104,21 @@ def test_damaged_entry_recompiles(tmp_path: Path, damage: str) -> None:
     assert again["compiles"] == 0 and again["l2_loads"] == 1, again
 
 
-def test_warm_load_opens_the_linked_library_without_tvm_ffi(tmp_path: Path) -> None:
+def test_entries_are_not_linked_by_default(tmp_path: Path) -> None:
     first = run_worker(tmp_path)
+    (obj,) = entries(tmp_path)
+    assert first["compiles"] == 1 and not obj.with_suffix(".so").exists()
+    assert "lib_sha256" not in json.loads(obj.with_suffix(".json").read_text())
+
+
+def test_warm_load_opens_the_linked_library_without_tvm_ffi(tmp_path: Path) -> None:
+    first = run_worker(tmp_path, env=LINKED)
     (obj,) = entries(tmp_path)
     lib = obj.with_suffix(".so")
     meta = json.loads(obj.with_suffix(".json").read_text())
     assert first["compiles"] == 1 and lib.is_file() and meta["lib_sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
     assert lib.stat().st_mode & 0o077 == 0  # private whatever the umask: the loader refuses anything else
-    warm = run_worker(tmp_path)
+    warm = run_worker(tmp_path, env=LINKED)
     assert warm["compiles"] == 0 and warm["l2_loads"] == 1 and warm["callable"]
     assert warm["kind"] == "LinkedKernel" and not warm["tvm_ffi"] and not warm["warnings"]
 
@@ -129,7 +139,7 @@ print(type(compiler.load_shared(lib)).__name__)  # tvm_ffi imported now: its own
 
 
 def test_linked_kernel_needs_tvm_ffi_only_when_called_from_python(tmp_path: Path) -> None:
-    run_worker(tmp_path)
+    run_worker(tmp_path, env=LINKED)
     (obj,) = entries(tmp_path)
     e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", LINKED_CALL, str(obj.with_suffix(".so"))], env=e, capture_output=True,
@@ -140,7 +150,7 @@ def test_linked_kernel_needs_tvm_ffi_only_when_called_from_python(tmp_path: Path
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "does_not_open"])
 def test_damaged_library_loads_the_object_instead(tmp_path: Path, damage: str) -> None:
-    run_worker(tmp_path)
+    run_worker(tmp_path, env=LINKED)
     (obj,) = entries(tmp_path)
     lib, meta_path = obj.with_suffix(".so"), obj.with_suffix(".json")
     if damage == "truncate":
@@ -151,7 +161,7 @@ def test_damaged_library_loads_the_object_instead(tmp_path: Path, damage: str) -
         lib.write_bytes(b"not a shared library")
         meta = json.loads(meta_path.read_text())
         meta_path.write_text(json.dumps({**meta, "lib_sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}))
-    r = run_worker(tmp_path)
+    r = run_worker(tmp_path, env=LINKED)
     assert r["compiles"] == 0 and r["l2_loads"] == 1 and r["callable"] and r["kind"] != "LinkedKernel"
     assert not (tmp_path / "quarantine").exists() and not r["warnings"]
 
@@ -159,11 +169,11 @@ def test_damaged_library_loads_the_object_instead(tmp_path: Path, damage: str) -
 def test_without_a_c_compiler_entries_load_through_the_dsl(tmp_path: Path) -> None:
     no_tools = tmp_path / "bin"
     no_tools.mkdir()
-    first = run_worker(tmp_path / "c", env={"PATH": str(no_tools), "CC": ""})
+    first = run_worker(tmp_path / "c", env={**LINKED, "PATH": str(no_tools), "CC": ""})
     assert first["compiles"] == 1 and any("cannot be linked" in w for w in first["warnings"]), first["warnings"]
     (obj,) = entries(tmp_path / "c")
     assert not obj.with_suffix(".so").exists() and "lib_sha256" not in json.loads(obj.with_suffix(".json").read_text())
-    warm = run_worker(tmp_path / "c")
+    warm = run_worker(tmp_path / "c", env=LINKED)
     assert warm["compiles"] == 0 and warm["l2_loads"] == 1 and warm["callable"] and warm["kind"] != "LinkedKernel"
 
 

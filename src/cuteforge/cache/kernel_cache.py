@@ -111,6 +111,14 @@ _BYTES = _Codec(_write_bytes, lambda p: p.read_bytes(), lambda kernel, r, writte
 
 
 
+def linked_kernels() -> bool:
+    """Whether entries are linked into shared libraries and loaded from them
+    (``CUTEFORGE_LINKED_KERNELS=1``; experimental, off by default: a link costs each
+    compile a C compiler run, and the library path has yet to be timed against the
+    DSL's load on a GPU host)."""
+    return os.environ.get("CUTEFORGE_LINKED_KERNELS", "0") == "1"
+
+
 class KernelCache:
     """Gets a callable for a compile key: from disk if any process compiled it, else compiles.
 
@@ -234,7 +242,7 @@ class KernelCache:
         """The staged object linked into the entry's shared library (written whole before
         the metadata that names its sha256); its sha256, or None where it cannot be linked
         (no C compiler): the entry then loads through the DSL."""
-        if codec.link is None:
+        if codec.link is None or not linked_kernels():
             return None
         link = codec.link
 
@@ -285,7 +293,8 @@ class KernelCache:
         sha256; else None, and the object loads instead (a library that is missing, damaged
         or does not open, say after the DSL's runtime moved, is only a slower load)."""
         expected = meta.get("lib_sha256")
-        if codec.load_linked is None or not isinstance(expected, str) or not os.path.lexists(entry.lib):
+        if (codec.load_linked is None or not linked_kernels() or not isinstance(expected, str)
+                or not os.path.lexists(entry.lib)):
             return None
         try:
             if _sha256(trust.read_bytes(entry.lib)) != expected:
