@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.cross_entropy.kernels import reduce_fits, work_words
+from ..kernels.cross_entropy.device import reduce_fits, work_words
 from ..kernels.cross_entropy.spec import (
     config_for,
     cross_entropy_bwd,
