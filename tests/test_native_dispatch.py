@@ -13,7 +13,7 @@ from test_native_launch import _view  # a TVM-FFI tensor view as a torch CPU ten
 
 from cuteforge.native import build, dispatch
 from cuteforge.native import launch as native_launch
-from cuteforge.native.backward import arg, contiguous_arg
+from cuteforge.native.args import arg, contiguous_arg
 from cuteforge.ops.registered import define
 
 pytestmark = pytest.mark.skipif(build.load(wait=True) is None, reason="the C++ extension could not be built here")

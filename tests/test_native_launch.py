@@ -12,7 +12,7 @@ import torch
 
 from cuteforge.native import build
 from cuteforge.native import launch as native_launch
-from cuteforge.native.backward import arg, contiguous_arg
+from cuteforge.native.args import arg, contiguous_arg
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="the C++ extension could not be built here")
 

@@ -20,6 +20,7 @@ import torch
 
 from cuteforge.native import backward as native
 from cuteforge.native import build
+from cuteforge.native.args import arg, contiguous_arg
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="the C++ autograd node could not be built here")
 
@@ -79,8 +80,8 @@ def _softmax_plan(shape: tuple[int, int], fallback=None):
     return native.make_plan(
         "TestSoftmaxBackward", _ffi(_softmax_bwd_kernel), torch.device("cpu"),
         [native.grad_as_is(torch.empty(shape))], [(shape, torch.float32)],
-        [native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.SAVED, 0, rows),
-         native.contiguous_arg(native.BUFFER, 0, rows)],
+        [contiguous_arg(native.GRAD, 0, rows), contiguous_arg(native.SAVED, 0, rows),
+         contiguous_arg(native.BUFFER, 0, rows)],
         [(native.AS_IS, 0, torch.float32)], fallback or default_fallback)
 
 
@@ -158,7 +159,7 @@ def test_kernel_errors_name_the_node() -> None:
 
     plan = native.make_plan("FailingBackward", _ffi(failing), torch.device("cpu"),
                             [native.grad_as_is(torch.empty(2, 3))], [((2, 3), torch.float32)],
-                            [native.contiguous_arg(native.BUFFER, 0, (2, 3))], [(native.AS_IS, 0, torch.float32)],
+                            [contiguous_arg(native.BUFFER, 0, (2, 3))], [(native.AS_IS, 0, torch.float32)],
                             lambda g, s: [None])
     x = torch.randn(2, 3, requires_grad=True)
     y = x.detach() * 2
@@ -171,9 +172,9 @@ def _scale_plan(m: int, n: int):
     return native.make_plan(
         "TestScaleBackward", _ffi(_scale_kernel), torch.device("cpu"),
         [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, n), torch.float32)],
-        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.SAVED, 1, (n,)),
-         native.contiguous_arg(native.GRAD, 0, (m, n)), native.contiguous_arg(native.BUFFER, 0, (m, n)),
-         native.contiguous_arg(native.BUFFER, 1, (2, n))],
+        [arg(native.SAVED, 0, torch.empty(m, n)), contiguous_arg(native.SAVED, 1, (n,)),
+         contiguous_arg(native.GRAD, 0, (m, n)), contiguous_arg(native.BUFFER, 0, (m, n)),
+         contiguous_arg(native.BUFFER, 1, (2, n))],
         [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, torch.float64)],
         lambda g, s: [g[0] * s[1], (g[0] * s[0]).sum(0).double()])
 
@@ -212,9 +213,9 @@ def _affine_plan(name: str, kernel, m: int, n: int, q: int, w_dtype: torch.dtype
     return native.make_plan(
         name, _ffi(kernel), torch.device("cpu"),
         [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, q, n), torch.float32)],
-        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.SAVED, 1, (n,)),
-         native.contiguous_arg(native.GRAD, 0, (m, n)), native.contiguous_arg(native.BUFFER, 0, (m, n)),
-         native.contiguous_arg(native.BUFFER, 1, (q, n)), native.contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
+        [arg(native.SAVED, 0, torch.empty(m, n)), contiguous_arg(native.SAVED, 1, (n,)),
+         contiguous_arg(native.GRAD, 0, (m, n)), contiguous_arg(native.BUFFER, 0, (m, n)),
+         contiguous_arg(native.BUFFER, 1, (q, n)), contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
         [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, w_dtype, 0), (native.COLUMN_SUM, 1, torch.float32, 1)],
         lambda g, s: [None, None, None])
 
@@ -299,8 +300,8 @@ def test_scalar_gradient_spread_over_rows(divide: bool) -> None:
     plan = native.make_plan(
         "TestRowsBackward", _ffi(_rows_kernel), torch.device("cpu"),
         [native.grad_scalar_rows(m, 1 if divide else -1)], [((m, n), torch.float32)],
-        [native.arg(native.SAVED, 0, torch.empty(m, n)), native.contiguous_arg(native.GRAD, 0, (m,)),
-         native.contiguous_arg(native.BUFFER, 0, (m, n))],
+        [arg(native.SAVED, 0, torch.empty(m, n)), contiguous_arg(native.GRAD, 0, (m,)),
+         contiguous_arg(native.BUFFER, 0, (m, n))],
         [(native.AS_IS, 0, torch.float32)], lambda g, s: [None])
     x = torch.randn(m, n, requires_grad=True)
     loss = x.detach().sum() / (4.0 if divide else 1.0)

@@ -53,20 +53,6 @@ def grad_scalar_rows(rows: int, divide_by_saved: int = -1) -> tuple[Any, ...]:
     return (1, "float32", [], rows, divide_by_saved)
 
 
-def arg(source: int, index: int, t: torch.Tensor) -> tuple[Any, ...]:
-    """Operand `index` of `source` (SAVED / GRAD / BUFFER) viewed with t's sizes and strides."""
-    return (source, index, list(t.shape), list(t.stride()), 0)
-
-
-def contiguous_arg(source: int, index: int, shape: Sequence[int], offset: int = 0) -> tuple[Any, ...]:
-    """Operand `index` of `source` as a contiguous `shape` from element `offset`."""
-    strides, s = [], 1
-    for d in reversed(shape):
-        strides.append(s)
-        s *= d
-    return (source, index, list(shape), strides[::-1], offset)
-
-
 def make_plan(name: str, fn: Any, device: torch.device, grads: list[tuple[Any, ...]],
               buffers: list[tuple[Sequence[int], torch.dtype]], args: list[tuple[Any, ...]],
               outs: list[tuple[Any, ...]], fallback: Callable[[list[Any], list[Any]], Sequence[Any]]) -> Plan:

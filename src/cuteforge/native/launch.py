@@ -7,7 +7,7 @@ says:
 - outs: (shape, dtype) of each tensor the call allocates;
 - args: the kernel's operands in order, each an input (`INPUT`, by position in the call)
   or an output (`OUTPUT`) with the (sizes, strides) view the kernel reads
-  (`backward.arg`, `backward.contiguous_arg` build them);
+  (`args.arg`, `args.contiguous_arg` build them);
 - returns: which outputs the call returns (one: the tensor; more: a tuple), each an
   output index, or ``(index, dtype, row)`` for that output summed over its dim -2 and
   cast (per-CTA dweight partials; ``row`` picks one row of an (R, Q, N) output's (R, N)

@@ -48,6 +48,7 @@ from ..kernels.cross_entropy.device import WORK_ZERO
 from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
+from ..native.args import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES
 from ..workspace import stream_workspace
 from . import cross_entropy_launch as launch
@@ -157,8 +158,8 @@ def _fwd_op_plan(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) 
     m = logits.shape[0]
     IN, OUT = native_launch.INPUT, native_launch.OUTPUT
     return native_launch.runner("cuteforge::cross_entropy_fwd", fn, logits.device, 2, [((m,), torch.float32)] * 2,
-                                [native.arg(IN, 0, logits), native.contiguous_arg(IN, 1, (m,)),
-                                 native.contiguous_arg(OUT, 0, (m,)), native.contiguous_arg(OUT, 1, (m,))], [0, 1])
+                                [arg(IN, 0, logits), contiguous_arg(IN, 1, (m,)),
+                                 contiguous_arg(OUT, 0, (m,)), contiguous_arg(OUT, 1, (m,))], [0, 1])
 
 
 def _bwd_op_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
@@ -171,9 +172,9 @@ def _bwd_op_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, 
     fn = launch._bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
     IN, OUT = native_launch.INPUT, native_launch.OUTPUT
     return native_launch.runner("cuteforge::cross_entropy_bwd", fn, logits.device, 4, [((m, n), logits.dtype)],
-                                [native.arg(IN, 0, logits), native.contiguous_arg(IN, 1, (m,)),
-                                 native.contiguous_arg(IN, 2, (m,)), native.contiguous_arg(IN, 3, (m,)),
-                                 native.contiguous_arg(OUT, 0, (m, n))], [0])
+                                [arg(IN, 0, logits), contiguous_arg(IN, 1, (m,)),
+                                 contiguous_arg(IN, 2, (m,)), contiguous_arg(IN, 3, (m,)),
+                                 contiguous_arg(OUT, 0, (m, n))], [0])
 
 
 _bwd_op = define("cuteforge::cross_entropy_bwd", _bwd_impl, fake=_bwd_fake, plan=_bwd_op_plan)
@@ -295,9 +296,9 @@ def _node_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ig
             return [launch._bwd(lg, t, ls[:m], scale.expand(m), ignore_index)]
         return [launch._bwd(lg, t, ls, lg.new_zeros(m, dtype=torch.float32) if g is None else g, ignore_index)]
 
-    args = [native.arg(native.SAVED, 0, logits), native.contiguous_arg(native.SAVED, 1, (m,)),
-            native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.GRAD, 0, (m,)),
-            native.contiguous_arg(native.BUFFER, 0, (m, n))]
+    args = [arg(native.SAVED, 0, logits), contiguous_arg(native.SAVED, 1, (m,)),
+            contiguous_arg(native.SAVED, 2, (m,)), contiguous_arg(native.GRAD, 0, (m,)),
+            contiguous_arg(native.BUFFER, 0, (m, n))]
     return native.make_plan("CuteforgeCrossEntropyBackward", fn, logits.device, [grad], [((m, n), logits.dtype)],
                             args, [(native.AS_IS, 0, logits.dtype)], fallback)
 

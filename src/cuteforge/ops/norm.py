@@ -32,7 +32,7 @@ import torch
 from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
-from ..native.backward import arg, contiguous_arg
+from ..native.args import arg, contiguous_arg
 from ..signature import dtype_name
 from . import norm_launch
 from .layout import as_rows, rows_view
@@ -250,15 +250,15 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
     rows = (m, n)
     buffers: list[tuple[Any, torch.dtype]] = [(rows, xs.dtype)]
     if need_dw:  # dweight and dbias partials in one (2, Q, N) buffer: one sum and one cast for both
-        parts = [native.contiguous_arg(native.BUFFER, 1, (q, n)),
-                 native.contiguous_arg(native.BUFFER, 1, (q, n), q * n if has_bias else 0)]
+        parts = [contiguous_arg(native.BUFFER, 1, (q, n)),
+                 contiguous_arg(native.BUFFER, 1, (q, n), q * n if has_bias else 0)]
         buffers.append(((2, q, n) if has_bias else (q, n), f32))
     else:
         parts = [(native.SAVED, i_rstd, [q, n], [0, 1], 0)] * 2
-    args = [native.arg(native.SAVED, 0, xs), native.arg(native.SAVED, 1, w),
-            native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.GRAD, 1 if has_res else 0, rows),
-            native.contiguous_arg(native.SAVED, 2, (m,)), native.contiguous_arg(native.SAVED, i_rstd, (m,)),
-            native.contiguous_arg(native.BUFFER, 0, rows), *parts]
+    args = [arg(native.SAVED, 0, xs), arg(native.SAVED, 1, w),
+            contiguous_arg(native.GRAD, 0, rows), contiguous_arg(native.GRAD, 1 if has_res else 0, rows),
+            contiguous_arg(native.SAVED, 2, (m,)), contiguous_arg(native.SAVED, i_rstd, (m,)),
+            contiguous_arg(native.BUFFER, 0, rows), *parts]
     res_out = (native.AS_IS, 0, xs.dtype) if has_res else (native.NO_GRAD, 0, xs.dtype)
     no_grad = (native.NO_GRAD, 0, w.dtype)
     outs = [(native.AS_IS, 0, xs.dtype), (native.COLUMN_SUM, 1, w.dtype, 0 if has_bias else -1) if need_dw else no_grad]

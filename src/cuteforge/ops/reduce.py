@@ -28,7 +28,7 @@ from ..arch import target_arch
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 from ..native import build as native_build
 from ..native import launch as native_launch
-from ..native.backward import contiguous_arg
+from ..native.args import contiguous_arg
 from .registered import define
 
 _MAX_PLANS = 4096

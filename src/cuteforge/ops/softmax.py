@@ -31,7 +31,7 @@ from ..kernels.softmax.spec import config_for, kernel_params, softmax_bwd, softm
 from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
-from ..native.backward import arg, contiguous_arg
+from ..native.args import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, check_last_dim, check_matches, dtype_name
 from .layout import as_rows, require_cuda, rows_view
 from .registered import define
@@ -298,8 +298,8 @@ def _node_plan(mode: str, y: torch.Tensor, dim: int) -> Any:
     return native.make_plan(
         f"Cuteforge{mode.title().replace('_', '')}Backward", fn, y.device,
         grads=[native.grad_as_is(y)], buffers=[(y.shape, y.dtype)],
-        args=[native.contiguous_arg(native.GRAD, 0, rows), native.contiguous_arg(native.SAVED, 0, rows),
-              native.contiguous_arg(native.BUFFER, 0, rows)],
+        args=[contiguous_arg(native.GRAD, 0, rows), contiguous_arg(native.SAVED, 0, rows),
+              contiguous_arg(native.BUFFER, 0, rows)],
         outs=[(native.AS_IS, 0, y.dtype)], fallback=fallback)
 
 
