@@ -97,7 +97,7 @@ def _events_ms(timing: Any, fn: Any, x: torch.Tensor, out: torch.Tensor) -> floa
 
 
 def bench_tune(dtypes: list[torch.dtype]) -> list[dict[str, Any]]:
-    from cuteforge import timing
+    from cuteforge.timing import events as timing
 
     rows = []
     with tempfile.TemporaryDirectory() as d:

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import cuteforge.ops as ops
-from cuteforge import timing
 from cuteforge.report import results_header, write_results
+from cuteforge.timing import events as timing
 
 # the modules (cuteforge.ops re-exports functions under some of their names)
 ce_ops = importlib.import_module("cuteforge.ops.cross_entropy")

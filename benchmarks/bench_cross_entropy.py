@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 import cuteforge.ops as ops
-from cuteforge import timing
 from cuteforge.kernels.cross_entropy.device import work_words
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 NS = [4096, 16384, 65536, 262144]
 MAX_BYTES = 4 << 30

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 import cuteforge.ops as ops
-from cuteforge import timing
 from cuteforge.kernels.reduce.spec import row_reduce
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 
 def _table_of(name: str) -> Any:

@@ -49,10 +49,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cuteforge import timing
 from cuteforge.kernels.gemm.sm90.config import SHORT_K, SHORT_K_NARROW, default_config, fit_swizzle
 from cuteforge.ops.gemm import gemm
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 BAR = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672)]
 SQUARE = [(s, s, s) for s in (1024, 2048, 4096, 8192, 16384)]
@@ -579,7 +579,7 @@ def main() -> int:
         **results_header(),
         "quack": getattr(sys.modules.get("quack"), "__version__", None),
         "layout": "A (M,K) row-major, B = W.t() with W (N,K): TN; bf16 in/out, fp32 accumulate",
-        "timing": ("cuteforge.timing.bench: CUDA events, L2 flushed before each rep, median; the median of "
+        "timing": ("cuteforge.timing.events.bench: CUDA events, L2 flushed before each rep, median; the median of "
                    f"interleaved rounds (at least {ROUNDS}), each starting at a different contender; up to "
                    f"{BALANCED_UP_TO} contenders, each takes each position equally often"),
         "torch_compile": "the 'compile' set: torch.compile(mode='max-autotune-no-cudagraphs') at --compile-shapes",

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from cuteforge import timing
 from cuteforge.autotune import GraphTimer
-from cuteforge.autotune.timer import make_input_sets
 from cuteforge.kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle
 from cuteforge.ops.gemm import gemm
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
+from cuteforge.timing.graphs import make_input_sets
 
 G = GemmConfig
 SETS: dict[str, dict[str, GemmConfig]] = {

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cuteforge import timing
 from cuteforge.autotune import GraphTimer
 from cuteforge.kernels.gemm.sm90.config import GemmConfig, fit_swizzle
 from cuteforge.ops.gemm import gemm
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 
 def one_shape(m: int, n: int, k: int, rounds: int = 3) -> dict[str, Any]:

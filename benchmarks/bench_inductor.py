@@ -13,7 +13,7 @@ compile that fails (a selection with no valid choice, ...) is reported in its ro
 
 First, `gemm_diag` (--gemm-diag MxKxN,...): one bias addmm in Inductor's layouts through
 cuBLAS and every cuteforge entry point, timed by Inductor's benchmarker and by
-cuteforge.timing.bench, with host us per call, profiler GPU us per call and whether the call
+cuteforge.timing.events.bench, with host us per call, profiler GPU us per call and whether the call
 blocks the host: what the GEMM choice pays for beyond the kernel, if anything.
 """
 
@@ -156,7 +156,7 @@ def gemm_diag(M: int, K: int, N: int, act: str = "none") -> dict[str, Any]:
     kernel Inductor times (the plain function cuteforge.inductor.custom_ops.cuteforge_addmm), the same
     through its custom op, the extern function of the Linear + act choice, the op
     torch.ops.cuteforge.gemm and the eager cuteforge.ops.gemm. Each timed
-    by Inductor's own benchmarker (what selection compares), by cuteforge.timing.bench,
+    by Inductor's own benchmarker (what selection compares), by cuteforge.timing.events.bench,
     with host microseconds per call, the profiler's GPU time per call, and whether the call
     blocks the host (a synchronization would make Inductor's timing include host time).
     With act (gelu, silu, relu): also the Linear + act choice both ways (F.linear + the eager
@@ -165,7 +165,7 @@ def gemm_diag(M: int, K: int, N: int, act: str = "none") -> dict[str, Any]:
 
     import cuteforge.inductor as ci
     from cuteforge.ops.gemm import gemm
-    from cuteforge.timing import bench, host_us
+    from cuteforge.timing.events import bench, host_us
 
     dt = torch.bfloat16
     a = torch.randn(M, K, device="cuda", dtype=dt)

@@ -4,7 +4,7 @@
 kernels/norm/config.longrow_candidates), each beside quack, one process, one GPU.
 
 For every dtype and N: M = min(32768, 2^28 // N) rows of randn; each config's kernel is
-launched directly (no op overhead), timed with cuteforge.timing.bench (L2 flushed before
+launched directly (no op overhead), timed with cuteforge.timing.events.bench (L2 flushed before
 each call, median of CUDA events) and checked against torch.softmax in fp32 (max abs
 error, max error relative to the reference element, NaN count), so a fast wrong config
 is flagged (`correct`: false). Copy bandwidth is measured in the same run. All configs
@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from cuteforge import timing
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 MAX_ELEMS = 1 << 28
 OPS = ["softmax", "rms_norm", "layer_norm", "rms_norm_bwd", "layer_norm_bwd"]
@@ -324,7 +324,7 @@ def result_header(script: str, arch: str, compile_s: float, configs: int, failur
         "compile_s": round(compile_s, 1),
         "configs": configs,
         "compile_failures": failures,
-        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times; " + bytes_note,
+        "timing": "cuteforge.timing.events.bench: L2 flushed before each call, median of CUDA-event times; " + bytes_note,
         "copy_GBps": round(timing.copy_bandwidth() / 1e9, 1),
         "shapes": [],
     }

@@ -4,7 +4,7 @@ same inputs, forward and backward, bf16 and fp32.
 Bandwidth counts the bytes a norm must move: forward reads x and writes y (2 M N
 elements; weight/bias/stats are < 0.1%), backward reads x and dy and writes dx (3 M N).
 It is compared with a device-to-device copy measured in the same run
-(cuteforge.timing.copy_bandwidth). Tensors are capped at ~4 GiB (M = min(32768,
+(cuteforge.timing.events.copy_bandwidth). Tensors are capped at ~4 GiB (M = min(32768,
 4 GiB / row bytes)). LayerNorm runs with a bias; quack's LayerNorm takes fp32
 weight/bias (its API), everyone else weight/bias in x's dtype.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cuteforge import timing
 from cuteforge.ops import norm as cf_norm
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 ALL_NS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
 QUICK_NS = [256, 1024, 4096, 16384, 65536, 262144]

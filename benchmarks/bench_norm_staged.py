@@ -75,8 +75,8 @@ from bench_longrow import (  # noqa: E402
     run_bwd_shape,
 )
 
-from cuteforge import timing  # noqa: E402
 from cuteforge.report import write_results  # noqa: E402
+from cuteforge.timing import events as timing  # noqa: E402
 
 OPS = ("rms_norm_bwd", "layer_norm_bwd")
 FWD_OPS = ("rms_norm", "layer_norm")

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cuteforge import timing
 from cuteforge.arch import target_arch
 from cuteforge.autotune.pool import CompileJob, compile_all
 from cuteforge.kernels.cross_entropy import device as ce_k
@@ -32,6 +31,7 @@ from cuteforge.kernels.softmax import config as sm_cfg
 from cuteforge.kernels.softmax.spec import config_for as sm_config_for
 from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 # the modules (cuteforge.ops re-exports functions of the same names)
 ce_ops = importlib.import_module("cuteforge.ops.cross_entropy")

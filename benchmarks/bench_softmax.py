@@ -3,8 +3,8 @@ vs quack, one process, same inputs, bf16 and fp32.
 
 Bandwidth counts the bytes each kernel must move (forward: read x, write y; backward:
 read y and dy, write dx) and is compared with a device-to-device copy measured in the
-same run (cuteforge.timing.copy_bandwidth). Times are medians of L2-flushed CUDA-event
-timings (cuteforge.timing.bench). quack is timed through its kernels' entry points
+same run (cuteforge.timing.events.copy_bandwidth). Times are medians of L2-flushed CUDA-event
+timings (cuteforge.timing.events.bench). quack is timed through its kernels' entry points
 (quack.softmax.softmax_fwd / softmax_bwd; quack has no log_softmax).
 
 Writes benchmarks/results/<gpu>-softmax.json (or --out) with the command line, the
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 import cuteforge.ops as ops
-from cuteforge import timing
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 sm = importlib.import_module("cuteforge.ops.softmax")  # ops.softmax is the function
 
@@ -219,7 +219,7 @@ def main() -> None:
         "parallel_compile_s": round(warm_s, 1),
         "compile_failures": [str(f.error)[:300] for f in failed][:10],
         "bytes": "fwd 2*M*N*size (read x, write y); bwd 3*M*N*size (read y, dy; write dx)",
-        "timing": "cuteforge.timing.bench: L2 flushed before each call, median of CUDA-event times",
+        "timing": "cuteforge.timing.events.bench: L2 flushed before each call, median of CUDA-event times",
     }
     name = gpu.lower().replace("nvidia ", "").replace(" ", "-")
     out = Path(args.out or Path(__file__).parent / "results" / f"{name}-softmax.json")

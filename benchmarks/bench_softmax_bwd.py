@@ -6,7 +6,7 @@ config.longrow_bwd_candidates), one process, one GPU.
 For every mode, dtype and N: M = min(32768, 2^28 // N) rows (bench_longrow.rows_for);
 y = softmax (or log_softmax) of 2 randn in fp32 rounded to the dtype, dy = randn. Each
 config's kernel is launched directly on preallocated dx (no op overhead), timed with
-cuteforge.timing.bench (L2 flushed before each call, median of CUDA events), bytes =
+cuteforge.timing.events.bench (L2 flushed before each call, median of CUDA events), bytes =
 3*M*N*size (read dy and y, write dx), and checked against torch's own backward
 (torch._softmax_backward_data / _log_softmax_backward_data) in fp64 on the same
 rounded inputs: tol_ratio = max |dx - ref| / (tol max|ref| + tol |ref|), tol 1e-5 fp32,
@@ -30,8 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_longrow import result_header, rows_for  # noqa: E402
 
-from cuteforge import timing  # noqa: E402
 from cuteforge.report import write_results  # noqa: E402
+from cuteforge.timing import events as timing  # noqa: E402
 
 NS = [32768, 65536, 131072, 262144]
 DTYPES = ["bfloat16", "float32"]

@@ -2,7 +2,7 @@
 threads_per_row) the register path wants at N = 256..2048, where the defaults move
 50-65 % of copy bandwidth. Every config of the grid that validates is compiled (in
 parallel worker processes), launched directly on preallocated tensors (no op overhead)
-and timed with cuteforge.timing.bench; torch's own kernel
+and timed with cuteforge.timing.events.bench; torch's own kernel
 (torch._softmax / _softmax_backward_data / _log_softmax_backward_data) is timed beside it.
 
     python benchmarks/bench_softmax_smalln_configs.py --out $OUT/h200-softmax-smalln-configs.json
@@ -14,13 +14,13 @@ import argparse
 
 import torch
 
-from cuteforge import timing
 from cuteforge.arch import target_arch
 from cuteforge.autotune.pool import CompileJob, compile_all
 from cuteforge.kernels.softmax.config import SoftmaxConfig
 from cuteforge.kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
 from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.signature import BoundKey, dtype_name, vector_width
+from cuteforge.timing import events as timing
 
 TORCH = {"softmax": lambda x: torch._softmax(x, -1, False),
          "softmax_bwd": lambda g, y: torch._softmax_backward_data(g, y, -1, y.dtype),

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 import cuteforge.ops as ops
-from cuteforge import timing
 from cuteforge.kernels.reduce.spec import row_reduce
 from cuteforge.library_bench import measure_shapes
 from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.timing import events as timing
 
 BAR_SHAPES = [(32768, 4096), (16384, 16384), (4096, 65536)]
 EXTRA_SHAPES = [(32768, 256), (32768, 1024), (65536, 2048), (1024, 262144), (8, 262144), (1, 4096)]

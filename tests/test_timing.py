@@ -3,7 +3,7 @@ docs/kernels/reduce.md)."""
 
 import pytest
 
-from cuteforge import timing
+from cuteforge.timing import events as timing
 
 
 def test_flush_mode_switch_and_bad_mode():

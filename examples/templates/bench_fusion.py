@@ -16,7 +16,7 @@ import row_reduce
 import torch
 
 from cuteforge.fusion import Epilogue, relu
-from cuteforge.timing import bench
+from cuteforge.timing.events import bench
 
 RELU = Epilogue.from_fn(lambda acc: relu(acc))
 AFFINE = Epilogue.from_fn(lambda acc, scale, bias: acc * scale + bias, scale="scalar", bias="row")

@@ -436,8 +436,8 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
                            "use --from RESULTS.json to report on recorded results")
     import torch
 
-    from . import timing
     from .autotune.problems import parse_shapes
+    from .timing import events as timing
 
     shape_list = [tuple(s) for s in parse_shapes(shapes)] if shapes else (QUICK_SHAPES if quick else REDUCTION_SHAPES)
     if any(len(s) != 2 for s in shape_list):

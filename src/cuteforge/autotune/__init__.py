@@ -9,6 +9,7 @@ results persisted per (kernel source, problem, GPU, DSL version).
 spawn|forkserver`. Results and log lines go to `logging.getLogger("cuteforge")` (INFO).
 """
 
+from ..timing.graphs import GraphTimer, make_input_sets
 from .candidates import (
     VALIDATORS,
     candidates,
@@ -21,7 +22,6 @@ from .candidates import (
 from .measure import Measurement, measurement, use_measurement
 from .pool import CompileJob, CompileOutcome, CompilePool, compile_all, default_workers
 from .store import Problem, TuneStore, make_problem, pow2_bucket
-from .timer import GraphTimer, make_input_sets
 from .tuner import TuneResult, lookup, mode, tune
 
 __all__ = [

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..kernel import Kernel
+from ..timing.graphs import GraphTimer, Timer, make_input_sets
 from .candidates import iter_ready
-from .timer import GraphTimer, Timer, make_input_sets
 
 Item = tuple[Any, Any, Any]  # (key, params, config)
 

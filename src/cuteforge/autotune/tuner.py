@@ -14,7 +14,7 @@
    a candidate that fails to compile, to launch, or to match scores inf, with its reason.
 5. Time: after a GPU warm-up, `rounds` interleaved rounds (every config once per round,
    the starting config rotating) of the timer; the median per config. The default timer
-   replays a CUDA graph of many launches over rotated inputs (`timer.py`).
+   replays a CUDA graph of many launches over rotated inputs (`timing/graphs.py`).
 6. Record the medians, log the winner and the runner-up, return a `TuneResult`. The
    kernel's heuristic default, when timed, wins unless another config beats it by more
    than `keep_default` (2 %): on a power-limited GPU (a large GEMM on an H100) repeated
@@ -39,10 +39,10 @@ from typing import Any
 from .. import arch as arch_mod
 from ..cache import STATS
 from ..kernel import CompileSpec, Kernel
+from ..timing.graphs import Timer
 from .candidates import candidates, norm_params, resolve_kernel
 from .measure import Measurement, measurement
 from .store import Bucket, Problem, TuneStore, config_from_json, make_problem, times_from_record
-from .timer import Timer
 
 log = logging.getLogger("cuteforge")
 INF = float("inf")

@@ -1,0 +1,3 @@
+"""GPU timers: `events` (CUDA-event and back-to-back timing for benchmarks, `cuteforge
+bench` and `cuteforge library`) and `graphs` (the autotuner's: one CUDA graph of many
+launches per config, L2-cold)."""
