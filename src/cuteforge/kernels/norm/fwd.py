@@ -15,7 +15,7 @@ stored per row for the backward.
 Rows past M (last CTA) re-read row M-1 so every lane joins the shuffles; they store
 nothing.
 
-``stages > 0`` (``make_norm_fwd_staged``; the long-row default):
+``stages > 0`` (``NormForwardStaged``; the long-row default):
 the rows come through shared memory, with the staged backward's machinery (rows/staging.py's
 ``make_stage_issue``): a persistent grid of Q CTA groups (clusters), thread 0 of each
 CTA brings its N / cluster_n chunk of row j of x (and the residual) into stage j % S
@@ -73,9 +73,40 @@ from .exchange import (
 KINDS = ("rms", "layer")
 
 
+class NormForwardLaunch:
+    """The forward's host side, shared by the register and row-staged kernels: ``__call__``
+    launches the subclass's ``kernel`` (the device code over the eight tensors) on
+    ``groups(M)`` CTA groups of ``cluster_n`` CTAs (a cluster when > 1) of ``threads``
+    threads, with the launch ``bounds``."""
+
+    threads: int
+    cluster_n: int
+    bounds: dict
+
+    def groups(self, m):
+        """CTA groups of a launch over m rows (traced inline)."""
+        raise NotImplementedError
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
+                 res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, stream):
+        T, C = self.threads, self.cluster_n
+        q = self.groups(x.shape[0])
+        if cutlass.const_expr(C > 1):
+            self.kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **self.bounds
+            )
+        else:
+            self.kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
+                grid=(q, 1, 1), block=(T, 1, 1), stream=stream, **self.bounds
+            )
+
+
 def make_norm_fwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, eps: float, has_bias: bool,
                   has_residual: bool, rows_aligned: bool = True, w_aligned: bool = False):
-    """@cute.jit f(x, weight, bias, residual, y, residual_out, mean, rstd, stream).
+    """@cute.jit norm_fwd(x, weight, bias, residual, y, residual_out, mean, rstd, stream):
+    ``NormForwardStaged`` for a staged config (``config.stages`` > 0) on aligned rows, else
+    ``NormForward``.
 
     Absent operands are passed as stand-ins and never touched: bias -> weight,
     residual -> x, residual_out -> y, mean -> rstd (rms).
@@ -89,46 +120,89 @@ def make_norm_fwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormCon
     if vec * max(x_dtype.width, w_dtype.width) > 128:
         raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
     config.validate(n, x_dtype.width)
-    if config.stages:
-        if rows_aligned:
-            return make_norm_fwd_staged(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, w_aligned)
-        config = default_register_fwd_config(n, x_dtype.width, kind)
-    tile = Tile.of(n, vec, config)
-    # cp_async: the row share (level 2: weight and bias too) through shared memory,
-    # for rows of 16-byte vectors that start 16-byte aligned (and a weight that does); else
-    # the same config loads straight into registers (same results)
-    use_async = bool(config.cp_async and rows_aligned and not tile.TAIL and vec * x_dtype.width == 128
-                     and config.smem_bytes(n, False, x_dtype.width, has_residual) <= SMEM_PER_BLOCK)
-    w_async = use_async and config.cp_async == 2 and w_aligned and vec * w_dtype.width == 128
-    share, issue, fetch_col = make_row_async(tile) if use_async else (None, None, None)
-    load, store, _, load_col, store_col = make_row_io(tile)
-    allreduce = make_allreduce(tile)
-    T, P, C, R, KT1 = tile.T, tile.P, tile.C, tile.R, tile.KT1
-    is_ln = kind == "layer"
-    inv_n = 1.0 / n
-    n_smem = reduce_smem_elems(tile, 2)
-    use_mbar = config.exchange == "mbar" and C > 1
-    # LayerNorm over a cluster: mean and variance in one exchange (per-warp moments, Chan's
-    # merge) rather than two round trips; padded rows keep the two-reduction form.
-    moments = is_ln and use_mbar and moments_exchange_ok(tile)
-    n_red = 2 if is_ln and not moments else 1  # reductions per launch (mbar: one slot and mbarrier each)
-    allreduce_m = make_allreduce_mbar(tile) if use_mbar and not moments else None
-    moments_m = make_moments_mbar(tile) if moments else None
-    warp_moments = make_warp_moments(tile, tile.vec, tile.S / n) if moments else None
-    tx_bytes = mbar_tx_bytes(tile) * (2 if moments else 1)
-    # With a bias on a one-CTA row, y is formed column by column (weight and bias column
-    # k loaded, y column k stored) instead of loading both whole rows and storing the
-    # whole row at the end. The whole-row form gets 65-80 registers from ptxas 13.0 for
-    # many of these kernels (layer_norm bf16 at N = 2048..16384: 77-79, 16-bit x with fp32
-    # weight: 80, fp32 layer_norm: 68-79), past the 64 that 1024 resident threads per SM
-    # allow (one 512-thread CTA per SM instead of two, three 256-thread CTAs instead of
-    # four); column by column the same kernels get <= 64, no spill, same arithmetic
-    # Cluster rows fit either way and keep the whole-row form.
-    stream_y = (has_bias and C == 1) or use_async
-    padded = bool(tile.REM or tile.TAIL)
+    if config.stages and rows_aligned:
+        forward = NormForwardStaged(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, w_aligned)
+    else:
+        if config.stages:
+            config = default_register_fwd_config(n, x_dtype.width, kind)
+        forward = NormForward(kind, x_dtype, w_dtype, n, vec, config, eps, has_bias, has_residual, rows_aligned,
+                              w_aligned)
 
+    # the host function the callers compile: its name is the one a call with wrong
+    # arguments reports
     @cute.jit
-    def _body(x, w, b, res, y, res_out, mean_out, rstd_out):
+    def norm_fwd(x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
+                 res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, stream):
+        forward(x, w, b, res, y, res_out, mean_out, rstd_out, stream)
+
+    return norm_fwd
+
+
+class NormForward(NormForwardLaunch):
+    """The register forward (module docstring): one CTA (or cluster) per R rows, each
+    thread's share of its row held in registers from load to store. ``make_norm_fwd``
+    checks the operands and picks this or the staged kernel."""
+
+    def __init__(self, kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, eps: float,
+                 has_bias: bool, has_residual: bool, rows_aligned: bool, w_aligned: bool) -> None:
+        self.x_dtype, self.w_dtype, self.config = x_dtype, w_dtype, config
+        self.eps, self.has_bias, self.has_residual = eps, has_bias, has_residual
+        self.tile = tile = Tile.of(n, vec, config)
+        # cp_async: the row share (level 2: weight and bias too) through shared memory,
+        # for rows of 16-byte vectors that start 16-byte aligned (and a weight that does); else
+        # the same config loads straight into registers (same results)
+        self.use_async = use_async = bool(
+            config.cp_async and rows_aligned and not tile.TAIL and vec * x_dtype.width == 128
+            and config.smem_bytes(n, False, x_dtype.width, has_residual) <= SMEM_PER_BLOCK)
+        self.w_async = use_async and config.cp_async == 2 and w_aligned and vec * w_dtype.width == 128
+        self.row_async = make_row_async(tile) if use_async else (None, None, None)
+        self.row_io = make_row_io(tile)
+        self.allreduce = make_allreduce(tile)
+        self.threads, self.cluster_n = T, C = tile.T, tile.C
+        self.is_ln = is_ln = kind == "layer"
+        self.inv_n = 1.0 / n
+        self.n_smem = reduce_smem_elems(tile, 2)
+        self.use_mbar = use_mbar = config.exchange == "mbar" and C > 1
+        # LayerNorm over a cluster: mean and variance in one exchange (per-warp moments, Chan's
+        # merge) rather than two round trips; padded rows keep the two-reduction form.
+        self.moments = moments = is_ln and use_mbar and moments_exchange_ok(tile)
+        self.n_red = 2 if is_ln and not moments else 1  # reductions per launch (mbar: one slot and mbarrier each)
+        self.allreduce_m = make_allreduce_mbar(tile) if use_mbar and not moments else None
+        self.moments_m = make_moments_mbar(tile) if moments else None
+        self.warp_moments = make_warp_moments(tile, tile.vec, tile.S / n) if moments else None
+        self.tx_bytes = mbar_tx_bytes(tile) * (2 if moments else 1)
+        # With a bias on a one-CTA row, y is formed column by column (weight and bias column
+        # k loaded, y column k stored) instead of loading both whole rows and storing the
+        # whole row at the end. The whole-row form gets 65-80 registers from ptxas 13.0 for
+        # many of these kernels (layer_norm bf16 at N = 2048..16384: 77-79, 16-bit x with fp32
+        # weight: 80, fp32 layer_norm: 68-79), past the 64 that 1024 resident threads per SM
+        # allow (one 512-thread CTA per SM instead of two, three 256-thread CTAs instead of
+        # four); column by column the same kernels get <= 64, no spill, same arithmetic
+        # Cluster rows fit either way and keep the whole-row form.
+        self.stream_y = (has_bias and C == 1) or use_async
+        self.padded = bool(tile.REM or tile.TAIL)
+        # cp_async: ctas_per_sm is a register budget for ptxas (65536 / (threads x ctas_per_sm)
+        # per thread), so that it reads weight and bias back column by column instead of all at
+        # once (LayerNorm: 63 -> 48 at 32 elements per thread, 5 CTAs of 256 per SM); one CTA
+        # fewer with the residual, whose share and sum take registers (16 bytes of spill at 5)
+        budget = config.ctas_per_sm - (1 if has_residual else 0)
+        self.bounds = launch_bounds(T, budget if use_async else 1)
+
+    def groups(self, m):
+        return cute.ceil_div(m, self.tile.R)
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
+               res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor):
+        tile, config, x_dtype, w_dtype = self.tile, self.config, self.x_dtype, self.w_dtype
+        P, C, R, KT1 = tile.P, tile.C, tile.R, tile.KT1
+        has_bias, has_residual, is_ln, inv_n, eps = self.has_bias, self.has_residual, self.is_ln, self.inv_n, self.eps
+        use_async, w_async, stream_y, padded = self.use_async, self.w_async, self.stream_y, self.padded
+        use_mbar, moments, n_red, n_smem, tx_bytes = self.use_mbar, self.moments, self.n_red, self.n_smem, self.tx_bytes
+        share, issue, fetch_col = self.row_async
+        load, store, _, load_col, store_col = self.row_io
+        allreduce, allreduce_m, moments_m, warp_moments = self.allreduce, self.allreduce_m, self.moments_m, self.warp_moments
+
         tidx, cta, r, t, g, row_block = row_coords(C, P, R, arrive=not use_mbar)
         m = x.shape[0]
         row = row_block * R + r
@@ -284,43 +358,6 @@ def make_norm_fwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormCon
             if ok:
                 store(xr, y[row, None], g)
 
-    # cp_async: ctas_per_sm is a register budget for ptxas (65536 / (threads x ctas_per_sm)
-    # per thread), so that it reads weight and bias back column by column instead of all at
-    # once (LayerNorm: 63 -> 48 at 32 elements per thread, 5 CTAs of 256 per SM); one CTA
-    # fewer with the residual, whose share and sum take registers (16 bytes of spill at 5)
-    budget = config.ctas_per_sm - (1 if has_residual else 0)
-    _bounds = launch_bounds(T, budget if use_async else 1)
-
-    return _launcher(_body, lambda m: cute.ceil_div(m, R), T, C, _bounds)
-
-
-def _launcher(body, n_groups, T: int, C: int, bounds: dict):
-    """@cute.jit norm_fwd(x, weight, bias, residual, y, residual_out, mean, rstd, stream): the
-    forward kernel on n_groups(M) CTA groups (traced inline) of C CTAs (a cluster when
-    C > 1) of T threads, with the launch ``bounds``. Its device code is ``body``, a
-    @cute.jit of the eight tensors traced inline: the register and row-staged forwards
-    share this entry and differ only in their body."""
-
-    @cute.kernel
-    def kernel(x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
-               res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor):
-        body(x, w, b, res, y, res_out, mean_out, rstd_out)
-
-    @cute.jit
-    def norm_fwd(x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
-                 res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, stream):
-        q = n_groups(x.shape[0])
-        if cutlass.const_expr(C > 1):
-            kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds
-            )
-        else:
-            kernel(x, w, b, res, y, res_out, mean_out, rstd_out).launch(
-                grid=(q, 1, 1), block=(T, 1, 1), stream=stream, **bounds
-            )
-
-    return norm_fwd
-
 
 _H200_MAX_CLUSTERS = {4: 30, 8: 15, 16: 7}
 
@@ -347,10 +384,11 @@ def device_fwd_groups(config: NormConfig) -> int:
     return staged_fwd_groups(config, sms, cap)
 
 
-def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, eps: float,
-                         has_bias: bool, has_residual: bool, w_aligned: bool = False, groups: int | None = None):
+
+
+class NormForwardStaged(NormForwardLaunch):
     """The row-staged forward (``config.stages`` > 0; module docstring). Same launch
-    signature and results as ``make_norm_fwd``'s register path. Rows of x / residual must
+    signature and results as ``NormForward``. Rows of x / residual must
     start 16-byte aligned; each CTA's N / cluster_n chunk holds a multiple of 16 bytes
     (``NormConfig.validate``). Persistent: the grid is min(M, ``groups``) CTA groups
     (default ``device_fwd_groups``), group q visits rows q, q + Q, ...
@@ -362,115 +400,161 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     refilled with the row S ahead right after the row's first reduction (its barrier, or
     the exchange's mbarrier wait: a CTA passes it only when every warp of the cluster has
     read its share); otherwise after an explicit CTA barrier at the end of the row."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
-    config.validate(n, x_dtype.width)
-    C, T = config.cluster_n, config.threads
-    tile = staged_chunk(config, n, vec, "forward")
-    NC = tile.n  # this CTA's chunk of the row
-    _, _, _, load_col, store_col = make_row_io(tile)
-    KT1, V = tile.KT1, tile.vec
-    is_ln = kind == "layer"
-    inv_n = 1.0 / n
-    # config.short_chains: shorter dependent chains per row, set by the 16-bit
-    # N = 262144 default only: the moments in one shuffle chain,
-    # y's normalisation as one FFMA for 16-bit x, and the CTA's rows counted instead of a
-    # division per row
-    SHORT = bool(config.short_chains)
-    FOLD = SHORT and is_ln and x_dtype.width == 16
-    moments = False
-    warp_moments = None
-    if C > 1:
-        xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
-        # LayerNorm: mean and variance in one exchange (per-warp moments, Chan's merge)
-        moments = is_ln and moments_exchange_ok(xtile)
-        if moments:  # the chunk's warps each hold n / xtile.S elements
-            warp_moments = make_warp_moments(tile, min(vec, 4), xtile.S / n, merge=SHORT)
-        allreduce_m = make_allreduce_mbar_rows(xtile, 2 if moments else 1, moments=moments, merge=SHORT)
-        xtx = mbar_tx_bytes(xtile) * (2 if moments else 1)
-        allreduce = None
-    else:
-        allreduce = make_allreduce(tile)
-        allreduce_m = None
-        xtx = 0
-    n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
-    S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
-    # the lagged form (config.lag): one moments exchange per row and a second stage to
-    # bring the next row into
-    LAG = bool(config.lag) and moments and S >= 2
-    n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
-    n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
-    lag_send, lag_recv = make_moments_lagged(xtile, merge=SHORT) if LAG else (None, None)
-    n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
-    _part = make_chunk(NC, C)
-    # the first reduction syncs every thread of the CTA (a multi-warp row, or the cluster
-    # exchange), after which the row is in registers: its stage is refilled there
-    early_refill = tile.S > 1 or C > 1
-    n_w = 2 if has_bias else 1
-    w_bytes = NC * w_dtype.width // 8
-    smem_cta = config.smem_bytes(n, False, x_dtype.width, has_residual) + n_w * w_bytes + 256
-    w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
-                  and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
-    padded = bool(tile.REM or tile.TAIL)
-    NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
-    # A 16-bit weight (and bias) widened to fp32 once per launch and held in registers across
-    # rows, instead of a shared-memory load and a widen per element per row, where a thread
-    # has >= 128 registers (<= 512 threads per SM) and those take at most half of them (a
-    # quarter with a fused residual, which needs its own). No staged forward candidate then
-    # spills (ptxas survey; LayerNorm bf16 262144 takes 251 registers at 256
-    # threads, 65536 127 at 512); 1024-thread CTAs keep the weight per row (64 registers:
-    # the 16-CTA 262144 candidate spilled 36 bytes with it). H100 A/B: LayerNorm bf16 65536
-    # / 262144 +2.0 / +0.5 points of copy (32768 on 1024 threads +1.9, not taken). An fp32
-    # weight (nothing to widen) that fits in shared memory beside the stages measured level to
-    # -0.6, so it stays per row there; one that does not fit (LayerNorm fp32 at N = 262144:
-    # 64 KiB chunks of x, weight and bias) is held within half the registers, residual or not,
-    # rather than read from L2 for every row (73 -> 93 % of copy; with the residual,
-    # 128 registers at 512 threads, no spill).
-    budget = 65536 // (T * config.ctas_per_sm)
-    w_elems = V * KT1 * n_w  # fp32 registers the held weight (and bias) take
-    w_share = budget // (4 if has_residual else 2)
-    HOIST_W = budget >= 128 and (
-        (w_dtype.width == 16 and w_elems <= w_share)
-        or (w_dtype.width == 32 and not w_smem and w_elems <= budget // 2))
-    # In the lagged form (x is not held across the exchange), a 16-bit weight (and
-    # bias) whose fp32 copies would take more than that share but whose 16-bit values fit it
-    # (half the registers), with no room in shared memory, is held as loaded and widened
-    # column by column when y is formed, instead of read from L2 for every row: the shapes
-    # that fill every SM at N = 262144 (2 CTAs per SM, or 8-CTA clusters of 64 KiB chunks)
-    # read 59-77 % of copy on the H200 with the weight per row. ptxas,
-    # sm_90a, at 128 registers: 28 bytes of spill (84-96 registers before); the unlagged
-    # form, which holds x too, spills 348 and is left as it was, as is a fused residual (the
-    # 256-thread 16-CTA lagged shape reached 255 registers and spilled with it). Not measured
-    # yet; no default takes it.
-    HOLD_W16 = (LAG and not has_residual and not HOIST_W and budget >= 128 and w_dtype.width == 16
-                and not w_smem and w_elems // 2 <= w_share)
-    # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
-    # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
-    # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds
-    widen_x = make_widen(x_dtype, V, pairs=C >= 8)
-    widen_w = make_widen(w_dtype, V, pairs=C >= 8)
-    # barriers (S stages + the weight's and bias'), weight and bias, the first S rows
-    _start, _issue, _refill = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem, n_xbar)
-    QMAX = int(groups) if groups else device_fwd_groups(config)
-    _bounds = launch_bounds(T, config.ctas_per_sm)
 
-    def _reduce(a, buf: cute.Tensor, xbar, u, tidx, cta):
+    def __init__(self, kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, eps: float,
+                 has_bias: bool, has_residual: bool, w_aligned: bool = False, groups: int | None = None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
+        config.validate(n, x_dtype.width)
+        self.x_dtype, self.w_dtype, self.eps, self.has_bias, self.has_residual = x_dtype, w_dtype, eps, has_bias, has_residual
+        C, T = config.cluster_n, config.threads
+        tile = staged_chunk(config, n, vec, "forward")
+        NC = tile.n  # this CTA's chunk of the row
+        _, _, _, load_col, store_col = make_row_io(tile)
+        KT1, V = tile.KT1, tile.vec
+        is_ln = kind == "layer"
+        inv_n = 1.0 / n
+        # config.short_chains: shorter dependent chains per row, set by the 16-bit
+        # N = 262144 default only: the moments in one shuffle chain,
+        # y's normalisation as one FFMA for 16-bit x, and the CTA's rows counted instead of a
+        # division per row
+        SHORT = bool(config.short_chains)
+        FOLD = SHORT and is_ln and x_dtype.width == 16
+        moments = False
+        warp_moments = None
+        if C > 1:
+            xtile = Tile(n, vec, T, C, T)  # the whole row over the cluster: the exchange's slots
+            # LayerNorm: mean and variance in one exchange (per-warp moments, Chan's merge)
+            moments = is_ln and moments_exchange_ok(xtile)
+            if moments:  # the chunk's warps each hold n / xtile.S elements
+                warp_moments = make_warp_moments(tile, min(vec, 4), xtile.S / n, merge=SHORT)
+            allreduce_m = make_allreduce_mbar_rows(xtile, 2 if moments else 1, moments=moments, merge=SHORT)
+            xtx = mbar_tx_bytes(xtile) * (2 if moments else 1)
+            allreduce = None
+        else:
+            allreduce = make_allreduce(tile)
+            allreduce_m = None
+            xtx = 0
+        n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
+        S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
+        # the lagged form (config.lag): one moments exchange per row and a second stage to
+        # bring the next row into
+        LAG = bool(config.lag) and moments and S >= 2
+        n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
+        n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
+        lag_send, lag_recv = make_moments_lagged(xtile, merge=SHORT) if LAG else (None, None)
+        n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
+        _part = make_chunk(NC, C)
+        # the first reduction syncs every thread of the CTA (a multi-warp row, or the cluster
+        # exchange), after which the row is in registers: its stage is refilled there
+        early_refill = tile.S > 1 or C > 1
+        n_w = 2 if has_bias else 1
+        w_bytes = NC * w_dtype.width // 8
+        smem_cta = config.smem_bytes(n, False, x_dtype.width, has_residual) + n_w * w_bytes + 256
+        w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
+                      and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
+        padded = bool(tile.REM or tile.TAIL)
+        NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
+        # A 16-bit weight (and bias) widened to fp32 once per launch and held in registers across
+        # rows, instead of a shared-memory load and a widen per element per row, where a thread
+        # has >= 128 registers (<= 512 threads per SM) and those take at most half of them (a
+        # quarter with a fused residual, which needs its own). No staged forward candidate then
+        # spills (ptxas survey; LayerNorm bf16 262144 takes 251 registers at 256
+        # threads, 65536 127 at 512); 1024-thread CTAs keep the weight per row (64 registers:
+        # the 16-CTA 262144 candidate spilled 36 bytes with it). H100 A/B: LayerNorm bf16 65536
+        # / 262144 +2.0 / +0.5 points of copy (32768 on 1024 threads +1.9, not taken). An fp32
+        # weight (nothing to widen) that fits in shared memory beside the stages measured level to
+        # -0.6, so it stays per row there; one that does not fit (LayerNorm fp32 at N = 262144:
+        # 64 KiB chunks of x, weight and bias) is held within half the registers, residual or not,
+        # rather than read from L2 for every row (73 -> 93 % of copy; with the residual,
+        # 128 registers at 512 threads, no spill).
+        budget = 65536 // (T * config.ctas_per_sm)
+        w_elems = V * KT1 * n_w  # fp32 registers the held weight (and bias) take
+        w_share = budget // (4 if has_residual else 2)
+        HOIST_W = budget >= 128 and (
+            (w_dtype.width == 16 and w_elems <= w_share)
+            or (w_dtype.width == 32 and not w_smem and w_elems <= budget // 2))
+        # In the lagged form (x is not held across the exchange), a 16-bit weight (and
+        # bias) whose fp32 copies would take more than that share but whose 16-bit values fit it
+        # (half the registers), with no room in shared memory, is held as loaded and widened
+        # column by column when y is formed, instead of read from L2 for every row: the shapes
+        # that fill every SM at N = 262144 (2 CTAs per SM, or 8-CTA clusters of 64 KiB chunks)
+        # read 59-77 % of copy on the H200 with the weight per row. ptxas,
+        # sm_90a, at 128 registers: 28 bytes of spill (84-96 registers before); the unlagged
+        # form, which holds x too, spills 348 and is left as it was, as is a fused residual (the
+        # 256-thread 16-CTA lagged shape reached 255 registers and spilled with it). Not measured
+        # yet; no default takes it.
+        HOLD_W16 = (LAG and not has_residual and not HOIST_W and budget >= 128 and w_dtype.width == 16
+                    and not w_smem and w_elems // 2 <= w_share)
+        # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
+        # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
+        # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds
+        widen_x = make_widen(x_dtype, V, pairs=C >= 8)
+        widen_w = make_widen(w_dtype, V, pairs=C >= 8)
+        # barriers (S stages + the weight's and bias'), weight and bias, the first S rows
+        _start, _issue, _refill = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem, n_xbar)
+        QMAX = int(groups) if groups else device_fwd_groups(config)
+        _bounds = launch_bounds(T, config.ctas_per_sm)
+        self.C = C
+        self.T = T
+        self.tile = tile
+        self.NC = NC
+        self.load_col = load_col
+        self.store_col = store_col
+        self.KT1 = KT1
+        self.V = V
+        self.is_ln = is_ln
+        self.inv_n = inv_n
+        self.SHORT = SHORT
+        self.FOLD = FOLD
+        self.moments = moments
+        self.warp_moments = warp_moments
+        self.allreduce_m = allreduce_m
+        self.allreduce = allreduce
+        self.n_red = n_red
+        self.S = S
+        self.LAG = LAG
+        self.n_xbar = n_xbar
+        self.n_smem = n_smem
+        self.lag_send = lag_send
+        self.lag_recv = lag_recv
+        self.n_rows = n_rows
+        self._part = _part
+        self.early_refill = early_refill
+        self.w_smem = w_smem
+        self.padded = padded
+        self.NACC = NACC
+        self.HOIST_W = HOIST_W
+        self.HOLD_W16 = HOLD_W16
+        self.widen_x = widen_x
+        self.widen_w = widen_w
+        self._start = _start
+        self._issue = _issue
+        self._refill = _refill
+        self.QMAX = QMAX
+        self.threads, self.cluster_n, self.bounds = T, C, _bounds
+
+    def groups(self, m):
+        return cutlass.min(m, self.QMAX)
+
+    def _reduce(self, a, buf: cute.Tensor, xbar, u, tidx, cta):
         """Row sum of a (traced inline); u: the CTA's count of reductions so far (slot u % 2;
         with a cluster phase (u // 2) % 2 of the exchange mbarriers, thread 0 re-arming)."""
-        if C > 1:
-            a, _unused = allreduce_m(a, a, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
+        if self.C > 1:
+            a, _unused = self.allreduce_m(a, a, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
         else:
-            a, _unused = allreduce(a, a, 1, buf, u % 2, 0, tidx, 0)
+            a, _unused = self.allreduce(a, a, 1, buf, u % 2, 0, tidx, 0)
         return a
 
-    def _moments(s, m2, buf: cute.Tensor, xbar, u, tidx, cta):
+    def _moments(self, s, m2, buf: cute.Tensor, xbar, u, tidx, cta):
         """(row sum, row M2) from the warp's sum and centred sum of squares (traced inline;
         u as in ``_reduce``)."""
-        return allreduce_m(s, m2, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
+        return self.allreduce_m(s, m2, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
 
-    def _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k):
+    def _weight_col(self, sw, sb, wg, bg, wr, br, wf, bf, g, k):
         """Column k of this thread's weight (and bias) share, widened to fp32 in wf (bf)
         (traced inline): from shared memory when staged there, else global memory."""
+        w_smem, has_bias, load_col, widen_w = self.w_smem, self.has_bias, self.load_col, self.widen_w
         if cutlass.const_expr(w_smem):
             load_col(sw, wr, g, k)
             if cutlass.const_expr(has_bias):
@@ -483,9 +567,10 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         if cutlass.const_expr(has_bias):
             widen_w(br, bf, k)
 
-    def _sum_col(sx, sr, xc, rc, xf, rf, g, k):
+    def _sum_col(self, sx, sr, xc, rc, xf, rf, g, k):
         """Column k of this thread's share of s from the stage, widened to fp32 in xf (traced
         inline): x, or with a residual (x + residual) rounded to x's dtype, left in xc."""
+        load_col, widen_x, tile, x_dtype, has_residual = self.load_col, self.widen_x, self.tile, self.x_dtype, self.has_residual
         load_col(sx, xc, g, k)
         if cutlass.const_expr(has_residual):
             load_col(sr, rc, g, k)
@@ -496,13 +581,13 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 xc[v, k] = (xf[v, k] + rf[v, k]).to(x_dtype)
             widen_x(xc, xf, k)
 
-    def _row(i, q, n_q):
+    def _row(self, i, q, n_q):
         """(row, the CTA's row count so far) of loop index i (traced inline)."""
-        if SHORT:
+        if self.SHORT:
             return q + i * n_q, i
         return i, (i - q) // n_q
 
-    def _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k):
+    def _y_col(self, sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k):
         """Pass 3 for column k (traced inline): y = (s - mean) * rstd * w (+ b) from s in xf,
         stored to this row's chunk yo. With FOLD, (s * rstd + shift) * w (+ b), shift =
         -mean * rstd (formed once a row by the compiler): an FADD and an FMUL fewer per
@@ -512,12 +597,14 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         stays below 2^-14 |w|, under the half-ulp (2^-9 relative) of any output of
         magnitude >= |w| / 32; outputs that cancel to near 0 (bias against w * x_hat) can
         differ from the unfolded form's by a few of their own ulps."""
+        HOLD_W16, HOIST_W, FOLD, widen_w, has_bias = self.HOLD_W16, self.HOIST_W, self.FOLD, self.widen_w, self.has_bias
+        tile, x_dtype, store_col = self.tile, self.x_dtype, self.store_col
         if cutlass.const_expr(HOLD_W16):
             widen_w(wr, wf, k)
             if cutlass.const_expr(has_bias):
                 widen_w(br, bf, k)
         elif cutlass.const_expr(not HOIST_W):
-            _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
+            self._weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
         shift = -mean * rstd if FOLD else None  # a plain function: Python resolves FOLD here
         for v in range(tile.width(k)):
             if cutlass.const_expr(FOLD):
@@ -530,13 +617,15 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         store_col(oc, yo, g, k)
 
     @cute.jit
-    def _finish_lagged(y: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, srows: cute.Tensor,
+    def _finish_lagged(self, y: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, srows: cute.Tensor,
                        buf: cute.Tensor, xbar, sw: cute.Tensor, sb: cute.Tensor, wg: cute.Tensor, bg: cute.Tensor,
                        xc: cute.Tensor, rc: cute.Tensor, xf: cute.Tensor, rf: cute.Tensor, wr: cute.Tensor,
                        br: cute.Tensor, wf: cute.Tensor, bf: cute.Tensor, oc: cute.Tensor, blk, it, tidx, cta):
         """The lagged forward's second half for the CTA's it-th row ``blk``: its statistics
         from the exchange posted one row earlier, then y from x read again from its stage
         (with a residual, s = x + residual formed again, as pass 1 rounded it)."""
+        lag_recv, inv_n, eps, S, n_rows, _part, KT1 = (self.lag_recv, self.inv_n, self.eps, self.S, self.n_rows,
+                                                        self._part, self.KT1)
         tot, m2 = lag_recv(buf, xbar, it % LAG_SLOTS, (it // LAG_SLOTS) % 2, tidx == 0, tidx)
         mean = tot * Float32(inv_n)
         rstd = cute.math.rsqrt(m2 * Float32(inv_n) + Float32(eps))
@@ -547,11 +636,22 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
         sr = srows[None, (it % S) * n_rows + (n_rows - 1)]
         yo = _part(y[blk, None], cta)
         for k in cutlass.range_constexpr(KT1):
-            _sum_col(sx, sr, xc, rc, xf, rf, tidx, k)
-            _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, tidx, k)
+            self._sum_col(sx, sr, xc, rc, xf, rf, tidx, k)
+            self._y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, tidx, k)
 
-    @cute.jit
-    def _body(x, w, b, res, y, res_out, mean_out, rstd_out):
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
+               res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor):
+        C, tile, NC, KT1, NACC, S, n_rows = self.C, self.tile, self.NC, self.KT1, self.NACC, self.S, self.n_rows
+        x_dtype, w_dtype, has_bias, has_residual = self.x_dtype, self.w_dtype, self.has_bias, self.has_residual
+        is_ln, inv_n, eps, padded, early_refill = self.is_ln, self.inv_n, self.eps, self.padded, self.early_refill
+        SHORT, LAG, HOIST_W, HOLD_W16, w_smem = self.SHORT, self.LAG, self.HOIST_W, self.HOLD_W16, self.w_smem
+        moments, warp_moments, lag_send, n_red, n_smem, n_xbar = (self.moments, self.warp_moments, self.lag_send,
+                                                                  self.n_red, self.n_smem, self.n_xbar)
+        load_col, store_col, _part = self.load_col, self.store_col, self._part
+        _start, _issue, _refill = self._start, self._issue, self._refill
+        _row, _reduce, _moments = self._row, self._reduce, self._moments
+        _sum_col, _y_col, _weight_col, _finish_lagged = self._sum_col, self._y_col, self._weight_col, self._finish_lagged
         tidx, cta, q, n_q, m = persistent_coords(C, x)
         g = tidx
         # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
@@ -700,5 +800,3 @@ def make_norm_fwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 if cutlass.const_expr(not early_refill):
                     cute.arch.sync_threads()  # every thread is done with this stage
                     _refill(tidx, x, res, res, srows, full, blk, S, n_q, m, stage, cta)
-
-    return _launcher(_body, lambda m: cutlass.min(m, QMAX), T, C, _bounds)
