@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import cuteforge.ops as ops
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.native import backward as native
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 

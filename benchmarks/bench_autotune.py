@@ -25,8 +25,8 @@ import torch
 
 from cuteforge import STATS, arch
 from cuteforge.autotune import CompileJob, CompilePool, TuneStore, tune
+from cuteforge.bench.report import results_header  # noqa: E402
 from cuteforge.kernels.reduce.spec import row_reduce
-from cuteforge.report import results_header  # noqa: E402
 from cuteforge.signature import BoundKey
 
 OPS = ("sum", "amax", "argmax")

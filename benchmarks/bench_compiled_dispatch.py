@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import cuteforge.ops as ops
-from cuteforge.report import results_header, write_results
+from cuteforge.bench.report import results_header, write_results
 from cuteforge.timing import events as timing
 
 # the modules (cuteforge.ops re-exports functions under some of their names)

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import cuteforge.ops as ops
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.cross_entropy.device import work_words
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 NS = [4096, 16384, 65536, 262144]

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 import cuteforge.ops as ops
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.reduce.spec import row_reduce
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 

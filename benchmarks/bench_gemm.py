@@ -49,9 +49,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.gemm.sm90.config import SHORT_K, SHORT_K_NARROW, default_config, fit_swizzle
 from cuteforge.ops.gemm import gemm
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 BAR = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 16384, 1024), (2048, 8192, 28672)]

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from cuteforge.autotune import GraphTimer
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.gemm.sm90.config import GemmConfig, default_config, fit_swizzle
 from cuteforge.ops.gemm import gemm
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 from cuteforge.timing.graphs import make_input_sets
 

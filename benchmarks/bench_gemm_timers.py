@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from cuteforge.autotune import GraphTimer
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.gemm.sm90.config import GemmConfig, fit_swizzle
 from cuteforge.ops.gemm import gemm
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 

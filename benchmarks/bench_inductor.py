@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 
 
 class Block(nn.Module):

@@ -24,7 +24,7 @@ kernels/norm/config.longrow_bwd_candidates (mbar exchange in the persistent back
 forward kernel compiled). `us` times what ops/norm.py's `_backward` does with that config
 (dx, dweight/dbias partials allocated, the kernel, `partials.sum(0)` per weight
 gradient); `kernel_us` the launch alone on preallocated outputs. Bytes as
-library_bench.bytes_moved counts a norm backward: read x and dy, write dx (3 M N
+bench.library.bytes_moved counts a norm backward: read x and dy, write dx (3 M N
 elements), plus weight (and bias) once. dx and dweight (and dbias) are checked against
 torch in fp32. quack's rmsnorm_bwd is timed beside rms_norm_bwd (quack.rmsnorm.rmsnorm_bwd,
 its own partial sum included), not beside layer_norm_bwd (its JIT compile per shape would
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 MAX_ELEMS = 1 << 28

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from cuteforge.library_bench import TIMERS, WITH_BACKWARD, contenders, measure
-from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.bench.library import TIMERS, WITH_BACKWARD, contenders, measure
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 NS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import cuteforge.nn as cnn
-from cuteforge.report import results_header, write_results
+from cuteforge.bench.report import results_header, write_results
 
 OUT = Path(__file__).with_name("results")
 SIZES = {"small": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16,

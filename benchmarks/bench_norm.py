@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.ops import norm as cf_norm
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 ALL_NS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]

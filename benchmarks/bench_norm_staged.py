@@ -7,7 +7,7 @@ min(32768, 2^28 // N) rows (bench_membound.py's shapes), the default config and 
 `pct_copy`: output allocation, the kernel, `partials.sum(0)`) and as the launch alone
 (`kernel_us`, `kernel_pct_copy`), checked against torch in fp32 (`correct`); quack's
 rmsnorm_bwd beside rms_norm_bwd. Bytes = 3 M N elements + weight (+ bias), as
-library_bench counts a norm backward. The timing and the checks are bench_longrow.py's
+bench.library counts a norm backward. The timing and the checks are bench_longrow.py's
 (`run_bwd_shape`).
 
     python benchmarks/bench_norm_staged.py --dtypes bfloat16,float16,float32 --ns 4096,8192,16384 \\
@@ -75,7 +75,7 @@ from bench_longrow import (  # noqa: E402
     run_bwd_shape,
 )
 
-from cuteforge.report import write_results  # noqa: E402
+from cuteforge.bench.report import write_results  # noqa: E402
 from cuteforge.timing import events as timing  # noqa: E402
 
 OPS = ("rms_norm_bwd", "layer_norm_bwd")

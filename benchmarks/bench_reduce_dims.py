@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import cuteforge.ops as ops
-from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 # (shape, dim): large column reductions (the bar), batched middle-dim, and narrow ones

@@ -2,7 +2,7 @@
 cross_entropy), at M x N with N small: the backward kernel launched directly, the ops'
 Python backward (`_bwd` / `_backward`), autograd through the custom ops (the old eager
 path), autograd through the public function, and torch eager; each as GPU time per call
-(CUDA events, cold L2, library_bench's timing) and host time per call. Also the backward
+(CUDA events, cold L2, bench.library's timing) and host time per call. Also the backward
 (and cross-entropy forward) kernels under their candidate configs.
 
     python3 benchmarks/bench_smalln_bwd.py --out $OUT/h200-smalln-bwd.json
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from cuteforge.arch import target_arch
 from cuteforge.autotune.pool import CompileJob, compile_all
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.cross_entropy import device as ce_k
 from cuteforge.kernels.cross_entropy.spec import cross_entropy_bwd, cross_entropy_fwd
 from cuteforge.kernels.norm import config as norm_cfg
@@ -30,7 +31,6 @@ from cuteforge.kernels.reduce import row as row_cfg
 from cuteforge.kernels.softmax import config as sm_cfg
 from cuteforge.kernels.softmax.spec import config_for as sm_config_for
 from cuteforge.kernels.softmax.spec import softmax_bwd, softmax_fwd
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 # the modules (cuteforge.ops re-exports functions of the same names)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import cuteforge.ops as ops
-from cuteforge.report import results_header, write_results  # noqa: E402
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 sm = importlib.import_module("cuteforge.ops.softmax")  # ops.softmax is the function

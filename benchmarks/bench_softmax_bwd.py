@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_longrow import result_header, rows_for  # noqa: E402
 
-from cuteforge.report import write_results  # noqa: E402
+from cuteforge.bench.report import write_results  # noqa: E402
 from cuteforge.timing import events as timing  # noqa: E402
 
 NS = [32768, 65536, 131072, 262144]

@@ -16,9 +16,9 @@ import torch
 
 from cuteforge.arch import target_arch
 from cuteforge.autotune.pool import CompileJob, compile_all
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.softmax.config import SoftmaxConfig
 from cuteforge.kernels.softmax.spec import config_for, softmax_bwd, softmax_fwd
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.signature import BoundKey, dtype_name, vector_width
 from cuteforge.timing import events as timing
 

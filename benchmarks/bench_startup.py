@@ -62,7 +62,7 @@ ROWS = (4096, 4096)  # M x N of the row ops
 VOCAB = 32000  # cross-entropy's N (a vocabulary of the standard grid)
 GEMM = (4096, 4096, 4096)  # M x N x K
 WARM_BAR_MS = 20.0
-QUICK_SHAPES = "4096,16384,65536"  # N of `cuteforge library --quick`'s shapes (library_bench.QUICK_SHAPES)
+QUICK_SHAPES = "4096,16384,65536"  # N of `cuteforge library --quick`'s shapes (bench.library.QUICK_SHAPES)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -91,7 +91,7 @@ def op_inputs(op: str, dtype_name: str) -> tuple[Any, ...]:
         ins: tuple[Any, ...] = (torch.randn(shape["M"], shape["K"], device="cuda", dtype=dtype),
                                 torch.randn(shape["K"], shape["N"], device="cuda", dtype=dtype))
     else:
-        from cuteforge.library_bench import inputs
+        from cuteforge.bench.library import inputs
 
         ins = inputs(op, shape["M"], shape["N"], dtype)
     torch.cuda.synchronize()
@@ -100,7 +100,7 @@ def op_inputs(op: str, dtype_name: str) -> tuple[Any, ...]:
 
 def op_fn(op: str) -> Any:
     import cuteforge.ops as ops
-    from cuteforge.library_bench import cuteforge_fn
+    from cuteforge.bench.library import cuteforge_fn
 
     return ops.gemm if op == "gemm" else cuteforge_fn(op)
 
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from cuteforge.report import results_header, write_results
+    from cuteforge.bench.report import results_header, write_results
 
     if not torch.cuda.is_available():
         p.error("a CUDA GPU is needed (every part times first calls of kernels)")

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 import cuteforge.ops as ops
+from cuteforge.bench.library import measure_shapes
+from cuteforge.bench.report import results_header, write_results  # noqa: E402
 from cuteforge.kernels.reduce.spec import row_reduce
-from cuteforge.library_bench import measure_shapes
-from cuteforge.report import results_header, write_results  # noqa: E402
 from cuteforge.timing import events as timing
 
 BAR_SHAPES = [(32768, 4096), (16384, 16384), (4096, 65536)]

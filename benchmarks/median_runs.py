@@ -12,7 +12,7 @@ import json
 import statistics
 import sys
 
-from cuteforge.report import write_results
+from cuteforge.bench.report import write_results
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from cuteforge import report  # noqa: E402
+from cuteforge.bench import report  # noqa: E402
 
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 MEMBOUND = ROOT / "benchmarks/results/h200-membound-bwd.json"

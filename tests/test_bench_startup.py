@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from cuteforge import report, trust
+from cuteforge import trust
+from cuteforge.bench import report
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_startup.py"
 pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="benchmarks/ is not part of an installed package")

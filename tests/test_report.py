@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cuteforge import report
+from cuteforge.bench import report
 
 RESULTS = Path(__file__).resolve().parent / "data"  # frozen copies of recorded H200 results
 FILES = [RESULTS / "h200-sum.json", RESULTS / "h200-dispatch.json", RESULTS / "h200-autotune.json"]

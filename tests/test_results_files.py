@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cuteforge import report
+from cuteforge.bench import report
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 FILES = sorted(RESULTS.glob("*.json"))

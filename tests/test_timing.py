@@ -52,7 +52,7 @@ def test_stream_interleaves_and_divides_by_calls(monkeypatch):
 
 
 def test_measure_rejects_unknown_timer():
-    from cuteforge.library_bench import measure
+    from cuteforge.bench.library import measure
 
     with pytest.raises(ValueError, match=r"timer='wall'.*'event', 'stream'"):
         measure("sum", 1, 256, timing.torch.float32, {}, 1.0, timer="wall")
@@ -116,7 +116,7 @@ def test_measure_stream_repeat_keeps_each_runs_ratio(monkeypatch):
     runs, and each run's torch / cuteforge ratio is kept; with repeat=1 there is no list."""
     import torch
 
-    from cuteforge import library_bench
+    from cuteforge.bench import library as library_bench
 
     monkeypatch.setattr(library_bench, "inputs", lambda op, m, n, dtype: (torch.randn(m, n),))
     runs = iter([{"torch": 1.0, "cuteforge": 0.5}, {"torch": 1.2, "cuteforge": 1.5}, {"torch": 0.9, "cuteforge": 0.6}])
@@ -147,7 +147,7 @@ def test_measure_event_repeat_rotates_order_and_keeps_ratios(monkeypatch):
     that raises in a later run is dropped with its error recorded, the others still timed."""
     import torch
 
-    from cuteforge import library_bench
+    from cuteforge.bench import library as library_bench
 
     monkeypatch.setattr(library_bench, "inputs", lambda op, m, n, dtype: (torch.randn(m, n),))
     order: list[str] = []

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['op']:18s} {r['dtype']:9s} " + "  ".join(f"{k}: {v * 1e3:.1f} us" for k, v in r["ms"].items())
               + f"  | fused/plain {r['fused_over_plain']:.3f}  eager/fused {r['eager_over_fused']:.2f}")
     if args.out:
-        from cuteforge.report import results_header, write_results
+        from cuteforge.bench.report import results_header, write_results
 
         cmd = "python examples/templates/bench_fusion.py " + " ".join(argv if argv is not None else sys.argv[1:])
         write_results(args.out, {**results_header(cmd), "rows": rows})

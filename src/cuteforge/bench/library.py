@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .timing import events as timing
+from ..timing import events as timing
 
 REDUCTIONS = ("sum", "mean", "amax", "amin", "argmax")
 OPS = (*REDUCTIONS, "softmax", "log_softmax", "rms_norm", "layer_norm", "cross_entropy")

@@ -96,7 +96,7 @@ def results_header(command: str | None = None) -> Results:
     """The common head of a results file: command, gpu, date, torch and cuteforge versions."""
     import torch
 
-    from . import __version__
+    from .. import __version__
 
     return {"command": command or "python " + " ".join(sys.argv),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
@@ -419,8 +419,8 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
     Raises RuntimeError when there is no GPU to run on (the CLI turns it into exit 2).
     torch.compile specializes per shape (dynamic=False), so dynamo is reset between shapes.
     """
-    from . import arch
-    from .library_bench import (
+    from .. import arch
+    from .library import (
         QUICK_SHAPES,
         REDUCTION_SHAPES,
         WITH_BACKWARD,
@@ -436,8 +436,8 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
                            "use --from RESULTS.json to report on recorded results")
     import torch
 
-    from .autotune.problems import parse_shapes
-    from .timing import events as timing
+    from ..autotune.problems import parse_shapes
+    from ..timing import events as timing
 
     shape_list = [tuple(s) for s in parse_shapes(shapes)] if shapes else (QUICK_SHAPES if quick else REDUCTION_SHAPES)
     if any(len(s) != 2 for s in shape_list):
@@ -447,7 +447,7 @@ def run_bench(ops: Sequence[str] = ("sum",), shapes: str | None = None, dtypes: 
         raise ValueError(f"bad --dtype {dtypes!r}: expected e.g. float32,bfloat16,float16")
     copy_bps = timing.copy_bandwidth()
     result: Results = {**results_header("cuteforge " + " ".join(sys.argv[1:])), "copy_GBps": round(copy_bps / 1e9, 1)}
-    from .cli import Progress
+    from ..cli import Progress
 
     jobs = [(op, dt, shape) for op in ops for dt in dts for shape in shape_list]
     with Progress("benchmarking", len(jobs), enabled=progress) as bar:

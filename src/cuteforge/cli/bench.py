@@ -17,8 +17,8 @@ def cmd_library(args: argparse.Namespace) -> dict[str, Any]:
 
     if arch.compile_only():
         return {"mode": "precompile", **cmd_precompile(args)}
-    from ..library_bench import OPS, QUICK_SHAPES
-    from ..report import run_bench
+    from ..bench.library import OPS, QUICK_SHAPES
+    from ..bench.report import run_bench
 
     # Every op (and backward) at the three bar shapes; --quick leaves out torch.compile.
     shapes = ",".join(f"{m}x{n}" for m, n in QUICK_SHAPES)
@@ -30,7 +30,7 @@ def _print_library(r: dict[str, Any]) -> None:
         print("No GPU here: compiling the kernel library ahead of time.")
         _print_precompile(r)
         return
-    from ..report import print_tables
+    from ..bench.report import print_tables
 
     print_tables([r])
     _print_bench_summary(r)
@@ -40,7 +40,7 @@ def _print_bench_summary(r: dict[str, Any]) -> None:
     """One line per family: where cuteforge was fastest, its median % of copy."""
     from rich.table import Table
 
-    from ..report import family_names, table_rows
+    from ..bench.report import family_names, table_rows
 
     t = Table(title="summary per family")
     for col in ("family", "rows", "cuteforge fastest", "cuteforge median % of ref", "slowest vs best"):
@@ -56,7 +56,7 @@ def _print_bench_summary(r: dict[str, Any]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .. import report
+    from ..bench import report
 
     to_file = None if args.json == "-" else args.json
     results = report.bench_main(args.ops, args.shapes, args.dtype, args.from_, to_file, args.plot, args.report, quick=args.quick)
