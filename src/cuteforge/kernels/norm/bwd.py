@@ -24,7 +24,7 @@ mbarrier, and each CTA waits on its own. Two mbarriers and two buffer halves alt
 over the CTA's rows (row j: slot j % 2, phase (j // 2) % 2); exchange.py argues why that
 is race-free for a persistent loop.
 
-``stages > 0`` (``make_norm_bwd_staged``): the rows come through shared memory.
+``stages > 0`` (``NormBackwardStaged``): the rows come through shared memory.
 Thread 0 brings row block j of the CTA into stage j % S with bulk asynchronous copies
 (``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: x, dy and, when
 fused, dsum; one copy per operand row, counted on the stage's mbarrier), S rows ahead.
@@ -37,10 +37,11 @@ reduction barrier (stage j % S gets row j + S; no extra barrier), otherwise afte
 explicit CTA barrier at the end of row j. The weight is bulk-copied into shared memory
 once when it fits beside the stages (else held in registers).
 
-``parts >= 2`` (ring.py ``make_norm_bwd_ring``): the staged chunks move through a
+``parts >= 2`` (ring.py ``NormBackwardRing``): the staged chunks move through a
 ring of part-sized slots instead of whole-row stages, each slot refilled as soon as its
 part has been read for dx (for rows whose chunk allows only one whole stage).
 """
+
 
 from __future__ import annotations
 
@@ -53,23 +54,17 @@ from cutlass import Float32, Int64
 from ..rows.grid import wait_for_peers
 from ..rows.staging import (
     launch_bounds,
-    make_chunk,
     make_stage_start,
     persistent_coords,
     staged_smem,
 )
+from .bwd_base import NormBackwardLaunch, StagedBackward
 from .common import (
     Tile,
-    advance_row_stats,
-    bwd_fragments,
     column_of,
-    first_row_stats,
     fold_chains,
-    make_bwd_columns,
     make_row_io,
-    next_row_stats,
     staged_chunk,
-    store_partial_rows,
 )
 from .config import (
     SMEM_PER_BLOCK,
@@ -81,17 +76,19 @@ from .config import (
 from .exchange import (
     make_allreduce,
     make_allreduce_mbar_rows,
-    make_chunk_allreduce,
     mbar_tx_bytes,
     reduce_smem_elems,
 )
 from .fwd import KINDS
-from .ring import make_norm_bwd_ring, ring_fit
+from .ring import NormBackwardRing, ring_fit
 
 
 def make_norm_bwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool, has_dsum: bool,
                   rows_aligned: bool = True, w_aligned: bool = False, has_dw: bool = True):
-    """@cute.jit f(x, weight, dy, dsum, mean, rstd, dx, dwp, dbp, stream).
+    """@cute.jit norm_bwd(x, weight, dy, dsum, mean, rstd, dx, dwp, dbp, stream): the
+    register backward (``NormBackward``), or for a staged config (``config.stages`` > 0) on
+    aligned rows the row-staged one (``NormBackwardStaged``) or the part ring
+    (``NormBackwardRing``, ``config.parts`` >= 2).
 
     x is the normalised input (x + residual when fused); dy and dsum have x's dtype.
     dwp/dbp: (Q, N) fp32 partials. Stand-ins: dsum -> dy, mean -> rstd (rms), dbp -> dwp.
@@ -108,41 +105,79 @@ def make_norm_bwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormCon
     if vec * max(x_dtype.width, w_dtype.width) > 128:
         raise ValueError(f"vec={vec} too wide for {x_dtype} / {w_dtype}")
     config.validate(n, x_dtype.width, backward=True)
-    if config.stages:
-        if rows_aligned:
-            if config.parts:
-                if ring_fit(config, n, x_dtype, w_dtype, has_dsum, w_aligned):
-                    return make_norm_bwd_ring(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned,
-                                              _launcher, has_dw)
-                # no room for parts + 1 slots beside the weight (dsum's third operand), or a
-                # misaligned weight: whole-row stages, as many as fit (the staged kernel fits
-                # them to dsum itself)
-                config = next((c for c in (replace(config, parts=0, stages=s) for s in range(config.stages, 0, -1))
-                               if c.smem_bytes(n, True, x_dtype.width) <= SMEM_PER_BLOCK), replace(config, parts=0, stages=1))
-            return make_norm_bwd_staged(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned, has_dw)
-        config = default_register_config(n, x_dtype.width)
-    tile = Tile.of(n, vec, config)
-    load, store, store_scalar, _, _ = make_row_io(tile)
-    allreduce = make_allreduce(tile)
-    T, P, C, R, KT1, V = tile.T, tile.P, tile.C, tile.R, tile.KT1, tile.vec
-    is_ln = kind == "layer"
-    inv_n = 1.0 / n
-    reload = config.reload
-    prefetch = config.prefetch
-    n_smem = reduce_smem_elems(tile, 2)
-    n_acc = 2 if has_bias else 1
-    use_mbar = config.exchange == "mbar" and C > 1
-    nval = 2 if is_ln else 1
-    allreduce_m = make_allreduce_mbar_rows(tile, nval) if use_mbar else None
-    tx_bytes = nval * mbar_tx_bytes(tile)
-    # The persistent grid assumes ctas_per_sm CTAs fit on an SM: make ptxas honour it
-    # (minctasm caps registers).
-    _bounds = launch_bounds(T, config.ctas_per_sm)
-    fold = R > 1 and has_dw  # several rows per CTA: fold the row-slots' partials in smem
-    n_fold = n_acc * R * n if fold else 1
+    if config.stages and rows_aligned:
+        backward = _staged_backward(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned, has_dw)
+    else:
+        if config.stages:
+            config = default_register_config(n, x_dtype.width)
+        backward = NormBackward(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, has_dw)
 
+    # the host function the callers compile: its name is the one a call with wrong
+    # arguments reports
     @cute.jit
-    def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
+    def norm_bwd(x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
+                 rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor, stream):
+        backward(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp, stream)
+
+    return norm_bwd
+
+
+def _staged_backward(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
+                     has_dsum: bool, w_aligned: bool, has_dw: bool) -> StagedBackward:
+    """The part ring where ``config.parts`` asks for it and its slots fit, else the
+    row-staged backward."""
+    if config.parts:
+        if ring_fit(config, n, x_dtype, w_dtype, has_dsum, w_aligned):
+            return NormBackwardRing(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned, has_dw)
+        # no room for parts + 1 slots beside the weight (dsum's third operand), or a
+        # misaligned weight: whole-row stages, as many as fit (the staged kernel fits
+        # them to dsum itself)
+        config = next((c for c in (replace(config, parts=0, stages=s) for s in range(config.stages, 0, -1))
+                       if c.smem_bytes(n, True, x_dtype.width) <= SMEM_PER_BLOCK), replace(config, parts=0, stages=1))
+    return NormBackwardStaged(kind, x_dtype, w_dtype, n, vec, config, has_bias, has_dsum, w_aligned, has_dw)
+
+
+class NormBackward(NormBackwardLaunch):
+    """The register backward (module docstring): a persistent grid of CTA groups, each
+    thread's share of a row block in registers, dweight / dbias sums per column in fp32
+    registers until the group's partial row. ``make_norm_bwd`` checks the operands and
+    picks this or a staged kernel."""
+
+    def __init__(self, kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
+                 has_dsum: bool, has_dw: bool) -> None:
+        self.x_dtype, self.w_dtype, self.n, self.config = x_dtype, w_dtype, n, config
+        self.has_bias, self.has_dsum, self.has_dw = has_bias, has_dsum, has_dw
+        self.tile = tile = Tile.of(n, vec, config)
+        self.threads, self.cluster_n = T, C = tile.T, tile.C
+        self.is_ln = is_ln = kind == "layer"
+        self.inv_n = 1.0 / n
+        self.n_acc = n_acc = 2 if has_bias else 1  # accumulators per column: dweight (, dbias)
+        self.row_io = make_row_io(tile)
+        # the row sums (one, or LayerNorm's two): over the CTA's warps, and with a cluster
+        # through the mbarrier exchange or a cluster barrier
+        self.use_mbar = use_mbar = config.exchange == "mbar" and C > 1
+        nval = 2 if is_ln else 1
+        self.allreduce = make_allreduce(tile)
+        self.allreduce_m = make_allreduce_mbar_rows(tile, nval) if use_mbar else None
+        self.n_smem = reduce_smem_elems(tile, 2)
+        self.tx_bytes = nval * mbar_tx_bytes(tile)
+        # The persistent grid assumes ctas_per_sm CTAs fit on an SM: make ptxas honour it
+        # (minctasm caps registers).
+        self.bounds = launch_bounds(T, config.ctas_per_sm)
+        self.fold = fold = tile.R > 1 and has_dw  # several rows per CTA: fold the row-slots' partials in smem
+        self.n_fold = n_acc * tile.R * n if fold else 1
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
+               rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor):
+        tile, config, x_dtype, w_dtype, n = self.tile, self.config, self.x_dtype, self.w_dtype, self.n
+        T, P, C, R, KT1, V = tile.T, tile.P, tile.C, tile.R, tile.KT1, tile.vec
+        has_bias, has_dsum, has_dw, is_ln, inv_n = self.has_bias, self.has_dsum, self.has_dw, self.is_ln, self.inv_n
+        reload, prefetch = config.reload, config.prefetch
+        use_mbar, n_smem, tx_bytes, fold, n_fold, n_acc = (self.use_mbar, self.n_smem, self.tx_bytes, self.fold,
+                                                           self.n_fold, self.n_acc)
+        load, store, store_scalar, _, _ = self.row_io
+        allreduce, allreduce_m = self.allreduce, self.allreduce_m
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -319,43 +354,10 @@ def make_norm_bwd(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormCon
                 if cutlass.const_expr(has_bias):
                     store_scalar(dba, dbp[q, None], g)
 
-    return _launcher(_body, T, C, _bounds)
 
-
-def _launcher(body, T: int, C: int, bounds: dict):
-    """@cute.jit norm_bwd(x, weight, dy, dsum, mean, rstd, dx, dweight_partial,
-    dbias_partial, stream): the backward kernel on one CTA group of C CTAs (a cluster when
-    C > 1) of T threads per row of the partials (the persistent grid's Q groups), with the
-    launch ``bounds``. Its device code is ``body``, a @cute.jit of the nine tensors traced
-    inline: the register, row-staged and part-ring backwards share this entry and differ
-    only in their body."""
-
-    @cute.kernel
-    def kernel(x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
-               rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor):
-        body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp)
-
-    @cute.jit
-    def norm_bwd(x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
-                 rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor, stream):
-        n_q = dwp.shape[0]
-        if cutlass.const_expr(C > 1):
-            kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
-                grid=(n_q * C, 1, 1), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream, **bounds
-            )
-        else:
-            kernel(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp).launch(
-                grid=(n_q, 1, 1), block=(T, 1, 1), stream=stream, **bounds
-            )
-
-    return norm_bwd
-
-
-
-def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
-                         has_dsum: bool, w_aligned: bool = False, has_dw: bool = True):
+class NormBackwardStaged(StagedBackward):
     """The row-staged backward (``config.stages`` > 0; module docstring). Same launch
-    signature and results as ``make_norm_bwd``'s register path. Rows of x / dy / dsum must
+    signature and results as ``NormBackward``. Rows of x / dy / dsum must
     start 16-byte aligned and hold a multiple of 16 bytes (``NormConfig.validate``).
     ``w_aligned`` (weight 16-byte aligned): the weight is bulk-copied into shared memory
     once and read from there, when it fits beside the stages at ``ctas_per_sm`` CTAs per
@@ -368,42 +370,41 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
     mbarriers). Its wait replaces the CTA barrier the one-CTA path refills a stage after:
     a CTA passes row j + 1's wait only when every warp of the cluster sent its row j + 1
     partial, i.e. finished row j."""
-    config.validate(n, x_dtype.width, backward=True)
-    C, T = config.cluster_n, config.threads
-    tile = staged_chunk(config, n, vec, "backward")
-    NC = tile.n  # this CTA's chunk of the row
-    _, _, store_scalar, load_col, store_col = make_row_io(tile)
-    KT1 = tile.KT1
-    is_ln = kind == "layer"
-    nval = 2 if is_ln else 1
-    inv_n = 1.0 / n
-    reduce_row, xtx, n_smem = make_chunk_allreduce(tile, n, C, nval)
-    S = staged_stages(config, n, x_dtype.width, has_dsum)
-    n_rows = 3 if has_dsum else 2  # x, dy (, dsum) per stage
-    # refill a stage right after the next row's reduction (no extra barrier), which needs
-    # that reduction to order every thread's reads of the stage before it (a CTA barrier
-    # for a row of several warps, the exchange's mbarrier wait with a cluster) and a second
-    # stage to work on meanwhile
-    early_refill = S >= 2 and (tile.S > 1 or C > 1)
-    w_bytes = NC * w_dtype.width // 8
-    smem_cta = config.smem_bytes(n, True, x_dtype.width, has_dsum) + w_bytes + 256
-    w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
-                  and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
-    padded = bool(tile.REM or tile.TAIL)
-    # the column math, shared with the part ring (common.make_bwd_columns). bf16 is widened
-    # by integer ops (common.make_widen): the row's share of x and dy is widened twice per
-    # row; layer bf16 at N = 32768 / 131072 / 262144 measured 90.8 / 88.0 / 82.5 -> 98.4 /
-    # 92.0 / 88.8 % of copy, RMSNorm bf16 within 2 points either way
-    sums_col, row_sums, dx_col = make_bwd_columns(tile, x_dtype, w_dtype, is_ln, has_bias, has_dsum)
-    # barriers (S stages + the weight's), the weight, the first S rows
-    # _issue: thread 0 brings the (x, dy, dsum) chunks of a row into a stage
-    _start, _issue, _refill = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, 1, w_smem)
-    _bounds = launch_bounds(T, config.ctas_per_sm)
 
-    _part = make_chunk(NC, C)  # this CTA's chunk of a row (the whole row without a cluster)
+    def __init__(self, kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
+                 has_dsum: bool, w_aligned: bool = False, has_dw: bool = True) -> None:
+        config.validate(n, x_dtype.width, backward=True)
+        tile = staged_chunk(config, n, vec, "backward")
+        # bf16 is widened by integer ops in the column math (common.make_widen): the row's
+        # share of x and dy is widened twice per row; layer bf16 at N = 32768 / 131072 /
+        # 262144 measured 90.8 / 88.0 / 82.5 -> 98.4 / 92.0 / 88.8 % of copy, RMSNorm bf16
+        # within 2 points either way
+        super().__init__(kind, x_dtype, w_dtype, n, config, has_bias, has_dsum, has_dw, tile)
+        C, NC = self.cluster_n, self.chunk_n
+        self.stages = S = staged_stages(config, n, x_dtype.width, has_dsum)
+        # refill a stage right after the next row's reduction (no extra barrier), which needs
+        # that reduction to order every thread's reads of the stage before it (a CTA barrier
+        # for a row of several warps, the exchange's mbarrier wait with a cluster) and a second
+        # stage to work on meanwhile
+        self.early_refill = S >= 2 and (tile.S > 1 or C > 1)
+        w_bytes = NC * w_dtype.width // 8
+        smem_cta = config.smem_bytes(n, True, x_dtype.width, has_dsum) + w_bytes + 256
+        self.w_smem = w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
+                                    and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
+        self.padded = bool(tile.REM or tile.TAIL)
+        # barriers (S stages + the weight's), the weight, the first S rows; the issue
+        # function: thread 0 brings the (x, dy, dsum) chunks of a row into a stage
+        self.stage_start = make_stage_start(x_dtype, w_dtype, NC, C, S, self.n_rows, self.xtx, 1, w_smem)
 
-    @cute.jit
-    def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
+               rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor):
+        C, NC, S, n_rows, n_smem, KT1 = self.cluster_n, self.chunk_n, self.stages, self.n_rows, self.n_smem, self.tile.KT1
+        x_dtype, w_dtype, has_dsum, is_ln, inv_n = self.x_dtype, self.w_dtype, self.has_dsum, self.is_ln, self.inv_n
+        w_smem, padded, early_refill = self.w_smem, self.padded, self.early_refill
+        load_col, store_col, _part = self.load_col, self.store_col, self.chunk
+        sums_col, row_sums, dx_col, reduce_row = self.sums_col, self.row_sums, self.dx_col, self.reduce_row
+        _start, _issue, _refill = self.stage_start
         tidx, cta, q, n_q, m = persistent_coords(C, x)
         g = tidx
         # stage slots, reduction buffer, one "full" mbarrier per stage + the weight's, and
@@ -414,7 +415,7 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             sw = smem.allocate_tensor(w_dtype, cute.make_layout((NC,)), byte_alignment=128)
         _start(tidx, cta, q, n_q, m, x, dy, dsum, w, w, srows, full, xbar if cutlass.const_expr(C > 1) else full, sw, sw)
 
-        dwa, dba, wr, xc, dyc, dsc, oc, f, (acc1, acc2) = bwd_fragments(tile, x_dtype, w_dtype)
+        dwa, dba, wr, xc, dyc, dsc, oc, f, (acc1, acc2) = self.fragments()
         if cutlass.const_expr(padded):
             wr.fill(0.0)
             xc.fill(0.0)
@@ -426,13 +427,13 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
                 load_col(wg, wr, g, k)  # the weight stays in registers for the whole launch
         else:
             cute.arch.mbarrier_wait(full + S, 0)
-        st, stn = first_row_stats(rstd_in, mean_in, q, is_ln)
+        st, stn = self.first_row_stats(rstd_in, mean_in, q)
         wait_for_peers(C)
 
         for blk in cutlass.range(q, m, n_q, unroll=1):
             it = (blk - q) // n_q  # this CTA's row count so far
             stage = it % S
-            rstd, mean = next_row_stats(st, stn, rstd_in, mean_in, blk + n_q, m, is_ln)
+            rstd, mean = self.next_row_stats(st, stn, rstd_in, mean_in, blk + n_q, m)
             sx = srows[None, stage * n_rows]
             sdy = srows[None, stage * n_rows + 1]
             cute.arch.mbarrier_wait(full + stage, (it // S) % 2)
@@ -472,8 +473,6 @@ def make_norm_bwd_staged(kind: str, x_dtype, w_dtype, n: int, vec: int, config: 
             if cutlass.const_expr(not early_refill):
                 cute.arch.sync_threads()  # every thread is done with this stage
                 _refill(tidx, x, dy, dsum, srows, full, blk, S, n_q, m, stage, cta)
-            advance_row_stats(st, stn)
+            self.advance_row_stats(st, stn)
 
-        store_partial_rows(store_scalar, _part, dwa, dba, dwp, dbp, q, cta, g, has_dw, has_bias)
-
-    return _launcher(_body, T, C, _bounds)
+        self.store_partials(dwa, dba, dwp, dbp, q, cta, g)

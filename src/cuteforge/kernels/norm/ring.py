@@ -1,6 +1,6 @@
 """The part-ring staged backward (``NormConfig.parts`` >= 2).
 
-The row-staged backward (bwd.py ``make_norm_bwd_staged``) moves whole row chunks through
+The row-staged backward (bwd.py ``NormBackwardStaged``) moves whole row chunks through
 S stages. At fp32 N = 262144 a CTA's chunk of x and dy is 128 KiB, so only one stage fits
 and nothing is in flight while a row is reduced, exchanged and written: the kernel ran at
 62-81 % of copy there, against 96-99 % at N <= 131072.
@@ -26,6 +26,7 @@ release), and an empty-barrier phase at most one ahead of thread 0's wait (the n
 needs the fill thread 0 issues after that wait), so parity waits are unambiguous.
 """
 
+
 from __future__ import annotations
 
 import cutlass
@@ -35,25 +36,13 @@ from cutlass.cute.nvgpu import cpasync
 
 from ..rows.grid import wait_for_peers
 from ..rows.staging import (
-    launch_bounds,
-    make_chunk,
     make_stage_barrier_init,
     persistent_coords,
     staged_smem,
 )
-from .common import (
-    Tile,
-    advance_row_stats,
-    bwd_fragments,
-    first_row_stats,
-    make_bwd_columns,
-    make_row_io,
-    next_row_stats,
-    row_view,
-    store_partial_rows,
-)
-from .config import NormConfig, ring_slots, staged_rows
-from .exchange import make_chunk_allreduce
+from .bwd_base import StagedBackward
+from .common import Tile, row_view
+from .config import NormConfig, ring_slots
 
 
 def ring_fit(config: NormConfig, n: int, x_dtype, w_dtype, has_dsum: bool, w_aligned: bool) -> int:
@@ -67,18 +56,40 @@ def ring_fit(config: NormConfig, n: int, x_dtype, w_dtype, has_dsum: bool, w_ali
     return ring_slots(config, n, x_dtype.width, has_dsum, reserve=w_bytes + 256)
 
 
-def make_part_issue(dtype, nc: int, c: int, n_rows: int, parts: int):
-    """@cute.jit issue(a, b, d, sring, full, row, p, slot, cta) for thread 0: arm mbarrier
-    ``full + slot`` with one part's bytes of n_rows operands and bulk-copy part p (of
-    ``parts``) of this CTA's chunk of row ``row`` of a, b (, d) into slots ``slot * n_rows +
-    i`` of ``sring`` ((nc / parts, L * n_rows) shared memory)."""
-    chunk = make_chunk(nc, c)
-    np_ = nc // parts
-    part_bytes = np_ * dtype.width // 8
+
+class NormBackwardRing(StagedBackward):
+    """The part-ring backward (module docstring). Same launch signature and results as
+    bwd.py's ``NormBackward``; rows 16-byte aligned, ``config.parts`` >= 2 validated
+    (chunks of whole rounds) and ``ring_fit`` > 0 for these operands, which the caller
+    checks (bwd.py falls back to whole-row stages)."""
+
+    def __init__(self, kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
+                 has_dsum: bool, w_aligned: bool, has_dw: bool = True) -> None:
+        C, T, P = config.cluster_n, config.threads, config.parts
+        NC = n // C
+        self.parts = P
+        self.w_bytes = NC * w_dtype.width // 8
+        self.slots = L = ring_fit(config, n, x_dtype, w_dtype, has_dsum, w_aligned)
+        if not L:
+            raise ValueError(f"parts={P}: fewer than {P + 1} part slots fit beside the weight ({config}, n={n}, dsum={has_dsum})")
+        tile = Tile(NC, vec, T, 1, T)  # the chunk over the CTA's threads
+        if tile.REM or tile.TAIL or tile.KT1 % P:
+            raise ValueError(f"parts={P} needs the chunk ({NC} elements) in whole rounds of {T} x {vec}, a multiple of {P}")
+        self.part_tile = Tile(NC // P, vec, T, 1, T)  # one part
+        super().__init__(kind, x_dtype, w_dtype, n, config, has_bias, has_dsum, has_dw, tile)
+        self.rounds_per_part = tile.KT1 // P
+        self.part_bytes = NC // P * x_dtype.width // 8
+        # L full mbarriers + the weight's, then L empty ones (one arrival per warp)
+        self.barrier_init = make_stage_barrier_init(L + 1, C, self.xtx, n_empty=L, empty_count=T // 32)
+        self.empty = L + 1  # offset of the empty mbarriers from `full`
 
     @cute.jit
-    def issue(a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sring: cute.Tensor, full, row, p, slot, cta):
-        atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), dtype, num_bits_per_copy=part_bytes * 8)
+    def issue_part(self, a: cute.Tensor, b: cute.Tensor, d: cute.Tensor, sring: cute.Tensor, full, row, p, slot, cta):
+        """Thread 0: arm mbarrier ``full + slot`` with one part's bytes of the n_rows
+        operands and bulk-copy part p of this CTA's chunk of row ``row`` of a, b (, d) into
+        slots ``slot * n_rows + i`` of ``sring`` ((NC / parts, L * n_rows) shared memory)."""
+        n_rows, part_bytes, np_, chunk = self.n_rows, self.part_bytes, self.part_tile.n, self.chunk
+        atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.x_dtype, num_bits_per_copy=part_bytes * 8)
         bar = full + slot
         cute.arch.mbarrier_arrive_and_expect_tx(bar, n_rows * part_bytes)
         cute.copy(atom, cute.local_tile(chunk(a[row, None], cta), (np_,), (p,)), sring[None, slot * n_rows], mbar_ptr=bar)
@@ -89,63 +100,33 @@ def make_part_issue(dtype, nc: int, c: int, n_rows: int, parts: int):
             cute.copy(atom, cute.local_tile(chunk(d[row, None], cta), (np_,), (p,)), sring[None, slot * n_rows + 2],
                       mbar_ptr=bar)
 
-    return issue
-
-
-def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: NormConfig, has_bias: bool,
-                       has_dsum: bool, w_aligned: bool, launcher, has_dw: bool = True):
-    """The part-ring backward (module docstring). Same launch signature and results as
-    bwd.py's ``make_norm_bwd``; rows 16-byte aligned, ``config.parts`` >= 2 validated
-    (chunks of whole rounds) and ``ring_fit`` > 0 for these operands, which the caller
-    checks (bwd.py falls back to whole-row stages)."""
-    C = config.cluster_n
-    NC = n // C
-    T = config.threads
-    P = config.parts
-    w_bytes = NC * w_dtype.width // 8
-    L = ring_fit(config, n, x_dtype, w_dtype, has_dsum, w_aligned)
-    if not L:
-        raise ValueError(f"parts={P}: fewer than {P + 1} part slots fit beside the weight ({config}, n={n}, dsum={has_dsum})")
-    tile = Tile(NC, vec, T, 1, T)  # the chunk over the CTA's threads
-    if tile.REM or tile.TAIL or tile.KT1 % P:
-        raise ValueError(f"parts={P} needs the chunk ({NC} elements) in whole rounds of {T} x {vec}, a multiple of {P}")
-    ptile = Tile(NC // P, vec, T, 1, T)  # one part
-    _, _, store_scalar, load_col, store_col = make_row_io(tile)
-    V, RP = tile.vec, tile.KT1 // P
-    is_ln = kind == "layer"
-    nval = 2 if is_ln else 1
-    inv_n = 1.0 / n
-    reduce_row, xtx, n_smem = make_chunk_allreduce(tile, n, C, nval)
-    n_rows = staged_rows(True, has_dsum)
-    W = T // 32
-    _issue = make_part_issue(x_dtype, NC, C, n_rows, P)
-    # the column math of bwd.py's whole-row staged kernel (common.make_bwd_columns)
-    sums_col, row_sums, dx_col = make_bwd_columns(tile, x_dtype, w_dtype, is_ln, has_bias, has_dsum)
-    # L full mbarriers + the weight's, then L empty ones (one arrival per warp)
-    _init = make_stage_barrier_init(L + 1, C, xtx, n_empty=L, empty_count=W)
-    _bounds = launch_bounds(T, config.ctas_per_sm)
-    _chunk = make_chunk(NC, C)
-    EMPTY = L + 1  # offset of the empty mbarriers from `full`
-
     @cute.jit
-    def load_part_col(spart: cute.Tensor, frag: cute.Tensor, g, kk: cutlass.Constexpr, k: cutlass.Constexpr):
+    def load_part_col(self, spart: cute.Tensor, frag: cute.Tensor, g, kk: cutlass.Constexpr, k: cutlass.Constexpr):
         """frag[:, k] <- round kk of this thread's share of one staged part."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), spart.element_type,
-                                   num_bits_per_copy=V * spart.element_type.width)
-        cute.copy(atom, row_view(ptile, spart)[None, g, None][None, kk], frag[None, k])
+                                   num_bits_per_copy=self.tile.vec * spart.element_type.width)
+        cute.copy(atom, row_view(self.part_tile, spart)[None, g, None][None, kk], frag[None, k])
 
     @cute.jit
-    def refill(x, dy, dsum, sring, full, u, q, n_q, m, cta):
+    def refill(self, x, dy, dsum, sring, full, u, q, n_q, m, cta):
         """Thread 0: once every warp released part u, bring part u + L into its slot."""
+        L, P = self.slots, self.parts
         nu = u + L
         nb = q + (nu // P) * n_q
         if nb < m:
             slot = u % L
-            cute.arch.mbarrier_wait(full + EMPTY + slot, (u // L) % 2)
-            _issue(x, dy, dsum, sring, full, nb, nu % P, slot, cta)
+            cute.arch.mbarrier_wait(full + self.empty + slot, (u // L) % 2)
+            self.issue_part(x, dy, dsum, sring, full, nb, nu % P, slot, cta)
 
-    @cute.jit
-    def _body(x, w, dy, dsum, mean_in, rstd_in, dx, dwp, dbp):
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w: cute.Tensor, dy: cute.Tensor, dsum: cute.Tensor, mean_in: cute.Tensor,
+               rstd_in: cute.Tensor, dx: cute.Tensor, dwp: cute.Tensor, dbp: cute.Tensor):
+        C, NC, P, L, RP, EMPTY = self.cluster_n, self.chunk_n, self.parts, self.slots, self.rounds_per_part, self.empty
+        x_dtype, w_dtype, w_bytes, has_dsum, is_ln, inv_n = (self.x_dtype, self.w_dtype, self.w_bytes, self.has_dsum,
+                                                             self.is_ln, self.inv_n)
+        n_rows, n_smem, load_col, store_col, _chunk = self.n_rows, self.n_smem, self.load_col, self.store_col, self.chunk
+        sums_col, row_sums, dx_col, reduce_row = self.sums_col, self.row_sums, self.dx_col, self.reduce_row
+        _init, load_part_col, refill = self.barrier_init, self.load_part_col, self.refill
         tidx, cta, q, n_q, m = persistent_coords(C, x)
         g = tidx
         smem, sring, buf, full, xbar = staged_smem(x_dtype, NC // P, L * n_rows, n_smem, 2 * L + 1, C)
@@ -157,17 +138,17 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
             cute.copy(watom, _chunk(w, cta), sw, mbar_ptr=full + L)
             for u in cutlass.range_constexpr(L):  # the first L parts of the CTA's stream
                 if q + (u // P) * n_q < m:
-                    _issue(x, dy, dsum, sring, full, q + (u // P) * n_q, u % P, u, cta)
+                    self.issue_part(x, dy, dsum, sring, full, q + (u // P) * n_q, u % P, u, cta)
 
-        dwa, dba, wr, xc, dyc, dsc, oc, f, (acc1, acc2) = bwd_fragments(tile, x_dtype, w_dtype)
+        dwa, dba, wr, xc, dyc, dsc, oc, f, (acc1, acc2) = self.fragments()
         cute.arch.mbarrier_wait(full + L, 0)
-        st, stn = first_row_stats(rstd_in, mean_in, q, is_ln)
+        st, stn = self.first_row_stats(rstd_in, mean_in, q)
         wait_for_peers(C)
 
         for blk in cutlass.range(q, m, n_q, unroll=1):
             it = (blk - q) // n_q  # this CTA's row count so far
             u0 = it * P  # the row's first part in the CTA's stream
-            rstd, mean = next_row_stats(st, stn, rstd_in, mean_in, blk + n_q, m, is_ln)
+            rstd, mean = self.next_row_stats(st, stn, rstd_in, mean_in, blk + n_q, m)
             acc1.fill(0.0)
             acc2.fill(0.0)
             slot0 = u0 % L
@@ -210,8 +191,6 @@ def make_norm_bwd_ring(kind: str, x_dtype, w_dtype, n: int, vec: int, config: No
                         refill(x, dy, dsum, sring, full, u0 + p - 1, q, n_q, m, cta)
             if tidx == 0:
                 refill(x, dy, dsum, sring, full, u0 + P - 1, q, n_q, m, cta)
-            advance_row_stats(st, stn)
+            self.advance_row_stats(st, stn)
 
-        store_partial_rows(store_scalar, _chunk, dwa, dba, dwp, dbp, q, cta, g, has_dw, has_bias)
-
-    return launcher(_body, T, C, _bounds)
+        self.store_partials(dwa, dba, dwp, dbp, q, cta, g)
