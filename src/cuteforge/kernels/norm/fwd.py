@@ -406,20 +406,21 @@ class NormForwardStaged(NormForwardLaunch):
         if kind not in KINDS:
             raise ValueError(f"unknown norm kind {kind!r}; expected one of {KINDS}")
         config.validate(n, x_dtype.width)
-        self.x_dtype, self.w_dtype, self.eps, self.has_bias, self.has_residual = x_dtype, w_dtype, eps, has_bias, has_residual
+        self.x_dtype, self.w_dtype, self.eps = x_dtype, w_dtype, eps
+        self.has_bias, self.has_residual = has_bias, has_residual
         C, T = config.cluster_n, config.threads
-        tile = staged_chunk(config, n, vec, "forward")
-        NC = tile.n  # this CTA's chunk of the row
-        _, _, _, load_col, store_col = make_row_io(tile)
+        self.tile = tile = staged_chunk(config, n, vec, "forward")
+        self.chunk_n = NC = tile.n  # this CTA's chunk of the row
+        _, _, _, self.load_col, self.store_col = make_row_io(tile)
         KT1, V = tile.KT1, tile.vec
-        is_ln = kind == "layer"
-        inv_n = 1.0 / n
+        self.is_ln = is_ln = kind == "layer"
+        self.inv_n = 1.0 / n
         # config.short_chains: shorter dependent chains per row, set by the 16-bit
         # N = 262144 default only: the moments in one shuffle chain,
         # y's normalisation as one FFMA for 16-bit x, and the CTA's rows counted instead of a
         # division per row
-        SHORT = bool(config.short_chains)
-        FOLD = SHORT and is_ln and x_dtype.width == 16
+        self.short_chains = SHORT = bool(config.short_chains)
+        self.fold_shift = SHORT and is_ln and x_dtype.width == 16
         moments = False
         warp_moments = None
         if C > 1:
@@ -435,26 +436,27 @@ class NormForwardStaged(NormForwardLaunch):
             allreduce = make_allreduce(tile)
             allreduce_m = None
             xtx = 0
-        n_red = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
-        S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
+        self.moments, self.warp_moments, self.allreduce, self.allreduce_m = moments, warp_moments, allreduce, allreduce_m
+        self.reductions = 2 if is_ln and not moments else 1  # row reductions (exchange uses) per row
+        self.stages = S = staged_stages(config, n, x_dtype.width, has_residual, backward=False)
         # the lagged form (config.lag): one moments exchange per row and a second stage to
         # bring the next row into
-        LAG = bool(config.lag) and moments and S >= 2
-        n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
-        n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
-        lag_send, lag_recv = make_moments_lagged(xtile, merge=SHORT) if LAG else (None, None)
-        n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
-        _part = make_chunk(NC, C)
+        self.lagged = LAG = bool(config.lag) and moments and S >= 2
+        self.exchange_slots = n_xbar = LAG_SLOTS if LAG else 2  # exchange slots (mbarriers, buffer parts)
+        self.n_smem = reduce_smem_elems(xtile if C > 1 else tile, n_xbar)
+        self.lag_send, self.lag_recv = make_moments_lagged(xtile, merge=SHORT) if LAG else (None, None)
+        self.rows_per_stage = n_rows = staged_rows(False, has_residual)  # x (, residual) per stage
+        self.chunk = _part = make_chunk(NC, C)
         # the first reduction syncs every thread of the CTA (a multi-warp row, or the cluster
         # exchange), after which the row is in registers: its stage is refilled there
-        early_refill = tile.S > 1 or C > 1
+        self.early_refill = tile.S > 1 or C > 1
         n_w = 2 if has_bias else 1
         w_bytes = NC * w_dtype.width // 8
         smem_cta = config.smem_bytes(n, False, x_dtype.width, has_residual) + n_w * w_bytes + 256
-        w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
-                      and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
-        padded = bool(tile.REM or tile.TAIL)
-        NACC = min(V, 4)  # independent chains per row sum (as warp_moments')
+        self.w_smem = w_smem = bool(w_aligned and w_bytes % 16 == 0 and smem_cta <= SMEM_PER_BLOCK
+                                    and (smem_cta + 1024) * config.ctas_per_sm <= SMEM_PER_SM)
+        self.padded = bool(tile.REM or tile.TAIL)
+        self.chains = min(V, 4)  # independent chains per row sum (as warp_moments')
         # A 16-bit weight (and bias) widened to fp32 once per launch and held in registers across
         # rows, instead of a shared-memory load and a widen per element per row, where a thread
         # has >= 128 registers (<= 512 threads per SM) and those take at most half of them (a
@@ -471,7 +473,7 @@ class NormForwardStaged(NormForwardLaunch):
         budget = 65536 // (T * config.ctas_per_sm)
         w_elems = V * KT1 * n_w  # fp32 registers the held weight (and bias) take
         w_share = budget // (4 if has_residual else 2)
-        HOIST_W = budget >= 128 and (
+        self.hoist_weight = HOIST_W = budget >= 128 and (
             (w_dtype.width == 16 and w_elems <= w_share)
             or (w_dtype.width == 32 and not w_smem and w_elems <= budget // 2))
         # In the lagged form (x is not held across the exchange), a 16-bit weight (and
@@ -484,63 +486,25 @@ class NormForwardStaged(NormForwardLaunch):
         # form, which holds x too, spills 348 and is left as it was, as is a fused residual (the
         # 256-thread 16-CTA lagged shape reached 255 registers and spilled with it). Not measured
         # yet; no default takes it.
-        HOLD_W16 = (LAG and not has_residual and not HOIST_W and budget >= 128 and w_dtype.width == 16
-                    and not w_smem and w_elems // 2 <= w_share)
+        self.hold_weight16 = (LAG and not has_residual and not HOIST_W and budget >= 128 and w_dtype.width == 16
+                              and not w_smem and w_elems // 2 <= w_share)
         # bf16 widened by integer ops (common.make_widen) on 8- and 16-CTA clusters only: LayerNorm
         # bf16 at N = 262144 (16 CTAs) 80.0 -> 84.7 % of copy, 131072 (8) level, but 65536 (4 CTAs
         # of 512 threads) 92.4 -> 88.6 and 32768 (2) level, in two interleaved rounds
-        widen_x = make_widen(x_dtype, V, pairs=C >= 8)
-        widen_w = make_widen(w_dtype, V, pairs=C >= 8)
+        self.widen_x = make_widen(x_dtype, V, pairs=C >= 8)
+        self.widen_w = make_widen(w_dtype, V, pairs=C >= 8)
         # barriers (S stages + the weight's and bias'), weight and bias, the first S rows
-        _start, _issue, _refill = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem, n_xbar)
-        QMAX = int(groups) if groups else device_fwd_groups(config)
-        _bounds = launch_bounds(T, config.ctas_per_sm)
-        self.C = C
-        self.T = T
-        self.tile = tile
-        self.NC = NC
-        self.load_col = load_col
-        self.store_col = store_col
-        self.KT1 = KT1
-        self.V = V
-        self.is_ln = is_ln
-        self.inv_n = inv_n
-        self.SHORT = SHORT
-        self.FOLD = FOLD
-        self.moments = moments
-        self.warp_moments = warp_moments
-        self.allreduce_m = allreduce_m
-        self.allreduce = allreduce
-        self.n_red = n_red
-        self.S = S
-        self.LAG = LAG
-        self.n_xbar = n_xbar
-        self.n_smem = n_smem
-        self.lag_send = lag_send
-        self.lag_recv = lag_recv
-        self.n_rows = n_rows
-        self._part = _part
-        self.early_refill = early_refill
-        self.w_smem = w_smem
-        self.padded = padded
-        self.NACC = NACC
-        self.HOIST_W = HOIST_W
-        self.HOLD_W16 = HOLD_W16
-        self.widen_x = widen_x
-        self.widen_w = widen_w
-        self._start = _start
-        self._issue = _issue
-        self._refill = _refill
-        self.QMAX = QMAX
-        self.threads, self.cluster_n, self.bounds = T, C, _bounds
+        self.stage_start = make_stage_start(x_dtype, w_dtype, NC, C, S, n_rows, xtx, n_w, w_smem, n_xbar)
+        self.max_groups = int(groups) if groups else device_fwd_groups(config)
+        self.threads, self.cluster_n, self.bounds = T, C, launch_bounds(T, config.ctas_per_sm)
 
     def groups(self, m):
-        return cutlass.min(m, self.QMAX)
+        return cutlass.min(m, self.max_groups)
 
     def _reduce(self, a, buf: cute.Tensor, xbar, u, tidx, cta):
         """Row sum of a (traced inline); u: the CTA's count of reductions so far (slot u % 2;
         with a cluster phase (u // 2) % 2 of the exchange mbarriers, thread 0 re-arming)."""
-        if self.C > 1:
+        if self.cluster_n > 1:
             a, _unused = self.allreduce_m(a, a, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
         else:
             a, _unused = self.allreduce(a, a, 1, buf, u % 2, 0, tidx, 0)
@@ -551,9 +515,13 @@ class NormForwardStaged(NormForwardLaunch):
         u as in ``_reduce``)."""
         return self.allreduce_m(s, m2, buf, xbar, u % 2, (u // 2) % 2, tidx == 0, 0, tidx, cta)
 
-    def _weight_col(self, sw, sb, wg, bg, wr, br, wf, bf, g, k):
+    def _weight_col(self, weight, wregs, g, k):
         """Column k of this thread's weight (and bias) share, widened to fp32 in wf (bf)
-        (traced inline): from shared memory when staged there, else global memory."""
+        (traced inline): from shared memory (sw, sb) when staged there, else global memory
+        (wg, bg). weight: (sw, sb, wg, bg); wregs: (wr, br, wf, bf), the share as loaded
+        and widened."""
+        sw, sb, wg, bg = weight
+        wr, br, wf, bf = wregs
         w_smem, has_bias, load_col, widen_w = self.w_smem, self.has_bias, self.load_col, self.widen_w
         if cutlass.const_expr(w_smem):
             load_col(sw, wr, g, k)
@@ -567,9 +535,12 @@ class NormForwardStaged(NormForwardLaunch):
         if cutlass.const_expr(has_bias):
             widen_w(br, bf, k)
 
-    def _sum_col(self, sx, sr, xc, rc, xf, rf, g, k):
-        """Column k of this thread's share of s from the stage, widened to fp32 in xf (traced
-        inline): x, or with a residual (x + residual) rounded to x's dtype, left in xc."""
+    def _sum_col(self, stage, xregs, g, k):
+        """Column k of this thread's share of s from the stage's chunks (sx, sr), widened to
+        fp32 in xf (traced inline): x, or with a residual (x + residual) rounded to x's
+        dtype, left in xc. xregs: (xc, rc, xf, rf), x and the residual as loaded and widened."""
+        sx, sr = stage
+        xc, rc, xf, rf = xregs
         load_col, widen_x, tile, x_dtype, has_residual = self.load_col, self.widen_x, self.tile, self.x_dtype, self.has_residual
         load_col(sx, xc, g, k)
         if cutlass.const_expr(has_residual):
@@ -583,11 +554,11 @@ class NormForwardStaged(NormForwardLaunch):
 
     def _row(self, i, q, n_q):
         """(row, the CTA's row count so far) of loop index i (traced inline)."""
-        if self.SHORT:
+        if self.short_chains:
             return q + i * n_q, i
         return i, (i - q) // n_q
 
-    def _y_col(self, sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k):
+    def _y_col(self, weight, wregs, xf, oc, yo, mean, rstd, g, k):
         """Pass 3 for column k (traced inline): y = (s - mean) * rstd * w (+ b) from s in xf,
         stored to this row's chunk yo. With FOLD, (s * rstd + shift) * w (+ b), shift =
         -mean * rstd (formed once a row by the compiler): an FADD and an FMUL fewer per
@@ -597,14 +568,15 @@ class NormForwardStaged(NormForwardLaunch):
         stays below 2^-14 |w|, under the half-ulp (2^-9 relative) of any output of
         magnitude >= |w| / 32; outputs that cancel to near 0 (bias against w * x_hat) can
         differ from the unfolded form's by a few of their own ulps."""
-        HOLD_W16, HOIST_W, FOLD, widen_w, has_bias = self.HOLD_W16, self.HOIST_W, self.FOLD, self.widen_w, self.has_bias
-        tile, x_dtype, store_col = self.tile, self.x_dtype, self.store_col
+        HOLD_W16, HOIST_W, FOLD = self.hold_weight16, self.hoist_weight, self.fold_shift
+        widen_w, has_bias, tile, x_dtype, store_col = self.widen_w, self.has_bias, self.tile, self.x_dtype, self.store_col
+        wr, br, wf, bf = wregs
         if cutlass.const_expr(HOLD_W16):
             widen_w(wr, wf, k)
             if cutlass.const_expr(has_bias):
                 widen_w(br, bf, k)
         elif cutlass.const_expr(not HOIST_W):
-            self._weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
+            self._weight_col(weight, wregs, g, k)
         shift = -mean * rstd if FOLD else None  # a plain function: Python resolves FOLD here
         for v in range(tile.width(k)):
             if cutlass.const_expr(FOLD):
@@ -617,15 +589,16 @@ class NormForwardStaged(NormForwardLaunch):
         store_col(oc, yo, g, k)
 
     @cute.jit
-    def _finish_lagged(self, y: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor, srows: cute.Tensor,
-                       buf: cute.Tensor, xbar, sw: cute.Tensor, sb: cute.Tensor, wg: cute.Tensor, bg: cute.Tensor,
-                       xc: cute.Tensor, rc: cute.Tensor, xf: cute.Tensor, rf: cute.Tensor, wr: cute.Tensor,
-                       br: cute.Tensor, wf: cute.Tensor, bf: cute.Tensor, oc: cute.Tensor, blk, it, tidx, cta):
+    def _finish_lagged(self, outputs, srows: cute.Tensor, buf: cute.Tensor, xbar, weight, wregs, xregs,
+                       oc: cute.Tensor, blk, it, tidx, cta):
         """The lagged forward's second half for the CTA's it-th row ``blk``: its statistics
         from the exchange posted one row earlier, then y from x read again from its stage
-        (with a residual, s = x + residual formed again, as pass 1 rounded it)."""
-        lag_recv, inv_n, eps, S, n_rows, _part, KT1 = (self.lag_recv, self.inv_n, self.eps, self.S, self.n_rows,
-                                                        self._part, self.KT1)
+        (with a residual, s = x + residual formed again, as pass 1 rounded it). outputs:
+        (y, mean, rstd); weight, wregs, xregs as ``_weight_col`` and ``_sum_col`` take them."""
+        y, mean_out, rstd_out = outputs
+        xf = xregs[2]
+        lag_recv, inv_n, eps, S, n_rows, _part, KT1 = (self.lag_recv, self.inv_n, self.eps, self.stages,
+                                                        self.rows_per_stage, self.chunk, self.tile.KT1)
         tot, m2 = lag_recv(buf, xbar, it % LAG_SLOTS, (it // LAG_SLOTS) % 2, tidx == 0, tidx)
         mean = tot * Float32(inv_n)
         rstd = cute.math.rsqrt(m2 * Float32(inv_n) + Float32(eps))
@@ -636,20 +609,21 @@ class NormForwardStaged(NormForwardLaunch):
         sr = srows[None, (it % S) * n_rows + (n_rows - 1)]
         yo = _part(y[blk, None], cta)
         for k in cutlass.range_constexpr(KT1):
-            self._sum_col(sx, sr, xc, rc, xf, rf, tidx, k)
-            self._y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, tidx, k)
+            self._sum_col((sx, sr), xregs, tidx, k)
+            self._y_col(weight, wregs, xf, oc, yo, mean, rstd, tidx, k)
 
     @cute.kernel
     def kernel(self, x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
                res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor):
-        C, tile, NC, KT1, NACC, S, n_rows = self.C, self.tile, self.NC, self.KT1, self.NACC, self.S, self.n_rows
+        tile, C, NC, KT1, NACC = self.tile, self.cluster_n, self.chunk_n, self.tile.KT1, self.chains
+        S, n_rows, n_smem, n_xbar = self.stages, self.rows_per_stage, self.n_smem, self.exchange_slots
         x_dtype, w_dtype, has_bias, has_residual = self.x_dtype, self.w_dtype, self.has_bias, self.has_residual
         is_ln, inv_n, eps, padded, early_refill = self.is_ln, self.inv_n, self.eps, self.padded, self.early_refill
-        SHORT, LAG, HOIST_W, HOLD_W16, w_smem = self.SHORT, self.LAG, self.HOIST_W, self.HOLD_W16, self.w_smem
-        moments, warp_moments, lag_send, n_red, n_smem, n_xbar = (self.moments, self.warp_moments, self.lag_send,
-                                                                  self.n_red, self.n_smem, self.n_xbar)
-        load_col, store_col, _part = self.load_col, self.store_col, self._part
-        _start, _issue, _refill = self._start, self._issue, self._refill
+        SHORT, LAG, HOIST_W, HOLD_W16 = self.short_chains, self.lagged, self.hoist_weight, self.hold_weight16
+        w_smem, moments, warp_moments, lag_send, n_red = (self.w_smem, self.moments, self.warp_moments, self.lag_send,
+                                                          self.reductions)
+        load_col, store_col, _part = self.load_col, self.store_col, self.chunk
+        _start, _issue, _refill = self.stage_start
         _row, _reduce, _moments = self._row, self._reduce, self._moments
         _sum_col, _y_col, _weight_col, _finish_lagged = self._sum_col, self._y_col, self._weight_col, self._finish_lagged
         tidx, cta, q, n_q, m = persistent_coords(C, x)
@@ -677,9 +651,10 @@ class NormForwardStaged(NormForwardLaunch):
             cute.arch.mbarrier_wait(full + S, 0)
         wg = _part(w, cta)
         bg = _part(b, cta)
+        weight, wregs, xregs = (sw, sb, wg, bg), (wr, br, wf, bf), (xc, rc, xf, rf)
         if cutlass.const_expr(HOIST_W):
             for k in cutlass.range_constexpr(KT1):
-                _weight_col(sw, sb, wg, bg, wr, br, wf, bf, g, k)
+                _weight_col(weight, wregs, g, k)
         if cutlass.const_expr(HOLD_W16):  # loaded once, widened per column in _y_col
             for k in cutlass.range_constexpr(KT1):
                 load_col(wg, wr, g, k)
@@ -704,7 +679,7 @@ class NormForwardStaged(NormForwardLaunch):
                 ro = _part(res_out[blk, None], cta)
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
-                    _sum_col(sx, sr, xc, rc, xf, rf, g, k)
+                    _sum_col((sx, sr), xregs, g, k)
                     if cutlass.const_expr(has_residual):
                         store_col(xc, ro, g, k)
                     for v in cutlass.range_constexpr(tile.width(k)):
@@ -715,8 +690,8 @@ class NormForwardStaged(NormForwardLaunch):
                 wsum, wm2 = warp_moments(xf, tot, acc)
                 lag_send(wsum, wm2, buf, xbar, it % LAG_SLOTS, tidx, cta)
                 if it > 0:
-                    _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, rc, xf, rf, wr, br,
-                                   wf, bf, oc, blk - n_q, it - 1, tidx, cta)
+                    _finish_lagged((y, mean_out, rstd_out), srows, buf, xbar, weight, wregs, xregs, oc,
+                                   blk - n_q, it - 1, tidx, cta)
                     cute.arch.sync_threads()  # every thread is done with row it - 1's stage
                     if tidx == 0:
                         nr = blk + (S - 1) * n_q
@@ -727,8 +702,8 @@ class NormForwardStaged(NormForwardLaunch):
                 last = hi - 1
             else:
                 last = (m - 1 - q) // n_q
-            _finish_lagged(y, mean_out, rstd_out, srows, buf, xbar, sw, sb, wg, bg, xc, rc, xf, rf, wr, br, wf, bf,
-                           oc, q + last * n_q, last, tidx, cta)
+            _finish_lagged((y, mean_out, rstd_out), srows, buf, xbar, weight, wregs, xregs, oc,
+                           q + last * n_q, last, tidx, cta)
         else:
             for i in cutlass.range(lo, hi, step, unroll=1):
                 blk, it = _row(i, q, n_q)  # it: this CTA's row count so far
@@ -741,7 +716,7 @@ class NormForwardStaged(NormForwardLaunch):
                 ro = _part(res_out[blk, None], cta)
                 acc.fill(0.0)
                 for k in cutlass.range_constexpr(KT1):
-                    _sum_col(sx, sr, xc, rc, xf, rf, g, k)  # xc holds s from here on
+                    _sum_col((sx, sr), xregs, g, k)  # xc holds s from here on
                     for v in cutlass.range_constexpr(tile.width(k)):
                         sv = xf[v, k]
                         if cutlass.const_expr(is_ln):
@@ -796,7 +771,7 @@ class NormForwardStaged(NormForwardLaunch):
                 # ---- pass 3: y = (s - mean) * rstd * w (+ b)
                 yo = _part(y[blk, None], cta)
                 for k in cutlass.range_constexpr(KT1):
-                    _y_col(sw, sb, wg, bg, wr, br, wf, bf, xf, oc, yo, mean, rstd, g, k)
+                    _y_col(weight, wregs, xf, oc, yo, mean, rstd, g, k)
                 if cutlass.const_expr(not early_refill):
                     cute.arch.sync_threads()  # every thread is done with this stage
                     _refill(tidx, x, res, res, srows, full, blk, S, n_q, m, stage, cta)
