@@ -61,7 +61,7 @@ from ..rows.split import load_left, move, operand, realigned, row_vectors, store
 from .config import SoftmaxConfig, is_backward
 from .online import NEG_INF, make_lane_reduce, merge_max_sum
 
-__all__ = ["make_softmax"]
+__all__ = ["RowSoftmax", "SoftmaxForward", "SoftmaxBackward", "make_softmax"]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -83,77 +83,89 @@ def check_operands(dtype, n: int, vec: int) -> None:
         raise ValueError(f"n={n} must be a multiple of vec={vec}")
 
 
-def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False):
-    """Return a @cute.jit callable: forward f(x, y, stream), backward f(dy, y, dx, stream).
+class RowSoftmax:
+    """What the register kernels of both directions share (module docstring): the row's
+    tiling in ``__init__``, where a thread stands, its vectors' loads and stores, the
+    row-wide reduction; `SoftmaxForward` and `SoftmaxBackward` add their device ``kernel``
+    and host ``__call__``.
 
     Every tensor is (M, n) with stride (row_stride, 1) and rows vec-aligned; n % vec == 0.
     Below 16-byte vectors the rows are realigned at run time (module comment);
     ``same_heads``: the caller guarantees every operand's rows start at the same offset
     from a 16-byte boundary as the reference's, so no element-by-element fallback is built.
     """
-    bwd = is_backward(mode)
-    log = mode.startswith("log")
-    check_operands(dtype, n, vec)
-    bits = dtype.width
-    config.validate(n, bits, bwd)
 
-    T = config.threads
-    P = config.threads_per_row
-    C = config.cluster_n
-    R = T // P  # rows per CTA
-    G = min(P, 32)  # lanes of one row inside a warp
-    W = max(P // 32, 1)  # warps per row
-    S = W * C  # partial slots per row
-    PT = P * C  # virtual threads per row
-    BV, NV = row_vectors(n, vec, bits)
-    # a cluster needs a full round in every CTA: else the rows keep their vec
-    realign = BV > vec and (C == 1 or NV >= PT)
-    if not realign:
-        BV, NV = vec, n // vec
-    FALLBACK = realign and not same_heads  # operands whose heads may differ: element by element
-    TAIL = n - NV * BV  # leftover elements (realigned rows only)
-    LC = -(-TAIL // PT)  # leftover slots per virtual thread
-    K = NV // PT  # full rounds
-    REM = NV - K * PT  # virtual threads g < REM own one more vector
-    KT = K + (1 if REM > 0 else 0)
-    if C > 1 and K < 1:
-        raise ValueError(f"cluster_n={C}: n={n} at vec={vec} gives a CTA of the cluster no full round")
-    copy_bits = BV * bits
+    def __init__(self, mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False) -> None:
+        self.backward = bwd = is_backward(mode)
+        self.log = mode.startswith("log")
+        check_operands(dtype, n, vec)
+        self.dtype = dtype
+        self.bits = bits = dtype.width
+        config.validate(n, bits, bwd)
 
-    def combine(a1, b1, a2, b2):
+        self.threads = config.threads  # T
+        self.threads_per_row = P = config.threads_per_row  # P
+        self.cluster_n = C = config.cluster_n  # C
+        self.rows_per_cta = config.threads // P  # R
+        self.lanes = G = min(P, 32)  # G: lanes of one row inside a warp
+        W = max(P // 32, 1)  # warps per row
+        self.slots = S = W * C  # S: partial slots per row
+        self.row_threads = PT = P * C  # PT: virtual threads per row
+        BV, NV = row_vectors(n, vec, bits)
+        # a cluster needs a full round in every CTA: else the rows keep their vec
+        self.realign = BV > vec and (C == 1 or NV >= PT)
+        if not self.realign:
+            BV, NV = vec, n // vec
+        self.vector, self.vectors = BV, NV  # BV, NV
+        # operands whose heads may differ: element by element
+        self.fallback = self.realign and not same_heads
+        self.tail = TAIL = n - NV * BV  # TAIL: leftover elements (realigned rows only)
+        self.left_slots = -(-TAIL // PT)  # LC: leftover slots per virtual thread
+        self.rounds = K = NV // PT  # K: full rounds
+        self.rem = NV - K * PT  # REM: virtual threads g < REM own one more vector
+        self.rounds_all = K + (1 if self.rem > 0 else 0)  # KT
+        if C > 1 and K < 1:
+            raise ValueError(f"cluster_n={C}: n={n} at vec={vec} gives a CTA of the cluster no full round")
+        self.copy_bits = BV * bits
+
+        self.lane_reduce = make_lane_reduce(self.combine, not bwd)
+        # the row's warps / cluster CTAs: (max, sum) pairs (backward: sums) through shared memory
+        self.post_partials = make_post_partials(not bwd, W, G, C, S)
+        self.fold_partials = make_fold_partials(self.combine, not bwd, S, G, Float32, 0.0 if bwd else NEG_INF,
+                                                Float32, 0.0)
+
+    def combine(self, a1, b1, a2, b2):
         # bwd: plain sum in a1 (b unused); fwd: online-softmax merge of (max, sum) pairs.
-        if bwd:
+        if self.backward:
             return a1 + a2, b1
         return merge_max_sum(a1, b1, a2, b2)
 
-    _lane_reduce = make_lane_reduce(combine, not bwd)
-
-    # the row's warps / cluster CTAs: (max, sum) pairs (backward: sums) through shared memory
-    _post = make_post_partials(not bwd, W, G, C, S)
-    _fold = make_fold_partials(combine, not bwd, S, G, Float32, 0.0 if bwd else NEG_INF, Float32, 0.0)
-
     @cute.jit
-    def _row_reduce(a, b, r, t, cta):
+    def row_reduce(self, a, b, r, t, cta):
         """Merge every thread's partial of a row; all threads of the row get the result."""
-        a, b = _lane_reduce(a, b, G)
+        R, S, G = self.rows_per_cta, self.slots, self.lanes
+        a, b = self.lane_reduce(a, b, G)
         if cutlass.const_expr(S > 1):
             smem = cutlass.memory.SmemAllocator()
             s_a = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
             s_b = smem.allocate_tensor(Float32, cute.make_layout((R, S), stride=(S, 1)), byte_alignment=16)
-            _post(a, b, s_a, s_b, r, t, cta)
-            a, b = _fold(s_a, s_b, r, t % G)
+            self.post_partials(a, b, s_a, s_b, r, t, cta)
+            a, b = self.fold_partials(s_a, s_b, r, t % G)
             # every lane needs the total (unlike a plain reduction, where one writer
             # does): fold all G lanes; lanes >= S hold the identity
-            a, b = _lane_reduce(a, b, G)
+            a, b = self.lane_reduce(a, b, G)
         return a, b
 
-    def _thread_view(ptr, g):
+    def thread_view(self, ptr, g):
         # (BV, KT) : (1, BV*PT) slice of the row's vectors (starting at ptr) owned by virtual thread g
-        full = cute.make_tensor(ptr, cute.make_layout((BV, PT, KT), stride=(1, BV, BV * PT)))
+        BV, PT = self.vector, self.row_threads
+        full = cute.make_tensor(ptr, cute.make_layout((BV, PT, self.rounds_all), stride=(1, BV, BV * PT)))
         return full[None, g, None]
 
     @cute.jit
-    def _load(atom, src: cute.Tensor, frag: cute.Tensor, g, pad: cutlass.Constexpr, by_elem: cutlass.Constexpr = False):
+    def load(self, atom, src: cute.Tensor, frag: cute.Tensor, g, pad: cutlass.Constexpr,
+             by_elem: cutlass.Constexpr = False):
+        K, REM, BV = self.rounds, self.rem, self.vector
         for k in cutlass.range_constexpr(K):
             move(atom, src[None, k], frag[None, k], by_elem, BV)
         if cutlass.const_expr(REM > 0):
@@ -163,7 +175,8 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
                 move(atom, src[None, K], frag[None, K], by_elem, BV)
 
     @cute.jit
-    def _store(atom, frag: cute.Tensor, dst: cute.Tensor, g, by_elem: cutlass.Constexpr = False):
+    def store(self, atom, frag: cute.Tensor, dst: cute.Tensor, g, by_elem: cutlass.Constexpr = False):
+        K, REM, BV = self.rounds, self.rem, self.vector
         for k in cutlass.range_constexpr(K):
             move(atom, frag[None, k], dst[None, k], by_elem, BV)
         if cutlass.const_expr(REM > 0):
@@ -171,37 +184,57 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
                 move(atom, frag[None, K], dst[None, K], by_elem, BV)
 
     @cute.jit
-    def _load_operand(atom, row_t: cute.Tensor, h, frag: cute.Tensor, g, pad: cutlass.Constexpr):
+    def load_operand(self, atom, row_t: cute.Tensor, h, frag: cute.Tensor, g, pad: cutlass.Constexpr):
         """An operand's vectors into frag, split as the reference row (head h): as vectors
         where its own head is h too, else element by element (one branch for the row)."""
-        if cutlass.const_expr(FALLBACK):
-            body, at_h, same = operand(row_t, h, bits // 8)
+        if cutlass.const_expr(self.fallback):
+            body, at_h, same = operand(row_t, h, self.bits // 8)
             if same:
-                _load(atom, _thread_view(body, g), frag, g, pad)
+                self.load(atom, self.thread_view(body, g), frag, g, pad)
             else:
-                _load(atom, _thread_view(at_h, g), frag, g, pad, True)
+                self.load(atom, self.thread_view(at_h, g), frag, g, pad, True)
         else:
-            _load(atom, _thread_view(_head(row_t)[0], g), frag, g, pad)
+            self.load(atom, self.thread_view(self.head(row_t)[0], g), frag, g, pad)
 
     @cute.jit
-    def _store_operand(atom, frag: cute.Tensor, row_t: cute.Tensor, h, g):
-        if cutlass.const_expr(FALLBACK):
-            body, at_h, same = operand(row_t, h, bits // 8)
+    def store_operand(self, atom, frag: cute.Tensor, row_t: cute.Tensor, h, g):
+        if cutlass.const_expr(self.fallback):
+            body, at_h, same = operand(row_t, h, self.bits // 8)
             if same:
-                _store(atom, frag, _thread_view(body, g), g)
+                self.store(atom, frag, self.thread_view(body, g), g)
             else:
-                _store(atom, frag, _thread_view(at_h, g), g, True)
+                self.store(atom, frag, self.thread_view(at_h, g), g, True)
         else:
-            _store(atom, frag, _thread_view(_head(row_t)[0], g), g)
+            self.store(atom, frag, self.thread_view(self.head(row_t)[0], g), g)
 
-    def _head(row_t: cute.Tensor):
+    @cute.jit
+    def write_row(self, atom, out: cute.Tensor, out_l, dst: cute.Tensor, row, m_rows, h, g):
+        """The thread's vectors (out) and leftover elements (out_l) of row ``row`` of dst;
+        rows past M store nothing."""
+        if row < m_rows:
+            dst_row = dst[row, None]
+            self.store_operand(atom, out, dst_row, h, g)
+            if cutlass.const_expr(self.left_slots > 0):
+                self.store_left(out_l, dst_row, h, g)
+
+    def head(self, row_t: cute.Tensor):
         """(vectors' start, h) of the reference row."""
-        if realign:
-            return realigned(row_t, bits // 8)
+        if self.realign:
+            return realigned(row_t, self.bits // 8)
         return row_t.iterator, cutlass.Int32(0)
 
+    def load_left(self, row_t: cute.Tensor, h, dst: cute.Tensor, g, pad):
+        """The realigned row's leftover elements of virtual thread g into dst."""
+        load_left(row_t, h, dst, g, pad, self.left_slots, self.row_threads, self.tail, self.vectors * self.vector)
+
+    def store_left(self, src: cute.Tensor, row_t: cute.Tensor, h, g):
+        store_left(src, row_t, h, g, self.left_slots, self.row_threads, self.tail, self.vectors * self.vector)
+
     @cute.jit
-    def _coords():
+    def coords(self):
+        """(r, t, cta, row, g): the thread's row slot in the CTA, its thread in the row, its
+        CTA's rank in the cluster, its row, its virtual thread."""
+        C, P, R = self.cluster_n, self.threads_per_row, self.rows_per_cta
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         cta = 0
@@ -214,22 +247,52 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
         t = tidx % P
         return r, t, cta, row_block * R + r, cta * P + t
 
-    @cute.kernel
-    def _fwd(x: cute.Tensor, y: cute.Tensor):
-        r, t, cta, row, g = _coords()
-        m_rows = x.shape[0]
-        row_c = cutlass.min(row, m_rows - 1)
-        x_row = x[row_c, None]
-        body, h = _head(x_row)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
-        frag = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
-        _load(atom, _thread_view(body, g), frag, g, NEG_INF)
+    def launch(self, kernel, m_rows, stream):
+        """The kernel (a call of a ``kernel`` method) on ceil(m_rows / R) row blocks of
+        cluster_n CTAs each."""
+        C = self.cluster_n
+        grid = (cute.ceil_div(m_rows, self.rows_per_cta) * C, 1, 1)
+        if C > 1:
+            kernel.launch(grid=grid, block=(self.threads, 1, 1), cluster=(C, 1, 1), stream=stream)
+        else:
+            kernel.launch(grid=grid, block=(self.threads, 1, 1), stream=stream)
+
+    def copy_atom(self):
+        return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=self.copy_bits)
+
+    def rows_fragment(self):
+        """The thread's (BV, KT) register fragment of a row."""
+        return cute.make_rmem_tensor(cute.make_layout((self.vector, self.rounds_all)), self.dtype)
+
+    def left_fragment(self):
+        """The thread's register slots for the realigned row's leftover elements."""
+        return cute.make_rmem_tensor(cute.make_layout((self.left_slots,)), self.dtype)
+
+
+class SoftmaxForward(RowSoftmax):
+    """softmax / log_softmax of every row: ``__call__(x, y, stream)``."""
+
+    @cute.jit
+    def read_row(self, x_row: cute.Tensor, g):
+        """(h, atom, xs, xl): the thread's share of the row in the log2 domain, its vectors
+        xs and (realigned rows) its leftover elements xl, every load issued first."""
+        body, h = self.head(x_row)
+        atom = self.copy_atom()
+        frag = self.rows_fragment()
+        self.load(atom, self.thread_view(body, g), frag, g, NEG_INF)
         xl = None
-        if cutlass.const_expr(LC > 0):
-            lf = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
-            load_left(x_row, h, lf, g, NEG_INF, LC, PT, TAIL, NV * BV)
+        if cutlass.const_expr(self.left_slots > 0):
+            lf = self.left_fragment()
+            self.load_left(x_row, h, lf, g, NEG_INF)
             xl = lf.load().to(Float32) * LOG2E
         xs = frag.load().to(Float32) * LOG2E  # log2 domain
+        return h, atom, xs, xl
+
+    @cute.jit
+    def thread_partial(self, xs, xl):
+        """(m_t, shift, e, s_t): the thread's max, the shift its exponentials e were taken
+        at (0 where every element is -inf), and their sum."""
+        LC = self.left_slots
         m_t = xs.reduce(cute.ReductionOp.MAX, NEG_INF, 0)
         if cutlass.const_expr(LC > 0):
             m_t = cute.arch.fmax(m_t, xl.reduce(cute.ReductionOp.MAX, NEG_INF, 0))
@@ -238,12 +301,18 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
         s_t = e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         if cutlass.const_expr(LC > 0):
             s_t = s_t + cute.math.exp2(xl - shift, fastmath=True).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        m_row, s_row = _row_reduce(m_t, s_t, r, t, cta)
-        out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        return m_t, shift, e, s_t
+
+    @cute.jit
+    def outputs(self, xs, xl, e, m_t, shift, m_row, s_row):
+        """(out, out_l): the thread's y, vectors and leftover elements, from the row's
+        (max, sum)."""
+        LC, dtype = self.left_slots, self.dtype
+        out = self.rows_fragment()
         out_l = None
         if cutlass.const_expr(LC > 0):
-            out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
-        if cutlass.const_expr(log):
+            out_l = self.left_fragment()
+        if cutlass.const_expr(self.log):
             lse = m_row + cute.math.log2(s_row, fastmath=True)
             out.store(((xs - lse) * LN2).to(dtype))
             if cutlass.const_expr(LC > 0):
@@ -254,38 +323,58 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
             out.store((e * (scale / s_row)).to(dtype))
             if cutlass.const_expr(LC > 0):
                 out_l.store((cute.math.exp2(xl - ms, fastmath=True) / s_row).to(dtype))
-        if row < m_rows:
-            y_row = y[row, None]
-            _store_operand(atom, out, y_row, h, g)
-            if cutlass.const_expr(LC > 0):
-                store_left(out_l, y_row, h, g, LC, PT, TAIL, NV * BV)
+        return out, out_l
 
     @cute.kernel
-    def _bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
-        r, t, cta, row, g = _coords()
-        m_rows = dy.shape[0]
+    def kernel(self, x: cute.Tensor, y: cute.Tensor):
+        r, t, cta, row, g = self.coords()
+        m_rows = x.shape[0]
         row_c = cutlass.min(row, m_rows - 1)
-        # y (the forward's output) is the reference row of the split
-        y_row = y[row_c, None]
-        dy_row = dy[row_c, None]
-        body, h = _head(y_row)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits)
-        f_dy = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
-        f_y = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
-        _load_operand(atom, dy_row, h, f_dy, g, 0.0)
-        _load(atom, _thread_view(body, g), f_y, g, 0.0)
+        x_row = x[row_c, None]
+        h, atom, xs, xl = self.read_row(x_row, g)
+        m_t, shift, e, s_t = self.thread_partial(xs, xl)
+        m_row, s_row = self.row_reduce(m_t, s_t, r, t, cta)
+        out, out_l = self.outputs(xs, xl, e, m_t, shift, m_row, s_row)
+        self.write_row(atom, out, out_l, y, row, m_rows, h, g)
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, y: cute.Tensor, stream):
+        self.launch(self.kernel(x, y), x.shape[0], stream)
+
+
+class SoftmaxBackward(RowSoftmax):
+    """The gradient of softmax / log_softmax from its output: ``__call__(dy, y, dx, stream)``."""
+
+    @cute.jit
+    def read_rows(self, dy_row: cute.Tensor, y_row: cute.Tensor, g):
+        """(h, atom, dyv, yv, dyl, yl): the thread's share of dy and y (the reference row of
+        the split), vectors and (realigned rows) leftover elements, every load issued first."""
+        LC = self.left_slots
+        body, h = self.head(y_row)
+        atom = self.copy_atom()
+        f_dy = self.rows_fragment()
+        f_y = self.rows_fragment()
+        self.load_operand(atom, dy_row, h, f_dy, g, 0.0)
+        self.load(atom, self.thread_view(body, g), f_y, g, 0.0)
         dyl = None
         yl = None
         if cutlass.const_expr(LC > 0):
-            l_dy = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
-            l_y = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
-            load_left(dy_row, h, l_dy, g, 0.0, LC, PT, TAIL, NV * BV)
-            load_left(y_row, h, l_y, g, 0.0, LC, PT, TAIL, NV * BV)
+            l_dy = self.left_fragment()
+            l_y = self.left_fragment()
+            self.load_left(dy_row, h, l_dy, g, 0.0)
+            self.load_left(y_row, h, l_y, g, 0.0)
             dyl = l_dy.load().to(Float32)
             yl = l_y.load().to(Float32)
         dyv = f_dy.load().to(Float32)
         yv = f_y.load().to(Float32)
-        if cutlass.const_expr(log):
+        return h, atom, dyv, yv, dyl, yl
+
+    @cute.jit
+    def thread_partial(self, dyv, yv, dyl, yl):
+        """The thread's share of the row sum the gradient needs: sum(dy y) (softmax),
+        sum(dy) (log_softmax)."""
+        LC = self.left_slots
+        if cutlass.const_expr(self.log):
             part = dyv.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if cutlass.const_expr(LC > 0):
                 part = part + dyl.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
@@ -293,12 +382,17 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
             part = (dyv * yv).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if cutlass.const_expr(LC > 0):
                 part = part + (dyl * yl).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        tot, _ = _row_reduce(part, Float32(0.0), r, t, cta)
-        out = cute.make_rmem_tensor(cute.make_layout((BV, KT)), dtype)
+        return part
+
+    @cute.jit
+    def outputs(self, dyv, yv, dyl, yl, tot):
+        """(out, out_l): the thread's dx, vectors and leftover elements, from the row sum."""
+        LC, dtype = self.left_slots, self.dtype
+        out = self.rows_fragment()
         out_l = None
         if cutlass.const_expr(LC > 0):
-            out_l = cute.make_rmem_tensor(cute.make_layout((LC,)), dtype)
-        if cutlass.const_expr(log):
+            out_l = self.left_fragment()
+        if cutlass.const_expr(self.log):
             out.store((dyv - cute.math.exp2(yv * LOG2E, fastmath=True) * tot).to(dtype))
             if cutlass.const_expr(LC > 0):
                 out_l.store((dyl - cute.math.exp2(yl * LOG2E, fastmath=True) * tot).to(dtype))
@@ -306,31 +400,41 @@ def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same
             out.store((yv * (dyv - tot)).to(dtype))
             if cutlass.const_expr(LC > 0):
                 out_l.store((yl * (dyl - tot)).to(dtype))
-        if row < m_rows:
-            dx_row = dx[row, None]
-            _store_operand(atom, out, dx_row, h, g)
-            if cutlass.const_expr(LC > 0):
-                store_left(out_l, dx_row, h, g, LC, PT, TAIL, NV * BV)
+        return out, out_l
 
-    def _grid(m_rows):
-        return (cute.ceil_div(m_rows, R) * C, 1, 1)
+    @cute.kernel
+    def kernel(self, dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor):
+        r, t, cta, row, g = self.coords()
+        m_rows = dy.shape[0]
+        row_c = cutlass.min(row, m_rows - 1)
+        y_row = y[row_c, None]
+        dy_row = dy[row_c, None]
+        h, atom, dyv, yv, dyl, yl = self.read_rows(dy_row, y_row, g)
+        part = self.thread_partial(dyv, yv, dyl, yl)
+        tot, _ = self.row_reduce(part, Float32(0.0), r, t, cta)
+        out, out_l = self.outputs(dyv, yv, dyl, yl, tot)
+        self.write_row(atom, out, out_l, dx, row, m_rows, h, g)
 
-    if bwd:
+    @cute.jit
+    def __call__(self, dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor, stream):
+        self.launch(self.kernel(dy, y, dx), dy.shape[0], stream)
+
+
+def make_softmax(mode: str, dtype, n: int, vec: int, config: SoftmaxConfig, same_heads: bool = False):
+    """Return a @cute.jit callable: forward f(x, y, stream) (`SoftmaxForward`), backward
+    f(dy, y, dx, stream) (`SoftmaxBackward`); arguments as `RowSoftmax`."""
+    if is_backward(mode):
+        backward = SoftmaxBackward(mode, dtype, n, vec, config, same_heads)
 
         @cute.jit
         def softmax_bwd(dy: cute.Tensor, y: cute.Tensor, dx: cute.Tensor, stream):
-            if cutlass.const_expr(C > 1):
-                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
-            else:
-                _bwd(dy, y, dx).launch(grid=_grid(dy.shape[0]), block=(T, 1, 1), stream=stream)
+            backward(dy, y, dx, stream)
 
         return softmax_bwd
+    forward = SoftmaxForward(mode, dtype, n, vec, config, same_heads)
 
     @cute.jit
     def softmax_fwd(x: cute.Tensor, y: cute.Tensor, stream):
-        if cutlass.const_expr(C > 1):
-            _fwd(x, y).launch(grid=_grid(x.shape[0]), block=(T, 1, 1), cluster=(C, 1, 1), stream=stream)
-        else:
-            _fwd(x, y).launch(grid=_grid(x.shape[0]), block=(T, 1, 1), stream=stream)
+        forward(x, y, stream)
 
     return softmax_fwd
