@@ -28,7 +28,7 @@ silently read out of bounds; the ops layer can also check targets on the host.
 Configs: :func:`ce_config`: one row per CTA (unless a row takes under a warp), a few
 vectors per thread, at most 512 (forward) / 1024 (backward) threads per row.
 
-Reduced forward (:func:`make_ce_fwd_reduce`): the same row work, and the mean or sum of
+Reduced forward (`CrossEntropyForwardReduce`): the same row work, and the mean or sum of
 the losses in the same launch, deterministically (no float atomics): each CTA writes one
 partial (fp32 sum, int32 count) to a workspace and takes a ticket with one acq_rel atomic
 add; the last CTA of each group of :func:`reduce_group` CTAs adds the group's partials
@@ -51,7 +51,19 @@ from ..reduce.config import RowReduceConfig
 from ..rows.split import realigned, row_vectors
 from ..rows.tiling import pow2_ceil
 
-__all__ = ["ce_config", "make_ce_fwd", "make_ce_fwd_reduce", "make_ce_bwd", "reduce_fits", "work_words"]
+__all__ = [
+    "CrossEntropyBackward",
+    "CrossEntropyForward",
+    "CrossEntropyForwardReduce",
+    "CrossEntropyRows",
+    "CrossEntropyTiling",
+    "ce_config",
+    "make_ce_bwd",
+    "make_ce_fwd",
+    "make_ce_fwd_reduce",
+    "reduce_fits",
+    "work_words",
+]
 
 _LOG2E = math.log2(math.e)
 # The forward's row loop: 16-byte vectors go through a per-thread cp.async ring in
@@ -135,40 +147,53 @@ def _tree(vals: list, fn):
     return vals[0]
 
 
-def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
-    """The forward's per-row work, shared by the per-row and the reduced kernels (both
-    inline it): (block_row, row_loss). ``block_row(x, target, tidx, bidx)`` places the
-    thread (its row slot r of the CTA's R, its thread t in the row) and gives ``row_stats(x,
-    target, row_c, r, t)``, which reads row ``row_c`` with the P threads of row slot ``r``
-    and returns ``(m, s, xt, tgt, in_range)``: the row's max and sum of 2^((x - m) log2 e)
-    (valid in every thread of the row after the merges), the target logit, the target and
-    whether it is in [0, n); ``row_loss(m, s, xt, tgt, in_range)`` gives (lse, loss) from
-    those."""
-    # Rows that do not start on 16 bytes (vec below 16 bytes: N = 50257, or a view) are
-    # read from each row's first 16-byte boundary in 16-byte vectors through a pointer
-    # realigned at run time, the h < BV elements before it and the tail after the body as
-    # scalars (`row_vectors`, as reduce/row.py): the ring and the
-    # wide loads then serve them too.
-    p = _plan(n, vec, config, in_dtype.width)
-    BV = p["BV"]  # elements of one vector of the loop
-    realign = BV > vec
-    P, R, G, W = p["P"], p["R"], p["G"], p["W"]
-    NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
-    L = _LOG2E
-    FV = max(1, FOLD_VALUES // BV)  # vectors folded at once from the cp.async ring
-    NB = 2 if N_OUTER > 1 else 1  # ring buffers of U vectors a thread
-    ring = bool(PIPELINE and N_OUTER > 0 and BV * in_dtype.width == 128
-                and NB * U * 16 * config.threads <= RING_MAX_BYTES)
-    T = config.threads
-    hint = {"num_bits_per_copy": BV * in_dtype.width}
+class CrossEntropyTiling:
+    """A row's split over its P threads (`_plan`), what every cross-entropy kernel starts
+    from. Rows that do not start on 16 bytes (vec below 16 bytes: N = 50257, or a view) are
+    read from each row's first 16-byte boundary in 16-byte vectors through a pointer
+    realigned at run time, the h < BV elements before it and the tail after the body as
+    scalars (`row_vectors`, as reduce/row.py): the forward's ring and both directions' wide
+    loads then serve them too."""
 
+    def __init__(self, in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int) -> None:
+        _check(in_dtype, n, vec, config)
+        p = _plan(n, vec, config, in_dtype.width)
+        self.in_dtype, self.n, self.ignore_index = in_dtype, n, ignore_index
+        self.vector = BV = p["BV"]  # elements of one vector of the loop
+        self.realign = BV > vec
+        self.threads = p["T"]
+        self.threads_per_row, self.rows_per_cta, self.lanes, self.warps_per_row = p["P"], p["R"], p["G"], p["W"]
+        self.vectors, self.tail, self.rounds, self.rem = p["NV"], p["TAIL"], p["K"], p["REM"]
+        self.unroll, self.outer, self.left = p["U"], p["N_OUTER"], p["K_LEFT"]
+        self.copy_bits = BV * in_dtype.width
+
+
+class CrossEntropyRows(CrossEntropyTiling):
+    """The forward's per-row work, shared by the per-row (`CrossEntropyForward`) and the
+    reduced (`CrossEntropyForwardReduce`) kernels, both of which inline it: ``block_row``
+    places a thread (its row slot r of the CTA's R, its thread t in the row) and gives
+    ``row_stats`` of its row, which reads the row with the P threads of row slot r and
+    returns ``(m, s, xt, tgt, in_range)``: the row's max and sum of 2^((x - m) log2 e)
+    (valid in every thread of the row after the merges), the target logit, the target and
+    whether it is in [0, n); ``row_loss`` gives (lse, loss) from those."""
+
+    def __init__(self, in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int) -> None:
+        super().__init__(in_dtype, n, vec, config, ignore_index)
+        BV = self.vector
+        self.fold_vectors = max(1, FOLD_VALUES // BV)  # FV: vectors folded at once from the cp.async ring
+        self.ring_buffers = NB = 2 if self.outer > 1 else 1  # NB: ring buffers of U vectors a thread
+        self.ring = bool(PIPELINE and self.outer > 0 and BV * in_dtype.width == 128
+                         and NB * self.unroll * 16 * config.threads <= RING_MAX_BYTES)
+
+    @staticmethod
     def fmax(a, b):
         return cute.arch.fmax(a, b, nan=True)
 
     # Plain Python helpers: traced inline, so they may take lists of DSL values.
-    def _fold(m, s, vals):
+    def fold(self, m, s, vals):
         """Fold a chunk of values (a Python list of Float32) into the running (m, s)."""
-        m_new = fmax(m, _tree(list(vals), fmax))
+        L = _LOG2E
+        m_new = self.fmax(m, _tree(list(vals), self.fmax))
         m_use = Float32(cutlass.select_(m_new == -math.inf, Float32(0.0), m_new))
         ml = m_use * Float32(L)
         parts = [cute.math.exp2(v * Float32(L) - ml, fastmath=True) for v in vals]
@@ -176,14 +201,13 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
         s = s * cute.math.exp2(m * Float32(L) - ml, fastmath=True) + csum
         return m_new, s
 
-    def _fold_frag(m, s, frag, nu):
-        return _fold(m, s, [frag[v, u].to(Float32) for u in range(nu) for v in range(BV)])
+    def fold_slots(self, m, s, frag, lo, hi):
+        """Fold the fragment's vectors [lo, hi)."""
+        return self.fold(m, s, [frag[v, u].to(Float32) for u in range(lo, hi) for v in range(self.vector)])
 
-    def _fold_slots(m, s, frag, lo, hi):
-        return _fold(m, s, [frag[v, u].to(Float32) for u in range(lo, hi) for v in range(BV)])
-
-    def _merge(m, s, om, os):
-        m_new = fmax(m, om)
+    def merge(self, m, s, om, os):
+        L = _LOG2E
+        m_new = self.fmax(m, om)
         m_use = Float32(cutlass.select_(m_new == -math.inf, Float32(0.0), m_new))
         ml = m_use * Float32(L)
         s_new = s * cute.math.exp2(m * Float32(L) - ml, fastmath=True) + os * cute.math.exp2(
@@ -191,19 +215,23 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
         )
         return m_new, s_new
 
-    def _group(m, s, group):
+    def group(self, m, s, group):
         for step in range(int(math.log2(group))):
             off = group >> (step + 1)
             om = cute.arch.shuffle_sync_bfly(m, offset=off)
             os = cute.arch.shuffle_sync_bfly(s, offset=off)
-            m, s = _merge(m, s, om, os)
+            m, s = self.merge(m, s, om, os)
         return m, s
 
     @cute.jit
-    def row_stats(x, target, row_c, r, t):
-        g_row = x[row_c, None]
-        # issued first, needed last: its latency hides behind the row's loads
-        tgt = target[row_c]
+    def fold_row(self, g_row: cute.Tensor, r, t):
+        """(m, s) of thread t's elements of the row: the realigned head, the vectors, the
+        tail."""
+        in_dtype, realign, T = self.in_dtype, self.realign, self.threads
+        BV, P, NV, TAIL = self.vector, self.threads_per_row, self.vectors, self.tail
+        K, REM, U, N_OUTER, K_LEFT = self.rounds, self.rem, self.unroll, self.outer, self.left
+        FV, NB, ring = self.fold_vectors, self.ring_buffers, self.ring
+        _fold, _fold_slots = self.fold, self.fold_slots
         m = Float32(-math.inf)
         s = Float32(0.0)
         body = g_row.iterator  # where the vectors start
@@ -215,7 +243,7 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
                 if i < h:
                     m, s = _fold(m, s, [g_row[i].to(Float32)])
         if cutlass.const_expr(K + (1 if REM else 0) > 0):
-            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, **hint)
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), in_dtype, num_bits_per_copy=self.copy_bits)
             KT = K + (1 if REM else 0)
             g_thr = cute.make_tensor(body, cute.make_layout((BV, P, KT), stride=(1, BV, BV * P)))[
                 None, t, None
@@ -225,7 +253,7 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
                 for o in cutlass.range(N_OUTER, unroll=1):
                     for u in cutlass.range_constexpr(U):
                         cute.copy(atom, g_thr[None, o * U + u], frag[None, u])
-                    m, s = _fold_frag(m, s, frag, U)
+                    m, s = _fold_slots(m, s, frag, 0, U)
             if cutlass.const_expr(N_OUTER > 0 and ring):
                 # cp.async ring: chunk o + 1's U vectors are copied into shared memory
                 # while chunk o is folded from there FV vectors at a time, so U vectors stay
@@ -261,11 +289,11 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
             if cutlass.const_expr(K_LEFT > 0):
                 for u in cutlass.range_constexpr(K_LEFT):
                     cute.copy(atom, g_thr[None, N_OUTER * U + u], frag[None, u])
-                m, s = _fold_frag(m, s, frag, K_LEFT)
+                m, s = _fold_slots(m, s, frag, 0, K_LEFT)
             if cutlass.const_expr(REM > 0):
                 if t < REM:
                     cute.copy(atom, g_thr[None, K], frag[None, 0])
-                    m, s = _fold_frag(m, s, frag, 1)
+                    m, s = _fold_slots(m, s, frag, 0, 1)
         if cutlass.const_expr(TAIL > 0):
             # TAIL < vec scalars (realigned: head + tail, the head taken above); rows of
             # fewer threads (P = 1 or 2 at tiny N) take several each
@@ -273,13 +301,14 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
                 i = t + c * P
                 if (i >= h) & (i < TAIL):
                     m, s = _fold(m, s, [g_row[NV * BV + i].to(Float32)])
+        return m, s
 
-        # the target logit (a scalar load, usually an L2 hit by now) overlaps the merges below
-        in_range = (tgt >= Int64(0)) & (tgt < Int64(n))
-        tc = Int32(cutlass.min(cutlass.max(tgt, Int64(0)), Int64(n - 1)))
-        xt = g_row[tc].to(Float32)
-
-        m, s = _group(m, s, G)
+    @cute.jit
+    def merge_row(self, m, s, r, t):
+        """The row's (m, s) in every thread of it: its lanes', then its warps' through
+        shared memory."""
+        R, W = self.rows_per_cta, self.warps_per_row
+        m, s = self.group(m, s, self.lanes)
         if cutlass.const_expr(W > 1):
             smem = cutlass.memory.SmemAllocator()
             s_m = smem.allocate_tensor(Float32, cute.make_layout((R, W), stride=(W, 1)), byte_alignment=16)
@@ -292,54 +321,76 @@ def _fwd_row(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: 
             ok = t % 32 < W
             m = Float32(cutlass.select_(ok, s_m[r, lane], Float32(-math.inf)))
             s = Float32(cutlass.select_(ok, s_s[r, lane], Float32(0.0)))
-            m, s = _group(m, s, min(W, 32))
+            m, s = self.group(m, s, min(W, 32))
+        return m, s
+
+    @cute.jit
+    def row_stats(self, x: cute.Tensor, target: cute.Tensor, row_c, r, t):
+        """(m, s, xt, tgt, in_range) of row ``row_c`` (class docstring)."""
+        n = self.n
+        g_row = x[row_c, None]
+        # issued first, needed last: its latency hides behind the row's loads
+        tgt = target[row_c]
+        m, s = self.fold_row(g_row, r, t)
+        # the target logit (a scalar load, usually an L2 hit by now) overlaps the merges below
+        in_range = (tgt >= Int64(0)) & (tgt < Int64(n))
+        tc = Int32(cutlass.min(cutlass.max(tgt, Int64(0)), Int64(n - 1)))
+        xt = g_row[tc].to(Float32)
+        m, s = self.merge_row(m, s, r, t)
         return m, s, xt, tgt, in_range
 
-    def row_loss(m, s, xt, tgt, in_range):
+    def row_loss(self, m, s, xt, tgt, in_range):
         """(lse, loss) of a row from row_stats: loss 0 on ignore_index, NaN when the
         target is out of range."""
         log_s = cute.math.log(s)
         lse_v = m + log_s
         # log(s) + (m - x_t): exact when x_t is the max, unlike (m + log s) - x_t
         lv = Float32(cutlass.select_(in_range, log_s + (m - xt), Float32(math.nan)))
-        return lse_v, Float32(cutlass.select_(tgt == Int64(ignore_index), Float32(0.0), lv))
+        return lse_v, Float32(cutlass.select_(tgt == Int64(self.ignore_index), Float32(0.0), lv))
 
-    def block_row(x, target, tidx, bidx):
+    def block_row(self, x: cute.Tensor, target: cute.Tensor, tidx, bidx):
         """(t, row, m_rows, stats) of thread tidx of CTA bidx: its thread in its row, its
         row, the row count, and ``row_stats`` of the row (a row past the end, in the last
         CTA, reads row m_rows - 1 and must store nothing)."""
+        P, R = self.threads_per_row, self.rows_per_cta
         r = tidx // P
         t = tidx % P
         m_rows = x.shape[0]
         row = bidx * R + r
         row_c = cutlass.min(row, m_rows - 1)
-        return t, row, m_rows, row_stats(x, target, row_c, r, t)
+        return t, row, m_rows, self.row_stats(x, target, row_c, r, t)
 
-    return block_row, row_loss
+    def grid(self, x: cute.Tensor):
+        return (cute.ceil_div(x.shape[0], self.rows_per_cta), 1, 1)
 
 
-def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
-    """@cute.jit f(logits (M, n), target (M,) i64, loss (M,) f32, lse (M,) f32, stream)."""
-    _check(in_dtype, n, vec, config)
-    p = _plan(n, vec, config)
-    T, R = p["T"], p["R"]
-    block_row, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
+class CrossEntropyForward(CrossEntropyRows):
+    """lse and loss of every row: ``__call__(logits (M, n), target (M,) i64, loss (M,) f32,
+    lse (M,) f32, stream)``."""
 
     @cute.kernel
-    def _kernel(x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor):
+    def kernel(self, x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        t, row, m_rows, stats = block_row(x, target, tidx, bidx)
+        t, row, m_rows, stats = self.block_row(x, target, tidx, bidx)
         if (t == 0) & (row < m_rows):
-            lse_v, loss_v = row_loss(*stats)
+            lse_v, loss_v = self.row_loss(*stats)
             loss[row] = loss_v
             lse[row] = lse_v
 
     @cute.jit
+    def __call__(self, x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor, stream):
+        self.kernel(x, target, loss, lse).launch(grid=self.grid(x), block=(self.threads, 1, 1), stream=stream)
+
+
+def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
+    """@cute.jit f(logits (M, n), target (M,) i64, loss (M,) f32, lse (M,) f32, stream)
+    (`CrossEntropyForward`)."""
+    forward = CrossEntropyForward(in_dtype, n, vec, config, ignore_index)
+
+    @cute.jit
     def ce_fwd(x: cute.Tensor, target: cute.Tensor, loss: cute.Tensor, lse: cute.Tensor, stream):
-        _kernel(x, target, loss, lse).launch(
-            grid=(cute.ceil_div(x.shape[0], R), 1, 1), block=(T, 1, 1), stream=stream
-        )
+        forward(x, target, loss, lse, stream)
 
     return ce_fwd
 
@@ -378,15 +429,14 @@ def work_words(ctas: int) -> int:
     return WORK_PART + 2 * ctas + GROUP_MAX
 
 
-def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int, mean: bool,
-                       with_lse: bool):
-    """@cute.jit f(logits (M, n), target (M,) i64, out (1,) logits' dtype, lse (L,) f32,
-    work (>= work_words(G),) i32, stream), 1 <= M and G = ceil(M / rows per CTA) within
-    reduce_fits: out[0] = the sum of the row losses (``mean``: divided by the number of
-    rows whose target is not ``ignore_index``; 0 / 0 = NaN when all are ignored), rounded
-    once from fp32, in one launch. With ``with_lse`` (L = M + 1) also lse[i] per row and
-    lse[M] = that count (for the backward); else lse is untouched. Words [0, WORK_ZERO)
-    of ``work`` must be 0 at the start; the launch leaves them 0.
+class CrossEntropyForwardReduce(CrossEntropyRows):
+    """The sum of the row losses (``mean``: divided by the number of rows whose target is
+    not ``ignore_index``; 0 / 0 = NaN when all are ignored), rounded once from fp32, in one
+    launch: ``__call__(logits (M, n), target (M,) i64, out (1,) logits' dtype, lse (L,) f32,
+    work (>= work_words(G),) i32, stream)``, 1 <= M and G = ceil(M / rows per CTA) within
+    reduce_fits. With ``with_lse`` (L = M + 1) also lse[i] per row and lse[M] = that count
+    (for the backward); else lse is untouched. Words [0, WORK_ZERO) of ``work`` must be 0 at
+    the start; the launch leaves them 0.
 
     Each CTA does the per-row forward's work on one row block (the same code, so the same
     registers and occupancy), sums its rows' losses and counts over its threads in a fixed
@@ -398,19 +448,22 @@ def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, igno
     the last group does the same over the group partials. Each last CTA resets the counter
     it drew from. A grid of one CTA writes out[0] directly. The rounding order depends
     only on M, so an input gives the same bits on every run."""
-    _check(in_dtype, n, vec, config)
-    p = _plan(n, vec, config)
-    T, R = p["T"], p["R"]
-    if T % 32:
-        raise ValueError(f"threads={T} must be a multiple of 32")
-    S = reduce_group(T)
-    NCH = S // T // REDUCE_CHUNK  # chunks of REDUCE_CHUNK partials per thread
-    NW = T // 32
-    block_row, row_loss = _fwd_row(in_dtype, n, vec, config, ignore_index)
+
+    def __init__(self, in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int, mean: bool,
+                 with_lse: bool) -> None:
+        super().__init__(in_dtype, n, vec, config, ignore_index)
+        T = self.threads
+        if T % 32:
+            raise ValueError(f"threads={T} must be a multiple of 32")
+        self.mean, self.with_lse = mean, with_lse
+        self.group_ctas = S = reduce_group(T)  # S: CTAs per group
+        self.chunks = S // T // REDUCE_CHUNK  # NCH: chunks of REDUCE_CHUNK partials per thread
+        self.warps = T // 32  # NW
 
     @cute.jit
-    def _cta_sum(v, c, s_v, s_c, tidx):
+    def cta_sum(self, v, c, s_v, s_c, tidx):
         """(sum of v, sum of c) over the CTA in a fixed order; valid in thread 0."""
+        NW = self.warps
         for k in cutlass.range_constexpr(5):
             v = v + cute.arch.shuffle_sync_bfly(v, offset=16 >> k)
             c = c + cute.arch.shuffle_sync_bfly(c, offset=16 >> k)
@@ -434,12 +487,13 @@ def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, igno
         return v, c
 
     @cute.jit
-    def _sum_parts(p_sum, p_cnt, count, tidx, s_v, s_c):
+    def sum_parts(self, p_sum, p_cnt, count, tidx, s_v, s_c):
         """Sum of the `count` (<= S) partials at p_sum[i], p_cnt[i] in a fixed order
-        (thread t adds t, t + T, ... in turn, then _cta_sum); valid in thread 0."""
+        (thread t adds t, t + T, ... in turn, then cta_sum); valid in thread 0."""
+        T = self.threads
         tot = Float32(0.0)
         num = Int32(0)
-        for ch in cutlass.range_constexpr(NCH):
+        for ch in cutlass.range_constexpr(self.chunks):
             base = ch * REDUCE_CHUNK * T
             if count > base:
                 vs = []
@@ -452,48 +506,33 @@ def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, igno
                     ok = tidx + (base + j * T) < count
                     tot = tot + Float32(cutlass.select_(ok, vs[j], Float32(0.0)))
                     num = num + Int32(cutlass.select_(ok, cs[j], Int32(0)))
-        return _cta_sum(tot, num, s_v, s_c, tidx)
+        return self.cta_sum(tot, num, s_v, s_c, tidx)
 
     @cute.jit
-    def _finish(total, count, out, lse, m_rows):
-        if cutlass.const_expr(mean):
+    def finish(self, total, count, out, lse, m_rows):
+        if cutlass.const_expr(self.mean):
             res = total / count.to(Float32)  # IEEE fp32 division, like torch's
         else:
             res = total
-        out[0] = res.to(in_dtype)
-        if cutlass.const_expr(with_lse):
+        out[0] = res.to(self.in_dtype)
+        if cutlass.const_expr(self.with_lse):
             lse[m_rows] = count.to(Float32)
 
     @cute.jit
-    def _ticket(counter, s_last):
+    def ticket(self, counter, s_last):
         """Thread 0: count this CTA in (release of its earlier stores, acquire of the
         others'), the old count to shared memory for the CTA."""
         s_last[0] = cute.arch.atomic_add(counter, Int32(1), sem="acq_rel", scope="gpu")
 
-    @cute.kernel
-    def _kernel(x: cute.Tensor, target: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        t, row, m_rows, (m, s, xt, tgt, in_range) = block_row(x, target, tidx, bidx)
-        acc = Float32(0.0)
-        cnt = Int32(0)
-        if (t == 0) & (row < m_rows):
-            lse_v, loss_v = row_loss(m, s, xt, tgt, in_range)
-            if cutlass.const_expr(with_lse):
-                lse[row] = lse_v
-            acc = loss_v
-            cnt = Int32(cutlass.select_(tgt == Int64(ignore_index), Int32(0), Int32(1)))
-
-        smem = cutlass.memory.SmemAllocator()
-        s_v = smem.allocate_tensor(Float32, cute.make_layout(NW), byte_alignment=16)
-        s_c = smem.allocate_tensor(Int32, cute.make_layout(NW), byte_alignment=16)
-        s_last = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=16)
-        acc, cnt = _cta_sum(acc, cnt, s_v, s_c, tidx)
-
+    @cute.jit
+    def add_up(self, acc, cnt, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor, s_v, s_c, s_last, tidx, bidx,
+               grid, m_rows):
+        """The CTA's partial (acc, cnt, valid in thread 0) into ``work``, and the last CTA of
+        each level adds the level's partials (class docstring)."""
+        S = self.group_ctas
         if grid == 1:
             if tidx == 0:
-                _finish(acc, cnt, out, lse, m_rows)
+                self.finish(acc, cnt, out, lse, m_rows)
         else:
             w = work.iterator
             p_sum = cute.recast_ptr(w + WORK_PART, dtype=Float32)
@@ -505,15 +544,15 @@ def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, igno
             if tidx == 0:
                 (p_sum + bidx).store(acc)
                 (p_cnt + bidx).store(cnt)
-                _ticket(w + (WORK_CNT1 + q), s_last)
+                self.ticket(w + (WORK_CNT1 + q), s_last)
             cute.arch.sync_threads()
             if s_last[0] == in_group - 1:
                 # the group's last CTA: the group's partials happen-before this point
                 # (thread 0 acquired, then the barrier); strong loads bypass a stale L1
-                tot, num = _sum_parts(p_sum + first, p_cnt + first, in_group, tidx, s_v, s_c)
+                tot, num = self.sum_parts(p_sum + first, p_cnt + first, in_group, tidx, s_v, s_c)
                 if n_groups == 1:
                     if tidx == 0:
-                        _finish(tot, num, out, lse, m_rows)
+                        self.finish(tot, num, out, lse, m_rows)
                         cute.arch.store(w + (WORK_CNT1 + q), Int32(0), sem="relaxed", scope="gpu")
                 else:
                     g_sum = cute.recast_ptr(w + WORK_GSUM, dtype=Float32)
@@ -522,52 +561,81 @@ def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, igno
                         cute.arch.store(w + (WORK_CNT1 + q), Int32(0), sem="relaxed", scope="gpu")
                         (g_sum + q).store(tot)
                         (g_cnt + q).store(num)
-                        _ticket(w + WORK_TOP, s_last)
+                        self.ticket(w + WORK_TOP, s_last)
                     cute.arch.sync_threads()
                     if s_last[0] == n_groups - 1:
-                        tot2, num2 = _sum_parts(g_sum, g_cnt, n_groups, tidx, s_v, s_c)
+                        tot2, num2 = self.sum_parts(g_sum, g_cnt, n_groups, tidx, s_v, s_c)
                         if tidx == 0:
-                            _finish(tot2, num2, out, lse, m_rows)
+                            self.finish(tot2, num2, out, lse, m_rows)
                             cute.arch.store(w + WORK_TOP, Int32(0), sem="relaxed", scope="gpu")
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, target: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        t, row, m_rows, (m, s, xt, tgt, in_range) = self.block_row(x, target, tidx, bidx)
+        acc = Float32(0.0)
+        cnt = Int32(0)
+        if (t == 0) & (row < m_rows):
+            lse_v, loss_v = self.row_loss(m, s, xt, tgt, in_range)
+            if cutlass.const_expr(self.with_lse):
+                lse[row] = lse_v
+            acc = loss_v
+            cnt = Int32(cutlass.select_(tgt == Int64(self.ignore_index), Int32(0), Int32(1)))
+
+        smem = cutlass.memory.SmemAllocator()
+        s_v = smem.allocate_tensor(Float32, cute.make_layout(self.warps), byte_alignment=16)
+        s_c = smem.allocate_tensor(Int32, cute.make_layout(self.warps), byte_alignment=16)
+        s_last = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=16)
+        acc, cnt = self.cta_sum(acc, cnt, s_v, s_c, tidx)
+        self.add_up(acc, cnt, out, lse, work, s_v, s_c, s_last, tidx, bidx, grid, m_rows)
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, target: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor,
+                 stream):
+        self.kernel(x, target, out, lse, work).launch(grid=self.grid(x), block=(self.threads, 1, 1), stream=stream)
+
+
+def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int, mean: bool,
+                       with_lse: bool):
+    """@cute.jit f(logits, target, out, lse, work, stream) (`CrossEntropyForwardReduce`)."""
+    forward = CrossEntropyForwardReduce(in_dtype, n, vec, config, ignore_index, mean, with_lse)
 
     @cute.jit
     def ce_fwd_reduce(x: cute.Tensor, target: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor,
                       stream):
-        _kernel(x, target, out, lse, work).launch(
-            grid=(cute.ceil_div(x.shape[0], R), 1, 1), block=(T, 1, 1), stream=stream
-        )
+        forward(x, target, out, lse, work, stream)
 
     return ce_fwd_reduce
 
 
-def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
-    """@cute.jit f(logits (M, n), target (M,) i64, lse (M,) f32, dloss (M,) f32,
-    dlogits (M, n), stream): dlogits = (softmax - onehot) * dloss per row; rows whose
-    target is ignore_index get zeros, rows whose target is outside [0, n) NaN."""
-    _check(in_dtype, n, vec, config)
-    # Rows that do not start on 16 bytes: as the forward (`_fwd_row`), from the first
-    # 16-byte boundary in 16-byte vectors, where dlogits' row has the same head as the
-    # logits' row (a contiguous dlogits and contiguous logits: every row); a row whose
-    # heads differ (logits a shifted view) runs element by element.
-    p = _plan(n, vec, config, in_dtype.width)
-    BV = p["BV"]  # elements of one vector of the loop
-    realign = BV > vec
-    T, P, R = p["T"], p["P"], p["R"]
-    NV, TAIL, K, REM, U, N_OUTER, K_LEFT = (p[k] for k in ("NV", "TAIL", "K", "REM", "U", "N_OUTER", "K_LEFT"))
-    L = _LOG2E
-    bits = BV * in_dtype.width
-    nbytes = in_dtype.width // 8
+class CrossEntropyBackward(CrossEntropyTiling):
+    """dlogits = (softmax - onehot) * dloss per row: ``__call__(logits (M, n), target (M,)
+    i64, lse (M,) f32, dloss (M,) f32, dlogits (M, n), stream)``; rows whose target is
+    ignore_index get zeros, rows whose target is outside [0, n) NaN.
+
+    Realigned rows (`CrossEntropyTiling`) go in 16-byte vectors where dlogits' row has the
+    same head as the logits' row (a contiguous dlogits and contiguous logits: every row); a
+    row whose heads differ (logits a shifted view) runs element by element."""
+
+    def __init__(self, in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int) -> None:
+        super().__init__(in_dtype, n, vec, config, ignore_index)
+        self.elem_bytes = in_dtype.width // 8
 
     @cute.jit
-    def _grad(xv, j, ml, g, tgt):
-        pv = cute.math.exp2(xv.to(Float32) * Float32(L) - ml, fastmath=True)
+    def grad(self, xv, j, ml, g, tgt):
+        pv = cute.math.exp2(xv.to(Float32) * Float32(_LOG2E) - ml, fastmath=True)
         one = Float32(cutlass.select_(j == tgt, Float32(1.0), Float32(0.0)))
-        return ((pv - one) * g).to(in_dtype)
+        return ((pv - one) * g).to(self.in_dtype)
 
     @cute.jit
-    def _row(g_row, d_row, xb, db, h, t, ml, g, tgt):
+    def row_gradient(self, g_row, d_row, xb, db, h, t, ml, g, tgt):
         """The row's gradient: the head (h elements before the vectors at xb / db), the
         vectors, then the tail."""
+        in_dtype, realign, bits, _grad = self.in_dtype, self.realign, self.copy_bits, self.grad
+        BV, P, NV, TAIL = self.vector, self.threads_per_row, self.vectors, self.tail
+        K, REM, U, N_OUTER, K_LEFT = self.rounds, self.rem, self.unroll, self.outer, self.left
         if cutlass.const_expr(realign):
             for c in cutlass.range_constexpr((BV - 1 + P - 1) // P):
                 i = t + c * P
@@ -615,7 +683,8 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
                     d_row[j] = _grad(g_row[j], j, ml, g, tgt)
 
     @cute.kernel
-    def _kernel(x: cute.Tensor, target: cute.Tensor, lse: cute.Tensor, gs: cute.Tensor, dx: cute.Tensor):
+    def kernel(self, x: cute.Tensor, target: cute.Tensor, lse: cute.Tensor, gs: cute.Tensor, dx: cute.Tensor):
+        n, P, R, nbytes = self.n, self.threads_per_row, self.rows_per_cta, self.elem_bytes
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         r = tidx // P
@@ -624,28 +693,39 @@ def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
         if row < x.shape[0]:
             g_row = x[row, None]
             d_row = dx[row, None]
-            ml = lse[row] * Float32(L)
+            ml = lse[row] * Float32(_LOG2E)
             tgt64 = target[row]
             in_range = (tgt64 >= Int64(0)) & (tgt64 < Int64(n))
             g = Float32(cutlass.select_(in_range, gs[row], Float32(math.nan)))
-            g = Float32(cutlass.select_(tgt64 == Int64(ignore_index), Float32(0.0), g))
+            g = Float32(cutlass.select_(tgt64 == Int64(self.ignore_index), Float32(0.0), g))
             # an out-of-range target matches no column (and its row is NaN through g)
             tgt = Int32(Int64(cutlass.select_(in_range, tgt64, Int64(-1))))
-            if cutlass.const_expr(realign):
+            if cutlass.const_expr(self.realign):
                 xb, h = realigned(g_row, nbytes)
                 db, h_d = realigned(d_row, nbytes)
                 if h == h_d:
-                    _row(g_row, d_row, xb, db, h, t, ml, g, tgt)
+                    self.row_gradient(g_row, d_row, xb, db, h, t, ml, g, tgt)
                 else:
                     for j in cutlass.range(t, n, P, unroll=1):
-                        d_row[j] = _grad(g_row[j], j, ml, g, tgt)
+                        d_row[j] = self.grad(g_row[j], j, ml, g, tgt)
             else:
-                _row(g_row, d_row, g_row.iterator, d_row.iterator, Int32(0), t, ml, g, tgt)
+                self.row_gradient(g_row, d_row, g_row.iterator, d_row.iterator, Int32(0), t, ml, g, tgt)
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, target: cute.Tensor, lse: cute.Tensor, gs: cute.Tensor, dx: cute.Tensor,
+                 stream):
+        self.kernel(x, target, lse, gs, dx).launch(
+            grid=(cute.ceil_div(x.shape[0], self.rows_per_cta), 1, 1), block=(self.threads, 1, 1), stream=stream
+        )
+
+
+def make_ce_bwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int):
+    """@cute.jit f(logits (M, n), target (M,) i64, lse (M,) f32, dloss (M,) f32,
+    dlogits (M, n), stream) (`CrossEntropyBackward`)."""
+    backward = CrossEntropyBackward(in_dtype, n, vec, config, ignore_index)
 
     @cute.jit
     def ce_bwd(x: cute.Tensor, target: cute.Tensor, lse: cute.Tensor, gs: cute.Tensor, dx: cute.Tensor, stream):
-        _kernel(x, target, lse, gs, dx).launch(
-            grid=(cute.ceil_div(x.shape[0], R), 1, 1), block=(T, 1, 1), stream=stream
-        )
+        backward(x, target, lse, gs, dx, stream)
 
     return ce_bwd
