@@ -264,6 +264,13 @@ class RowSoftmax:
         """The thread's (BV, KT) register fragment of a row."""
         return cute.make_rmem_tensor(cute.make_layout((self.vector, self.rounds_all)), self.dtype)
 
+    def output_fragments(self):
+        """(out, out_l): the thread's registers for its outputs, its vectors and (realigned
+        rows) its leftover elements."""
+        out = self.rows_fragment()
+        out_l = self.left_fragment() if self.left_slots > 0 else None
+        return out, out_l
+
     def left_fragment(self):
         """The thread's register slots for the realigned row's leftover elements."""
         return cute.make_rmem_tensor(cute.make_layout((self.left_slots,)), self.dtype)
@@ -308,10 +315,7 @@ class SoftmaxForward(RowSoftmax):
         """(out, out_l): the thread's y, vectors and leftover elements, from the row's
         (max, sum)."""
         LC, dtype = self.left_slots, self.dtype
-        out = self.rows_fragment()
-        out_l = None
-        if cutlass.const_expr(LC > 0):
-            out_l = self.left_fragment()
+        out, out_l = self.output_fragments()
         if cutlass.const_expr(self.log):
             lse = m_row + cute.math.log2(s_row, fastmath=True)
             out.store(((xs - lse) * LN2).to(dtype))
@@ -388,10 +392,7 @@ class SoftmaxBackward(RowSoftmax):
     def outputs(self, dyv, yv, dyl, yl, tot):
         """(out, out_l): the thread's dx, vectors and leftover elements, from the row sum."""
         LC, dtype = self.left_slots, self.dtype
-        out = self.rows_fragment()
-        out_l = None
-        if cutlass.const_expr(LC > 0):
-            out_l = self.left_fragment()
+        out, out_l = self.output_fragments()
         if cutlass.const_expr(self.log):
             out.store((dyv - cute.math.exp2(yv * LOG2E, fastmath=True) * tot).to(dtype))
             if cutlass.const_expr(LC > 0):
