@@ -589,13 +589,15 @@ class NormForwardStaged(NormForwardLaunch):
         store_col(oc, yo, g, k)
 
     @cute.jit
-    def _finish_lagged(self, outputs, srows: cute.Tensor, buf: cute.Tensor, xbar, weight, wregs, xregs,
-                       oc: cute.Tensor, blk, it, tidx, cta):
+    def _finish_lagged(self, outputs, srows: cute.Tensor, exchange, weight, wregs, xregs, oc: cute.Tensor, blk, it,
+                       tidx, cta):
         """The lagged forward's second half for the CTA's it-th row ``blk``: its statistics
         from the exchange posted one row earlier, then y from x read again from its stage
         (with a residual, s = x + residual formed again, as pass 1 rounded it). outputs:
-        (y, mean, rstd); weight, wregs, xregs as ``_weight_col`` and ``_sum_col`` take them."""
+        (y, mean, rstd); exchange: (buffer, mbarriers) of the moments' exchange; weight, wregs,
+        xregs as ``_weight_col`` and ``_sum_col`` take them."""
         y, mean_out, rstd_out = outputs
+        buf, xbar = exchange
         xf = xregs[2]
         lag_recv, inv_n, eps, S, n_rows, _part, KT1 = (self.lag_recv, self.inv_n, self.eps, self.stages,
                                                         self.rows_per_stage, self.chunk, self.tile.KT1)
@@ -690,7 +692,7 @@ class NormForwardStaged(NormForwardLaunch):
                 wsum, wm2 = warp_moments(xf, tot, acc)
                 lag_send(wsum, wm2, buf, xbar, it % LAG_SLOTS, tidx, cta)
                 if it > 0:
-                    _finish_lagged((y, mean_out, rstd_out), srows, buf, xbar, weight, wregs, xregs, oc,
+                    _finish_lagged((y, mean_out, rstd_out), srows, (buf, xbar), weight, wregs, xregs, oc,
                                    blk - n_q, it - 1, tidx, cta)
                     cute.arch.sync_threads()  # every thread is done with row it - 1's stage
                     if tidx == 0:
@@ -702,7 +704,7 @@ class NormForwardStaged(NormForwardLaunch):
                 last = hi - 1
             else:
                 last = (m - 1 - q) // n_q
-            _finish_lagged((y, mean_out, rstd_out), srows, buf, xbar, weight, wregs, xregs, oc,
+            _finish_lagged((y, mean_out, rstd_out), srows, (buf, xbar), weight, wregs, xregs, oc,
                            q + last * n_q, last, tidx, cta)
         else:
             for i in cutlass.range(lo, hi, step, unroll=1):
