@@ -191,17 +191,70 @@ class NormForward(NormForwardLaunch):
     def groups(self, m):
         return cute.ceil_div(m, self.tile.R)
 
+    @cute.jit
+    def row_statistics(self, xr: cute.Tensor, buf: cute.Tensor, mbar, g, r, t, cta):
+        """(mean, rstd) of the row whose share xr holds (traced inline): vec independent fp32
+        chains per thread, then the row all-reduce over the exchange's buffer ``buf`` (and
+        mbarriers ``mbar``); LayerNorm's variance centred on the row mean (module docstring).
+        mean stays 0 for RMSNorm."""
+        tile, KT1, is_ln, inv_n, eps = self.tile, self.tile.KT1, self.is_ln, self.inv_n, self.eps
+        moments, use_mbar, warp_moments, moments_m = self.moments, self.use_mbar, self.warp_moments, self.moments_m
+        allreduce, allreduce_m = self.allreduce, self.allreduce_m
+        acc = cute.make_rmem_tensor(cute.make_layout((tile.vec,)), Float32)
+        acc.fill(0.0)
+        for k in cutlass.range_constexpr(KT1):
+            for v in cutlass.range_constexpr(tile.width(k)):
+                xv = xr[v, k].to(Float32)
+                if cutlass.const_expr(is_ln):
+                    acc[v] = acc[v] + xv
+                else:
+                    acc[v] = acc[v] + xv * xv
+        tot = acc[0]
+        for v in cutlass.range_constexpr(1, tile.vec):
+            tot = tot + acc[v]
+        mean = Float32(0.0)
+        if cutlass.const_expr(moments):
+            # the warp's sum, then its squares centred on the warp's own mean, one exchange
+            wsum, wm2 = warp_moments(xr, tot, acc)
+            tot, m2 = moments_m(wsum, wm2, buf, mbar, r, t, cta)
+            mean = tot * Float32(inv_n)
+            tot = m2
+        elif cutlass.const_expr(use_mbar):
+            tot = allreduce_m(tot, buf, mbar, 0, r, t, cta)
+        else:
+            tot, _unused = allreduce(tot, tot, 1, buf, 0, r, t, cta)
+        if cutlass.const_expr(is_ln and not moments):
+            mean = tot * Float32(inv_n)
+            acc.fill(0.0)
+            for k in cutlass.range_constexpr(KT1):
+                for v in cutlass.range_constexpr(tile.width(k)):
+                    d = xr[v, k].to(Float32) - mean
+                    kind_k = tile.kind(k)
+                    if cutlass.const_expr(kind_k == "partial"):
+                        d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
+                    elif cutlass.const_expr(kind_k == "tail"):
+                        d = Float32(cutlass.select_(g < tile.TAIL, d, Float32(0.0)))
+                    acc[v] = acc[v] + d * d
+            tot = acc[0]
+            for v in cutlass.range_constexpr(1, tile.vec):
+                tot = tot + acc[v]
+            if cutlass.const_expr(use_mbar):
+                tot = allreduce_m(tot, buf, mbar, 1, r, t, cta)
+            else:
+                tot, _unused = allreduce(tot, tot, 1, buf, 1, r, t, cta)
+        rstd = cute.math.rsqrt(tot * Float32(inv_n) + Float32(eps))
+        return mean, rstd
+
     @cute.kernel
     def kernel(self, x: cute.Tensor, w: cute.Tensor, b: cute.Tensor, res: cute.Tensor, y: cute.Tensor,
                res_out: cute.Tensor, mean_out: cute.Tensor, rstd_out: cute.Tensor):
         tile, config, x_dtype, w_dtype = self.tile, self.config, self.x_dtype, self.w_dtype
         P, C, R, KT1 = tile.P, tile.C, tile.R, tile.KT1
-        has_bias, has_residual, is_ln, inv_n, eps = self.has_bias, self.has_residual, self.is_ln, self.inv_n, self.eps
+        has_bias, has_residual, is_ln = self.has_bias, self.has_residual, self.is_ln
         use_async, w_async, stream_y, padded = self.use_async, self.w_async, self.stream_y, self.padded
-        use_mbar, moments, n_red, n_smem, tx_bytes = self.use_mbar, self.moments, self.n_red, self.n_smem, self.tx_bytes
+        use_mbar, n_red, n_smem, tx_bytes = self.use_mbar, self.n_red, self.n_smem, self.tx_bytes
         share, issue, fetch_col = self.row_async
         load, store, _, load_col, store_col = self.row_io
-        allreduce, allreduce_m, moments_m, warp_moments = self.allreduce, self.allreduce_m, self.moments_m, self.warp_moments
 
         tidx, cta, r, t, g, row_block = row_coords(C, P, R, arrive=not use_mbar)
         m = x.shape[0]
@@ -272,50 +325,8 @@ class NormForward(NormForwardLaunch):
         if cutlass.const_expr(C > 1):
             cute.arch.cluster_wait()  # every peer resident before the first DSMEM store
 
-        # ---- statistics: vec independent fp32 chains per thread, then the row all-reduce
-        acc = cute.make_rmem_tensor(cute.make_layout((tile.vec,)), Float32)
-        acc.fill(0.0)
-        for k in cutlass.range_constexpr(KT1):
-            for v in cutlass.range_constexpr(tile.width(k)):
-                xv = xr[v, k].to(Float32)
-                if cutlass.const_expr(is_ln):
-                    acc[v] = acc[v] + xv
-                else:
-                    acc[v] = acc[v] + xv * xv
-        tot = acc[0]
-        for v in cutlass.range_constexpr(1, tile.vec):
-            tot = tot + acc[v]
-        mean = Float32(0.0)
-        if cutlass.const_expr(moments):
-            # the warp's sum, then its squares centred on the warp's own mean, one exchange
-            wsum, wm2 = warp_moments(xr, tot, acc)
-            tot, m2 = moments_m(wsum, wm2, buf, mbar, r, t, cta)
-            mean = tot * Float32(inv_n)
-            tot = m2
-        elif cutlass.const_expr(use_mbar):
-            tot = allreduce_m(tot, buf, mbar, 0, r, t, cta)
-        else:
-            tot, _unused = allreduce(tot, tot, 1, buf, 0, r, t, cta)
-        if cutlass.const_expr(is_ln and not moments):
-            mean = tot * Float32(inv_n)
-            acc.fill(0.0)
-            for k in cutlass.range_constexpr(KT1):
-                for v in cutlass.range_constexpr(tile.width(k)):
-                    d = xr[v, k].to(Float32) - mean
-                    kind_k = tile.kind(k)
-                    if cutlass.const_expr(kind_k == "partial"):
-                        d = Float32(cutlass.select_(g < tile.REM, d, Float32(0.0)))
-                    elif cutlass.const_expr(kind_k == "tail"):
-                        d = Float32(cutlass.select_(g < tile.TAIL, d, Float32(0.0)))
-                    acc[v] = acc[v] + d * d
-            tot = acc[0]
-            for v in cutlass.range_constexpr(1, tile.vec):
-                tot = tot + acc[v]
-            if cutlass.const_expr(use_mbar):
-                tot = allreduce_m(tot, buf, mbar, 1, r, t, cta)
-            else:
-                tot, _unused = allreduce(tot, tot, 1, buf, 1, r, t, cta)
-        rstd = cute.math.rsqrt(tot * Float32(inv_n) + Float32(eps))
+        # ---- statistics
+        mean, rstd = self.row_statistics(xr, buf, mbar, g, r, t, cta)
 
         leader = ok & (t == 0)
         if cutlass.const_expr(C > 1):
