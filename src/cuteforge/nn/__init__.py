@@ -11,5 +11,5 @@ from .modules import (
 )
 from .patch import SUPPORTED, PatchReport, patch, unpatch
 
-__all__ = ["CrossEntropyLoss", "Embedding", "LayerNorm", "Linear", "RMSNorm", "SwiGLUMLP", "causal_lm_loss", "PatchReport",
-           "SUPPORTED", "patch", "unpatch"]
+__all__ = ["CrossEntropyLoss", "Embedding", "LayerNorm", "Linear", "RMSNorm", "SwiGLUMLP", "causal_lm_loss",
+           "PatchReport", "SUPPORTED", "patch", "unpatch"]
