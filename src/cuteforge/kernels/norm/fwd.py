@@ -215,10 +215,8 @@ class NormForward(NormForwardLaunch):
         mean = Float32(0.0)
         if cutlass.const_expr(moments):
             # the warp's sum, then its squares centred on the warp's own mean, one exchange
-            wsum, wm2 = warp_moments(xr, tot, acc)
-            tot, m2 = moments_m(wsum, wm2, buf, mbar, r, t, cta)
-            mean = tot * Float32(inv_n)
-            tot = m2
+            tot, m2 = moments_m(*warp_moments(xr, tot, acc), buf, mbar, r, t, cta)
+            mean, tot = tot * Float32(inv_n), m2
         elif cutlass.const_expr(use_mbar):
             tot = allreduce_m(tot, buf, mbar, 0, r, t, cta)
         else:
