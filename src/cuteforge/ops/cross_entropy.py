@@ -53,11 +53,6 @@ from ..signature import FLOAT_DTYPES
 from ..workspace import stream_workspace
 from . import cross_entropy_launch as launch
 from .cross_entropy_launch import _MAX_PLANS, _WHERE
-
-# ops.linear_cross_entropy calls these here
-from .cross_entropy_launch import _bwd_into as _bwd_into
-from .cross_entropy_launch import _bwd_kernel as _bwd_kernel
-from .cross_entropy_launch import _fwd as _fwd
 from .registered import define
 
 __all__ = ["cross_entropy", "CHECK_TARGETS"]

@@ -18,20 +18,19 @@ ignored) or "sum". The loss is fp32. Registered as ``torch.ops.cuteforge.linear_
 
 from __future__ import annotations
 
-import importlib
 import numbers
 from typing import Any
 
 import torch
 
 from ..signature import FLOAT_DTYPES
+from . import cross_entropy_launch as _ce
 from .registered import define
 
 __all__ = ["linear_cross_entropy"]
 
 _WHERE = "cuteforge.ops.linear_cross_entropy"
 CHUNK_BYTES = 512 << 20  # a chunk's logits at most (their gradient overwrites them)
-_ce = importlib.import_module("cuteforge.ops.cross_entropy")  # the module (ops re-exports its function)
 
 
 def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) -> None:
