@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuteforge import STATS, timing
+from cuteforge import STATS
 from cuteforge.autotune import GraphTimer, TuneStore, make_input_sets, tune
 from cuteforge.kernels.reduce.row import RowReduceConfig as C
 from cuteforge.kernels.reduce.spec import row_reduce
+from cuteforge.timing import events as timing
 from cuteforge.tune_cli import tune_main
 
 pytestmark = pytest.mark.gpu
