@@ -1,5 +1,6 @@
-"""Build and load cuteforge's C++ extension: the eager autograd node (ffi_backward.cpp) and
-the eager forward launch (ffi_launch.cpp), as one torch extension.
+"""Build and load cuteforge's C++ extension: the eager autograd node (ffi_backward.cpp), the
+eager forward launch (ffi_launch.cpp), the registered ops' dispatcher kernels
+(ffi_dispatch.cpp) and a kernel's call from Python (ffi_call.cpp), as one torch extension.
 
 Built once per machine for each (source, torch, tvm-ffi, Python) combination, into the
 cuteforge cache directory (`CUTEFORGE_CACHE_DIR`, default ~/.cache/cuteforge) under a
@@ -45,8 +46,9 @@ from filelock import FileLock, Timeout
 
 from .. import trust
 
-# the backward node, the forward launch, and what they share
-SOURCES = [Path(__file__).with_name(f) for f in ("ffi_backward.cpp", "ffi_launch.cpp", "ffi_dispatch.cpp")]
+# the backward node, the forward launch, the dispatcher kernels, a kernel's call from Python,
+# and what they share
+SOURCES = [Path(__file__).with_name(f) for f in ("ffi_backward.cpp", "ffi_launch.cpp", "ffi_dispatch.cpp", "ffi_call.cpp")]
 HEADERS = [Path(__file__).with_name(f) for f in ("ffi_common.h", "launch_plan.h")]
 _state: dict[str, object] = {}
 log = logging.getLogger("cuteforge.native")
@@ -146,6 +148,25 @@ def load(wait: bool | None = None) -> ModuleType | None:
     if wait:
         thread.join()  # type: ignore[union-attr]
     return _state.get("module")  # type: ignore[return-value]
+
+
+def ready() -> ModuleType | None:
+    """The extension where this process has loaded it or it is built, else None; never
+    starts or waits for a build (`load` does). After a None it stays None until `load`
+    loads the module, so that asking again costs nothing."""
+    if "module" in _state:
+        return _state["module"]  # type: ignore[return-value]
+    if not enabled() or "thread" in _state or "absent" in _state:
+        return None
+    mod = _import_now()
+    with _lock:
+        if "module" in _state:
+            return _state["module"]  # type: ignore[return-value]
+        if mod is None:
+            _state["absent"] = True
+        else:
+            _state["module"] = mod
+    return mod
 
 
 def _settle(stacklevel: int) -> ModuleType | None:

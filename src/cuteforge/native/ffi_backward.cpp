@@ -254,6 +254,7 @@ void attach(const std::shared_ptr<Plan>& plan, const std::vector<std::optional<a
 namespace cuteforge_native {
 void register_launch(py::module_& m);    // ffi_launch.cpp
 void register_dispatch(py::module_& m);  // ffi_dispatch.cpp
+void register_call(py::module_& m);      // ffi_call.cpp
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -262,4 +263,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attach", &attach, "Attach a C++ backward node to computed outputs");
   cuteforge_native::register_launch(m);
   cuteforge_native::register_dispatch(m);
+  cuteforge_native::register_call(m);
 }
