@@ -35,9 +35,10 @@ with 16 cores, about 2 with --skip-bundle):
 
     python benchmarks/bench_startup.py [--out FILE] [--workers N] [--skip-bundle]
 
-With CUTEFORGE_LINKED_KERNELS=1 in the environment (the results record it) the entries
-are also linked into shared libraries and the warm and phases rows load those
-(docs/architecture.md, "A new process's first call"). The extension is built in
+Cache entries are linked into shared libraries when written, and the warm and phases rows
+load those (docs/architecture.md, "A new process's first call"); with
+CUTEFORGE_LINKED_KERNELS=0 in the environment they load the objects through the DSL
+instead (the results record which). The extension is built in
 CUTEFORGE_CACHE_DIR; where that is unset and platformdirs is
 not installed, the script sets it to the directory platformdirs would name on Linux
 ($XDG_CACHE_HOME/cuteforge, by default ~/.cache/cuteforge).
@@ -364,14 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from cuteforge.bench.report import results_header, write_results
+    from cuteforge.cache.kernel_cache import linked_kernels
 
     if not torch.cuda.is_available():
         p.error("a CUDA GPU is needed (every part times first calls of kernels)")
     t_all = time.perf_counter()
     seed_cache = default_cache_dir()
-    # the children inherit it: with "1" the warm rows load the entries' linked libraries
-    linked = os.environ.get("CUTEFORGE_LINKED_KERNELS", "0")
-    result: dict[str, Any] = {**results_header(), "dtype": args.dtype, "linked_kernels": linked == "1"}
+    # the children inherit CUTEFORGE_LINKED_KERNELS: unless "0", the warm rows load the
+    # entries' linked libraries
+    result: dict[str, Any] = {**results_header(), "dtype": args.dtype, "linked_kernels": linked_kernels()}
     if seed_cache is not None:
         result["cache_dir_set_to"] = seed_cache
     path = Path(args.out or RESULTS / f"{gpu_slug(result['gpu'])}-startup.json")

@@ -50,6 +50,9 @@ def test_bundle_serves_a_fresh_cache_without_compiling(built: Path, tmp_path: Pa
     assert r["compiles"] == 0 and r["bundle_loads"] == 1 and r["callable"], r
     assert r["warnings"] == []
     assert list((tmp_path / "fresh").glob("*/*/*.o")) == []  # a read-only layer: nothing copied in
+    # objects only: the cache's linked libraries stay there; the bundle's object loads through the DSL
+    assert objects(built) and not [p for p in built.rglob("*") if p.suffix != ".o" and "kernels" in p.parts and p.is_file()]
+    assert r["kind"] != "LinkedKernel" and list((tmp_path / "fresh").glob("*/*/*.so")) == []
     # a key the bundle lacks compiles as before
     other = run_worker(tmp_path / "fresh", 3.0, env={"CUTEFORGE_BUNDLES": str(built)})
     assert other["compiles"] == 1 and other["bundle_loads"] == 0

@@ -26,7 +26,7 @@ def run_worker(cache_dir: Path, variant: float = 2.0, env: dict[str, str] | None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-LINKED = {"CUTEFORGE_LINKED_KERNELS": "1"}
+UNLINKED = {"CUTEFORGE_LINKED_KERNELS": "0"}
 
 
 def entries(cache_dir: Path) -> list[Path]:
@@ -104,23 +104,27 @@ def test_damaged_entry_recompiles(tmp_path: Path, damage: str) -> None:
     assert again["compiles"] == 0 and again["l2_loads"] == 1, again
 
 
-def test_entries_are_not_linked_by_default(tmp_path: Path) -> None:
+def test_entries_are_linked_by_default(tmp_path: Path) -> None:
     first = run_worker(tmp_path)
-    (obj,) = entries(tmp_path)
-    assert first["compiles"] == 1 and not obj.with_suffix(".so").exists()
-    assert "lib_sha256" not in json.loads(obj.with_suffix(".json").read_text())
-
-
-def test_warm_load_opens_the_linked_library_without_tvm_ffi(tmp_path: Path) -> None:
-    first = run_worker(tmp_path, env=LINKED)
     (obj,) = entries(tmp_path)
     lib = obj.with_suffix(".so")
     meta = json.loads(obj.with_suffix(".json").read_text())
     assert first["compiles"] == 1 and lib.is_file() and meta["lib_sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
     assert lib.stat().st_mode & 0o077 == 0  # private whatever the umask: the loader refuses anything else
-    warm = run_worker(tmp_path, env=LINKED)
+    warm = run_worker(tmp_path)
     assert warm["compiles"] == 0 and warm["l2_loads"] == 1 and warm["callable"]
     assert warm["kind"] == "LinkedKernel" and not warm["tvm_ffi"] and not warm["warnings"]
+
+
+def test_linked_kernels_off(tmp_path: Path) -> None:
+    first = run_worker(tmp_path / "off", env=UNLINKED)
+    (obj,) = entries(tmp_path / "off")
+    assert first["compiles"] == 1 and not obj.with_suffix(".so").exists()
+    assert "lib_sha256" not in json.loads(obj.with_suffix(".json").read_text())
+    # an entry written with its library loads the object while the switch is off
+    run_worker(tmp_path / "on")
+    warm = run_worker(tmp_path / "on", env=UNLINKED)
+    assert warm["compiles"] == 0 and warm["l2_loads"] == 1 and warm["callable"] and warm["kind"] != "LinkedKernel"
 
 
 LINKED_CALL = """
@@ -134,23 +138,47 @@ try:  # CPU tensors: the kernel's own argument check answers, so the call reache
     fn(torch.ones(4), torch.ones(4))
 except ValueError as e:
     print("cuda" in str(e), "tvm_ffi" in sys.modules)
+try:  # an argument the extension's call does not pack: tvm_ffi's call
+    fn(torch.ones(4), "not a tensor")
+except Exception as e:
+    print(type(e).__name__, "tvm_ffi" in sys.modules)
 print(type(compiler.load_shared(lib)).__name__)  # tvm_ffi imported now: its own Function
 """
 
 
-def test_linked_kernel_needs_tvm_ffi_only_when_called_from_python(tmp_path: Path) -> None:
-    run_worker(tmp_path, env=LINKED)
-    (obj,) = entries(tmp_path)
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", LINKED_CALL, str(obj.with_suffix(".so"))], env=e, capture_output=True,
-                         text=True, timeout=300)
+def _linked_call(lib: Path, cache_dir: Path) -> list[str]:
+    e = dict(os.environ, CUTEFORGE_CACHE_DIR=str(cache_dir),
+             PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", LINKED_CALL, str(lib)], env=e, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:3] == ["LinkedKernel False True", "True True", "Function"], out.stdout
+    return out.stdout.split("\n")[:4]
+
+
+def test_linked_kernel_without_the_extension_calls_through_tvm_ffi(tmp_path: Path) -> None:
+    # a cache without the C++ extension built: a Python call imports tvm_ffi (and starts no build)
+    run_worker(tmp_path)
+    (obj,) = entries(tmp_path)
+    lines = _linked_call(obj.with_suffix(".so"), tmp_path)
+    assert lines[:2] == ["LinkedKernel False True", "True True"] and lines[3] == "Function", lines
+    assert not list((tmp_path / "native").glob("*/*.so"))
+
+
+def test_linked_kernel_called_from_python_through_the_extension_imports_no_tvm_ffi() -> None:
+    from cuteforge.native import build
+
+    if build.load(wait=True) is None:
+        pytest.skip("the C++ extension cannot be built here")
+    root = Path(os.environ["CUTEFORGE_CACHE_DIR"])  # the session's cache: the extension is built there
+    run_worker(root, variant=17.0)
+    obj = max(entries(root), key=lambda p: p.stat().st_mtime)
+    lines = _linked_call(obj.with_suffix(".so"), root)
+    assert lines[:2] == ["LinkedKernel False True", "True False"], lines
+    assert lines[2].endswith(" True") and lines[3] == "Function", lines
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "does_not_open"])
 def test_damaged_library_loads_the_object_instead(tmp_path: Path, damage: str) -> None:
-    run_worker(tmp_path, env=LINKED)
+    run_worker(tmp_path)
     (obj,) = entries(tmp_path)
     lib, meta_path = obj.with_suffix(".so"), obj.with_suffix(".json")
     if damage == "truncate":
@@ -161,20 +189,51 @@ def test_damaged_library_loads_the_object_instead(tmp_path: Path, damage: str) -
         lib.write_bytes(b"not a shared library")
         meta = json.loads(meta_path.read_text())
         meta_path.write_text(json.dumps({**meta, "lib_sha256": hashlib.sha256(lib.read_bytes()).hexdigest()}))
-    r = run_worker(tmp_path, env=LINKED)
-    assert r["compiles"] == 0 and r["l2_loads"] == 1 and r["callable"] and r["kind"] != "LinkedKernel"
+    r = run_worker(tmp_path)
+    assert r["compiles"] == 0 and r["l2_loads"] == 1 and r["callable"] and r["kind"] != "LinkedKernel", r
     assert not (tmp_path / "quarantine").exists() and not r["warnings"]
 
 
-def test_without_a_c_compiler_entries_load_through_the_dsl(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tools", ["none", "failing"])
+def test_without_a_working_linker_entries_load_through_the_dsl(tmp_path: Path, tools: str) -> None:
     no_tools = tmp_path / "bin"
     no_tools.mkdir()
-    first = run_worker(tmp_path / "c", env={**LINKED, "PATH": str(no_tools), "CC": ""})
-    assert first["compiles"] == 1 and any("cannot be linked" in w for w in first["warnings"]), first["warnings"]
+    env = {"PATH": str(no_tools), "CC": ""}
+    if tools == "failing":  # a C compiler whose link fails
+        cc = no_tools / "cc"
+        cc.write_text("#!/bin/sh\necho 'ld: cannot link' >&2\nexit 1\n")
+        cc.chmod(0o755)
+    first = run_worker(tmp_path / "c", env=env)
+    assert first["compiles"] == 1 and first["callable"] and not first["warnings"], first["warnings"]
     (obj,) = entries(tmp_path / "c")
     assert not obj.with_suffix(".so").exists() and "lib_sha256" not in json.loads(obj.with_suffix(".json").read_text())
-    warm = run_worker(tmp_path / "c", env=LINKED)
+    warm = run_worker(tmp_path / "c")
     assert warm["compiles"] == 0 and warm["l2_loads"] == 1 and warm["callable"] and warm["kind"] != "LinkedKernel"
+
+
+@pytest.mark.parametrize("cc, level", [(None, "DEBUG"), ("/usr/bin/cc", "WARNING")])
+def test_an_entry_without_its_library_is_logged_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture, cc: str | None, level: str) -> None:
+    import dataclasses
+    import logging
+
+    from cuteforge.cache import kernel_cache as kc
+    from cuteforge.cache.key import Entry
+
+    def link(obj: str, lib: str) -> None:
+        raise RuntimeError("ld: cannot link")
+
+    monkeypatch.setattr(kc, "_link_noted", set())
+    monkeypatch.setattr(kc.compiler, "linker", lambda: cc)
+    directory = tmp_path / "entry"
+    directory.mkdir(mode=0o700)
+    codec = dataclasses.replace(kc._FUNCTIONS, link=link)
+    with caplog.at_level(logging.DEBUG, logger="cuteforge"):
+        for _ in range(2):
+            assert kc.KernelCache._link(Entry.at(directory, "k"), str(directory / "k.o"), codec) is None
+    lines = [r for r in caplog.records if "not linked" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelname == level and "cannot link" in lines[0].getMessage()
+    assert not (directory / "k.so").exists()
 
 
 def test_package_source_hash_is_memoized_by_the_files_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

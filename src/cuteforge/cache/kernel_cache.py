@@ -112,11 +112,25 @@ _BYTES = _Codec(_write_bytes, lambda p: p.read_bytes(), lambda kernel, r, writte
 
 
 def linked_kernels() -> bool:
-    """Whether entries are linked into shared libraries and loaded from them
-    (``CUTEFORGE_LINKED_KERNELS=1``; experimental, off by default: a link costs each
-    compile a C compiler run, and the library path has yet to be timed against the
-    DSL's load on a GPU host)."""
-    return os.environ.get("CUTEFORGE_LINKED_KERNELS", "0") == "1"
+    """Whether entries are linked into shared libraries when written and loaded from them
+    (on by default; ``CUTEFORGE_LINKED_KERNELS=0`` turns it off: entries then load through
+    the DSL's JIT linker, tens of ms more on a process's first call of each)."""
+    return os.environ.get("CUTEFORGE_LINKED_KERNELS", "1") != "0"
+
+
+_link_noted: set[str] = set()
+
+
+def _note_link_failure(e: Exception) -> None:
+    """One log line per process for entries written without a library: a debug line where
+    the machine has no C compiler, a warning where a link failed."""
+    kind = "no-compiler" if compiler.linker() is None else "failed"
+    if kind in _link_noted:
+        return
+    _link_noted.add(kind)
+    msg = ("cuteforge: cached kernels are not linked into shared libraries (%s: %s); they load through the DSL's "
+           "JIT linker, tens of ms more on a process's first call of each")
+    (log.debug if kind == "no-compiler" else log.warning)(msg, type(e).__name__, str(e)[:300])
 
 
 class KernelCache:
@@ -241,7 +255,7 @@ class KernelCache:
     def _link(entry: Entry, staged: str, codec: _Codec) -> str | None:
         """The staged object linked into the entry's shared library (written whole before
         the metadata that names its sha256); its sha256, or None where it cannot be linked
-        (no C compiler): the entry then loads through the DSL."""
+        (no C compiler, a failed link; logged once): the entry then loads through the DSL."""
         if codec.link is None or not linked_kernels():
             return None
         link = codec.link
@@ -254,9 +268,7 @@ class KernelCache:
             trust.atomic_write_with(entry.lib, linked)
             return _sha256(trust.read_bytes(entry.lib))
         except Exception as e:  # the object alone is a complete entry
-            trust.warn_once("link", f"cuteforge: cached kernels cannot be linked into shared libraries ({type(e).__name__}: "
-                            f"{str(e)[:300]}); they load through the DSL's JIT linker, tens of ms more on a process's first "
-                            "call of each", stacklevel=6)
+            _note_link_failure(e)
             return None
 
     def _load(self, entry: Entry, key_repr: str, codec: _Codec = _FUNCTIONS) -> tuple[Any, str | None]:
