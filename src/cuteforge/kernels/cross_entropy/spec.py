@@ -2,7 +2,7 @@
 
 N (classes) is static like the row reduction's: the row loop is resolved at compile
 time. M and the logits row stride are dynamic. The thread layout is the row reduction's
-heuristic shape (``device.ce_config``, no cluster). ``ignore_index`` is a compile-time
+heuristic shape (``config.ce_config``, no cluster). ``ignore_index`` is a compile-time
 parameter of every kernel (it is almost always -100).
 
 Three kernels: ``cross_entropy_fwd`` (per-row loss and lse), ``cross_entropy_fwd_reduce``
@@ -20,8 +20,8 @@ import torch
 from ...arch import limits_for
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
-from ..reduce import row
-from . import device
+from ..reduce import config as row_cfg
+from . import config as ce_cfg
 
 # vocabulary sizes of common models (Llama 2, GPT-2, Llama 3, Qwen 2): what `precompile` builds
 STANDARD_N = (32000, 50257, 128256, 151936)
@@ -46,8 +46,8 @@ BWD_SIGNATURE = Signature(
 
 # out (1,) in logits' dtype; lse (L,): L = M + 1 with the parameter lse=True (lse per row,
 # then the count of non-ignored rows), else any length (not touched); work: the
-# (device, stream) workspace, at least device.work_words(grid) int32 words with the first
-# device.WORK_ZERO zero (ops/cross_entropy.py keeps it so).
+# (device, stream) workspace, at least config.work_words(grid) int32 words with the first
+# config.WORK_ZERO zero (ops/cross_entropy.py keeps it so).
 REDUCE_SIGNATURE = Signature(
     TensorArg("logits", ("M", "N")),
     TensorArg("target", ("M",), dtypes=(torch.int64,)),
@@ -59,7 +59,7 @@ REDUCE_SIGNATURE = Signature(
 
 
 def config_for(n: int, dtype_bits: int, backward: bool = False) -> Any:
-    return device.ce_config(n, dtype_bits, backward)
+    return ce_cfg.ce_config(n, dtype_bits, backward)
 
 
 def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
@@ -67,10 +67,10 @@ def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
     flight (those that fit the row), then the row reduction's candidates (none with a
     cluster)."""
     n, bits = spec.static("N"), spec.dtype("logits").width
-    out = [device.ce_config(n, bits, backward)]
+    out = [ce_cfg.ce_config(n, bits, backward)]
     nv = -(-n // (128 // bits))
-    shapes = [row.RowReduceConfig(t, t, u) for t, u in ((512, 4), (256, 4), (512, 8), (128, 4)) if nv // t >= u]
-    for c in shapes + [c for c in row.candidate_configs(n, bits) if c.cluster_n == 1]:
+    shapes = [row_cfg.RowReduceConfig(t, t, u) for t, u in ((512, 4), (256, 4), (512, 8), (128, 4)) if nv // t >= u]
+    for c in shapes + [c for c in row_cfg.candidate_configs(n, bits) if c.cluster_n == 1]:
         if c not in out:
             out.append(c)
     return out[:8]
@@ -112,7 +112,7 @@ def _specs(with_grad: bool, ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[Bo
 def _ce_kernel(name: str, signature: Signature, specializations: Any, validate: Any = _validate,
                backward: bool = False) -> Any:
     """`@kernel` for one of the cross-entropy kernels: the configs are the direction's
-    (`device.ce_config` and `_candidates`)."""
+    (`ce_config` and `_candidates`)."""
     return kernel(
         name=name,
         signature=signature,
@@ -126,7 +126,9 @@ def _ce_kernel(name: str, signature: Signature, specializations: Any, validate: 
 
 @_ce_kernel("cross_entropy_fwd", FWD_SIGNATURE, lambda ns=STANDARD_N: _specs(False, ns))
 def cross_entropy_fwd(spec: CompileSpec) -> Any:
-    return device.make_ce_fwd(
+    from .device import make_ce_fwd
+
+    return make_ce_fwd(
         spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index")
     )
 
@@ -144,8 +146,10 @@ def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, di
 
 @_ce_kernel("cross_entropy_fwd_reduce", REDUCE_SIGNATURE, _reduce_specs, _validate_reduce)
 def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
+    from .device import make_ce_fwd_reduce
+
     _validate_reduce(spec, spec.config)
-    return device.make_ce_fwd_reduce(
+    return make_ce_fwd_reduce(
         spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index"),
         bool(spec.param("mean")), bool(spec.param("lse")),
     )
@@ -153,6 +157,8 @@ def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
 
 @_ce_kernel("cross_entropy_bwd", BWD_SIGNATURE, lambda ns=STANDARD_N: _specs(True, ns), backward=True)
 def cross_entropy_bwd(spec: CompileSpec) -> Any:
-    return device.make_ce_bwd(
+    from .device import make_ce_bwd
+
+    return make_ce_bwd(
         spec.dtype("logits"), spec.static("N"), _vec(spec, "logits", "dlogits"), spec.config, spec.param("ignore_index")
     )
