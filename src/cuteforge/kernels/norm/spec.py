@@ -17,7 +17,7 @@ import torch
 from ...arch import limits_for
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
-from . import bwd, config, fwd
+from . import config
 
 F32 = (torch.float32,)
 STANDARD_N = (1024, 2048, 4096, 5120, 8192, 16384)
@@ -133,7 +133,9 @@ def _norm_kernel(backward: bool) -> Any:
 
 @_norm_kernel(backward=False)
 def norm_fwd(spec: CompileSpec) -> Any:
-    return fwd.make_norm_fwd(
+    from .fwd import make_norm_fwd
+
+    return make_norm_fwd(
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _FWD_ROWS),
         spec.config, float(spec.param("eps")), bool(spec.param("has_bias")), bool(spec.param("has_residual")),
         _aligned(spec, ("x", "residual")), _aligned(spec, ("weight", "bias")),
@@ -142,7 +144,9 @@ def norm_fwd(spec: CompileSpec) -> Any:
 
 @_norm_kernel(backward=True)
 def norm_bwd(spec: CompileSpec) -> Any:
-    return bwd.make_norm_bwd(
+    from .bwd import make_norm_bwd
+
+    return make_norm_bwd(
         spec.param("kind"), spec.dtype("x"), spec.dtype("weight"), spec.static("N"), _vec(spec, _BWD_ROWS),
         spec.config, bool(spec.param("has_bias")), bool(spec.param("has_dsum")),
         _aligned(spec, ("x", "dy", "dsum")), _aligned(spec, ("weight",)),

@@ -20,7 +20,7 @@ import torch
 from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
-from . import col, row
+from . import config as cfg_mod
 
 OPS = ("sum", "mean", "amax", "amin", "argmax")
 # The N values `cuteforge precompile` builds ahead of time (powers of two seen in models).
@@ -40,17 +40,17 @@ def out_dtype(op: str, x_dtype: torch.dtype) -> torch.dtype:
 def config_for(arch: str, n: int, dtype_bits: int, m: int | None) -> Any:
     """The heuristic config for an (m, n) problem. Knowing M lets few long rows split
     over a thread-block cluster, which only sm_90 and newer have."""
-    return row.default_config(n, dtype_bits, m if parse_arch(arch) >= 90 else None)
+    return cfg_mod.default_config(n, dtype_bits, m if parse_arch(arch) >= 90 else None)
 
 
 def _default_config(spec: CompileSpec) -> Any:
-    return row.default_config(spec.static("N"), spec.dtype("x").width)
+    return cfg_mod.default_config(spec.static("N"), spec.dtype("x").width)
 
 
 def _configs(spec: CompileSpec) -> list[Any]:
     """Candidates for spec's N and dtype (`validate` then drops what the target cannot run:
     clusters need sm_90+)."""
-    return row.candidate_configs(spec.static("N"), spec.dtype("x").width)
+    return cfg_mod.candidate_configs(spec.static("N"), spec.dtype("x").width)
 
 
 def _specializations(ops: Iterable[str] = OPS, ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
@@ -78,7 +78,9 @@ def _row_validate(spec: CompileSpec, config: Any) -> None:
     validate=_row_validate,
 )
 def row_reduce(spec: CompileSpec) -> Any:
-    return row.make_row_reduce(
+    from .row import make_row_reduce
+
+    return make_row_reduce(
         spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.static("N"), spec.vec("x"), spec.config
     )
 
@@ -91,11 +93,11 @@ COL_SIGNATURE = Signature(
 
 def col_config_for(arch: str, o: int, r: int, i: int, dtype_bits: int, vec: int) -> Any:
     """The heuristic column config; the cluster split of R needs sm_90."""
-    return col.default_col_config(o, r, i, dtype_bits, vec, clusters=parse_arch(arch) >= 90)
+    return cfg_mod.default_col_config(o, r, i, dtype_bits, vec, clusters=parse_arch(arch) >= 90)
 
 
 def _col_default_config(spec: CompileSpec) -> Any:
-    return col.ColReduceConfig()
+    return cfg_mod.ColReduceConfig()
 
 
 def _col_validate(spec: CompileSpec, config: Any) -> None:
@@ -111,4 +113,6 @@ def _col_validate(spec: CompileSpec, config: Any) -> None:
     validate=_col_validate,
 )
 def col_reduce(spec: CompileSpec) -> Any:
-    return col.make_col_reduce(spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.vec("x"), spec.config)
+    from .col import make_col_reduce
+
+    return make_col_reduce(spec.param("op"), spec.dtype("x"), spec.dtype("out"), spec.vec("x"), spec.config)

@@ -1,5 +1,7 @@
 """Softmax and log-softmax over the last dim, forward and backward (CuTe DSL)."""
 
+from typing import Any
+
 from .config import (
     MODES,
     PATHS,
@@ -9,7 +11,6 @@ from .config import (
     is_backward,
     longrow_candidates,
 )
-from .device import make_softmax
 
 __all__ = [
     "MODES",
@@ -21,6 +22,16 @@ __all__ = [
     "longrow_candidates",
     "make_softmax",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`make_softmax` loads with the device module (the DSL is imported only to compile)."""
+    if name == "make_softmax":
+        from .device import make_softmax
+
+        return make_softmax
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Importing the family registers its kernels (spec) and their tuning problems (tune).
 from . import spec, tune  # noqa: E402, F401

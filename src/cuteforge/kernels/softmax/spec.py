@@ -17,8 +17,6 @@ from ...arch import limits_for, parse_arch
 from ...kernel import CompileSpec, kernel
 from ...signature import FLOAT_DTYPES, MAX_VECTOR_BYTES, BoundKey, Signature, TensorArg, torch_dtype
 from . import config as cfg_mod
-from .chunked import make_softmax_chunked
-from .device import make_softmax
 
 FWD_MODES = ("softmax", "log_softmax")
 BWD_MODES = ("softmax_bwd", "log_softmax_bwd")
@@ -151,6 +149,9 @@ def _mode(spec: CompileSpec, kernel_name: str, modes: tuple[str, ...]) -> str:
 
 @_softmax_kernel(backward=False)
 def softmax_fwd(spec: CompileSpec) -> Any:
+    from .chunked import make_softmax_chunked
+    from .device import make_softmax
+
     mode = _mode(spec, "softmax_fwd", FWD_MODES)
     same = _same_heads(spec)
     if getattr(spec.config, "path", "regs") != "regs":  # the long-row forward paths (chunked.py)
@@ -160,6 +161,9 @@ def softmax_fwd(spec: CompileSpec) -> Any:
 
 @_softmax_kernel(backward=True)
 def softmax_bwd(spec: CompileSpec) -> Any:
+    from .chunked import make_softmax_chunked
+    from .device import make_softmax
+
     mode = _mode(spec, "softmax_bwd", BWD_MODES)
     same = _same_heads(spec)
     if getattr(spec.config, "path", "regs") == "mbar":  # chunked rows, st.async exchange (chunked.py)
