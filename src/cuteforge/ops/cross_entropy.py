@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.cross_entropy.device import WORK_ZERO
+from ..kernels.cross_entropy.config import WORK_ZERO
 from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch

@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 
-from ..kernels.cross_entropy.device import reduce_fits, work_words
+from ..kernels.cross_entropy.config import reduce_fits, work_words
 from ..kernels.cross_entropy.spec import (
     config_for,
     cross_entropy_bwd,
     cross_entropy_fwd,
     cross_entropy_fwd_reduce,
 )
-from ..kernels.reduce.row import RowReduceConfig
+from ..kernels.reduce.config import RowReduceConfig
 
 _MAX_PLANS = 4096
 _FWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
