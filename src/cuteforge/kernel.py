@@ -28,7 +28,7 @@ from typing import Any
 from . import arch as arch_mod
 from . import compiler, config_types
 from .cache import DEFAULT_CACHE, STATS, KernelCache, cache_root, entry_for, source_hash
-from .signature import BoundKey, Signature, check_key_part, cutlass_dtype, key_scalar
+from .signature import BoundKey, Signature, check_key_part, cutlass_dtype, key_scalar, torch_dtype
 
 REGISTRY: dict[str, Kernel] = {}
 
@@ -58,6 +58,11 @@ class CompileSpec:
     def dtype(self, arg: str) -> Any:
         """The cutlass numeric type of tensor argument `arg`."""
         return cutlass_dtype(self.key.dtypes[self._index(arg)])
+
+    def bits(self, arg: str) -> int:
+        """The width in bits of tensor argument `arg`'s elements, without the DSL (a cached
+        kernel's lookup needs its default config, not a compile)."""
+        return torch_dtype(self.key.dtypes[self._index(arg)]).itemsize * 8
 
     def vec(self, arg: str) -> int:
         """Elements per vector access that every row of `arg` is aligned to."""

@@ -66,7 +66,7 @@ def _candidates(spec: CompileSpec, backward: bool) -> list[Any]:
     """The heuristic, one-row CTAs of 128 / 256 / 512 threads with 4 or 8 vectors in
     flight (those that fit the row), then the row reduction's candidates (none with a
     cluster)."""
-    n, bits = spec.static("N"), spec.dtype("logits").width
+    n, bits = spec.static("N"), spec.bits("logits")
     out = [ce_cfg.ce_config(n, bits, backward)]
     nv = -(-n // (128 // bits))
     shapes = [row_cfg.RowReduceConfig(t, t, u) for t, u in ((512, 4), (256, 4), (512, 8), (128, 4)) if nv // t >= u]
@@ -80,7 +80,7 @@ def _validate(spec: CompileSpec, config: Any) -> None:
     """The kernels' `validate=` hook: the autotuner's check before compiling a candidate."""
     if config.cluster_n != 1:
         raise ValueError("cross-entropy kernels do not split rows over clusters (cluster_n must be 1)")
-    config.validate(spec.static("N"), spec.dtype("logits").width, limits_for(spec.arch))
+    config.validate(spec.static("N"), spec.bits("logits"), limits_for(spec.arch))
 
 
 def _validate_reduce(spec: CompileSpec, config: Any) -> None:
@@ -117,7 +117,7 @@ def _ce_kernel(name: str, signature: Signature, specializations: Any, validate: 
         name=name,
         signature=signature,
         archs=("sm_80+",),
-        default_config=lambda s: config_for(s.static("N"), s.dtype("logits").width, backward),
+        default_config=lambda s: config_for(s.static("N"), s.bits("logits"), backward),
         configs=lambda s: _candidates(s, backward),
         specializations=specializations,
         validate=validate,

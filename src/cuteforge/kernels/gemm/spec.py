@@ -67,7 +67,7 @@ def signature(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: boo
 
 
 def _sizes(spec: CompileSpec) -> tuple[int, int]:
-    return spec.dtype("a").width // 8, spec.dtype("out").width // 8
+    return spec.bits("a") // 8, spec.bits("out") // 8
 
 
 def _default_config(spec: CompileSpec) -> GemmConfig:

@@ -55,20 +55,20 @@ _BWD_ROWS = ("x", "weight", "dy", "dsum", "dx")
 def _vec(spec: CompileSpec, names: tuple[str, ...]) -> int:
     """One element count per vector access for every row operand: the smallest
     alignment, and no access wider than 16 bytes for the widest dtype."""
-    widest = max(spec.dtype(a).width for a in names)
+    widest = max(spec.bits(a) for a in names)
     return min(min(spec.vec(a) for a in names), 128 // widest)
 
 
 def _validate(spec: CompileSpec, cfg: Any, backward: bool) -> None:
     """The kernels' `validate=` hook: the autotuner's check before compiling a candidate."""
-    cfg.validate(spec.static("N"), spec.dtype("x").width, limits_for(spec.arch), backward)
+    cfg.validate(spec.static("N"), spec.bits("x"), limits_for(spec.arch), backward)
     if cfg.row_grid and spec.param("has_dw", True):
         raise ValueError("row_grid is for the backward without partials (has_dw=False): the partials' Q rows "
                          "would be one per row block")
 
 
 def _configs(spec: CompileSpec, backward: bool) -> list[Any]:
-    n, bits = spec.static("N"), spec.dtype("x").width
+    n, bits = spec.static("N"), spec.bits("x")
     if backward:  # the backward's candidates around the heuristic, after this kernel's own default
         base = _default_config(spec, True)
         near = config.row_grid_candidates(base, n, bits) if base.row_grid else []  # the frozen kernel's
@@ -112,7 +112,7 @@ def _bwd_specializations(ns: Iterable[int] | None = None) -> Iterable[tuple[Boun
 
 
 def _default_config(spec: CompileSpec, backward: bool) -> Any:
-    n, bits = spec.static("N"), spec.dtype("x").width
+    n, bits = spec.static("N"), spec.bits("x")
     if backward:
         return config.default_bwd_config(n, bits, bool(spec.param("has_dw", True)), spec.param("kind"))
     return config.default_config(n, bits, False, spec.param("kind"), bool(spec.param("has_residual")))
@@ -157,5 +157,5 @@ def norm_bwd(spec: CompileSpec) -> Any:
 def _aligned(spec: CompileSpec, names: tuple[str, ...]) -> bool:
     """Every row (or vector) of the named operands starts 16-byte aligned: the per-argument
     vector width covers 16 bytes (what the staged kernels' bulk copies need)."""
-    return all(spec.vec(a) * spec.dtype(a).width == 128 for a in names)
+    return all(spec.vec(a) * spec.bits(a) == 128 for a in names)
 

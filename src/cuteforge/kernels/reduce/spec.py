@@ -44,13 +44,13 @@ def config_for(arch: str, n: int, dtype_bits: int, m: int | None) -> Any:
 
 
 def _default_config(spec: CompileSpec) -> Any:
-    return cfg_mod.default_config(spec.static("N"), spec.dtype("x").width)
+    return cfg_mod.default_config(spec.static("N"), spec.bits("x"))
 
 
 def _configs(spec: CompileSpec) -> list[Any]:
     """Candidates for spec's N and dtype (`validate` then drops what the target cannot run:
     clusters need sm_90+)."""
-    return cfg_mod.candidate_configs(spec.static("N"), spec.dtype("x").width)
+    return cfg_mod.candidate_configs(spec.static("N"), spec.bits("x"))
 
 
 def _specializations(ops: Iterable[str] = OPS, ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
@@ -65,7 +65,7 @@ def _specializations(ops: Iterable[str] = OPS, ns: Iterable[int] = STANDARD_N) -
 
 def _row_validate(spec: CompileSpec, config: Any) -> None:
     """The autotuner's pre-compile check of a candidate for this spec's N, dtype, target."""
-    config.validate(spec.static("N"), spec.dtype("x").width, limits_for(spec.arch))
+    config.validate(spec.static("N"), spec.bits("x"), limits_for(spec.arch))
 
 
 @kernel(
@@ -102,7 +102,7 @@ def _col_default_config(spec: CompileSpec) -> Any:
 
 def _col_validate(spec: CompileSpec, config: Any) -> None:
     """The autotuner's pre-compile check of a candidate on this spec's target."""
-    config.validate(spec.dtype("x").width, limits_for(spec.arch))
+    config.validate(spec.bits("x"), limits_for(spec.arch))
 
 
 @kernel(

@@ -86,7 +86,7 @@ def config_for(arch: str, n: int, dtype_bits: int, backward: bool, m: int | None
 
 def _default_config(backward: bool):
     def f(spec: CompileSpec) -> Any:
-        return config_for(spec.arch, spec.static("N"), spec.dtype(spec._signature.names[0]).width, backward, None,
+        return config_for(spec.arch, spec.static("N"), spec.bits(spec._signature.names[0]), backward, None,
                           spec.param("mode", None), spec.key)
 
     return f
@@ -97,14 +97,14 @@ def _validator(backward: bool):
     kernels' `validate=` hook, which the autotuner calls before compiling a candidate."""
 
     def f(spec: CompileSpec, config: Any) -> None:
-        config.validate(spec.static("N"), spec.dtype(spec._signature.names[0]).width, backward, limits_for(spec.arch))
+        config.validate(spec.static("N"), spec.bits(spec._signature.names[0]), backward, limits_for(spec.arch))
 
     return f
 
 
 def _configs(backward: bool):
     def f(spec: CompileSpec) -> list[Any]:  # filtered by the kernels' `validate`
-        return cfg_mod.candidate_configs(spec.static("N"), spec.dtype(spec._signature.names[0]).width, backward)
+        return cfg_mod.candidate_configs(spec.static("N"), spec.bits(spec._signature.names[0]), backward)
 
     return f
 
