@@ -146,10 +146,13 @@ print(type(compiler.load_shared(lib)).__name__)  # tvm_ffi imported now: its own
 """
 
 
-def _linked_call(lib: Path, cache_dir: Path) -> list[str]:
+def _linked_call(lib: Path, cache_dir: Path, extension: bool = False) -> list[str]:
+    """LINKED_CALL's lines in a fresh process; with ``extension``, the C++ extension loaded
+    first (as an op's launch would have loaded it)."""
     e = dict(os.environ, CUTEFORGE_CACHE_DIR=str(cache_dir),
              PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", LINKED_CALL, str(lib)], env=e, capture_output=True, text=True, timeout=300)
+    code = ("from cuteforge.native import build\nassert build.load(wait=True) is not None\n" if extension else "") + LINKED_CALL
+    out = subprocess.run([sys.executable, "-c", code, str(lib)], env=e, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.split("\n")[:4]
 
@@ -171,7 +174,7 @@ def test_linked_kernel_called_from_python_through_the_extension_imports_no_tvm_f
     root = Path(os.environ["CUTEFORGE_CACHE_DIR"])  # the session's cache: the extension is built there
     run_worker(root, variant=17.0 + time.time_ns() % 999_983 / 1e6)  # a key no earlier run left in this cache
     obj = max(entries(root), key=lambda p: p.stat().st_mtime)
-    lines = _linked_call(obj.with_suffix(".so"), root)
+    lines = _linked_call(obj.with_suffix(".so"), root, extension=True)
     assert lines[:2] == ["LinkedKernel False True", "True False"], lines
     assert lines[2].endswith(" True") and lines[3] == "Function", lines
 
