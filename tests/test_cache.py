@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -146,13 +147,10 @@ print(type(compiler.load_shared(lib)).__name__)  # tvm_ffi imported now: its own
 """
 
 
-def _linked_call(lib: Path, cache_dir: Path, extension: bool = False) -> list[str]:
-    """LINKED_CALL's lines in a fresh process; with ``extension``, the C++ extension loaded
-    first (as an op's launch would have loaded it)."""
+def _linked_call(lib: Path, cache_dir: Path) -> list[str]:
     e = dict(os.environ, CUTEFORGE_CACHE_DIR=str(cache_dir),
              PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
-    code = ("from cuteforge.native import build\nassert build.load(wait=True) is not None\n" if extension else "") + LINKED_CALL
-    out = subprocess.run([sys.executable, "-c", code, str(lib)], env=e, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", LINKED_CALL, str(lib)], env=e, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.split("\n")[:4]
 
@@ -166,15 +164,22 @@ def test_linked_kernel_without_the_extension_calls_through_tvm_ffi(tmp_path: Pat
     assert not list((tmp_path / "native").glob("*/*.so"))
 
 
-def test_linked_kernel_called_from_python_through_the_extension_imports_no_tvm_ffi() -> None:
+def test_linked_kernel_called_from_python_through_the_extension_imports_no_tvm_ffi(tmp_path: Path) -> None:
     from cuteforge.native import build
 
-    if build.load(wait=True) is None:
+    mod = build.load(wait=True)
+    if mod is None:
         pytest.skip("the C++ extension cannot be built here")
-    root = Path(os.environ["CUTEFORGE_CACHE_DIR"])  # the session's cache: the extension is built there
-    run_worker(root, variant=17.0 + time.time_ns() % 999_983 / 1e6)  # a key no earlier run left in this cache
-    obj = max(entries(root), key=lambda p: p.stat().st_mtime)
-    lines = _linked_call(obj.with_suffix(".so"), root, extension=True)
+    # a cache of its own holding a copy of the built extension: no other process's build
+    # lock on the session's cache can hide it from the call
+    built = Path(mod.__file__).parent
+    root = tmp_path / "cache"
+    (root / "native").mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    shutil.copytree(built, root / "native" / built.name)
+    run_worker(root, variant=17.0)
+    (obj,) = [p for p in entries(root) if p.relative_to(root).parts[0] != "native"]  # not the extension's objects
+    lines = _linked_call(obj.with_suffix(".so"), root)
     assert lines[:2] == ["LinkedKernel False True", "True False"], lines
     assert lines[2].endswith(" True") and lines[3] == "Function", lines
 

@@ -264,6 +264,10 @@ def _ninja_on_path() -> None:
 
 
 def _build_and_load() -> ModuleType:
+    import tvm_ffi.libinfo as ffi_info
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
     directory = build_dir()
     lock = FileLock(str(directory) + ".lock", timeout=LOCK_TIMEOUT_S, mode=0o600)
     try:
@@ -272,7 +276,7 @@ def _build_and_load() -> ModuleType:
         trust.warn_once("native-lock", f"cuteforge: cannot take the C++ extension's build lock {lock.lock_file} ({e}); "
                         "building it in a private temporary directory for this process")
         directory = trust.private_dir(trust.process_temp_dir("native"), directory.name)
-        return _build(directory)
+        return _build(cpp_extension, ffi_info, directory)
     try:
         # Holding the lock, no build of this directory is under way: a built file is whole.
         mod = _import_built(directory)
@@ -283,18 +287,12 @@ def _build_and_load() -> ModuleType:
         # build would then wait for it forever. Holding our lock, no other build of this
         # directory runs, so such a file is stale.
         (directory / "lock").unlink(missing_ok=True)
-        return _build(directory)
+        return _build(cpp_extension, ffi_info, directory)
     finally:
         lock.release()
 
 
-def _build(directory: Path) -> ModuleType:
-    # the toolchain only where a build runs: a built extension loads without tvm-ffi's
-    # Python package (its import is a new process's largest start-up cost after the DSL's)
-    import tvm_ffi.libinfo as ffi_info
-    from torch.utils import cpp_extension
-
-    _ninja_on_path()
+def _build(cpp_extension: ModuleType, ffi_info: ModuleType, directory: Path) -> ModuleType:
     libdir = str(Path(ffi_info.find_libtvm_ffi()).parent)
     includes = sorted({*ffi_info.include_paths(), ffi_info.find_dlpack_include_path()})
     if not any(directory.glob("*.so")):
