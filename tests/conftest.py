@@ -4,7 +4,9 @@ there is no GPU (CuTe DSL emits real sm_90a code on a CPU-only machine)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,13 +31,13 @@ if not HAS_CUDA:
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _session_cache(tmp_path_factory: pytest.TempPathFactory):
+def pytest_configure(config: pytest.Config) -> None:
+    # before collection: test modules load the extension at import (their skip marks)
     if "CUTEFORGE_TEST_CACHE_DIR" in os.environ:  # the GPU runner may share one across calls
         os.environ["CUTEFORGE_CACHE_DIR"] = os.environ["CUTEFORGE_TEST_CACHE_DIR"]
     else:
-        os.environ["CUTEFORGE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cuteforge-cache"))
-    yield
+        os.environ["CUTEFORGE_CACHE_DIR"] = _SESSION_CACHE = tempfile.mkdtemp(prefix="cuteforge-test-cache-")
+        config.add_cleanup(lambda: shutil.rmtree(_SESSION_CACHE, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

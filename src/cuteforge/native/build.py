@@ -2,7 +2,8 @@
 eager forward launch (ffi_launch.cpp), the registered ops' dispatcher kernels
 (ffi_dispatch.cpp) and a kernel's call from Python (ffi_call.cpp), as one torch extension.
 
-Built once per machine for each (source, torch, tvm-ffi, Python) combination, into the
+Built once per machine for each (source, torch, tvm-ffi, Python) combination and each
+environment's libtvm_ffi (the extension links it by absolute path), into the
 cuteforge cache directory (`CUTEFORGE_CACHE_DIR`, default ~/.cache/cuteforge) under a
 file lock, so concurrent processes build it once; later processes load the shared
 object in milliseconds. A build takes ~25-35 s (torch's headers); `cuteforge library`
@@ -44,7 +45,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .. import trust
+from .. import runtime_libraries, trust
 
 # the backward node, the forward launch, the dispatcher kernels, a kernel's call from Python,
 # and what they share
@@ -60,7 +61,7 @@ def enabled() -> bool:
 
 
 def build_tag() -> str:
-    """What the extension is built for: its sources, torch, tvm-ffi, Python (16 hex digits).
+    """What the extension is built for: its sources, torch, tvm-ffi (version and library), Python (16 hex digits).
     Computed once per process: a load asks it several times."""
     return _build_tag(tuple(SOURCES + HEADERS))
 
@@ -72,7 +73,9 @@ def _build_tag(files: tuple[Path, ...]) -> str:
     h = hashlib.sha256()
     for f in files:
         h.update(f.read_bytes())
-    h.update(f"{torch.__version__}|{_tvm_ffi_version()}|{sys.version}|{sys.platform}".encode())
+    # the libtvm_ffi it links (by absolute rpath): each environment builds its own
+    h.update(f"{torch.__version__}|{_tvm_ffi_version()}|{runtime_libraries.tvm_ffi_library()}|{sys.version}|"
+             f"{sys.platform}".encode())
     return h.hexdigest()[:16]
 
 
@@ -240,6 +243,8 @@ def _import_built(directory: Path) -> ModuleType | None:
     try:
         import torch  # noqa: F401  (its libraries first: the extension links against them)
 
+        runtime_libraries.open_tvm_ffi()
+
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             return None
@@ -264,10 +269,6 @@ def _ninja_on_path() -> None:
 
 
 def _build_and_load() -> ModuleType:
-    import tvm_ffi.libinfo as ffi_info
-    from torch.utils import cpp_extension
-
-    _ninja_on_path()
     directory = build_dir()
     lock = FileLock(str(directory) + ".lock", timeout=LOCK_TIMEOUT_S, mode=0o600)
     try:
@@ -276,7 +277,7 @@ def _build_and_load() -> ModuleType:
         trust.warn_once("native-lock", f"cuteforge: cannot take the C++ extension's build lock {lock.lock_file} ({e}); "
                         "building it in a private temporary directory for this process")
         directory = trust.private_dir(trust.process_temp_dir("native"), directory.name)
-        return _build(cpp_extension, ffi_info, directory)
+        return _build(directory)
     try:
         # Holding the lock, no build of this directory is under way: a built file is whole.
         mod = _import_built(directory)
@@ -287,12 +288,18 @@ def _build_and_load() -> ModuleType:
         # build would then wait for it forever. Holding our lock, no other build of this
         # directory runs, so such a file is stale.
         (directory / "lock").unlink(missing_ok=True)
-        return _build(cpp_extension, ffi_info, directory)
+        return _build(directory)
     finally:
         lock.release()
 
 
-def _build(cpp_extension: ModuleType, ffi_info: ModuleType, directory: Path) -> ModuleType:
+def _build(directory: Path) -> ModuleType:
+    # the toolchain only where a build runs: a built extension loads without tvm-ffi's
+    # Python package (its import is a new process's largest start-up cost after the DSL's)
+    import tvm_ffi.libinfo as ffi_info
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
     libdir = str(Path(ffi_info.find_libtvm_ffi()).parent)
     includes = sorted({*ffi_info.include_paths(), ffi_info.find_dlpack_include_path()})
     if not any(directory.glob("*.so")):

@@ -1,0 +1,47 @@
+"""This environment's libtvm_ffi, opened before the C++ extension or a cached kernel's
+shared library is.
+
+Both link libtvm_ffi through an absolute rpath: the tvm-ffi installation of the
+environment that built or linked them. A cache is per user, not per environment, so a
+file made in one virtual environment can be opened in another. Had that file's rpath
+loaded the other environment's libtvm_ffi, the process would hold two copies of it, each
+with its own thread-local error slot and launch stream: a kernel's error would come back
+without its message, and kernels could launch on a stream other than torch's. With this
+environment's copy open first (RTLD_GLOBAL, as tvm-ffi's own import opens it), the
+dynamic loader serves every later dependency on `libtvm_ffi.so` from it by its soname.
+Found without importing `tvm_ffi` (its import is tens of ms of a process's start).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+from pathlib import Path
+
+
+@functools.cache
+def tvm_ffi_library() -> Path | None:
+    """The libtvm_ffi.so of the installed `tvm_ffi` package (resolved), or None where it is
+    not found there (then the rpath decides)."""
+    try:
+        spec = importlib.util.find_spec("tvm_ffi")
+    except (ImportError, ValueError):
+        return None
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        lib = Path(base) / "lib" / "libtvm_ffi.so"
+        if lib.is_file():
+            return lib.resolve()
+    return None
+
+
+@functools.cache
+def open_tvm_ffi() -> None:
+    """Open this environment's libtvm_ffi once, globally (see the module's doc)."""
+    lib = tvm_ffi_library()
+    if lib is not None:
+        try:
+            ctypes.CDLL(str(lib), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        except OSError:  # then the rpath decides, as before
+            pass
