@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cache import HERE, SRC, run_worker
+from test_cache import HERE, SRC, UNLINKED, run_worker
 
 from cuteforge import bundle
 
@@ -50,9 +50,17 @@ def test_bundle_serves_a_fresh_cache_without_compiling(built: Path, tmp_path: Pa
     assert r["compiles"] == 0 and r["bundle_loads"] == 1 and r["callable"], r
     assert r["warnings"] == []
     assert list((tmp_path / "fresh").glob("*/*/*.o")) == []  # a read-only layer: nothing copied in
-    # objects only: the cache's linked libraries stay there; the bundle's object loads through the DSL
+    # objects only: each machine links its own library from the bundle's object, once
     assert objects(built) and not [p for p in built.rglob("*") if p.suffix != ".o" and "kernels" in p.parts and p.is_file()]
-    assert r["kind"] != "LinkedKernel" and list((tmp_path / "fresh").glob("*/*/*.so")) == []
+    (lib,) = (tmp_path / "fresh" / "linked").glob("*.so")
+    assert r["kind"] == "LinkedKernel" and list((tmp_path / "fresh").glob("*/*/*.so")) == []
+    stamp = lib.stat().st_mtime_ns
+    again = run_worker(tmp_path / "fresh", env={"CUTEFORGE_BUNDLES": str(built)})
+    assert again["compiles"] == 0 and again["bundle_loads"] == 1 and again["kind"] == "LinkedKernel"
+    assert lib.stat().st_mtime_ns == stamp  # opened, not linked again
+    unlinked = run_worker(tmp_path / "plain", env={"CUTEFORGE_BUNDLES": str(built), **UNLINKED})
+    assert unlinked["bundle_loads"] == 1 and unlinked["kind"] != "LinkedKernel"
+    assert not (tmp_path / "plain" / "linked").exists()
     # a key the bundle lacks compiles as before
     other = run_worker(tmp_path / "fresh", 3.0, env={"CUTEFORGE_BUNDLES": str(built)})
     assert other["compiles"] == 1 and other["bundle_loads"] == 0
@@ -144,3 +152,14 @@ def test_tuning_records_travel_in_a_bundle(tmp_path: Path, monkeypatch: pytest.M
         assert rec is not None and rec["path"].startswith(str(tmp_path / "b"))
     finally:
         bundle.clear_bundles()
+
+
+def test_a_bundles_object_links_without_importing_the_dsl(built: Path, tmp_path: Path) -> None:
+    (obj,) = objects(built)
+    code = ("import sys; from cuteforge import compiler; compiler.link_shared(sys.argv[1], sys.argv[2]); "
+            "print('cutlass' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(obj), str(tmp_path / "k.so")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False" and (tmp_path / "k.so").stat().st_size > 0

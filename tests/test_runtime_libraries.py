@@ -5,6 +5,7 @@ error slot and one launch stream."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,3 +68,14 @@ def test_the_extensions_build_tag_names_the_libtvm_ffi_it_links(monkeypatch: pyt
         monkeypatch.undo()
         build._build_tag.cache_clear()
     assert build.build_tag() == tag
+
+
+def test_kernel_dependencies_are_the_ones_the_dsl_names() -> None:
+    from cuteforge.compiler import prepare_dsl
+
+    prepare_dsl()
+    import cutlass.cute as cute
+
+    found = runtime_libraries.kernel_dependencies()
+    assert found is not None
+    assert found == [os.path.realpath(p) for p in cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)]

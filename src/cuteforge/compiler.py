@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import runtime_libraries
 from .arch import target_arch
 
 COMPILE_LOCK = threading.RLock()
@@ -108,15 +109,17 @@ def linker() -> str | None:
 def link_shared(object_path: str, library_path: str) -> None:
     """Link an object written by `export_object` into a shared library for `load_shared`:
     the DSL's runtime and tvm-ffi as its dependencies, found through an rpath, so opening
-    it is one dlopen. Needs the DSL (it names its runtime libraries) and a C compiler;
-    raises RuntimeError without one or when the link fails."""
+    it is one dlopen. Needs a C compiler (raises RuntimeError without one or when the link
+    fails); imports the DSL only where its runtime library is not found without it."""
     cc = linker()
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc or c++ on PATH, or CC) to link kernels with")
-    prepare_dsl()
-    import cutlass.cute as cute
+    libs = runtime_libraries.kernel_dependencies()
+    if libs is None:
+        prepare_dsl()
+        import cutlass.cute as cute
 
-    libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+        libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
     argv = [cc, "-shared", "-o", library_path, object_path,
             # every kernel library defines the same internal symbol names: bind each to its own
             "-Wl,-Bsymbolic"]

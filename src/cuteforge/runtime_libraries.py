@@ -1,5 +1,7 @@
-"""This environment's libtvm_ffi, opened before the C++ extension or a cached kernel's
-shared library is.
+"""The shared libraries compiled kernels run on, found without importing the DSL or
+tvm-ffi: this environment's libtvm_ffi, opened before the C++ extension or a cached
+kernel's shared library is, and the DSL's runtime, which a kernel's library links
+(`kernel_dependencies`, so linking a bundle's object imports no DSL).
 
 Both link libtvm_ffi through an absolute rpath: the tvm-ffi installation of the
 environment that built or linked them. A cache is per user, not per environment, so a
@@ -45,3 +47,29 @@ def open_tvm_ffi() -> None:
             ctypes.CDLL(str(lib), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
         except OSError:  # then the rpath decides, as before
             pass
+
+
+@functools.cache
+def dsl_runtime_library() -> Path | None:
+    """The DSL's runtime library as the DSL picks it (`CUTE_DSL_LIBS`, else the one the
+    installed package holds), found without importing the DSL; None where that is not
+    exactly one file (then the DSL is asked)."""
+    name = "libcute_dsl_runtime.so"
+    listed = os.environ.get("CUTE_DSL_LIBS")
+    if listed:
+        found = [Path(p) for p in listed.split(os.pathsep) if p.endswith(name)]
+    else:
+        try:
+            spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+        except (ImportError, ValueError):
+            return None
+        bases = [Path(b) for b in ((spec.submodule_search_locations or []) if spec else [])]
+        found = [lib for b in bases for lib in (*b.glob(f"lib/{name}"), *b.glob(f"cu*/lib/{name}"))]
+    return found[0].resolve() if len(found) == 1 and found[0].is_file() else None
+
+
+def kernel_dependencies() -> list[str] | None:
+    """What a kernel's shared library links (`compiler.link_shared`): the DSL's runtime and
+    libtvm_ffi, found without importing either; None where one is not found so."""
+    libs = (dsl_runtime_library(), tvm_ffi_library())
+    return None if None in libs else [str(p) for p in libs]

@@ -17,7 +17,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .. import compiler, trust
+from .. import compiler, runtime_libraries, trust
 from .key import Entry, entry_parts, key_hash
 from .store import STATS, _unwritable, artifacts_dir, disk_enabled, lock_timeout, private_root
 
@@ -221,7 +221,9 @@ class KernelCache:
             return None
         source, data = found
         try:
-            value = codec.from_bytes(data)
+            value = KernelCache._bundled_linked(data, codec)
+            if value is None:
+                value = codec.from_bytes(data)
         except Exception as e:  # an object the loader rejects: compile instead
             trust.warn_once(f"bundle-load:{source}:{kernel}:{key_hash(key_repr)}", f"cuteforge: kernel bundle {source}: "
                             f"{kernel}'s object did not load ({type(e).__name__}: {str(e)[:200]}); compiling instead", stacklevel=5)
@@ -229,6 +231,38 @@ class KernelCache:
         STATS.bundle_loads += 1
         STATS.load_ms += (time.perf_counter() - t0) * 1e3
         return value
+
+    @staticmethod
+    def _bundled_linked(data: bytes, codec: _Codec) -> Any:
+        """A bundle's (checked) object through a shared library linked from it into the
+        private cache once, `<root>/linked/<object sha256>-<runtime>.so`, so that neither
+        this process nor a later one imports the DSL to load it (a bundle stays read-only:
+        it ships objects, each machine links its own). None where it cannot be (linking
+        off, no private root, no linker, runtime libraries not found without the DSL, a
+        failed link: logged once): the object then loads through the DSL."""
+        deps = runtime_libraries.kernel_dependencies()
+        root = private_root() if disk_enabled() else None
+        if codec.link is None or codec.load_linked is None or not linked_kernels() or deps is None or root is None:
+            return None
+        link = codec.link
+        try:
+            runtime = hashlib.sha256("|".join(deps).encode()).hexdigest()[:16]
+            lib = trust.private_dir(root, "linked") / f"{_sha256(data)}-{runtime}.so"
+            if not os.path.lexists(lib):
+                from .. import bundle
+
+                obj = str(bundle.private_copy(data))
+
+                def linked(tmp: str) -> None:
+                    link(obj, tmp)
+                    os.chmod(tmp, 0o700)  # a library loads only when private
+
+                trust.atomic_write_with(lib, linked)
+            trust.check_file(lib)
+            return codec.load_linked(lib)
+        except Exception as e:  # the object loads instead
+            _note_link_failure(e)
+            return None
 
     def _in_memory(self, kernel: str, key_repr: str, compile_fn: Callable[[bool], compiler.CompileResult],
                    source_path: str | None, codec: _Codec) -> Any:
