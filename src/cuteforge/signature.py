@@ -254,28 +254,3 @@ def check_key_part(value: Any, what: str) -> None:
         f"{what} is a {type(value).__name__}; compile keys take ints, floats, strings, bools, "
         "None, torch dtypes, tuples of those and frozen dataclasses"
     )
-
-
-def check_last_dim(where: str, name: str, value: Any, ndim: int, hint: str) -> None:
-    """An op's `name` argument (dim, axis): an int naming the last dim of an ndim-D input,
-    the one the row kernels reduce over; `hint` says how to move another one last."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: argument {name!r} must be an int, got {type(value).__name__}")
-    if value not in (-1, ndim - 1):
-        raise ValueError(f"{where}: argument {name!r} must be the last {name} (-1 or {ndim - 1}) of a {ndim}-D input, got {value}"
-                         f" ({hint})")
-
-
-def check_matches(where: str, name: str, t: Any, ref_name: str, ref: torch.Tensor) -> None:
-    """An op's tensor argument `name` that must share `ref_name`'s device, dtype and shape
-    (a residual beside x, a gradient beside its output)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != ref.device:
-        raise ValueError(f"{where}: argument '{name}' is on {t.device} but '{ref_name}' is on {ref.device}")
-    if t.dtype != ref.dtype:
-        raise TypeError(f"{where}: argument '{name}' has dtype {dtype_name(t.dtype)} but '{ref_name}' has "
-                        f"{dtype_name(ref.dtype)}; they must match")
-    if t.shape != ref.shape:
-        raise ValueError(f"{where}: argument '{name}' has shape {tuple(t.shape)} but '{ref_name}' has "
-                         f"{tuple(ref.shape)}; they must match")

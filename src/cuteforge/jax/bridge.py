@@ -33,10 +33,11 @@ if _jax_version() < MIN_JAX:
     raise ImportError(f"cuteforge.jax needs JAX >= 0.6; found jax {jax.__version__}")
 
 from cuteforge import cache as _cache  # noqa: E402  (after the JAX check on purpose)
+from cuteforge import checks  # noqa: E402
 from cuteforge import compiler as _compiler  # noqa: E402
 from cuteforge.arch import target_arch  # noqa: E402
 from cuteforge.kernel import CompileSpec, Kernel  # noqa: E402
-from cuteforge.signature import BoundKey, check_last_dim, vector_width  # noqa: E402
+from cuteforge.signature import BoundKey, vector_width  # noqa: E402
 
 _compiler.prepare_dsl()  # the DSL reads its target arch when first imported
 from cuda.bindings.driver import CUstream  # noqa: E402  (the entry's annotations are resolved
@@ -212,7 +213,7 @@ def check_array(where: str, name: str, a: Any, *, min_ndim: int = 1) -> None:
 
 
 def check_axis(where: str, axis: Any, ndim: int) -> None:
-    check_last_dim(where, "axis", axis, ndim, "move the axis last, e.g. with jnp.moveaxis")
+    checks.last_dim(where, "axis", axis, ndim, "move the axis last, e.g. with jnp.moveaxis")
 
 
 def check_n(where: str, name: str, n: int, limit: int = MAX_N) -> None:

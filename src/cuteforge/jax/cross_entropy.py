@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cuteforge import checks
 from cuteforge.signature import BoundKey
 
 from . import bridge
@@ -104,8 +105,7 @@ def cross_entropy(logits: jax.Array, target: jax.Array, *, reduction: str = "mea
         raise ValueError(f"{where}: argument 'target' must have shape ({m},) (logits' rows), got {tuple(target.shape)}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{where}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"{where}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+    ignore_index = checks.integer(where, "ignore_index", ignore_index)
     bits = 64 if jnp.dtype(target.dtype).itemsize >= 8 else 32
     if not -(2 ** (bits - 1)) <= ignore_index < 2 ** (bits - 1):
         raise ValueError(f"{where}: argument 'ignore_index'={ignore_index} does not fit the int{bits} targets")

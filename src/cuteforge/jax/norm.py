@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cuteforge import checks
 from cuteforge.signature import BoundKey
 
 from . import bridge
@@ -53,8 +54,7 @@ def _check_norm(where: str, x: Any, weight: Any, bias: Any, eps: Any, residual: 
             raise ValueError(
                 f"{where}: argument 'residual' has shape {tuple(residual.shape)} but 'x' has {tuple(x.shape)}"
             )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"{where}: argument 'eps' must be a float, got {type(eps).__name__}")
+    checks.real(where, "eps", eps)
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{where}: argument 'eps' must be finite and >= 0, got {eps}")
     return n

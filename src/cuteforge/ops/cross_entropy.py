@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..kernels.cross_entropy.config import WORK_ZERO
 from ..native import backward as native
 from ..native import build as native_build
@@ -62,14 +63,11 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 
 def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"{_WHERE}: argument 'logits' must be a torch.Tensor, got {type(logits).__name__}")
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{_WHERE}: argument 'target' must be a torch.Tensor, got {type(target).__name__}")
+    checks.tensor(_WHERE, "logits", logits)
+    checks.tensor(_WHERE, "target", target)
     if logits.dim() != 2:
         raise ValueError(f"{_WHERE}: argument 'logits' must be 2-D (M, N), got shape {tuple(logits.shape)}")
-    if logits.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{_WHERE}: argument 'logits' has dtype {logits.dtype}; supported: float32, bfloat16, float16")
+    checks.dtype_in(_WHERE, "logits", logits, FLOAT_DTYPES)
     if target.dtype != torch.int64:
         raise TypeError(f"{_WHERE}: argument 'target' must be int64 class indices, got dtype {target.dtype}")
     if target.dim() != 1 or target.shape[0] != logits.shape[0]:
@@ -77,14 +75,12 @@ def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
             f"{_WHERE}: argument 'target' must have shape ({logits.shape[0]},) to match logits "
             f"{tuple(logits.shape)}, got {tuple(target.shape)}"
         )
-    if target.device != logits.device:
-        raise ValueError(f"{_WHERE}: argument 'target' is on {target.device} but 'logits' is on {logits.device}")
+    checks.same_device(_WHERE, "target", target, "logits", logits)
     if logits.shape[1] == 0:
         raise ValueError(f"{_WHERE}: argument 'logits' must have N >= 1 classes, got shape {tuple(logits.shape)}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{_WHERE}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):  # numpy ints too
-        raise TypeError(f"{_WHERE}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+    checks.integer(_WHERE, "ignore_index", ignore_index)
     if not -(2**63) <= ignore_index < 2**63:  # compared with int64 targets in the kernel
         raise ValueError(f"{_WHERE}: argument 'ignore_index'={ignore_index} does not fit in int64")
 

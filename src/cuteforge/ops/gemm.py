@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..kernels.gemm.epilogue import ACTIVATIONS, GemmEpilogue
 from ..kernels.gemm.sm90.config import GemmConfig
 from ..kernels.gemm.spec import AB_DTYPES
@@ -237,13 +238,11 @@ def _resolve(bias: Any, epilogue: Any, residual: Any, c: Any, alpha: float, beta
             raise TypeError(f"{_WHERE}: epilogue_args is for a cuteforge.fusion.Epilogue; presets take bias=, c=, residual=")
         kind = None
         if bias is not None:
-            if not isinstance(bias, torch.Tensor):
-                raise TypeError(f"{_WHERE}: argument 'bias' must be a torch.Tensor, got {type(bias).__name__}")
+            checks.tensor(_WHERE, "bias", bias)
             # (M, 1) is per row; (N,) / (1, N) per column, as torch broadcasting reads them.
             kind = "row" if bias.dim() >= 2 and bias.shape[-1] == 1 and bias.shape[-2] != 1 else "col"
         if beta == 0 and c is not None:
-            if not isinstance(c, torch.Tensor):
-                raise TypeError(f"{_WHERE}: argument 'c' must be a torch.Tensor, got {type(c).__name__}")
+            checks.tensor(_WHERE, "c", c)
             c = None  # as torch.addmm: beta=0 ignores c, so NaN/inf in it do not propagate
         act = epilogue or "none"
         if act not in ACTIVATIONS:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..arch import gpu_info, limits_for, max_active_clusters
 from ..kernels.gemm.epilogue import GemmEpilogue
 from ..kernels.gemm.sm90.config import (
@@ -122,8 +123,7 @@ def _check_ab(a: Any, b: Any, out_dtype: Any) -> None:
     """Types, dtypes and shapes of a and b (devices come later: every shape error is
     raised the same way for CPU and CUDA tensors)."""
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
+        checks.tensor(_WHERE, name, t)
         if t.dtype not in AB_DTYPES + FP8_DTYPES:
             raise TypeError(
                 f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: bfloat16, float16, "
@@ -208,10 +208,7 @@ def _check_operand(t: Any, kind: str, name: str, out_shape: tuple[int, ...]) -> 
     """An epilogue operand's type, dtype and shape against the output shape (M, N) or
     (L, M, N). row: (M,) or (M, 1); col: (N,) or (1, N); full: broadcastable to the
     output; none may have more dims than the output (torch would grow the result)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{_WHERE}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{_WHERE}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: float32, bfloat16, float16")
+    checks.tensor(_WHERE, name, t, FLOAT_DTYPES)
     shape, M, N = tuple(t.shape), out_shape[-2], out_shape[-1]
     fits = len(shape) <= len(out_shape)
     if kind == "col":
@@ -229,13 +226,9 @@ def _check_operand(t: Any, kind: str, name: str, out_shape: tuple[int, ...]) -> 
 
 def _check_devices(a: torch.Tensor, b: torch.Tensor, operands: Sequence[torch.Tensor], names: Sequence[str]) -> None:
     for name, t in (("a", a), ("b", b)):
-        if not t.is_cuda:
-            raise ValueError(f"{_WHERE}: argument {name!r} must be a CUDA tensor, got one on {t.device}")
-    if a.device != b.device:
-        raise ValueError(f"{_WHERE}: a is on {a.device} but b is on {b.device}")
-    for name, t in zip(names, operands):
-        if t.device != a.device:
-            raise ValueError(f"{_WHERE}: argument {name!r} is on {t.device} but a is on {a.device}")
+        checks.on_cuda(_WHERE, name, t)
+    for name, t in zip(("b", *names), (b, *operands)):
+        checks.same_device(_WHERE, name, t, "a", a)
 
 
 def _check_config(config: GemmConfig, in_bytes: int, out_bytes: int) -> None:

@@ -1,5 +1,4 @@
-"""Operand layouts the row kernels take ((M, N) with a unit last stride), and the ops'
-device check."""
+"""Operand layouts the row kernels take ((M, N) with a unit last stride)."""
 
 from __future__ import annotations
 
@@ -26,9 +25,3 @@ def rows_view(t: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor
     if r.data_ptr() != t.data_ptr() or r.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
         return None
     return r
-
-
-def require_cuda(where: str, name: str, t: torch.Tensor) -> None:
-    """The ops' device check, made after every other check of the call."""
-    if not t.is_cuda:
-        raise ValueError(f"{where}: argument {name!r} must be a CUDA tensor, got one on {t.device}")

@@ -18,11 +18,11 @@ ignored) or "sum". The loss is fp32. Registered as ``torch.ops.cuteforge.linear_
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import torch
 
+from .. import checks
 from ..signature import FLOAT_DTYPES
 from . import cross_entropy_launch as _ce
 from .registered import define
@@ -35,8 +35,7 @@ CHUNK_BYTES = 512 << 20  # a chunk's logits at most (their gradient overwrites t
 
 def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) -> None:
     for name, t in (("x", x), ("weight", weight), ("target", target)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{_WHERE}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+        checks.tensor(_WHERE, name, t)
     if x.dim() != 2 or weight.dim() != 2:
         raise ValueError(f"{_WHERE}: arguments 'x' (T, H) and 'weight' (V, H) must be 2-D, got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
@@ -50,8 +49,7 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
                          f"{tuple(target.shape)}")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"{_WHERE}: argument 'reduction' must be 'mean' or 'sum', got {reduction!r}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):  # numpy ints too
-        raise TypeError(f"{_WHERE}: argument 'ignore_index' must be an int, got {type(ignore_index).__name__}")
+    checks.integer(_WHERE, "ignore_index", ignore_index)
     if not (x.is_cuda and weight.device == x.device and target.device == x.device):
         raise ValueError(f"{_WHERE}: 'x', 'weight' and 'target' must be on one CUDA device, got {x.device}, "
                          f"{weight.device}, {target.device}")

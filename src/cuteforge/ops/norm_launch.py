@@ -6,18 +6,17 @@ the heuristic), the backward's persistent groups (`bwd_groups`), and `_forward` 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from .. import checks
 from ..arch import max_active_clusters
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
-from ..signature import check_matches
-from .layout import as_rows, require_cuda
+from .layout import as_rows
 
 MAX_N = 262144
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -59,10 +58,7 @@ def bwd_groups(device: torch.device, cfg: Any, m: int) -> int:
 
 def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any, device: bool = True) -> None:
     """Clear errors naming the argument; nothing is launched on bad input."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{where}: argument 'x' must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _DTYPES:
-        raise TypeError(f"{where}: argument 'x' has dtype {x.dtype}; supported: float32, bfloat16, float16")
+    checks.tensor(where, "x", x, _DTYPES)
     if x.dim() < 1:
         raise ValueError(f"{where}: argument 'x' must have at least 1 dim, got a scalar")
     n = x.shape[-1]
@@ -71,24 +67,21 @@ def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any, 
     for name, t in (("weight", weight), ("bias", bias)):
         if t is None and name == "bias":
             continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{where}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-        if t.device != x.device:
-            raise ValueError(f"{where}: argument '{name}' is on {t.device} but 'x' is on {x.device}")
+        checks.tensor(where, name, t)
+        checks.same_device(where, name, t, "x", x)
         if t.dtype not in (x.dtype, torch.float32):
             raise TypeError(f"{where}: argument '{name}' has dtype {t.dtype}; it must be x's dtype ({x.dtype}) or float32")
         if tuple(t.shape) != (n,):
             raise ValueError(f"{where}: argument '{name}' must have shape ({n},) (x's last dim), got {tuple(t.shape)}")
-    if bias is not None and bias.dtype != weight.dtype:
-        raise TypeError(f"{where}: argument 'bias' has dtype {bias.dtype} but 'weight' has {weight.dtype}; they must match")
+    if bias is not None:
+        checks.same_dtype(where, "bias", bias, "weight", weight)
     if residual is not None:
-        check_matches(where, "residual", residual, "x", x)
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):  # numpy scalars too
-        raise TypeError(f"{where}: argument 'eps' must be a float, got {type(eps).__name__}")
+        checks.matches(where, "residual", residual, "x", x)
+    checks.real(where, "eps", eps)
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"{where}: argument 'eps' must be finite and >= 0, got {eps}")
-    if device:  # last: a CPU caller sees the real problem first
-        require_cuda(where, "x", x)
+    if device:
+        checks.on_cuda(where, "x", x)
 
 
 def _vec_of(w: torch.Tensor) -> torch.Tensor:

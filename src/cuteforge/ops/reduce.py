@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..arch import target_arch
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 from ..native import build as native_build
@@ -77,16 +78,13 @@ def _prod(xs: Any) -> int:
 def _check(op: str, x: Any, dim: Any, keepdim: Any) -> int:
     """Validate the arguments; returns dim normalized to [0, x.dim())."""
     where = f"cuteforge.ops.{op}"
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{where}: argument 'x' must be a torch.Tensor, got {type(x).__name__}")
+    checks.tensor(where, "x", x)
     if x.dim() == 0:
         raise ValueError(f"{where}: argument 'x' must have at least one dim, got a 0-d tensor")
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{where}: argument 'dim' must be an int, got {type(dim).__name__}")
+    dim = checks.integer(where, "dim", dim)
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"{where}: argument 'dim'={dim} is out of range for x of shape {tuple(x.shape)}")
-    if not isinstance(keepdim, bool):
-        raise TypeError(f"{where}: argument 'keepdim' must be a bool, got {type(keepdim).__name__}")
+    checks.boolean(where, "keepdim", keepdim)
     d = dim % x.dim()
     if x.shape[d] == 0:
         raise ValueError(f"{where}: argument 'x' has size 0 in the reduced dim {dim} (shape {tuple(x.shape)})")

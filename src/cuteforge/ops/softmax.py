@@ -26,14 +26,15 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..arch import target_arch
 from ..kernels.softmax.spec import config_for, kernel_params, softmax_bwd, softmax_fwd
 from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.args import arg, contiguous_arg
-from ..signature import FLOAT_DTYPES, check_last_dim, check_matches, dtype_name
-from .layout import as_rows, require_cuda, rows_view
+from ..signature import FLOAT_DTYPES, dtype_name
+from .layout import as_rows, rows_view
 from .registered import define
 
 __all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
@@ -42,7 +43,7 @@ _MAX_PLANS = 4096
 # Longest row the configs hold (backward: 16 CTAs x 512 threads x 32 elements); the
 # tested range. Longer rows would fail in the config heuristic without naming x.
 MAX_N = 262144
-_MOVE_DIM = "move the softmax dim last, e.g. with movedim"  # check_last_dim's hint
+_MOVE_DIM = "move the softmax dim last, e.g. with movedim"  # checks.last_dim's hint
 # backward plan: (output shape as a tuple of ints, launch(*operands, out)). launch takes the
 # caller's tensors as they are (a 2-D operand goes straight to the compiled function; other
 # layouts get a wrapper that views or copies them into rows; an empty problem gets a no-op),
@@ -59,17 +60,13 @@ _TABLES = {mode: native_launch.Table(1) for mode in ("softmax", "log_softmax")}
 
 
 def _check(where: str, name: str, t: Any, device: bool = True) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{where}: argument {name!r} has dtype {dtype_name(t.dtype)}; supported: {allowed}")
+    checks.tensor(where, name, t, FLOAT_DTYPES)
     if t.dim() < 1:
         raise ValueError(f"{where}: argument {name!r} must have at least 1 dim, got a 0-d tensor")
     if t.shape[-1] > MAX_N:
         raise ValueError(f"{where}: argument {name!r} has a last dim of {t.shape[-1]}; at most {MAX_N} is supported")
     if device:
-        require_cuda(where, name, t)
+        checks.on_cuda(where, name, t)
 
 
 def _direct(t: torch.Tensor) -> bool:
@@ -109,8 +106,8 @@ def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
 def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
     where = f"cuteforge.ops.{mode}"
     _check(where, "x", x, device=False)
-    check_last_dim(where, "dim", dim, x.dim(), _MOVE_DIM)
-    require_cuda(where, "x", x)  # last: a CPU caller sees the real problem first
+    checks.last_dim(where, "dim", dim, x.dim(), _MOVE_DIM)
+    checks.on_cuda(where, "x", x)  # last: a CPU caller sees the real problem first
     x2 = as_rows(x)
     m, n = x2.shape
     shape = tuple(x.shape)
@@ -173,9 +170,9 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
     where = f"cuteforge.ops.{mode.removesuffix('_bwd')}_backward"
     _check(where, "grad", dy, device=False)
     _check(where, "y", y, device=False)
-    check_matches(where, "grad", dy, "y", y)
-    check_last_dim(where, "dim", dim, y.dim(), _MOVE_DIM)
-    require_cuda(where, "grad", dy)
+    checks.matches(where, "grad", dy, "y", y)
+    checks.last_dim(where, "dim", dim, y.dim(), _MOVE_DIM)
+    checks.on_cuda(where, "grad", dy)
     dy2, y2 = as_rows(dy), as_rows(y)
     m, n = y2.shape
     launch: Callable[..., Any] = _skip
