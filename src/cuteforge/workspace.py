@@ -9,12 +9,21 @@ with the leading `zero_words` zeroed by a captured memset (the graph zeroes them
 replay; the memory comes from the graph's private pool), so graphs never share counters
 with each other or with eager calls and may be replayed on any stream.
 
+Tensors kept across calls (the eager workspaces, and the ops' other per-device constants
+through `persistent`) are allocated by a helper thread: a memory pool that routes this
+thread's allocations, as CUDA-graph trees do while they warm a graph up (torch.compile's
+"reduce-overhead" and "max-autotune"), would otherwise own them, and the graph trees
+refuse a live tensor in their pool that is not one of the graph's outputs.
+
 Not covered: a stream whose handle is reused by a new stream while launches of the old
 one are still pending (an `ExternalStream` destroyed early) shares the old one's
 workspace.
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
 
 import torch
 
@@ -42,5 +51,33 @@ def stream_workspace(owner: str, device: int, words: int, zero_words: int) -> to
         # allocated (stream-ordered) and zeroed on the stream it serves; a replaced smaller
         # one is freed the same way, after the launches queued before this one
         size = 1 << max(_MIN_WORDS.bit_length() - 1, (words - 1).bit_length())
-        w = _WORK[key] = torch.zeros(size, dtype=torch.int32, device=device)
+        w = _WORK[key] = persistent(device, lambda: torch.zeros(size, dtype=torch.int32, device=device))
     return w
+
+
+def persistent(device: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`make()`, a tensor on `device` to keep across calls, allocated outside any memory
+    pool that routes this thread's allocations (module doc): by a helper thread, its
+    stream work finished before it returns, the tensor recorded on this thread's current
+    stream (so that the allocator reuses its memory only after the work queued there).
+    Under CUDA-graph capture, `make()` itself."""
+    if _capturing():
+        return make()
+    made: list[torch.Tensor | BaseException] = []
+
+    def run() -> None:
+        try:
+            with torch.cuda.device(device):
+                made.append(make())
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as e:  # raised in the caller's thread
+            made.append(e)
+
+    helper = threading.Thread(target=run, name="cuteforge-persistent-alloc")
+    helper.start()
+    helper.join()
+    out = made[0]
+    if isinstance(out, BaseException):
+        raise out
+    out.record_stream(torch.cuda.current_stream(device))
+    return out

@@ -24,7 +24,7 @@ from ..kernels.gemm.sm90.config import (
 )
 from ..kernels.gemm.spec import AB_DTYPES, FP8_DTYPES, gemm_fp8_kernel, gemm_kernel
 from ..signature import FLOAT_DTYPES, dtype_name
-from ..workspace import stream_workspace
+from ..workspace import persistent, stream_workspace
 
 _WHERE = "cuteforge.ops.gemm"
 _NO_WORK: dict[int, torch.Tensor] = {}  # device -> the one-word workspace of configs without stream-K
@@ -40,14 +40,18 @@ def _one(device: torch.device) -> torch.Tensor:
         return torch.ones(1, dtype=torch.float32, device=device)
     t = _ONE.get(device)
     if t is None:
-        t = _ONE[device] = torch.ones(1, dtype=torch.float32, device=device)
+        t = _ONE[device] = persistent(_index(device), lambda: torch.ones(1, dtype=torch.float32, device=device))
     return t
+
+
+def _index(device: torch.device | int) -> int:
+    return device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _no_work(device: int) -> torch.Tensor:
     w = _NO_WORK.get(device)
     if w is None:
-        w = _NO_WORK[device] = torch.zeros(4, dtype=torch.int32, device=device)
+        w = _NO_WORK[device] = persistent(device, lambda: torch.zeros(4, dtype=torch.int32, device=device))
     return w
 
 
