@@ -47,7 +47,7 @@ def test_cross_entropy_workspace_first_made_in_a_graph_warm_up() -> None:
     x = torch.randn(1000, 32000, device="cuda", dtype=torch.bfloat16)
     t = torch.randint(0, 32000, (1000,), device="cuda")
     out = _run_graphed(lambda x, t: ops.cross_entropy(x, t) + 1, x, t)
-    torch.testing.assert_close(out, torch.nn.functional.cross_entropy(x.float(), t) + 1, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(out.float(), torch.nn.functional.cross_entropy(x.float(), t) + 1, rtol=1e-2, atol=1e-2)
     assert workspace._WORK  # the reduced forward's workspace, kept outside the graph's pool
 
 
