@@ -4,8 +4,9 @@ without `cuteforge.inductor.enable()`, warm caches both.
     python benchmarks/bench_inductor_cache.py --out $OUT/h200-inductor-cache.json [--d 1024 --shape 8x2048]
 
 Each contender (stock, cuteforge) gets its own fresh Inductor cache directory
-(TORCHINDUCTOR_CACHE_DIR, which holds the FX graph, autotuning and Triton caches) and, for
-cuteforge, its own fresh kernel cache (CUTEFORGE_CACHE_DIR). Every measurement is a fresh
+(TORCHINDUCTOR_CACHE_DIR, which holds the FX graph, autotuning and Triton caches), its own
+Python bytecode cache (PYTHONPYCACHEPREFIX) and, for cuteforge, its own fresh kernel cache
+(CUTEFORGE_CACHE_DIR). Every measurement is a fresh
 Python process (this script with `--child`) that builds bench_inductor.py's transformer
 block (no grad), then times `torch.compile` and the first call up to its result (GPU
 synchronized): `compile_s`. The first process of each contender fills its caches (cold);
@@ -59,8 +60,11 @@ def child(contender: str, d: int, batch: int, seq: int) -> dict[str, Any]:
 
 
 def _run_child(contender: str, args: argparse.Namespace, caches: Path) -> dict[str, Any]:
+    # the Python bytecode cache too: where site-packages is read-only, every process would
+    # compile torch's sources again (8 s of one warm process on an H200 host)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / contender / "inductor"),
-           "CUTEFORGE_CACHE_DIR": str(caches / contender / "cuteforge")}
+           "CUTEFORGE_CACHE_DIR": str(caches / contender / "cuteforge"),
+           "PYTHONPYCACHEPREFIX": str(caches / contender / "pycache")}
     cmd = [sys.executable, __file__, "--child", contender, "--d", str(args.d), "--shape", args.shape]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
