@@ -163,3 +163,14 @@ def test_a_bundles_object_links_without_importing_the_dsl(built: Path, tmp_path:
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False" and (tmp_path / "k.so").stat().st_size > 0
+
+
+def test_a_linked_library_that_does_not_load_is_linked_again(built: Path, tmp_path: Path) -> None:
+    env = {"CUTEFORGE_BUNDLES": str(built)}
+    assert run_worker(tmp_path / "c", env=env)["kind"] == "LinkedKernel"
+    (lib,) = (tmp_path / "c" / "linked").glob("*.so")
+    lib.write_bytes(b"not a shared library")
+    broken = run_worker(tmp_path / "c", env=env)
+    assert broken["bundle_loads"] == 1 and broken["compiles"] == 0 and broken["kind"] != "LinkedKernel"
+    assert not lib.exists()  # removed, so the next process links it again
+    assert run_worker(tmp_path / "c", env=env)["kind"] == "LinkedKernel" and lib.exists()

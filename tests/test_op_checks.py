@@ -42,3 +42,9 @@ def test_numpy_scalars_are_accepted() -> None:
         ops.rms_norm(X, W, eps=np.float32(1e-6))
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         ops.cross_entropy(X, torch.zeros(4, dtype=torch.int64), ignore_index=np.int64(-1))
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        ops.sum(X, np.int64(1))
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        ops.softmax(X, dim=np.int64(-1))
+    with pytest.raises(TypeError, match="'dim' must be an int, got bool"):
+        ops.sum(X, True)

@@ -85,11 +85,12 @@ def boolean(where: str, name: str, value: Any) -> bool:
     return value
 
 
-def last_dim(where: str, name: str, value: Any, ndim: int, hint: str) -> None:
-    """An op's `name` argument (dim, axis): an int naming the last dim of an ndim-D input,
-    the one the row kernels reduce over; `hint` says how to move another one last."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: argument {name!r} must be an int, got {type(value).__name__}")
+def last_dim(where: str, name: str, value: Any, ndim: int, hint: str) -> int:
+    """An op's `name` argument (dim, axis): an int (numpy's too) naming the last dim of an
+    ndim-D input, the one the row kernels reduce over; `hint` says how to move another one
+    last. Returns it as an int."""
+    value = integer(where, name, value)
     if value not in (-1, ndim - 1):
         raise ValueError(f"{where}: argument {name!r} must be the last {name} (-1 or {ndim - 1}) of a {ndim}-D input, got {value}"
                          f" ({hint})")
+    return value

@@ -106,6 +106,9 @@ def linker() -> str | None:
     return None
 
 
+LINK_RECIPE = "1"  # raise when link_shared's command changes: bundles' libraries are named by it
+
+
 def link_shared(object_path: str, library_path: str) -> None:
     """Link an object written by `export_object` into a shared library for `load_shared`:
     the DSL's runtime and tvm-ffi as its dependencies, found through an rpath, so opening

@@ -45,7 +45,7 @@ class LinkedKernel:
 
     def __init__(self, path: str, symbol: str) -> None:
         self.path = path
-        runtime_libraries.open_tvm_ffi()  # the library's libtvm_ffi is this environment's
+        runtime_libraries.open_kernel_runtime()  # its libtvm_ffi and DSL runtime: this environment's
         # RTLD_LOCAL: kernels' libraries define the same internal names; none may serve another
         self._lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
         self._address: int = ctypes.cast(getattr(self._lib, f"__tvm_ffi_{symbol}"), ctypes.c_void_p).value  # type: ignore[assignment]

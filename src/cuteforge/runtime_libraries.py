@@ -1,7 +1,8 @@
 """The shared libraries compiled kernels run on, found without importing the DSL or
 tvm-ffi: this environment's libtvm_ffi, opened before the C++ extension or a cached
 kernel's shared library is, and the DSL's runtime, which a kernel's library links
-(`kernel_dependencies`, so linking a bundle's object imports no DSL).
+(`kernel_dependencies`, so linking a bundle's object imports no DSL) and which is opened
+before one is loaded (`open_kernel_runtime`).
 
 Both link libtvm_ffi through an absolute rpath: the tvm-ffi installation of the
 environment that built or linked them. A cache is per user, not per environment, so a
@@ -41,11 +42,23 @@ def tvm_ffi_library() -> Path | None:
 @functools.cache
 def open_tvm_ffi() -> None:
     """Open this environment's libtvm_ffi once, globally (see the module's doc)."""
-    lib = tvm_ffi_library()
+    _open_global(tvm_ffi_library())
+
+
+@functools.cache
+def open_kernel_runtime() -> None:
+    """Open what a kernel's library links, this environment's libtvm_ffi and DSL runtime,
+    once, globally: a library linked in another environment then runs on these (by
+    soname) rather than on copies its rpath names."""
+    open_tvm_ffi()
+    _open_global(dsl_runtime_library())
+
+
+def _open_global(lib: Path | None) -> None:
     if lib is not None:
         try:
             ctypes.CDLL(str(lib), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-        except OSError:  # then the rpath decides, as before
+        except OSError:  # then the rpath decides
             pass
 
 

@@ -3,7 +3,7 @@
 Such a kernel needs its counters zero when a launch starts and sets them back to zero
 before it ends, so two launches may share a workspace only if they cannot overlap. Eager
 calls therefore get one workspace per (owner, device, current stream), allocated zeroed on
-first use on that stream and kept (launches on one stream run in order); a larger request
+first use on that stream (by `persistent`) and kept (launches on one stream run in order); a larger request
 replaces it with a larger zeroed one. Under CUDA-graph capture each call gets its own,
 with the leading `zero_words` zeroed by a captured memset (the graph zeroes them at every
 replay; the memory comes from the graph's private pool), so graphs never share counters
@@ -47,9 +47,9 @@ def stream_workspace(owner: str, device: int, words: int, zero_words: int) -> to
     w = _WORK.get(key)
     if w is None or w.shape[0] < words:
         if len(_WORK) >= _MAX_WORK:
-            _WORK.clear()  # each is freed on the stream it served: safe for pending launches
-        # allocated (stream-ordered) and zeroed on the stream it serves; a replaced smaller
-        # one is freed the same way, after the launches queued before this one
+            _WORK.clear()  # each is recorded on the stream it served: freed after its launches
+        # zeroed before it is returned (persistent); a replaced smaller one is freed after
+        # the launches queued on its stream before this one
         size = 1 << max(_MIN_WORDS.bit_length() - 1, (words - 1).bit_length())
         w = _WORK[key] = persistent(device, lambda: torch.zeros(size, dtype=torch.int32, device=device))
     return w
@@ -60,7 +60,9 @@ def persistent(device: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     pool that routes this thread's allocations (module doc): by a helper thread, its
     stream work finished before it returns, the tensor recorded on this thread's current
     stream (so that the allocator reuses its memory only after the work queued there).
-    Under CUDA-graph capture, `make()` itself."""
+    The helper waits for its own stream, the device's default stream: a first allocation
+    (a few per process) also waits for work queued there. Under CUDA-graph capture,
+    `make()` itself."""
     if _capturing():
         return make()
     made: list[torch.Tensor | BaseException] = []

@@ -3,6 +3,7 @@ then a compile under the key's lock, written back), warm-up sealing and compile 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -237,16 +238,18 @@ class KernelCache:
         """A bundle's (checked) object through a shared library linked from it into the
         private cache once, `<root>/linked/<object sha256>-<runtime>.so`, so that neither
         this process nor a later one imports the DSL to load it (a bundle stays read-only:
-        it ships objects, each machine links its own). None where it cannot be (linking
-        off, no private root, no linker, runtime libraries not found without the DSL, a
-        failed link: logged once): the object then loads through the DSL."""
+        it ships objects, each machine links its own). `<runtime>` names the libraries it
+        links and the link recipe (`compiler.LINK_RECIPE`). None where it cannot be
+        (linking off, no private root, no linker, runtime libraries not found without the
+        DSL, a failed link: logged once; a library that does not load is removed, to be
+        linked again): the object then loads through the DSL."""
         deps = runtime_libraries.kernel_dependencies()
         root = private_root() if disk_enabled() else None
         if codec.link is None or codec.load_linked is None or not linked_kernels() or deps is None or root is None:
             return None
         link = codec.link
         try:
-            runtime = hashlib.sha256("|".join(deps).encode()).hexdigest()[:16]
+            runtime = hashlib.sha256("|".join([compiler.LINK_RECIPE, *deps]).encode()).hexdigest()[:16]
             lib = trust.private_dir(root, "linked") / f"{_sha256(data)}-{runtime}.so"
             if not os.path.lexists(lib):
                 from .. import bundle
@@ -258,10 +261,16 @@ class KernelCache:
                     os.chmod(tmp, 0o700)  # a library loads only when private
 
                 trust.atomic_write_with(lib, linked)
-            trust.check_file(lib)
-            return codec.load_linked(lib)
         except Exception as e:  # the object loads instead
             _note_link_failure(e)
+            return None
+        try:
+            trust.check_file(lib)
+            return codec.load_linked(lib)
+        except Exception as e:
+            log.debug("cuteforge: %s did not load (%s: %s); removed, loading the object", lib, type(e).__name__, e)
+            with contextlib.suppress(OSError):
+                lib.unlink()
             return None
 
     def _in_memory(self, kernel: str, key_repr: str, compile_fn: Callable[[bool], compiler.CompileResult],

@@ -74,8 +74,9 @@ def _build_tag(files: tuple[Path, ...]) -> str:
     for f in files:
         h.update(f.read_bytes())
     # the libtvm_ffi it links (by absolute rpath): each environment builds its own
-    h.update(f"{torch.__version__}|{_tvm_ffi_version()}|{runtime_libraries.tvm_ffi_library()}|{sys.version}|"
-             f"{sys.platform}".encode())
+    # (the environment itself where that library is not found in the package's place)
+    lib = runtime_libraries.tvm_ffi_library() or sys.prefix
+    h.update(f"{torch.__version__}|{_tvm_ffi_version()}|{lib}|{sys.version}|{sys.platform}".encode())
     return h.hexdigest()[:16]
 
 

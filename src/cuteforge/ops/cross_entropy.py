@@ -50,7 +50,7 @@ from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.args import arg, contiguous_arg
-from ..signature import FLOAT_DTYPES
+from ..signature import FLOAT_DTYPES, dtype_name
 from ..workspace import stream_workspace
 from . import cross_entropy_launch as launch
 from .cross_entropy_launch import _MAX_PLANS, _WHERE
@@ -69,7 +69,7 @@ def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
         raise ValueError(f"{_WHERE}: argument 'logits' must be 2-D (M, N), got shape {tuple(logits.shape)}")
     checks.dtype_in(_WHERE, "logits", logits, FLOAT_DTYPES)
     if target.dtype != torch.int64:
-        raise TypeError(f"{_WHERE}: argument 'target' must be int64 class indices, got dtype {target.dtype}")
+        raise TypeError(f"{_WHERE}: argument 'target' must be int64 class indices, got dtype {dtype_name(target.dtype)}")
     if target.dim() != 1 or target.shape[0] != logits.shape[0]:
         raise ValueError(
             f"{_WHERE}: argument 'target' must have shape ({logits.shape[0]},) to match logits "

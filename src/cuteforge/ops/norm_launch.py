@@ -16,6 +16,7 @@ from .. import checks
 from ..arch import max_active_clusters
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
+from ..signature import dtype_name
 from .layout import as_rows
 
 MAX_N = 262144
@@ -70,7 +71,8 @@ def _check(where: str, x: Any, weight: Any, bias: Any, residual: Any, eps: Any, 
         checks.tensor(where, name, t)
         checks.same_device(where, name, t, "x", x)
         if t.dtype not in (x.dtype, torch.float32):
-            raise TypeError(f"{where}: argument '{name}' has dtype {t.dtype}; it must be x's dtype ({x.dtype}) or float32")
+            raise TypeError(f"{where}: argument '{name}' has dtype {dtype_name(t.dtype)}; it must be x's dtype "
+                            f"({dtype_name(x.dtype)}) or float32")
         if tuple(t.shape) != (n,):
             raise ValueError(f"{where}: argument '{name}' must have shape ({n},) (x's last dim), got {tuple(t.shape)}")
     if bias is not None:
