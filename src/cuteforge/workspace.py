@@ -55,15 +55,15 @@ def stream_workspace(owner: str, device: int, words: int, zero_words: int) -> to
     return w
 
 
-def persistent(device: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+def persistent(device: torch.device | int | None, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """`make()`, a tensor on `device` to keep across calls, allocated outside any memory
     pool that routes this thread's allocations (module doc): by a helper thread, its
     stream work finished before it returns, the tensor recorded on this thread's current
     stream (so that the allocator reuses its memory only after the work queued there).
     The helper waits for its own stream, the device's default stream: a first allocation
     (a few per process) also waits for work queued there. Under CUDA-graph capture,
-    `make()` itself."""
-    if _capturing():
+    `make()` itself, and for a tensor off CUDA (`device` None or not a CUDA device)."""
+    if device is None or (isinstance(device, torch.device) and device.type != "cuda") or _capturing():
         return make()
     made: list[torch.Tensor | BaseException] = []
 

@@ -40,15 +40,11 @@ def _one(device: torch.device) -> torch.Tensor:
         return torch.ones(1, dtype=torch.float32, device=device)
     t = _ONE.get(device)
     if t is None:
-        t = _ONE[device] = persistent(_index(device), lambda: torch.ones(1, dtype=torch.float32, device=device))
+        t = _ONE[device] = persistent(device, lambda: torch.ones(1, dtype=torch.float32, device=device))
     return t
 
 
-def _index(device: torch.device | int) -> int:
-    return device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _no_work(device: int) -> torch.Tensor:
+def _no_work(device: int | None) -> torch.Tensor:
     w = _NO_WORK.get(device)
     if w is None:
         w = _NO_WORK[device] = persistent(device, lambda: torch.zeros(4, dtype=torch.int32, device=device))
