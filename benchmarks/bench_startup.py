@@ -25,6 +25,10 @@ kernel cache directory, so nothing is warm that a new process would not find war
     CUTEFORGE_BUNDLES set to it: the compiles it still made (the saved cache counters of
     that cache, `cuteforge cache stats`), which kernels they were (`cuteforge cache ls`),
     and the kernels the bundle served. The bar: 0 compiles.
+(d) bundle first call: each op's first call in two fresh processes on one more fresh
+    cache, the bundle pinned: the first links the bundle's object into the cache's
+    `linked/` directory, the second opens that library (docs/bundles.md); each row says
+    what the call imported and whether the bundle served it.
 
 The C++ extension (`cuteforge build-native`) is built once, in the cache this script runs
 with, and copied into every fresh cache, so no measurement waits for or competes with its
@@ -266,10 +270,23 @@ def last_json(stdout: str) -> Any:
     return json.loads(stdout[start:])
 
 
-def child_row(op: str, dtype: str, cache: Path, phases: bool = False) -> dict[str, Any]:
+def child_row(op: str, dtype: str, cache: Path, phases: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", op, "--dtype", dtype]
-    out, _ = run(cmd + (["--phases"] if phases else []), cache)
+    out, _ = run(cmd + (["--phases"] if phases else []), cache, env)
     return json.loads(out.strip().splitlines()[-1])
+
+
+def bundle_first_calls(ops: list[str], dtype: str, base: Path, native: Path | None, pin: dict[str, str]) -> dict[str, Any]:
+    """(d): per op, the first call of a process served by the bundle, linking (first
+    process) and opening the linked library (second)."""
+    rows = []
+    for op in ops:
+        cache = fresh_cache(base, f"bundle-call-{op}", native)
+        linking, opening = (child_row(op, dtype, cache, env=pin) for _ in range(2))
+        rows.append({"op": op, "first_process": linking, "second_process": opening})
+    return {"rows": rows,
+            "first_call_ms_median": {k: statistics.median(r[k]["first_call_ms"] for r in rows)
+                                     for k in ("first_process", "second_process")}}
 
 
 def cold_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             listed = json.loads(run(cuteforge_cmd("cache", "ls", "--json"), lib_cache)[0])
             section("bundle", {**bundle_summary(made, create_s, library_s, stats, listed),
                                "create_command": f"cuteforge bundle create OUT --workers {args.workers} --shapes {QUICK_SHAPES}"})
+            section("bundle_first_call", bundle_first_calls(ops, args.dtype, base, native, pin))
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)

@@ -150,3 +150,19 @@ def test_cache_dir_named_where_platformdirs_is_absent(monkeypatch: pytest.Monkey
 
 def test_last_json_skips_leading_lines() -> None:
     assert _bench().last_json('note: building\n{"dir": "/x", "built": true}\n') == {"dir": "/x", "built": True}
+
+
+def test_bundle_first_calls_runs_two_pinned_processes_per_op(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bench = _bench()
+    seen: list[tuple[str, Path, Any]] = []
+
+    def fake_row(op: str, dtype: str, cache: Path, phases: bool = False, env: Any = None) -> dict[str, Any]:
+        seen.append((op, cache, env))
+        return {"first_call_ms": 30.0 if sum(s[1] == cache for s in seen) == 1 else 5.0}
+
+    monkeypatch.setattr(bench, "child_row", fake_row)
+    pin = {"CUTEFORGE_BUNDLES": "/b#sha256=00"}
+    out = bench.bundle_first_calls(["sum", "gemm"], "bfloat16", tmp_path, None, pin)
+    assert [(op, env) for op, _, env in seen] == [("sum", pin), ("sum", pin), ("gemm", pin), ("gemm", pin)]
+    assert seen[0][1] == seen[1][1] != seen[2][1]  # one fresh cache per op, shared by its two processes
+    assert out["first_call_ms_median"] == {"first_process": 30.0, "second_process": 5.0}
