@@ -3,8 +3,8 @@
 Such a kernel needs its counters zero when a launch starts and sets them back to zero
 before it ends, so two launches may share a workspace only if they cannot overlap. Eager
 calls therefore get one workspace per (owner, device, current stream), allocated zeroed on
-first use on that stream (by `persistent`) and kept (launches on one stream run in order); a larger request
-replaces it with a larger zeroed one. Under CUDA-graph capture each call gets its own,
+first use on that stream (by `persistent`) and kept (launches on one stream run in
+order); a larger request replaces it with a larger zeroed one. Under CUDA-graph capture each call gets its own,
 with the leading `zero_words` zeroed by a captured memset (the graph zeroes them at every
 replay; the memory comes from the graph's private pool), so graphs never share counters
 with each other or with eager calls and may be replayed on any stream.
@@ -60,8 +60,9 @@ def persistent(device: torch.device | int | None, make: Callable[[], torch.Tenso
     pool that routes this thread's allocations (module doc): by a helper thread, its
     stream work finished before it returns, the tensor recorded on this thread's current
     stream (so that the allocator reuses its memory only after the work queued there).
-    The helper waits for its own stream, the device's default stream: a first allocation
-    (a few per process) also waits for work queued there. Under CUDA-graph capture,
+    The helper zeroes on the device's default stream and waits for it, which also waits
+    for the work queued on the device's other blocking streams: a stall at a first
+    allocation (a few per process), none on later calls. Under CUDA-graph capture,
     `make()` itself, and for a tensor off CUDA (`device` None or not a CUDA device)."""
     if device is None or (isinstance(device, torch.device) and device.type != "cuda") or _capturing():
         return make()
