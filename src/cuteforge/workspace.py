@@ -4,10 +4,11 @@ Such a kernel needs its counters zero when a launch starts and sets them back to
 before it ends, so two launches may share a workspace only if they cannot overlap. Eager
 calls therefore get one workspace per (owner, device, current stream), allocated zeroed on
 first use on that stream (by `persistent`) and kept (launches on one stream run in
-order); a larger request replaces it with a larger zeroed one. Under CUDA-graph capture each call gets its own,
-with the leading `zero_words` zeroed by a captured memset (the graph zeroes them at every
-replay; the memory comes from the graph's private pool), so graphs never share counters
-with each other or with eager calls and may be replayed on any stream.
+order); a larger request replaces it with a larger zeroed one. Under CUDA-graph capture
+each call gets its own, with the leading `zero_words` zeroed by a captured memset (the
+graph zeroes them at every replay; the memory comes from the graph's private pool), so
+graphs never share counters with each other or with eager calls and may be replayed on
+any stream.
 
 Tensors kept across calls (the eager workspaces, and the ops' other per-device constants
 through `persistent`) are allocated by a helper thread: a memory pool that routes this
