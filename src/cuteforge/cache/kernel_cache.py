@@ -122,6 +122,17 @@ def linked_kernels() -> bool:
 _link_noted: set[str] = set()
 
 
+def _write_library(lib: Path, obj: str, link: Callable[[str, str], None]) -> None:
+    """`obj` linked into `lib`, which appears whole and private (the linker makes its
+    output per the umask: a library loads only when private)."""
+
+    def linked(tmp: str) -> None:
+        link(obj, tmp)
+        os.chmod(tmp, 0o700)
+
+    trust.atomic_write_with(lib, linked)
+
+
 def _note_link_failure(e: Exception) -> None:
     """One log line per process for entries written without a library: a debug line where
     the machine has no C compiler, a warning where a link failed."""
@@ -247,20 +258,13 @@ class KernelCache:
         root = private_root() if disk_enabled() else None
         if codec.link is None or codec.load_linked is None or not linked_kernels() or deps is None or root is None:
             return None
-        link = codec.link
         try:
             runtime = hashlib.sha256("|".join([compiler.LINK_RECIPE, *deps]).encode()).hexdigest()[:16]
             lib = trust.private_dir(root, "linked") / f"{_sha256(data)}-{runtime}.so"
             if not os.path.lexists(lib):
                 from .. import bundle
 
-                obj = str(bundle.private_copy(data))
-
-                def linked(tmp: str) -> None:
-                    link(obj, tmp)
-                    os.chmod(tmp, 0o700)  # a library loads only when private
-
-                trust.atomic_write_with(lib, linked)
+                _write_library(lib, str(bundle.private_copy(data)), codec.link)
         except Exception as e:  # the object loads instead
             _note_link_failure(e)
             return None
@@ -301,14 +305,8 @@ class KernelCache:
         (no C compiler, a failed link; logged once): the entry then loads through the DSL."""
         if codec.link is None or not linked_kernels():
             return None
-        link = codec.link
-
-        def linked(tmp: str) -> None:
-            link(staged, tmp)
-            os.chmod(tmp, 0o700)  # the linker makes its output per the umask: a library loads only when private
-
         try:
-            trust.atomic_write_with(entry.lib, linked)
+            _write_library(entry.lib, staged, codec.link)
             return _sha256(trust.read_bytes(entry.lib))
         except Exception as e:  # the object alone is a complete entry
             _note_link_failure(e)
