@@ -5,10 +5,14 @@ Inductor's generated code calls an op as ``torch.ops.cuteforge.<op>.default(...)
 call is timed here directly (the "registered" column), next to the eager call
 (``cuteforge.ops.<op>``, one C call) and torch's op, on the same small warm inputs
 (host-bound), interleaved (`timing.host_us_interleaved`: the GPU synchronized between
-loops, so the host is measured); for some ops torch's own op is also called the way a
-compiled graph calls it (``torch.ops.aten.<op>.<overload>``), the floor of that path. The backward ops are timed the same way; their eager
-counterpart runs inside the C++ autograd node and has no call of its own to time. A
-profiler pass over a compiled training step adds each op's CPU time per call there.
+loops, so the host is measured). For the norms, a no-grad graph calls the op that returns
+y alone ("registered_infer", against the no-grad eager call), a training graph the op that
+also returns the statistics ("registered", against the eager call with grad,
+"eager_grad"). For some ops torch's own op is also called the way a compiled graph calls
+it (``torch.ops.aten.<op>.<overload>``), the floor of that path. The backward ops are
+timed the same way; their eager counterpart runs inside the C++ autograd node and has no
+call of its own to time. A profiler pass over a compiled training step adds each op's CPU
+time per call there.
 
     python benchmarks/bench_compiled_dispatch.py [--out FILE]
 """
@@ -40,14 +44,19 @@ def _forward_rows(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> dict[str
     graph calls ops (torch.ops.aten.<op>.<overload>): the host cost of that call path."""
     cf, aten = torch.ops.cuteforge, torch.ops.aten
     r = torch.randn_like(x)
+    xg = x.detach().clone().requires_grad_()
     rows = {
         "rms_norm": {"eager": lambda: ops.rms_norm(x, w, 1e-6), "registered": lambda: cf.rms_norm.default(x, w, None, 1e-6),
+                     "registered_infer": lambda: cf.rms_norm_infer.default(x, w, 1e-6),
+                     "eager_grad": lambda: ops.rms_norm(xg, w, 1e-6),
                      "torch": lambda: F.rms_norm(x, (x.shape[-1],), w, 1e-6)},
         "rms_norm residual": {"eager": lambda: ops.rms_norm(x, w, 1e-6, residual=r),
                               "registered": lambda: cf.rms_norm.default(x, w, r, 1e-6),
                               "torch": lambda: F.rms_norm(x + r, (x.shape[-1],), w, 1e-6)},
         "layer_norm": {"eager": lambda: ops.layer_norm(x, w, w, 1e-5),
                        "registered": lambda: cf.layer_norm.default(x, w, w, None, 1e-5),
+                       "registered_infer": lambda: cf.layer_norm_infer.default(x, w, w, 1e-5),
+                       "eager_grad": lambda: ops.layer_norm(xg, w, w, 1e-5),
                        "torch": lambda: F.layer_norm(x, (x.shape[-1],), w, w, 1e-5),
                        "torch_op_overload": lambda: aten.native_layer_norm.default(x, [x.shape[-1]], w, w, 1e-5)},
         "softmax": {"eager": lambda: ops.softmax(x), "registered": lambda: cf.softmax.default(x, -1),
@@ -146,6 +155,9 @@ def main() -> None:
         us = timing.host_us_interleaved(fns)
         forward[name] = {k: round(v, 2) for k, v in us.items()}
         forward[name]["registered_over_eager"] = round(us["registered"] / us["eager"], 3)
+        if "registered_infer" in us:  # a no-grad graph's op against the no-grad call; a training graph's against grad
+            forward[name]["registered_infer_over_eager"] = round(us["registered_infer"] / us["eager"], 3)
+            forward[name]["registered_over_eager_grad"] = round(us["registered"] / us["eager_grad"], 3)
         print(name, forward[name], flush=True)
     backward: dict[str, dict[str, float]] = {}
     for name, fns in _backward_rows(x, w, t).items():

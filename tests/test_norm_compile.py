@@ -806,6 +806,51 @@ def test_eager_warm_path_memo_key(monkeypatch):
         assert len(builds) == i + 1, f"case {i}: built {len(builds) - i} times"
 
 
+def test_compiled_no_grad_norm_traces_to_the_op_returning_y_alone(monkeypatch):
+    """Under torch.compile with grad off and no residual, rms_norm / layer_norm trace to
+    the registered ops that return y alone (cuteforge::rms_norm_infer, layer_norm_infer:
+    no residual_out, mean or rstd allocated); with grad wanted or with a residual, to the
+    ops that return those too. The answers are the reference's either way."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    import cuteforge.ops as ops
+
+    launch = sys.modules["cuteforge.ops.norm_launch"]
+    monkeypatch.setattr(launch, "_check", lambda *a, **k: None)  # CPU tensors: the CUDA check would refuse them
+    monkeypatch.setattr(launch, "_fwd_plan", _norm_reference_plan([]))
+    monkeypatch.setattr(launch, "_PLANS", {})
+    traced: list[set[str]] = []
+
+    def backend(gm, example_inputs):
+        traced.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    x, w, b, r = torch.randn(2, 3, 32), torch.randn(32), torch.randn(32), torch.randn(2, 3, 32)
+    rms = F.rms_norm(x, (32,), w, 1e-6)
+    ln = F.layer_norm(x, (32,), w, b, 1e-5)
+    cases = [  # (fn, grad, the op its graph calls, reference)
+        (lambda x, w: ops.rms_norm(x, w, 1e-6), False, "cuteforge.rms_norm_infer", rms),
+        (lambda x, w: ops.layer_norm(x, w, b, 1e-5), False, "cuteforge.layer_norm_infer", ln),
+        (lambda x, w: ops.layer_norm(x, w, None, 1e-5), False, "cuteforge.layer_norm_infer",
+         F.layer_norm(x, (32,), w, None, 1e-5)),
+        (lambda x, w: ops.rms_norm(x, w, 1e-6, residual=r)[0], False, "cuteforge.rms_norm.",
+         F.rms_norm(x + r, (32,), w, 1e-6)),
+        (lambda x, w: ops.rms_norm(x, w, 1e-6), True, "cuteforge.rms_norm.", rms),
+        (lambda x, w: ops.layer_norm(x, w, b, 1e-5), True, "cuteforge.layer_norm.", ln),
+    ]
+    for fn, grad, op, want in cases:
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(grad):
+            got = torch.compile(fn, backend=backend, fullgraph=True)(x.requires_grad_(grad), w)
+        torch.testing.assert_close(got.detach(), want.detach(), atol=2e-3, rtol=2e-3)
+        assert any(op in t for t in traced[-1]), (op, traced[-1])
+        assert not grad or not any("_infer" in t for t in traced[-1])
+    torch._dynamo.reset()
+
+
 # --------------------------------------------------------------------------- row-staged backward
 
 

@@ -59,6 +59,31 @@ def test_rms_norm_op_runs_its_plan(dtype, m) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_no_grad_norm_ops_run_their_plans(dtype, m) -> None:
+    """rms_norm_infer / layer_norm_infer (what a compiled no-grad graph calls): y alone,
+    equal to torch's, from the plan after the first calls; under torch.compile with grad
+    off, ops.rms_norm on a 3-D input gives the same."""
+    n = 1000
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    for y in _warm(torch.ops.cuteforge.rms_norm_infer, x, w, 1e-6):
+        torch.testing.assert_close(y, _rms_ref(x, w, 1e-6), **_tol(dtype))
+    for bias in (b, None):
+        want = F.layer_norm(x.float(), (n,), w.float(), None if bias is None else bias.float(), 1e-5).to(dtype)
+        for y in _warm(torch.ops.cuteforge.layer_norm_infer, x, w, bias, 1e-5):
+            torch.testing.assert_close(y, want, **_tol(dtype))
+    assert dispatch.plans(norm_ops._rms_infer_op) >= 1 and dispatch.plans(norm_ops._ln_infer_op) >= 2
+    import cuteforge.ops as ops
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        y3 = torch.compile(lambda x, w: ops.rms_norm(x, w, 1e-6), fullgraph=True)(x.view(1, m, n), w)
+    torch.testing.assert_close(y3.view(m, n), _rms_ref(x, w, 1e-6), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_backward_ops_run_their_plans(dtype) -> None:
     m, n = 1000, 4097
     x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)

@@ -76,6 +76,23 @@ def _fwd_op_plan(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return native_launch.runner(f"cuteforge::{kind}_norm", launch, x.device, i_res + 1, outs, args, returns)
 
 
+def _infer_op_plan(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> Any:
+    """The no-grad registered forward's launch plan: inputs (x, weight[, bias]) read in
+    place, output y; mean and rstd share one (M,) buffer, which nobody reads. None where an
+    operand would need a copy or M == 0."""
+    x2 = rows_view(x) if x.dim() == 2 else None
+    if x2 is None or weight.stride(0) != 1 or (bias is not None and bias.stride(0) != 1) or x2.shape[0] == 0:
+        return None
+    launch = norm_launch._fwd_plan(kind, x2, weight, bias, None, eps)
+    m, n = x2.shape
+    IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+    w, y, st = contiguous_arg(IN, 1, (n,)), contiguous_arg(OUT, 0, (m, n)), contiguous_arg(OUT, 1, (m,))
+    args = [arg(IN, 0, x2), w, w if bias is None else contiguous_arg(IN, 2, (n,)), arg(IN, 0, x2), y, y, st, st]
+    outs = [((m, n), x.dtype), ((m,), torch.float32)]
+    return native_launch.runner(f"cuteforge::{kind}_norm_infer", launch, x.device, 2 if kind == "rms" else 3, outs,
+                                args, [0])
+
+
 def _bwd_op_plan(kind: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor | None,
                  rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool) -> Any:
     """The registered backward's launch plan: inputs (dy, x, weight, [mean,] rstd, dsum)
@@ -111,6 +128,14 @@ def _rms_impl(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | No
               eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     y, ro, _, rstd = norm_launch._forward("rms", x, weight, None, residual, eps)
     return y, (ro if ro is not None else _empty(x)), rstd
+
+
+def _rms_infer_impl(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return norm_launch._forward("rms", x, weight, None, None, eps)[0]
+
+
+def _ln_infer_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return norm_launch._forward("layer", x, weight, bias, None, eps)[0]
 
 
 def _rms_fake(x, weight, residual, eps):
@@ -184,6 +209,14 @@ _rms_op = define("cuteforge::rms_norm", _rms_impl, fake=_rms_fake,
 _ln_op = define("cuteforge::layer_norm", _ln_impl, fake=_ln_fake,
                 plan=lambda x, w, b, r, eps: _fwd_op_plan("layer", x, w, b, r, eps),
                 backward=_ln_grad, setup_context=_ln_setup)
+
+# No grad, no residual (a compiled inference graph): y alone, as the eager no-grad call
+# returns it; the ops above also allocate and return residual_out, mean and rstd.
+_rms_infer_op = define("cuteforge::rms_norm_infer", _rms_infer_impl, fake=lambda x, weight, eps: x.new_empty(x.shape),
+                       plan=lambda x, w, eps: _infer_op_plan("rms", x, w, None, eps))
+_ln_infer_op = define("cuteforge::layer_norm_infer", _ln_infer_impl,
+                      fake=lambda x, weight, bias, eps: x.new_empty(x.shape),
+                      plan=lambda x, w, b, eps: _infer_op_plan("layer", x, w, b, eps))
 
 
 # --------------------------------------------------------------------------- eager autograd
@@ -420,10 +453,13 @@ def _native_run(where: str, launch: Any, x: torch.Tensor, weight: torch.Tensor, 
 def _traced(kind: str, where: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             residual: torch.Tensor | None, eps: Any) -> Any:
     """Under torch.compile: the registered op on 2-D views, checked at trace time (the
-    device when the graph runs)."""
+    device when the graph runs); with grad off and no residual, the op that returns y alone."""
     norm_launch._check(where, x, weight, bias, residual, eps, device=False)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
+    if residual is None and not torch.is_grad_enabled():
+        y = _rms_infer_op(x2, weight, float(eps)) if kind == "rms" else _ln_infer_op(x2, weight, bias, float(eps))
+        return y.view(shape)
     r2 = None if residual is None else residual.reshape(-1, shape[-1])
     y, ro = (_rms_op(x2, weight, r2, float(eps)) if kind == "rms" else _ln_op(x2, weight, bias, r2, float(eps)))[:2]
     return y.view(shape) if residual is None else (y.view(shape), ro.view(shape))
