@@ -4,6 +4,7 @@ refused with a warning and the kernel compiles. CPU only (sm_90a objects load wi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -117,6 +118,49 @@ def test_manifest_naming_a_file_outside_the_bundle_is_refused(built: Path, tmp_p
         bundle.open_bundle(b)
 
 
+@pytest.mark.parametrize("name", ["kernels", "autotune", "kernels/x", "kernels/a/b/c/d.o"])
+def test_manifest_naming_a_file_off_the_layout_is_refused_and_the_kernel_compiles(built: Path, tmp_path: Path,
+                                                                               name: str) -> None:
+    b = copy(built, tmp_path / "b")
+    manifest = json.loads((b / bundle.MANIFEST).read_text())
+    manifest["objects"][0]["file"] = name
+    (b / bundle.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(bundle.BundleError, match="not laid out"):
+        bundle.open_bundle(b)
+    r = run_worker(tmp_path / "fresh", env={"CUTEFORGE_BUNDLES": str(b)})  # one warning, then the compile
+    assert r["compiles"] == 1 and r["bundle_loads"] == 0 and r["callable"], r
+    assert [w for w in r["warnings"] if "not laid out" in w], r["warnings"]
+
+
+def test_an_object_of_another_installation_is_not_written_into_a_bundle(built: Path, tmp_path: Path) -> None:
+    (obj,) = objects(built)
+    name = obj.relative_to(built).as_posix()
+    foreign = name.replace(name.split("/")[1], "f" * 16)
+    with pytest.raises(bundle.BundleError, match="another installation"):
+        bundle.write(tmp_path / "out", [(foreign, obj.read_bytes(), {"file": foreign, "sha256": "0"})], [], ["sm_90a"])
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))  # nothing left behind
+
+
+def test_bundle_of_named_entries_through_a_linked_cache_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries named by the paths a kernel reports (under CUTEFORGE_CACHE_DIR as given)
+    are found when that directory is a symbolic link or relative: the bundle holds them;
+    a named entry the cache lacks fails the bundle instead of leaving it out."""
+    real = tmp_path / "real"
+    assert run_worker(real)["compiles"] == 1
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(tmp_path / "link"))
+    monkeypatch.setenv("CUTEFORGE_ARCH", "sm_90a")
+    (entry,) = (tmp_path / "link").glob("*/*/*.o")  # the path as the cache's user sees it
+    made = bundle.create_from_cache(tmp_path / "b", ["sm_90a"], objects=[entry])
+    assert made["objects"] == 1
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", "link")
+    assert bundle.create_from_cache(tmp_path / "b2", ["sm_90a"], objects=[Path("link") / entry.relative_to(tmp_path / "link")])["objects"] == 1
+    with pytest.raises(bundle.BundleError, match="1 of the 2 compiled objects"):
+        bundle.create_from_cache(tmp_path / "b3", ["sm_90a"], objects=[entry, entry.with_name("0" * 32 + ".o")])
+    assert not (tmp_path / "b3").exists()
+
+
 def test_cli_ls_and_verify(built: Path, tmp_path: Path) -> None:
     ls = cli("bundle", "ls", str(built), "--json", cache_dir=tmp_path)
     assert ls.returncode == 0, ls.stderr
@@ -174,3 +218,19 @@ def test_a_linked_library_that_does_not_load_is_linked_again(built: Path, tmp_pa
     assert broken["bundle_loads"] == 1 and broken["compiles"] == 0 and broken["kind"] != "LinkedKernel"
     assert not lib.exists()  # removed, so the next process links it again
     assert run_worker(tmp_path / "c", env=env)["kind"] == "LinkedKernel" and lib.exists()
+
+
+def test_a_linked_library_changed_on_disk_is_not_loaded(built: Path, tmp_path: Path) -> None:
+    """A library beside its sha256 whose bytes changed (still a loadable library: a byte of
+    its padding) is refused before the loader sees it, removed and linked again."""
+    env = {"CUTEFORGE_BUNDLES": str(built)}
+    assert run_worker(tmp_path / "c", env=env)["kind"] == "LinkedKernel"
+    (lib,) = (tmp_path / "c" / "linked").glob("*.so")
+    stamp = lib.with_name(lib.name + ".sha256")
+    assert stamp.read_text() == hashlib.sha256(lib.read_bytes()).hexdigest()
+    lib.write_bytes(lib.read_bytes() + b"\0")
+    changed = run_worker(tmp_path / "c", env=env)
+    assert changed["bundle_loads"] == 1 and changed["compiles"] == 0 and changed["kind"] != "LinkedKernel"
+    assert not lib.exists() and not stamp.exists()
+    assert run_worker(tmp_path / "c", env=env)["kind"] == "LinkedKernel" and lib.exists() and stamp.exists()
+

@@ -19,7 +19,9 @@ path the user names (never found by searching), optionally pinned by the sha256 
 manifest (`use_bundle(path, sha256=...)`, `CUTEFORGE_BUNDLES=path#sha256=HEX`); the
 manifest is read once and kept in memory, every object is read once, checked against
 the manifest's sha256 and its compile key, and loaded from a private copy, never from
-the bundle's own file (which could change after the check). A file that fails its check
+the bundle's own file (which could change after the check): the library linked from that
+copy into the private cache (`linked/`), checked against its own sha256 before each load,
+or where it cannot be linked the copy itself through the DSL. A file that fails its check
 is refused with a warning and the kernel compiles; a bundle built for another
 fingerprint (another DSL, tvm-ffi, Python or cuteforge) is skipped with one warning.
 """
@@ -74,6 +76,8 @@ def _relative(name: Any) -> str:
     parts = name.split("/")
     if any(p in ("", ".", "..") for p in parts) or parts[0] not in ("kernels", "autotune"):
         raise BundleError(f"manifest names a file outside the bundle: {name!r}")
+    if len(parts) != 4:  # kernels|autotune / fingerprint / kernel / file
+        raise BundleError(f"manifest names a file not laid out as <kind>/<fingerprint>/<kernel>/<file>: {name!r}")
     return name
 
 
@@ -264,14 +268,15 @@ def private_copy(data: bytes) -> Path:
 
 
 def _cache_objects(root: Path, fingerprints: Iterable[str], only: set[str] | None) -> Iterable[tuple[str, bytes, dict[str, Any]]]:
-    """(file name, bytes, entry) for each sound kernel-cache entry under these fingerprints."""
+    """(file name, bytes, entry) for each sound kernel-cache entry under these fingerprints;
+    with `only`, just the object files it names (resolved paths: `entry_paths`)."""
     for fp in sorted(fingerprints):
         base = root / fp
         if not base.is_dir():
             continue
         for meta_path in sorted(base.glob("*/*.json")):
             obj = meta_path.with_suffix(".o")
-            if only is not None and str(obj) not in only:
+            if only is not None and os.path.realpath(obj) not in only:
                 continue
             try:
                 meta = json.loads(trust.read_bytes(meta_path))
@@ -301,6 +306,12 @@ def _cache_records(root: Path, fingerprints: Iterable[str]) -> Iterable[tuple[st
             yield name, data, {"file": name, "sha256": _sha256(data)}
 
 
+def entry_paths(paths: Iterable[str | os.PathLike[str]]) -> set[str]:
+    """Object files as `_cache_objects(only=...)` matches them: resolved, so a cache reached
+    through a symbolic link or a relative CUTEFORGE_CACHE_DIR selects its own entries."""
+    return {os.path.realpath(p) for p in paths}
+
+
 def write(out: str | os.PathLike[str], objects: Iterable[tuple[str, bytes, dict[str, Any]]],
           records: Iterable[tuple[str, bytes, dict[str, Any]]], archs: Iterable[str], force: bool = False) -> dict[str, Any]:
     """Write a bundle directory at `out` (whole: built beside it, then renamed in place)."""
@@ -311,19 +322,23 @@ def write(out: str | os.PathLike[str], objects: Iterable[tuple[str, bytes, dict[
         raise BundleError(f"{dest} exists (pass force=True / --force to replace it)")
     if dest.exists() and not (dest / MANIFEST).is_file():
         raise BundleError(f"{dest} exists and is not a kernel bundle; not replacing it")
+    fingerprints = {cache.fingerprint(a): fingerprint_record(a) for a in sorted(set(archs))}
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         obj_entries, rec_entries = [], []
         for items, into in ((objects, obj_entries), (records, rec_entries)):
             for name, data, entry in items:
+                if _relative(name).split("/")[1] not in fingerprints:  # open_bundle would refuse the whole bundle
+                    raise BundleError(f"{name} was built by another installation (fingerprint {name.split('/')[1]}; "
+                                      f"this one: {', '.join(fingerprints)}): not writing a bundle that would be refused")
                 target = staging / _relative(name)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
                 into.append(entry)
         manifest = {
             "format": FORMAT,
-            "fingerprints": {cache.fingerprint(a): fingerprint_record(a) for a in sorted(set(archs))},
+            "fingerprints": fingerprints,
             "objects": sorted(obj_entries, key=lambda e: e["file"]),
             "tuning": sorted(rec_entries, key=lambda e: e["file"]),
         }
@@ -358,8 +373,12 @@ def create_from_cache(out: str | os.PathLike[str], archs: Iterable[str], objects
     if root is None:
         raise BundleError(f"the kernel cache at {cache.cache_root()} cannot be used, so there is nothing to bundle")
     fps = [cache.fingerprint(a) for a in archs]
-    only = None if objects is None else {str(Path(o)) for o in objects}
-    return write(out, _cache_objects(root, fps, only), _cache_records(root, fps), archs, force)
+    only = None if objects is None else entry_paths(objects)
+    found = list(_cache_objects(root, fps, only))
+    if only is not None and len(found) != len(only):
+        raise BundleError(f"{len(only) - len(found)} of the {len(only)} compiled objects to bundle are missing or damaged "
+                          f"in the kernel cache at {root}")
+    return write(out, found, _cache_records(root, fps), archs, force)
 
 
 def verify(path: str | os.PathLike[str], sha256: str | None = None) -> dict[str, Any]:

@@ -19,7 +19,9 @@ with or without GPUs and across hosts."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle, cache
+
+log = logging.getLogger("cuteforge")
 
 
 class DistributedError(RuntimeError):
@@ -47,8 +51,22 @@ def _init() -> tuple[Any, bool]:
         raise DistributedError(f"--distributed needs a launcher such as torchrun ({', '.join(missing)} not set)")
     if not dist.is_gloo_available():
         raise DistributedError("--distributed needs torch.distributed's gloo backend, which this torch lacks")
-    dist.init_process_group(backend="gloo")
+    # ranks with a short share wait in the gather for the slowest one: a long tune or
+    # precompile must not trip gloo's default of 30 minutes
+    dist.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=_timeout_s()))
     return dist, True
+
+
+def _timeout_s() -> float:
+    """How long a rank waits for the others (CUTEFORGE_DISTRIBUTED_TIMEOUT, seconds; 12 hours)."""
+    raw = os.environ.get("CUTEFORGE_DISTRIBUTED_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else 12 * 3600.0
+    except ValueError:
+        raise DistributedError(f"CUTEFORGE_DISTRIBUTED_TIMEOUT={raw!r}: expected seconds, e.g. 3600") from None
+    if not value > 0:
+        raise DistributedError(f"CUTEFORGE_DISTRIBUTED_TIMEOUT={raw!r}: expected a positive number of seconds")
+    return value
 
 
 def _gather_and_merge(dist: Any, rank: int, world: int, part: dict[str, Any],
@@ -103,13 +121,13 @@ def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: 
             if root is None:
                 raise DistributedError(f"rank {rank}: the kernel cache at {cache.cache_root()} cannot be used")
             fps = [cache.fingerprint(arch)]
-            objects = list(bundle._cache_objects(root, fps, {str(Path(r["entry"])) for r in rows}))
+            objects = list(bundle._cache_objects(root, fps, bundle.entry_paths(r["entry"] for r in rows)))
             records = list(bundle._cache_records(root, fps))
             if len(objects) != len(rows):
                 raise DistributedError(f"rank {rank}: {len(rows) - len(objects)} compiled objects are missing "
                                        "from its kernel cache")
         except Exception as e:  # reported by rank 0; every rank still takes part in the gather
-            error = f"rank {rank}: {e}"
+            error = f"rank {rank}: {type(e).__name__}: {e}"
         part = {"rank": rank, "jobs": share, "rows": rows, "objects": objects, "records": records, "error": error}
 
         def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -175,6 +193,7 @@ def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: 
         objects: list[tuple[str, bytes, dict[str, Any]]] = []
         records: list[tuple[str, bytes]] = []
         device = None
+        missing = 0
         try:
             parsed = parse_shapes(shapes)
             share = list(range(rank, len(parsed), world))
@@ -194,15 +213,24 @@ def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: 
             records = [_record_item(r["record"]) for r in rows if r["record"]]
             if out is not None:  # the winners' compiled objects travel with the records
                 root = cache.private_root()
-                if root is not None:
-                    winners = {str(Path(r["entry"])) for r in rows}
-                    objects = list(bundle._cache_objects(root, [cache.fingerprint(arch)], winners))
+                if root is None:
+                    raise DistributedError(f"the kernel cache at {cache.cache_root()} cannot be used: no winner's "
+                                           "compiled object to put in the bundle")
+                winners = bundle.entry_paths(r["entry"] for r in rows)
+                objects = list(bundle._cache_objects(root, [cache.fingerprint(arch)], winners))
+                missing = len(winners) - len(objects)  # served by a bundle layer, or never compiled here
         except Exception as e:  # reported by rank 0; every rank still takes part in the gather
             error = f"rank {rank}: {type(e).__name__}: {e}"
-        part = {"rank": rank, "jobs": share, "rows": rows, "objects": objects, "records": records, "error": error}
+        part = {"rank": rank, "jobs": share, "rows": rows, "objects": objects, "records": records, "error": error,
+                "missing": missing}
 
         def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             result = _merge_tuned(parts, arch, out, replace, TuneStore())
+            result["winners_without_object"] = sum(p["missing"] for p in parts)
+            if out is not None and result["winners_without_object"]:
+                log.warning("cuteforge tune --distributed: %d winners' compiled objects are not in the ranks' kernel "
+                            "caches (served by a bundle, or not compiled there); the bundle holds their tuning records "
+                            "only", result["winners_without_object"])
             result.update(kernel=kernel, arch=arch, dtype=dtype, ranks=world, gpus=world,
                           wall_s=round(time.perf_counter() - t0, 2))
             return result

@@ -56,7 +56,7 @@ def stream_workspace(owner: str, device: int, words: int, zero_words: int) -> to
     return w
 
 
-def persistent(device: torch.device | int | None, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+def persistent(device: torch.device | int | str | None, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """`make()`, a tensor on `device` to keep across calls, allocated outside any memory
     pool that routes this thread's allocations (module doc): by a helper thread, its
     stream work finished before it returns, the tensor recorded on this thread's current
@@ -65,15 +65,19 @@ def persistent(device: torch.device | int | None, make: Callable[[], torch.Tenso
     for the work queued on the device's other blocking streams: a stall at a first
     allocation (a few per process), none on later calls. Under CUDA-graph capture,
     `make()` itself, and for a tensor off CUDA (`device` None or not a CUDA device)."""
+    if isinstance(device, str):
+        device = torch.device(device)
     if device is None or (isinstance(device, torch.device) and device.type != "cuda") or _capturing():
         return make()
+    # the caller's device where none is named: the helper thread's current device is its own
+    index = device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
     made: list[torch.Tensor | BaseException] = []
 
     def run() -> None:
         try:
-            with torch.cuda.device(device):
+            with torch.cuda.device(index):
                 made.append(make())
-                torch.cuda.current_stream(device).synchronize()
+                torch.cuda.current_stream(index).synchronize()
         except BaseException as e:  # raised in the caller's thread
             made.append(e)
 
@@ -83,5 +87,5 @@ def persistent(device: torch.device | int | None, make: Callable[[], torch.Tenso
     out = made[0]
     if isinstance(out, BaseException):
         raise out
-    out.record_stream(torch.cuda.current_stream(device))
+    out.record_stream(torch.cuda.current_stream(index))
     return out

@@ -250,9 +250,10 @@ class KernelCache:
         private cache once, `<root>/linked/<object sha256>-<runtime>.so`, so that neither
         this process nor a later one imports the DSL to load it (a bundle stays read-only:
         it ships objects, each machine links its own). `<runtime>` names the libraries it
-        links and the link recipe (`compiler.LINK_RECIPE`). None where it cannot be
-        (linking off, no private root, no linker, runtime libraries not found without the
-        DSL, a failed link: logged once; a library that does not load is removed, to be
+        links and the link recipe (`compiler.LINK_RECIPE`); beside it `<name>.sha256`, the
+        library's own sha256, checked before every load. None where it cannot be (linking
+        off, no private root, no linker, runtime libraries not found without the DSL, a
+        failed link: logged once; a library that does not match or load is removed, to be
         linked again): the object then loads through the DSL."""
         deps = runtime_libraries.kernel_dependencies()
         root = private_root() if disk_enabled() else None
@@ -261,20 +262,25 @@ class KernelCache:
         try:
             runtime = hashlib.sha256("|".join([compiler.LINK_RECIPE, *deps]).encode()).hexdigest()[:16]
             lib = trust.private_dir(root, "linked") / f"{_sha256(data)}-{runtime}.so"
-            if not os.path.lexists(lib):
+            stamp = lib.with_name(lib.name + ".sha256")  # the library's own sha256, written after it
+            if not (os.path.lexists(lib) and os.path.lexists(stamp)):
                 from .. import bundle
 
                 _write_library(lib, str(bundle.private_copy(data)), codec.link)
+                trust.atomic_write(stamp, _sha256(trust.read_bytes(lib)))
         except Exception as e:  # the object loads instead
             _note_link_failure(e)
             return None
         try:
-            trust.check_file(lib)
+            # checked like a cache entry's library: a damaged file is never loaded
+            if _sha256(trust.read_bytes(lib)) != trust.read_bytes(stamp).decode().strip():
+                raise ValueError("it does not match its sha256")
             return codec.load_linked(lib)
         except Exception as e:
             log.debug("cuteforge: %s did not load (%s: %s); removed, loading the object", lib, type(e).__name__, e)
-            with contextlib.suppress(OSError):
-                lib.unlink()
+            for f in (lib, stamp):
+                with contextlib.suppress(OSError):
+                    f.unlink()
             return None
 
     def _in_memory(self, kernel: str, key_repr: str, compile_fn: Callable[[bool], compiler.CompileResult],
