@@ -106,7 +106,8 @@ def linker() -> str | None:
     return None
 
 
-LINK_RECIPE = "1"  # raise when link_shared's command changes: bundles' libraries are named by it
+LINK_RECIPE = "2"  # raise when link_shared's command changes: bundles' libraries are named by it
+LINK_TIMEOUT_S = 300  # a link takes well under a second: a hung linker must not hang a kernel's first call
 
 
 def link_shared(object_path: str, library_path: str) -> None:
@@ -128,8 +129,12 @@ def link_shared(object_path: str, library_path: str) -> None:
             "-Wl,-Bsymbolic"]
     for lib in libs:
         d = os.path.dirname(lib)
-        argv += [f"-L{d}", f"-l:{os.path.basename(lib)}", f"-Wl,-rpath,{d}"]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        # -Xlinker passes the directory as one argument, commas and all (-Wl, would split it)
+        argv += [f"-L{d}", f"-l:{os.path.basename(lib)}", "-Xlinker", "-rpath", "-Xlinker", d]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=LINK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"linking {object_path} took over {LINK_TIMEOUT_S} s; stopped") from None
     if done.returncode != 0:
         raise RuntimeError(f"linking {object_path} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
 

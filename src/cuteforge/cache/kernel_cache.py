@@ -289,9 +289,10 @@ class KernelCache:
 
     @staticmethod
     def _write(entry: Entry, kernel: str, key_repr: str, arch: str, result: compiler.CompileResult, codec: _Codec) -> None:
-        """The metadata, then the object; each appears whole. A process killed in between
-        leaves metadata without an object (a miss) or beside an older object whose sha256
-        it does not match (damaged: recompiled)."""
+        """The library (where it links), the metadata naming its sha256, then the object;
+        each appears whole. A process killed in between leaves metadata without an object
+        (a miss) or beside an older object whose sha256 it does not match (damaged:
+        recompiled)."""
 
         def fill(staged: str) -> None:
             codec.export(result, staged)
