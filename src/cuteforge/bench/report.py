@@ -23,6 +23,7 @@ import html
 import io
 import json
 import re
+import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -98,7 +99,7 @@ def results_header(command: str | None = None) -> Results:
 
     from .. import __version__
 
-    return {"command": command or "python " + " ".join(sys.argv),
+    return {"command": command or "python " + shlex.join(sys.argv),  # quoted: the command runs as written
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "torch": torch.__version__, "cuteforge": __version__}
