@@ -234,3 +234,15 @@ def test_a_linked_library_changed_on_disk_is_not_loaded(built: Path, tmp_path: P
     assert not lib.exists() and not stamp.exists()
     assert run_worker(tmp_path / "c", env=env)["kind"] == "LinkedKernel" and lib.exists() and stamp.exists()
 
+
+def test_force_replaces_a_bundle_whole(built: Path, tmp_path: Path) -> None:
+    (obj,) = objects(built)
+    name = obj.relative_to(built).as_posix()
+    item = (name, obj.read_bytes(), {"file": name, "sha256": hashlib.sha256(obj.read_bytes()).hexdigest()})
+    first = bundle.write(tmp_path / "b", [item], [], ["sm_90a"])
+    with pytest.raises(bundle.BundleError, match="exists"):
+        bundle.write(tmp_path / "b", [], [], ["sm_90a"])
+    second = bundle.write(tmp_path / "b", [], [], ["sm_90a"], force=True)
+    assert first["objects"] == 1 and second["objects"] == 0 and bundle.open_bundle(tmp_path / "b").objects == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # no staging or old copy left beside it
+

@@ -348,9 +348,13 @@ def write(out: str | os.PathLike[str], objects: Iterable[tuple[str, bytes, dict[
             os.chmod(d, 0o755)
             for f in files:
                 os.chmod(os.path.join(d, f), 0o644)
-        if dest.exists():
-            shutil.rmtree(dest)
+        old = None
+        if dest.exists():  # the old bundle moved aside whole, so no reader sees it half deleted
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+            os.replace(dest, old / dest.name)
         os.replace(staging, dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
