@@ -23,6 +23,9 @@ def tensor(where: str, name: str, t: Any, dtypes: Iterable[torch.dtype] | None =
     """`t` as a torch.Tensor of one of `dtypes` (any dtype where None)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: argument {name!r} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_nested or t.layout != torch.strided:  # sparse, nested: the kernels read strided memory
+        raise TypeError(f"{where}: argument {name!r} must be a dense (strided) tensor, got "
+                        f"{'a nested tensor' if t.is_nested else t.layout}")
     if dtypes is not None:
         dtype_in(where, name, t, dtypes)
     return t
@@ -80,9 +83,14 @@ def real(where: str, name: str, value: Any) -> float:
 
 
 def boolean(where: str, name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: argument {name!r} must be a bool, got {type(value).__name__}")
-    return value
+    """A bool argument (numpy's bool too)."""
+    if isinstance(value, bool):
+        return value
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{where}: argument {name!r} must be a bool, got {kind.__module__}.{kind.__qualname__}"
+                    if kind.__module__ != "builtins" else f"{where}: argument {name!r} must be a bool, got {kind.__name__}")
 
 
 def last_dim(where: str, name: str, value: Any, ndim: int, hint: str) -> int:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import checks
 from ..signature import FLOAT_DTYPES
 
 __all__ = ["Embedding", "RMSNorm", "LayerNorm", "Linear", "CrossEntropyLoss", "SwiGLUMLP", "causal_lm_loss"]
@@ -22,15 +23,23 @@ __all__ = ["Embedding", "RMSNorm", "LayerNorm", "Linear", "CrossEntropyLoss", "S
 _ACTIVATIONS = {None: lambda t: t, "relu": F.relu, "gelu": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu}
 
 
-def _on_cuteforge(x: torch.Tensor) -> bool:
-    return x.is_cuda and x.dtype in FLOAT_DTYPES
+def _on_cuteforge(x: Any) -> bool:
+    # anything else goes to torch's own function, which gives its own error for a non-tensor
+    return isinstance(x, torch.Tensor) and x.is_cuda and x.dtype in FLOAT_DTYPES
 
 
 def _last_dim(normalized_shape: int | Sequence[int], what: str) -> tuple[int]:
-    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+    where = f"cuteforge.nn.{what}"
+    if isinstance(normalized_shape, (numbers.Integral, torch.Size, tuple, list)):
+        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+    else:
+        raise TypeError(f"{where}: argument 'normalized_shape' must be an int or a sequence of one int, got "
+                        f"{type(normalized_shape).__name__}")
     if len(shape) != 1:
-        raise ValueError(f"cuteforge.nn.{what}: normalizes over the last dim only; normalized_shape must have one "
+        raise ValueError(f"{where}: normalizes over the last dim only; normalized_shape must have one "
                          f"entry, got {shape}")
+    if checks.integer(where, "normalized_shape", shape[0]) < 1:
+        raise ValueError(f"{where}: argument 'normalized_shape' must be positive, got {shape[0]}")
     return (int(shape[0]),)
 
 
@@ -46,6 +55,8 @@ class _RowNorm(nn.Module):
                              f"{under_compile!r}")
         self.under_compile = under_compile
         self.normalized_shape = _last_dim(normalized_shape, what)
+        if eps is not None and not checks.real(f"cuteforge.nn.{what}", "eps", eps) >= 0:  # NaN too
+            raise ValueError(f"cuteforge.nn.{what}: argument 'eps' must be a non-negative number, got {eps}")
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         if elementwise_affine:
@@ -81,9 +92,9 @@ class RMSNorm(_RowNorm):
         super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype, under_compile)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         if not _on_cuteforge(x) or self._to_inductor(x):
-            return F.rms_norm(x, self.normalized_shape, self.weight, eps)
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)  # None: torch's default, as below
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         from .. import ops
 
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)
@@ -122,14 +133,14 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  device: Any = None, dtype: torch.dtype | None = None) -> None:
-        if activation not in _ACTIVATIONS:
+        if not (activation is None or isinstance(activation, str)) or activation not in _ACTIVATIONS:
             raise ValueError(f"cuteforge.nn.Linear: activation must be one of {sorted(map(str, _ACTIVATIONS))}, "
                              f"got {activation!r}")
         super().__init__(in_features, out_features, bias, device, dtype)
         self.activation = activation
 
     def _gemm_applies(self, x: torch.Tensor) -> bool:
-        return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+        return (isinstance(x, torch.Tensor) and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
                 and self.weight.dtype == x.dtype and torch.cuda.get_device_capability(x.device) == (9, 0)
                 and self.in_features % 8 == 0 and self.out_features % 8 == 0)
 

@@ -78,7 +78,7 @@ def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
     checks.same_device(_WHERE, "target", target, "logits", logits)
     if logits.shape[1] == 0:
         raise ValueError(f"{_WHERE}: argument 'logits' must have N >= 1 classes, got shape {tuple(logits.shape)}")
-    if reduction not in _REDUCTIONS:
+    if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
         raise ValueError(f"{_WHERE}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
     checks.integer(_WHERE, "ignore_index", ignore_index)
     if not -(2**63) <= ignore_index < 2**63:  # compared with int64 targets in the kernel
@@ -359,6 +359,8 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
     mean/sum: the scalar's allocation and one launch of the reduced kernel (no lse)."""
     _check(logits, target, reduction, ignore_index)
     copy = target.stride(0) != 1
+    if copy:  # no copy of a CPU target (an expanded one can be huge): the device error first
+        checks.on_cuda(_WHERE, "logits", logits)
     tgt = target.contiguous() if copy else target
     m, dtype, f32 = logits.shape[0], logits.dtype, torch.float32
     same = dtype == f32
@@ -431,6 +433,8 @@ def cross_entropy(
     first such target before launch instead (one device sync a call)."""
     if check_targets is None:
         check_targets = CHECK_TARGETS
+    elif type(check_targets) is not bool:  # "no" would be true
+        check_targets = checks.boolean(_WHERE, "check_targets", check_targets)
     if not isinstance(ignore_index, int) and isinstance(ignore_index, numbers.Integral):
         ignore_index = int(ignore_index)  # a numpy integer
     if _is_compiling():
@@ -446,7 +450,7 @@ def cross_entropy(
         run = _PLANS[(reduction, ignore_index, type(ignore_index), logits.dtype, logits.shape, logits.stride(),
                       logits.data_ptr() & 15, logits.get_device(), target.dtype, target.shape, target.stride(),
                       target.data_ptr() & 15, target.get_device())]
-    except (AttributeError, KeyError, TypeError):
+    except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: _plan says so
         run = _plan(logits, target, reduction, ignore_index)  # raises on bad input
     if check_targets:
         _check_targets(target, logits.shape[1], ignore_index)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from .registered import define
 
 __all__ = ["embedding"]
@@ -64,19 +65,17 @@ _op = define("cuteforge::embedding", _forward, fake=_forward_fake, backward=_bac
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
     """``F.embedding(ids, weight, padding_idx)`` (module doc): the rows of ``weight`` at
     ``ids``, shape ``(*ids.shape, H)``."""
-    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise TypeError(f"{_WHERE}: argument 'ids' must be an integer tensor, got {got}")
-    if not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point or weight.dim() != 2:
-        got = f"{weight.dtype} of {weight.dim()} dims" if isinstance(weight, torch.Tensor) else type(weight).__name__
-        raise TypeError(f"{_WHERE}: argument 'weight' must be a 2-D floating tensor, got {got}")
-    if ids.device != weight.device:
-        raise ValueError(f"{_WHERE}: arguments 'ids' and 'weight' must be on one device, got {ids.device} and "
-                         f"{weight.device}")
+    checks.tensor(_WHERE, "ids", ids, (torch.int32, torch.int64))  # what torch's embedding indexes with
+    checks.tensor(_WHERE, "weight", weight)
+    if not weight.dtype.is_floating_point:
+        raise TypeError(f"{_WHERE}: argument 'weight' must be a floating tensor, got {weight.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"{_WHERE}: argument 'weight' must be 2-D (rows, H), got shape {tuple(weight.shape)}")
+    checks.same_device(_WHERE, "weight", weight, "ids", ids)
     rows = weight.shape[0]
     if padding_idx is None:
         padding_idx = -1  # torch's "none" (a negative index is normalized first)
-    elif not -rows <= padding_idx < rows:
+    elif not -rows <= checks.integer(_WHERE, "padding_idx", padding_idx) < rows:
         raise ValueError(f"{_WHERE}: argument 'padding_idx' must be within the {rows} rows of 'weight', got "
                          f"{padding_idx}")
     elif padding_idx < 0:

@@ -65,14 +65,15 @@ def _lookup(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_k
         memo: Any = (_layout(a), _layout(b), tuple(_layout(t) for t in ops), epi_key, out_dtype, config,
                      tuple(_layout(t) for t in scales))
         fn = _PLANS.get(memo)
-    except AttributeError:  # not tensors: _plan raises the clear error
+    except (AttributeError, TypeError, RuntimeError):  # not (dense) tensors, unhashable: _plan says so
         memo, fn = None, None
     if fn is None:
         epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
         fn = _plan(a, b, ops, names or (epi.operand_names() if epi is not None else ()), epi, out_dtype, config, scales)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[memo] = fn
+        if memo is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[memo] = fn
     return fn
 
 
@@ -314,7 +315,7 @@ def gemm(
                       None if c is None else (c.dtype, c.shape, c.stride(), c.data_ptr() & 15, c.get_device()),
                       None if residual is None else (residual.dtype, residual.shape, residual.stride(),
                                                      residual.data_ptr() & 15, residual.get_device()))]
-    except (AttributeError, KeyError, TypeError):
+    except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: the plan says so
         run = None
     if run is None or (_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
                                             or (c is not None and c.requires_grad)

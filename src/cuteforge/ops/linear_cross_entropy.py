@@ -44,15 +44,21 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
     if x.dtype not in FLOAT_DTYPES or weight.dtype != x.dtype:
         raise TypeError(f"{_WHERE}: arguments 'x' and 'weight' must share one of float32, bfloat16, float16; got "
                         f"{x.dtype} and {weight.dtype}")
-    if target.dtype != torch.int64 or target.shape != (x.shape[0],):
-        raise ValueError(f"{_WHERE}: argument 'target' must be int64 of shape ({x.shape[0]},), got {target.dtype} "
-                         f"{tuple(target.shape)}")
-    if reduction not in ("mean", "sum"):
+    if target.dtype != torch.int64:
+        raise TypeError(f"{_WHERE}: argument 'target' must be int64 class indices, got {target.dtype}")
+    if target.shape != (x.shape[0],):
+        raise ValueError(f"{_WHERE}: argument 'target' must have shape ({x.shape[0]},) to match 'x' "
+                         f"{tuple(x.shape)}, got {tuple(target.shape)}")
+    if weight.shape[0] == 0:
+        raise ValueError(f"{_WHERE}: argument 'weight' must have V >= 1 rows (classes), got shape {tuple(weight.shape)}")
+    if not isinstance(reduction, str) or reduction not in ("mean", "sum"):
         raise ValueError(f"{_WHERE}: argument 'reduction' must be 'mean' or 'sum', got {reduction!r}")
     checks.integer(_WHERE, "ignore_index", ignore_index)
-    if not (x.is_cuda and weight.device == x.device and target.device == x.device):
-        raise ValueError(f"{_WHERE}: 'x', 'weight' and 'target' must be on one CUDA device, got {x.device}, "
-                         f"{weight.device}, {target.device}")
+    if not -(2**63) <= ignore_index < 2**63:  # compared with int64 targets in the kernel
+        raise ValueError(f"{_WHERE}: argument 'ignore_index'={ignore_index} does not fit in int64")
+    checks.same_device(_WHERE, "weight", weight, "x", x)
+    checks.same_device(_WHERE, "target", target, "x", x)
+    checks.on_cuda(_WHERE, "x", x)
 
 
 def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
@@ -129,10 +135,11 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     """``F.cross_entropy(x @ weight.T, target, ignore_index=, reduction=)`` (fp32 loss) with
     only one chunk of the logits in memory at a time (module doc). x may be N-D (..., H)
     with target (...)."""
-    if isinstance(x, torch.Tensor) and x.dim() > 2:
-        x = x.reshape(-1, x.shape[-1])
-    if isinstance(target, torch.Tensor) and target.dim() > 1:
-        target = target.reshape(-1)
+    if isinstance(x, torch.Tensor) and isinstance(target, torch.Tensor) and x.dim() > 2:
+        if tuple(target.shape) != tuple(x.shape[:-1]):  # flattened, any equal count would pass
+            raise ValueError(f"{_WHERE}: argument 'target' must have shape {tuple(x.shape[:-1])} to match 'x' "
+                             f"{tuple(x.shape)}, got {tuple(target.shape)}")
+        x, target = x.reshape(-1, x.shape[-1]), target.reshape(-1)
     _check(x, weight, target, ignore_index, reduction)
     grad = torch.is_grad_enabled()
     loss, _, _, _ = _op(x, weight, target, ignore_index, reduction == "mean", grad and x.requires_grad,

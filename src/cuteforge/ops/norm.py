@@ -512,7 +512,7 @@ def _norm(kind: str, where: str, x: Any, weight: Any, bias: Any, residual: Any, 
                       None if bias is None else (bias.dtype, bias.shape, bias.stride(), bias.data_ptr() & 15, bias.get_device()),
                       None if residual is None else (residual.dtype, residual.shape, residual.stride(),
                                                      residual.data_ptr() & 15, residual.get_device()))]
-    except (AttributeError, KeyError, TypeError):
+    except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: the plan says so
         run = _eager_plan(kind, where, x, weight, bias, residual, eps)  # raises on bad input
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
                             or (residual is not None and residual.requires_grad)):

@@ -30,6 +30,7 @@ from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, o
 from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.args import contiguous_arg
+from ..signature import FLOAT_DTYPES
 from .registered import define
 
 _MAX_PLANS = 4096
@@ -95,6 +96,9 @@ def _plan(op: str, x: Any, dim: Any, keepdim: Any = False) -> _Plan:
     """Validate, pick the kernel and its config, compile or load: once per memo key."""
     where = f"cuteforge.ops.{op}"
     d = _check(op, x, dim, keepdim)
+    # before any copy of x below: a CPU or integer x gets its error, not a copy
+    checks.dtype_in(where, "x", x, FLOAT_DTYPES)
+    checks.on_cuda(where, "x", x)
     shape, strides = tuple(x.shape), x.stride()
     odt = out_dtype(op, x.dtype)
     n = shape[d]
@@ -237,7 +241,7 @@ def _planned(op: str, x: torch.Tensor, dim: int, keepdim: bool = False) -> _Plan
     """The memoized run for this call's layout, made on a miss."""
     try:
         return _PLANS[_memo_key(op, x, dim, keepdim)]
-    except (AttributeError, KeyError, TypeError):
+    except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: _plan says so
         return _plan(op, x, dim, keepdim)
 
 
@@ -321,7 +325,7 @@ def _entry(op: str) -> Callable[..., torch.Tensor]:
         try:
             plan = plans[(op, dim, type(dim), keepdim, type(keepdim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15,
                           x.get_device())]
-        except (AttributeError, KeyError, TypeError):
+        except (AttributeError, KeyError, TypeError, RuntimeError):
             plan = None
         if getattr(x, "requires_grad", False) and grad_enabled():
             if plan is None:

@@ -147,7 +147,7 @@ def _fwd_planned(mode: str, x: torch.Tensor, dim: int) -> _Run:
     """The memoized run for this call's layout, made on a miss."""
     try:
         return _FWD[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
-    except (AttributeError, KeyError, TypeError):
+    except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: the plan says so
         return _plan_fwd(mode, x, dim)
 
 
@@ -332,7 +332,7 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
         # Tracing needs the custom-op boundary; eager autograd goes through the C++ node
         # (else a plain autograd.Function) and no-grad calls skip both.
         # The warm path is inlined on purpose: each Python call level costs ~0.1 us.
-        if dim != -1 and _other_dim(x, dim):
+        if (type(dim) is not int or dim != -1) and _other_dim(x, dim):  # a tensor dim is never compared
             # the kernels run over rows: the dim moves last (a transposing copy), and back
             return fn(x.movedim(dim, -1), -1).movedim(-1, dim)
         if is_compiling():
@@ -347,7 +347,7 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
             return apply(x, dim) if y is None else y
         try:
             run = plans[(mode, dim, type(dim), x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())]
-        except (AttributeError, KeyError, TypeError):
+        except (AttributeError, KeyError, TypeError, RuntimeError):
             run = _plan_fwd(mode, x, dim)
         return run(x)
 
