@@ -246,3 +246,22 @@ def test_force_replaces_a_bundle_whole(built: Path, tmp_path: Path) -> None:
     assert first["objects"] == 1 and second["objects"] == 0 and bundle.open_bundle(tmp_path / "b").objects == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]  # no staging or old copy left beside it
 
+
+def test_a_replacement_that_fails_leaves_the_old_bundle_in_place(built: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle.write(tmp_path / "b", [], [], ["sm_90a"])
+    digest = bundle.open_bundle(tmp_path / "b").manifest_sha256
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(src)).name.startswith(".b.") and ".old." not in Path(str(src)).name:  # the new bundle's move
+            raise OSError("disk went away")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(bundle.os, "replace", replace)
+    with pytest.raises(OSError, match="disk went away"):
+        bundle.write(tmp_path / "b", [], [], ["sm_90a", "sm_90"], force=True)
+    monkeypatch.setattr(bundle.os, "replace", real_replace)
+    assert bundle.open_bundle(tmp_path / "b").manifest_sha256 == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+

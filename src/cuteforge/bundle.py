@@ -352,7 +352,13 @@ def write(out: str | os.PathLike[str], objects: Iterable[tuple[str, bytes, dict[
         if dest.exists():  # the old bundle moved aside whole, so no reader sees it half deleted
             old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
             os.replace(dest, old / dest.name)
-        os.replace(staging, dest)
+        try:
+            os.replace(staging, dest)
+        except BaseException:
+            if old is not None:  # the old bundle goes back where it was
+                os.replace(old / dest.name, dest)
+                old.rmdir()
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

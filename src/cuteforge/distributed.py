@@ -119,13 +119,12 @@ def precompile(kernels: list[str] | None, out: str | os.PathLike[str], workers: 
                 row["rank"] = rank
             root = cache.private_root()
             if root is None:
-                raise DistributedError(f"rank {rank}: the kernel cache at {cache.cache_root()} cannot be used")
+                raise DistributedError(f"the kernel cache at {cache.cache_root()} cannot be used")
             fps = [cache.fingerprint(arch)]
             objects = list(bundle._cache_objects(root, fps, bundle.entry_paths(r["entry"] for r in rows)))
             records = list(bundle._cache_records(root, fps))
             if len(objects) != len(rows):
-                raise DistributedError(f"rank {rank}: {len(rows) - len(objects)} compiled objects are missing "
-                                       "from its kernel cache")
+                raise DistributedError(f"{len(rows) - len(objects)} compiled objects are missing from its kernel cache")
         except Exception as e:  # reported by rank 0; every rank still takes part in the gather
             error = f"rank {rank}: {type(e).__name__}: {e}"
         part = {"rank": rank, "jobs": share, "rows": rows, "objects": objects, "records": records, "error": error}
