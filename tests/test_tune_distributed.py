@@ -139,3 +139,62 @@ def test_the_ranks_wait_for_each_other_as_long_as_configured(monkeypatch: pytest
         monkeypatch.setenv("CUTEFORGE_DISTRIBUTED_TIMEOUT", bad)
         with pytest.raises(distributed.DistributedError, match="CUTEFORGE_DISTRIBUTED_TIMEOUT"):
             distributed._timeout_s()
+
+
+PROBLEMS = [{"kernel": KERNEL, "shapes": "4096x512,2048x2048,1024x4096"},
+            {"kernel": "softmax_fwd", "shapes": ["8192x1024", "4096x4096"], "dtype": "bfloat16"}]
+
+
+def _problems_file(tmp: Path) -> Path:
+    f = tmp / "problems.json"
+    f.write_text(json.dumps(PROBLEMS))
+    return f
+
+
+def test_a_problem_set_in_one_command_alone_and_over_two_ranks(tmp_path: Path) -> None:
+    """`cuteforge tune --problems FILE`: one process tunes every entry; under torchrun the
+    (kernel, shape) problems of all entries are dealt to the ranks at once, each tuned
+    exactly once, and rank 0 stores the single process's records."""
+    import torch.distributed as dist
+
+    f = _problems_file(tmp_path)
+    alone = subprocess.run([sys.executable, str(HERE / "tune_fake_rank.py"), "tune", "--problems", str(f), "--workers",
+                            "1", "--json"], env=_env(tmp_path / "one", tmp_path / "one-logs"), capture_output=True,
+                           text=True, timeout=600)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    r = json.loads(alone.stdout)
+    assert r["kernels"] == [KERNEL, "softmax_fwd"]
+    assert [(s["kernel"], s["shape"], s["dtype"]) for s in r["shapes"]] == [
+        (KERNEL, "4096x512", "float32"), (KERNEL, "2048x2048", "float32"), (KERNEL, "1024x4096", "float32"),
+        ("softmax_fwd", "8192x1024", "bfloat16"), ("softmax_fwd", "4096x4096", "bfloat16")]
+    if not dist.is_gloo_available():
+        pytest.skip("this torch has no gloo backend")
+    ran = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(_free_port()), str(HERE / "tune_fake_rank.py"), "tune", "--problems", str(f),
+         "--distributed", "--workers", "1", "--json"],
+        env=_env(tmp_path / "two", tmp_path / "two-logs"), capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    d = json.loads(ran.stdout)
+    assert [(s["kernel"], s["shape"]) for s in d["shapes"]] == [(s["kernel"], s["shape"]) for s in r["shapes"]]
+    assert [s["rank"] for s in d["shapes"]] == [0, 1, 0, 1, 0]  # dealt across the entries, not per entry
+    logs = {p.stem: p.read_text().splitlines() for p in (tmp_path / "two-logs").glob("*.log")}
+    assert sorted(logs) == ["0", "1"] and len(logs["0"]) == 3 and len(logs["1"]) == 2  # each problem once
+    assert _records(tmp_path / "two" / "autotune") == _records(tmp_path / "one" / "autotune")
+    assert len(_records(tmp_path / "one" / "autotune")) == 5
+
+
+@pytest.mark.parametrize("args, part", [
+    (["tune", "row_reduce", "--problems", "F"], "give no KERNEL"),
+    (["tune", "row_reduce"], "give KERNEL and --shapes, or --problems FILE"),
+    (["tune", "--problems", "MISSING"], "cannot read it"),
+    (["tune", "--problems", "BAD"], "entry 1: unknown keys ['shape']"),
+])
+def test_problem_set_arguments_are_checked(tmp_path: Path, args: list[str], part: str) -> None:
+    (tmp_path / "BAD").write_text(json.dumps([PROBLEMS[0], {"kernel": KERNEL, "shapes": "8x8", "shape": "8x8"}]))
+    args = [str(tmp_path / a) if a in ("F", "MISSING", "BAD") else a for a in args]
+    if "F" in [Path(a).name for a in args]:
+        _problems_file(tmp_path).rename(tmp_path / "F")
+    ran = subprocess.run([sys.executable, "-m", "cuteforge", *args], env=_env(tmp_path / "c", tmp_path / "l"),
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 2 and part in ran.stderr, ran.stderr[-2000:]

@@ -7,9 +7,10 @@ cache, the compiled objects and tuning records are gathered to rank 0, which wri
 bundle. The bundle's manifest is the one a single-process `cuteforge bundle create` of the
 same specializations writes.
 
-`cuteforge tune KERNEL --shapes ... --distributed [--bundle OUT]` (`tune`): the shapes are
-split over the ranks (rank r takes shapes r, r + world, ...), each rank tunes its share on its
-own GPU (cuda:LOCAL_RANK) through the ordinary tuner, and the tuning records are gathered to
+`cuteforge tune KERNEL --shapes ... --distributed [--bundle OUT]` (`tune`), or `--problems
+FILE` for several kernels (`tune_groups`): the problems are split over the ranks (rank r
+takes problems r, r + world, ...), each rank tunes its share on its own GPU
+(cuda:LOCAL_RANK) through the ordinary tuner, and the tuning records are gathered to
 rank 0, which writes them into its tuning store, or with `--bundle OUT` into a bundle
 together with each problem's winning compiled object. The records are the ones a
 single-process `cuteforge tune` of the same shapes writes.
@@ -169,12 +170,24 @@ def _use_local_gpu() -> str | None:
     return f"cuda:{local}"
 
 
+Group = tuple[str, Any, str, dict[str, Any]]  # (kernel, shapes, dtype, params): one `cuteforge tune` command's problems
+
+
 def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: int | None = None, *,
          params: dict[str, Any] | None = None, force: bool = False, out: str | os.PathLike[str] | None = None,
          replace: bool = False) -> dict[str, Any] | None:
     """This rank's share of `cuteforge tune --distributed`: on rank 0 the merged result (every
     shape's row, in the order given, with the rank that tuned it) after the records were
     written into its tuning store, or with `out` into a bundle there; on the other ranks None."""
+    return tune_groups([(kernel, shapes, dtype, dict(params or {}))], workers, force=force, out=out, replace=replace)
+
+
+def tune_groups(groups: list[Group], workers: int | None = None, *, force: bool = False,
+                out: str | os.PathLike[str] | None = None, replace: bool = False) -> dict[str, Any] | None:
+    """`tune` for several kernels' problems at once (`cuteforge tune --problems FILE
+    --distributed`): every (kernel, shape) of every group, in order, dealt to the ranks
+    (rank r takes problems r, r + world, ...) under one process group and one gather, so
+    a problem set pays the launch once and its ranks finish together."""
     from .arch import compile_only, target_arch
     from .autotune.measure import measurement
     from .autotune.problems import parse_shapes
@@ -193,11 +206,13 @@ def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: 
         records: list[tuple[str, bytes]] = []
         device = None
         missing = 0
+        names: list[str] = []
         try:
-            parsed = parse_shapes(shapes)
-            share = list(range(rank, len(parsed), world))
-            k = library_kernel(kernel)
-            factory = problem_factory(k.name)
+            kernels = [library_kernel(kernel) for kernel, _, _, _ in groups]  # every name checked on every rank
+            names = [k.name for k in kernels]
+            items = [(k, shape, dtype, params) for k, (_, shapes, dtype, params) in zip(kernels, groups)
+                     for shape in parse_shapes(shapes)]
+            share = list(range(rank, len(items), world))
             if workers is None:  # the host's cores shared by its ranks' compile pools
                 from .autotune.pool import default_workers
 
@@ -207,8 +222,9 @@ def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: 
                 if compile_only():
                     raise DistributedError(f"no GPU of the target arch {arch} here: tuning needs one")
             for i in share:
-                row = tune_one(k, parsed[i], factory(parsed[i], dtype, dict(params or {})), workers, force)
-                rows.append({**row, "rank": rank, "device": device, "gpu": gpu_name()})
+                k, shape, dtype, params = items[i]
+                row = tune_one(k, shape, problem_factory(k.name)(shape, dtype, dict(params)), workers, force)
+                rows.append({**row, "kernel": k.name, "dtype": dtype, "rank": rank, "device": device, "gpu": gpu_name()})
             records = [_record_item(r["record"]) for r in rows if r["record"]]
             if out is not None:  # the winners' compiled objects travel with the records
                 root = cache.private_root()
@@ -230,8 +246,10 @@ def tune(kernel: str, shapes: list[str] | str, dtype: str = "float32", workers: 
                 log.warning("cuteforge tune --distributed: %d winners' compiled objects are not in the ranks' kernel "
                             "caches (served by a bundle, or not compiled there); the bundle holds their tuning records "
                             "only", result["winners_without_object"])
-            result.update(kernel=kernel, arch=arch, dtype=dtype, ranks=world, gpus=world,
-                          wall_s=round(time.perf_counter() - t0, 2))
+            one = len(groups) == 1
+            result.update(kernel=names[0] if one else ",".join(dict.fromkeys(names)), kernels=list(dict.fromkeys(names)),
+                          arch=arch, dtype=groups[0][2] if one else ",".join(dict.fromkeys(g[2] for g in groups)),
+                          ranks=world, gpus=world, wall_s=round(time.perf_counter() - t0, 2))
             return result
 
         return _gather_and_merge(dist, rank, world, part, merge)

@@ -1,4 +1,5 @@
-"""`cuteforge tune KERNEL --shapes MxN,... --dtype D [--workers N] [--compile-only --arch A]`.
+"""`cuteforge tune KERNEL --shapes MxN,... --dtype D [--workers N] [--compile-only --arch A]`,
+or `cuteforge tune --problems FILE` for several kernels' problems in one command.
 
 `tune_main` is the command's body (the `cuteforge` parser calls it); it returns a dict
 that the command prints as JSON or as a table. On a GPU it tunes every shape (results
@@ -73,12 +74,7 @@ def tune_main(
         raise ValueError("--distributed tunes one GPU a rank: it takes neither --compile-only nor --gpus")
     if bundle is not None and os.path.lexists(os.path.expanduser(bundle)):
         raise ValueError(f"{bundle} exists: remove it or name another bundle")
-    if arch:
-        from .arch import parse_arch
-
-        parse_arch(arch)
-        os.environ["CUTEFORGE_ARCH"] = arch
-        os.environ["CUTE_DSL_ARCH"] = arch
+    _set_arch(arch)
     from . import arch as arch_mod
 
     if distributed:
@@ -120,6 +116,74 @@ def tune_main(
             "dtype": dtype, "shapes": results, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
+def load_problems(path: str) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """`--problems FILE`: a JSON list of {"kernel", "shapes" (e.g. "4096x4096,8192x1024" or a
+    list), "dtype" (default float32), "params" (default {})}; each entry checked, errors
+    naming the file and the entry."""
+    import json
+
+    try:
+        with open(os.path.expanduser(path)) as f:
+            raw = json.load(f)
+    except OSError as e:
+        raise ValueError(f"--problems {path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ValueError(f"--problems {path}: not JSON ({e})") from None
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"--problems {path}: expected a non-empty JSON list of {{\"kernel\", \"shapes\", ...}} objects")
+    groups = []
+    for i, e in enumerate(raw):
+        where = f"--problems {path}: entry {i}"
+        if not isinstance(e, dict) or not isinstance(e.get("kernel"), str) or not e.get("shapes"):
+            raise ValueError(f"{where}: needs \"kernel\" (a string) and \"shapes\", got {str(e)[:200]}")
+        unknown = sorted(set(e) - {"kernel", "shapes", "dtype", "params"})
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; known: kernel, shapes, dtype, params")
+        shapes = e["shapes"]
+        if not (isinstance(shapes, str) or (isinstance(shapes, list) and all(isinstance(x, str) for x in shapes))):
+            raise ValueError(f"{where}: \"shapes\" must be a string or a list of strings, got {shapes!r}")
+        dtype, params = e.get("dtype", "float32"), e.get("params", {})
+        if not isinstance(dtype, str) or not isinstance(params, dict):
+            raise ValueError(f"{where}: \"dtype\" must be a string and \"params\" an object")
+        parse_shapes(shapes)  # a bad shape names itself
+        groups.append((e["kernel"], ",".join(shapes) if isinstance(shapes, list) else shapes, dtype, params))
+    return groups
+
+
+def tune_problems(path: str, workers: int | None = None, compile_only: bool = False, arch: str | None = None, *,
+                  gpus: int | str | None = None, force: bool = False, progress: bool = True, verbose: bool = True,
+                  distributed: bool = False, bundle: str | None = None) -> dict[str, Any] | None:
+    """`cuteforge tune --problems FILE`: every entry's problems, as `tune_main` tunes one
+    kernel's; under torchrun with `distributed`, all of them dealt to the ranks at once
+    (`distributed.tune_groups`: one launch, one gather). One result: every row carries its
+    kernel and dtype."""
+    groups = load_problems(path)
+    if distributed:
+        if compile_only or gpus is not None:
+            raise ValueError("--distributed tunes one GPU a rank: it takes neither --compile-only nor --gpus")
+        if bundle is not None and os.path.lexists(os.path.expanduser(bundle)):
+            raise ValueError(f"{bundle} exists: remove it or name another bundle")
+        _set_arch(arch)
+        from . import distributed as dist_mod
+
+        with _log_to_stderr(verbose):
+            return dist_mod.tune_groups(groups, workers, force=force, out=bundle)
+    if bundle is not None:
+        raise ValueError("--bundle OUT goes with --distributed (a single process: `cuteforge bundle create OUT --from-cache` after tuning)")
+    t0 = time.perf_counter()
+    parts = [tune_main(kernel, shapes, dtype, workers, compile_only, arch, gpus=gpus, params=params, force=force,
+                       progress=progress, verbose=verbose) for kernel, shapes, dtype, params in groups]
+    rows = [{**row, "kernel": r["kernel"], "dtype": r["dtype"]} for r in parts if r is not None for row in r["shapes"]]
+    kernels = list(dict.fromkeys(r["kernel"] for r in parts if r is not None))
+    out: dict[str, Any] = {**parts[0], "kernel": ",".join(kernels), "kernels": kernels,
+                           "dtype": ",".join(dict.fromkeys(g[2] for g in groups)), "shapes": rows,
+                           "wall_s": round(time.perf_counter() - t0, 2)}
+    if compile_only:
+        for st in ("compiled", "loaded", "failed", "invalid"):
+            out[st] = sum(r[st] for r in parts if r is not None)
+    return out
+
+
 def tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | None, force: bool, on_step: Any = None) -> dict[str, Any]:
     """Tune one problem of the command (tensors from the current `Measurement`); its result row."""
     tensors = measurement().tensors(p.make_tensors)
@@ -143,6 +207,16 @@ def tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | No
         "record": res.path,
         "entry": str(k.cache_entry(best_spec)),  # where the best config's compiled object lives
     }
+
+
+def _set_arch(arch: str | None) -> None:
+    """`--arch`: the target of every compile in this process (checked first)."""
+    if arch:
+        from .arch import parse_arch
+
+        parse_arch(arch)
+        os.environ["CUTEFORGE_ARCH"] = arch
+        os.environ["CUTE_DSL_ARCH"] = arch
 
 
 def _gpu_count(gpus: int | str | None) -> int:
@@ -286,17 +360,20 @@ def print_tune(r: dict[str, Any]) -> None:
         for col in ("shape", "config", "status", "ms"):
             t.add_column(col, justify="right" if col == "ms" else "left")
         for s in r["shapes"]:
+            label = f"{s['kernel']} {s['shape']}" if len(r.get("kernels", [])) > 1 else s["shape"]
             for c in s["candidates"]:
-                t.add_row(s["shape"], c["config"], c["status"] + (f" ({c['error'][:60]})" if c["error"] else ""), f"{c['ms']:.0f}")
+                t.add_row(label, c["config"], c["status"] + (f" ({c['error'][:60]})" if c["error"] else ""), f"{c['ms']:.0f}")
         con.print(t)
         print(f"{r['compiled']} compiled, {r['loaded']} loaded, {r['failed']} failed, {r['invalid']} invalid in {r['wall_s']} s")
         return
+    several = len(r.get("kernels", [])) > 1
     t = Table(title=f"{r['kernel']} tuned on {r['gpu']} ({r['dtype']})")
-    for col in ("shape", "source", "best", "ms", "runner-up ms", "compiles", "s"):
+    for col in (("kernel",) if several else ()) + ("shape", "source", "best", "ms", "runner-up ms", "compiles", "s"):
         t.add_column(col)
     for s in r["shapes"]:
         ru = s["runner_up"]
-        t.add_row(s["shape"], s["source"], s["best"], f"{s['best_ms']}", "-" if ru is None else f"{ru['ms']}", str(s["compiles"]), f"{s['wall_s']:.1f}")
+        t.add_row(*((s["kernel"],) if several else ()), s["shape"], s["source"], s["best"], f"{s['best_ms']}",
+                  "-" if ru is None else f"{ru['ms']}", str(s["compiles"]), f"{s['wall_s']:.1f}")
     con.print(t)
     if "ranks" in r:  # distributed: where rank 0 put every rank's records
         b = r.get("bundle")

@@ -82,9 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("tune", help="autotune a kernel for shapes (or compile every candidate, no GPU)")
-    s.add_argument("kernel", help="row_reduce, softmax_fwd, softmax_bwd, norm_fwd, cross_entropy_fwd, "
+    s.add_argument("kernel", nargs="?", help="row_reduce, softmax_fwd, softmax_bwd, norm_fwd, cross_entropy_fwd, "
                    "cross_entropy_bwd, gemm_sm90_{tn,nt,nn,tt}[_col]")
-    s.add_argument("--shapes", required=True, help="comma-separated MxN (GEMMs: MxNxK), e.g. 32768x4096,4096x65536")
+    s.add_argument("--shapes", help="comma-separated MxN (GEMMs: MxNxK), e.g. 32768x4096,4096x65536")
+    s.add_argument("--problems", metavar="FILE", help="instead of KERNEL --shapes: a JSON list of "
+                   '{"kernel", "shapes", "dtype", "params"} entries, tuned in one command (with --distributed: '
+                   "every problem dealt to the ranks at once)")
     s.add_argument("--dtype", default="float32")
     s.add_argument("--workers", type=int, help="compile processes (default: CPU count)")
     s.add_argument("--compile-only", action="store_true", help="compile every valid candidate; no GPU needed")
