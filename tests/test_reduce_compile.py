@@ -310,6 +310,7 @@ def fake_kernels(monkeypatch):
         monkeypatch.setattr(kernel, "get", get_for(kind))
     monkeypatch.setattr(red, "config_for", lambda *a: None)
     monkeypatch.setattr(red, "col_config_for", lambda *a: None)
+    monkeypatch.setattr(red.checks, "on_cuda", lambda *a: None)  # CPU tensors stand in for CUDA ones here
     import cuteforge.autotune
 
     monkeypatch.setattr(cuteforge.autotune, "lookup", lambda *a, **k: None)
