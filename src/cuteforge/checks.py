@@ -89,8 +89,8 @@ def boolean(where: str, name: str, value: Any) -> bool:
     kind = type(value)
     if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
         return bool(value)
-    raise TypeError(f"{where}: argument {name!r} must be a bool, got {kind.__module__}.{kind.__qualname__}"
-                    if kind.__module__ != "builtins" else f"{where}: argument {name!r} must be a bool, got {kind.__name__}")
+    got = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"  # numpy 2's "bool"
+    raise TypeError(f"{where}: argument {name!r} must be a bool, got {got}")
 
 
 def last_dim(where: str, name: str, value: Any, ndim: int, hint: str) -> int:

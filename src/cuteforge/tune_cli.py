@@ -68,12 +68,7 @@ def tune_main(
     writes every rank's records into its tuning store, or into a bundle at `bundle`
     (`distributed.tune`); None on the other ranks.
     """
-    if bundle is not None and not distributed:
-        raise ValueError("--bundle OUT goes with --distributed (a single process: `cuteforge bundle create OUT --from-cache` after tuning)")
-    if distributed and (compile_only or gpus is not None):
-        raise ValueError("--distributed tunes one GPU a rank: it takes neither --compile-only nor --gpus")
-    if bundle is not None and os.path.lexists(os.path.expanduser(bundle)):
-        raise ValueError(f"{bundle} exists: remove it or name another bundle")
+    _check_modes(compile_only, gpus, distributed, bundle)
     _set_arch(arch)
     from . import arch as arch_mod
 
@@ -158,18 +153,13 @@ def tune_problems(path: str, workers: int | None = None, compile_only: bool = Fa
     (`distributed.tune_groups`: one launch, one gather). One result: every row carries its
     kernel and dtype."""
     groups = load_problems(path)
+    _check_modes(compile_only, gpus, distributed, bundle)
     if distributed:
-        if compile_only or gpus is not None:
-            raise ValueError("--distributed tunes one GPU a rank: it takes neither --compile-only nor --gpus")
-        if bundle is not None and os.path.lexists(os.path.expanduser(bundle)):
-            raise ValueError(f"{bundle} exists: remove it or name another bundle")
         _set_arch(arch)
         from . import distributed as dist_mod
 
         with _log_to_stderr(verbose):
             return dist_mod.tune_groups(groups, workers, force=force, out=bundle)
-    if bundle is not None:
-        raise ValueError("--bundle OUT goes with --distributed (a single process: `cuteforge bundle create OUT --from-cache` after tuning)")
     t0 = time.perf_counter()
     parts = [tune_main(kernel, shapes, dtype, workers, compile_only, arch, gpus=gpus, params=params, force=force,
                        progress=progress, verbose=verbose) for kernel, shapes, dtype, params in groups]
@@ -207,6 +197,16 @@ def tune_one(k: Any, shape: tuple[int, ...], p: ProblemInputs, workers: int | No
         "record": res.path,
         "entry": str(k.cache_entry(best_spec)),  # where the best config's compiled object lives
     }
+
+
+def _check_modes(compile_only: bool, gpus: int | str | None, distributed: bool, bundle: str | None) -> None:
+    """The flags that go together, checked before any work."""
+    if bundle is not None and not distributed:
+        raise ValueError("--bundle OUT goes with --distributed (a single process: `cuteforge bundle create OUT --from-cache` after tuning)")
+    if distributed and (compile_only or gpus is not None):
+        raise ValueError("--distributed tunes one GPU a rank: it takes neither --compile-only nor --gpus")
+    if bundle is not None and os.path.lexists(os.path.expanduser(bundle)):
+        raise ValueError(f"{bundle} exists: remove it or name another bundle")
 
 
 def _set_arch(arch: str | None) -> None:

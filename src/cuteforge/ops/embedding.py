@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .. import checks
+from ..signature import dtype_name
 from .registered import define
 
 __all__ = ["embedding"]
@@ -68,7 +69,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
     checks.tensor(_WHERE, "ids", ids, (torch.int32, torch.int64))  # what torch's embedding indexes with
     checks.tensor(_WHERE, "weight", weight)
     if not weight.dtype.is_floating_point:
-        raise TypeError(f"{_WHERE}: argument 'weight' must be a floating tensor, got {weight.dtype}")
+        raise TypeError(f"{_WHERE}: argument 'weight' must be a floating tensor, got dtype {dtype_name(weight.dtype)}")
     if weight.dim() != 2:
         raise ValueError(f"{_WHERE}: argument 'weight' must be 2-D (rows, H), got shape {tuple(weight.shape)}")
     checks.same_device(_WHERE, "weight", weight, "ids", ids)

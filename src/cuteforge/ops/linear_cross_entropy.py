@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import checks
-from ..signature import FLOAT_DTYPES
+from ..signature import FLOAT_DTYPES, dtype_name
 from . import cross_entropy_launch as _ce
 from .registered import define
 
@@ -45,7 +45,7 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
         raise TypeError(f"{_WHERE}: arguments 'x' and 'weight' must share one of float32, bfloat16, float16; got "
                         f"{x.dtype} and {weight.dtype}")
     if target.dtype != torch.int64:
-        raise TypeError(f"{_WHERE}: argument 'target' must be int64 class indices, got {target.dtype}")
+        raise TypeError(f"{_WHERE}: argument 'target' must be int64 class indices, got dtype {dtype_name(target.dtype)}")
     if target.shape != (x.shape[0],):
         raise ValueError(f"{_WHERE}: argument 'target' must have shape ({x.shape[0]},) to match 'x' "
                          f"{tuple(x.shape)}, got {tuple(target.shape)}")
