@@ -33,8 +33,8 @@ from cuteforge.bench.report import results_header, write_results
 from cuteforge.timing import events as timing
 
 # the modules (cuteforge.ops re-exports functions under some of their names)
-ce_ops = importlib.import_module("cuteforge.ops.cross_entropy")
-norm_ops = importlib.import_module("cuteforge.ops.norm")
+ce_launch = importlib.import_module("cuteforge.ops.cross_entropy_launch")
+norm_launch = importlib.import_module("cuteforge.ops.norm_launch")
 
 OUT = Path(__file__).with_name("results")
 
@@ -114,7 +114,7 @@ def _profile_compiled_step(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) ->
     # the Python implementations must not run on warm steps: count their calls
     counts: dict[str, int] = defaultdict(int)
     patched = []
-    for mod, name in ((norm_ops, "_forward"), (norm_ops, "_backward"), (ce_ops, "_fwd"), (ce_ops, "_bwd")):
+    for mod, name in ((norm_launch, "_forward"), (norm_launch, "_backward"), (ce_launch, "_fwd"), (ce_launch, "_bwd")):
         orig = getattr(mod, name)
 
         def counted(*a: Any, _orig: Any = orig, _key: str = f"{mod.__name__}.{name}", **k: Any) -> Any:

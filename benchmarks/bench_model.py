@@ -17,10 +17,13 @@ the flattened gradients) and torch._dynamo.explain's graph-break count.
 
     python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--out FILE]
 
-`--unfused` adds the patched model without the fused LM-head loss (what `patch()` runs in
-eager mode by default); `--mlp` adds it with the MLP swapped too (`patch(mlp=True)`: the
-projections and their gradients on cuteforge GEMMs; with `--unfused` also without the
-fused loss); `--profile` adds each training contender's top CUDA kernels for one step.
+"patched-kernels" is the patched model with transformers' causal mask kept under
+torch.compile (`patch(causal_attention=False)`, compiled rows only): what cuteforge's
+kernels give alone. `--unfused` adds the patched model without the fused LM-head loss
+(what `patch()` runs in eager mode by default); `--mlp` adds it with the MLP swapped too
+(`patch(mlp=True)`: the projections and their gradients on cuteforge GEMMs; with
+`--unfused` also without the fused loss); `--profile` adds each contender's top CUDA
+kernels for one training step and one inference forward (`--profile-top N` of them).
 """
 
 from __future__ import annotations
@@ -133,7 +136,10 @@ def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
 
 def _variants(unfused: bool, mlp: bool) -> dict[str, dict[str, Any]]:
     """The patched contenders and their `patch()` arguments."""
-    out: dict[str, dict[str, Any]] = {"patched": {"fused_loss": True}}
+    out: dict[str, dict[str, Any]] = {"patched": {"fused_loss": True},
+                                      # cuteforge's kernels alone: transformers' causal mask kept (compiled rows only;
+                                      # eager mode never builds the mask, so its rows would repeat the patched ones)
+                                      "patched-kernels": {"fused_loss": True, "causal_attention": False}}
     if unfused:  # the logits materialized, cuteforge's cross-entropy on them
         out["patched-unfused"] = {"fused_loss": False}
     if mlp:  # the MLP on cuteforge.nn.SwiGLUMLP too (forward and backward GEMMs on ops.gemm)
@@ -165,7 +171,7 @@ def _profile(steps: dict[str, Callable[[], Any]], top: int = 12) -> dict[str, li
 
 
 def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int, mlp: bool = False,
-             profile: bool = False) -> dict[str, Any]:
+             profile: bool = False, profile_top: int = 12) -> dict[str, Any]:
     stock = _model(size)
     patched = copy.deepcopy(stock)
     report = cnn.patch(patched, fused_loss=True)
@@ -185,14 +191,17 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
             continue
         model = copy.deepcopy(stock)
         cnn.patch(model, **kwargs)
-        models[f"{variant} eager"], models[f"{variant} compile"] = model, torch.compile(model)
-        owners[f"{variant} eager"] = owners[f"{variant} compile"] = model
+        if variant != "patched-kernels":
+            models[f"{variant} eager"] = model
+            owners[f"{variant} eager"] = model
+        models[f"{variant} compile"], owners[f"{variant} compile"] = torch.compile(model), model
     params = {k: list(m.parameters()) for k, m in owners.items()}
     train = {k: (lambda m=m, ps=params[k]: _train_step(m, ps, ids)) for k, m in models.items()}
     # without labels the fused loss is not involved: the unfused rows would repeat the patched ones
     infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items() if "unfused" not in k}
     if profile:
-        row["profile_train"] = _profile(train)
+        row["profile_train"] = _profile(train, profile_top)
+        row["profile_infer"] = _profile(infer, profile_top)
     for fns in (train, infer):
         for name, f in fns.items():
             t0 = time.perf_counter()
@@ -245,6 +254,7 @@ def main() -> None:
     p.add_argument("--unfused", action="store_true", help="add patched contenders without the fused loss")
     p.add_argument("--mlp", action="store_true", help="add patched contenders with the MLP swapped too (patch(mlp=True))")
     p.add_argument("--profile", action="store_true", help="add each training contender's top CUDA kernels (one step)")
+    p.add_argument("--profile-top", type=int, default=12, help="how many kernels --profile keeps per contender")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--out", default=None)
@@ -254,7 +264,7 @@ def main() -> None:
     rows = []
     for size in args.size or ["small", "large"]:  # written after each size: a run cut short keeps what it measured
         rows.append(run_size(size, args.reduce_overhead, args.unfused, args.rounds, args.per_round, args.mlp,
-                             args.profile))
+                             args.profile, args.profile_top))
         write_results(out, {**results_header(), "models": rows})
     _plot(rows, out.with_suffix(".png"))
 

@@ -57,3 +57,34 @@ def test_compiled_and_frozen_weight() -> None:
     ref = F.cross_entropy((x.float() @ w.float().t()).view(-1, v), t.view(-1))
     (gx_ref,) = torch.autograd.grad(ref, x)
     assert abs(loss.item() - ref.item()) < 1e-2 and _rel(gx, gx_ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 7, 1000, 4097])
+@pytest.mark.parametrize("chunk_bytes", [None, 1 << 20])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_weight_gradient_of_the_deferred_chunk(dtype, tokens, chunk_bytes, compiled, monkeypatch) -> None:
+    """16-byte rows on Hopper: the last chunk's share of dweight is a cuteforge GEMM in the
+    backward that adds the other chunks' share and applies the incoming gradient (1.5)."""
+    if chunk_bytes is not None:
+        monkeypatch.setattr(lce, "CHUNK_BYTES", chunk_bytes)  # many chunks
+    h, v = 256, 32000
+    torch.manual_seed(tokens)
+    x = (torch.randn(tokens, h, device="cuda") / 4).to(dtype).requires_grad_()
+    w = (torch.randn(v, h, device="cuda") / 4).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (tokens,), device="cuda")
+    if tokens > 1:
+        t[::5] = -100
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert lce._defers(x, w, True)
+
+    def loss_of(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return ops.linear_cross_entropy(x, w, t) * 1.5
+
+    f = torch.compile(loss_of, fullgraph=True) if compiled else loss_of
+    for _ in range(2):  # the second call warm
+        g = torch.autograd.grad(f(x, w), (x, w))
+    ref = F.cross_entropy(x.float() @ w.float().t(), t) * 1.5
+    g_ref = torch.autograd.grad(ref, (x, w))
+    for a, b in zip(g, g_ref):
+        assert a.dtype == dtype and _rel(a, b) < 1e-2

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import attention
 from .modules import Embedding, RMSNorm, SwiGLUMLP, causal_lm_loss
 
 __all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
@@ -123,6 +124,25 @@ def _patch_loss(model: nn.Module, report: PatchReport) -> None:
     report.swapped["loss"] = 1
 
 
+def _patch_attention(model: nn.Module, report: PatchReport) -> None:
+    """Move a model on transformers' "sdpa" attention to `attention.IMPLEMENTATION` (the same
+    attention; plain causal attention keeps SDPA's causal kernel under torch.compile)."""
+    current = getattr(model.config, "_attn_implementation", None)
+    if current != attention.BASE or not hasattr(model, "set_attn_implementation"):
+        report.skipped.append(f"causal attention: the model's attention is {current!r}, not {attention.BASE!r}")
+        return
+    why = attention.register()
+    if why is not None:
+        report.skipped.append(f"causal attention: {why}")
+        return
+    model.set_attn_implementation(attention.IMPLEMENTATION)
+    if model.config._attn_implementation != attention.IMPLEMENTATION:
+        report.skipped.append("causal attention: the model did not take a registered attention implementation")
+        return
+    report._undo.append(lambda: model.set_attn_implementation(current))
+    report.swapped["causal attention"] = 1
+
+
 def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] | None:
     """A forward for ``model`` that, given labels, takes the loss from the decoder's last
     hidden states and the LM head's weight through `cuteforge.ops.linear_cross_entropy`
@@ -163,7 +183,7 @@ def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] 
 
 
 def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool = True,
-          fused_loss: bool | str = "compiled", embedding: bool = True) -> PatchReport:
+          fused_loss: bool | str = "compiled", embedding: bool = True, causal_attention: bool = True) -> PatchReport:
     """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``: opt-in; their GEMMs run on
     cuteforge's kernels, forward and backward), causal-LM loss (``loss``) and token
     embeddings (``embedding``: `cuteforge.nn.Embedding`, whose gradient under torch.compile
@@ -174,6 +194,11 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
     return ``logits=None``): always (True), never (False), or under torch.compile only
     ("compiled", the default: eager, cuteforge's cross-entropy on bf16 logits was faster
     and no larger; compiled, the fused loss was both faster and smaller, docs/nn.md).
+
+    ``causal_attention``: a model on transformers' "sdpa" attention keeps SDPA's causal
+    kernel under torch.compile for plain causal attention (no padding mask, no cache
+    offset), where transformers would build an explicit mask that SDPA runs several times
+    slower (`cuteforge.nn.attention`); other calls get transformers' own mask.
 
     Returns the report (also kept on the model for `unpatch`). A model patched already is
     refused: unpatch it first."""
@@ -203,6 +228,8 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
                     _swap(report, parent, name, child, new_mlp, "MLP")
     if loss:
         _patch_loss(model, report)
+    if causal_attention:
+        _patch_attention(model, report)
     if fused_loss:
         forward = _fused_forward(model, compiled_only=fused_loss == "compiled")
         if forward is None:

@@ -1,0 +1,63 @@
+"""Causal SDPA for transformers models under torch.compile.
+
+transformers builds an explicit (batch, 1, q, kv) boolean causal mask whenever its code is
+traced, torch.compile included: a graph exported for one sequence length must not
+hard-code ``is_causal``. SDPA then runs its masked kernel where eager mode runs the causal
+one, several times slower in the backward (docs/nn.md). A torch.compile graph is guarded on the shapes it was traced with, so the
+skip transformers takes in eager mode is as safe there; only export keeps the mask.
+
+`IMPLEMENTATION` names an attention implementation that is transformers' ``"sdpa"`` with
+that skip kept under torch.compile: the same attention function, and a mask function that
+returns no mask for plain causal attention (no padding mask, no cache offset, no sliding
+window or chunking, query as long as the keys) and defers to transformers' ``sdpa_mask``
+for everything else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+IMPLEMENTATION = "cuteforge_sdpa"
+BASE = "sdpa"
+
+
+def _plain_causal(kwargs: dict[str, Any]) -> bool:
+    """Whether SDPA's ``is_causal`` gives the mask ``sdpa_mask`` would build for these
+    arguments (transformers' own eager-mode condition, minus the padding-mask scan)."""
+    from transformers.masking_utils import causal_mask_function
+
+    return (kwargs.get("allow_is_causal_skip", True) is True
+            and kwargs.get("attention_mask") is None
+            and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+            and kwargs.get("local_size") is None
+            and kwargs.get("q_offset", 0) == 0 and kwargs.get("kv_offset", 0) == 0
+            and kwargs["q_length"] == kwargs["kv_length"]
+            and not torch.jit.is_tracing() and not torch.compiler.is_exporting())
+
+
+def causal_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:
+    """transformers' ``sdpa_mask``, except that plain causal attention gets no mask (SDPA's
+    ``is_causal``) under torch.compile too."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if _plain_causal(kwargs) else sdpa_mask(**kwargs)
+
+
+def register() -> str | None:
+    """Register `IMPLEMENTATION` with transformers (idempotent). None on success, else why
+    this transformers cannot take it."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.masking_utils import (  # noqa: F401
+            AttentionMaskInterface,
+            causal_mask_function,
+            sdpa_mask,
+        )
+    except ImportError as e:
+        return f"this transformers has no attention / mask interfaces ({e})"
+    AttentionInterface.register(IMPLEMENTATION, sdpa_attention_forward)
+    AttentionMaskInterface.register(IMPLEMENTATION, causal_sdpa_mask)
+    return None

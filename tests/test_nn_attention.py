@@ -1,0 +1,106 @@
+"""`patch(causal_attention=True)`: a transformers Llama keeps SDPA's causal kernel under
+torch.compile, with the same loss and gradients; every other mask is transformers' own."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+masking_utils = pytest.importorskip("transformers.masking_utils")
+
+import cuteforge.nn as cnn  # noqa: E402
+from cuteforge.nn import attention  # noqa: E402
+
+
+def _llama(attn: str = "sdpa") -> torch.nn.Module:
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _attention_only(model: torch.nn.Module, **kwargs):
+    return cnn.patch(model, norm=False, loss=False, fused_loss=False, embedding=False, **kwargs)
+
+
+def _sdpa_calls(model: torch.nn.Module, **inputs) -> list[dict]:
+    """The SDPA calls' mask arguments in the graph torch.compile captures."""
+    calls: list[dict] = []
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if "scaled_dot_product_attention" in str(node.target):
+                calls.append({"mask": node.kwargs.get("attn_mask"), "is_causal": node.kwargs.get("is_causal")})
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(**inputs)
+    return calls
+
+
+def test_compiled_patched_llama_calls_causal_sdpa_with_the_same_loss_and_gradients() -> None:
+    stock = _llama()
+    patched = copy.deepcopy(stock)
+    report = _attention_only(patched)
+    assert report.swapped == {"causal attention": 1}, str(report)
+    ids = torch.randint(0, 96, (2, 16))
+    stock_calls = _sdpa_calls(stock, input_ids=ids)
+    assert stock_calls and all(c["mask"] is not None and c["is_causal"] is False for c in stock_calls)
+    patched_calls = _sdpa_calls(patched, input_ids=ids)
+    assert len(patched_calls) == len(stock_calls)
+    assert all(c["mask"] is None and c["is_causal"] is True for c in patched_calls)
+
+    loss = stock(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(patched, backend="aot_eager")(input_ids=ids, labels=ids).loss
+    compiled.backward()
+    torch.testing.assert_close(compiled, loss, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(stock.named_parameters(), patched.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_padding_mask_is_still_built_and_undo_restores_sdpa() -> None:
+    model = _llama()
+    report = _attention_only(model)
+    ids = torch.randint(0, 96, (2, 16))
+    padded = torch.ones(2, 16, dtype=torch.long)
+    padded[0, :3] = 0
+    calls = _sdpa_calls(model, input_ids=ids, attention_mask=padded)
+    assert calls and all(c["mask"] is not None for c in calls)
+    report.undo()
+    assert model.config._attn_implementation == "sdpa"
+    assert _sdpa_calls(model, input_ids=ids)[0]["mask"] is not None  # transformers' own again
+
+
+def test_other_attention_implementations_are_left_with_a_reason() -> None:
+    model = _llama("eager")
+    report = _attention_only(model)
+    assert report.swapped == {}
+    assert any("causal attention" in s and "'eager'" in s for s in report.skipped)
+    assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("change", [
+    {"attention_mask": torch.tensor([[False, True, True, True, True, True]])},
+    {"q_offset": 2, "kv_offset": 0, "q_length": 4},
+    {"local_size": 3},
+    {"allow_is_causal_skip": False},
+    {"mask_function": masking_utils.bidirectional_mask_function},
+])
+def test_masks_that_are_not_plain_causal_are_transformers_own(change: dict) -> None:
+    args = {"batch_size": 1, "q_length": 6, "kv_length": 6, "q_offset": 0, "kv_offset": 0,
+            "mask_function": masking_utils.causal_mask_function, "attention_mask": None,
+            "allow_is_causal_skip": True}
+    assert attention.causal_sdpa_mask(**args) is None
+    args.update(change)
+    ours = attention.causal_sdpa_mask(**args)
+    theirs = masking_utils.sdpa_mask(**args)
+    if theirs is None:  # transformers skips it too (eager-mode conditions)
+        assert ours is None
+    else:
+        assert torch.equal(ours, theirs)
