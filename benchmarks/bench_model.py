@@ -12,8 +12,8 @@ copy of the stock one, patched) and the inputs, and run in interleaved rounds:
 
 Per contender: ms a step (wall, the GPU synchronized at the end of each round), host ms
 (the step's call returning, before the GPU finishes), peak memory above the weights (MB),
-and for the patched rows the loss and gradient agreement with stock (relative error of
-the flattened gradients) and torch._dynamo.explain's graph-break count.
+and for the patched model the loss and gradient agreement with stock eager, eager and
+compiled (relative error of the flattened gradients) and torch._dynamo.explain's graph-break count.
 
     python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--out FILE]
 
@@ -109,7 +109,8 @@ def _measure(steps: dict[str, Callable[[], Any]], rounds: int, per_round: int,
 
 
 def _agreement(stock: torch.nn.Module, patched: torch.nn.Module, ids: torch.Tensor) -> dict[str, float]:
-    """Loss difference and the gradients' relative error, patched against stock, eager."""
+    """Loss difference and the gradients' relative error, ``patched`` (eager or compiled)
+    against ``stock`` (eager)."""
     ls = _train_step(stock, list(stock.parameters()), ids)
     lp = _train_step(patched, list(patched.parameters()), ids)
     num = den = 0.0
@@ -209,6 +210,8 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
                 f()
             torch.cuda.synchronize()
             print(f"{size} {name}: warm-up (compile) {time.perf_counter() - t0:.1f} s", flush=True)
+    # the compiled patched step against stock eager: what torch.compile runs must agree too
+    row["agreement_compiled"] = _agreement(stock, models["patched compile"], ids)
     every = [p for ps in params.values() for p in ps]
     row["train"] = _measure(train, rounds, per_round, every)
     row["infer"] = _measure(infer, rounds, per_round, every)

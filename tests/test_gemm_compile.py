@@ -1226,3 +1226,24 @@ def test_persistent_grid_capped_by_resident_clusters(monkeypatch: pytest.MonkeyP
     k.builder(k.spec(key, (("clusters", 30), ("sms", 132)), cfg, arch="sm_90a"))
     k.builder(k.spec(key, (("sms", 132),), cfg, arch="sm_90a"))
     assert seen == [30, 33]
+
+
+def test_op_traced_with_fake_tensors_outside_dynamo_takes_the_registered_op() -> None:
+    """AOTAutograd traces a custom op's backward that calls gemm (linear_cross_entropy's)
+    with fake tensors while torch.compiler.is_compiling() is False: the call must become
+    torch.ops.cuteforge.gemm (its fake implementation), never plan on a data pointer."""
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
+    from cuteforge.fusion import Epilogue
+
+    gemm_ops = importlib.import_module("cuteforge.ops.gemm")
+    ep = Epilogue.from_fn(lambda acc, c, s: (acc + c) * s, c="full", s="col")
+    with FakeTensorMode():
+        a = torch.empty(64, 32, dtype=torch.bfloat16, device="cuda")
+        b = torch.empty(32, 48, dtype=torch.bfloat16, device="cuda")
+        c = torch.empty(64, 48, dtype=torch.bfloat16, device="cuda")
+        s = torch.empty(48, dtype=torch.float32, device="cuda")
+        out = gemm_ops.gemm(a, b, epilogue=ep, epilogue_args={"c": c, "s": s})
+    assert is_fake(out) and out.shape == (64, 48) and out.dtype == torch.bfloat16

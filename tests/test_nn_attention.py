@@ -104,3 +104,14 @@ def test_masks_that_are_not_plain_causal_are_transformers_own(change: dict) -> N
         assert ours is None
     else:
         assert torch.equal(ours, theirs)
+
+
+def test_a_transformers_whose_mask_function_differs_is_left_alone(monkeypatch) -> None:
+    def old_sdpa_mask(batch_size, cache_position, kv_length, kv_offset=0, mask_function=None, attention_mask=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(masking_utils, "sdpa_mask", old_sdpa_mask)
+    model = _llama()
+    report = _attention_only(model)
+    assert report.swapped == {} and model.config._attn_implementation == "sdpa"
+    assert any("q_length" in s for s in report.skipped), report.skipped

@@ -15,12 +15,16 @@ for everything else.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 
 IMPLEMENTATION = "cuteforge_sdpa"
 BASE = "sdpa"
+# the arguments of transformers' sdpa_mask that `_plain_causal` reads
+_MASK_ARGS = {"q_length", "kv_length", "q_offset", "kv_offset", "mask_function", "attention_mask", "local_size",
+              "allow_is_causal_skip"}
 
 
 def _plain_causal(kwargs: dict[str, Any]) -> bool:
@@ -58,6 +62,9 @@ def register() -> str | None:
         )
     except ImportError as e:
         return f"this transformers has no attention / mask interfaces ({e})"
+    missing = _MASK_ARGS - set(inspect.signature(sdpa_mask).parameters)
+    if missing:  # another mask-function signature: the skip could not be judged
+        return f"this transformers' sdpa_mask takes no {', '.join(sorted(missing))}"
     AttentionInterface.register(IMPLEMENTATION, sdpa_attention_forward)
     AttentionMaskInterface.register(IMPLEMENTATION, causal_sdpa_mask)
     return None

@@ -325,6 +325,13 @@ def gemm(
 
 
 _is_compiling = torch.compiler.is_compiling
+
+
+def _is_fake(t: Any) -> bool:
+    """A fake (or functional wrapper of a fake) tensor: one being traced."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return isinstance(t, torch.Tensor) and is_fake(t)
 _grad_enabled = torch.is_grad_enabled
 # The eager warm path: one lookup keyed by every argument (a's and b's layouts, the preset
 # epilogue name, out_dtype, alpha and beta with their types, config, fp8 scales (a tensor's
@@ -382,7 +389,9 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
     needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b, *ops, *scales))
     if scales and needs_grad:
         raise TypeError(f"{_WHERE}: the fp8 GEMM has no backward (as torch._scaled_mm); call it under torch.no_grad()")
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _is_fake(a):
+        # traced (AOTAutograd traces a backward that calls gemm with fake tensors, outside
+        # Dynamo): the registered op, whose fake implementation needs no data pointer
         if scales:
             return _gemm_fp8_op(a, b, scales[0], scales[1], ops, epi_key, kinds, out_dtype)
         return _gemm_op(a, b, ops, epi_key, kinds, out_dtype)
