@@ -6,13 +6,9 @@ An LM head's logits at a large vocabulary dominate a training step's peak memory
 and as much again for their gradient). Here the tokens go through in chunks: a chunk's
 logits (cuBLAS), its per-row loss and logsumexp (the cross-entropy forward kernel), its
 logits gradient written over the logits (the backward kernel), then that chunk's share
-of dx and dweight (cuBLAS, dweight accumulated over the chunks). The gradients are made in
-the forward, where the logits are at hand, and scaled by the loss's incoming gradient in
-the backward; only one chunk's logits and their gradient live at a time, and the last
-chunk's gradient until the backward: on Hopper with 16-bit inputs that chunk's share of
-dweight is a cuteforge GEMM in the backward whose epilogue adds the other chunks' share
-and applies the incoming gradient, read from device memory, so dweight is never scaled in
-a pass of its own (1 GiB read and written at 4096 x 128256 in bf16).
+of dx and dweight (cuBLAS, dweight accumulated over the chunks). The gradients are made in the forward,
+where the logits are at hand, and scaled by the loss's incoming gradient in the
+backward; only one chunk's logits and their gradient live at a time.
 
 x (T, H) and weight (V, H) fp32/bf16/fp16 CUDA, the same dtype; target (T,) int64 class
 indices (``ignore_index`` rows count for nothing); reduction "mean" (over the rows not
@@ -22,7 +18,6 @@ ignored) or "sum". The loss is fp32. Registered as ``torch.ops.cuteforge.linear_
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -75,38 +70,21 @@ def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
     return max(1, min(tokens, -(-rows // 128) * 128))
 
 
-def _tail_rows(tokens: int, vocab: int, itemsize: int, defer: bool) -> int:
-    """Rows of the last chunk, whose logits' gradient the op returns when ``defer`` (else 0)."""
-    if not defer or tokens == 0:
-        return 0
-    step = chunk_rows(tokens, vocab, itemsize)
-    return tokens - (tokens - 1) // step * step
-
-
 def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
-          need_dx: bool, need_dw: bool, defer: bool
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, dx, dweight, scale, tail): dx and dweight are the gradients of the summed loss
-    (empty where not needed), ``scale`` what turns them into the loss's (1 / rows not
-    ignored for the mean): the logits' gradient stays unscaled, so fp16 keeps it out of
-    subnormals. With ``defer`` (and dweight needed) the last chunk's logits gradient is
-    returned as ``tail`` and left out of dweight (empty when that chunk is the only one);
-    the backward adds its share (`_tail_dw`)."""
+          need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dx, dweight, scale): dx and dweight are the gradients of the summed loss (empty
+    where not needed), ``scale`` what turns them into the loss's (1 / rows not ignored for
+    the mean): the logits' gradient stays unscaled, so fp16 keeps it out of subnormals."""
     t, h = x.shape
     v = weight.shape[0]
-    step = chunk_rows(t, v, x.element_size())
-    defer = defer and need_dw and t > 0
     if target.stride(0) != 1:
         target = target.contiguous()
     dx = torch.empty_like(x) if need_dx else x.new_empty(0)
-    if need_dw and not (defer and step >= t):  # one deferred chunk: no dweight here at all
-        dw = torch.empty_like(weight) if t else torch.zeros_like(weight)
-    else:
-        dw = weight.new_empty(0)
-    tail = x.new_empty(0)
+    dw = (torch.empty_like(weight) if t else torch.zeros_like(weight)) if need_dw else weight.new_empty(0)
     valid = (target != ignore_index).sum().float()
     scale = 1.0 / valid if mean else torch.ones((), device=x.device)  # 0 / 0 gives NaN for the mean, as torch
     losses = x.new_empty(t, dtype=torch.float32)
+    step = chunk_rows(t, v, x.element_size())
     ones = torch.ones(min(t, step), device=x.device)
     for s in range(0, t, step):
         e = min(t, s + step)
@@ -121,74 +99,35 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
             _ce._bwd_into(logits, tc, lse, dloss, dlogits, ignore_index)
             if need_dx:
                 torch.mm(dlogits, weight, out=dx[s:e])
-            if defer and e == t:
-                tail = dlogits  # its dweight share is made in the backward
-            elif need_dw and s == 0:
+            if need_dw and s == 0:
                 torch.mm(dlogits.t(), xc, out=dw)  # the first chunk writes dweight: no zero fill, no read
             elif need_dw:
                 dw.addmm_(dlogits.t(), xc)
-    return losses.sum() * scale, dx, dw, scale, tail
+    return losses.sum() * scale, dx, dw, scale
 
 
-def _tail_dw(tail: torch.Tensor, x_tail: torch.Tensor, head: torch.Tensor | None, g: torch.Tensor) -> torch.Tensor:
-    """``g * (head + tail.T @ x_tail)`` in one cuteforge GEMM: ``head`` (the other chunks'
-    dweight, or None) and ``g`` (a 0-d fp32 CUDA tensor) are read by its epilogue."""
-    from .gemm import gemm
-
-    scale = g.reshape(1).expand(x_tail.shape[1])  # per column: a (H,) vector of one value
-    if head is None:
-        return gemm(tail.t(), x_tail, epilogue=_epilogue(False), epilogue_args={"s": scale})
-    return gemm(tail.t(), x_tail, epilogue=_epilogue(True), epilogue_args={"c": head, "s": scale})
-
-
-@functools.cache
-def _epilogue(with_head: bool) -> Any:
-    from ..fusion import Epilogue  # not at import: `import cuteforge` stays lean
-
-    if with_head:
-        return Epilogue.from_fn(lambda acc, c, s: (acc + c) * s, c="full", s="col")
-    return Epilogue.from_fn(lambda acc, s: acc * s, s="col")
-
-
-def _defers(x: torch.Tensor, weight: torch.Tensor, need_dw: bool) -> bool:
-    """Whether the last chunk's dweight waits for the backward: 16-bit inputs on Hopper,
-    where cuteforge's GEMM runs, with rows of x and of the logits that its tensor-memory
-    copies read in place (16-byte multiples); otherwise dweight is scaled in torch."""
-    from .gemm import _on_sm90
-
-    return (need_dw and x.dtype in (torch.bfloat16, torch.float16) and _on_sm90(x)
-            and x.shape[1] * x.element_size() % 16 == 0 and weight.shape[0] * x.element_size() % 16 == 0)
-
-
-def _fake(x, weight, target, ignore_index, mean, need_dx, need_dw, defer):
-    t, v = x.shape[0], weight.shape[0]
-    rows = _tail_rows(t, v, x.element_size(), defer and need_dw)
+def _fake(x, weight, target, ignore_index, mean, need_dx, need_dw):
     dx = torch.empty_like(x) if need_dx else x.new_empty(0)
-    dw = torch.empty_like(weight) if need_dw and not (rows and rows == t) else weight.new_empty(0)
-    tail = x.new_empty(rows, v) if rows else x.new_empty(0)
-    return x.new_empty((), dtype=torch.float32), dx, dw, x.new_empty((), dtype=torch.float32), tail
+    dw = torch.empty_like(weight) if need_dw else weight.new_empty(0)
+    return x.new_empty((), dtype=torch.float32), dx, dw, x.new_empty((), dtype=torch.float32)
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    _, dx, dw, scale, tail = output
-    ctx.mark_non_differentiable(dx, dw, scale, tail)
+    _, dx, dw, scale = output
+    ctx.mark_non_differentiable(dx, dw, scale)
     ctx.set_materialize_grads(False)  # eager autograd would zero-fill a dweight-sized gradient for dw
     ctx.need = inputs[5], inputs[6]
-    ctx.save_for_backward(inputs[0], dx, dw, scale, tail)
+    ctx.save_for_backward(dx, dw, scale)
 
 
 def _backward(ctx: Any, g: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
-    x, dx, dw, scale, tail = ctx.saved_tensors
+    dx, dw, scale = ctx.saved_tensors
     if g is None:
-        return (None,) * 8
+        return (None,) * 7
     g = g * scale  # fp32: the incoming gradient times 1 / rows for the mean
     gx = dx * g.to(dx.dtype) if ctx.need[0] else None
-    gw = None
-    if ctx.need[1] and tail.numel():
-        gw = _tail_dw(tail, x[x.shape[0] - tail.shape[0]:], dw if dw.numel() else None, g)
-    elif ctx.need[1]:
-        gw = dw * g.to(dw.dtype)
-    return gx, gw, None, None, None, None, None, None
+    gw = dw * g.to(dw.dtype) if ctx.need[1] else None
+    return gx, gw, None, None, None, None, None
 
 
 _op = define("cuteforge::linear_cross_entropy", _impl, fake=_fake, backward=_backward, setup_context=_setup)
@@ -206,7 +145,6 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         x, target = x.reshape(-1, x.shape[-1]), target.reshape(-1)
     _check(x, weight, target, ignore_index, reduction)
     grad = torch.is_grad_enabled()
-    need_dw = grad and weight.requires_grad
-    loss = _op(x, weight, target, ignore_index, reduction == "mean", grad and x.requires_grad, need_dw,
-               _defers(x, weight, need_dw))[0]
+    loss, _, _, _ = _op(x, weight, target, ignore_index, reduction == "mean", grad and x.requires_grad,
+                     grad and weight.requires_grad)
     return loss
