@@ -112,14 +112,16 @@ def _agreement(stock: torch.nn.Module, patched: torch.nn.Module, ids: torch.Tens
     """Loss difference and the gradients' relative error, ``patched`` against ``stock`` (each
     a model or its compiled wrapper)."""
     ls = _train_step(stock, list(stock.parameters()), ids)
+    # copied before the second step: a compiled wrapper shares its model's parameters
+    reference = {name: p.grad.float() for name, p in stock.named_parameters() if p.grad is not None}
     lp = _train_step(patched, list(patched.parameters()), ids)
     num = den = 0.0
     worst, worst_name = 0.0, ""
-    for (name, ps), pp in zip(stock.named_parameters(), patched.parameters()):
-        if ps.grad is None:
+    for (name, _), pp in zip(stock.named_parameters(), patched.parameters()):
+        if name not in reference:
             continue
-        d = (pp.grad.float() - ps.grad.float()).norm().item()
-        n = ps.grad.float().norm().item()
+        d = (pp.grad.float() - reference[name]).norm().item()
+        n = reference[name].norm().item()
         num, den = num + d * d, den + n * n
         if n > 0 and d / n > worst:
             worst, worst_name = d / n, name.removeprefix("_orig_mod.")

@@ -3,8 +3,9 @@
 transformers builds an explicit (batch, 1, q, kv) boolean causal mask whenever its code is
 traced, torch.compile included: a graph exported for one sequence length must not
 hard-code ``is_causal``. SDPA then runs its masked kernel where eager mode runs the causal
-one, several times slower in the backward (docs/nn.md). A torch.compile graph is guarded on the shapes it was traced with, so the
-skip transformers takes in eager mode is as safe there; only export keeps the mask.
+one, several times slower in the backward (docs/nn.md). The skip below applies only where
+the keys are the query's own tokens (no cache offset, the query as long as the keys), which
+holds for every length a graph traced there can be called with, compiled or exported.
 
 `IMPLEMENTATION` names an attention implementation that is transformers' ``"sdpa"`` with
 that skip kept under torch.compile: the same attention function, and a mask function that
@@ -38,7 +39,8 @@ def _plain_causal(kwargs: dict[str, Any]) -> bool:
             and kwargs.get("local_size") is None
             and kwargs.get("q_offset", 0) == 0 and kwargs.get("kv_offset", 0) == 0
             and kwargs["q_length"] == kwargs["kv_length"]
-            and not torch.jit.is_tracing() and not torch.compiler.is_exporting())
+            # not torch.compiler.is_exporting(): on torch 2.11 it reads True inside torch.compile
+            and not torch.jit.is_tracing())
 
 
 def causal_sdpa_mask(**kwargs: Any) -> torch.Tensor | None:
