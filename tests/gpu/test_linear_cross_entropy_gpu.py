@@ -21,6 +21,17 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
+def _problem(tokens: int, h: int, v: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (tokens, h) and weight (v, h) wanting gradients, targets with every fifth ignored."""
+    torch.manual_seed(tokens)
+    x = (torch.randn(tokens, h, device="cuda") / 4).to(dtype).requires_grad_()
+    w = (torch.randn(v, h, device="cuda") / 4).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (tokens,), device="cuda")
+    if tokens > 1:
+        t[::5] = -100
+    return x, w, t
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tokens", [1, 7, 1000, 4097])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -28,13 +39,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_matches_torch(dtype, tokens, reduction, chunk_bytes, monkeypatch) -> None:
     if chunk_bytes is not None:
         monkeypatch.setattr(lce, "CHUNK_BYTES", chunk_bytes)  # many chunks
-    h, v = 256, 32003
-    torch.manual_seed(tokens)
-    x = (torch.randn(tokens, h, device="cuda") / 4).to(dtype).requires_grad_()
-    w = (torch.randn(v, h, device="cuda") / 4).to(dtype).requires_grad_()
-    t = torch.randint(0, v, (tokens,), device="cuda")
-    if tokens > 1:
-        t[::5] = -100
+    x, w, t = _problem(tokens, 256, 32003, dtype)
     loss = ops.linear_cross_entropy(x, w, t, reduction=reduction)
     ref = F.cross_entropy(x.float() @ w.float().t(), t, reduction=reduction)
     assert loss.dtype == torch.float32
@@ -68,14 +73,7 @@ def test_weight_and_input_gradients_eager_and_compiled(dtype, tokens, chunk_byte
     under torch.compile, one chunk and many."""
     if chunk_bytes is not None:
         monkeypatch.setattr(lce, "CHUNK_BYTES", chunk_bytes)  # many chunks
-    torch._dynamo.reset()  # a graph traced under another CHUNK_BYTES holds other chunk shapes
-    h, v = 256, 32000
-    torch.manual_seed(tokens)
-    x = (torch.randn(tokens, h, device="cuda") / 4).to(dtype).requires_grad_()
-    w = (torch.randn(v, h, device="cuda") / 4).to(dtype).requires_grad_()
-    t = torch.randint(0, v, (tokens,), device="cuda")
-    if tokens > 1:
-        t[::5] = -100
+    x, w, t = _problem(tokens, 256, 32000, dtype)
 
     def loss_of(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return ops.linear_cross_entropy(x, w, t) * 1.5
