@@ -325,13 +325,6 @@ def gemm(
 
 
 _is_compiling = torch.compiler.is_compiling
-
-
-def _is_fake(t: Any) -> bool:
-    """A fake (or functional wrapper of a fake) tensor: one being traced."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    return isinstance(t, torch.Tensor) and is_fake(t)
 _grad_enabled = torch.is_grad_enabled
 # The eager warm path: one lookup keyed by every argument (a's and b's layouts, the preset
 # epilogue name, out_dtype, alpha and beta with their types, config, fp8 scales (a tensor's
@@ -361,6 +354,13 @@ def _scale_key(t: Any) -> Any:
     if isinstance(t, torch.Tensor):
         return (*_layout_key(t), t.requires_grad)
     return (type(t), t)
+
+
+def _is_fake(t: Any) -> bool:
+    """A fake (or functional wrapper of a fake) tensor: one being traced."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return isinstance(t, torch.Tensor) and is_fake(t)
 
 
 def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residual: Any, c: Any, alpha: Any, beta: Any,
