@@ -92,6 +92,7 @@ def test_other_attention_implementations_are_left_with_a_reason() -> None:
     {"local_size": 3},
     {"allow_is_causal_skip": False},
     {"mask_function": masking_utils.bidirectional_mask_function},
+    {"q_offset": torch.tensor(0)},  # a static cache's offset: never compared (that would branch on data)
 ])
 def test_masks_that_are_not_plain_causal_are_transformers_own(change: dict) -> None:
     args = {"batch_size": 1, "q_length": 6, "kv_length": 6, "q_offset": 0, "kv_offset": 0,
@@ -99,6 +100,7 @@ def test_masks_that_are_not_plain_causal_are_transformers_own(change: dict) -> N
             "allow_is_causal_skip": True}
     assert attention.causal_sdpa_mask(**args) is None
     args.update(change)
+    assert not attention._plain_causal(args)  # transformers may skip some of these itself (eager-mode rules)
     ours = attention.causal_sdpa_mask(**args)
     theirs = masking_utils.sdpa_mask(**args)
     if theirs is None:  # transformers skips it too (eager-mode conditions)
@@ -126,3 +128,38 @@ def test_the_skip_does_not_depend_on_is_exporting(monkeypatch) -> None:
     args = {"batch_size": 1, "q_length": 6, "kv_length": 6, "q_offset": 0, "kv_offset": 0,
             "mask_function": masking_utils.causal_mask_function, "attention_mask": None, "allow_is_causal_skip": True}
     assert attention.causal_sdpa_mask(**args) is None
+
+
+def test_without_a_cache_transformers_mask_stays() -> None:
+    """use_cache=False: transformers checks the position ids for packed sequences, which it
+    cannot rule out while tracing, so the mask is kept (documented)."""
+    model = _llama()
+    model.config.use_cache = False
+    _attention_only(model)
+    calls = _sdpa_calls(model, input_ids=torch.randint(0, 96, (2, 16)))
+    assert calls and all(c["mask"] is not None for c in calls)
+
+
+def test_a_static_cache_compiles_without_branching_on_its_offset() -> None:
+    """A static cache's query offset is a tensor: the skip must not compare it (a fullgraph
+    compile of the second chunk would fail on the data-dependent branch)."""
+    model = _llama().eval()
+    _attention_only(model)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+    step = torch.compile(lambda ids: model(input_ids=ids, past_key_values=cache, use_cache=True).logits,
+                         backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for _ in range(2):
+            step(torch.randint(0, 96, (1, 8)))
+
+
+def test_a_shared_config_is_reported_and_undo_leaves_later_choices() -> None:
+    a = _llama()
+    b = transformers.LlamaForCausalLM(a.config)  # one config object for both
+    ra = _attention_only(a)
+    rb = _attention_only(b)
+    assert rb.swapped == {} and any("already" in s for s in rb.skipped), rb.skipped
+    a.set_attn_implementation("eager")  # the user moves on; undo must not put "sdpa" back over it
+    ra.undo()
+    assert a.config._attn_implementation == "eager"

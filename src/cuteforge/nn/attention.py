@@ -33,12 +33,14 @@ def _plain_causal(kwargs: dict[str, Any]) -> bool:
     arguments (transformers' own eager-mode condition, minus the padding-mask scan)."""
     from transformers.masking_utils import causal_mask_function
 
-    return (kwargs.get("allow_is_causal_skip", True) is True
+    q_offset, kv_offset = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+    return (kwargs["q_length"] == kwargs["kv_length"]
+            and kwargs.get("allow_is_causal_skip", True) is True
             and kwargs.get("attention_mask") is None
             and kwargs.get("mask_function", causal_mask_function) is causal_mask_function
             and kwargs.get("local_size") is None
-            and kwargs.get("q_offset", 0) == 0 and kwargs.get("kv_offset", 0) == 0
-            and kwargs["q_length"] == kwargs["kv_length"]
+            # a static cache's offset is a tensor: comparing it would branch on data
+            and type(q_offset) is int and type(kv_offset) is int and q_offset == 0 and kv_offset == 0
             # not torch.compiler.is_exporting(): on torch 2.11 it reads True inside torch.compile
             and not torch.jit.is_tracing())
 

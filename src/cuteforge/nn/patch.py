@@ -128,6 +128,10 @@ def _patch_attention(model: nn.Module, report: PatchReport) -> None:
     """Move a model on transformers' "sdpa" attention to `attention.IMPLEMENTATION` (the same
     attention; plain causal attention keeps SDPA's causal kernel under torch.compile)."""
     current = getattr(model.config, "_attn_implementation", None)
+    if current == attention.IMPLEMENTATION:
+        report.skipped.append(f"causal attention: the model is on {current!r} already (a config shared with a "
+                              "patched model?)")
+        return
     if current != attention.BASE or not hasattr(model, "set_attn_implementation"):
         report.skipped.append(f"causal attention: the model's attention is {current!r}, not {attention.BASE!r}")
         return
@@ -139,7 +143,12 @@ def _patch_attention(model: nn.Module, report: PatchReport) -> None:
     if model.config._attn_implementation != attention.IMPLEMENTATION:
         report.skipped.append("causal attention: the model did not take a registered attention implementation")
         return
-    report._undo.append(lambda: model.set_attn_implementation(current))
+
+    def restore() -> None:
+        if model.config._attn_implementation == attention.IMPLEMENTATION:  # not moved on since
+            model.set_attn_implementation(current)
+
+    report._undo.append(restore)
     report.swapped["causal attention"] = 1
 
 
@@ -198,7 +207,9 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
     ``causal_attention``: a model on transformers' "sdpa" attention keeps SDPA's causal
     kernel under torch.compile for plain causal attention (no padding mask, no cache
     offset), where transformers would build an explicit mask that SDPA runs several times
-    slower (`cuteforge.nn.attention`); other calls get transformers' own mask.
+    slower (`cuteforge.nn.attention`); other calls get transformers' own mask, as do
+    models run with ``use_cache=False`` (transformers cannot rule out packed sequences in
+    their position ids while tracing).
 
     Returns the report (also kept on the model for `unpatch`). A model patched already is
     refused: unpatch it first."""
