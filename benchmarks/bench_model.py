@@ -15,7 +15,7 @@ Per contender: ms a step (wall, the GPU synchronized at the end of each round), 
 and for the patched model the loss and gradient agreement with stock, eager and compiled
 (relative error of the flattened gradients) and torch._dynamo.explain's graph-break count.
 
-    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--out FILE]
+    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--no-cache] [--out FILE]
 
 "patched-kernels" is the patched model with transformers' causal mask kept under
 torch.compile (`patch(causal_attention=False)`, compiled rows only): what cuteforge's
@@ -48,10 +48,11 @@ SIZES = {"small": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_l
 VOCAB, SEQ, BATCH = 128256, 2048, 2
 
 
-def _model(size: str) -> torch.nn.Module:
+def _model(size: str, use_cache: bool = True) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=SEQ, rms_norm_eps=1e-6, **SIZES[size])
+    config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=SEQ, rms_norm_eps=1e-6, use_cache=use_cache,
+                         **SIZES[size])
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
@@ -175,12 +176,12 @@ def _profile(steps: dict[str, Callable[[], Any]], top: int = 12) -> dict[str, li
 
 
 def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int, mlp: bool = False,
-             profile: bool = False, profile_top: int = 12) -> dict[str, Any]:
-    stock = _model(size)
+             profile: bool = False, profile_top: int = 12, use_cache: bool = True) -> dict[str, Any]:
+    stock = _model(size, use_cache)
     patched = copy.deepcopy(stock)
     report = cnn.patch(patched, fused_loss=True)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
-    row: dict[str, Any] = {"size": size, **SIZES[size], "vocab": VOCAB, "seq": SEQ, "batch": BATCH,
+    row: dict[str, Any] = {"size": size, **SIZES[size], "vocab": VOCAB, "seq": SEQ, "batch": BATCH, "use_cache": use_cache,
                            "patch": str(report)}
     row["agreement"] = _agreement(stock, patched, ids)
     row["graph_breaks_patched"] = _graph_breaks(patched, ids)
@@ -263,6 +264,9 @@ def main() -> None:
     p.add_argument("--mlp", action="store_true", help="add patched contenders with the MLP swapped too (patch(mlp=True))")
     p.add_argument("--profile", action="store_true", help="add each training contender's top CUDA kernels (one step)")
     p.add_argument("--profile-top", type=int, default=12, help="how many kernels --profile keeps per contender")
+    p.add_argument("--no-cache", action="store_true",
+                   help="the models' use_cache=False (as with gradient checkpointing): transformers keeps the causal mask "
+                        "under torch.compile whatever the patch does")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--out", default=None)
@@ -272,7 +276,7 @@ def main() -> None:
     rows = []
     for size in args.size or ["small", "large"]:  # written after each size: a run cut short keeps what it measured
         rows.append(run_size(size, args.reduce_overhead, args.unfused, args.rounds, args.per_round, args.mlp,
-                             args.profile, args.profile_top))
+                             args.profile, args.profile_top, not args.no_cache))
         write_results(out, {**results_header(), "models": rows})
     _plot(rows, out.with_suffix(".png"))
 
