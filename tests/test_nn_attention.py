@@ -43,6 +43,18 @@ def _sdpa_calls(model: torch.nn.Module, **inputs) -> list[dict]:
     return calls
 
 
+def _assert_compiled_matches_eager(stock: torch.nn.Module, patched: torch.nn.Module, ids: torch.Tensor) -> None:
+    """``patched`` compiled (aot_eager) gives ``stock``'s eager loss and gradients."""
+    loss = stock(input_ids=ids, labels=ids).loss
+    loss.backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(patched, backend="aot_eager")(input_ids=ids, labels=ids).loss
+    compiled.backward()
+    torch.testing.assert_close(compiled, loss, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(stock.named_parameters(), patched.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_compiled_patched_llama_calls_causal_sdpa_with_the_same_loss_and_gradients() -> None:
     stock = _llama()
     patched = copy.deepcopy(stock)
@@ -55,14 +67,7 @@ def test_compiled_patched_llama_calls_causal_sdpa_with_the_same_loss_and_gradien
     assert patched_calls and len(patched_calls) == len(stock_calls)
     assert all(c["mask"] is None and c["is_causal"] is True for c in patched_calls)
 
-    loss = stock(input_ids=ids, labels=ids).loss
-    loss.backward()
-    torch._dynamo.reset()
-    compiled = torch.compile(patched, backend="aot_eager")(input_ids=ids, labels=ids).loss
-    compiled.backward()
-    torch.testing.assert_close(compiled, loss, rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(stock.named_parameters(), patched.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    _assert_compiled_matches_eager(stock, patched, ids)
 
 
 def test_a_padding_mask_is_still_built_and_undo_restores_sdpa() -> None:
@@ -185,11 +190,4 @@ def test_every_supported_family_compiled_patched_matches_eager_stock(family: str
     report = cnn.patch(patched)
     assert report.swapped.get("causal attention") == 1 and report.swapped.get("RMSNorm"), str(report)
     ids = torch.randint(0, 96, (2, 16))
-    loss = stock(input_ids=ids, labels=ids).loss
-    loss.backward()
-    torch._dynamo.reset()
-    compiled = torch.compile(patched, backend="aot_eager")(input_ids=ids, labels=ids).loss
-    compiled.backward()
-    torch.testing.assert_close(compiled, loss, rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(stock.named_parameters(), patched.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    _assert_compiled_matches_eager(stock, patched, ids)
