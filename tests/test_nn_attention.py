@@ -24,7 +24,8 @@ def _llama(attn: str = "sdpa") -> torch.nn.Module:
 
 
 def _attention_only(model: torch.nn.Module, **kwargs):
-    return cnn.patch(model, norm=False, loss=False, fused_loss=False, embedding=False, **kwargs)
+    return cnn.patch(model, norm=False, mlp=False, loss=False, fused_loss=False, embedding=False,
+                     rotary_embedding=False, **kwargs)
 
 
 def _sdpa_calls(model: torch.nn.Module, **inputs) -> list[dict]:

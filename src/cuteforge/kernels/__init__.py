@@ -1,7 +1,7 @@
 """Device code, one kernel family per folder. Importing a family registers its kernels
 and their tuning problems (`autotune.problems`)."""
 
-FAMILIES = ("reduce", "softmax", "cross_entropy", "gemm", "norm")
+FAMILIES = ("reduce", "softmax", "cross_entropy", "gemm", "norm", "pointwise")
 
 
 def load_all() -> None:

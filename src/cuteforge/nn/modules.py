@@ -202,18 +202,36 @@ class CrossEntropyLoss(nn.Module):
 
 class SwiGLUMLP(nn.Module):
     """The SwiGLU feed-forward block of Llama-family models, ``down(silu(gate(x)) * up(x))``,
-    with the same submodules (gate_proj, up_proj, down_proj) and state_dict keys; the
-    gate's silu is fused into its GEMM where `Linear` runs the GEMM."""
+    with the same submodules (gate_proj, up_proj, down_proj) and state_dict keys.
+
+    ``gemm=True``: the projections are `Linear` (cuteforge's GEMM, the gate's silu fused
+    into its epilogue). ``gemm=False``: they are torch's ``nn.Linear`` and
+    ``silu(gate) * up`` is one cuteforge kernel forward and one backward
+    (`cuteforge.ops.silu_mul`), which saves neither silu(gate) nor the product's inputs
+    twice; under torch.compile it is torch's expression, which Inductor fuses."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device: Any = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, gemm: bool = True) -> None:
         super().__init__()
-        self.gate_proj = Linear(hidden_size, intermediate_size, bias, activation="silu", device=device, dtype=dtype)
-        self.up_proj = Linear(hidden_size, intermediate_size, bias, device=device, dtype=dtype)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias, device=device, dtype=dtype)
+        self.gemm = checks.boolean("cuteforge.nn.SwiGLUMLP", "gemm", gemm)
+        linear = Linear if self.gemm else nn.Linear
+        gate_kw = {"activation": "silu"} if self.gemm else {}
+        self.gate_proj = linear(hidden_size, intermediate_size, bias, device=device, dtype=dtype, **gate_kw)
+        self.up_proj = linear(hidden_size, intermediate_size, bias, device=device, dtype=dtype)
+        self.down_proj = linear(intermediate_size, hidden_size, bias, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_proj(x) * self.up_proj(x))
+        if self.gemm:
+            return self.down_proj(self.gate_proj(x) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if _on_cuteforge(gate):
+            from .. import ops
+
+            return self.down_proj(ops.silu_mul(gate, up))
+        return self.down_proj(F.silu(gate) * up)
+
+    def extra_repr(self) -> str:
+        return f"gemm={self.gemm}"
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_items_in_batch: Any = None,

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention
+from . import attention, rotary
 from .modules import Embedding, RMSNorm, SwiGLUMLP, causal_lm_loss
 
 __all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
@@ -86,12 +86,12 @@ def _embedding_of(module: nn.Embedding) -> Embedding:
     return new
 
 
-def _mlp_of(module: nn.Module, act: Any) -> SwiGLUMLP | None:
+def _mlp_of(module: nn.Module, act: Any, gemm: bool) -> SwiGLUMLP | None:
     projections = [getattr(module, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
     if act != "silu" or not all(type(p) is nn.Linear for p in projections):
         return None
     gate, up, down = projections
-    new = SwiGLUMLP(gate.in_features, gate.out_features, bias=gate.bias is not None, device="meta")
+    new = SwiGLUMLP(gate.in_features, gate.out_features, bias=gate.bias is not None, device="meta", gemm=gemm)
     for mine, theirs in zip((new.gate_proj, new.up_proj, new.down_proj), projections):
         mine.weight, mine.bias = theirs.weight, theirs.bias
     return new
@@ -152,6 +152,16 @@ def _patch_attention(model: nn.Module, report: PatchReport) -> None:
     report.swapped["causal attention"] = 1
 
 
+def _patch_rotary(model: nn.Module, report: PatchReport) -> None:
+    """Point the model's ``apply_rotary_pos_emb`` at cuteforge's kernel (`cuteforge.nn.rotary`)."""
+    why, undo = rotary.swap(model)
+    if undo is None:
+        report.skipped.append(f"rotary embedding: {why}")
+        return
+    report._undo.append(undo)
+    report.swapped["rotary embedding"] = 1
+
+
 def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] | None:
     """A forward for ``model`` that, given labels, takes the loss from the decoder's last
     hidden states and the LM head's weight through `cuteforge.ops.linear_cross_entropy`
@@ -191,12 +201,23 @@ def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] 
     return forward
 
 
-def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool = True,
-          fused_loss: bool | str = "compiled", embedding: bool = True, causal_attention: bool = True) -> PatchReport:
-    """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``: opt-in; their GEMMs run on
-    cuteforge's kernels, forward and backward), causal-LM loss (``loss``) and token
-    embeddings (``embedding``: `cuteforge.nn.Embedding`, whose gradient under torch.compile
-    skips Inductor's fp32 copy of the table) in place.
+def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation", loss: bool = True,
+          fused_loss: bool | str = "compiled", embedding: bool = True, causal_attention: bool = True,
+          rotary_embedding: bool = True) -> PatchReport:
+    """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``), causal-LM loss (``loss``)
+    and token embeddings (``embedding``: `cuteforge.nn.Embedding`, whose gradient under
+    torch.compile skips Inductor's fp32 copy of the table) in place.
+
+    ``mlp``: "activation" (the default) keeps the projections on torch's ``nn.Linear`` and
+    runs ``silu(gate) * up`` as one cuteforge kernel forward and one backward
+    (`cuteforge.nn.SwiGLUMLP` with ``gemm=False``; under torch.compile, torch's expression,
+    which Inductor fuses); True runs the GEMMs on cuteforge's kernels too (``gemm=True``);
+    False leaves the MLPs.
+
+    ``rotary_embedding``: the model's ``apply_rotary_pos_emb`` runs as one cuteforge
+    kernel over q and k, forward and backward, for as long as a model of its type is
+    patched (`cuteforge.nn.rotary`: the swap is in transformers' modeling module, so
+    other models of the type take it too; under torch.compile, torch's expression).
 
     ``fused_loss``: a call with labels computes the loss from the hidden states and the LM
     head without materializing the logits (`cuteforge.ops.linear_cross_entropy`; such calls
@@ -213,6 +234,8 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
 
     Returns the report (also kept on the model for `unpatch`). A model patched already is
     refused: unpatch it first."""
+    if mlp not in (True, False, "activation"):
+        raise ValueError(f"cuteforge.patch: mlp must be True, False or 'activation', got {mlp!r}")
     if fused_loss not in (True, False, "compiled"):
         raise ValueError(f"cuteforge.patch: fused_loss must be True, False or 'compiled', got {fused_loss!r}")
     kind = _model_type(model)
@@ -232,7 +255,7 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
             elif embedding and type(child) is nn.Embedding:
                 _swap(report, parent, name, child, _embedding_of(child), "Embedding")
             elif mlp and cls.endswith("MLP") and not isinstance(child, SwiGLUMLP):
-                new_mlp = _mlp_of(child, act)
+                new_mlp = _mlp_of(child, act, gemm=mlp is True)
                 if new_mlp is None:
                     report.skipped.append(f"{cls} {name}: not a bias-free silu gate/up/down MLP of nn.Linear")
                 else:
@@ -241,6 +264,8 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool = False, loss: bool 
         _patch_loss(model, report)
     if causal_attention:
         _patch_attention(model, report)
+    if rotary_embedding:
+        _patch_rotary(model, report)
     if fused_loss:
         forward = _fused_forward(model, compiled_only=fused_loss == "compiled")
         if forward is None:

@@ -1,0 +1,103 @@
+"""The rotary position embedding of transformers' Llama-family models on cuteforge's kernel.
+
+Those models' attention layers call their modeling module's ``apply_rotary_pos_emb(q, k,
+cos, sin, unsqueeze_dim=1)`` (older releases: an unused ``position_ids`` before
+``unsqueeze_dim``) by its global name, so the swap is made in that module: while at least
+one model of its type is patched, the name points at a function of the same parameters
+that runs `cuteforge.ops.rotary_embedding` (one kernel over q and k, forward and
+backward) for the CUDA tensors it takes and the module's own function for anything else. Another model of the same type in the process runs it too: the same
+rotation, rounded once in fp32 instead of after each of torch's products.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..signature import FLOAT_DTYPES
+
+_NAME = "apply_rotary_pos_emb"
+# the parameters of transformers' function, newer and older (an unused position_ids)
+_PARAMETERS = (["q", "k", "cos", "sin", "unsqueeze_dim"], ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"])
+
+
+@dataclass
+class _Swap:
+    original: Callable[..., Any]  # the module's own function
+    ours: Callable[..., Any]
+    models: int  # patched models holding the swap
+
+
+_SWAPS: dict[Any, _Swap] = {}  # modeling module -> its swap
+
+
+def _takes(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
+    """Whether the kernel applies: CUDA tensors of one float dtype, 4-D q and k, the whole
+    head rotated (partial rotary embeddings go to the module's function)."""
+    tensors = (q, k, cos, sin)
+    return (all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors)
+            and q.dtype in FLOAT_DTYPES and all(t.dtype == q.dtype for t in tensors)
+            and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and sin.dim() == 3
+            and cos.shape[-1] == q.shape[-1] and unsqueeze_dim in (1, 2))
+
+
+def _make(original: Callable[..., Any], parameters: list[str]) -> Callable[..., Any]:
+    """The swap, with ``original``'s parameters."""
+
+    def rotated(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any, position_ids: Any = None) -> Any:
+        if not _takes(q, k, cos, sin, unsqueeze_dim):
+            if "position_ids" in parameters:
+                return original(q, k, cos, sin, position_ids, unsqueeze_dim)
+            return original(q, k, cos, sin, unsqueeze_dim)
+        from ..ops import rotary_embedding
+
+        return rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+
+    if "position_ids" in parameters:
+
+        def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, position_ids: Any = None,
+                                 unsqueeze_dim: int = 1) -> Any:
+            return rotated(q, k, cos, sin, unsqueeze_dim, position_ids)
+    else:
+
+        def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: int = 1) -> Any:  # type: ignore[misc]
+            return rotated(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb.__wrapped__ = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def swap(model: torch.nn.Module) -> tuple[str | None, Callable[[], None] | None]:
+    """Point ``model``'s modeling module's ``apply_rotary_pos_emb`` at cuteforge's kernel.
+    Returns (why not, None) or (None, undo)."""
+    module = sys.modules.get(type(model).__module__)
+    current = getattr(module, _NAME, None)
+    if module is None or not callable(current):
+        return f"{type(model).__module__} has no {_NAME}", None
+    held = _SWAPS.get(module)
+    if held is not None and current is not held.ours:
+        return f"{module.__name__}.{_NAME} was replaced since cuteforge swapped it", None
+    if held is None:
+        try:
+            parameters = list(inspect.signature(current).parameters)
+        except (TypeError, ValueError):
+            parameters = []
+        if parameters not in _PARAMETERS:
+            return f"{module.__name__}.{_NAME} takes ({', '.join(parameters)}), not (q, k, cos, sin[, position_ids], unsqueeze_dim)", None
+        held = _SWAPS[module] = _Swap(current, _make(current, parameters), 0)
+        setattr(module, _NAME, held.ours)
+    held.models += 1
+
+    def undo() -> None:
+        held.models -= 1
+        if held.models == 0:
+            del _SWAPS[module]
+            if getattr(module, _NAME, None) is held.ours:  # not replaced since
+                setattr(module, _NAME, held.original)
+
+    return None, undo

@@ -1,0 +1,126 @@
+"""`cuteforge.ops.rotary_embedding(q, k, cos, sin, unsqueeze_dim=1)`: transformers'
+``apply_rotary_pos_emb`` (``x * cos + rotate_half(x) * sin`` on the queries and the keys)
+as one kernel over both, forward and backward.
+
+torch runs it as about ten kernels forward (the halves, a negation, a concatenation, two
+products and a sum, for q and for k) and as many backward. Here one launch reads q, k,
+cos and sin once and writes both outputs; the backward is one launch too.
+
+q (B, Hq, S, D) and k (B, Hk, S, D) with ``unsqueeze_dim=1`` (transformers' default), or
+(B, S, H, D) with ``unsqueeze_dim=2``; cos and sin (B, S, D) or (1, S, D), the rotation
+of every head. One dtype (fp32, bf16, fp16), one CUDA device; D even and at most 1024.
+The strided views attention layers hand over (q and k transposed from (B, S, H, D)) are
+read in place; outputs take q's and k's layouts. cos and sin take no gradient (a
+``requires_grad`` cos or sin is computed by torch). Under torch.compile the op traces as
+transformers' expression, which Inductor fuses itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import checks
+from ..signature import FLOAT_DTYPES
+
+__all__ = ["rotary_embedding"]
+
+_WHERE = "cuteforge.ops.rotary_embedding"
+_MAX_HEAD_DIM = 1024  # the kernel's CTA holds a thread per vector of half a head at the least
+_MAX_TOKENS = 2**31 - 1  # the grid's x extent
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           unsqueeze_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch over (B, H, S, D) views q, k and (B, S, D) cos, sin; returns the outputs
+    in q's and k's layouts."""
+    from ..kernels.pointwise import rotary_embedding as kernel
+
+    q, k = _unit_last(q), _unit_last(k)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    b, s = q.shape[0], q.shape[2]
+    if q_out.numel() or k_out.numel():
+        cos = _unit_last(cos).expand(b, s, cos.shape[-1])
+        sin = _unit_last(sin).expand(b, s, sin.shape[-1])
+        kernel(q, k, cos, sin, q_out, k_out, backward=backward)
+    return q_out, k_out
+
+
+class _Rotary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(cos, sin)
+        ctx.set_materialize_grads(False)
+        ctx.like = (q.shape, k.shape, q.dtype, q.device)  # for a gradient left None
+        return _launch(q, k, cos, sin, backward=False)
+
+    @staticmethod
+    def backward(ctx: Any, gq: torch.Tensor | None, gk: torch.Tensor | None) -> tuple[Any, ...]:
+        cos, sin = ctx.saved_tensors
+        q_shape, k_shape, dtype, device = ctx.like
+        gq = torch.zeros(q_shape, dtype=dtype, device=device) if gq is None else gq
+        gk = torch.zeros(k_shape, dtype=dtype, device=device) if gk is None else gk
+        dq, dk = _launch(gq, gk, cos, sin, backward=True)
+        return dq, dk, None, None
+
+
+def _check(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> None:
+    checks.tensor(_WHERE, "q", q, FLOAT_DTYPES)
+    for name, t in (("k", k), ("cos", cos), ("sin", sin)):
+        checks.tensor(_WHERE, name, t)
+        checks.same_device(_WHERE, name, t, "q", q)
+        checks.same_dtype(_WHERE, name, t, "q", q)
+    unsqueeze_dim = checks.integer(_WHERE, "unsqueeze_dim", unsqueeze_dim)
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"{_WHERE}: argument 'unsqueeze_dim' must be 1 ((B, H, S, D) q and k) or 2 ((B, S, H, D)), "
+                         f"got {unsqueeze_dim}")
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ValueError(f"{_WHERE}: argument {name!r} must be 4-D, got shape {tuple(t.shape)}")
+    seq = 3 - unsqueeze_dim  # the sequence dim of q and k
+    d = q.shape[-1]
+    if d % 2 or d > _MAX_HEAD_DIM:
+        raise ValueError(f"{_WHERE}: argument 'q' has head dim {d}; it must be even and at most {_MAX_HEAD_DIM}")
+    if k.shape[0] != q.shape[0] or k.shape[seq] != q.shape[seq] or k.shape[-1] != d:
+        raise ValueError(f"{_WHERE}: argument 'k' has shape {tuple(k.shape)}, which does not match q's "
+                         f"{tuple(q.shape)} in batch, sequence and head dim")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 3 or t.shape[0] not in (1, q.shape[0]) or t.shape[1] != q.shape[seq] or t.shape[2] != d:
+            raise ValueError(f"{_WHERE}: argument {name!r} must have shape ({q.shape[0]} or 1, {q.shape[seq]}, {d}), "
+                             f"got {tuple(t.shape)}")
+
+
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin), cos and sin
+    unsqueezed at ``unsqueeze_dim``, in one kernel (and its backward in one)."""
+    _check(q, k, cos, sin, unsqueeze_dim)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
+        return _torch(q, k, cos, sin, unsqueeze_dim)
+    checks.on_cuda(_WHERE, "q", q)
+    if q.shape[0] * q.shape[3 - unsqueeze_dim] > _MAX_TOKENS:
+        raise ValueError(f"{_WHERE}: {q.shape[0]} x {q.shape[3 - unsqueeze_dim]} tokens are more than the "
+                         "kernel's grid covers")
+    if unsqueeze_dim == 2:  # (B, S, H, D) -> the kernel's (B, H, S, D) views, and back
+        q_out, k_out = rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 1)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return _Rotary.apply(q, k, cos, sin)
+    return _launch(q, k, cos, sin, backward=False)

@@ -1,0 +1,193 @@
+"""CPU checks of the pointwise kernels (SwiGLU activation, rotary embedding), their ops'
+argument errors and torch.compile traces, and `patch`'s swaps for them.
+
+sm_90a compiles run without a GPU (``CUTE_DSL_ARCH=sm_90a``): codegen and the vector
+width each layout gets are checked here; numerics are checked on the GPU
+(tests/gpu/test_pointwise_gpu.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cuteforge.nn as cnn
+from cuteforge import compiler, kernels, ops
+from cuteforge.kernel import Kernel
+from cuteforge.kernels.pointwise import rotary_embedding, silu_mul, silu_mul_backward
+from cuteforge.kernels.pointwise.spec import silu_mul_tiling
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+
+def _global_accesses(kernel, tensors, **params) -> set[str]:
+    key = kernel.signature.fresh_key(tensors)
+    spec = kernel.spec(key, kernel.key_params(sorted(params.items())), arch="sm_90a")
+    ptx = compiler.compile_jit(kernel.builder(spec), kernel.signature.fake_args(key), "sm_90a", True).ptx
+    return set(re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_silu_mul_moves_16_byte_vectors_with_a_tail(dtype) -> None:
+    rows = _meta(64, 1000, dtype=dtype)
+    fwd = _global_accesses(silu_mul, (rows,) * 3, **silu_mul_tiling(1000))
+    bwd = _global_accesses(silu_mul_backward, (rows,) * 5, **silu_mul_tiling(1000))
+    for accesses in (fwd, bwd):
+        assert any(a.startswith("ld.global.v4") for a in accesses), accesses
+        assert any(a.startswith("st.global.v4") for a in accesses), accesses
+
+
+def test_silu_mul_takes_narrower_vectors_for_odd_rows() -> None:
+    odd = _meta(64, 1001)[:, 1:]  # rows of 1000 starting 2 bytes off 16: scalar access only
+    accesses = _global_accesses(silu_mul, (odd, odd, _meta(64, 1000)), **silu_mul_tiling(1000))
+    assert not any(".v" in a for a in accesses), accesses
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
+def test_rotary_compiles_forward_and_backward(head_dim) -> None:
+    q = _meta(2, 2048, 8, head_dim).transpose(1, 2)  # (B, H, S, D) as attention layers hand it over
+    k = _meta(2, 2048, 2, head_dim).transpose(1, 2)
+    cos = _meta(1, 2048, head_dim).expand(2, 2048, head_dim)
+    for backward in (False, True):
+        accesses = _global_accesses(rotary_embedding, (q, k, cos, cos, q, k), backward=backward)
+        assert accesses == {"ld.global.v4.b32", "st.global.v4.b32"}, accesses
+
+
+def test_kernels_stay_reachable_by_name_after_their_device_modules_load() -> None:
+    """The ops look the kernels up in the package after the builders have imported the
+    device modules (`swiglu.py`, `rotary.py`), which must not shadow them."""
+    q = _meta(1, 2, 4, 8)
+    _global_accesses(rotary_embedding, (q, q, _meta(1, 4, 8), _meta(1, 4, 8), q, q), backward=True)
+    _global_accesses(silu_mul, (_meta(2, 8),) * 3, **silu_mul_tiling(8))
+    for name in kernels.pointwise.__all__:
+        assert isinstance(getattr(kernels.pointwise, name), Kernel), name
+
+
+def test_rotary_vectors_narrow_to_the_half_head() -> None:
+    q = _meta(1, 4, 16, 12)  # half a head is 6 elements: 4-byte vectors at the widest
+    accesses = _global_accesses(rotary_embedding, (q, q, _meta(1, 16, 12), _meta(1, 16, 12), q, q), backward=False)
+    assert "ld.global.v4.b32" not in accesses and any(a.startswith("ld.global") for a in accesses), accesses
+
+
+def test_op_arguments_are_checked_by_name() -> None:
+    g = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="'gate' must be a CUDA tensor"):
+        ops.silu_mul(g, g)
+    with pytest.raises(TypeError, match="'up' has dtype float64"):
+        ops.silu_mul(g, g.double())
+    with pytest.raises(ValueError, match="'up' has shape"):
+        ops.silu_mul(g, g[:, :4])
+    with pytest.raises(TypeError, match="'gate' has dtype int64"):
+        ops.silu_mul(g.long(), g.long())
+    q, k, c = torch.randn(2, 4, 7, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 7, 8)
+    with pytest.raises(ValueError, match="'q' must be a CUDA tensor"):
+        ops.rotary_embedding(q, k, c, c)
+    with pytest.raises(ValueError, match="'cos' must have shape"):
+        ops.rotary_embedding(q, k, c[:, :5], c)
+    with pytest.raises(ValueError, match="'k' has shape"):
+        ops.rotary_embedding(q, k[:, :, :3], c, c)
+    with pytest.raises(ValueError, match="head dim 7"):
+        ops.rotary_embedding(q[..., :7], k[..., :7], c[..., :7], c[..., :7])
+    with pytest.raises(ValueError, match="'unsqueeze_dim' must be 1"):
+        ops.rotary_embedding(q, k, c, c, unsqueeze_dim=0)
+    with pytest.raises(TypeError, match="'sin' has dtype float16"):
+        ops.rotary_embedding(q, k, c, c.half())
+    with pytest.raises(ValueError, match="'q' must be 4-D"):
+        ops.rotary_embedding(q[0], k, c, c)
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_compiled_ops_trace_as_torch_expressions(unsqueeze_dim) -> None:
+    """Under torch.compile the ops are their torch expressions (Inductor fuses them), equal
+    to transformers' function and to F.silu(gate) * up, gradients included."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 7, 8, requires_grad=True)
+    k = torch.randn(2, 2, 7, 8, requires_grad=True)
+    if unsqueeze_dim == 2:
+        q, k = q.detach().transpose(1, 2).requires_grad_(), k.detach().transpose(1, 2).requires_grad_()
+    cos, sin = torch.randn(2, 7, 8), torch.randn(1, 7, 8)
+    torch._dynamo.reset()
+    got = torch.compile(ops.rotary_embedding, backend="aot_eager", fullgraph=True)(q, k, cos, sin, unsqueeze_dim)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    gq = torch.autograd.grad(sum(t.sum() for t in got), (q, k))
+    wq = torch.autograd.grad(sum(t.sum() for t in want), (q, k))
+    for a, b in zip(gq, wq):
+        torch.testing.assert_close(a, b)
+    gate, up = torch.randn(3, 10), torch.randn(3, 10)
+    got = torch.compile(ops.silu_mul, backend="aot_eager", fullgraph=True)(gate, up)
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=0, atol=0)
+
+
+def _llama(**kw):
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **kw)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_patch_swaps_rotary_per_modeling_module_while_a_model_holds_it() -> None:
+    original = modeling_llama.apply_rotary_pos_emb
+    a, b = _llama(), _llama()
+    ra = cnn.patch(a)
+    assert ra.swapped.get("rotary embedding") == 1 and ra.swapped.get("MLP") == 2, str(ra)
+    assert modeling_llama.apply_rotary_pos_emb is not original
+    assert modeling_llama.apply_rotary_pos_emb.__wrapped__ is original
+    rb = cnn.patch(b)
+    assert rb.swapped.get("rotary embedding") == 1
+    cnn.unpatch(a)
+    assert modeling_llama.apply_rotary_pos_emb is not original  # b still holds it
+    cnn.unpatch(b)
+    assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_patch_leaves_a_rotary_function_replaced_since(monkeypatch) -> None:
+    original = modeling_llama.apply_rotary_pos_emb
+    model = _llama()
+    cnn.patch(model)
+    theirs = lambda q, k, cos, sin, unsqueeze_dim=1: (q, k)  # noqa: E731
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", theirs)
+    other = _llama()
+    report = cnn.patch(other)
+    assert "rotary embedding" not in report.swapped and any("replaced" in s for s in report.skipped), str(report)
+    cnn.unpatch(other)
+    cnn.unpatch(model)
+    assert modeling_llama.apply_rotary_pos_emb is theirs  # not put back over someone else's
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", original)
+
+
+def test_patch_refuses_a_rotary_function_of_another_signature(monkeypatch) -> None:
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", lambda q, k, cos, sin, scale=1: (q, k))
+    report = cnn.patch(_llama())
+    assert "rotary embedding" not in report.swapped and any("takes (q, k, cos, sin, scale)" in s
+                                                             for s in report.skipped), str(report)
+
+
+def test_patched_model_on_the_cpu_matches_stock_with_the_mlp_modes() -> None:
+    """CPU tensors go to torch's functions: the default patch (MLP activation, rotary) and
+    mlp=True give stock's loss; the MLP keeps its state_dict keys and Parameters."""
+    stock = _llama()
+    ids = torch.randint(0, 96, (2, 12))
+    want = stock(input_ids=ids, labels=ids).loss
+    for mlp in ("activation", True):
+        model = copy.deepcopy(stock)
+        keys = model.state_dict().keys()
+        report = cnn.patch(model, mlp=mlp)
+        mlp_module = model.model.layers[0].mlp
+        assert isinstance(mlp_module, cnn.SwiGLUMLP) and mlp_module.gemm is (mlp is True), report
+        assert type(mlp_module.gate_proj) is (cnn.Linear if mlp is True else torch.nn.Linear)
+        assert model.state_dict().keys() == keys
+        torch.testing.assert_close(model(input_ids=ids, labels=ids).loss, want)
+        cnn.unpatch(model)
+    with pytest.raises(ValueError, match="mlp must be True, False or 'activation'"):
+        cnn.patch(copy.deepcopy(stock), mlp="gemm")
