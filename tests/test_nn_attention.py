@@ -136,14 +136,43 @@ def test_the_skip_does_not_depend_on_is_exporting(monkeypatch) -> None:
     assert attention.causal_sdpa_mask(**args) is None
 
 
-def test_without_a_cache_transformers_mask_stays() -> None:
+def test_without_a_cache_positions_the_decoder_makes_keep_the_causal_kernel() -> None:
     """use_cache=False: transformers checks the position ids for packed sequences, which it
-    cannot rule out while tracing, so the mask is kept (documented)."""
-    model = _llama()
-    model.config.use_cache = False
-    _attention_only(model)
-    calls = _sdpa_calls(model, input_ids=torch.randint(0, 96, (2, 16)))
+    cannot rule out while tracing. Positions the decoder makes itself are never packed, so
+    the patched model passes create_causal_mask none: no mask, the same loss and gradients."""
+    from transformers.models.llama import modeling_llama
+
+    stock = _llama()
+    stock.config.use_cache = False
+    patched = copy.deepcopy(stock)
+    before = modeling_llama.create_causal_mask  # ours where models of other tests hold it still
+    report = _attention_only(patched)
+    assert not report.skipped, report.skipped
+    ids = torch.randint(0, 96, (2, 16))
+    calls = _sdpa_calls(patched, input_ids=ids)
+    assert calls and all(c["mask"] is None and c["is_causal"] is True for c in calls)
+    _assert_compiled_matches_eager(stock, patched, ids)
+    assert attention._DecoderCall.config is None  # nothing left behind after the calls
+    report.undo()
+    assert modeling_llama.create_causal_mask is before and "forward" not in vars(patched.model)
+
+
+def test_without_a_cache_positions_the_caller_passes_keep_transformers_mask() -> None:
+    """Position ids from the caller may be packed (two sequences in a row here): the mask
+    stays, and the compiled patched model honours the packing as eager stock does."""
+    stock = _llama()
+    stock.config.use_cache = False
+    patched = copy.deepcopy(stock)
+    _attention_only(patched)
+    ids = torch.randint(0, 96, (2, 16))
+    packed = torch.cat((torch.arange(8), torch.arange(8))).expand(2, 16)
+    calls = _sdpa_calls(patched, input_ids=ids, position_ids=packed)
     assert calls and all(c["mask"] is not None for c in calls)
+    want = stock(input_ids=ids, position_ids=packed, labels=ids).loss
+    assert not torch.allclose(want, stock(input_ids=ids, labels=ids).loss)  # the packing matters
+    torch._dynamo.reset()
+    got = torch.compile(patched, backend="aot_eager")(input_ids=ids, position_ids=packed, labels=ids).loss
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_static_cache_compiles_without_branching_on_its_offset() -> None:

@@ -9,7 +9,10 @@ width each layout gets are checked here; numerics are checked on the GPU
 from __future__ import annotations
 
 import copy
+import inspect
 import re
+import sys
+import types
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from cuteforge import compiler, kernels, ops
 from cuteforge.kernel import Kernel
 from cuteforge.kernels.pointwise import rotary_embedding, silu_mul, silu_mul_backward
 from cuteforge.kernels.pointwise.spec import silu_mul_tiling
+from cuteforge.nn import rotary as cnn_rotary
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama  # noqa: E402
@@ -136,41 +140,64 @@ def _llama(**kw):
     return transformers.LlamaForCausalLM(config)
 
 
-def test_patch_swaps_rotary_per_modeling_module_while_a_model_holds_it() -> None:
-    original = modeling_llama.apply_rotary_pos_emb
+def test_patch_swaps_llamas_rotary_function_and_unpatch_releases_it() -> None:
+    before = modeling_llama.apply_rotary_pos_emb  # ours where models of other tests hold it still
+    original = getattr(before, "__wrapped__", before)
     a, b = _llama(), _llama()
-    ra = cnn.patch(a)
-    assert ra.swapped.get("rotary embedding") == 1 and ra.swapped.get("MLP") == 2, str(ra)
-    assert modeling_llama.apply_rotary_pos_emb is not original
+    ra, rb = cnn.patch(a), cnn.patch(b)
+    assert ra.swapped.get("rotary embedding") == 1 and rb.swapped.get("rotary embedding") == 1, str(ra)
+    assert ra.swapped.get("MLP") == 2, str(ra)
     assert modeling_llama.apply_rotary_pos_emb.__wrapped__ is original
-    rb = cnn.patch(b)
-    assert rb.swapped.get("rotary embedding") == 1
     cnn.unpatch(a)
-    assert modeling_llama.apply_rotary_pos_emb is not original  # b still holds it
+    assert modeling_llama.apply_rotary_pos_emb.__wrapped__ is original  # b holds it
     cnn.unpatch(b)
-    assert modeling_llama.apply_rotary_pos_emb is original
+    assert modeling_llama.apply_rotary_pos_emb is before
 
 
-def test_patch_leaves_a_rotary_function_replaced_since(monkeypatch) -> None:
-    original = modeling_llama.apply_rotary_pos_emb
-    model = _llama()
-    cnn.patch(model)
-    theirs = lambda q, k, cos, sin, unsqueeze_dim=1: (q, k)  # noqa: E731
-    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", theirs)
-    other = _llama()
-    report = cnn.patch(other)
-    assert "rotary embedding" not in report.swapped and any("replaced" in s for s in report.skipped), str(report)
-    cnn.unpatch(other)
-    cnn.unpatch(model)
-    assert modeling_llama.apply_rotary_pos_emb is theirs  # not put back over someone else's
-    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", original)
+def _modeling_module(monkeypatch, rotary_fn):
+    """A stand-in modeling module holding ``rotary_fn``, and a model class defined in it."""
+    module = types.ModuleType("stand_in_modeling")
+    module.apply_rotary_pos_emb = rotary_fn
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    model_type = type("StandInModel", (torch.nn.Module,), {"__module__": module.__name__})
+    return module, model_type
 
 
-def test_patch_refuses_a_rotary_function_of_another_signature(monkeypatch) -> None:
-    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", lambda q, k, cos, sin, scale=1: (q, k))
-    report = cnn.patch(_llama())
-    assert "rotary embedding" not in report.swapped and any("takes (q, k, cos, sin, scale)" in s
-                                                             for s in report.skipped), str(report)
+def _rotate(q, k, cos, sin, unsqueeze_dim=1):
+    return q, k
+
+
+def test_the_last_hold_puts_the_function_back_unless_replaced_since(monkeypatch) -> None:
+    module, model_type = _modeling_module(monkeypatch, _rotate)
+    _, undo_a = cnn_rotary.swap(model_type())
+    _, undo_b = cnn_rotary.swap(model_type())
+    assert module.apply_rotary_pos_emb.__wrapped__ is _rotate
+    undo_a()
+    undo_a()  # once only
+    assert module.apply_rotary_pos_emb is not _rotate
+    undo_b()
+    assert module.apply_rotary_pos_emb is _rotate
+    _, undo = cnn_rotary.swap(model_type())
+    theirs = lambda q, k, cos, sin, unsqueeze_dim=1: (k, q)  # noqa: E731
+    module.apply_rotary_pos_emb = theirs  # someone else's patch after ours
+    why, _ = cnn_rotary.swap(model_type())
+    assert "replaced since" in why
+    undo()
+    assert module.apply_rotary_pos_emb is theirs  # not put back over theirs
+
+
+def test_a_rotary_function_of_another_signature_is_left_with_a_reason(monkeypatch) -> None:
+    module, model_type = _modeling_module(monkeypatch, lambda q, k, cos, sin, scale=1: (q, k))
+    why, undo = cnn_rotary.swap(model_type())
+    assert undo is None and "takes (q, k, cos, sin, scale)" in why
+    # transformers' older form, with an unused position_ids, is taken with its parameters
+    module.apply_rotary_pos_emb = lambda q, k, cos, sin, position_ids=None, unsqueeze_dim=1: (q, k)
+    why, undo = cnn_rotary.swap(model_type())
+    assert undo is not None and list(inspect.signature(module.apply_rotary_pos_emb).parameters) == [
+        "q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"]
+    x = torch.randn(1, 1, 2, 4)
+    assert module.apply_rotary_pos_emb(x, x, x[0], x[0], None, 1) == (x, x)  # CPU: the module's own
+    undo()
 
 
 def test_patched_model_on_the_cpu_matches_stock_with_the_mlp_modes() -> None:

@@ -150,6 +150,12 @@ def _patch_attention(model: nn.Module, report: PatchReport) -> None:
 
     report._undo.append(restore)
     report.swapped["causal attention"] = 1
+    decoder = getattr(model, "model", None)
+    why, undo = attention.hold_generated_positions(decoder) if isinstance(decoder, nn.Module) else ("no decoder", None)
+    if undo is None:
+        report.skipped.append(f"causal attention without a cache: {why}")
+    else:
+        report._undo.append(undo)
 
 
 def _patch_rotary(model: nn.Module, report: PatchReport) -> None:
@@ -228,9 +234,9 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
     ``causal_attention``: a model on transformers' "sdpa" attention keeps SDPA's causal
     kernel under torch.compile for plain causal attention (no padding mask, no cache
     offset), where transformers would build an explicit mask that SDPA runs several times
-    slower (`cuteforge.nn.attention`); other calls get transformers' own mask, as do
-    models run with ``use_cache=False`` (transformers cannot rule out packed sequences in
-    their position ids while tracing).
+    slower (`cuteforge.nn.attention`); other calls get transformers' own mask, as do calls
+    with ``use_cache=False`` that pass their own position ids (transformers cannot rule out
+    packed sequences in them while tracing; positions the decoder makes are never packed).
 
     Returns the report (also kept on the model for `unpatch`). A model patched already is
     refused: unpatch it first."""

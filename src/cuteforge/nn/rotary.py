@@ -11,29 +11,18 @@ rotation, rounded once in fp32 instead of after each of torch's products.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..signature import FLOAT_DTYPES
+from . import module_functions
 
 _NAME = "apply_rotary_pos_emb"
 # the parameters of transformers' function, newer and older (an unused position_ids)
 _PARAMETERS = (["q", "k", "cos", "sin", "unsqueeze_dim"], ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"])
-
-
-@dataclass
-class _Swap:
-    original: Callable[..., Any]  # the module's own function
-    ours: Callable[..., Any]
-    models: int  # patched models holding the swap
-
-
-_SWAPS: dict[Any, _Swap] = {}  # modeling module -> its swap
 
 
 def _takes(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
@@ -46,19 +35,22 @@ def _takes(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
             and cos.shape[-1] == q.shape[-1] and unsqueeze_dim in (1, 2))
 
 
-def _make(original: Callable[..., Any], parameters: list[str]) -> Callable[..., Any]:
-    """The swap, with ``original``'s parameters."""
+def _make(original: Callable[..., Any]) -> Callable[..., Any] | str:
+    """The swap, with ``original``'s parameters (or why there is none)."""
+    names = module_functions.parameters(original)
+    if names not in _PARAMETERS:
+        return f"{original.__module__}.{_NAME} takes ({', '.join(names)}), not (q, k, cos, sin[, position_ids], unsqueeze_dim)"
 
     def rotated(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any, position_ids: Any = None) -> Any:
         if not _takes(q, k, cos, sin, unsqueeze_dim):
-            if "position_ids" in parameters:
+            if "position_ids" in names:
                 return original(q, k, cos, sin, position_ids, unsqueeze_dim)
             return original(q, k, cos, sin, unsqueeze_dim)
         from ..ops import rotary_embedding
 
         return rotary_embedding(q, k, cos, sin, unsqueeze_dim)
 
-    if "position_ids" in parameters:
+    if "position_ids" in names:
 
         def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, position_ids: Any = None,
                                  unsqueeze_dim: int = 1) -> Any:
@@ -68,36 +60,10 @@ def _make(original: Callable[..., Any], parameters: list[str]) -> Callable[..., 
         def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: int = 1) -> Any:  # type: ignore[misc]
             return rotated(q, k, cos, sin, unsqueeze_dim)
 
-    apply_rotary_pos_emb.__wrapped__ = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
 
 
 def swap(model: torch.nn.Module) -> tuple[str | None, Callable[[], None] | None]:
     """Point ``model``'s modeling module's ``apply_rotary_pos_emb`` at cuteforge's kernel.
     Returns (why not, None) or (None, undo)."""
-    module = sys.modules.get(type(model).__module__)
-    current = getattr(module, _NAME, None)
-    if module is None or not callable(current):
-        return f"{type(model).__module__} has no {_NAME}", None
-    held = _SWAPS.get(module)
-    if held is not None and current is not held.ours:
-        return f"{module.__name__}.{_NAME} was replaced since cuteforge swapped it", None
-    if held is None:
-        try:
-            parameters = list(inspect.signature(current).parameters)
-        except (TypeError, ValueError):
-            parameters = []
-        if parameters not in _PARAMETERS:
-            return f"{module.__name__}.{_NAME} takes ({', '.join(parameters)}), not (q, k, cos, sin[, position_ids], unsqueeze_dim)", None
-        held = _SWAPS[module] = _Swap(current, _make(current, parameters), 0)
-        setattr(module, _NAME, held.ours)
-    held.models += 1
-
-    def undo() -> None:
-        held.models -= 1
-        if held.models == 0:
-            del _SWAPS[module]
-            if getattr(module, _NAME, None) is held.ours:  # not replaced since
-                setattr(module, _NAME, held.original)
-
-    return None, undo
+    return module_functions.swap(sys.modules.get(type(model).__module__), _NAME, _make)
