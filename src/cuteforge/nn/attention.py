@@ -85,11 +85,10 @@ def register() -> str | None:
     return None
 
 
-class _DecoderCall:
-    """The config of the patched decoder call under way that made its own position ids
-    (None outside one): read by the swapped ``create_causal_mask``."""
-
-    config: Any = None
+# The config of the patched decoder call under way that made its own position ids (None
+# outside one), read by the swapped create_causal_mask. A dict: torch 2.11's Dynamo traces
+# a dict item's assignment where it refuses a class attribute's.
+_DECODER_CALL: dict[str, Any] = {"config": None}
 
 
 def _mask_without_positions(original: Callable[..., Any]) -> Callable[..., Any] | str:
@@ -97,7 +96,7 @@ def _mask_without_positions(original: Callable[..., Any]) -> Callable[..., Any] 
         return f"{original.__module__}.create_causal_mask takes no config and position_ids"
 
     def create_causal_mask(*args: Any, **kwargs: Any) -> Any:
-        config = _DecoderCall.config
+        config = _DECODER_CALL["config"]
         if config is not None and kwargs.get("config") is config and "position_ids" in kwargs:
             kwargs["position_ids"] = None  # the decoder's own 0..S-1: nothing packed to find
         return original(*args, **kwargs)
@@ -121,12 +120,12 @@ def hold_generated_positions(decoder: torch.nn.Module) -> tuple[str | None, Call
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         made_here = (args[position] if len(args) > position else kwargs.get("position_ids")) is None
-        previous = _DecoderCall.config
-        _DecoderCall.config = decoder.config if made_here else None
+        previous = _DECODER_CALL["config"]
+        _DECODER_CALL["config"] = decoder.config if made_here else None
         try:
             return original(*args, **kwargs)
         finally:
-            _DecoderCall.config = previous
+            _DECODER_CALL["config"] = previous
 
     decoder.forward = forward
 
