@@ -13,7 +13,9 @@ copy of the stock one, patched) and the inputs, and run in interleaved rounds:
 Per contender: ms a step (wall, the GPU synchronized at the end of each round), host ms
 (the step's call returning, before the GPU finishes), peak memory above the weights (MB),
 and for the patched model the loss and gradient agreement with stock, eager and compiled
-(relative error of the flattened gradients) and torch._dynamo.explain's graph-break count.
+(relative error of the flattened gradients) and torch._dynamo.explain's graph-break count;
+``agreement_fp32``: every contender's against the same model in fp32, the scale bf16's own
+rounding sets (stock compiled against stock eager differs by more than 1 %).
 
     python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--no-cache] [--out FILE]
 
@@ -109,27 +111,54 @@ def _measure(steps: dict[str, Callable[[], Any]], rounds: int, per_round: int,
             for k in steps}
 
 
-def _agreement(stock: torch.nn.Module, patched: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
-    """Loss difference and the gradients' relative error, ``patched`` against ``stock`` (each
-    a model or its compiled wrapper)."""
-    ls = _train_step(stock, list(stock.parameters()), ids)
-    # copied before the second step: a compiled wrapper shares its model's parameters
-    reference = {name: p.grad.float() for name, p in stock.named_parameters() if p.grad is not None}
-    lp = _train_step(patched, list(patched.parameters()), ids)
+def _grads(model: Callable[..., Any], params: list[torch.nn.Parameter], ids: torch.Tensor
+           ) -> tuple[float, list[torch.Tensor]]:
+    """One training step's loss and fp32 copies of its gradients, in parameter order (copied:
+    a compiled wrapper shares its model's parameters)."""
+    loss = _train_step(model, params, ids)
+    return loss.item(), [p.grad.float() for p in params]
+
+
+def _error(grads: list[torch.Tensor], reference: list[torch.Tensor], names: list[str]) -> dict[str, Any]:
+    """The gradients' relative error against ``reference``: over all parameters, and the worst one's."""
     num = den = 0.0
     worst, worst_name = 0.0, ""
-    for (name, _), pp in zip(stock.named_parameters(), patched.parameters()):
-        if name not in reference:
-            continue
-        d = (pp.grad.float() - reference[name]).norm().item()
-        n = reference[name].norm().item()
+    for g, r, name in zip(grads, reference, names):
+        d, n = (g - r).norm().item(), r.norm().item()
         num, den = num + d * d, den + n * n
         if n > 0 and d / n > worst:
-            worst, worst_name = d / n, name.removeprefix("_orig_mod.")
-    return {"loss_stock": round(ls.item(), 5), "loss_patched": round(lp.item(), 5),
-            "loss_abs_diff": round(abs(ls.item() - lp.item()), 5), "grad_rel_err": round((num / den) ** 0.5, 5),
-            "worst_param": worst_name,
+            worst, worst_name = d / n, name
+    return {"grad_rel_err": round((num / den) ** 0.5, 5), "worst_param": worst_name,
             "grad_rel_err_worst_param": round(worst, 5)}
+
+
+def _agreement(stock: Callable[..., Any], patched: Callable[..., Any], owners: tuple[torch.nn.Module, torch.nn.Module],
+               ids: torch.Tensor) -> dict[str, Any]:
+    """Loss difference and the gradients' relative error, ``patched`` against ``stock`` (each
+    a model or its compiled wrapper; ``owners`` the models holding their parameters)."""
+    names = [n for n, _ in owners[0].named_parameters()]
+    ls, reference = _grads(stock, list(owners[0].parameters()), ids)
+    lp, grads = _grads(patched, list(owners[1].parameters()), ids)
+    return {"loss_stock": round(ls, 5), "loss_patched": round(lp, 5), "loss_abs_diff": round(abs(ls - lp), 5),
+            **_error(grads, reference, names)}
+
+
+def _agreement_fp32(stock: torch.nn.Module, contenders: dict[str, tuple[Callable[..., Any], torch.nn.Module]],
+                    ids: torch.Tensor) -> dict[str, Any]:
+    """Each contender's loss and gradients against the same model in fp32 (eager, stock):
+    bf16's own rounding, stock's and torch.compile's included, is the scale any bf16
+    contender's error is read against."""
+    exact = copy.deepcopy(stock).float()
+    names = [n for n, _ in exact.named_parameters()]
+    loss, reference = _grads(exact, list(exact.parameters()), ids)
+    del exact
+    out: dict[str, Any] = {"loss_fp32": round(loss, 5)}
+    for name, (model, owner) in contenders.items():
+        lc, grads = _grads(model, list(owner.parameters()), ids)
+        out[name] = {"loss_abs_diff": round(abs(lc - loss), 5), **_error(grads, reference, names)}
+        del grads
+    torch.cuda.empty_cache()
+    return out
 
 
 def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
@@ -183,7 +212,7 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
     row: dict[str, Any] = {"size": size, **SIZES[size], "vocab": VOCAB, "seq": SEQ, "batch": BATCH, "use_cache": use_cache,
                            "patch": str(report)}
-    row["agreement"] = _agreement(stock, patched, ids)
+    row["agreement"] = _agreement(stock, patched, (stock, patched), ids)
     row["graph_breaks_patched"] = _graph_breaks(patched, ids)
     models = {"stock eager": stock, "stock compile": torch.compile(stock), "patched eager": patched,
               "patched compile": torch.compile(patched)}
@@ -216,8 +245,10 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
             print(f"{size} {name}: warm-up (compile) {time.perf_counter() - t0:.1f} s", flush=True)
     # compiled, the patched step against the stock one (torch.compile's own rounding differs
     # from eager's: stock compiled against stock eager for scale)
-    row["agreement_compiled"] = _agreement(models["stock compile"], models["patched compile"], ids)
-    row["agreement_stock_compiled_vs_eager"] = _agreement(stock, models["stock compile"], ids)
+    row["agreement_compiled"] = _agreement(models["stock compile"], models["patched compile"], (stock, patched), ids)
+    row["agreement_stock_compiled_vs_eager"] = _agreement(stock, models["stock compile"], (stock, stock), ids)
+    row["agreement_fp32"] = _agreement_fp32(stock, {k: (models[k], owners[k]) for k in (
+        "stock eager", "patched eager", "patched-unfused eager", "stock compile", "patched compile") if k in models}, ids)
     every = [p for ps in params.values() for p in ps]
     row["train"] = _measure(train, rounds, per_round, every)
     row["infer"] = _measure(infer, rounds, per_round, every)
