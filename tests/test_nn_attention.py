@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 masking_utils = pytest.importorskip("transformers.masking_utils")
 
 import cuteforge.nn as cnn  # noqa: E402
-from cuteforge.nn import attention  # noqa: E402
+from cuteforge.nn import attention, decoder_call  # noqa: E402
 
 
 def _llama(attn: str = "sdpa") -> torch.nn.Module:
@@ -154,7 +154,7 @@ def test_without_a_cache_positions_the_decoder_makes_keep_the_causal_kernel() ->
     _assert_compiled_matches_eager(stock, patched, ids)
     torch._dynamo.reset()
     torch.compile(patched, backend="eager", fullgraph=True)(input_ids=ids)  # no graph break (torch 2.11 too)
-    assert attention._DECODER_CALL["config"] is None  # nothing left behind after the calls
+    assert not decoder_call.in_patched_call()  # nothing left behind after the calls
     report.undo()
     assert modeling_llama.create_causal_mask is before and "forward" not in vars(patched.model)
 

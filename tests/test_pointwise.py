@@ -23,6 +23,7 @@ from cuteforge import compiler, kernels, ops
 from cuteforge.kernel import Kernel
 from cuteforge.kernels.pointwise import rotary_embedding, silu_mul, silu_mul_backward
 from cuteforge.kernels.pointwise.spec import silu_mul_tiling
+from cuteforge.nn import decoder_call
 from cuteforge.nn import rotary as cnn_rotary
 
 transformers = pytest.importorskip("transformers")
@@ -152,6 +153,21 @@ def test_patch_swaps_llamas_rotary_function_and_unpatch_releases_it() -> None:
     assert modeling_llama.apply_rotary_pos_emb.__wrapped__ is original  # b holds it
     cnn.unpatch(b)
     assert modeling_llama.apply_rotary_pos_emb is before
+
+
+def test_the_swapped_rotary_acts_in_patched_models_calls_only(monkeypatch) -> None:
+    """Another model of the type shares the modeling module's function, and gets torch's."""
+    seen = []
+    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: seen.append(decoder_call.in_patched_call()) or False)
+    patched, other = _llama(), _llama()
+    report = cnn.patch(patched)
+    ids = torch.randint(0, 96, (1, 8))
+    patched(input_ids=ids)
+    assert seen == [True, True]  # one call a layer
+    seen.clear()
+    other(input_ids=ids)
+    assert seen == [False, False]
+    report.undo()
 
 
 def _modeling_module(monkeypatch, rotary_fn):

@@ -16,9 +16,9 @@ for everything else.
 Without a cache (``use_cache=False``: gradient checkpointing, most training loops)
 transformers checks the position ids for packed sequences, which it cannot rule out while
 tracing, and keeps the mask. Positions the decoder makes itself (the caller passed none)
-are 0..S-1 in every row, never packed: `hold_generated_positions` tells the modeling
-module's ``create_causal_mask`` so for such calls by passing it no position ids, exactly
-what transformers is given when it has none to check.
+are 0..S-1 in every row, never packed: in such a call of a patched decoder
+(`decoder_call`), `swap_mask`'s ``create_causal_mask`` passes transformers' no position
+ids, exactly what it is given when it has none to check.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import module_functions
+from . import decoder_call, module_functions
 
 IMPLEMENTATION = "cuteforge_sdpa"
 BASE = "sdpa"
@@ -85,53 +85,21 @@ def register() -> str | None:
     return None
 
 
-# The config of the patched decoder call under way that made its own position ids (None
-# outside one), read by the swapped create_causal_mask. A dict: torch 2.11's Dynamo traces
-# a dict item's assignment where it refuses a class attribute's.
-_DECODER_CALL: dict[str, Any] = {"config": None}
-
-
 def _mask_without_positions(original: Callable[..., Any]) -> Callable[..., Any] | str:
     if not {"config", "position_ids"} <= set(module_functions.parameters(original)):
         return f"{original.__module__}.create_causal_mask takes no config and position_ids"
 
     def create_causal_mask(*args: Any, **kwargs: Any) -> Any:
-        config = _DECODER_CALL["config"]
-        if config is not None and kwargs.get("config") is config and "position_ids" in kwargs:
+        if "position_ids" in kwargs and decoder_call.own_positions(kwargs.get("config")):
             kwargs["position_ids"] = None  # the decoder's own 0..S-1: nothing packed to find
         return original(*args, **kwargs)
 
     return create_causal_mask
 
 
-def hold_generated_positions(decoder: torch.nn.Module) -> tuple[str | None, Callable[[], None] | None]:
-    """Make ``decoder``'s calls without position ids reach ``create_causal_mask`` without
-    them too (its forward wrapped on the instance, the mask function swapped in its
-    modeling module). Returns (why not, None) or (None, undo)."""
-    names = module_functions.parameters(decoder.forward)
-    if "position_ids" not in names or "forward" in vars(decoder):
-        return f"{type(decoder).__name__}.forward takes no position_ids or is wrapped already", None
-    why, undo_mask = module_functions.swap(sys.modules.get(type(decoder).__module__), "create_causal_mask",
-                                           _mask_without_positions)
-    if undo_mask is None:
-        return why, None
-    position = names.index("position_ids")
-    original = decoder.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        made_here = (args[position] if len(args) > position else kwargs.get("position_ids")) is None
-        previous = _DECODER_CALL["config"]
-        _DECODER_CALL["config"] = decoder.config if made_here else None
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _DECODER_CALL["config"] = previous
-
-    decoder.forward = forward
-
-    def undo() -> None:
-        if vars(decoder).get("forward") is forward:
-            del decoder.forward
-        undo_mask()
-
-    return None, undo
+def swap_mask(decoder: torch.nn.Module) -> tuple[str | None, Callable[[], None] | None]:
+    """Have the modeling module's ``create_causal_mask`` called without position ids in a
+    marked (`decoder_call.mark`) decoder call that made its own. Returns (why not, None)
+    or (None, undo)."""
+    return module_functions.swap(sys.modules.get(type(decoder).__module__), "create_causal_mask",
+                                 _mask_without_positions)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention, rotary
+from . import attention, decoder_call, rotary
 from .modules import Embedding, RMSNorm, SwiGLUMLP, causal_lm_loss
 
 __all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
@@ -124,7 +124,7 @@ def _patch_loss(model: nn.Module, report: PatchReport) -> None:
     report.swapped["loss"] = 1
 
 
-def _patch_attention(model: nn.Module, report: PatchReport) -> None:
+def _patch_attention(model: nn.Module, report: PatchReport, unmarked: str | None) -> None:
     """Move a model on transformers' "sdpa" attention to `attention.IMPLEMENTATION` (the same
     attention; plain causal attention keeps SDPA's causal kernel under torch.compile)."""
     current = getattr(model.config, "_attn_implementation", None)
@@ -150,22 +150,31 @@ def _patch_attention(model: nn.Module, report: PatchReport) -> None:
 
     report._undo.append(restore)
     report.swapped["causal attention"] = 1
-    decoder = getattr(model, "model", None)
-    why, undo = attention.hold_generated_positions(decoder) if isinstance(decoder, nn.Module) else ("no decoder", None)
+    why, undo = attention.swap_mask(model.model) if unmarked is None else (unmarked, None)
     if undo is None:
         report.skipped.append(f"causal attention without a cache: {why}")
     else:
         report._undo.append(undo)
 
 
-def _patch_rotary(model: nn.Module, report: PatchReport) -> None:
-    """Point the model's ``apply_rotary_pos_emb`` at cuteforge's kernel (`cuteforge.nn.rotary`)."""
-    why, undo = rotary.swap(model)
+def _patch_rotary(model: nn.Module, report: PatchReport, unmarked: str | None) -> None:
+    """Point the model's ``apply_rotary_pos_emb`` at cuteforge's kernel (`cuteforge.nn.rotary`),
+    which acts in the decoder's marked calls."""
+    why, undo = rotary.swap(model) if unmarked is None else (unmarked, None)
     if undo is None:
         report.skipped.append(f"rotary embedding: {why}")
         return
     report._undo.append(undo)
     report.swapped["rotary embedding"] = 1
+
+
+def _mark_decoder(model: nn.Module, report: PatchReport) -> str | None:
+    """Mark the decoder's calls (`decoder_call`), which the swapped module functions of
+    causal attention and the rotary embedding act in. None on success, else why not."""
+    why, undo = decoder_call.mark(getattr(model, "model", None))
+    if undo is not None:
+        report._undo.append(undo)
+    return why
 
 
 def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] | None:
@@ -268,10 +277,11 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
                     _swap(report, parent, name, child, new_mlp, "MLP")
     if loss:
         _patch_loss(model, report)
+    unmarked = _mark_decoder(model, report) if causal_attention or rotary_embedding else None
     if causal_attention:
-        _patch_attention(model, report)
+        _patch_attention(model, report, unmarked)
     if rotary_embedding:
-        _patch_rotary(model, report)
+        _patch_rotary(model, report, unmarked)
     if fused_loss:
         forward = _fused_forward(model, compiled_only=fused_loss == "compiled")
         if forward is None:

@@ -5,8 +5,9 @@ cos, sin, unsqueeze_dim=1)`` (older releases: an unused ``position_ids`` before
 ``unsqueeze_dim``) by its global name, so the swap is made in that module: while at least
 one model of its type is patched, the name points at a function of the same parameters
 that runs `cuteforge.ops.rotary_embedding` (one kernel over q and k, forward and
-backward) for the CUDA tensors it takes and the module's own function for anything else. Another model of the same type in the process runs it too: the same
-rotation, rounded once in fp32 instead of after each of torch's products.
+backward) inside a patched model's decoder call (`decoder_call`) for the CUDA tensors it
+takes, and the module's own function for anything else: other models of the type are
+left to torch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from ..signature import FLOAT_DTYPES
-from . import module_functions
+from . import decoder_call, module_functions
 
 _NAME = "apply_rotary_pos_emb"
 # the parameters of transformers' function, newer and older (an unused position_ids)
@@ -26,10 +27,11 @@ _PARAMETERS = (["q", "k", "cos", "sin", "unsqueeze_dim"], ["q", "k", "cos", "sin
 
 
 def _takes(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
-    """Whether the kernel applies: CUDA tensors of one float dtype, 4-D q and k, the whole
-    head rotated (partial rotary embeddings go to the module's function)."""
+    """Whether the kernel applies: a patched model's call, CUDA tensors of one float dtype,
+    4-D q and k, the whole head rotated (partial rotary embeddings go to the module's
+    function)."""
     tensors = (q, k, cos, sin)
-    return (all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors)
+    return (decoder_call.in_patched_call() and all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors)
             and q.dtype in FLOAT_DTYPES and all(t.dtype == q.dtype for t in tensors)
             and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and sin.dim() == 3
             and cos.shape[-1] == q.shape[-1] and unsqueeze_dim in (1, 2))
