@@ -116,7 +116,7 @@ def _grads(model: Callable[..., Any], params: list[torch.nn.Parameter], ids: tor
     """One training step's loss and fp32 copies of its gradients, in parameter order (copied:
     a compiled wrapper shares its model's parameters)."""
     loss = _train_step(model, params, ids)
-    return loss.item(), [p.grad.float() for p in params]
+    return loss.item(), [torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.float() for p in params]
 
 
 def _error(grads: list[torch.Tensor], reference: list[torch.Tensor], names: list[str]) -> dict[str, Any]:
@@ -137,6 +137,7 @@ def _agreement(stock: Callable[..., Any], patched: Callable[..., Any], owners: t
     """Loss difference and the gradients' relative error, ``patched`` against ``stock`` (each
     a model or its compiled wrapper; ``owners`` the models holding their parameters)."""
     names = [n for n, _ in owners[0].named_parameters()]
+    assert names == [n for n, _ in owners[1].named_parameters()], "the models' parameters differ"
     ls, reference = _grads(stock, list(owners[0].parameters()), ids)
     lp, grads = _grads(patched, list(owners[1].parameters()), ids)
     return {"loss_stock": round(ls, 5), "loss_patched": round(lp, 5), "loss_abs_diff": round(abs(ls - lp), 5),

@@ -158,7 +158,7 @@ def test_patch_swaps_llamas_rotary_function_and_unpatch_releases_it() -> None:
 def test_the_swapped_rotary_acts_in_patched_models_calls_only(monkeypatch) -> None:
     """Another model of the type shares the modeling module's function, and gets torch's."""
     seen = []
-    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: seen.append(decoder_call.in_patched_call()) or False)
+    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: seen.append(decoder_call.in_patched_layer()) or False)
     patched, other = _llama(), _llama()
     report = cnn.patch(patched)
     ids = torch.randint(0, 96, (1, 8))
@@ -168,6 +168,57 @@ def test_the_swapped_rotary_acts_in_patched_models_calls_only(monkeypatch) -> No
     other(input_ids=ids)
     assert seen == [False, False]
     report.undo()
+
+
+class _StandInRotary(torch.autograd.Function):
+    """The rotary op's autograd shape on the CPU: one node saving cos and sin."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return modeling_llama.rotate_half(q) * sin.unsqueeze(1) + q * cos.unsqueeze(1), \
+            modeling_llama.rotate_half(k) * sin.unsqueeze(1) + k * cos.unsqueeze(1)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = (t.unsqueeze(1) for t in ctx.saved_tensors)
+        return (gq * cos - modeling_llama.rotate_half(gq * sin), gk * cos - modeling_llama.rotate_half(gk * sin),
+                None, None)
+
+
+def test_gradient_checkpointing_recomputes_with_the_same_rotary(monkeypatch) -> None:
+    """A layer recomputed in the backward runs outside the decoder's call; it must take the
+    forward's function again, or checkpointing finds other saved tensors and raises."""
+    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: decoder_call.in_patched_layer())
+    monkeypatch.setattr(ops, "rotary_embedding", lambda q, k, cos, sin, unsqueeze_dim=1: _StandInRotary.apply(
+        q, k, cos, sin))
+    stock = _llama()
+    model = copy.deepcopy(stock)
+    report = cnn.patch(model)
+    model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.randint(0, 96, (2, 12))
+    model(input_ids=ids, labels=ids).loss.backward()
+    stock(input_ids=ids, labels=ids).loss.backward()
+    for (name, a), b in zip(stock.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    report.undo()
+
+
+def test_a_deep_copy_of_a_patched_model_runs_its_own_modules() -> None:
+    model = _llama()
+    cnn.patch(model, fused_loss=True)
+    twin = copy.deepcopy(model)  # an EMA or reference model
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+    ids = torch.randint(0, 96, (1, 8))
+    assert not torch.allclose(twin(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert twin.forward.__self__ is twin
+    with pytest.raises(ValueError, match="a copy of a patched model"):
+        cnn.unpatch(twin)
+    cnn.unpatch(model)
+    assert "forward" not in vars(model) and "_cuteforge_fused_loss" not in vars(model)
 
 
 def _modeling_module(monkeypatch, rotary_fn):

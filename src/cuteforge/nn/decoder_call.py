@@ -1,10 +1,19 @@
-"""Which patched model's decoder call is under way.
+"""Which patched model's decoder, and which of its layers, is running.
 
 The functions `patch` swaps in a transformers modeling module (`module_functions`) serve
 every model of that type in the process, so each acts only inside a patched model's
-decoder call and hands any other call to the module's own function. `mark` wraps a
-decoder's forward on the instance to record, for the length of the call, its config and
-whether it made its own position ids (the caller passed none).
+calls and hands any other call to the module's own function. `mark` registers forward
+hooks that record, for the length of a call, the decoder's config and whether it made
+its own position ids (the caller passed none), and that a decoder layer is running.
+
+Hooks, not a wrapped forward: they receive the module they run for, so a deep copy of a
+patched model (an EMA or reference model) marks its own calls; and a layer that gradient
+checkpointing recomputes in the backward, outside the decoder's call, is marked again,
+so the recompute takes the same functions as the forward (its saved tensors must match).
+The marks are a module-level dict: torch 2.11's Dynamo traces a dict item's assignment
+where it refuses a class attribute's, and the hooks run inside compiled calls. They are
+per process, not per thread: patched models run from several threads at once are not
+supported.
 """
 
 from __future__ import annotations
@@ -16,14 +25,12 @@ import torch
 
 from . import module_functions
 
-# A dict: torch 2.11's Dynamo traces a dict item's assignment where it refuses a class
-# attribute's (the graph broke), and the marks are set inside compiled decoder calls.
-_CALL: dict[str, Any] = {"config": None, "own_positions": False}
+_CALL: dict[str, Any] = {"config": None, "own_positions": False, "layers": 0, "saved": []}
 
 
-def in_patched_call() -> bool:
-    """Whether a patched model's decoder call is under way."""
-    return _CALL["config"] is not None
+def in_patched_layer() -> bool:
+    """Whether a patched model's decoder layer is running."""
+    return _CALL["layers"] > 0
 
 
 def own_positions(config: Any) -> bool:
@@ -31,30 +38,44 @@ def own_positions(config: Any) -> bool:
     return _CALL["config"] is config and _CALL["own_positions"]
 
 
+def _decoder_starts(position: int) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        made_here = (args[position] if len(args) > position else kwargs.get("position_ids")) is None
+        _CALL["saved"].append((_CALL["config"], _CALL["own_positions"]))
+        _CALL["config"], _CALL["own_positions"] = module.config, made_here
+
+    return hook
+
+
+def _decoder_ends(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    _CALL["config"], _CALL["own_positions"] = _CALL["saved"].pop()
+
+
+def _layer_starts(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    _CALL["layers"] += 1
+
+
+def _layer_ends(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    _CALL["layers"] -= 1
+
+
 def mark(decoder: Any) -> tuple[str | None, Callable[[], None] | None]:
-    """Wrap ``decoder``'s forward (on the instance) to mark its calls. Returns (why not,
+    """Register the hooks that mark ``decoder``'s calls and its layers'. Returns (why not,
     None) or (None, undo)."""
     if not isinstance(decoder, torch.nn.Module) or not hasattr(decoder, "config"):
         return "the model has no decoder `model` with a config", None
     names = module_functions.parameters(decoder.forward)
-    if "position_ids" not in names or "forward" in vars(decoder):
-        return f"{type(decoder).__name__}.forward takes no position_ids or is wrapped already", None
-    position = names.index("position_ids")
-    original = decoder.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        made_here = (args[position] if len(args) > position else kwargs.get("position_ids")) is None
-        previous = _CALL["config"], _CALL["own_positions"]
-        _CALL["config"], _CALL["own_positions"] = decoder.config, made_here
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _CALL["config"], _CALL["own_positions"] = previous
-
-    decoder.forward = forward
+    layers = getattr(decoder, "layers", None)
+    if "position_ids" not in names or not isinstance(layers, torch.nn.ModuleList):
+        return f"{type(decoder).__name__} takes no position_ids or has no `layers`", None
+    handles = [decoder.register_forward_pre_hook(_decoder_starts(names.index("position_ids")), with_kwargs=True),
+               decoder.register_forward_hook(_decoder_ends, with_kwargs=True, always_call=True)]
+    for layer in layers:
+        handles += [layer.register_forward_pre_hook(_layer_starts),
+                    layer.register_forward_hook(_layer_ends, always_call=True)]
 
     def undo() -> None:
-        if vars(decoder).get("forward") is forward:
-            del decoder.forward
+        for handle in handles:
+            handle.remove()
 
     return None, undo

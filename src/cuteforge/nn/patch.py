@@ -14,6 +14,8 @@ checkpoints are unaffected).
 from __future__ import annotations
 
 import inspect
+import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,7 @@ __all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 _REPORT_ATTR = "_cuteforge_patch"
+_FUSED_ATTR = "_cuteforge_fused_loss"  # (compiled only, the instance forward it replaced)
 
 
 @dataclass
@@ -39,6 +42,8 @@ class PatchReport:
     swapped: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    # the patched model (a deep copy of it copies this report, which still undoes the original)
+    _model: Callable[[], Any] = field(default=lambda: None, repr=False)
 
     def undo(self) -> None:
         """Put every swapped module and the loss back (newest first)."""
@@ -177,43 +182,46 @@ def _mark_decoder(model: nn.Module, report: PatchReport) -> str | None:
     return why
 
 
-def _fused_forward(model: nn.Module, compiled_only: bool) -> Callable[..., Any] | None:
-    """A forward for ``model`` that, given labels, takes the loss from the decoder's last
-    hidden states and the LM head's weight through `cuteforge.ops.linear_cross_entropy`
-    (the logits are never materialized; the output's ``logits`` is None), and is the
-    model's own forward otherwise (and in eager mode with ``compiled_only``); None where
-    the model is not decoder + bias-free nn.Linear head."""
-    decoder, head, original = getattr(model, "model", None), getattr(model, "lm_head", None), model.forward
-    if not isinstance(decoder, nn.Module) or type(head) is not nn.Linear or head.bias is not None:
-        return None
+def _takes_fused_loss(model: nn.Module) -> bool:
+    """Whether ``model`` is a decoder `model` and a bias-free nn.Linear `lm_head`."""
+    decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    return isinstance(decoder, nn.Module) and type(head) is nn.Linear and head.bias is None
 
-    def forward(input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None, past_key_values: Any = None,
-                inputs_embeds: Any = None, labels: Any = None, use_cache: Any = None, logits_to_keep: Any = 0,
-                **kwargs: Any) -> Any:
-        if labels is None or not head.weight.is_cuda or (compiled_only and not torch.compiler.is_compiling()):
-            return original(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
-                            use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
-        from transformers.modeling_outputs import CausalLMOutputWithPast
 
-        from ..ops import linear_cross_entropy
+def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
+                        past_key_values: Any = None, inputs_embeds: Any = None, labels: Any = None,
+                        use_cache: Any = None, logits_to_keep: Any = 0, **kwargs: Any) -> Any:
+    """The patched model's forward: given labels, the loss from the decoder's last hidden
+    states and the LM head's weight through `cuteforge.ops.linear_cross_entropy` (the logits
+    are never materialized; the output's ``logits`` is None); the model's own forward
+    otherwise (and in eager mode with ``compiled_only``). Bound to the model as a method
+    (`types.MethodType`) with its settings on the model, so a deep copy of the patched
+    model runs its own modules."""
+    compiled_only, own = getattr(self, _FUSED_ATTR)
+    head = self.lm_head
+    if labels is None or not head.weight.is_cuda or (compiled_only and not torch.compiler.is_compiling()):
+        arguments = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                     "past_key_values": past_key_values, "inputs_embeds": inputs_embeds, "labels": labels,
+                     "use_cache": use_cache, "logits_to_keep": logits_to_keep, **kwargs}
+        return own(**arguments) if own is not None else type(self).forward(self, **arguments)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
-        num_items = kwargs.pop("num_items_in_batch", None)
-        shift_labels = kwargs.pop("shift_labels", None)
-        out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
-        hidden = out.last_hidden_state
-        if shift_labels is None:
-            shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
-        loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
-                                    shift_labels.reshape(-1).to(hidden.device),
-                                    reduction="sum" if num_items is not None else "mean")
-        if num_items is not None:
-            loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states, attentions=out.attentions)
+    from ..ops import linear_cross_entropy
 
-    return forward
+    num_items = kwargs.pop("num_items_in_batch", None)
+    shift_labels = kwargs.pop("shift_labels", None)
+    out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                     past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+    hidden = out.last_hidden_state
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    loss = linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), head.weight,
+                                shift_labels.reshape(-1).to(hidden.device),
+                                reduction="sum" if num_items is not None else "mean")
+    if num_items is not None:
+        loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+    return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values,
+                                  hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation", loss: bool = True,
@@ -256,7 +264,7 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
     kind = _model_type(model)
     if getattr(model, _REPORT_ATTR, None) is not None:
         raise ValueError("cuteforge.patch: this model is patched already; call cuteforge.unpatch(model) first")
-    report = PatchReport(kind)
+    report = PatchReport(kind, _model=weakref.ref(model))
     act = getattr(model.config, "hidden_act", None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -283,15 +291,16 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
     if rotary_embedding:
         _patch_rotary(model, report, unmarked)
     if fused_loss:
-        forward = _fused_forward(model, compiled_only=fused_loss == "compiled")
-        if forward is None:
+        if not _takes_fused_loss(model):
             report.skipped.append("fused loss: no decoder `model` and bias-free nn.Linear `lm_head`")
         else:
             had_own = "forward" in vars(model)
-            own = vars(model).get("forward")
-            model.forward = forward
+            own = vars(model).get("forward")  # someone else's (accelerate's hooks, say): kept behind ours
+            setattr(model, _FUSED_ATTR, (fused_loss == "compiled", own))
+            model.forward = types.MethodType(_fused_loss_forward, model)
 
             def restore_forward() -> None:
+                vars(model).pop(_FUSED_ATTR, None)
                 if had_own:
                     model.forward = own
                 else:
@@ -305,7 +314,12 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
 
 
 def unpatch(model: nn.Module) -> None:
-    """Undo `patch` on ``model`` (nothing if it is not patched)."""
+    """Undo `patch` on ``model`` (nothing if it is not patched). A deep copy of a patched
+    model runs patched, but its undo would act on the original: refused."""
     report = getattr(model, _REPORT_ATTR, None)
-    if report is not None:
-        report.undo()
+    if report is None:
+        return
+    if report._model() is not model:
+        raise ValueError("cuteforge.unpatch: this model is a copy of a patched model, whose patch belongs to the "
+                         "original; unpatch the original before copying, or patch the copy after")
+    report.undo()

@@ -20,14 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import checks
+from ..kernels.pointwise.spec import MAX_HEAD_DIM
 from ..signature import FLOAT_DTYPES
 
 __all__ = ["rotary_embedding"]
 
 _WHERE = "cuteforge.ops.rotary_embedding"
-_MAX_HEAD_DIM = 1024  # the kernel's CTA holds a thread per vector of half a head at the least
 _MAX_TOKENS = 2**31 - 1  # the grid's x extent
 
 
@@ -72,6 +73,7 @@ class _Rotary(torch.autograd.Function):
         return _launch(q, k, cos, sin, backward=False)
 
     @staticmethod
+    @once_differentiable  # no double backward: a clear error rather than gradients taken as constants
     def backward(ctx: Any, gq: torch.Tensor | None, gk: torch.Tensor | None) -> tuple[Any, ...]:
         cos, sin = ctx.saved_tensors
         q_shape, k_shape, dtype, device = ctx.like
@@ -96,8 +98,8 @@ def _check(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> None:
             raise ValueError(f"{_WHERE}: argument {name!r} must be 4-D, got shape {tuple(t.shape)}")
     seq = 3 - unsqueeze_dim  # the sequence dim of q and k
     d = q.shape[-1]
-    if d % 2 or d > _MAX_HEAD_DIM:
-        raise ValueError(f"{_WHERE}: argument 'q' has head dim {d}; it must be even and at most {_MAX_HEAD_DIM}")
+    if d % 2 or d > MAX_HEAD_DIM:
+        raise ValueError(f"{_WHERE}: argument 'q' has head dim {d}; it must be even and at most {MAX_HEAD_DIM}")
     if k.shape[0] != q.shape[0] or k.shape[seq] != q.shape[seq] or k.shape[-1] != d:
         raise ValueError(f"{_WHERE}: argument 'k' has shape {tuple(k.shape)}, which does not match q's "
                          f"{tuple(q.shape)} in batch, sequence and head dim")

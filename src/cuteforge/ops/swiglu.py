@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from .. import checks
 from ..kernels.pointwise.spec import silu_mul_tiling
-from ..signature import FLOAT_DTYPES
+from ..signature import FLOAT_DTYPES, vector_width
 
 __all__ = ["silu_mul"]
 
@@ -48,7 +49,9 @@ def _launch(kernel_name: str, operands: tuple[torch.Tensor, ...]) -> None:
     kernel = backward_kernel if kernel_name == "backward" else forward_kernel
     n = operands[0].shape[1]
     tiling = silu_mul_tiling(n)
-    if -(-n // (tiling["threads"] * 8 * tiling["unroll"])) > _MAX_COLUMN_BLOCKS:
+    # the vector width the kernel takes: the narrowest operand's, as its key binds it
+    vec = min(vector_width(t.data_ptr(), (t.stride(0),), t.element_size()) for t in operands)
+    if -(-n // (tiling["threads"] * vec * tiling["unroll"])) > _MAX_COLUMN_BLOCKS:
         raise ValueError(f"{_WHERE}: rows of {n} elements are longer than the kernel's grid covers")
     kernel(*operands, **tiling)
 
@@ -67,6 +70,7 @@ class _SiluMul(torch.autograd.Function):
         return _forward(gate, up)
 
     @staticmethod
+    @once_differentiable  # no double backward: a clear error rather than gradients taken as constants
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = ctx.saved_tensors
         dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)

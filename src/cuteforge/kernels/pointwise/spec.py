@@ -11,6 +11,7 @@ from ...kernel import CompileSpec, kernel
 from ...signature import Signature, TensorArg
 
 ROWS = ("M", "N")
+MAX_HEAD_DIM = 1024  # rotary: a CTA holds at least a thread per vector of half a head
 SILU_MUL = Signature(
     TensorArg("gate", ROWS), TensorArg("up", ROWS, dtype_like="gate"), TensorArg("out", ROWS, dtype_like="gate"),
 )
