@@ -221,6 +221,23 @@ def test_a_deep_copy_of_a_patched_model_runs_its_own_modules() -> None:
     assert "forward" not in vars(model) and "_cuteforge_fused_loss" not in vars(model)
 
 
+class _MyLlama(transformers.LlamaForCausalLM):
+    """A user's subclass, defined outside transformers' modeling module."""
+
+
+def test_the_rotary_swap_finds_the_attention_layers_module_for_a_subclass() -> None:
+    before = modeling_llama.apply_rotary_pos_emb
+    original = getattr(before, "__wrapped__", before)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    model = _MyLlama(config)
+    report = cnn.patch(model)
+    assert report.swapped.get("rotary embedding") == 1, str(report)
+    assert modeling_llama.apply_rotary_pos_emb.__wrapped__ is original
+    report.undo()
+    assert modeling_llama.apply_rotary_pos_emb is before
+
+
 def _modeling_module(monkeypatch, rotary_fn):
     """A stand-in modeling module holding ``rotary_fn``, and a model class defined in it."""
     module = types.ModuleType("stand_in_modeling")
