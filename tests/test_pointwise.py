@@ -293,8 +293,10 @@ def test_patched_model_on_the_cpu_matches_stock_with_the_mlp_modes() -> None:
     for mlp in ("activation", True):
         model = copy.deepcopy(stock)
         keys = model.state_dict().keys()
+        gate = model.model.layers[0].mlp.gate_proj
         report = cnn.patch(model, mlp=mlp)
         mlp_module = model.model.layers[0].mlp
+        assert (mlp_module.gate_proj is gate) is (mlp == "activation")  # torch's projections: the model's own
         assert isinstance(mlp_module, cnn.SwiGLUMLP) and mlp_module.gemm is (mlp is True), report
         assert type(mlp_module.gate_proj) is (cnn.Linear if mlp is True else torch.nn.Linear)
         assert model.state_dict().keys() == keys

@@ -97,6 +97,9 @@ def _mlp_of(module: nn.Module, act: Any, gemm: bool) -> SwiGLUMLP | None:
         return None
     gate, up, down = projections
     new = SwiGLUMLP(gate.in_features, gate.out_features, bias=gate.bias is not None, device="meta", gemm=gemm)
+    if not gemm:  # torch's projections: the model's own modules, hooks and all
+        new.gate_proj, new.up_proj, new.down_proj = gate, up, down
+        return new
     for mine, theirs in zip((new.gate_proj, new.up_proj, new.down_proj), projections):
         mine.weight, mine.bias = theirs.weight, theirs.bias
     return new
