@@ -324,5 +324,5 @@ def unpatch(model: nn.Module) -> None:
         return
     if report._model() is not model:
         raise ValueError("cuteforge.unpatch: this model is a copy of a patched model, whose patch belongs to the "
-                         "original; unpatch the original before copying, or patch the copy after")
+                         "original (to hold an unpatched copy, copy the model before patching it)")
     report.undo()
