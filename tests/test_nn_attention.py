@@ -154,7 +154,7 @@ def test_without_a_cache_positions_the_decoder_makes_keep_the_causal_kernel() ->
     _assert_compiled_matches_eager(stock, patched, ids)
     torch._dynamo.reset()
     torch.compile(patched, backend="eager", fullgraph=True)(input_ids=ids)  # no graph break (torch 2.11 too)
-    assert not decoder_call.in_patched_layer() and decoder_call._CALL["config"] is None  # nothing left behind after the calls
+    assert not decoder_call.in_patched_attention() and decoder_call._CALL["config"] is None  # nothing left behind after the calls
     report.undo()
     assert modeling_llama.create_causal_mask is before and "forward" not in vars(patched.model)
 

@@ -158,7 +158,7 @@ def test_patch_swaps_llamas_rotary_function_and_unpatch_releases_it() -> None:
 def test_the_swapped_rotary_acts_in_patched_models_calls_only(monkeypatch) -> None:
     """Another model of the type shares the modeling module's function, and gets torch's."""
     seen = []
-    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: seen.append(decoder_call.in_patched_layer()) or False)
+    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: seen.append(decoder_call.in_patched_attention()) or False)
     patched, other = _llama(), _llama()
     report = cnn.patch(patched)
     ids = torch.randint(0, 96, (1, 8))
@@ -189,7 +189,7 @@ class _StandInRotary(torch.autograd.Function):
 def test_gradient_checkpointing_recomputes_with_the_same_rotary(monkeypatch) -> None:
     """A layer recomputed in the backward runs outside the decoder's call; it must take the
     forward's function again, or checkpointing finds other saved tensors and raises."""
-    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: decoder_call.in_patched_layer())
+    monkeypatch.setattr(cnn_rotary, "_takes", lambda *args: decoder_call.in_patched_attention())
     monkeypatch.setattr(ops, "rotary_embedding", lambda q, k, cos, sin, unsqueeze_dim=1: _StandInRotary.apply(
         q, k, cos, sin))
     stock = _llama()

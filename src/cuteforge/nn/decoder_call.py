@@ -1,15 +1,18 @@
-"""Which patched model's decoder, and which of its layers, is running.
+"""Which patched model's decoder, and which of its attention layers, is running.
 
 The functions `patch` swaps in a transformers modeling module (`module_functions`) serve
 every model of that type in the process, so each acts only inside a patched model's
 calls and hands any other call to the module's own function. `mark` registers forward
 hooks that record, for the length of a call, the decoder's config and whether it made
-its own position ids (the caller passed none), and that a decoder layer is running.
+its own position ids (the caller passed none), and that one of its layers' attention
+modules is running.
 
 Hooks, not a wrapped forward: they receive the module they run for, so a deep copy of a
-patched model (an EMA or reference model) marks its own calls; and a layer that gradient
-checkpointing recomputes in the backward, outside the decoder's call, is marked again,
-so the recompute takes the same functions as the forward (its saved tensors must match).
+patched model (an EMA or reference model) marks its own calls. On the attention modules,
+not the layers: gradient checkpointing recomputes a layer in the backward, outside the
+decoder's call, through the layer's `forward` (transformers 5.24) or its `__call__`
+(earlier), and either way calls the attention module, whose hooks mark the recompute
+again, so it takes the same functions as the forward (its saved tensors must match).
 The marks are a module-level dict: torch 2.11's Dynamo traces a dict item's assignment
 where it refuses a class attribute's, and the hooks run inside compiled calls. They are
 per process, not per thread: patched models run from several threads at once are not
@@ -25,12 +28,12 @@ import torch
 
 from . import module_functions
 
-_CALL: dict[str, Any] = {"config": None, "own_positions": False, "layers": 0, "saved": []}
+_CALL: dict[str, Any] = {"config": None, "own_positions": False, "attention": 0, "saved": []}
 
 
-def in_patched_layer() -> bool:
-    """Whether a patched model's decoder layer is running."""
-    return _CALL["layers"] > 0
+def in_patched_attention() -> bool:
+    """Whether a patched model's attention module is running."""
+    return _CALL["attention"] > 0
 
 
 def own_positions(config: Any) -> bool:
@@ -51,28 +54,29 @@ def _decoder_ends(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     _CALL["config"], _CALL["own_positions"] = _CALL["saved"].pop()
 
 
-def _layer_starts(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-    _CALL["layers"] += 1
+def _attention_starts(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    _CALL["attention"] += 1
 
 
-def _layer_ends(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-    _CALL["layers"] -= 1
+def _attention_ends(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    _CALL["attention"] -= 1
 
 
 def mark(decoder: Any) -> tuple[str | None, Callable[[], None] | None]:
-    """Register the hooks that mark ``decoder``'s calls and its layers'. Returns (why not,
-    None) or (None, undo)."""
+    """Register the hooks that mark ``decoder``'s calls and its layers' attention modules'
+    (``layer.self_attn``). Returns (why not, None) or (None, undo)."""
     if not isinstance(decoder, torch.nn.Module) or not hasattr(decoder, "config"):
         return "the model has no decoder `model` with a config", None
     names = module_functions.parameters(decoder.forward)
     layers = getattr(decoder, "layers", None)
-    if "position_ids" not in names or not isinstance(layers, torch.nn.ModuleList):
-        return f"{type(decoder).__name__} takes no position_ids or has no `layers`", None
+    attention = [getattr(layer, "self_attn", None) for layer in layers] if isinstance(layers, torch.nn.ModuleList) else []
+    if "position_ids" not in names or not attention or not all(isinstance(a, torch.nn.Module) for a in attention):
+        return f"{type(decoder).__name__} takes no position_ids or has no `layers` with `self_attn`", None
     handles = [decoder.register_forward_pre_hook(_decoder_starts(names.index("position_ids")), with_kwargs=True),
                decoder.register_forward_hook(_decoder_ends, with_kwargs=True, always_call=True)]
-    for layer in layers:
-        handles += [layer.register_forward_pre_hook(_layer_starts),
-                    layer.register_forward_hook(_layer_ends, always_call=True)]
+    for module in attention:
+        handles += [module.register_forward_pre_hook(_attention_starts),
+                    module.register_forward_hook(_attention_ends, always_call=True)]
 
     def undo() -> None:
         for handle in handles:

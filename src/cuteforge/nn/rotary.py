@@ -5,8 +5,8 @@ cos, sin, unsqueeze_dim=1)`` (older releases: an unused ``position_ids`` before
 ``unsqueeze_dim``) by its global name, so the swap is made in that module: while at least
 one model of its type is patched, the name points at a function of the same parameters
 that runs `cuteforge.ops.rotary_embedding` (one kernel over q and k, forward and
-backward) inside a patched model's decoder layers (`decoder_call`) for the CUDA tensors
-it takes, and the module's own function for anything else: other models of the type are
+backward) inside a patched model's attention layers (`decoder_call`) for the CUDA
+tensors it takes, and the module's own function for anything else: other models of the type are
 left to torch.
 """
 
@@ -28,11 +28,11 @@ _PARAMETERS = (["q", "k", "cos", "sin", "unsqueeze_dim"], ["q", "k", "cos", "sin
 
 
 def _takes(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
-    """Whether the kernel applies: a patched model's layer, CUDA tensors of one float dtype
+    """Whether the kernel applies: a patched model's attention, CUDA tensors of one float dtype
     and the shapes `ops.rotary_embedding` takes, the whole head rotated (partial rotary
     embeddings and anything else go to the module's function)."""
     tensors = (q, k, cos, sin)
-    if not (decoder_call.in_patched_layer() and unsqueeze_dim in (1, 2)
+    if not (decoder_call.in_patched_attention() and unsqueeze_dim in (1, 2)
             and all(isinstance(t, torch.Tensor) and t.is_cuda and t.dtype == q.dtype for t in tensors)
             and q.dtype in FLOAT_DTYPES and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and sin.dim() == 3):
         return False
