@@ -23,6 +23,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import checks
+from ..kernels.pointwise import rotary_embedding as kernel
 from ..kernels.pointwise.spec import MAX_HEAD_DIM
 from ..signature import FLOAT_DTYPES
 
@@ -51,8 +52,6 @@ def _launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch over (B, H, S, D) views q, k and (B, S, D) cos, sin; returns the outputs
     in q's and k's layouts."""
-    from ..kernels.pointwise import rotary_embedding as kernel
-
     q, k = _unit_last(q), _unit_last(k)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     b, s = q.shape[0], q.shape[2]

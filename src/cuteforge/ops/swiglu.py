@@ -22,6 +22,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .. import checks
+from ..kernel import Kernel
+from ..kernels.pointwise import silu_mul as forward_kernel
+from ..kernels.pointwise import silu_mul_backward as backward_kernel
 from ..kernels.pointwise.spec import silu_mul_tiling
 from ..signature import FLOAT_DTYPES, vector_width
 
@@ -42,24 +45,21 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1, n)
 
 
-def _launch(kernel_name: str, operands: tuple[torch.Tensor, ...]) -> None:
-    from ..kernels.pointwise import silu_mul as forward_kernel
-    from ..kernels.pointwise import silu_mul_backward as backward_kernel
-
-    kernel = backward_kernel if kernel_name == "backward" else forward_kernel
+def _launch(kernel: Kernel, operands: tuple[torch.Tensor, ...]) -> None:
     n = operands[0].shape[1]
     tiling = silu_mul_tiling(n)
-    # the vector width the kernel takes: the narrowest operand's, as its key binds it
-    vec = min(vector_width(t.data_ptr(), (t.stride(0),), t.element_size()) for t in operands)
-    if -(-n // (tiling["threads"] * vec * tiling["unroll"])) > _MAX_COLUMN_BLOCKS:
-        raise ValueError(f"{_WHERE}: rows of {n} elements are longer than the kernel's grid covers")
+    columns = tiling["threads"] * tiling["unroll"]  # of vectors, a CTA's
+    if n > columns * _MAX_COLUMN_BLOCKS:  # long rows only: the vector width the kernel's key binds
+        vec = min(vector_width(t.data_ptr(), (t.stride(0),), t.element_size()) for t in operands)
+        if -(-n // (columns * vec)) > _MAX_COLUMN_BLOCKS:
+            raise ValueError(f"{_WHERE}: rows of {n} elements are longer than the kernel's grid covers")
     kernel(*operands, **tiling)
 
 
 def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel():
-        _launch("forward", (_rows(gate), _rows(up), out.view(-1, gate.shape[-1])))
+        _launch(forward_kernel, (_rows(gate), _rows(up), out.view(-1, gate.shape[-1])))
     return out
 
 
@@ -77,7 +77,7 @@ class _SiluMul(torch.autograd.Function):
         dup = torch.empty(up.shape, dtype=up.dtype, device=up.device)
         if dgate.numel():
             n = gate.shape[-1]
-            _launch("backward", (_rows(grad), _rows(gate), _rows(up), dgate.view(-1, n), dup.view(-1, n)))
+            _launch(backward_kernel, (_rows(grad), _rows(gate), _rows(up), dgate.view(-1, n), dup.view(-1, n)))
         return dgate, dup
 
 

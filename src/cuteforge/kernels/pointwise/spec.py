@@ -36,7 +36,7 @@ def common_vec(spec: CompileSpec, names: tuple[str, ...], divides: int | None = 
 
 
 def silu_mul_tiling(n: int) -> dict[str, int]:
-    """threads and unroll for rows of n elements: a CTA covers up to 4 KiB-vectors of a row."""
+    """threads (32..256) and unroll (4 for rows of 4 x threads 16-byte vectors or more) for rows of n elements."""
     vectors = max(1, (n + 7) // 8)
     threads = 32
     while threads < 256 and threads < vectors:
