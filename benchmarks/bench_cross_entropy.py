@@ -85,7 +85,7 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
 
     def reduced_mean() -> torch.Tensor:
         if not red:
-            red.append(ce_mod._red_get(ce_mod._red_key(x, t), ce_mod._row_config(x, t, -100), -100, True, False))
+            red.append(ce_mod._red_get(ce_mod._red_key(x, t, x.dtype), ce_mod._row_config(x, t, -100), -100, True, False))
         red[0](x, t, red_out, red_unused, red_work)
         return red_out
 

@@ -56,7 +56,7 @@ def test_compile(monkeypatch, which, dt, n, vec):
             assert re.search(r"st\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)
 
 
-def _compile_reduce(dt, n, vec, mean, lse, cfg=None):
+def _compile_reduce(dt, n, vec, mean, lse, cfg=None, out_dt=None):
     import cutlass
     import cutlass.cute as cute
 
@@ -67,12 +67,23 @@ def _compile_reduce(dt, n, vec, mean, lse, cfg=None):
     m, ln = cute.sym_int(), cute.sym_int()
     rows = cute.runtime.make_fake_tensor(d, (m, n), (cute.sym_int64(divisibility=vec), 1), assumed_align=vec * d.width // 8)
     tgt = cute.runtime.make_fake_tensor(cutlass.Int64, (m,), (1,), assumed_align=8)
-    out = cute.runtime.make_fake_tensor(d, (1,), (1,), assumed_align=16)
+    od = cutlass.Float32 if out_dt == "f32" else d
+    out = cute.runtime.make_fake_tensor(od, (1,), (1,), assumed_align=16)
     lse_t = cute.runtime.make_fake_tensor(cutlass.Float32, (ln,), (1,), assumed_align=4)
     work = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=16)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    fn = make_ce_fwd_reduce(d, n, vec, cfg, -100, mean, lse)
+    fn = make_ce_fwd_reduce(d, n, vec, cfg, -100, mean, lse, od)
     return cute.compile(fn, rows, tgt, out, lse_t, work, stream, options="--enable-tvm-ffi --keep-ptx").__ptx__
+
+
+def test_compile_reduce_fp32_out(monkeypatch):
+    """bf16 logits with an fp32 out (`out_dtype=torch.float32`): the fp32 result is
+    stored as it is (no conversion to bf16 anywhere in the kernel); the same kernel with
+    a bf16 out converts once."""
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    ptx = _compile_reduce("bf16", 4096, 8, True, True, out_dt="f32")
+    assert "cvt.rn.bf16.f32" not in ptx and "div.rn.f32" in ptx
+    assert "cvt.rn.bf16.f32" in _compile_reduce("bf16", 4096, 8, True, True)
 
 
 @pytest.mark.parametrize(
@@ -254,7 +265,7 @@ def _reference_red_launcher(calls, works):
     from cuteforge.kernels.cross_entropy.device import WORK_ZERO, ce_config
 
     def build(key, cfg, ignore_index, mean, with_lse):
-        # key: the stand-in _red_key's ("key", dtype, N); cfg: the row config (_row_config)
+        # key: the stand-in _red_key's ("key", dtype, N, out dtype); cfg: the row config (_row_config)
         n, bits = key[2], key[1].itemsize * 8
         assert cfg == ce_config(n, bits)
         calls.append((key, n, bits, ignore_index, mean, with_lse))
@@ -262,7 +273,7 @@ def _reference_red_launcher(calls, works):
         def fn(lg, tg, out, lse, work):
             m = lg.shape[0]
             assert m > 0 and lg.shape[1] == n and lg.element_size() * 8 == bits  # M == 0 never launches
-            assert out.shape == (1,) and out.dtype == lg.dtype and lse.dtype == torch.float32
+            assert out.shape == (1,) and out.dtype == key[3] and lse.dtype == torch.float32
             assert work.dtype == torch.int32 and work.shape[0] >= WORK_ZERO
             works.append(work)
             x = lg.float()
@@ -290,7 +301,8 @@ def _patch_kernels(monkeypatch, ce):
     calls: list = []
     works: list = []
     monkeypatch.setattr(launch, "_fwd_launcher", _reference_launcher(calls))
-    monkeypatch.setattr(launch, "_red_key", lambda logits, target: ("key", logits.dtype, logits.shape[1]))
+    monkeypatch.setattr(launch, "_red_key", lambda logits, target, out_dtype: ("key", logits.dtype, logits.shape[1],
+                                                                                  out_dtype))
     monkeypatch.setattr(launch, "_red_get", _reference_red_launcher(calls, works))
     # the row config without a store lookup (which binds CUDA tensors): the heuristic
     monkeypatch.setattr(launch, "_row_config", lambda lg, tg, ii: launch.config_for(lg.shape[1], lg.element_size() * 8))
@@ -411,6 +423,54 @@ def test_eager_grad_path_one_launch(monkeypatch, native_node):
     assert e.grad.shape == (0, 40)
 
 
+@pytest.mark.parametrize("native_node", [True, False])
+def test_fp32_result_for_low_precision_logits(monkeypatch, native_node):
+    """out_dtype=torch.float32: bf16 logits give the fp32 loss (the kernel's fp32 sum, not
+    rounded to bf16) with and without grad, for every reduction; the reduced kernel is
+    built for the fp32 out apart from the bf16 one; the gradient is the same; any other
+    out_dtype is refused by name."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    import cuteforge.ops  # noqa: F401
+
+    ce = sys.modules["cuteforge.ops.cross_entropy"]
+    calls, _ = _patch_kernels(monkeypatch, ce)
+    if not native_node:
+        monkeypatch.setattr(ce.native, "module", lambda: None)
+
+    def bwd(logits, target, lse, dloss, ignore_index):  # the backward kernel's answer
+        keep = target != ignore_index
+        onehot = torch.zeros(logits.shape)
+        onehot[keep, target[keep]] = 1.0
+        p = torch.softmax(logits.float(), 1)
+        return ((p - onehot) * torch.where(keep, dloss.float(), 0.0)[:, None]).to(logits.dtype)
+
+    monkeypatch.setattr(sys.modules["cuteforge.ops.cross_entropy_launch"], "_bwd", bwd)
+    t = torch.tensor([1, -100, 3, 39, 0, 3])
+    x = (torch.randn(6, 40) * 4).to(torch.bfloat16)
+    for red in ("mean", "sum", "none"):
+        want = F.cross_entropy(x.float(), t, reduction=red)
+        for grad in (False, True):
+            xg = x.clone().requires_grad_(grad)
+            got = ce.cross_entropy(xg, t, reduction=red, out_dtype=torch.float32)
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+            if grad:
+                got.sum().backward()
+                ref = x.clone().requires_grad_(True)
+                ce.cross_entropy(ref, t, reduction=red).float().sum().backward()
+                torch.testing.assert_close(xg.grad, ref.grad)
+    reduced = [c for c in calls if isinstance(c[0], tuple)]
+    assert {c[0][3] for c in reduced} == {torch.float32, torch.bfloat16}  # built apart per out dtype
+    assert ce.cross_entropy(x.float(), t, out_dtype=torch.float32).dtype == torch.float32  # fp32 logits: accepted
+    for bad in (torch.float16, "float32", torch.float64):
+        with pytest.raises(ValueError, match="'out_dtype' must be None, torch.float32"):
+            ce.cross_entropy(x, t, out_dtype=bad)
+
+
 def test_no_grad_plan_compiles_on_first_run(monkeypatch):
     """A call with grad plans (validates) the no-grad path but compiles only the variant
     it runs (with lse); the no-grad variant compiles on the first call without grad."""
@@ -462,7 +522,8 @@ def test_reduce_launcher_params_match_precompile(monkeypatch):
     monkeypatch.setattr(launch, "cross_entropy_fwd_reduce", Fake)
     monkeypatch.setattr(launch, "_RED", {})
     monkeypatch.setattr(launch, "_row_config", lambda lg, tg, ii: launch.config_for(lg.shape[1], lg.element_size() * 8))
-    fn, words = launch._red_launcher(torch.randn(6, 40), torch.zeros(6, dtype=torch.long), -100, True, True)
+    fn, words = launch._red_launcher(torch.randn(6, 40), torch.zeros(6, dtype=torch.long), -100, True, True,
+                                     torch.float32)
     _, params = next(iter(cross_entropy_fwd_reduce.specializations()))
     assert asked == [tuple(sorted(params.items()))] and callable(fn) and words == launch.work_words(1)
 

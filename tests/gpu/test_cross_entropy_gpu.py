@@ -228,6 +228,33 @@ def test_reduced_matches_torch(m: int, n: int, dtype: torch.dtype) -> None:
         torch.testing.assert_close(xg.grad.float(), ref_x.grad, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("m", "n"), [(1, 7), (1000, 1000), (4097, 32000), (65537, 7)])
+def test_fp32_result_matches_torch_fp32(m: int, n: int, dtype: torch.dtype) -> None:
+    """out_dtype=torch.float32: the fp32 loss of torch on upcast logits (what transformers
+    reports), not its rounding to dtype, eager with and without grad and compiled; the
+    gradient is the one without out_dtype."""
+    x, t = _inputs(m, n, dtype)
+    for reduction in ("mean", "sum", "none"):
+        ref = _ref(x, t, reduction)
+        got = ops.cross_entropy(x, t, reduction=reduction, out_dtype=torch.float32)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)  # fp32 summation order only
+        xg = x.clone().requires_grad_(True)
+        got_g = ops.cross_entropy(xg, t, reduction=reduction, out_dtype=torch.float32)
+        assert got_g.dtype == torch.float32
+        torch.testing.assert_close(got_g.detach(), ref, rtol=1e-5, atol=1e-5)
+        w = torch.randn(got_g.shape, device="cuda")
+        (got_g * w).sum().backward()
+        xr = x.clone().requires_grad_(True)
+        (ops.cross_entropy(xr, t, reduction=reduction).float() * w).sum().backward()
+        assert torch.equal(xg.grad, xr.grad)
+    compiled = torch.compile(lambda a, b: ops.cross_entropy(a, b, out_dtype=torch.float32), fullgraph=True)
+    got_c = compiled(x, t)
+    assert got_c.dtype == torch.float32
+    torch.testing.assert_close(got_c, _ref(x, t, "mean"), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [33, 1001, 50257])
 def test_rows_not_on_16_bytes(dtype: torch.dtype, n: int) -> None:

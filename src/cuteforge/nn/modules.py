@@ -239,7 +239,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, 
     """The next-token loss of a causal LM with transformers' loss-function signature: the
     labels shift left by one (padded with ``ignore_index``), so the logits are read as
     they are (no slice, no copy, no fp32 upcast: the kernel accumulates in fp32); a
-    sum over ``num_items_in_batch`` when given (gradient accumulation), else the mean."""
+    sum over ``num_items_in_batch`` when given (gradient accumulation), else the mean;
+    an fp32 loss, as transformers'."""
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     rows = logits.reshape(-1, vocab_size)
@@ -250,8 +251,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, 
     else:
         from .. import ops
 
-        loss = ops.cross_entropy(rows, target, ignore_index=ignore_index,
-                                 reduction="sum" if num_items_in_batch is not None else "mean").float()
+        loss = ops.cross_entropy(rows, target, ignore_index=ignore_index, out_dtype=torch.float32,
+                                 reduction="sum" if num_items_in_batch is not None else "mean")
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)

@@ -1,12 +1,14 @@
-"""`cuteforge.ops.cross_entropy(logits, target, *, reduction="mean", ignore_index=-100)`.
+"""`cuteforge.ops.cross_entropy(logits, target, *, reduction="mean", ignore_index=-100, out_dtype=None)`.
 
 logits (M, N) fp32/bf16/fp16 on CUDA (rows contiguous, any row stride), target (M,) int64
 on the same device. Like `torch.nn.functional.cross_entropy` for class-index targets
-(no weight, no label smoothing); the result has logits' dtype.
+(no weight, no label smoothing); the result has logits' dtype, or `out_dtype`'s
+(torch.float32: the fp32 sum without the rounding to bf16, as transformers reports a
+causal LM's loss; the gradient is the same either way).
 
 Forward: one kernel reads each row once. `reduction="none"`: it writes the per-row loss
 and logsumexp (fp32). `mean`/`sum` (eager): `cross_entropy_fwd_reduce` also reduces the
-losses in the same launch and writes the scalar (fp32 sum rounded once to logits' dtype;
+losses in the same launch and writes the scalar (fp32 sum rounded once to the result's dtype;
 mean divides by the number of rows whose target is not `ignore_index`, so all-ignored
 gives NaN like torch), bitwise the same on every run (no float atomics: per-CTA partials,
 the last CTA adds them in a fixed order); with grad it also writes lse and the count.
@@ -103,9 +105,9 @@ def _work(device: int, words: int) -> torch.Tensor:
     return stream_workspace(WORKSPACE_OWNER, device, words, WORK_ZERO)
 
 
-def _empty_result(logits: torch.Tensor, mean: bool) -> torch.Tensor:
+def _empty_result(logits: torch.Tensor, mean: bool, dtype: torch.dtype) -> torch.Tensor:
     """M == 0: torch's answer (mean 0 / 0 = NaN, sum 0) without a launch."""
-    return logits.new_full((), float("nan") if mean else 0.0)
+    return logits.new_full((), float("nan") if mean else 0.0, dtype=dtype)
 
 
 # --- torch.library registration (torch.compile) and the eager autograd path --------------
@@ -207,18 +209,18 @@ class _Eager(torch.autograd.Function):
 
 
 def _reduced_with_lse(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                      mean: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+                      mean: bool, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(loss, lse) from one launch of the reduced forward for M >= 1 rows and a unit-stride
     target: lse (M + 1) holds each row's logsumexp and, at lse[M], the count of rows not
     ignored. None where the grid is beyond the kernel's two levels."""
     try:
-        fn, words = launch._RED[(*launch._key(logits, target, ignore_index), mean, True)]
+        fn, words = launch._RED[(*launch._key(logits, target, ignore_index), mean, True, out_dtype)]
     except KeyError:
-        fn, words = launch._red_launcher(logits, target, ignore_index, mean, True)
+        fn, words = launch._red_launcher(logits, target, ignore_index, mean, True, out_dtype)
     if fn is None:
         return None
     lse = logits.new_empty(logits.shape[0] + 1, dtype=torch.float32)
-    out = logits.new_empty(())
+    out = logits.new_empty((), dtype=out_dtype)
     fn(logits, target, out.view(1), lse, _work(logits.get_device(), words))
     return out, lse
 
@@ -236,10 +238,10 @@ class _EagerReduced(torch.autograd.Function):
         ctx.ignore_index, ctx.mean = ignore_index, mean
         if m == 0:
             ctx.save_for_backward(logits, target, logits.new_zeros(1, dtype=torch.float32))
-            return _empty_result(logits, mean)
+            return _empty_result(logits, mean, dtype)
         if target.stride(0) != 1:
             target = target.contiguous()
-        reduced = _reduced_with_lse(logits, target, ignore_index, mean)
+        reduced = _reduced_with_lse(logits, target, ignore_index, mean, dtype)
         if reduced is None:  # a grid beyond the kernel's two levels: torch reduces the rows' losses
             loss, lse = launch._fwd(logits, target, ignore_index)
             count = target.ne(ignore_index).sum()
@@ -305,7 +307,8 @@ def _plan_for(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ign
     return plan
 
 
-def _native_autograd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str) -> torch.Tensor | None:
+def _native_autograd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                     out_dtype: torch.dtype) -> torch.Tensor | None:
     """The loss with the C++ node as grad_fn, or None where the Python nodes run instead
     (no extension, forward AD, M == 0, a strided target, a grid the reduced kernel
     does not take)."""
@@ -316,9 +319,9 @@ def _native_autograd(logits: torch.Tensor, target: torch.Tensor, ignore_index: i
         loss, lse = launch._fwd(logits, target, ignore_index)
         native.attach(_plan_for(logits, target, lse, ignore_index, False, False), [logits], [loss],
                       [logits, target, lse])
-        return loss.to(logits.dtype)
+        return loss.to(out_dtype)
     mean = reduction == "mean"
-    reduced = _reduced_with_lse(logits, target, ignore_index, mean)
+    reduced = _reduced_with_lse(logits, target, ignore_index, mean, out_dtype)
     if reduced is None:
         return None
     out, lse = reduced
@@ -345,24 +348,26 @@ _PLANS: dict[tuple[Any, ...], _Run] = {}
 native_build.when_ready(_PLANS.clear)  # runs made while the extension built are Python launches
 
 
-def _memo_key(logits: torch.Tensor, target: torch.Tensor, reduction: Any, ignore_index: Any) -> tuple[Any, ...]:
+def _memo_key(logits: torch.Tensor, target: torch.Tensor, reduction: Any, ignore_index: Any,
+              out_dtype: Any) -> tuple[Any, ...]:
     # cross_entropy builds the same tuple inline
-    return (reduction, ignore_index, type(ignore_index), logits.dtype, logits.shape, logits.stride(),
+    return (reduction, ignore_index, type(ignore_index), out_dtype, logits.dtype, logits.shape, logits.stride(),
             logits.data_ptr() & 15, logits.get_device(), target.dtype, target.shape, target.stride(),
             target.data_ptr() & 15, target.get_device())
 
 
-def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
+def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any, out_dtype: Any) -> _Run:
     """Validate (clear errors), compile or load the forward, and store run() for the
     call's layout. run() does what `_fwd` + `_reduce` do, with the fewest torch calls:
-    "none": one allocation per kernel output (and the cast unless logits are fp32);
+    "none": one allocation per kernel output (and the cast unless the result is fp32);
     mean/sum: the scalar's allocation and one launch of the reduced kernel (no lse)."""
     _check(logits, target, reduction, ignore_index)
+    dtype = _result_dtype(logits, out_dtype)
     copy = target.stride(0) != 1
     if copy:  # no copy of a CPU target (an expanded one can be huge): the device error first
         checks.on_cuda(_WHERE, "logits", logits)
     tgt = target.contiguous() if copy else target
-    m, dtype, f32 = logits.shape[0], logits.dtype, torch.float32
+    m, f32 = logits.shape[0], torch.float32
     same = dtype == f32
     # mean / sum: the row config the reduced forward shares with the per-row one
     cfg = launch._row_config(logits, tgt, ignore_index) if reduction != "none" and m > 0 else None
@@ -381,21 +386,21 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
             return loss if same else loss.to(dtype)
 
     elif m == 0:
-        launch._red_key(logits, tgt)  # validates; nothing to launch
+        launch._red_key(logits, tgt, dtype)  # validates; nothing to launch
         mean = reduction == "mean"
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            return _empty_result(lg, mean)
+            return _empty_result(lg, mean, dtype)
 
     else:
         # validated now; compiled on the first call without grad (a call with grad runs
         # the variant with lse instead: _EagerReduced), then this plan replaces itself
-        key = launch._red_key(logits, tgt)
+        key = launch._red_key(logits, tgt, dtype)
         words = launch._red_words(logits, cfg)
         args = (cfg, ignore_index, reduction == "mean", False)
         unused = logits.new_empty(1, dtype=f32)  # the lse argument, never touched without lse
         device = logits.get_device()
-        memo = _memo_key(logits, target, reduction, ignore_index)
+        memo = _memo_key(logits, target, reduction, ignore_index, out_dtype)
 
         def run(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             red = launch._red_get(key, *args)
@@ -403,7 +408,7 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
             def fast(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
                 if copy:
                     t = t.contiguous()
-                out = lg.new_empty(())
+                out = lg.new_empty((), dtype=dtype)
                 red(lg, t, out.view(1), unused, _work(device, words))
                 return out
 
@@ -412,8 +417,18 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> _Run:
 
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
-    _PLANS[_memo_key(logits, target, reduction, ignore_index)] = run
+    _PLANS[_memo_key(logits, target, reduction, ignore_index, out_dtype)] = run
     return run
+
+
+def _result_dtype(logits: torch.Tensor, out_dtype: Any) -> torch.dtype:
+    """The loss's dtype: logits' (None, as torch's), or fp32; anything else is refused."""
+    if out_dtype is None:
+        return logits.dtype
+    if out_dtype is not torch.float32 and out_dtype is not logits.dtype:
+        raise ValueError(f"{_WHERE}: argument 'out_dtype' must be None, torch.float32 or logits' dtype "
+                         f"({dtype_name(logits.dtype)}), got {out_dtype!r}")
+    return out_dtype
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -422,10 +437,14 @@ _grad_enabled = torch.is_grad_enabled
 
 def cross_entropy(
     logits: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean", ignore_index: int = -100,
-    check_targets: bool | None = None,
+    check_targets: bool | None = None, out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """torch.nn.functional.cross_entropy(logits, target, reduction=..., ignore_index=...)
     for (M, N) logits and int64 class targets, in one pass forward and one backward.
+
+    The result has logits' dtype, as torch's, unless ``out_dtype=torch.float32``: the
+    kernel's fp32 sum without the final rounding (what transformers reports for bf16
+    logits, which it upcasts first). The gradient does not depend on it.
 
     A target outside [0, N) that is not ``ignore_index`` makes its row's loss and gradient
     NaN (so a mean or sum is NaN) without a host sync; ``check_targets=True`` (default: the
@@ -445,32 +464,35 @@ def cross_entropy(
             bad = (target != ignore_index) & ((target < 0) | (target >= logits.shape[1]))
             torch._assert_async(~bad.any(), f"{_WHERE}: a target is outside [0, N) and not ignore_index")
         loss, _ = _fwd_op(logits, target, ignore_index)
-        return _reduce(loss, target, reduction, ignore_index, logits.dtype)
+        return _reduce(loss, target, reduction, ignore_index, _result_dtype(logits, out_dtype))
     try:
-        run = _PLANS[(reduction, ignore_index, type(ignore_index), logits.dtype, logits.shape, logits.stride(),
-                      logits.data_ptr() & 15, logits.get_device(), target.dtype, target.shape, target.stride(),
-                      target.data_ptr() & 15, target.get_device())]
+        run = _PLANS[(reduction, ignore_index, type(ignore_index), out_dtype, logits.dtype, logits.shape,
+                      logits.stride(), logits.data_ptr() & 15, logits.get_device(), target.dtype, target.shape,
+                      target.stride(), target.data_ptr() & 15, target.get_device())]
     except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: _plan says so
-        run = _plan(logits, target, reduction, ignore_index)  # raises on bad input
+        run = _plan(logits, target, reduction, ignore_index, out_dtype)  # raises on bad input
     if check_targets:
         _check_targets(target, logits.shape[1], ignore_index)
     if logits.requires_grad and _grad_enabled():
-        loss = _native_autograd(logits, target, ignore_index, reduction)
+        dtype = logits.dtype if out_dtype is None else out_dtype  # checked by _plan
+        loss = _native_autograd(logits, target, ignore_index, reduction, dtype)
         if loss is not None:
             return loss
         if reduction != "none":
-            return _EagerReduced.apply(logits, target, ignore_index, reduction == "mean", logits.dtype)
-        return _Eager.apply(logits, target, ignore_index).to(logits.dtype)
+            return _EagerReduced.apply(logits, target, ignore_index, reduction == "mean", dtype)
+        return _Eager.apply(logits, target, ignore_index).to(dtype)
     return run(logits, target)
 
 
 # torch.ops.cuteforge.cross_entropy: a composite op (it decomposes into the two custom ops
 # above under autograd and tracing), so the whole loss is reachable through torch.ops too.
 torch.library.define(
-    "cuteforge::cross_entropy", "(Tensor logits, Tensor target, str reduction='mean', int ignore_index=-100) -> Tensor"
+    "cuteforge::cross_entropy",
+    "(Tensor logits, Tensor target, str reduction='mean', int ignore_index=-100, ScalarType? out_dtype=None) -> Tensor",
 )
 
 
 @torch.library.impl("cuteforge::cross_entropy", "CompositeImplicitAutograd")
-def _composite(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
-    return cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index)
+def _composite(logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean", ignore_index: int = -100,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    return cross_entropy(logits, target, reduction=reduction, ignore_index=ignore_index, out_dtype=out_dtype)

@@ -69,11 +69,11 @@ def _fwd_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int)
     return fn
 
 
-def _red_key(logits: torch.Tensor, target: torch.Tensor) -> Any:
+def _red_key(logits: torch.Tensor, target: torch.Tensor, out_dtype: torch.dtype) -> Any:
     """Validate a reduced forward's call and return its BoundKey (the same with and
     without lse, and for any workspace: their lengths are dynamic dims of their own)."""
     dev = logits.device
-    out = torch.empty(1, dtype=logits.dtype, device=dev)
+    out = torch.empty(1, dtype=out_dtype, device=dev)
     lse = torch.empty(1, dtype=torch.float32, device=dev)
     work = torch.empty(4, dtype=torch.int32, device=dev)
     return cross_entropy_fwd_reduce.signature.bind((logits, target, out, lse, work), _WHERE)
@@ -90,23 +90,23 @@ def _red_words(logits: torch.Tensor, cfg: Any) -> int:
 
 
 def _red_get(key: Any, cfg: Any, ignore_index: int, mean: bool, with_lse: bool) -> Callable[..., Any]:
-    """fn(logits, target, out (1,), lse, work): compiled once ever, loaded, or an L1 hit."""
+    """fn(logits, target, out (1,) of the key's dtype, lse, work): compiled once ever, loaded, or an L1 hit."""
     params = (("ignore_index", ignore_index), ("lse", with_lse), ("mean", mean))  # sorted, as precompile's
     return cross_entropy_fwd_reduce.get(key, params, cfg)
 
 
 def _red_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
-                  with_lse: bool) -> tuple[Callable[..., Any] | None, int]:
+                  with_lse: bool, out_dtype: torch.dtype) -> tuple[Callable[..., Any] | None, int]:
     """(reduced forward, workspace words) for this layout (M >= 1), memoized in _RED;
     (None, 0) where the grid is beyond kernels.reduce_fits."""
     cfg = _row_config(logits, target, ignore_index)
     words = _red_words(logits, cfg)
     fn = None
     if words:
-        fn = _red_get(_red_key(logits, target), cfg, ignore_index, mean, with_lse)
+        fn = _red_get(_red_key(logits, target, out_dtype), cfg, ignore_index, mean, with_lse)
     if len(_RED) >= _MAX_PLANS:
         _RED.clear()
-    _RED[(*_key(logits, target, ignore_index), mean, with_lse)] = fn, words
+    _RED[(*_key(logits, target, ignore_index), mean, with_lse, out_dtype)] = fn, words
     return fn, words
 
 

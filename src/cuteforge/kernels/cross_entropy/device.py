@@ -392,7 +392,7 @@ def make_ce_fwd(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_inde
 class CrossEntropyForwardReduce(CrossEntropyRows):
     """The sum of the row losses (``mean``: divided by the number of rows whose target is
     not ``ignore_index``; 0 / 0 = NaN when all are ignored), rounded once from fp32, in one
-    launch: ``__call__(logits (M, n), target (M,) i64, out (1,) logits' dtype, lse (L,) f32,
+    launch: ``__call__(logits (M, n), target (M,) i64, out (1,) of ``out_dtype``, lse (L,) f32,
     work (>= work_words(G),) i32, stream)``, 1 <= M and G = ceil(M / rows per CTA) within
     reduce_fits. With ``with_lse`` (L = M + 1) also lse[i] per row and lse[M] = that count
     (for the backward); else lse is untouched. Words [0, WORK_ZERO) of ``work`` must be 0 at
@@ -410,12 +410,15 @@ class CrossEntropyForwardReduce(CrossEntropyRows):
     only on M, so an input gives the same bits on every run."""
 
     def __init__(self, in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int, mean: bool,
-                 with_lse: bool) -> None:
+                 with_lse: bool, out_dtype=None) -> None:
         super().__init__(in_dtype, n, vec, config, ignore_index)
         T = self.threads
         if T % 32:
             raise ValueError(f"threads={T} must be a multiple of 32")
+        if out_dtype is not None and out_dtype not in _FLOATS:
+            raise ValueError(f"unsupported out dtype {out_dtype}")
         self.mean, self.with_lse = mean, with_lse
+        self.out_dtype = in_dtype if out_dtype is None else out_dtype
         self.group_ctas = S = reduce_group(T)  # S: CTAs per group
         self.chunks = S // T // REDUCE_CHUNK  # NCH: chunks of REDUCE_CHUNK partials per thread
         self.warps = T // 32  # NW
@@ -474,7 +477,7 @@ class CrossEntropyForwardReduce(CrossEntropyRows):
             res = total / count.to(Float32)  # IEEE fp32 division, like torch's
         else:
             res = total
-        out[0] = res.to(self.in_dtype)
+        out[0] = res.to(self.out_dtype)
         if cutlass.const_expr(self.with_lse):
             lse[m_rows] = count.to(Float32)
 
@@ -558,9 +561,9 @@ class CrossEntropyForwardReduce(CrossEntropyRows):
 
 
 def make_ce_fwd_reduce(in_dtype, n: int, vec: int, config: RowReduceConfig, ignore_index: int, mean: bool,
-                       with_lse: bool):
+                       with_lse: bool, out_dtype=None):
     """@cute.jit f(logits, target, out, lse, work, stream) (`CrossEntropyForwardReduce`)."""
-    forward = CrossEntropyForwardReduce(in_dtype, n, vec, config, ignore_index, mean, with_lse)
+    forward = CrossEntropyForwardReduce(in_dtype, n, vec, config, ignore_index, mean, with_lse, out_dtype)
 
     @cute.jit
     def ce_fwd_reduce(x: cute.Tensor, target: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, work: cute.Tensor,

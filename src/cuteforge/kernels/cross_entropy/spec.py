@@ -44,14 +44,14 @@ BWD_SIGNATURE = Signature(
 )
 
 
-# out (1,) in logits' dtype; lse (L,): L = M + 1 with the parameter lse=True (lse per row,
+# out (1,) in logits' dtype or fp32 (the loss is summed in fp32 and rounded once to it); lse (L,): L = M + 1 with the parameter lse=True (lse per row,
 # then the count of non-ignored rows), else any length (not touched); work: the
 # (device, stream) workspace, at least config.work_words(grid) int32 words with the first
 # config.WORK_ZERO zero (ops/cross_entropy.py keeps it so).
 REDUCE_SIGNATURE = Signature(
     TensorArg("logits", ("M", "N")),
     TensorArg("target", ("M",), dtypes=(torch.int64,)),
-    TensorArg("out", ("ONE",), dtype_like="logits"),
+    TensorArg("out", ("ONE",)),
     TensorArg("lse", ("L",), dtypes=(torch.float32,)),
     TensorArg("work", ("W",), dtypes=(torch.int32,)),
     static=("N", "ONE"),
@@ -135,13 +135,16 @@ def cross_entropy_fwd(spec: CompileSpec) -> Any:
 
 def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     """mean, with lse (what a training step's `ops.cross_entropy(logits, target)` runs) and
-    without (a no-grad call: evaluation); reduction="sum" compiles on first use."""
+    without (a no-grad call: evaluation), the loss in logits' dtype (torch's) and in fp32
+    (`cuteforge.nn`'s causal-LM loss, as transformers reports it); reduction="sum"
+    compiles on first use."""
     target, lse, work = _meta(1, dtype=torch.int64), _meta(1), _meta(1, dtype=torch.int32)
     for with_lse in (True, False):
         for dt in FLOAT_DTYPES:
-            for n in ns:
-                key = REDUCE_SIGNATURE.fresh_key((_meta(1, n, dtype=dt), target, _meta(1, dtype=dt), lse, work))
-                yield key, {"ignore_index": -100, "lse": with_lse, "mean": True}
+            for out_dt in dict.fromkeys((dt, torch.float32)):
+                for n in ns:
+                    key = REDUCE_SIGNATURE.fresh_key((_meta(1, n, dtype=dt), target, _meta(1, dtype=out_dt), lse, work))
+                    yield key, {"ignore_index": -100, "lse": with_lse, "mean": True}
 
 
 @_ce_kernel("cross_entropy_fwd_reduce", REDUCE_SIGNATURE, _reduce_specs, _validate_reduce)
@@ -151,7 +154,7 @@ def cross_entropy_fwd_reduce(spec: CompileSpec) -> Any:
     _validate_reduce(spec, spec.config)
     return make_ce_fwd_reduce(
         spec.dtype("logits"), spec.static("N"), spec.vec("logits"), spec.config, spec.param("ignore_index"),
-        bool(spec.param("mean")), bool(spec.param("lse")),
+        bool(spec.param("mean")), bool(spec.param("lse")), spec.dtype("out"),
     )
 
 
