@@ -186,9 +186,31 @@ def test_embedding_matches_torch_with_gradients(padding_idx) -> None:
     assert torch.equal(out, ref) and torch.equal(mine, theirs) and mine.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("padding_idx", [-1, 3])
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+def test_embedding_weight_grad_sums_in_fp32(padding_idx, ids_dtype) -> None:
+    """The backward's segment sums: fp32 over repeated ids, rounded once, so the gradient
+    is exactly the fp32 gradient rounded to bf16 (torch's bf16 accumulation is not);
+    nothing at padding_idx; no tokens give zeros."""
+    from cuteforge.ops.embedding import weight_grad
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (3, 7), dtype=ids_dtype)
+    ids[0, :5] = 3  # one row many times, and the padding row
+    ids[1, :3] = 9
+    g = torch.randn(3, 7, 8, dtype=torch.bfloat16)
+    w32 = torch.zeros(50, 8, requires_grad=True)
+    (want,) = torch.autograd.grad(F.embedding(ids, w32, None if padding_idx < 0 else padding_idx), w32, g.float())
+    got = weight_grad(g, ids, 50, padding_idx)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
+    assert (padding_idx < 0) or not got[padding_idx].any()
+    assert torch.equal(weight_grad(g[:0], ids[:0], 50, padding_idx), torch.zeros(50, 8, dtype=torch.bfloat16))
+
+
 def test_embedding_gradient_under_compile_skips_the_fp32_table() -> None:
-    """Compiled, the module's backward is the opaque op (torch's kernel, bf16 out), not
-    Inductor's decomposition into an fp32 scatter over a zeroed fp32 table."""
+    """Compiled, the module's backward sums the tokens' rows in fp32 and writes the table
+    in bf16: no fp32 buffer of the table's size, as Inductor's decomposition of torch's
+    backward has (an fp32 scatter over a zeroed fp32 table), and no opaque op."""
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
@@ -207,7 +229,9 @@ def test_embedding_gradient_under_compile_skips_the_fp32_table() -> None:
     want, stock_code = step(stock)
     got, code = step(mine)
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
-    assert "cuteforge.embedding_backward" in code and "cuteforge.embedding_backward" not in stock_code
+    table_fp32 = "(64, 16), (16, 1), torch.float32"
+    assert table_fp32 in stock_code and table_fp32 not in code and "cuteforge." not in code
+    assert not got[0].any()  # padding_idx
     with pytest.raises(TypeError, match="'ids' has dtype float32; supported: int32, int64"):
         cuteforge.ops.embedding(ids.float(), stock.weight)
     with pytest.raises(ValueError, match="'padding_idx' must be within"):

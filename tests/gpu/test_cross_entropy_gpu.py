@@ -244,7 +244,7 @@ def test_fp32_result_matches_torch_fp32(m: int, n: int, dtype: torch.dtype) -> N
         got_g = ops.cross_entropy(xg, t, reduction=reduction, out_dtype=torch.float32)
         assert got_g.dtype == torch.float32
         torch.testing.assert_close(got_g.detach(), ref, rtol=1e-5, atol=1e-5)
-        w = torch.randn(got_g.shape, device="cuda")
+        w = torch.randn(got_g.shape, device="cuda").to(dtype).float()  # the same gradient either way
         (got_g * w).sum().backward()
         xr = x.clone().requires_grad_(True)
         (ops.cross_entropy(xr, t, reduction=reduction).float() * w).sum().backward()

@@ -5,10 +5,16 @@ Inductor decomposes the embedding's backward into an fp32 scatter-add over a zer
 copy of the whole table, converted to the weight's dtype at the end: for a bf16 table of
 128256 x 4096 that is 2 GiB of fp32 buffer next to the 1 GiB gradient, at the end of the
 backward where every other gradient is alive too, and 1.2 ms of zero fill and
-conversion on an H200 (docs/nn.md). Here the forward and the backward are opaque custom
-ops (``torch.ops.cuteforge.embedding`` / ``embedding_backward``) that run torch's CUDA
-kernels, whose backward sums each row's tokens in fp32 registers and writes the gradient
-in the weight's dtype: one table-sized buffer, not three.
+conversion on an H200 (docs/nn.md). Here the backward sums in fp32 only what the tokens
+touch: the token ids sorted, each run of equal ids one segment, the segments' rows summed
+in a (tokens, H) fp32 buffer, and each segment's sum written once, in the weight's dtype,
+into a zeroed table. Both directions are torch expressions (an autograd.Function), so
+Inductor compiles them with the rest of the graph (a few small kernels beside the table's
+zero fill) and no opaque op stands in the graph. Like Inductor's own scatter, the fp32
+sums are atomic adds, so their rounding order is not fixed.
+
+Eager calls run ``F.embedding`` itself (torch's CUDA backward already writes the gradient
+in the weight's dtype, deterministically).
 
 ids: integer tensor of any shape; weight (V, H) floating. Rows at ``padding_idx`` get no
 gradient, as in torch. ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` are not taken
@@ -20,47 +26,47 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .. import checks
 from ..signature import dtype_name
-from .registered import define
 
 __all__ = ["embedding"]
 
 _WHERE = "cuteforge.ops.embedding"
 
 
-def _forward(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
-    return torch.ops.aten.embedding(weight, ids, padding_idx)
+def weight_grad(grad: torch.Tensor, ids: torch.Tensor, rows: int, padding_idx: int) -> torch.Tensor:
+    """The (rows, H) gradient of ``F.embedding(ids, weight, padding_idx)``'s weight for the
+    output gradient ``grad`` (``(*ids.shape, H)``), in grad's dtype, with fp32 sums over
+    repeated ids and nothing at ``padding_idx`` (-1: none)."""
+    h = grad.shape[-1]
+    flat = ids.reshape(-1).long()
+    g = grad.reshape(-1, h)
+    if padding_idx >= 0:
+        g = g.masked_fill((flat == padding_idx).unsqueeze(1), 0)
+    sorted_ids, order = flat.sort()
+    # segment of each sorted token: runs of equal ids share one
+    starts = torch.cat([torch.ones_like(sorted_ids[:1], dtype=torch.bool), sorted_ids[1:] != sorted_ids[:-1]])
+    segment = starts.cumsum(0) - 1
+    sums = torch.zeros(flat.shape[0], h, dtype=torch.float32, device=g.device)
+    sums = sums.index_add(0, segment, g[order].float())
+    out = torch.zeros(rows, h, dtype=grad.dtype, device=g.device)
+    # every token of a segment writes its segment's sum: the same value, once per row
+    return out.index_put((sorted_ids,), sums[segment].to(grad.dtype))
 
 
-def _forward_fake(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
-    return weight.new_empty((*ids.shape, weight.shape[1]))
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
+        ctx.save_for_backward(ids)
+        ctx.rows, ctx.padding_idx = weight.shape[0], padding_idx
+        return F.embedding(ids, weight)
 
-
-def _backward_impl(grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int) -> torch.Tensor:
-    return torch.ops.aten.embedding_dense_backward(grad, ids, num_weights, padding_idx, False)
-
-
-def _backward_fake(grad: torch.Tensor, ids: torch.Tensor, num_weights: int, padding_idx: int) -> torch.Tensor:
-    return grad.new_empty((num_weights, grad.shape[-1]))
-
-
-_backward_op = define("cuteforge::embedding_backward", _backward_impl, fake=_backward_fake)
-
-
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    weight, ids, padding_idx = inputs
-    ctx.save_for_backward(ids)
-    ctx.num_weights, ctx.padding_idx = weight.shape[0], padding_idx
-
-
-def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-    (ids,) = ctx.saved_tensors
-    return _backward_op(grad.contiguous(), ids, ctx.num_weights, ctx.padding_idx), None, None
-
-
-_op = define("cuteforge::embedding", _forward, fake=_forward_fake, backward=_backward, setup_context=_setup)
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        (ids,) = ctx.saved_tensors
+        return weight_grad(grad, ids, ctx.rows, ctx.padding_idx), None, None
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
@@ -81,4 +87,6 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None =
                          f"{padding_idx}")
     elif padding_idx < 0:
         padding_idx += rows
-    return _op(weight, ids, int(padding_idx))
+    if not torch.compiler.is_compiling():
+        return F.embedding(ids, weight, None if padding_idx < 0 else padding_idx)
+    return _Embedding.apply(weight, ids, int(padding_idx))
