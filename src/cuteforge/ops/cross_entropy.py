@@ -4,7 +4,7 @@ logits (M, N) fp32/bf16/fp16 on CUDA (rows contiguous, any row stride), target (
 on the same device. Like `torch.nn.functional.cross_entropy` for class-index targets
 (no weight, no label smoothing); the result has logits' dtype, or `out_dtype`'s
 (torch.float32: the fp32 sum without the rounding to bf16, as transformers reports a
-causal LM's loss; the gradient is the same either way).
+causal LM's loss; the loss's own gradient then reaches the backward unrounded too).
 
 Forward: one kernel reads each row once. `reduction="none"`: it writes the per-row loss
 and logsumexp (fp32). `mean`/`sum` (eager): `cross_entropy_fwd_reduce` also reduces the
@@ -444,7 +444,8 @@ def cross_entropy(
 
     The result has logits' dtype, as torch's, unless ``out_dtype=torch.float32``: the
     kernel's fp32 sum without the final rounding (what transformers reports for bf16
-    logits, which it upcasts first). The gradient does not depend on it.
+    logits, which it upcasts first); the backward is the same kernel, handed the loss's
+    gradient in the result's dtype (fp32: not rounded to bf16 on the way).
 
     A target outside [0, N) that is not ``ignore_index`` makes its row's loss and gradient
     NaN (so a mean or sum is NaN) without a host sync; ``check_targets=True`` (default: the

@@ -7,11 +7,13 @@ copy of the whole table, converted to the weight's dtype at the end: for a bf16 
 backward where every other gradient is alive too, and 1.2 ms of zero fill and
 conversion on an H200 (docs/nn.md). Here the backward sums in fp32 only what the tokens
 touch: the token ids sorted, each run of equal ids one segment, the segments' rows summed
-in a (tokens, H) fp32 buffer, and each segment's sum written once, in the weight's dtype,
-into a zeroed table. Both directions are torch expressions (an autograd.Function), so
-Inductor compiles them with the rest of the graph (a few small kernels beside the table's
-zero fill) and no opaque op stands in the graph. Like Inductor's own scatter, the fp32
-sums are atomic adds, so their rounding order is not fixed.
+in a (tokens, H) fp32 buffer (smaller than the table while a step has fewer tokens than
+the vocabulary has rows), and each segment's sum written, in the weight's dtype, into its
+row of a zeroed table (by every token of the segment: the same value). Both directions
+are torch expressions (an autograd.Function), so Inductor compiles them with the rest of
+the graph (a few small kernels beside the table's zero fill) and no opaque op stands in
+the graph. Like Inductor's own scatter, the fp32 sums are atomic adds, so their rounding
+order is not fixed.
 
 Eager calls run ``F.embedding`` itself (torch's CUDA backward already writes the gradient
 in the weight's dtype, deterministically).
@@ -52,7 +54,8 @@ def weight_grad(grad: torch.Tensor, ids: torch.Tensor, rows: int, padding_idx: i
     sums = torch.zeros(flat.shape[0], h, dtype=torch.float32, device=g.device)
     sums = sums.index_add(0, segment, g[order].float())
     out = torch.zeros(rows, h, dtype=grad.dtype, device=g.device)
-    # every token of a segment writes its segment's sum: the same value, once per row
+    # every token of a segment writes its segment's sum to the segment's row: the same
+    # value each time, so whichever write lands last the row is the same
     return out.index_put((sorted_ids,), sums[segment].to(grad.dtype))
 
 

@@ -136,8 +136,9 @@ def cross_entropy_fwd(spec: CompileSpec) -> Any:
 def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, dict[str, Any]]]:
     """mean, with lse (what a training step's `ops.cross_entropy(logits, target)` runs) and
     without (a no-grad call: evaluation), the loss in logits' dtype (torch's) and in fp32
-    (`cuteforge.nn`'s causal-LM loss, as transformers reports it); reduction="sum"
-    compiles on first use."""
+    (`cuteforge.nn`'s causal-LM loss, as transformers reports it); for the fp32 loss also
+    the sum with lse (that loss with transformers' `num_items_in_batch`). Other sums
+    compile on first use."""
     target, lse, work = _meta(1, dtype=torch.int64), _meta(1), _meta(1, dtype=torch.int32)
     for with_lse in (True, False):
         for dt in FLOAT_DTYPES:
@@ -145,6 +146,8 @@ def _reduce_specs(ns: Iterable[int] = STANDARD_N) -> Iterable[tuple[BoundKey, di
                 for n in ns:
                     key = REDUCE_SIGNATURE.fresh_key((_meta(1, n, dtype=dt), target, _meta(1, dtype=out_dt), lse, work))
                     yield key, {"ignore_index": -100, "lse": with_lse, "mean": True}
+                    if with_lse and out_dt != dt:
+                        yield key, {"ignore_index": -100, "lse": True, "mean": False}
 
 
 @_ce_kernel("cross_entropy_fwd_reduce", REDUCE_SIGNATURE, _reduce_specs, _validate_reduce)
