@@ -18,6 +18,7 @@ and for the patched model the loss and gradient agreement with stock, eager and 
 rounding sets (stock compiled against stock eager differs by more than 1 %).
 
     python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--no-cache] [--out FILE]
+    python benchmarks/bench_model.py --plot-from benchmarks/results/h200-model.json  # redraw its PNG
 
 "patched-kernels" is the patched model with transformers' causal mask kept under
 torch.compile (`patch(causal_attention=False)`, compiled rows only): what cuteforge's
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -269,22 +271,43 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Per size and mode, each contender's ms a step (bars, with its ratio to stock in the
+    same mode: eager or compiled), its host ms (black ticks: where a tick reaches the bar's
+    top the step waits on the host, not the GPU) and, with --profile, its kernels' ms in
+    one profiled step (hollow diamonds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2 * len(rows), figsize=(5 * 2 * len(rows), 4), squeeze=False)
+    fig, axes = plt.subplots(1, 2 * len(rows), figsize=(5 * 2 * len(rows), 4.4), squeeze=False)
     for i, row in enumerate(rows):
         for j, what in enumerate(("train", "infer")):
             ax = axes[0][2 * i + j]
-            names = [k for k, v in row[what].items() if isinstance(v, dict)]
-            ax.bar(range(len(names)), [row[what][k]["ms"] for k in names],
+            steps = {k: v for k, v in row[what].items() if isinstance(v, dict)}
+            names = list(steps)
+            xs = range(len(names))
+            ax.bar(xs, [steps[k]["ms"] for k in names],
                    color=["tab:gray" if k.startswith("stock") else "tab:red" for k in names])
-            ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+            ax.scatter(xs, [steps[k]["host_ms"] for k in names], marker="_", s=300, color="black", zorder=3,
+                       label="host ms")
+            kernels = row.get(f"profile_{what}") or {}
+            if kernels:
+                ks = [x for x, k in zip(xs, names) if k in kernels]
+                ax.scatter(ks, [kernels[k][0]["ms"] for k in names if k in kernels], marker="D", s=28,
+                           facecolors="none", edgecolors="black", zorder=3, label="kernels ms (profiled step)")
+            for x, k in zip(xs, names):
+                stock = steps.get("stock " + k.rsplit(" ", 1)[-1])
+                if stock and not k.startswith("stock"):
+                    ax.annotate(f"{stock['ms'] / steps[k]['ms']:.2f}x", (x, steps[k]["ms"]), ha="center",
+                                va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+            ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
             ax.set_ylabel("ms a step")
+            ax.set_ylim(0, 1.1 * max(steps[k]["ms"] for k in names))  # room for the ratios
             ax.set_title(f"{row['size']} ({row['hidden_size']} x {row['num_hidden_layers']}): {what}")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
 
 
@@ -302,7 +325,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument("--plot-from", metavar="RESULTS.json", default=None,
+                   help="redraw the PNG beside a results file from its figures (no GPU) and exit")
     args = p.parse_args()
+    if args.plot_from:
+        src = Path(args.plot_from)
+        _plot(json.loads(src.read_text())["models"], src.with_suffix(".png"))
+        return
     gpu = torch.cuda.get_device_name().split()[-1].lower()
     out = Path(args.out) if args.out else OUT / f"{gpu}-model.json"
     rows = []
