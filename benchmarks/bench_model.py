@@ -26,7 +26,10 @@ kernels give alone. `--unfused` adds the patched model without the fused LM-head
 (what `patch()` runs in eager mode by default); `--mlp` adds it with the MLP swapped too
 (`patch(mlp=True)`: the projections and their gradients on cuteforge GEMMs; with
 `--unfused` also without the fused loss); `--profile` adds each contender's top CUDA
-kernels for one training step and one inference forward (`--profile-top N` of them).
+kernels (`--profile-top N` of them) and kernel time a step, training and inference, over
+`--per-round` consecutive profiled steps, with the time the GPU was busy against the span
+of those steps (a GPU that waits on the host or on a sync shows a span above its busy
+time).
 """
 
 from __future__ import annotations
@@ -186,9 +189,25 @@ def _variants(unfused: bool, mlp: bool) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _profile(steps: dict[str, Callable[[], Any]], top: int = 12) -> dict[str, list[dict[str, Any]]]:
-    """Per contender, the CUDA kernels of one step that take the most GPU time (ms), and
-    the step's total kernel time: where a contender's time goes."""
+def busy_ms(intervals: list[tuple[float, float]]) -> tuple[float, float]:
+    """(busy, span) in ms of GPU activity intervals given in µs: busy is their union's
+    length (overlapping work counted once), span from the first start to the last end."""
+    busy, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0.0
+    return busy / 1e3, span / 1e3
+
+
+def _profile(steps: dict[str, Callable[[], Any]], top: int = 12, count: int = 3) -> dict[str, list[dict[str, Any]]]:
+    """Per contender, over ``count`` consecutive steps (queued as the timed rounds queue
+    them), per step: the CUDA kernels that take the most GPU time (ms), the total kernel
+    time, and how long the GPU was busy against the span from the first kernel to the
+    last (``gpu_busy_ms`` / ``gpu_span_ms``: where the span exceeds the busy time, the
+    GPU waited; where the kernel time alone exceeds a single step's, sustained clocks
+    run slower): where a contender's time goes."""
     from torch.profiler import ProfilerActivity, profile
 
     out: dict[str, list[dict[str, Any]]] = {}
@@ -196,13 +215,18 @@ def _profile(steps: dict[str, Callable[[], Any]], top: int = 12) -> dict[str, li
         step()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
+            for _ in range(count):
+                step()
             torch.cuda.synchronize()
         kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
         kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
-        total = sum(e.self_device_time_total for e in kernels) / 1e3
-        out[name] = [{"kernel": "(all)", "ms": round(total, 3), "calls": sum(e.count for e in kernels)}] + [
-            {"kernel": e.key[:120], "ms": round(e.self_device_time_total / 1e3, 3), "calls": e.count}
+        total = sum(e.self_device_time_total for e in kernels) / 1e3 / count
+        busy, span = busy_ms([(e.time_range.start, e.time_range.end) for e in prof.events()
+                              if e.device_type == torch.autograd.DeviceType.CUDA])
+        out[name] = [{"kernel": "(all)", "ms": round(total, 3), "calls": sum(e.count for e in kernels) // count,
+                      "gpu_busy_ms": round(busy / count, 3), "gpu_span_ms": round(span / count, 3),
+                      "steps": count}] + [
+            {"kernel": e.key[:120], "ms": round(e.self_device_time_total / 1e3 / count, 3), "calls": e.count // count}
             for e in kernels[:top]]
     return out
 
@@ -237,8 +261,8 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     # without labels the fused loss is not involved: the unfused rows would repeat the patched ones
     infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items() if "unfused" not in k}
     if profile:
-        row["profile_train"] = _profile(train, profile_top)
-        row["profile_infer"] = _profile(infer, profile_top)
+        row["profile_train"] = _profile(train, profile_top, per_round)
+        row["profile_infer"] = _profile(infer, profile_top, per_round)
     for fns in (train, infer):
         for name, f in fns.items():
             t0 = time.perf_counter()
@@ -273,8 +297,8 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Per size and mode, each contender's ms a step (bars, with its ratio to stock in the
     same mode: eager or compiled), its host ms (black ticks: where a tick reaches the bar's
-    top the step waits on the host, not the GPU) and, with --profile, its kernels' ms in
-    one profiled step (hollow diamonds)."""
+    top the step waits on the host, not the GPU) and, with --profile, its kernels' ms a
+    step over the profiled steps (hollow diamonds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -295,7 +319,11 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
             if kernels:
                 ks = [x for x, k in zip(xs, names) if k in kernels]
                 ax.scatter(ks, [kernels[k][0]["ms"] for k in names if k in kernels], marker="D", s=28,
-                           facecolors="none", edgecolors="black", zorder=3, label="kernels ms (profiled step)")
+                           facecolors="none", edgecolors="black", zorder=3, label="kernels ms a step (profiled)")
+                busy = [(x, kernels[k][0]["gpu_busy_ms"]) for x, k in zip(xs, names)
+                        if k in kernels and "gpu_busy_ms" in kernels[k][0]]
+                if busy:
+                    ax.scatter(*zip(*busy), marker="x", s=28, color="black", zorder=3, label="GPU busy ms a step")
             for x, k in zip(xs, names):
                 stock = steps.get("stock " + k.rsplit(" ", 1)[-1])
                 if stock and not k.startswith("stock"):
@@ -317,7 +345,8 @@ def main() -> None:
     p.add_argument("--reduce-overhead", action="store_true")
     p.add_argument("--unfused", action="store_true", help="add patched contenders without the fused loss")
     p.add_argument("--mlp", action="store_true", help="add patched contenders with the MLP swapped too (patch(mlp=True))")
-    p.add_argument("--profile", action="store_true", help="add each training contender's top CUDA kernels (one step)")
+    p.add_argument("--profile", action="store_true",
+                   help="add each contender's top CUDA kernels and GPU busy time a step (over --per-round steps)")
     p.add_argument("--profile-top", type=int, default=12, help="how many kernels --profile keeps per contender")
     p.add_argument("--no-cache", action="store_true",
                    help="the models' use_cache=False (as with gradient checkpointing): transformers keeps the causal mask "
