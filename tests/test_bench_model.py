@@ -3,23 +3,18 @@ plot it redraws from a results file. The timed parts need a GPU (and transformer
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
+import benchmark_scripts
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_model.py"
+SCRIPT = benchmark_scripts.path("bench_model")
 pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="benchmarks/ is not part of an installed package")
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_model", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _bench():
+    return benchmark_scripts.load("bench_model")
 
 
 def test_busy_time_counts_overlaps_once_and_gaps_never() -> None:

@@ -4,7 +4,6 @@ parts themselves need a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,21 +12,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import benchmark_scripts
 import pytest
 
 from cuteforge import trust
 from cuteforge.bench import report
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_startup.py"
+SCRIPT = benchmark_scripts.path("bench_startup")
 pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="benchmarks/ is not part of an installed package")
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_startup", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_scripts.load("bench_startup")
 
 
 def _row(op: str, first: float, compile_ms: float, compiles: int) -> dict[str, Any]:

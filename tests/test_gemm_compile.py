@@ -1147,14 +1147,9 @@ def test_cli_param_parsing() -> None:
 
 
 def _bench_gemm():
-    import importlib.util
-    from pathlib import Path
+    import benchmark_scripts
 
-    path = Path(__file__).parent.parent / "benchmarks" / "bench_gemm.py"
-    spec = importlib.util.spec_from_file_location("bench_gemm_for_test", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return benchmark_scripts.load("bench_gemm")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7, 13])
