@@ -29,7 +29,10 @@ kernels give alone. `--unfused` adds the patched model without the fused LM-head
 kernels (`--profile-top N` of them) and kernel time a step, training and inference, over
 `--per-round` consecutive profiled steps, with the time the GPU was busy against the span
 of those steps (a GPU that waits on the host or on a sync shows a span above its busy
-time).
+time). Each phase (profile, timed training rounds, timed inference rounds) also records
+the SM clock and board power nvidia-smi sampled while it ran (``gpu_clocks``): a
+sustained large step holds the board at its power limit, below the clock of a profiled
+burst.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch
 
 import cuteforge.nn as cnn
 from cuteforge.bench.report import results_header, write_results
+from cuteforge.timing.clocks import ClockSampler
 
 OUT = Path(__file__).with_name("results")
 SIZES = {"small": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 4, "num_attention_heads": 16,
@@ -260,9 +264,12 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     train = {k: (lambda m=m, ps=params[k]: _train_step(m, ps, ids)) for k, m in models.items()}
     # without labels the fused loss is not involved: the unfused rows would repeat the patched ones
     infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items() if "unfused" not in k}
+    clocks: dict[str, Any] = {}
     if profile:
-        row["profile_train"] = _profile(train, profile_top, per_round)
-        row["profile_infer"] = _profile(infer, profile_top, per_round)
+        with ClockSampler() as sampler:
+            row["profile_train"] = _profile(train, profile_top, per_round)
+            row["profile_infer"] = _profile(infer, profile_top, per_round)
+        clocks["profile"] = sampler.summary()
     for fns in (train, infer):
         for name, f in fns.items():
             t0 = time.perf_counter()
@@ -277,8 +284,13 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     row["agreement_fp32"] = _agreement_fp32(stock, {k: (models[k], owners[k]) for k in (
         "stock eager", "patched eager", "patched-unfused eager", "stock compile", "patched compile") if k in models}, ids)
     every = [p for ps in params.values() for p in ps]
-    row["train"] = _measure(train, rounds, per_round, every)
-    row["infer"] = _measure(infer, rounds, per_round, every)
+    for what, fns in (("train", train), ("infer", infer)):
+        with ClockSampler() as sampler:
+            row[what] = _measure(fns, rounds, per_round, every)
+        clocks[what] = sampler.summary()
+    # the SM clock and board power while each phase ran: sustained training at the power
+    # limit runs below the clock of a profiled burst (timing/clocks.py)
+    row["gpu_clocks"] = clocks
     for what in ("train", "infer"):
         r = row[what]
         for mode in ("eager", "compile", "reduce-overhead"):
@@ -332,7 +344,11 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
             ax.set_ylabel("ms a step")
             ax.set_ylim(0, 1.1 * max(steps[k]["ms"] for k in names))  # room for the ratios
-            ax.set_title(f"{row['size']} ({row['hidden_size']} x {row['num_hidden_layers']}): {what}")
+            title = f"{row['size']} ({row['hidden_size']} x {row['num_hidden_layers']}): {what}"
+            clock = (row.get("gpu_clocks") or {}).get(what)
+            if clock:  # the timed rounds' median SM clock and board power
+                title += f"\n{clock['sm_mhz_median']:.0f} MHz, {clock['power_w_median']:.0f} of {clock['power_limit_w']:.0f} W"
+            ax.set_title(title, fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
