@@ -1079,14 +1079,17 @@ def test_stream_k_ends_compiles_without_spill() -> None:
 
 
 def test_long_k_one_wave_default() -> None:
-    """Weight-gradient shapes (long K, one wave of pingpong 128x192 tiles) take LONG_K; a
-    second wave, short K, a fused epilogue or a tile count under LONG_K_FILL of the SMs
-    keep the other rules."""
+    """Weight-gradient shapes (long K, one wave of pingpong 128x192 tiles) take LONG_K,
+    160 wide where those tiles still fit one wave; a second wave, short K, a fused
+    epilogue or a tile count under LONG_K_FILL of the SMs keep the other rules."""
     from cuteforge.kernels.gemm.sm90.config import fit_swizzle
     from cuteforge.kernels.gemm.sm90.config.defaults import LONG_K
 
-    for m, n, k in ((1536, 1536, 12288), (1024, 2816, 16384), (2816, 1024, 16384), (1024, 2816, 4096)):
+    for m, n, k in ((1024, 2816, 16384), (2816, 1024, 16384), (1024, 2816, 4096), (2048, 1536, 8192)):
         assert default_config(m, n, k, 132) == fit_swizzle(LONG_K, m, n), (m, n, k)
+    for m, n, k in ((1536, 1536, 12288), (1536, 1536, 4096)):  # 12 x 10 tiles of 128x160: one wave
+        assert default_config(m, n, k, 132) == fit_swizzle(replace(LONG_K, tile_n=160), m, n), (m, n, k)
+    assert default_config(1536, 1536, 12288, 132).swizzle == 5  # 10 column tiles in groups of 5
     for m, n, k in ((1024, 4096, 16384), (2048, 2048, 8192), (1024, 2816, 2048), (1024, 1024, 16384)):
         assert default_config(m, n, k, 132) != fit_swizzle(LONG_K, m, n), (m, n, k)
     assert not default_config(1024, 2816, 16384, 132, fused=True).pingpong

@@ -157,7 +157,7 @@ def test_every_candidate_config() -> None:
             raise AssertionError(f"config {cfg}: {e}") from None
 
 
-@pytest.mark.parametrize("tm,tn,bufs", [(128, 128, 0), (64, 256, 0), (128, 192, 2), (128, 192, 1)])
+@pytest.mark.parametrize("tm,tn,bufs", [(128, 128, 0), (64, 256, 0), (128, 192, 2), (128, 192, 1), (128, 160, 2)])
 def test_pingpong_batched_fused(tm: int, tn: int, bufs: int) -> None:
     """Pingpong warpgroups (alternate tiles, own epilogue buffers) on ragged batched
     shapes with a fused epilogue; small N-tiles make each CTA run several tiles. 128x192
@@ -173,6 +173,20 @@ def test_pingpong_batched_fused(tm: int, tn: int, bufs: int) -> None:
     a = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
     _close(gemm(a, b, config=cfg, out_dtype=torch.float32), _ref(a, b), 2048)
+
+
+@pytest.mark.parametrize("mnk", [(1536, 1536, 12288), (1531, 1529, 4097), (1, 1536, 4096), (1536, 7, 4096)])
+def test_long_k_weight_gradient_layout(mnk: tuple[int, int, int]) -> None:
+    """The long-K one-wave default (pingpong 128x160 at 1536^2, the weight gradient's
+    layout: A M-major, B N-major), and the same tile forced onto odd extents where M, N
+    and K are not multiples of the tile."""
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    m, n, k = mnk
+    a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t()
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    _close(gemm(a, b), _ref(a, b), k)
+    _close(gemm(a, b, config=GemmConfig(tile_n=160, pingpong=True, epi_bufs=2)), _ref(a, b), k)
 
 
 @pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -33,6 +33,11 @@ SHORT_K_GAIN = 1.04
 # default; at 48 tiles (1024^2) 0.48x and at 176-192 (1024x4096, 2048^2) 0.70-0.72x.
 LONG_K = GemmConfig(tile_n=192, pingpong=True, epi_bufs=2)
 LONG_K_FILL = 0.72
+# One wave of CTAs takes as long as its widest tile: where LONG_K applies and 160-wide
+# tiles still fit one wave, they run instead (1536^2 x 12288, dW layout: 0.96x cuBLAS
+# against 0.88x for 192; widths that are not a multiple of 32, 144 and 176, ran at
+# 0.45-0.73x). Only there: below LONG_K_FILL the cooperative tiles lead.
+LONG_K_NARROW = 160
 
 
 def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 132, in_bytes: int = 2, *,
@@ -88,7 +93,8 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         return narrow
     long_k_tiles = -(-m // LONG_K.tile_m) * -(-n // LONG_K.tile_n) * batch
     if not fused and k is not None and k >= 4096 and LONG_K_FILL * sm_count <= long_k_tiles <= sm_count:
-        return fit_swizzle(LONG_K, m, n)
+        narrow_tiles = -(-m // LONG_K.tile_m) * -(-n // LONG_K_NARROW) * batch
+        return fit_swizzle(LONG_K if narrow_tiles > sm_count else replace(LONG_K, tile_n=LONG_K_NARROW), m, n)
     if m <= 64:
         shapes: tuple[tuple[int, int], ...] = ((64, 256), (64, 128), (64, 64))
     elif m <= 128:
