@@ -269,7 +269,7 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
         with ClockSampler() as sampler:
             row["profile_train"] = _profile(train, profile_top, per_round)
             row["profile_infer"] = _profile(infer, profile_top, per_round)
-        clocks["profile"] = sampler.summary()
+        clocks["profile"] = sampler.summary() or {"error": sampler.error}
     for fns in (train, infer):
         for name, f in fns.items():
             t0 = time.perf_counter()
@@ -287,9 +287,10 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     for what, fns in (("train", train), ("infer", infer)):
         with ClockSampler() as sampler:
             row[what] = _measure(fns, rounds, per_round, every)
-        clocks[what] = sampler.summary()
-    # the SM clock and board power while each phase ran: sustained training at the power
-    # limit runs below the clock of a profiled burst (timing/clocks.py)
+        clocks[what] = sampler.summary() or {"error": sampler.error}
+    # the SM clock and board power while each phase ran (timing/clocks.py): sustained
+    # training at the power limit runs below the boost clock. The profile phase's samples
+    # are mostly of the host between profiled steps, not of the steps.
     row["gpu_clocks"] = clocks
     for what in ("train", "infer"):
         r = row[what]
@@ -346,8 +347,9 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
             ax.set_ylim(0, 1.1 * max(steps[k]["ms"] for k in names))  # room for the ratios
             title = f"{row['size']} ({row['hidden_size']} x {row['num_hidden_layers']}): {what}"
             clock = (row.get("gpu_clocks") or {}).get(what)
-            if clock:  # the timed rounds' median SM clock and board power
-                title += f"\n{clock['sm_mhz_median']:.0f} MHz, {clock['power_w_median']:.0f} of {clock['power_limit_w']:.0f} W"
+            if clock and "sm_mhz_median" in clock:  # the timed rounds' median SM clock and board power
+                title += (f"\n{clock['sm_mhz_median']:.0f} MHz, {clock['power_w_median']:.0f} of "
+                          f"{clock['power_limit_w']:.0f} W ({clock['samples']} samples)")
             ax.set_title(title, fontsize=10)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", ncol=2, fontsize=8, frameon=False)

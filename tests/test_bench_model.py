@@ -34,8 +34,9 @@ def test_plot_from_a_results_file(tmp_path: Path) -> None:
     row = {"size": "small", "hidden_size": 1024, "num_hidden_layers": 4,
            "train": {"stock eager": step, "patched eager": {**step, "ms": 8.0}, "speedup eager": 1.25},
            "infer": {"stock eager": step, "patched eager": step}, "profile_train": profile,
-           "gpu_clocks": {"train": {"sm_mhz_median": 1545.0, "power_w_median": 690.0, "power_limit_w": 700.0},
-                          "infer": None}}  # infer: no nvidia-smi samples
+           "gpu_clocks": {"train": {"sm_mhz_median": 1545.0, "power_w_median": 690.0, "power_limit_w": 700.0,
+                                    "samples": 30},
+                          "infer": {"error": "nvidia-smi not found"}}}
     results = tmp_path / "h200-model.json"
     results.write_text(json.dumps({"command": "x", "models": [row]}))
     bench._plot(json.loads(results.read_text())["models"], results.with_suffix(".png"))

@@ -1090,6 +1090,12 @@ def test_long_k_one_wave_default() -> None:
     for m, n, k in ((1536, 1536, 12288), (1536, 1536, 4096)):  # 12 x 10 tiles of 128x160: one wave
         assert default_config(m, n, k, 132) == fit_swizzle(replace(LONG_K, tile_n=160), m, n), (m, n, k)
     assert default_config(1536, 1536, 12288, 132).swizzle == 5  # 10 column tiles in groups of 5
+    # batched: the tiles of every batch share the wave (4 x 36 tiles of 128x160 fit, 5 x do not)
+    assert default_config(768, 768, 8192, 132, batch=4).tile_n == 160
+    assert default_config(768, 768, 8192, 132, batch=5) == fit_swizzle(LONG_K, 768, 768)
+    # M or N of at most 64 rows / columns keeps the narrow rules
+    assert default_config(1, 1536, 8192, 132, batch=12).tile_m == 64
+    assert default_config(1536, 1, 8192, 132, batch=8).tile_n < 160
     for m, n, k in ((1024, 4096, 16384), (2048, 2048, 8192), (1024, 2816, 2048), (1024, 1024, 16384)):
         assert default_config(m, n, k, 132) != fit_swizzle(LONG_K, m, n), (m, n, k)
     assert not default_config(1024, 2816, 16384, 132, fused=True).pingpong

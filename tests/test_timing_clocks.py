@@ -45,8 +45,28 @@ def test_sampler_reads_the_samples_written_while_it_ran(tmp_path: Path, monkeypa
     assert f"--query-gpu={clocks.QUERY}" in args and "--loop-ms=10" in args
 
 
+@pytest.mark.skipif(os.name != "posix", reason="a shell-script stand-in for nvidia-smi")
+def test_sampler_waits_for_the_first_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the stand-in takes 0.3 s to start; a phase shorter than that still gets its samples
+    _stand_in(tmp_path, 'sleep 0.3\nwhile true; do echo "1980, 120.0, 700.00"; sleep 0.01; done\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with clocks.ClockSampler(interval_ms=10) as sampler:
+        pass
+    assert sampler.summary() is not None and sampler.error is None
+
+
 def test_sampler_without_nvidia_smi_summarizes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no nvidia-smi
     with clocks.ClockSampler() as sampler:
         pass
+    assert sampler.summary() is None and sampler.error == "nvidia-smi not found"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a shell-script stand-in for nvidia-smi")
+def test_sampler_says_why_nvidia_smi_gave_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _stand_in(tmp_path, 'echo "No devices were found" >&2\nexit 6\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with clocks.ClockSampler(first_sample_s=0.5) as sampler:
+        time.sleep(0.1)
     assert sampler.summary() is None
+    assert sampler.error == "nvidia-smi gave no samples (exit code 6): No devices were found"

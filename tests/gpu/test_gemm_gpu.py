@@ -177,14 +177,20 @@ def test_pingpong_batched_fused(tm: int, tn: int, bufs: int) -> None:
 
 @pytest.mark.parametrize("mnk", [(1536, 1536, 12288), (1531, 1529, 4097), (1, 1536, 4096), (1536, 7, 4096)])
 def test_long_k_weight_gradient_layout(mnk: tuple[int, int, int]) -> None:
-    """The long-K one-wave default (pingpong 128x160 at 1536^2, the weight gradient's
-    layout: A M-major, B N-major), and the same tile forced onto odd extents where M, N
-    and K are not multiples of the tile."""
+    """The weight gradient's layout (A M-major, B N-major, read in place): the default
+    (at 1536^2 the long-K rule's pingpong 128x160) and the 128x160 tile forced, also at
+    odd extents where M, N and K are not multiples of the tile."""
     from cuteforge.kernels.gemm.sm90.config import GemmConfig
+    from cuteforge.ops.gemm_launch import _operand_for
 
     m, n, k = mnk
-    a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t()
-    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    # views into rows of 1536 elements: odd extents whose strides TMA still reads in place,
+    # so the kernel sees A M-major and B N-major (a copy would turn them K-major)
+    a = torch.randn(k, 1536, device="cuda", dtype=torch.bfloat16)[:, :m].t()
+    b = torch.randn(k, 1536, device="cuda", dtype=torch.bfloat16)[:, :n]
+    for t, prefer in ((a, (2, 1)), (b, (1, 2))):  # read in place, not K-major
+        got, k_major = _operand_for(t.unsqueeze(0), prefer)
+        assert got.data_ptr() == t.data_ptr() and not k_major
     _close(gemm(a, b), _ref(a, b), k)
     _close(gemm(a, b, config=GemmConfig(tile_n=160, pingpong=True, epi_bufs=2)), _ref(a, b), k)
 

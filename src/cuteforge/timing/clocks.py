@@ -13,10 +13,12 @@ Recording the clock and the power next to the timed rounds says which regime the
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -50,16 +52,22 @@ def summarize(samples: list[tuple[float, float, float]]) -> dict[str, Any] | Non
 
 
 class ClockSampler:
-    """Samples a CUDA device's (default: the current one's) SM clock and board power every ``interval_ms``
-    (an nvidia-smi process in the background) between ``__enter__`` and ``__exit__``.
-    ``summary()`` is None where nvidia-smi is missing or returned nothing: the benchmark
-    runs on either way."""
+    """Samples a CUDA device's (default: the current one's) SM clock and board power every
+    ``interval_ms`` (an nvidia-smi process in the background) between ``__enter__`` and
+    ``__exit__``; ``__enter__`` returns once the first sample is in (at most
+    ``first_sample_s``), so a short phase is not missed while nvidia-smi starts. The
+    sampling process polls from another core. ``summary()`` is None where nvidia-smi is
+    missing or gave no samples, and ``error`` then says why: the benchmark runs on either
+    way."""
 
-    def __init__(self, interval_ms: int = 100, device: int | None = None) -> None:
+    def __init__(self, interval_ms: int = 100, device: int | None = None, first_sample_s: float = 2.0) -> None:
         self.interval_ms = interval_ms
         self.device = device
+        self.first_sample_s = first_sample_s
+        self.error: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._out: Any = None
+        self._err: Any = None
         self._samples: list[tuple[float, float, float]] = []
 
     def _select(self) -> list[str]:
@@ -70,20 +78,32 @@ class ClockSampler:
         uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
         if not uuid:
             return []
-        return ["-i", uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"]
+        return ["-i", uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"]
 
     def __enter__(self) -> ClockSampler:
         exe = shutil.which("nvidia-smi")
-        if exe is not None:
+        if exe is None:
+            self.error = "nvidia-smi not found"
+            return self
+        # files, not pipes: a pipe nobody reads would stall the sampling once full
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        try:
             cmd = [exe, *self._select(), f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                    f"--loop-ms={self.interval_ms}"]
-            self._out = tempfile.TemporaryFile()  # a pipe nobody reads would stall the sampling once full
-            self._proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err)
+        except (OSError, RuntimeError) as e:
+            self.error = f"nvidia-smi did not start: {e}"
+            self._close_files()
+            return self
+        deadline = time.monotonic() + self.first_sample_s
+        while time.monotonic() < deadline and self._proc.poll() is None and not os.fstat(self._out.fileno()).st_size:
+            time.sleep(0.01)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is None:
             return
+        exited = self._proc.poll()  # None: still sampling, as it should be
         self._proc.terminate()
         try:
             self._proc.wait(timeout=5)
@@ -92,8 +112,19 @@ class ClockSampler:
             self._proc.wait()
         self._out.seek(0)
         self._samples = parse_samples(self._out.read().decode(errors="replace"))
-        self._out.close()
-        self._proc = self._out = None
+        if not self._samples:
+            self._err.seek(0)
+            why = self._err.read().decode(errors="replace").strip()[-300:]
+            code = "" if exited is None else f" (exit code {exited})"
+            self.error = f"nvidia-smi gave no samples{code}" + (f": {why}" if why else "")
+        self._close_files()
+        self._proc = None
+
+    def _close_files(self) -> None:
+        for f in (self._out, self._err):
+            if f is not None:
+                f.close()
+        self._out = self._err = None
 
     def summary(self) -> dict[str, Any] | None:
         return summarize(self._samples)

@@ -34,9 +34,10 @@ SHORT_K_GAIN = 1.04
 LONG_K = GemmConfig(tile_n=192, pingpong=True, epi_bufs=2)
 LONG_K_FILL = 0.72
 # One wave of CTAs takes as long as its widest tile: where LONG_K applies and 160-wide
-# tiles still fit one wave, they run instead (1536^2 x 12288, dW layout: 0.96x cuBLAS
-# against 0.88x for 192; widths that are not a multiple of 32, 144 and 176, ran at
-# 0.45-0.73x). Only there: below LONG_K_FILL the cooperative tiles lead.
+# tiles still fit one wave, they run instead (1536^2 x 12288, dW layout: 0.96x cuBLAS in
+# a probe and 0.955x in `bench_gemm.py --set backward`, against 0.88x for 192; widths
+# that are not a multiple of 32, 144 and 176, ran at 0.45-0.94x). Only where LONG_K
+# applies: elsewhere 160-wide tiles were not measured.
 LONG_K_NARROW = 160
 
 
@@ -92,7 +93,9 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
             return wide
         return narrow
     long_k_tiles = -(-m // LONG_K.tile_m) * -(-n // LONG_K.tile_n) * batch
-    if not fused and k is not None and k >= 4096 and LONG_K_FILL * sm_count <= long_k_tiles <= sm_count:
+    # (M or N <= 64: the rules below give 64-row or narrower tiles)
+    if (not fused and k is not None and k >= 4096 and min(m, n) > 64
+            and LONG_K_FILL * sm_count <= long_k_tiles <= sm_count):
         narrow_tiles = -(-m // LONG_K.tile_m) * -(-n // LONG_K_NARROW) * batch
         return fit_swizzle(LONG_K if narrow_tiles > sm_count else replace(LONG_K, tile_n=LONG_K_NARROW), m, n)
     if m <= 64:
