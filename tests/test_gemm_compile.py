@@ -1101,6 +1101,21 @@ def test_long_k_one_wave_default() -> None:
     assert not default_config(1024, 2816, 16384, 132, fused=True).pingpong
 
 
+def test_long_k_narrow_tile_assembles_without_spill() -> None:
+    """The long-K rule's 128x160 tile, pingpong: 16-bit in the weight gradient's layout
+    (A M-major, B N-major) and fp8 (K-major, 128-deep k-blocks), no spill."""
+    from ptxas_check import ptxas_no_spill
+
+    cfg = default_config(1536, 1536, 12288, 132)
+    assert (cfg.tile_n, cfg.pingpong) == (160, True)
+    ptx = _ptx(False, False, ("bfloat16",) * 3, cfg=cfg)
+    assert "m64n160k16" in ptx
+    ptxas_no_spill(ptx)
+    ptx = _ptx_fp8(("float8_e4m3fn", "float8_e4m3fn", "bfloat16"), cfg=default_config(1536, 1536, 12288, 132, in_bytes=1))
+    assert "m64n160k32" in ptx
+    ptxas_no_spill(ptx)
+
+
 def test_stream_k_compiles() -> None:
     """stream_k kernels: the flag protocol (gpu-scope fence + acquire loads) is in the PTX
     and nowhere else; plain and fused compile without spills."""
