@@ -31,8 +31,7 @@ kernels (`--profile-top N` of them) and kernel time a step, training and inferen
 of those steps (a GPU that waits on the host or on a sync shows a span above its busy
 time). Each phase (profile, timed training rounds, timed inference rounds) also records
 the SM clock and board power nvidia-smi sampled while it ran (``gpu_clocks``): a
-sustained large step holds the board at its power limit, below the clock of a profiled
-burst.
+sustained large step holds the board at its power limit, below its boost clock.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The GPU's SM clock and board power over a region of a benchmark, sampled by nvidia-smi.
 
 A long run of large GEMMs holds an H200 at its power limit, where the SM clock drops
-well below its boost clock; a short profiled burst after an idle spell runs at the boost
-clock. Kernel times from such a burst then add up to less than the sustained steps take,
-and a ratio of sustained wall times differs from the ratio of the bursts' kernel times.
-Recording the clock and the power next to the timed rounds says which regime they ran in.
+well below its boost clock, while a short burst after an idle spell may not reach that
+limit. Kernel times profiled in such bursts can then add up to less than the sustained
+steps take. Recording the clock and the power next to the timed rounds says which
+regime they ran in.
 
     with ClockSampler() as clocks:
         ...timed rounds...
