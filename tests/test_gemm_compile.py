@@ -1266,3 +1266,73 @@ def test_op_traced_with_fake_tensors_outside_dynamo_takes_the_registered_op() ->
         s = torch.empty(48, dtype=torch.float32, device="cuda")
         out = gemm_ops.gemm(a, b, epilogue=ep, epilogue_args={"c": c, "s": s})
     assert is_fake(out) and out.shape == (64, 48) and out.dtype == torch.bfloat16
+
+
+def _ptx_gated(cfg: GemmConfig, a_k: bool = True, gate: str = "silu", dtype: str = "bfloat16") -> str:
+    from cuteforge.kernels.gemm.spec import gemm_gated_kernel
+
+    k = gemm_gated_kernel(a_k, gate)
+    key = BoundKey((dtype,) * 4 + ("int32",), (), (8, 8, 8, 8, 4))  # a, b_gate, b_up, out, work
+    spec = k.spec(key, (("sms", 132),), cfg, arch="sm_90a")
+    res = compiler.compile_jit(k.builder(spec), k.signature.fake_args(key), "sm_90a", keep_artifacts=True)
+    assert res.ptx
+    return res.ptx
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(), GemmConfig(tile_n=192, pingpong=True, epi_bufs=2),
+                                 GemmConfig(tile_n=128, stream_k=True)], ids=repr)
+def test_gated_gemm_compiles_without_spill(cfg: GemmConfig) -> None:
+    """The gated GEMM (SwiGLU's gate and up in one kernel): the MMA spans both halves
+    (m64n<tile_n>), B arrives as two TMA loads a stage where the plain kernel issues one,
+    the epilogue computes silu (tanh.approx) once per output value, and ptxas spills nothing."""
+    from ptxas_check import ptxas_no_spill
+
+    from cuteforge.kernels.gemm.sm90.config import gated_config
+
+    cfg = gated_config(cfg)
+    gated = _ptx_gated(cfg)
+    plain = _ptx(True, True, ("bfloat16",) * 3, cfg=cfg)
+    assert f"m64n{cfg.tile_n}k16" in gated
+    loads = r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global"
+    assert len(re.findall(loads, gated)) == len(re.findall(loads, plain)) + 1
+    assert "tanh.approx.f32" in gated and "tanh.approx.f32" not in plain
+    ptxas_no_spill(gated)
+
+
+def test_gated_gemm_gelu_and_m_major_a_compile() -> None:
+    ptx = _ptx_gated(GemmConfig(tile_n=128), a_k=False, gate="gelu", dtype="float16")
+    assert "m64n128k16" in ptx and "tanh.approx.f32" in ptx
+
+
+def test_gated_config() -> None:
+    """The gated GEMM's output tile is tile_n / 2 wide: its subtiles must divide that."""
+    from cuteforge.kernels.gemm.sm90.config import gated_config
+
+    assert gated_config(GemmConfig()) == GemmConfig()  # 128 / 32
+    assert gated_config(GemmConfig(tile_n=192, epi_n=64)).epi_n == 32  # 96 / 32
+    assert gated_config(GemmConfig(tile_n=160, epi_n=32)).epi_n == 16  # 80 / 16
+    assert gated_config(GemmConfig(tile_n=144)).tile_n == 128
+    for tile_n in (64, 96, 128, 160, 192, 224, 256):
+        gated_config(GemmConfig(tile_n=tile_n)).validate_gated()
+    with pytest.raises(ValueError, match="tile_n a multiple of 32"):
+        GemmConfig(tile_n=144, epi_n=16).validate_gated()
+    with pytest.raises(ValueError, match="epi_n"):
+        GemmConfig(tile_n=192, epi_n=64).validate_gated()
+
+
+def test_gated_tune_problem() -> None:
+    """`cuteforge tune gemm_sm90_tn_silu_mul --shapes MxNxK`: keyed as ops.gated_gemm keys
+    the call (a, both weights, out, work; dims of the output's N), the heuristic's config
+    for the (M, 2N) product first, every candidate one the gated kernel can run."""
+    from cuteforge.kernels.gemm.sm90.config import fit_swizzle, gated_config
+    from cuteforge.tune_cli import problem_factory
+
+    p = problem_factory("gemm_sm90_tn_silu_mul")((4096, 14336, 4096), "bfloat16", {"sms": 132})
+    assert p.key == BoundKey(("bfloat16",) * 4 + ("int32",), (), (8, 8, 8, 8, 4))
+    assert p.dims == {"M": 4096, "N": 14336, "K": 4096} and p.params == {"sms": 132}
+    assert p.configs[0] == fit_swizzle(gated_config(default_config(4096, 2 * 14336, 4096, 132)), 4096, 2 * 14336)
+    assert all(c.gated_ok for c in p.configs) and len(set(p.configs)) == len(p.configs) > 4
+    with pytest.raises(ValueError, match="MxNxK"):
+        problem_factory("gemm_sm90_nn_gelu_mul")((2, 8, 8, 8), "bfloat16", {})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        problem_factory("gemm_sm90_tn_silu_mul")((8, 8, 8), "bfloat16", {"act": "gelu"})

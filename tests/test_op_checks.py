@@ -11,6 +11,13 @@ import cuteforge.ops as ops
 
 X = torch.randn(4, 8)
 W = torch.randn(8)
+WG = torch.randn(8, 16, dtype=torch.bfloat16)  # a gated GEMM's (K, N) weight
+
+
+def _cfg(**kw):  # noqa: ANN003, ANN202
+    from cuteforge.kernels.gemm.sm90.config import GemmConfig
+
+    return GemmConfig(**kw)
 
 
 @pytest.mark.parametrize(("call", "error", "match"), [
@@ -24,6 +31,13 @@ W = torch.randn(8)
     (lambda: ops.amax(X, dim=5), ValueError, "'dim'=5 is out of range"),
     (lambda: ops.cross_entropy(X, torch.zeros(4, dtype=torch.int32)), TypeError, "'target' must be int64"),
     (lambda: ops.cross_entropy(X, torch.zeros(4, dtype=torch.int64), reduction="avg"), ValueError, "'reduction'"),
+    (lambda: ops.gated_gemm(X.bfloat16(), WG, WG[:, :4]), ValueError, "'b_up' has shape"),
+    (lambda: ops.gated_gemm(X.bfloat16(), WG[:4], WG[:4]), ValueError, "b_gate has K=4"),
+    (lambda: ops.gated_gemm(X.bfloat16(), WG.half(), WG.half()), TypeError, "b_gate is torch.float16"),
+    (lambda: ops.gated_gemm(X, WG, WG), TypeError, "'a' has dtype float32"),
+    (lambda: ops.gated_gemm(X.bfloat16(), WG, WG, gate="relu"), ValueError, "gate must be one of"),
+    (lambda: ops.gated_gemm(X.bfloat16(), WG, WG, config=_cfg(tile_n=144, epi_n=16)), ValueError, "needs tile_n a multiple of 32"),
+    (lambda: ops.gated_gemm(X.bfloat16(), WG, WG), ValueError, "'a' must be a CUDA tensor"),
     (lambda: ops.rms_norm(X, W), ValueError, "'x' must be a CUDA tensor"),
     (lambda: ops.softmax(X), ValueError, "'x' must be a CUDA tensor"),
     (lambda: ops.sum(X), ValueError, "'x' must be a CUDA tensor"),

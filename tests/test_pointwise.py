@@ -290,17 +290,37 @@ def test_patched_model_on_the_cpu_matches_stock_with_the_mlp_modes() -> None:
     stock = _llama()
     ids = torch.randint(0, 96, (2, 12))
     want = stock(input_ids=ids, labels=ids).loss
-    for mlp in ("activation", True):
+    for mlp in ("activation", True, "recompute"):
         model = copy.deepcopy(stock)
         keys = model.state_dict().keys()
         gate = model.model.layers[0].mlp.gate_proj
         report = cnn.patch(model, mlp=mlp)
         mlp_module = model.model.layers[0].mlp
-        assert (mlp_module.gate_proj is gate) is (mlp == "activation")  # torch's projections: the model's own
+        assert (mlp_module.gate_proj is gate) is (mlp is not True)  # torch's projections: the model's own
         assert isinstance(mlp_module, cnn.SwiGLUMLP) and mlp_module.gemm is (mlp is True), report
+        assert mlp_module.recompute is (mlp == "recompute")
         assert type(mlp_module.gate_proj) is (cnn.Linear if mlp is True else torch.nn.Linear)
         assert model.state_dict().keys() == keys
         torch.testing.assert_close(model(input_ids=ids, labels=ids).loss, want)
         cnn.unpatch(model)
-    with pytest.raises(ValueError, match="mlp must be True, False or 'activation'"):
+    with pytest.raises(ValueError, match="mlp must be True, False, 'activation' or 'recompute'"):
         cnn.patch(copy.deepcopy(stock), mlp="gemm")
+
+
+def test_swiglu_mlp_arguments_and_cpu_fallback() -> None:
+    """`recompute` is checked like `gemm`; on the CPU every setting runs torch's MLP; a
+    projection with a hook is never bypassed by the gated GEMM."""
+    with pytest.raises(TypeError, match="'recompute' must be a bool"):
+        cnn.SwiGLUMLP(8, 16, recompute="yes")
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    for gemm in (True, False):
+        for recompute in (True, False):
+            mlp = cnn.SwiGLUMLP(8, 16, gemm=gemm, recompute=recompute)
+            assert f"recompute={recompute}" in repr(mlp)
+            want = mlp.down_proj.weight @ (F.silu(mlp.gate_proj.weight @ x.T) * (mlp.up_proj.weight @ x.T))
+            torch.testing.assert_close(mlp(x), want.T)
+    mlp = cnn.SwiGLUMLP(8, 16, gemm=False)
+    assert cnn.modules._hookless(mlp.gate_proj)
+    mlp.gate_proj.register_forward_hook(lambda *_: None)
+    assert not cnn.modules._hookless(mlp.gate_proj)

@@ -145,6 +145,20 @@ def test_patched_mlp_trains_like_stock() -> None:
     _assert_matches_stock(loss, grads, ref, ref_grads)
 
 
+def test_patched_mlp_recompute_trains_like_stock() -> None:
+    """patch(mlp="recompute"): gate and up as the gated GEMM with grad, the backward
+    recomputing both products."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    stock = _llama()
+    patched = copy.deepcopy(stock)
+    cnn.patch(patched, mlp="recompute")
+    ids = torch.randint(0, 1000, (2, 127), device="cuda")
+    loss, grads = _loss_and_grads(patched, ids)
+    ref, ref_grads = _loss_and_grads(stock, ids)
+    _assert_matches_stock(loss, grads, ref, ref_grads)
+
+
 def _llama(vocab: int = 1000):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=704, num_hidden_layers=2,

@@ -140,9 +140,7 @@ class Linear(nn.Linear):
         self.activation = activation
 
     def _gemm_applies(self, x: torch.Tensor) -> bool:
-        return (isinstance(x, torch.Tensor) and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-                and self.weight.dtype == x.dtype and torch.cuda.get_device_capability(x.device) == (9, 0)
-                and self.in_features % 8 == 0 and self.out_features % 8 == 0)
+        return _gemm_applies(self, x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._gemm_applies(x):
@@ -205,22 +203,42 @@ class SwiGLUMLP(nn.Module):
     with the same submodules (gate_proj, up_proj, down_proj) and state_dict keys.
 
     ``gemm=True``: the projections are `Linear` (cuteforge's GEMM, the gate's silu fused
-    into its epilogue). ``gemm=False``: they are torch's ``nn.Linear`` and
-    ``silu(gate) * up`` is one cuteforge kernel forward and one backward
-    (`cuteforge.ops.silu_mul`), which saves neither silu(gate) nor the product's inputs
-    twice; under torch.compile it is torch's expression, which Inductor fuses."""
+    into its epilogue); ``gemm=False``: torch's ``nn.Linear``, with ``silu(gate) * up`` as
+    one cuteforge kernel forward and one backward (`cuteforge.ops.silu_mul`), which saves
+    neither silu(gate) nor the product's inputs twice.
+
+    Without grad, the gate and up projections run as one gated GEMM
+    (`cuteforge.ops.gated_gemm`: its epilogue writes ``silu(gate) * up``, neither product
+    reaches memory) wherever it applies: sm_90, 16-bit, no biases, widths a multiple of 8,
+    projections of exactly these classes without hooks. ``recompute=True`` runs it with
+    grad too: the backward recomputes both products (two more GEMMs), so the two (tokens x
+    intermediate) activations are not kept for it. Under torch.compile every path is
+    torch's expression around the projections, which Inductor fuses."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device: Any = None,
-                 dtype: torch.dtype | None = None, gemm: bool = True) -> None:
+                 dtype: torch.dtype | None = None, gemm: bool = True, recompute: bool = False) -> None:
         super().__init__()
         self.gemm = checks.boolean("cuteforge.nn.SwiGLUMLP", "gemm", gemm)
+        self.recompute = checks.boolean("cuteforge.nn.SwiGLUMLP", "recompute", recompute)
         linear = Linear if self.gemm else nn.Linear
         gate_kw = {"activation": "silu"} if self.gemm else {}
         self.gate_proj = linear(hidden_size, intermediate_size, bias, device=device, dtype=dtype, **gate_kw)
         self.up_proj = linear(hidden_size, intermediate_size, bias, device=device, dtype=dtype)
         self.down_proj = linear(intermediate_size, hidden_size, bias, device=device, dtype=dtype)
 
+    def _gated_applies(self, x: torch.Tensor) -> bool:
+        gate, up = self.gate_proj, self.up_proj
+        return (type(gate) is type(up) and type(gate) in (Linear, nn.Linear) and _hookless(gate) and _hookless(up)
+                and gate.bias is None and up.bias is None and up.weight.dtype == gate.weight.dtype
+                and _gemm_applies(gate, x))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.gate_proj.weight.requires_grad
+                                                  or self.up_proj.weight.requires_grad)
+        if (self.recompute or not wants_grad) and self._gated_applies(x):
+            from .. import ops
+
+            return self.down_proj(ops.gated_gemm(x, self.gate_proj.weight.t(), self.up_proj.weight.t()))
         if self.gemm:
             return self.down_proj(self.gate_proj(x) * self.up_proj(x))
         gate, up = self.gate_proj(x), self.up_proj(x)
@@ -231,7 +249,20 @@ class SwiGLUMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
     def extra_repr(self) -> str:
-        return f"gemm={self.gemm}"
+        return f"gemm={self.gemm}, recompute={self.recompute}"
+
+
+def _gemm_applies(linear: nn.Linear, x: Any) -> bool:
+    """Whether cuteforge's sm_90a GEMM runs `linear` (cuteforge's or torch's) on `x`."""
+    return (isinstance(x, torch.Tensor) and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and linear.weight.dtype == x.dtype and torch.cuda.get_device_capability(x.device) == (9, 0)
+            and linear.in_features % 8 == 0 and linear.out_features % 8 == 0)
+
+
+def _hookless(m: nn.Module) -> bool:
+    """Whether calling `m` runs its forward alone (no module hooks that a direct use of its
+    weight would skip)."""
+    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, num_items_in_batch: Any = None,

@@ -91,12 +91,13 @@ def _embedding_of(module: nn.Embedding) -> Embedding:
     return new
 
 
-def _mlp_of(module: nn.Module, act: Any, gemm: bool) -> SwiGLUMLP | None:
+def _mlp_of(module: nn.Module, act: Any, gemm: bool, recompute: bool = False) -> SwiGLUMLP | None:
     projections = [getattr(module, p, None) for p in ("gate_proj", "up_proj", "down_proj")]
     if act != "silu" or not all(type(p) is nn.Linear for p in projections):
         return None
     gate, up, down = projections
-    new = SwiGLUMLP(gate.in_features, gate.out_features, bias=gate.bias is not None, device="meta", gemm=gemm)
+    new = SwiGLUMLP(gate.in_features, gate.out_features, bias=gate.bias is not None, device="meta", gemm=gemm,
+                    recompute=recompute)
     if not gemm:  # torch's projections: the model's own modules, hooks and all
         new.gate_proj, new.up_proj, new.down_proj = gate, up, down
         return new
@@ -238,7 +239,10 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
     runs ``silu(gate) * up`` as one cuteforge kernel forward and one backward
     (`cuteforge.nn.SwiGLUMLP` with ``gemm=False``; under torch.compile, torch's expression,
     which Inductor fuses); True runs the GEMMs on cuteforge's kernels too (``gemm=True``);
-    False leaves the MLPs.
+    "recompute" is "activation" whose gate and up projections run, with grad too, as one
+    gated GEMM that writes neither activation, the backward recomputing them (less memory,
+    more time); False leaves the MLPs. Without grad every swapped MLP runs its gate and up
+    as the gated GEMM where it applies (`cuteforge.nn.SwiGLUMLP`).
 
     ``rotary_embedding``: the model's ``apply_rotary_pos_emb`` runs as one cuteforge
     kernel over q and k, forward and backward, for as long as a model of its type is
@@ -260,8 +264,8 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
 
     Returns the report (also kept on the model for `unpatch`). A model patched already is
     refused: unpatch it first."""
-    if mlp not in (True, False, "activation"):
-        raise ValueError(f"cuteforge.patch: mlp must be True, False or 'activation', got {mlp!r}")
+    if mlp not in (True, False, "activation", "recompute"):
+        raise ValueError(f"cuteforge.patch: mlp must be True, False, 'activation' or 'recompute', got {mlp!r}")
     if fused_loss not in (True, False, "compiled"):
         raise ValueError(f"cuteforge.patch: fused_loss must be True, False or 'compiled', got {fused_loss!r}")
     kind = _model_type(model)
@@ -281,7 +285,7 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
             elif embedding and type(child) is nn.Embedding:
                 _swap(report, parent, name, child, _embedding_of(child), "Embedding")
             elif mlp and cls.endswith("MLP") and not isinstance(child, SwiGLUMLP):
-                new_mlp = _mlp_of(child, act, gemm=mlp is True)
+                new_mlp = _mlp_of(child, act, gemm=mlp is True, recompute=mlp == "recompute")
                 if new_mlp is None:
                     report.skipped.append(f"{cls} {name}: not a bias-free silu gate/up/down MLP of nn.Linear")
                 else:

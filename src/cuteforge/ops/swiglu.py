@@ -73,12 +73,18 @@ class _SiluMul(torch.autograd.Function):
     @once_differentiable  # no double backward: a clear error rather than gradients taken as constants
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up = ctx.saved_tensors
-        dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        dup = torch.empty(up.shape, dtype=up.dtype, device=up.device)
-        if dgate.numel():
-            n = gate.shape[-1]
-            _launch(backward_kernel, (_rows(grad), _rows(gate), _rows(up), dgate.view(-1, n), dup.view(-1, n)))
-        return dgate, dup
+        return silu_mul_backward(grad, gate, up)
+
+
+def silu_mul_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d gate, d up) of ``F.silu(gate) * up`` for the incoming `grad`, one kernel (CUDA
+    tensors of one shape and dtype)."""
+    dgate = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    dup = torch.empty(up.shape, dtype=up.dtype, device=up.device)
+    if dgate.numel():
+        n = gate.shape[-1]
+        _launch(backward_kernel, (_rows(grad), _rows(gate), _rows(up), dgate.view(-1, n), dup.view(-1, n)))
+    return dgate, dup
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

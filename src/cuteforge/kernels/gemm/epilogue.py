@@ -81,6 +81,21 @@ def activation_torch(name: str, x: Any) -> Any:
     raise ValueError(f"unknown activation {name!r}; known: {ACTIVATIONS}")
 
 
+# Gated GEMMs (gate(a @ b_gate) * (a @ b_up)): the gates they fuse.
+GATES = ("silu", "gelu")
+
+
+def gate_function(name: str) -> Callable[[Any, Any], Any]:
+    """The gated GEMM's epilogue: `name`(gate) * up on fp32 TensorSSA fragments."""
+    if name not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {name!r}")
+
+    def gate_mul(gate: Any, up: Any) -> Any:
+        return activation_of_half(name, 0.5 * gate) * up
+
+    return gate_mul
+
+
 @dataclass(frozen=True)
 class GemmEpilogue:
     """Canonical text (`key`, goes into compile keys) + the kinds of its tensor operands."""

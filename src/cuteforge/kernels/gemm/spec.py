@@ -18,8 +18,8 @@ import torch
 from ...arch import limits_for
 from ...kernel import REGISTRY, CompileSpec, Kernel, kernel
 from ...signature import FLOAT_DTYPES, BoundKey, Signature, TensorArg
-from .epilogue import GemmEpilogue
-from .sm90.config import GemmConfig, candidate_configs, default_config
+from .epilogue import GATES, GemmEpilogue, gate_function
+from .sm90.config import GemmConfig, candidate_configs, default_config, gated_config
 
 AB_DTYPES = (torch.bfloat16, torch.float16)
 # fp8 (WGMMA reads both operands K-major only; A and B may be different fp8 formats).
@@ -66,6 +66,18 @@ def signature(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: boo
     return Signature(*args)
 
 
+def gated_signature(a_k_major: bool) -> Signature:
+    """a, the gate weight b and the up weight b_up (both (L, K, N), K-major: an nn.Linear
+    weight transposed), out (L, M, N) = gate(a @ b, a @ b_up), the stream-K workspace."""
+    return Signature(
+        TensorArg("a", ("L", "M", "K"), dtypes=AB_DTYPES, leading=2 if a_k_major else 1),
+        TensorArg("b", ("L", "K", "N"), dtypes=AB_DTYPES, dtype_like="a", leading=1),
+        TensorArg("b_up", ("L", "K", "N"), dtypes=AB_DTYPES, dtype_like="a", leading=1),
+        TensorArg("out", ("L", "M", "N"), dtypes=FLOAT_DTYPES),
+        WORK,
+    )
+
+
 def _sizes(spec: CompileSpec) -> tuple[int, int]:
     return spec.bits("a") // 8, spec.bits("out") // 8
 
@@ -82,6 +94,15 @@ def _configs(spec: CompileSpec) -> list[GemmConfig]:
 def _validate(spec: CompileSpec, config: Any) -> None:
     in_b, out_b = _sizes(spec)
     config.validate(in_b, out_b, limits_for(spec.arch))
+
+
+def _validate_gated(spec: CompileSpec, config: Any) -> None:
+    _validate(spec, config)
+    config.validate_gated()
+
+
+def _gated_configs(spec: CompileSpec) -> list[GemmConfig]:
+    return [c for c in _configs(spec) if c.gated_ok]
 
 
 def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool = False) -> Any:
@@ -104,6 +125,52 @@ def _builder(a_k_major: bool, b_k_major: bool, kinds: tuple[str, ...], fp8: bool
 
     build.__name__ = kernel_name(a_k_major, b_k_major, kinds, fp8)
     return build
+
+
+def _gated_builder(a_k_major: bool, gate: str) -> Any:
+    def build(spec: CompileSpec) -> Any:
+        from .sm90.host import make_gemm
+
+        in_b, out_b = _sizes(spec)
+        cfg = spec.config or gated_config(default_config(None, None, None, in_bytes=in_b))
+        _validate_gated(spec, cfg)
+        stages = cfg.resolved_stages(in_b, out_b, limits_for(spec.arch))
+        sms = int(spec.param("sms", limits_for(spec.arch).sm_count))
+        clusters = int(spec.param("clusters", sms // (cfg.cluster_m * cfg.cluster_n)))
+        return make_gemm(cfg, stages, a_k_major, True, (), None, clusters, sms=sms, gate_fn=gate_function(gate))
+
+    build.__name__ = gated_kernel_name(a_k_major, gate)
+    return build
+
+
+def _gated_specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """SwiGLU's (`nn.SwiGLUMLP` without grad) in bf16 and fp16: what `precompile` builds."""
+    for dt in ("bfloat16", "float16"):
+        yield BoundKey((dt,) * 4 + ("int32",), (), (8, 8, 8, 8, 4)), {"sms": STANDARD_SMS}
+
+
+def gated_kernel_name(a_k_major: bool, gate: str) -> str:
+    return f"{kernel_name(a_k_major, True)}_{gate}_mul"
+
+
+def gemm_gated_kernel(a_k_major: bool, gate: str = "silu") -> Kernel:
+    """The gated GEMM: out = gate(a @ b) * (a @ b_up) in one kernel (SwiGLU's gate and up
+    projections with their activation), neither product written to memory."""
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    name = gated_kernel_name(a_k_major, gate)
+    k = REGISTRY.get(name)
+    if k is None:
+        k = kernel(
+            name=name,
+            signature=gated_signature(a_k_major),
+            archs=("sm_90a",),
+            default_config=lambda spec: gated_config(_default_config(spec)),
+            configs=_gated_configs,
+            specializations=_gated_specializations if a_k_major and gate == "silu" else None,
+            validate=_validate_gated,
+        )(_gated_builder(a_k_major, gate))
+    return k
 
 
 def _specializations(kinds: tuple[str, ...]) -> Callable[[], Iterable[tuple[BoundKey, dict[str, Any]]]] | None:
@@ -171,3 +238,6 @@ for _kinds in dict.fromkeys(PRESET_KINDS):
             gemm_kernel(_a, _b, _kinds)
 for _kinds in dict.fromkeys(h + k for h in SCALE_KINDS for k in PRESET_KINDS if len(h + k) <= 3):
     gemm_fp8_kernel(_kinds)
+for _a in (True, False):
+    for _gate in GATES:
+        gemm_gated_kernel(_a, _gate)

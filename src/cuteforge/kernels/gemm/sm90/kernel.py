@@ -42,6 +42,13 @@ fp8 (`scaled`): A and B are e4m3/e5m2 (K-major only, 128-deep k-blocks, wgmma k3
 the accumulator is multiplied by scale_a[0] * scale_b[0] (read once per CTA) before the
 epilogue hook.
 
+Gated (`gate_fn`, e.g. SwiGLU's silu(gate) * up): B is two K-major weights of N rows
+each; every B stage holds tile_n / 2 rows of the gate weight, then as many of the up
+weight (two TMA copies into halves of the stage), so the accumulator's left half is the
+gate and its right half the up of the same tile_n / 2 output columns. The schedule tiles
+the (M, N) output by (tile_m, tile_n / 2); the epilogue pairs subtile j of the left half
+with subtile j of the right, stores gate_fn of the two, and neither half reaches memory.
+
 Out-of-range rows/columns/K need no code: TMA loads zero-fill outside the tensor and
 TMA stores clip, so M, N, K need not be multiples of the tile.
 
@@ -94,8 +101,13 @@ class Sm90Gemm:
         scaled: bool = False,
         *,
         sms: int,
+        gate_fn: Callable[..., Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        # gate_fn(gate, up) (e.g. silu(gate) * up): B is two (N, K) weights, gate and up,
+        # each filling half of every B tile, and the output tile is half the MMA's width.
+        self.gate_fn = gate_fn
+        self.gated = gate_fn is not None
         self.scaled = scaled  # fp8: acc * scale_a[0] * scale_b[0] before the epilogue
         self.stages = stages
         self.a_layout = LayoutEnum.ROW_MAJOR if a_k_major else LayoutEnum.COL_MAJOR
@@ -109,12 +121,13 @@ class Sm90Gemm:
         self.epi_fn = epi_fn
         self.max_clusters = max_clusters
         self.tile = (cfg.tile_m, cfg.tile_n, cfg.tile_k)
+        self.out_tile = (cfg.tile_m, cfg.tile_n // 2 if self.gated else cfg.tile_n)
         self.cluster = (cfg.cluster_m, cfg.cluster_n)
         self.n_consumers = cfg.consumer_wgs
         self.mma_wgs = cfg.mma_wgs
         self.pingpong = cfg.pingpong
         self.threads = WG * (1 + self.n_consumers)
-        self.epi_tile = cfg.epi_tile()
+        self.epi_tile = (cfg.epi_tile()[0], min(cfg.epi_n, self.out_tile[1]))
         # Named barriers: 0 is __syncthreads; 1 (+1 for the second pingpong warpgroup) the
         # epilogue's; 3 and 4 hand the mainloop turn between pingpong warpgroups.
         self.epi_threads = WG * self.mma_wgs
@@ -127,12 +140,13 @@ class Sm90Gemm:
     @cute.jit
     def __call__(
         self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor, work: cute.Tensor, sa: Any, sb: Any, e0: Any, e1: Any,
-        e2: Any, stream: Any,
+        e2: Any, mB_up: Any, stream: Any,
     ) -> None:
         """mA (M, K, L), mB (N, K, L), mD (M, N, L); work: int32 stream-K workspace (flags
         zero at launch, left zero; shorter than the split needs means whole tiles only);
         sa/sb: fp32 per-tensor scales (1,) or None; e*: epilogue operands or None. fp8 A
-        and B may differ (e4m3 x e5m2)."""
+        and B may differ (e4m3 x e5m2). Gated: mB is the gate weight and mB_up (N, K, L)
+        the up weight, both K-major; otherwise mB_up is None."""
         self.ab_dtype = mA.element_type
         self.b_dtype = mB.element_type
         self.d_dtype = mD.element_type
@@ -159,14 +173,29 @@ class Sm90Gemm:
         tma_a, tA = cpasync.make_tiled_tma_atom(
             a_op, mA, cute.slice_(a_layout, (None, None, 0)), (self.tile[0], self.tile[2]), num_multicast=self.cluster[1]
         )
-        tma_b, tB = cpasync.make_tiled_tma_atom(
-            b_op, mB, cute.slice_(b_layout, (None, None, 0)), (self.tile[1], self.tile[2]), num_multicast=self.cluster[0]
-        )
+        # Gated: each B stage is two half-tiles (gate rows, then up rows), one TMA copy each.
+        # A k-block is one 128-byte swizzle row, so a K-major stage is its rows in order and
+        # half-stages 2s and 2s + 1 of a ring twice as deep are exactly stage s's halves.
+        bh_layout = None
+        tma_b_up, tB_up = None, None
+        if cutlass.const_expr(self.gated):
+            half = (self.tile[0], self.out_tile[1], self.tile[2])
+            bh_layout = sm90_utils.make_smem_layout_b(self.b_layout, half, self.b_dtype, 2 * self.stages)
+            tma_b, tB = cpasync.make_tiled_tma_atom(
+                b_op, mB, cute.slice_(bh_layout, (None, None, 0)), (half[1], half[2]), num_multicast=self.cluster[0]
+            )
+            tma_b_up, tB_up = cpasync.make_tiled_tma_atom(
+                b_op, mB_up, cute.slice_(bh_layout, (None, None, 0)), (half[1], half[2]), num_multicast=self.cluster[0]
+            )
+        else:
+            tma_b, tB = cpasync.make_tiled_tma_atom(
+                b_op, mB, cute.slice_(b_layout, (None, None, 0)), (self.tile[1], self.tile[2]), num_multicast=self.cluster[0]
+            )
         tma_d, tD = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mD, cute.slice_(d_layout, (None, None, 0)), self.epi_tile
         )
 
-        tiles_mnl = cute.zipped_divide(mD, tiler=self.tile[:2])[(0, (None, None, None))].shape
+        tiles_mnl = cute.zipped_divide(mD, tiler=self.out_tile)[(0, (None, None, None))].shape
         sched = utils.PersistentTileSchedulerParams(
             tiles_mnl, (*self.cluster, 1), self.cfg.swizzle, self.cfg.raster == "m"
         )
@@ -186,7 +215,7 @@ class Sm90Gemm:
         self.storage = Storage
         self.kernel(
             self.tiled_mma, tma_a, tA, tma_b, tB, tma_d, tD, mD, work, sa, sb, e0, e1, e2, a_layout, b_layout, d_layout,
-            sched,
+            sched, tma_b_up, tB_up, bh_layout,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1), min_blocks_per_mp=1, stream=stream
         )
@@ -213,6 +242,9 @@ class Sm90Gemm:
         b_layout: cute.ComposedLayout,
         d_layout: cute.ComposedLayout,
         sched_params: utils.PersistentTileSchedulerParams,
+        tma_b_up: Any,
+        mB_up: Any,
+        bh_layout: Any,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -220,6 +252,8 @@ class Sm90Gemm:
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
+            if cutlass.const_expr(self.gated):
+                cpasync.prefetch_descriptor(tma_b_up)
             cpasync.prefetch_descriptor(tma_d)
 
         cta_layout = cute.make_layout((*self.cluster, 1))
@@ -252,8 +286,9 @@ class Sm90Gemm:
 
         # (bM, bK, tiles_m, tiles_k, L) etc.
         gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
-        gB = cute.local_tile(mB, cute.slice_(self.tile, (0, None, None)), (None, None, None))
-        gD = cute.local_tile(mD_tma, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
+        b_tile = (self.out_tile[1], self.tile[2])  # gated: a half-tile of each weight
+        gB = cute.local_tile(mB, b_tile, (None, None, None))
+        gD = cute.local_tile(mD_tma, self.out_tile, (None, None, None))
         tAsA, tAgA = cpasync.tma_partition(
             tma_a,
             cluster_coord[1],
@@ -261,13 +296,20 @@ class Sm90Gemm:
             cute.group_modes(sA, 0, 2),
             cute.group_modes(gA, 0, 2),
         )
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_b,
-            cluster_coord[0],
-            cute.make_layout(cute.slice_(cta_layout, (None, 0, 0)).shape),
-            cute.group_modes(sB, 0, 2),
-            cute.group_modes(gB, 0, 2),
-        )
+        # the TMA's view of the B ring: gated, the half-stages of `bh_layout`
+        sB_tma = sB
+        if cutlass.const_expr(self.gated):
+            sB_tma = st.sB.get_tensor(bh_layout.outer, swizzle=bh_layout.inner)
+
+        def partition_b(tma: cute.CopyAtom, g: cute.Tensor) -> tuple[cute.Tensor, cute.Tensor]:
+            cta_m = cute.make_layout(cute.slice_(cta_layout, (None, 0, 0)).shape)  # B multicast along M
+            return cpasync.tma_partition(tma, cluster_coord[0], cta_m, cute.group_modes(sB_tma, 0, 2),
+                                         cute.group_modes(g, 0, 2))
+
+        tBsB, tBgB = partition_b(tma_b, gB)
+        tBgB_up = None
+        if cutlass.const_expr(self.gated):
+            _, tBgB_up = partition_b(tma_b_up, cute.local_tile(mB_up, b_tile, (None, None, None)))
         k_tiles = cute.size(gA, mode=[3])
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
@@ -275,7 +317,8 @@ class Sm90Gemm:
         if wg == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == 0:
-                self.produce(ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles, work)
+                self.produce(ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles, work,
+                             tma_b_up, tBgB_up)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(
@@ -374,7 +417,8 @@ class Sm90Gemm:
         return tile, kb, ke
 
     @cute.jit
-    def produce(self, ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles, work) -> None:  # noqa: ANN001
+    def produce(self, ab_pipe, sched_params, tma_a, tAsA, tAgA, a_mask, tma_b, tBsB, tBgB, b_mask, k_tiles, work,  # noqa: ANN001
+                tma_b_up, tBgB_up) -> None:
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         worker, workers, dp_tiles, n_dp, sk_begin, v_end, _, _, sk, ends = self.sk_plan(sched, k_tiles, work)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -388,7 +432,14 @@ class Sm90Gemm:
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
                 cute.copy(tma_a, a_tiles[(None, kb + k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
-                cute.copy(tma_b, b_tiles[(None, kb + k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                if cutlass.const_expr(self.gated):
+                    up_tiles = tBgB_up[(None, n, None, batch)]
+                    cute.copy(tma_b, b_tiles[(None, kb + k)], tBsB[(None, 2 * state.index)], tma_bar_ptr=bar,
+                              mcast_mask=b_mask)
+                    cute.copy(tma_b_up, up_tiles[(None, kb + k)], tBsB[(None, 2 * state.index + 1)], tma_bar_ptr=bar,
+                              mcast_mask=b_mask)
+                else:
+                    cute.copy(tma_b, b_tiles[(None, kb + k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
                 ab_pipe.producer_commit(state)
                 state.advance()
             v += ke - kb
@@ -406,7 +457,10 @@ class Sm90Gemm:
         thr_mma = tiled_mma.get_slice(mtidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], cutlass.Float32)
+        acc_shape = thr_mma.partition_C(gD).shape[:3]
+        if cutlass.const_expr(self.gated):  # gD's tiles are the output's, half the MMA's width
+            acc_shape = thr_mma.partition_C(cute.make_identity_tensor(self.tile[:2])).shape
+        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
 
         # Epilogue: registers -> smem with st.matrix (16-bit) or plain stores (fp32).
@@ -449,14 +503,14 @@ class Sm90Gemm:
                 cute.arch.barrier_arrive(barrier_id=3, number_of_threads=2 * WG)
         tiles_done = cutlass.Int32(0)  # tiles stored: the staging buffers rotate with it
         # store_overlap: the last tile's converted subtiles, stored under the next mainloop.
-        n_epi = (self.tile[0] // self.epi_tile[0]) * (self.tile[1] // self.epi_tile[1])
+        n_epi = (self.out_tile[0] // self.epi_tile[0]) * (self.out_tile[1] // self.epi_tile[1])
         held = [cute.make_rmem_tensor(frag_shape, self.d_dtype) for _ in range(n_epi if self.overlap else 0)]
         pending = cutlass.Int32(0)  # 1 while `held` waits for its stores
         held_m = cutlass.Int32(0)
         held_n = cutlass.Int32(0)
         held_l = cutlass.Int32(0)
         # the subtiles' order, as the epilogue walks them
-        epi_grid = (self.tile[0] // self.epi_tile[0], self.tile[1] // self.epi_tile[1])
+        epi_grid = (self.out_tile[0] // self.epi_tile[0], self.out_tile[1] // self.epi_tile[1])
         epi_order = cute.make_layout(epi_grid, stride=(epi_grid[1], 1))
         while v < v_end:
             tile, kb, ke = self.segment(v, k_tiles, worker, workers, dp_tiles, n_dp, sk_begin, v_end, sk, ends)
@@ -584,6 +638,12 @@ class Sm90Gemm:
         epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
         n_epi = cute.size(epi_shape)
         frag = cute.size(rD)
+        # gated: output subtile (i, j) is gate_fn(acc subtile (i, j), acc subtile (i, j + half)),
+        # half = the output tile's subtiles per row (the accumulator's are walked row-major too)
+        half = self.out_tile[1] // self.epi_tile[1]
+        rUp = None
+        if cutlass.const_expr(self.gated):
+            rUp = cute.make_rmem_tensor(rD.layout, cutlass.Float32)
         # The operands not loaded early are prefetched one subtile ahead (the first while
         # the last wgmma batch drains), so their global-load latency hides behind other work.
         late = tuple(not x for x in self.early)
@@ -595,11 +655,21 @@ class Sm90Gemm:
             ab_pipe.consumer_release(release)
             release.advance()
         for e in cutlass.range_constexpr(n_epi):
-            for v in cutlass.range_constexpr(frag):
+            if cutlass.const_expr(self.gated):
+                gate = (e // half) * 2 * half + e % half
+                for v in cutlass.range_constexpr(frag):
+                    rD[v] = tRS_acc[gate * frag + v]
+                    rUp[v] = tRS_acc[(gate + half) * frag + v]
                 if cutlass.const_expr(self.scaled):
-                    rD[v] = tRS_acc[e * frag + v] * scale
-                else:
-                    rD[v] = tRS_acc[e * frag + v]
+                    rD.store(rD.load() * scale)
+                    rUp.store(rUp.load() * scale)
+                rD.store(self.gate_fn(rD.load(), rUp.load()))
+            else:
+                for v in cutlass.range_constexpr(frag):
+                    if cutlass.const_expr(self.scaled):
+                        rD[v] = tRS_acc[e * frag + v] * scale
+                    else:
+                        rD[v] = tRS_acc[e * frag + v]
             if cutlass.const_expr(self.epi_fn is not None):
                 ops = []
                 for i in cutlass.range_constexpr(len(self.kinds)):

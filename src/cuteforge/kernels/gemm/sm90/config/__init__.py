@@ -3,7 +3,7 @@ device can run it), `schedule` (the persistent schedule and stream-K mirrored on
 host), `defaults` (the heuristic) and `candidates` (what the autotuner times)."""
 
 from .candidates import candidate_configs
-from .defaults import SHORT_K, SHORT_K_GAIN, SHORT_K_NARROW, default_config
+from .defaults import SHORT_K, SHORT_K_GAIN, SHORT_K_NARROW, default_config, gated_config
 from .knobs import (
     BARRIER_BYTES,
     K_BLOCK_BYTES,
@@ -45,6 +45,7 @@ __all__ = [
     "cluster_grid",
     "default_config",
     "fit_swizzle",
+    "gated_config",
     "k_block",
     "scheduled_clusters",
     "stream_k_ends_len",

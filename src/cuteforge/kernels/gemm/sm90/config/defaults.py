@@ -173,3 +173,14 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
         # loaded there 32-wide subtiles lead (ahead in 23 of 24 pairs, H100).
         cfg = replace(cfg, epi_n=32, early_operands=False)
     return cfg
+
+
+def gated_config(cfg: GemmConfig) -> GemmConfig:
+    """`cfg` for the gated GEMM (its output tile is tile_n / 2 wide): the widest subtile, up
+    to cfg's, that divides the half tile; a tile_n that is not a multiple of 32 becomes the
+    next multiple down."""
+    if cfg.tile_n % 32:
+        cfg = replace(cfg, tile_n=max(32, cfg.tile_n // 32 * 32))
+    half = cfg.tile_n // 2
+    epi_n = next(w for w in (64, 32, 16) if w <= cfg.epi_n and half % w == 0)
+    return cfg if epi_n == cfg.epi_n else replace(cfg, epi_n=epi_n)

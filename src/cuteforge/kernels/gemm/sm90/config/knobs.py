@@ -140,6 +140,20 @@ class GemmConfig:
         rest = self.smem_bytes(in_bytes, out_bytes, stages=0)
         return max(1, (limits.smem_per_block - rest) // per_stage)
 
+    @property
+    def gated_ok(self) -> bool:
+        """Whether the gated GEMM can run this tile: its output tile is tile_n / 2 wide and
+        its subtiles must divide that."""
+        half = self.tile_n // 2
+        return self.tile_n % 32 == 0 and half % min(self.epi_n, half) == 0
+
+    def validate_gated(self) -> None:
+        """Raise ValueError when the gated GEMM (two weights, one half of each B tile) cannot
+        run this config; `validate` checks the rest."""
+        if not self.gated_ok:
+            raise ValueError(f"a gated GEMM needs tile_n a multiple of 32 whose half epi_n divides, got tile_n "
+                             f"{self.tile_n}, epi_n {self.epi_n}")
+
     def validate(self, in_bytes: int, out_bytes: int, limits: DeviceLimits) -> None:
         """Raise ValueError when this config cannot run on the device described by `limits`."""
         if limits.sm < 90:

@@ -1,0 +1,188 @@
+"""`cuteforge.ops.gated_gemm(a, b_gate, b_up)`: ``silu(a @ b_gate) * (a @ b_up)`` (SwiGLU's
+gate and up projections with their activation) as one GEMM on Hopper.
+
+    h = gated_gemm(x, mlp.gate_proj.weight.t(), mlp.up_proj.weight.t())   # (..., I)
+
+Each B tile of the kernel holds half its columns from each weight, so the accumulator
+pairs a gate column with its up column and the epilogue writes only the product: the
+(tokens x I) gate and up activations never reach memory. ``gate="gelu"`` (tanh form)
+gives GeGLU.
+
+a: (..., K) bf16 / fp16, any layout TMA reads (K- or M-major rows; others are copied);
+b_gate, b_up: (K, N) of a's dtype, K-major (an ``nn.Linear`` weight's ``.t()``); an
+N-major weight is copied K-major per call. The output is (..., N) in a's dtype.
+
+Backward (autograd): the forward keeps nothing but its inputs, so the backward
+recomputes a @ b_gate and a @ b_up (cuBLAS), takes the activation's backward and runs
+the four gradient GEMMs; training trades one extra pair of GEMMs for two (tokens x N)
+activations of memory per layer. Under torch.compile the call traces as its torch
+expression, which Inductor lowers to its own GEMMs and one fused pointwise kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .. import checks
+from ..arch import gpu_info, limits_for
+from ..kernels.gemm.epilogue import GATES
+from ..kernels.gemm.sm90.config import (
+    GemmConfig,
+    default_config,
+    fit_swizzle,
+    gated_config,
+    usable_tuned,
+)
+from ..kernels.gemm.spec import AB_DTYPES, gemm_gated_kernel
+from .gemm_launch import _no_work, _operand_for, _persistent_clusters, _workspace
+from .swiglu import silu_mul_backward
+
+__all__ = ["gated_gemm"]
+
+_WHERE = "cuteforge.ops.gated_gemm"
+_PLANS: dict[tuple[Any, ...], Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+_MAX_PLANS = 1024
+
+
+def _torch_gate(gate: str, x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x) if gate == "silu" else F.gelu(x, approximate="tanh")
+
+
+def _reference(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> torch.Tensor:
+    return _torch_gate(gate, a @ b_gate) * (a @ b_up)
+
+
+def _k_major(b: torch.Tensor) -> torch.Tensor:
+    """b (K, N) with unit stride along K and 16-byte aligned columns (a copy otherwise)."""
+    return _operand_for(b.unsqueeze(0), (1,))[0][0]
+
+
+def _plan(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
+          config: GemmConfig | None) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """run(a2, b_gate, b_up) for 2-D a2 (M, K) of this layout."""
+    M, K = a.shape
+    N = b_gate.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return lambda a, bg, bu: _reference(a, bg, bu, gate)
+    info = gpu_info(a.device.index)
+    sms = info.sm_count if info else 132
+    a3, a_k = _operand_for(a.unsqueeze(0), (2, 1))
+    kern = gemm_gated_kernel(a_k, gate)
+    n_pad = -(-N // 8) * 8  # 16-byte output rows for the TMA store
+    out = torch.empty(1, M, n_pad, dtype=a.dtype, device=a.device)[..., :N]
+    bg3, bu3 = _k_major(b_gate).unsqueeze(0), _k_major(b_up).unsqueeze(0)
+    key = kern.signature.bind((a3, bg3, bu3, out, _no_work(a.device.index)), _WHERE)
+    from ..autotune import lookup  # slow path only
+
+    # a config `cuteforge tune gemm_sm90_tn_silu_mul ...` stored for this shape bucket
+    params: tuple[tuple[str, Any], ...] = (("sms", sms),)
+    tuned = usable_tuned(lookup(kern, key, params, {"M": M, "N": N, "K": K}), a.element_size(), a.element_size())
+    if config is not None:
+        cfg = config
+    elif tuned is not None and tuned.gated_ok:
+        cfg = fit_swizzle(tuned, M, 2 * N)
+    else:  # the heuristic sees the (M, 2N) product the kernel's MMAs run
+        cfg = fit_swizzle(gated_config(default_config(M, 2 * N, K, sms, a.element_size())), M, 2 * N)
+    clusters = _persistent_clusters(a.device.index, cfg, sms)
+    if clusters < sms // (cfg.cluster_m * cfg.cluster_n):
+        params += (("clusters", clusters),)
+    launch = kern.get(key, tuple(sorted(params)), cfg)
+    work = _workspace(a.device.index, cfg, sms, clusters, M, 2 * N, K, 1)
+
+    def run(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor) -> torch.Tensor:
+        a3 = _operand_for(a.unsqueeze(0), (2, 1))[0]
+        out = torch.empty(1, M, n_pad, dtype=a.dtype, device=a.device)
+        view = out[..., :N] if n_pad != N else out
+        launch(a3, _k_major(b_gate).unsqueeze(0), _k_major(b_up).unsqueeze(0), view, work())
+        return view[0] if n_pad == N else view[0].contiguous()
+
+    return run
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.device.index)
+
+
+def _forward(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
+             config: GemmConfig | None) -> torch.Tensor:
+    memo = (_layout(a2), _layout(b_gate), _layout(b_up), gate, config)
+    run = _PLANS.get(memo)
+    if run is None:
+        run = _plan(a2, b_gate, b_up, gate, config)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[memo] = run
+    return run(a2, b_gate, b_up)
+
+
+class _GatedGemm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> torch.Tensor:
+        ctx.save_for_backward(a2, b_gate, b_up)
+        ctx.gate = gate
+        return _forward(a2, b_gate, b_up, gate, None)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        a2, b_gate, b_up = ctx.saved_tensors
+        z_gate, z_up = a2 @ b_gate, a2 @ b_up  # recomputed: the forward wrote neither
+        grad = grad.contiguous()
+        if ctx.gate == "silu":
+            d_gate, d_up = silu_mul_backward(grad, z_gate, z_up)
+        else:
+            d_gate = torch.ops.aten.gelu_backward(grad * z_up, z_gate, approximate="tanh")
+            d_up = grad * F.gelu(z_gate, approximate="tanh")
+        need = ctx.needs_input_grad
+        da = torch.addmm(d_gate @ b_gate.t(), d_up, b_up.t()) if need[0] else None
+        # each weight gradient in its weight's layout: b = W.t() gets (d^T a)^T, contiguous W-shaped
+        db_gate = (d_gate.t() @ a2).t() if need[1] else None
+        db_up = (d_up.t() @ a2).t() if need[2] else None
+        return da, db_gate, db_up, None
+
+
+def gated_gemm(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, *, gate: str = "silu",
+               config: GemmConfig | None = None) -> torch.Tensor:
+    """``gate(a @ b_gate) * (a @ b_up)`` in one GEMM kernel (fp32 accumulate, rounded once).
+
+    a (..., K); b_gate, b_up (K, N); `gate` "silu" (SwiGLU) or "gelu" (tanh form, GeGLU);
+    `config` (a `GemmConfig` whose tile_n / 2 is the output tile) pins the kernel config
+    for calls without grad."""
+    checks.tensor(_WHERE, "a", a, AB_DTYPES)
+    checks.tensor(_WHERE, "b_gate", b_gate, AB_DTYPES)
+    checks.matches(_WHERE, "b_up", b_up, "b_gate", b_gate)
+    if gate not in GATES:
+        raise ValueError(f"{_WHERE}: gate must be one of {GATES}, got {gate!r}")
+    if a.dim() == 0:
+        raise ValueError(f"{_WHERE}: argument 'a' must have at least one dim, got a 0-d tensor")
+    if b_gate.dim() != 2:
+        raise ValueError(f"{_WHERE}: argument 'b_gate' must be 2-D (K, N), got shape {tuple(b_gate.shape)}")
+    if b_gate.dtype != a.dtype:
+        raise TypeError(f"{_WHERE}: a is {a.dtype} but b_gate is {b_gate.dtype}; they must match")
+    if a.shape[-1] != b_gate.shape[0]:
+        raise ValueError(f"{_WHERE}: a has K={a.shape[-1]} (shape {tuple(a.shape)}) but b_gate has K={b_gate.shape[0]} "
+                         f"(shape {tuple(b_gate.shape)}); a @ b_gate needs a.shape[-1] == b_gate.shape[0]")
+    if config is not None:
+        if not isinstance(config, GemmConfig):
+            raise TypeError(f"{_WHERE}: config must be a GemmConfig or None, got {type(config).__name__}")
+        try:
+            config.validate(a.element_size(), a.element_size(), limits_for("sm_90a"))
+            config.validate_gated()
+        except ValueError as e:
+            raise ValueError(f"{_WHERE}: config {config} cannot run: {e}") from None
+    if torch.compiler.is_compiling():
+        return _reference(a, b_gate, b_up, gate)
+    checks.on_cuda(_WHERE, "a", a)
+    checks.same_device(_WHERE, "b_gate", b_gate, "a", a)
+    lead = a.shape[:-1]
+    a2 = a.reshape(-1, a.shape[-1])
+    if torch.is_grad_enabled() and (a.requires_grad or b_gate.requires_grad or b_up.requires_grad):
+        out = _GatedGemm.apply(a2, b_gate, b_up, gate)
+    else:
+        out = _forward(a2, b_gate, b_up, gate, config)
+    return out.reshape(*lead, b_gate.shape[1])
