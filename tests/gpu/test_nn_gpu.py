@@ -210,6 +210,18 @@ def test_patched_llama_compiles_without_graph_breaks() -> None:
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
+def test_patched_llama_inference_compiles_without_graph_breaks() -> None:
+    """Without grad the patched MLP takes the gated GEMM in eager mode; traced, it is torch's
+    expression, with no graph break."""
+    patched = _llama()
+    cnn.patch(patched)
+    ids = torch.randint(0, 1000, (2, 64), device="cuda")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(patched)(input_ids=ids)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
 def test_patched_mlp_inference_matches_stock() -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the GEMM is sm_90a")

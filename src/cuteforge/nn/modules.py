@@ -235,7 +235,8 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.gate_proj.weight.requires_grad
                                                   or self.up_proj.weight.requires_grad)
-        if (self.recompute or not wants_grad) and self._gated_applies(x):
+        # traced, every path is torch's expression around the projections: skip the checks
+        if (self.recompute or not wants_grad) and not torch.compiler.is_compiling() and self._gated_applies(x):
             from .. import ops
 
             return self.down_proj(ops.gated_gemm(x, self.gate_proj.weight.t(), self.up_proj.weight.t()))
