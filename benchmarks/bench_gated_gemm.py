@@ -13,8 +13,9 @@ Forward ("forward" rows, TFLOP/s of the two products' 4 M N K flops):
 
 Training ("training" rows): an MLP block's gate and up projections forward and backward
 (x and both weights need gradients), ms a step, and the activation memory the forward
-leaves for the backward: torch's expression, `cuteforge.nn.SwiGLUMLP`'s unfused path
-(cuBLAS + silu_mul) and its gated GEMM (gemm=True; the backward recomputes both products).
+leaves for the backward: torch's expression, `cuteforge.nn.SwiGLUMLP`'s default path
+(cuBLAS + silu_mul) and the gated GEMM (`ops.gated_gemm`, what `SwiGLUMLP(recompute=True)`
+runs with grad; the backward recomputes both products).
 
     python benchmarks/bench_gated_gemm.py --out benchmarks/results/h200-gated-gemm.json
 """

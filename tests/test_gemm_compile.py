@@ -1318,6 +1318,11 @@ def test_gated_config() -> None:
         GemmConfig(tile_n=144, epi_n=16).validate_gated()
     with pytest.raises(ValueError, match="epi_n"):
         GemmConfig(tile_n=192, epi_n=64).validate_gated()
+    # a 16-row half-tile multicast over 4 CTAs would split 8-row swizzle atoms
+    with pytest.raises(ValueError, match="cluster_m 4"):
+        GemmConfig(tile_n=32, cluster_m=4).validate_gated()
+    assert gated_config(GemmConfig(tile_n=32, cluster_m=4)).cluster_m == 2
+    assert gated_config(GemmConfig(tile_n=96, cluster_m=4)).cluster_m == 2
 
 
 def test_gated_tune_problem() -> None:

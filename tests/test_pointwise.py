@@ -324,3 +324,25 @@ def test_swiglu_mlp_arguments_and_cpu_fallback() -> None:
     assert cnn.modules._hookless(mlp.gate_proj)
     mlp.gate_proj.register_forward_hook(lambda *_: None)
     assert not cnn.modules._hookless(mlp.gate_proj)
+
+
+def test_swiglu_mlp_gated_path_applies_only_to_plain_projections(monkeypatch) -> None:
+    """Where the sm_90 GEMM would run (stubbed here), the gated path still leaves alone
+    projections with biases, tensor-subclass weights, hooks, and calls under autocast."""
+    monkeypatch.setattr(cnn.modules, "_gemm_applies", lambda linear, x: True)
+    x = torch.randn(2, 8)
+    mlp = cnn.SwiGLUMLP(8, 16, gemm=False)
+    assert mlp._gated_applies(x)
+    assert not cnn.SwiGLUMLP(8, 16, bias=True, gemm=False)._gated_applies(x)
+    with monkeypatch.context() as m:  # autocast on CUDA (not enabled on a machine without one)
+        m.setattr(torch, "is_autocast_enabled", lambda device_type="cuda": device_type == "cuda")
+        assert not mlp._gated_applies(x)
+
+    class Sharded(torch.Tensor):  # stands for a quantized or distributed weight
+        pass
+
+    subclassed = cnn.SwiGLUMLP(8, 16, gemm=False)
+    subclassed.up_proj.weight = torch.nn.Parameter(subclassed.up_proj.weight.detach().as_subclass(Sharded))
+    assert not subclassed._gated_applies(x)
+    mlp.gate_proj.register_forward_pre_hook(lambda *_: None)
+    assert not mlp._gated_applies(x)

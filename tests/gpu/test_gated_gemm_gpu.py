@@ -161,5 +161,8 @@ def test_bad_input_names_the_argument() -> None:
         gated_gemm(a, bg.half(), bu.half())
     with pytest.raises(ValueError, match="gate"):
         gated_gemm(a, bg, bu, gate="relu")
-    with pytest.raises(ValueError, match="tile_n"):
-        gated_gemm(a, bg, bu, config=GemmConfig(tile_n=144, epi_n=64))
+    with pytest.raises(ValueError, match="tile_n a multiple of 32"):
+        gated_gemm(a, bg, bu, config=GemmConfig(tile_n=144, epi_n=16))
+    w0 = torch.empty(0, 16, device="cuda", dtype=torch.bfloat16)
+    out = gated_gemm(torch.empty(3, 0, device="cuda", dtype=torch.bfloat16), w0, w0)
+    assert out.shape == (3, 16) and not out.any()  # K == 0: zeros, as torch

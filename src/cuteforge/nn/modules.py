@@ -228,9 +228,12 @@ class SwiGLUMLP(nn.Module):
 
     def _gated_applies(self, x: torch.Tensor) -> bool:
         gate, up = self.gate_proj, self.up_proj
+        # plain weights only: a tensor subclass (quantized, sharded) is the module's to run;
+        # under autocast the module's own F.linear computes in the autocast dtype
+        plain = all(type(m.weight) in (torch.Tensor, nn.Parameter) for m in (gate, up))
         return (type(gate) is type(up) and type(gate) in (Linear, nn.Linear) and _hookless(gate) and _hookless(up)
-                and gate.bias is None and up.bias is None and up.weight.dtype == gate.weight.dtype
-                and _gemm_applies(gate, x))
+                and plain and gate.bias is None and up.bias is None and up.weight.dtype == gate.weight.dtype
+                and not torch.is_autocast_enabled("cuda") and _gemm_applies(gate, x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.gate_proj.weight.requires_grad

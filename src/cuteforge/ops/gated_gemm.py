@@ -189,6 +189,8 @@ def gated_gemm(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, *, gat
         return _reference(a, b_gate, b_up, gate)
     checks.on_cuda(_WHERE, "a", a)
     checks.same_device(_WHERE, "b_gate", b_gate, "a", a)
+    if a.shape[-1] == 0 or a.numel() == 0:
+        return _reference(a, b_gate, b_up, gate)  # nothing to launch: torch's zeros / empty result
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])
     if torch.is_grad_enabled() and (a.requires_grad or b_gate.requires_grad or b_up.requires_grad):

@@ -176,11 +176,15 @@ def default_config(m: int | None, n: int | None, k: int | None, sm_count: int = 
 
 
 def gated_config(cfg: GemmConfig) -> GemmConfig:
-    """`cfg` for the gated GEMM (its output tile is tile_n / 2 wide): the widest subtile, up
-    to cfg's, that divides the half tile; a tile_n that is not a multiple of 32 becomes the
-    next multiple down."""
+    """`cfg` for the gated GEMM (its output tile is tile_n / 2 wide): a tile_n that is not a
+    multiple of 32 becomes the next multiple down (at least 32); the widest subtile, up to
+    cfg's, that divides the half tile; the largest cluster_m, up to cfg's, whose CTAs each
+    get whole 8-row atoms of a multicast half-tile."""
     if cfg.tile_n % 32:
         cfg = replace(cfg, tile_n=max(32, cfg.tile_n // 32 * 32))
     half = cfg.tile_n // 2
     epi_n = next(w for w in (64, 32, 16) if w <= cfg.epi_n and half % w == 0)
-    return cfg if epi_n == cfg.epi_n else replace(cfg, epi_n=epi_n)
+    cluster_m = cfg.cluster_m
+    while half % (8 * cluster_m):
+        cluster_m //= 2
+    return replace(cfg, epi_n=epi_n, cluster_m=cluster_m)

@@ -142,17 +142,19 @@ class GemmConfig:
 
     @property
     def gated_ok(self) -> bool:
-        """Whether the gated GEMM can run this tile: its output tile is tile_n / 2 wide and
-        its subtiles must divide that."""
+        """Whether the gated GEMM can run this tile: its output tile is tile_n / 2 wide, its
+        subtiles must divide that, and each half-tile a cluster multicasts along M splits
+        into whole 8-row swizzle atoms, one share per CTA."""
         half = self.tile_n // 2
-        return self.tile_n % 32 == 0 and half % min(self.epi_n, half) == 0
+        return self.tile_n % 32 == 0 and half % min(self.epi_n, half) == 0 and half % (8 * self.cluster_m) == 0
 
     def validate_gated(self) -> None:
         """Raise ValueError when the gated GEMM (two weights, one half of each B tile) cannot
         run this config; `validate` checks the rest."""
         if not self.gated_ok:
-            raise ValueError(f"a gated GEMM needs tile_n a multiple of 32 whose half epi_n divides, got tile_n "
-                             f"{self.tile_n}, epi_n {self.epi_n}")
+            raise ValueError(f"a gated GEMM needs tile_n a multiple of 32 whose half epi_n divides and "
+                             f"cluster_m x 8 rows divide, got tile_n {self.tile_n}, epi_n {self.epi_n}, "
+                             f"cluster_m {self.cluster_m}")
 
     def validate(self, in_bytes: int, out_bytes: int, limits: DeviceLimits) -> None:
         """Raise ValueError when this config cannot run on the device described by `limits`."""
