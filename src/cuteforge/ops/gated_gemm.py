@@ -30,7 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import checks
 from ..arch import gpu_info, limits_for
-from ..kernels.gemm.epilogue import GATES
+from ..kernels.gemm.epilogue import GATES, activation_torch
 from ..kernels.gemm.sm90.config import (
     GemmConfig,
     default_config,
@@ -39,7 +39,7 @@ from ..kernels.gemm.sm90.config import (
     usable_tuned,
 )
 from ..kernels.gemm.spec import AB_DTYPES, gemm_gated_kernel
-from .gemm_launch import _no_work, _operand_for, _persistent_clusters, _workspace
+from .gemm_launch import _layout, _no_work, _operand_for, _persistent_clusters, _workspace
 from .swiglu import silu_mul_backward
 
 __all__ = ["gated_gemm"]
@@ -49,12 +49,8 @@ _PLANS: dict[tuple[Any, ...], Callable[[torch.Tensor, torch.Tensor, torch.Tensor
 _MAX_PLANS = 1024
 
 
-def _torch_gate(gate: str, x: torch.Tensor) -> torch.Tensor:
-    return F.silu(x) if gate == "silu" else F.gelu(x, approximate="tanh")
-
-
 def _reference(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> torch.Tensor:
-    return _torch_gate(gate, a @ b_gate) * (a @ b_up)
+    return activation_torch(gate, a @ b_gate) * (a @ b_up)
 
 
 def _k_major(b: torch.Tensor) -> torch.Tensor:
@@ -112,10 +108,6 @@ def _plan(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
         return view[0] if n_pad == N else view[0].contiguous()
 
     return run
-
-
-def _layout(t: torch.Tensor) -> tuple[Any, ...]:
-    return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.device.index)
 
 
 def _forward(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
