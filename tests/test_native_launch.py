@@ -16,7 +16,7 @@ from cuteforge.native.args import arg, contiguous_arg
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="the C++ extension could not be built here")
 
-IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+IN, OUT, FIXED = native_launch.INPUT, native_launch.OUTPUT, native_launch.FIXED
 CPU = torch.device("cpu")
 SEEN: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
@@ -105,6 +105,31 @@ def test_one_input_as_several_arguments() -> None:
     torch.testing.assert_close(run(x), 2 * x)
 
 
+def test_fixed_tensor_is_held_by_the_plan_and_read_by_every_call() -> None:
+    # a GEMM's workspace word: no input of the call, the same buffer each time
+    w = torch.tensor([10.0, 20.0, 30.0])
+
+    def add(a: object, b: object, y: object) -> None:
+        a, b, y = (_view(t) for t in (a, b, y))
+        y.copy_(a + b)
+
+    run = native_launch.runner("TestFixed", _ffi(add), CPU, 1, [((2, 3), torch.float32)],
+                               [contiguous_arg(IN, 0, (2, 3)), (FIXED, 0, [2, 3], [0, 1], 0), contiguous_arg(OUT, 0, (2, 3))],
+                               [0], fixed=[w])
+    del w  # the plan keeps it
+    for x in (torch.randn(2, 3), torch.ones(2, 3)):
+        torch.testing.assert_close(run(x), x + torch.tensor([10.0, 20.0, 30.0]))
+    with pytest.raises(ValueError, match="names no input, output or fixed tensor"):
+        native_launch.runner("TestBad", _ffi(add), CPU, 1, [((2, 3), torch.float32)],
+                             [contiguous_arg(IN, 0, (2, 3)), (FIXED, 1, [3], [1], 0), contiguous_arg(OUT, 0, (2, 3))], [0],
+                             fixed=[torch.zeros(3)])
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="fixed tensor is on another device"):
+            native_launch.runner("TestBad", _ffi(add), CPU, 1, [((2, 3), torch.float32)],
+                                 [contiguous_arg(IN, 0, (2, 3)), (FIXED, 0, [3], [1], 0), contiguous_arg(OUT, 0, (2, 3))],
+                                 [0], fixed=[torch.zeros(3, device="cuda")])
+
+
 def test_none_for_an_input_no_argument_reads() -> None:
     run = native_launch.runner(
         "TestOptional", _ffi(_double_and_row_sums), CPU, 2, [((2, 3), torch.float32), ((2,), torch.float32)],
@@ -144,7 +169,7 @@ def test_kernel_errors_name_the_plan() -> None:
 
 def test_bad_plans_are_refused_when_made() -> None:
     fn = _ffi(_double_and_row_sums)
-    with pytest.raises(ValueError, match="names no input or output"):
+    with pytest.raises(ValueError, match="names no input, output or fixed tensor"):
         native_launch.runner("TestBad", fn, CPU, 1, [((2, 2), torch.float32)], [contiguous_arg(OUT, 3, (2, 2))], [0])
     with pytest.raises(ValueError, match="returned output does not exist"):
         native_launch.runner("TestBad", fn, CPU, 1, [((2, 2), torch.float32)], [contiguous_arg(OUT, 0, (2, 2))], [1])

@@ -248,10 +248,11 @@ def test_linear_cross_entropy_math_and_one_backward_kernel_lookup(monkeypatch) -
     monkeypatch.setattr(lce, "CHUNK_BYTES", 128 * 40 * 4)  # 128-row chunks: three of them, the last short
     resolved = []
 
-    def fwd(logits, target, ignore_index):
+    def fwd(logits, target, ignore_index, loss):  # the op hands in its (M,) slice of the per-row losses
         lse = logits.float().logsumexp(-1)
         picked = logits.float().gather(1, target.clamp_min(0)[:, None])[:, 0]
-        return torch.where(target == ignore_index, 0.0, lse - picked), lse
+        loss.copy_(torch.where(target == ignore_index, 0.0, lse - picked))
+        return loss, lse
 
     def bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index):
         resolved.append(logits.shape)

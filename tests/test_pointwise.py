@@ -9,6 +9,7 @@ width each layout gets are checked here; numerics are checked on the GPU
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import re
 import sys
@@ -346,3 +347,49 @@ def test_swiglu_mlp_gated_path_applies_only_to_plain_projections(monkeypatch) ->
     assert not subclassed._gated_applies(x)
     mlp.gate_proj.register_forward_pre_hook(lambda *_: None)
     assert not mlp._gated_applies(x)
+
+
+@pytest.mark.parametrize("gate", ["silu", "gelu"])
+def test_gated_gemm_under_compile_is_one_op_with_a_traced_backward(monkeypatch, gate: str) -> None:
+    """Under torch.compile (AOTAutograd, full graph) the MLP's gated path is the registered
+    op, and its traced backward gives torch's gradients. The kernel is stood in for by its
+    torch expression (no GPU here); everything around it is the real path."""
+    gg = importlib.import_module("cuteforge.ops.gated_gemm")  # the module (the package exports the function)
+    monkeypatch.setattr(cnn.modules, "_gemm_applies", lambda linear, x: True)
+    monkeypatch.setattr(gg.checks, "on_cuda", lambda *a: None)
+    monkeypatch.setattr(gg, "_forward", lambda a, bg, bu, gate, config: gg._reference(a, bg, bu, gate))
+    seen: list[object] = []
+
+    def backend(gm: torch.fx.GraphModule, example: list[torch.Tensor]):
+        seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example)
+
+    torch.manual_seed(0)
+    a, bg, bu = (t.bfloat16().requires_grad_() for t in (torch.randn(2, 5, 16), torch.randn(16, 24) / 4,
+                                                          torch.randn(16, 24) / 4))
+    torch._dynamo.reset()
+    out = torch.compile(lambda a, bg, bu: ops.gated_gemm(a, bg, bu, gate=gate), backend=backend, fullgraph=True)(a, bg, bu)
+    assert torch.ops.cuteforge.gated_gemm.default in seen
+    assert out.shape == (2, 5, 24) and out.dtype == torch.bfloat16
+    leaves = [t.detach().float().requires_grad_() for t in (a, bg, bu)]
+    ref = gg._reference(*leaves, gate)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    g = torch.randn(out.shape)
+    got = torch.autograd.grad(out, (a, bg, bu), g.bfloat16())
+    want = torch.autograd.grad(ref, leaves, g)
+    for x, y in zip(got, want):
+        assert x.dtype == torch.bfloat16
+        torch.testing.assert_close(x.float(), y, atol=5e-2, rtol=2e-2)
+
+    # the module: without grad, and with grad under recompute=True, the gate and up run as the op
+    mlp = cnn.SwiGLUMLP(16, 24, gemm=False, recompute=True).bfloat16()
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    for grad in (False, True):
+        seen.clear()
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(grad):
+            y = torch.compile(mlp, backend=backend, fullgraph=True)(x)
+        assert torch.ops.cuteforge.gated_gemm.default in seen
+        assert y.requires_grad is grad
+        torch.testing.assert_close(y, mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)), atol=2e-2, rtol=2e-2)
+    torch._dynamo.reset()

@@ -143,11 +143,61 @@ def test_swiglu_mlp_paths(monkeypatch, gemm: bool, recompute: bool) -> None:
     assert len(calls) == 1 and hooked  # a projection with a hook runs as a module
 
 
-def test_compiles_as_the_torch_expression() -> None:
-    a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
-    bg, bu = _weights(96, 128, torch.bfloat16)
-    fn = torch.compile(lambda a, bg, bu: gated_gemm(a, bg, bu), fullgraph=True)
-    _close(fn(a, bg, bu), _ref(a, bg, bu))
+@pytest.mark.parametrize("gate", ["silu", "gelu"])
+def test_compiles_as_one_op_with_gradients(gate: str) -> None:
+    """Under torch.compile (Inductor) the call is the registered op, whose kernel writes
+    the forward; its traced backward (recomputed products, Inductor's pointwise kernel)
+    gives the gradients, each weight's in its layout."""
+    seen: list[object] = []
+
+    def backend(gm: torch.fx.GraphModule, example: list[torch.Tensor]):
+        seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return torch._dynamo.lookup_backend("inductor")(gm, example)
+
+    m, n, k = 1000, 520, 264
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    wg, wu = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(2))
+    wg.requires_grad_(True)
+    wu.requires_grad_(True)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, wg, wu: gated_gemm(a, wg.t(), wu.t(), gate=gate), backend=backend, fullgraph=True)
+    with torch.no_grad():
+        _close(fn(a, wg, wu), _ref(a, wg.t(), wu.t(), gate))
+    assert torch.ops.cuteforge.gated_gemm.default in seen
+    out = fn(a, wg, wu)
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    got = torch.autograd.grad(out, (a, wg, wu), g)
+    leaves = [t.detach().float().requires_grad_(True) for t in (a, wg, wu)]
+    want = torch.autograd.grad(_ref(leaves[0], leaves[1].t(), leaves[2].t(), gate), leaves, g.float())
+    for name, x, y in zip(("a", "w_gate", "w_up"), got, want):
+        assert x.shape == y.shape and x.stride() == (y.shape[1], 1), name
+        assert ((x.float() - y).abs().max() / y.abs().max().clamp_min(1e-6)) < 2e-2, name
+    torch._dynamo.reset()
+
+
+def test_registered_op_launches_from_c_where_no_tile_is_split() -> None:
+    """torch.ops.cuteforge.gated_gemm: a layout read in place whose config splits no tile
+    gets a C launch plan (no Python on a warm call); a stream-K shape, whose workspace is
+    the stream's, stays on the op's Python path. Both give the kernel's answer."""
+    import importlib
+
+    from cuteforge.native import build, dispatch
+
+    gg = importlib.import_module("cuteforge.ops.gated_gemm")
+    op = torch.ops.cuteforge.gated_gemm.default
+    for m, n, k in ((4096, 2816, 1024), (1, 24, 64), (4096, 14336, 4096)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bg, bu = _weights(n, k, torch.bfloat16)
+        before = dispatch.plans(gg._op)
+        for _ in range(3):  # the first registers the kernels, the second makes the plan, the third hits it
+            got = op(a, bg, bu, "silu")
+            assert got.shape == (m, n) and got.is_contiguous()
+            _close(got, _ref(a, bg, bu))
+        split = gg._run_for(a, bg, bu, "silu", None)
+        in_c = isinstance(split, gg._InPlace) and split.c_run(a, bg, bu) is not None
+        assert in_c is (n != 14336), (m, n, k)  # the default config of 4096 x 14336 x 4096 is stream-K
+        if build.load() is not None:
+            assert dispatch.plans(gg._op) == before + int(in_c)
 
 
 def test_bad_input_names_the_argument() -> None:

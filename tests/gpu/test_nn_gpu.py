@@ -145,16 +145,20 @@ def test_patched_mlp_trains_like_stock() -> None:
     _assert_matches_stock(loss, grads, ref, ref_grads)
 
 
-def test_patched_mlp_recompute_trains_like_stock() -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_patched_mlp_recompute_trains_like_stock(compiled) -> None:
     """patch(mlp="recompute"): gate and up as the gated GEMM with grad, the backward
-    recomputing both products."""
+    recomputing both products (compiled: the registered op, its backward traced)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the GEMM is sm_90a")
     stock = _llama()
     patched = copy.deepcopy(stock)
     cnn.patch(patched, mlp="recompute")
     ids = torch.randint(0, 1000, (2, 127), device="cuda")
-    loss, grads = _loss_and_grads(patched, ids)
+    torch._dynamo.reset()
+    run = torch.compile(patched) if compiled else patched
+    for _ in range(2 if compiled else 1):
+        loss, grads = _loss_and_grads(run, ids)
     ref, ref_grads = _loss_and_grads(stock, ids)
     _assert_matches_stock(loss, grads, ref, ref_grads)
 
@@ -211,15 +215,24 @@ def test_patched_llama_compiles_without_graph_breaks() -> None:
 
 
 def test_patched_llama_inference_compiles_without_graph_breaks() -> None:
-    """Without grad the patched MLP takes the gated GEMM in eager mode; traced, it is torch's
-    expression, with no graph break."""
-    patched = _llama()
+    """Without grad the patched MLP takes the gated GEMM, traced as the registered op, with
+    no graph break, and the compiled forward gives stock's logits."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the GEMM is sm_90a")
+    stock = _llama()
+    patched = copy.deepcopy(stock)
     cnn.patch(patched)
     ids = torch.randint(0, 1000, (2, 64), device="cuda")
     torch._dynamo.reset()
     with torch.no_grad():
         explained = torch._dynamo.explain(patched)(input_ids=ids)
     assert explained.graph_break_count == 0, explained.break_reasons
+    targets = {n.target for g in explained.graphs for n in g.graph.nodes}
+    assert torch.ops.cuteforge.gated_gemm.default in targets
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got, want = torch.compile(patched)(input_ids=ids).logits, stock(input_ids=ids).logits
+    assert _rel(got, want) < 2e-2
 
 
 def test_patched_mlp_inference_matches_stock() -> None:

@@ -59,7 +59,8 @@ LaunchReturn make_return(const std::string& name, py::handle r, size_t n_outs) {
 
 py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::string& device_type, int64_t device_index,
                             size_t n_inputs, const std::vector<std::pair<std::vector<int64_t>, std::string>>& outs,
-                            const std::vector<py::tuple>& args, const py::list& returns) {
+                            const std::vector<py::tuple>& args, const py::list& returns,
+                            const std::vector<at::Tensor>& fixed) {
   if (!fn) throw std::invalid_argument(name + ": a launch plan needs a kernel");
   if (n_inputs > kMaxTensors || outs.size() > kMaxTensors || args.size() > kMaxTensors)
     throw std::invalid_argument(name + ": at most 16 inputs, outputs and kernel arguments each");
@@ -76,12 +77,18 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
     p->out_sizes.push_back(o.first);
     p->out_options.push_back(at::TensorOptions().dtype(scalar_type(o.second)).device(p->device));
   }
+  if (fixed.size() > kMaxTensors) throw std::invalid_argument(name + ": at most 16 fixed tensors");
+  for (const auto& t : fixed) {
+    if (t.device() != p->device) throw std::invalid_argument(name + ": a fixed tensor is on another device than the plan");
+    p->fixed.push_back(t);
+  }
   for (const auto& a : args) {
     LaunchArg s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>(),
                 a[4].cast<int64_t>()};
-    const size_t bound = s.source == kInput ? n_inputs : s.source == kOutput ? outs.size() : 0;
+    const size_t bound = s.source == kInput ? n_inputs : s.source == kOutput ? outs.size()
+                         : s.source == kFixed ? fixed.size() : 0;
     if (s.index < 0 || static_cast<size_t>(s.index) >= bound)
-      throw std::invalid_argument(name + ": a kernel argument names no input or output");
+      throw std::invalid_argument(name + ": a kernel argument names no input, output or fixed tensor");
     if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(name + ": an argument's sizes and strides differ in length");
     if (s.source == kInput) p->read[s.index] = true;
     p->args.push_back(std::move(s));
@@ -313,7 +320,8 @@ Returned run_plan(const LaunchPlan& p, const at::Tensor* const* in) {
   TVMFFIAny any[kMaxTensors];
   for (size_t i = 0; i < p.args.size(); ++i) {
     const LaunchArg& a = p.args[i];
-    fill_dltensor(dl[i], any[i], a.source == kInput ? *in[a.index] : out[a.index], a.sizes, a.strides, a.offset, p.dl_device);
+    const at::Tensor& t = a.source == kInput ? *in[a.index] : a.source == kOutput ? out[a.index] : p.fixed[a.index];
+    fill_dltensor(dl[i], any[i], t, a.sizes, a.strides, a.offset, p.dl_device);
   }
   call_on_current_stream(p.fn, any, static_cast<int32_t>(p.args.size()), p.device, p.name);
   Returned r;

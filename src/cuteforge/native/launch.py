@@ -5,8 +5,9 @@ A Plan is made once per call layout (the op's memo key fixes every shape and str
 says:
 
 - outs: (shape, dtype) of each tensor the call allocates;
-- args: the kernel's operands in order, each an input (`INPUT`, by position in the call)
-  or an output (`OUTPUT`) with the (sizes, strides) view the kernel reads
+- args: the kernel's operands in order, each an input (`INPUT`, by position in the call),
+  an output (`OUTPUT`) or a tensor the plan holds (`FIXED`, such as a GEMM's workspace
+  word) with the (sizes, strides) view the kernel reads
   (`args.arg`, `args.contiguous_arg` build them);
 - returns: which outputs the call returns (one: the tensor; more: a tuple), each an
   output index, or ``(index, dtype, row)`` for that output summed over its dim -2 and
@@ -33,7 +34,7 @@ import torch
 from ..signature import dtype_name
 from . import build
 
-INPUT, OUTPUT = 0, 1
+INPUT, OUTPUT, FIXED = 0, 1, 2
 
 
 def enabled() -> bool:
@@ -43,17 +44,19 @@ def enabled() -> bool:
 
 
 def runner(name: str, fn: Any, device: torch.device, n_inputs: int, outs: Sequence[tuple[Sequence[int], torch.dtype]],
-           args: Sequence[tuple[Any, ...]], returns: Sequence[int | tuple[int, str, int]]) -> Callable[..., Any] | None:
+           args: Sequence[tuple[Any, ...]], returns: Sequence[int | tuple[int, str, int]],
+           fixed: Sequence[torch.Tensor] = ()) -> Callable[..., Any] | None:
     """``run(*inputs)`` calling the compiled TVM-FFI function ``fn``, or None where the
     extension or the launch is turned off, the extension cannot be built, or ``fn`` is no
-    TVM-FFI function (a test's stand-in kernel)."""
+    TVM-FFI function (a test's stand-in kernel). ``fixed``: tensors the plan holds, which
+    ``FIXED`` arguments read (the same buffer for every call, on ``device``)."""
     if not hasattr(fn, "__chandle__") or not enabled():
         return None
     mod = build.load()
     if mod is None:
         return None
     plan = mod.make_launch_plan(name, int(fn.__chandle__()), device.type, device.index or 0, n_inputs,
-                                [(list(s), dtype_name(d)) for s, d in outs], list(args), list(returns))
+                                [(list(s), dtype_name(d)) for s, d in outs], list(args), list(returns), list(fixed))
     return functools.partial(mod.launch, plan)
 
 

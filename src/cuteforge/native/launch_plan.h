@@ -16,7 +16,8 @@ namespace cuteforge_native {
 
 constexpr size_t kMaxTensors = 16;  // inputs, outputs and kernel arguments, each
 
-enum LaunchSource : int { kInput = 0, kOutput = 1 };
+// kFixed: a tensor the plan holds (a GEMM's zeroed workspace word, the same for every call)
+enum LaunchSource : int { kInput = 0, kOutput = 1, kFixed = 2 };
 
 struct LaunchArg {
   int source;  // LaunchSource
@@ -44,6 +45,7 @@ struct LaunchPlan {
   std::vector<std::vector<int64_t>> out_sizes;
   std::vector<at::TensorOptions> out_options;
   std::vector<LaunchArg> args;
+  std::vector<at::Tensor> fixed;      // what kFixed arguments name, on `device`
   std::vector<LaunchReturn> returns;  // one returns the tensor, more a tuple
 
   ~LaunchPlan() {

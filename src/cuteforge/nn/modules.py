@@ -212,8 +212,9 @@ class SwiGLUMLP(nn.Module):
     reaches memory) wherever it applies: sm_90, 16-bit, no biases, widths a multiple of 8,
     projections of exactly these classes without hooks. ``recompute=True`` runs it with
     grad too: the backward recomputes both products (two more GEMMs), so the two (tokens x
-    intermediate) activations are not kept for it. Under torch.compile every path is
-    torch's expression around the projections, which Inductor fuses."""
+    intermediate) activations are not kept for it. Under torch.compile the gated GEMM is
+    one opaque op (its backward traced); the other paths are torch's expressions around
+    the projections, which Inductor fuses."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device: Any = None,
                  dtype: torch.dtype | None = None, gemm: bool = True, recompute: bool = False) -> None:
@@ -238,8 +239,7 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.gate_proj.weight.requires_grad
                                                   or self.up_proj.weight.requires_grad)
-        # traced, every path is torch's expression around the projections: skip the checks
-        if (self.recompute or not wants_grad) and not torch.compiler.is_compiling() and self._gated_applies(x):
+        if (self.recompute or not wants_grad) and self._gated_applies(x):
             from .. import ops
 
             return self.down_proj(ops.gated_gemm(x, self.gate_proj.weight.t(), self.up_proj.weight.t()))

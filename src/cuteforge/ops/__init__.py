@@ -1,6 +1,6 @@
 """Torch-facing ops. Each is also registered as `torch.ops.cuteforge.<name>`, except the
-pointwise `silu_mul` and `rotary_embedding` and the `gated_gemm`, which trace as their torch
-expressions under torch.compile (Inductor fuses those itself)."""
+pointwise `silu_mul` and `rotary_embedding`, which trace as their torch expressions under
+torch.compile (Inductor fuses those itself)."""
 
 from .cross_entropy import cross_entropy
 from .embedding import embedding

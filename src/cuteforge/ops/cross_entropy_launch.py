@@ -110,8 +110,10 @@ def _red_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
     return fn, words
 
 
-def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row (loss, lse), fp32. The custom op's body and the eager path."""
+def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
+         loss: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (loss, lse), fp32, the loss written into ``loss`` where given (a unit-stride
+    fp32 (M,) view on 16 bytes, as a fresh buffer). The custom op's body and the eager path."""
     if target.stride(0) != 1:
         target = target.contiguous()
     try:
@@ -119,7 +121,8 @@ def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple
     except (AttributeError, KeyError, TypeError):
         fn = _fwd_launcher(logits, target, ignore_index)
     m = logits.shape[0]
-    loss = logits.new_empty(m, dtype=torch.float32)
+    if loss is None:
+        loss = logits.new_empty(m, dtype=torch.float32)
     lse = logits.new_empty(m, dtype=torch.float32)
     fn(logits, target, loss, lse)
     return loss, lse

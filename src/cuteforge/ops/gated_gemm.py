@@ -15,8 +15,10 @@ N-major weight is copied K-major per call. The output is (..., N) in a's dtype.
 Backward (autograd): the forward keeps nothing but its inputs, so the backward
 recomputes a @ b_gate and a @ b_up (cuBLAS), takes the activation's backward and runs
 the four gradient GEMMs; training trades one extra pair of GEMMs for two (tokens x N)
-activations of memory per layer. Under torch.compile the call traces as its torch
-expression, which Inductor lowers to its own GEMMs and one fused pointwise kernel.
+activations of memory per layer. Under torch.compile the call is one opaque op,
+``torch.ops.cuteforge.gated_gemm`` (Inductor cannot fuse an epilogue into its cuBLAS
+GEMMs); its backward traces as torch expressions, so Inductor fuses the activation's
+backward into one pointwise kernel around the recomputed GEMMs.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ from ..kernels.gemm.sm90.config import (
     usable_tuned,
 )
 from ..kernels.gemm.spec import AB_DTYPES, gemm_gated_kernel
+from ..native import launch as native_launch
+from ..native.args import arg, contiguous_arg
 from .gemm_launch import _layout, _no_work, _operand_for, _persistent_clusters, _workspace
+from .registered import define
 from .swiglu import silu_mul_backward
 
 __all__ = ["gated_gemm"]
@@ -56,6 +61,35 @@ def _reference(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: 
 def _k_major(b: torch.Tensor) -> torch.Tensor:
     """b (K, N) with unit stride along K and 16-byte aligned columns (a copy otherwise)."""
     return _operand_for(b.unsqueeze(0), (1,))[0][0]
+
+
+class _InPlace:
+    """run(a2, b_gate, b_up) for a layout the kernel reads in place (the memo keys it): no
+    per-call layout work; and the same call as a C launch plan for the registered op."""
+
+    def __init__(self, launch: Callable[..., Any], work: Callable[[], torch.Tensor], m: int, n: int) -> None:
+        self.launch, self.work, self.m, self.n = launch, work, m, n
+        self._c_run: Any = False  # not made yet
+
+    def __call__(self, a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor) -> torch.Tensor:
+        out = a.new_empty(1, self.m, self.n)
+        self.launch(a.unsqueeze(0), b_gate.unsqueeze(0), b_up.unsqueeze(0), out, self.work())
+        return out[0]
+
+    def c_run(self, a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor) -> Callable[..., Any] | None:
+        """The C launch (`native.launch.runner`) of this layout, or None: a stream-K split's
+        workspace is the stream's, fetched per call, so only configs that never read theirs
+        (one fixed word) have one."""
+        if self._c_run is False:
+            word = self.work()
+            self._c_run = None
+            if word is _no_work(a.device.index):
+                IN, OUT, FIXED = native_launch.INPUT, native_launch.OUTPUT, native_launch.FIXED
+                args = [arg(IN, 0, a.unsqueeze(0)), arg(IN, 1, b_gate.unsqueeze(0)), arg(IN, 2, b_up.unsqueeze(0)),
+                        contiguous_arg(OUT, 0, (1, self.m, self.n)), arg(FIXED, 0, word)]
+                self._c_run = native_launch.runner("cuteforge::gated_gemm", self.launch, a.device, 3,
+                                                   [((self.m, self.n), a.dtype)], args, [0], fixed=[word])
+        return self._c_run
 
 
 def _plan(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
@@ -92,13 +126,7 @@ def _plan(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
 
     if n_pad == N and a3.data_ptr() == a.data_ptr() and bg3.data_ptr() == b_gate.data_ptr() \
             and bu3.data_ptr() == b_up.data_ptr():
-        # every operand read in place (the memo keys this layout): no per-call layout work
-        def run_plain(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor) -> torch.Tensor:
-            out = a.new_empty(1, M, N)
-            launch(a.unsqueeze(0), b_gate.unsqueeze(0), b_up.unsqueeze(0), out, work())
-            return out[0]
-
-        return run_plain
+        return _InPlace(launch, work, M, N)
 
     def run(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor) -> torch.Tensor:
         a3 = _operand_for(a.unsqueeze(0), (2, 1))[0]
@@ -110,8 +138,8 @@ def _plan(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
     return run
 
 
-def _forward(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
-             config: GemmConfig | None) -> torch.Tensor:
+def _run_for(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
+             config: GemmConfig | None) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     memo = (_layout(a2), _layout(b_gate), _layout(b_up), gate, config)
     run = _PLANS.get(memo)
     if run is None:
@@ -119,10 +147,45 @@ def _forward(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: s
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[memo] = run
-    return run(a2, b_gate, b_up)
+    return run
+
+
+def _forward(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
+             config: GemmConfig | None) -> torch.Tensor:
+    return _run_for(a2, b_gate, b_up, gate, config)(a2, b_gate, b_up)
+
+
+def _gate_grads(gate: str, grad: torch.Tensor, z_gate: torch.Tensor, z_up: torch.Tensor,
+                traced: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d z_gate, d z_up) of ``gate(z_gate) * z_up``: silu_mul's backward kernel eagerly;
+    traced, torch's expressions (Inductor fuses them into one pointwise kernel)."""
+    if gate == "silu" and not traced:
+        return silu_mul_backward(grad, z_gate, z_up)
+    if gate == "silu":
+        g, zg = grad.float(), z_gate.float()
+        sig = torch.sigmoid(zg)
+        d_gate = g * z_up.float() * sig * (1 + zg * (1 - sig))
+        return d_gate.to(z_gate.dtype), (g * zg * sig).to(z_up.dtype)
+    d_gate = torch.ops.aten.gelu_backward(grad * z_up, z_gate, approximate="tanh")
+    return d_gate, grad * F.gelu(z_gate, approximate="tanh")
+
+
+def _grads(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str, grad: torch.Tensor,
+           need: tuple[bool, ...], traced: bool) -> tuple[Any, Any, Any]:
+    """(da, db_gate, db_up), each None where ``need`` says so: both products recomputed
+    (the forward wrote neither), the activation's backward, the gradient GEMMs."""
+    z_gate, z_up = a2 @ b_gate, a2 @ b_up
+    d_gate, d_up = _gate_grads(gate, grad.contiguous(), z_gate, z_up, traced)
+    da = torch.addmm(d_gate @ b_gate.t(), d_up, b_up.t()) if need[0] else None
+    # each weight gradient in its weight's layout: b = W.t() gets (d^T a)^T, contiguous W-shaped
+    db_gate = (d_gate.t() @ a2).t() if need[1] else None
+    db_up = (d_up.t() @ a2).t() if need[2] else None
+    return da, db_gate, db_up
 
 
 class _GatedGemm(torch.autograd.Function):
+    """Eager calls with grad, without the registered op's dispatch cost."""
+
     @staticmethod
     def forward(ctx: Any, a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> torch.Tensor:
         ctx.save_for_backward(a2, b_gate, b_up)
@@ -133,19 +196,38 @@ class _GatedGemm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         a2, b_gate, b_up = ctx.saved_tensors
-        z_gate, z_up = a2 @ b_gate, a2 @ b_up  # recomputed: the forward wrote neither
-        grad = grad.contiguous()
-        if ctx.gate == "silu":
-            d_gate, d_up = silu_mul_backward(grad, z_gate, z_up)
-        else:
-            d_gate = torch.ops.aten.gelu_backward(grad * z_up, z_gate, approximate="tanh")
-            d_up = grad * F.gelu(z_gate, approximate="tanh")
-        need = ctx.needs_input_grad
-        da = torch.addmm(d_gate @ b_gate.t(), d_up, b_up.t()) if need[0] else None
-        # each weight gradient in its weight's layout: b = W.t() gets (d^T a)^T, contiguous W-shaped
-        db_gate = (d_gate.t() @ a2).t() if need[1] else None
-        db_up = (d_up.t() @ a2).t() if need[2] else None
-        return da, db_gate, db_up, None
+        return (*_grads(a2, b_gate, b_up, ctx.gate, grad, ctx.needs_input_grad, traced=False), None)
+
+
+def _op_impl(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> torch.Tensor:
+    return _forward(a2, b_gate, b_up, gate, None)
+
+
+def _op_fake(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> torch.Tensor:
+    return a2.new_empty(a2.shape[0], b_gate.shape[1])  # contiguous, as every path of _forward returns
+
+
+def _op_plan(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> Any:
+    """The registered op's C launch plan (`registered.define`) where the operands are read
+    in place and the config splits no tile; None otherwise (memoized with the layout's run)."""
+    run = _run_for(a2, b_gate, b_up, gate, None)
+    return run.c_run(a2, b_gate, b_up) if isinstance(run, _InPlace) else None
+
+
+def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs[:3])
+    ctx.gate = inputs[3]
+
+
+def _op_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    a2, b_gate, b_up = ctx.saved_tensors
+    need = getattr(ctx, "needs_input_grad", None) or (True, True, True)
+    return (*_grads(a2, b_gate, b_up, ctx.gate, grad, need, traced=True), None)
+
+
+# what torch.compile sees: one opaque GEMM forward, a traced backward
+_op = define("cuteforge::gated_gemm", _op_impl, fake=_op_fake, plan=_op_plan, backward=_op_backward,
+             setup_context=_op_setup)
 
 
 def gated_gemm(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, *, gate: str = "silu",
@@ -154,7 +236,7 @@ def gated_gemm(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, *, gat
 
     a (..., K); b_gate, b_up (K, N); `gate` "silu" (SwiGLU) or "gelu" (tanh form, GeGLU);
     `config` (a `GemmConfig` whose tile_n / 2 is the output tile) pins the kernel config
-    for calls without grad."""
+    for eager calls without grad (torch.compile and calls with grad ignore it)."""
     checks.tensor(_WHERE, "a", a, AB_DTYPES)
     checks.tensor(_WHERE, "b_gate", b_gate, AB_DTYPES)
     checks.matches(_WHERE, "b_up", b_up, "b_gate", b_gate)
@@ -177,15 +259,15 @@ def gated_gemm(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, *, gat
             config.validate_gated()
         except ValueError as e:
             raise ValueError(f"{_WHERE}: config {config} cannot run: {e}") from None
-    if torch.compiler.is_compiling():
-        return _reference(a, b_gate, b_up, gate)
     checks.on_cuda(_WHERE, "a", a)
     checks.same_device(_WHERE, "b_gate", b_gate, "a", a)
     if a.shape[-1] == 0 or a.numel() == 0:
         return _reference(a, b_gate, b_up, gate)  # nothing to launch: torch's zeros / empty result
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])
-    if torch.is_grad_enabled() and (a.requires_grad or b_gate.requires_grad or b_up.requires_grad):
+    if torch.compiler.is_compiling():
+        out = _op(a2, b_gate, b_up, gate)
+    elif torch.is_grad_enabled() and (a.requires_grad or b_gate.requires_grad or b_up.requires_grad):
         out = _GatedGemm.apply(a2, b_gate, b_up, gate)
     else:
         out = _forward(a2, b_gate, b_up, gate, config)
