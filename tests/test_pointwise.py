@@ -380,6 +380,11 @@ def test_gated_gemm_under_compile_is_one_op_with_a_traced_backward(monkeypatch, 
     for x, y in zip(got, want):
         assert x.dtype == torch.bfloat16
         torch.testing.assert_close(x.float(), y, atol=5e-2, rtol=2e-2)
+    # frozen weights: the traced backward gives a's gradient alone
+    frozen = torch.compile(lambda a, bg, bu: ops.gated_gemm(a, bg, bu, gate=gate), backend=backend, fullgraph=True)
+    out = frozen(a, bg.detach(), bu.detach())
+    (ga,) = torch.autograd.grad(out, (a,), g.bfloat16())
+    torch.testing.assert_close(ga.float(), want[0], atol=5e-2, rtol=2e-2)
 
     # the module: without grad, and with grad under recompute=True, the gate and up run as the op
     mlp = cnn.SwiGLUMLP(16, 24, gemm=False, recompute=True).bfloat16()

@@ -156,6 +156,10 @@ def test_patched_mlp_recompute_trains_like_stock(compiled) -> None:
     cnn.patch(patched, mlp="recompute")
     ids = torch.randint(0, 1000, (2, 127), device="cuda")
     torch._dynamo.reset()
+    if compiled:  # the gated op is in the traced graph
+        explained = torch._dynamo.explain(patched)(input_ids=ids, labels=ids)
+        assert torch.ops.cuteforge.gated_gemm.default in {n.target for g in explained.graphs for n in g.graph.nodes}
+        torch._dynamo.reset()
     run = torch.compile(patched) if compiled else patched
     for _ in range(2 if compiled else 1):
         loss, grads = _loss_and_grads(run, ids)

@@ -1,7 +1,8 @@
 """Operand views for the C++ launch and autograd plans: which tensor of a call (an input
-or output of a forward launch, `launch.INPUT` / `launch.OUTPUT`; a saved tensor, gradient
-or buffer of a backward, `backward.SAVED` / `GRAD` / `BUFFER`) the kernel reads as its
-operand, with what sizes and strides from which element."""
+or output of a forward launch, or a tensor its plan holds: `launch.INPUT` / `OUTPUT` /
+`FIXED`; a saved tensor, gradient or buffer of a backward, `backward.SAVED` / `GRAD` /
+`BUFFER`) the kernel reads as its operand, with what sizes and strides from which
+element."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@
 
 namespace cuteforge_native {
 
-constexpr size_t kMaxTensors = 16;  // inputs, outputs and kernel arguments, each
+constexpr size_t kMaxTensors = 16;  // inputs, outputs, fixed tensors and kernel arguments, each
 
 // kFixed: a tensor the plan holds (a GEMM's zeroed workspace word, the same for every call)
 enum LaunchSource : int { kInput = 0, kOutput = 1, kFixed = 2 };

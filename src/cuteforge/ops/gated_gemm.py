@@ -38,11 +38,13 @@ from ..kernels.gemm.sm90.config import (
     default_config,
     fit_swizzle,
     gated_config,
+    stream_k_workspace_words,
     usable_tuned,
 )
 from ..kernels.gemm.spec import AB_DTYPES, gemm_gated_kernel
 from ..native import launch as native_launch
 from ..native.args import arg, contiguous_arg
+from .gemm import _is_fake
 from .gemm_launch import _layout, _no_work, _operand_for, _persistent_clusters, _workspace
 from .registered import define
 from .swiglu import silu_mul_backward
@@ -67,8 +69,8 @@ class _InPlace:
     """run(a2, b_gate, b_up) for a layout the kernel reads in place (the memo keys it): no
     per-call layout work; and the same call as a C launch plan for the registered op."""
 
-    def __init__(self, launch: Callable[..., Any], work: Callable[[], torch.Tensor], m: int, n: int) -> None:
-        self.launch, self.work, self.m, self.n = launch, work, m, n
+    def __init__(self, launch: Callable[..., Any], work: Callable[[], torch.Tensor], m: int, n: int, splits: bool) -> None:
+        self.launch, self.work, self.m, self.n, self.splits = launch, work, m, n, splits
         self._c_run: Any = False  # not made yet
 
     def __call__(self, a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor) -> torch.Tensor:
@@ -81,9 +83,9 @@ class _InPlace:
         workspace is the stream's, fetched per call, so only configs that never read theirs
         (one fixed word) have one."""
         if self._c_run is False:
-            word = self.work()
             self._c_run = None
-            if word is _no_work(a.device.index):
+            if not self.splits:
+                word = self.work()  # the device's word, which the kernel never reads
                 IN, OUT, FIXED = native_launch.INPUT, native_launch.OUTPUT, native_launch.FIXED
                 args = [arg(IN, 0, a.unsqueeze(0)), arg(IN, 1, b_gate.unsqueeze(0)), arg(IN, 2, b_up.unsqueeze(0)),
                         contiguous_arg(OUT, 0, (1, self.m, self.n)), arg(FIXED, 0, word)]
@@ -126,7 +128,7 @@ def _plan(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str,
 
     if n_pad == N and a3.data_ptr() == a.data_ptr() and bg3.data_ptr() == b_gate.data_ptr() \
             and bu3.data_ptr() == b_up.data_ptr():
-        return _InPlace(launch, work, M, N)
+        return _InPlace(launch, work, M, N, stream_k_workspace_words(cfg, clusters, M, 2 * N, K, 1, sms=sms) > 0)
 
     def run(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor) -> torch.Tensor:
         a3 = _operand_for(a.unsqueeze(0), (2, 1))[0]
@@ -221,8 +223,7 @@ def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
 
 def _op_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     a2, b_gate, b_up = ctx.saved_tensors
-    need = getattr(ctx, "needs_input_grad", None) or (True, True, True)
-    return (*_grads(a2, b_gate, b_up, ctx.gate, grad, need, traced=True), None)
+    return (*_grads(a2, b_gate, b_up, ctx.gate, grad, ctx.needs_input_grad, traced=True), None)
 
 
 # what torch.compile sees: one opaque GEMM forward, a traced backward
@@ -265,7 +266,7 @@ def gated_gemm(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, *, gat
         return _reference(a, b_gate, b_up, gate)  # nothing to launch: torch's zeros / empty result
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _is_fake(a2):  # traced outside Dynamo too (AOTAutograd, make_fx)
         out = _op(a2, b_gate, b_up, gate)
     elif torch.is_grad_enabled() and (a.requires_grad or b_gate.requires_grad or b_up.requires_grad):
         out = _GatedGemm.apply(a2, b_gate, b_up, gate)

@@ -70,26 +70,6 @@ def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
     return max(1, min(tokens, -(-rows // 128) * 128))
 
 
-class _Ones:
-    """Per device, one fp32 vector of ones, grown as needed, for the backward kernel's
-    per-row loss gradient (views of it; never written). During a CUDA graph capture a
-    fresh one (a buffer kept from a capture would live in the graph's pool)."""
-
-    def __init__(self) -> None:
-        self._by_device: dict[torch.device, torch.Tensor] = {}
-
-    def get(self, device: torch.device, n: int) -> torch.Tensor:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return torch.ones(n, device=device)
-        have = self._by_device.get(device)
-        if have is None or have.numel() < n:
-            have = self._by_device[device] = torch.ones(max(n, 128), device=device)
-        return have[:n]
-
-
-_ONE = _Ones()
-
-
 def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
           need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dx, dweight, scale): dx and dweight are the gradients of the summed loss (empty
@@ -105,7 +85,7 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
     scale = (target != ignore_index).sum(dtype=torch.float32).reciprocal() if mean else torch.ones((), device=x.device)
     losses = x.new_empty(t, dtype=torch.float32)
     step = chunk_rows(t, v, x.element_size())
-    ones = _ONE.get(x.device, min(t, step))
+    ones = torch.ones(min(t, step), device=x.device)
     for s in range(0, t, step):
         e = min(t, s + step)
         xc, tc = x[s:e], target[s:e]
