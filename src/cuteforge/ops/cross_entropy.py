@@ -55,7 +55,8 @@ from ..native.args import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, dtype_name
 from ..workspace import stream_workspace
 from . import cross_entropy_launch as launch
-from .cross_entropy_launch import _MAX_PLANS, _WHERE
+from .cross_entropy_launch import _WHERE
+from .memo import remember
 from .registered import define
 
 __all__ = ["cross_entropy", "CHECK_TARGETS"]
@@ -301,9 +302,7 @@ def _plan_for(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ign
     key = (*launch._key(logits, target, ignore_index), lse.shape, reduced, mean)
     plan = _NODE_PLANS.get(key)
     if plan is None:
-        if len(_NODE_PLANS) >= _MAX_PLANS:
-            _NODE_PLANS.clear()
-        plan = _NODE_PLANS[key] = _node_plan(logits, target, lse, ignore_index, reduced, mean)
+        plan = remember(_NODE_PLANS, key, _node_plan(logits, target, lse, ignore_index, reduced, mean))
     return plan
 
 
@@ -415,9 +414,7 @@ def _plan(logits: Any, target: Any, reduction: Any, ignore_index: Any, out_dtype
             _PLANS[memo] = fast
             return fast(lg, t)
 
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[_memo_key(logits, target, reduction, ignore_index, out_dtype)] = run
+    remember(_PLANS, _memo_key(logits, target, reduction, ignore_index, out_dtype), run)
     return run
 
 

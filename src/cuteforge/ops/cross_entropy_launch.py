@@ -17,8 +17,8 @@ from ..kernels.cross_entropy.spec import (
     cross_entropy_fwd_reduce,
 )
 from ..kernels.reduce.config import RowReduceConfig
+from .memo import remember
 
-_MAX_PLANS = 4096
 _FWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
 _BWD: dict[tuple[Any, ...], Callable[..., Any]] = {}
 _RED: dict[tuple[Any, ...], Callable[..., Any]] = {}
@@ -63,9 +63,7 @@ def _fwd_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int)
     if m > 0:
         params = (("ignore_index", ignore_index),)
         fn = cross_entropy_fwd.get(key, params, _tuned(cross_entropy_fwd, key, ignore_index, logits))
-    if len(_FWD) >= _MAX_PLANS:
-        _FWD.clear()
-    _FWD[_key(logits, target, ignore_index)] = fn
+    remember(_FWD, _key(logits, target, ignore_index), fn)
     return fn
 
 
@@ -104,9 +102,7 @@ def _red_launcher(logits: torch.Tensor, target: torch.Tensor, ignore_index: int,
     fn = None
     if words:
         fn = _red_get(_red_key(logits, target, out_dtype), cfg, ignore_index, mean, with_lse)
-    if len(_RED) >= _MAX_PLANS:
-        _RED.clear()
-    _RED[(*_key(logits, target, ignore_index), mean, with_lse, out_dtype)] = fn, words
+    remember(_RED, (*_key(logits, target, ignore_index), mean, with_lse, out_dtype), (fn, words))
     return fn, words
 
 
@@ -158,8 +154,5 @@ def _bwd_into(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, dlo
          dloss.data_ptr() & 15)
     fn = _BWD.get(k)
     if fn is None:
-        fn = _bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index)
-        if len(_BWD) >= _MAX_PLANS:
-            _BWD.clear()
-        _BWD[k] = fn
+        fn = remember(_BWD, k, _bwd_kernel(logits, target, lse, dloss, dlogits, ignore_index))
     fn(logits, target, lse, dloss, dlogits)

@@ -46,6 +46,7 @@ from ..native import launch as native_launch
 from ..native.args import arg, contiguous_arg
 from .gemm import _is_fake
 from .gemm_launch import _layout, _no_work, _operand_for, _persistent_clusters, _workspace
+from .memo import remember
 from .registered import define
 from .swiglu import silu_mul_backward
 
@@ -53,7 +54,6 @@ __all__ = ["gated_gemm"]
 
 _WHERE = "cuteforge.ops.gated_gemm"
 _PLANS: dict[tuple[Any, ...], Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {}
-_MAX_PLANS = 1024
 
 
 def _reference(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: str) -> torch.Tensor:
@@ -145,10 +145,7 @@ def _run_for(a2: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, gate: s
     memo = (_layout(a2), _layout(b_gate), _layout(b_up), gate, config)
     run = _PLANS.get(memo)
     if run is None:
-        run = _plan(a2, b_gate, b_up, gate, config)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[memo] = run
+        run = remember(_PLANS, memo, _plan(a2, b_gate, b_up, gate, config))
     return run
 
 

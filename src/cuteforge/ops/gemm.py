@@ -42,10 +42,10 @@ from ..kernels.gemm.sm90.config import GemmConfig
 from ..kernels.gemm.spec import AB_DTYPES
 from . import gemm_launch as launch
 from .gemm_launch import _WHERE, _check_ab, _is_fp8, _layout, _one, _plan, _scale_is_rowwise
+from .memo import remember
 from .registered import define
 
 _PLANS: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
-_MAX_PLANS = 4096
 _NONE_KEY = ""
 
 
@@ -71,9 +71,7 @@ def _lookup(a: torch.Tensor, b: torch.Tensor, ops: Sequence[torch.Tensor], epi_k
         epi = GemmEpilogue(epi_key, tuple(k for k in kinds.split(",") if k)) if epi_key else None
         fn = _plan(a, b, ops, names or (epi.operand_names() if epi is not None else ()), epi, out_dtype, config, scales)
         if memo is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[memo] = fn
+            remember(_PLANS, memo, fn)
     return fn
 
 
@@ -408,8 +406,6 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
         # scale given as a number): a zero of either sign gets no warm entry, so neither can
         # answer for the other
         if key is not None and not any(isinstance(v, float) and v == 0 for v in (alpha, beta, scale_a, scale_b)):
-            if len(_EAGER) >= _MAX_PLANS:
-                _EAGER.clear()
             fp8 = None
             if scales:
                 # the per-tensor scale the kernel reads: the call's own tensor, or fixed (a
@@ -417,7 +413,7 @@ def _gemm_slow(a: Any, b: Any, bias: Any, epilogue: Any, out_dtype: Any, residua
                 fixed = tuple(None if isinstance(t, torch.Tensor) and not wise else p
                               for t, wise, p in ((scale_a, row, scales[0]), (scale_b, col, scales[1])))
                 fp8 = (row, col, *fixed)
-            _EAGER[key] = _eager_run(fn, bias, c if "c" in names else None, residual, fp8)
+            remember(_EAGER, key, _eager_run(fn, bias, c if "c" in names else None, residual, fp8))
     return fn(a, b, ops, scales)
 
 

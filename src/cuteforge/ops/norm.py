@@ -36,6 +36,7 @@ from ..native.args import arg, contiguous_arg
 from ..signature import dtype_name
 from . import norm_launch
 from .layout import as_rows, rows_view
+from .memo import remember
 
 # the custom ops' bodies and the backward's groups, also reached from here (benchmarks)
 from .norm_launch import _backward as _backward
@@ -334,10 +335,8 @@ def _autograd(kind: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
            weight.dtype, weight.data_ptr() & 15, r2 is not None, need_dw)
     plan = _NODE_PLANS.get(key)
     if plan is None:
-        if len(_NODE_PLANS) >= norm_launch._MAX_PLANS:
-            _NODE_PLANS.clear()
-        plan = _NODE_PLANS[key] = _node_plan(kind, xs, weight, y, mean, rstd, bias is not None, r2 is not None,
-                                             need_dw)
+        plan = remember(_NODE_PLANS, key, _node_plan(kind, xs, weight, y, mean, rstd, bias is not None,
+                                                     r2 is not None, need_dw))
     if kind == "rms":
         native.attach(plan, [x2, weight, r2], [y] if ro is None else [y, ro], [xs, weight, rstd])
     else:
@@ -420,9 +419,7 @@ def _eager_plan(kind: str, where: str, x: Any, weight: Any, bias: Any, residual:
             launch(xr, wr, br, rr, y2, ro.view(m, n) if flat else ro, st, st)
             return y, ro
 
-    if len(_EAGER) >= norm_launch._MAX_PLANS:
-        _EAGER.clear()
-    _EAGER[_eager_key(kind, x, weight, bias, residual, eps)] = run
+    remember(_EAGER, _eager_key(kind, x, weight, bias, residual, eps), run)
     _TABLES[kind].put((eps,), (x, weight, bias, residual), run)
     return run
 

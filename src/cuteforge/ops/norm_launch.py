@@ -18,10 +18,10 @@ from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
 from ..signature import dtype_name
 from .layout import as_rows
+from .memo import remember
 
 MAX_N = 262144
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_MAX_PLANS = 4096
 _PLANS: dict[tuple[Any, ...], Any] = {}
 _SMS: dict[int, int] = {}
 
@@ -152,10 +152,7 @@ def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
     try:
         launch = _PLANS[memo]
     except KeyError:
-        launch = _fwd_plan(kind, x2, w, b, r2, eps, config)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[memo] = launch
+        launch = remember(_PLANS, memo, _fwd_plan(kind, x2, w, b, r2, eps, config))
     m, n = x2.shape
     # new_empty with int arguments: the cheapest allocation call on the host
     y = x2.new_empty(m, n)
@@ -213,10 +210,7 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
             rstd.data_ptr() & 15, None if mean is None else mean.data_ptr() & 15, config)
     plan = _PLANS.get(memo)
     if plan is None:
-        plan = _bwd_kernel(kind, xs, w, dy, mean, rstd, dsum, has_bias, config)
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[memo] = plan
+        plan = remember(_PLANS, memo, _bwd_kernel(kind, xs, w, dy, mean, rstd, dsum, has_bias, config))
     q, launch = plan
     dwp = xs.new_empty(q, n, dtype=torch.float32)
     dbp = xs.new_empty(q, n, dtype=torch.float32) if has_bias else dwp

@@ -31,10 +31,8 @@ from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.args import contiguous_arg
 from ..signature import FLOAT_DTYPES
+from .memo import remember
 from .registered import define
-
-_MAX_PLANS = 4096
-
 
 # A plan is what the warm path needs: run(x) -> out. Where x's rows are read in place by
 # the row kernel it is one C call (`native.launch`: allocation and launch), else a
@@ -117,9 +115,7 @@ def _plan(op: str, x: Any, dim: Any, keepdim: Any = False) -> _Plan:
         ok = s_outer is not None and _flat_stride(shape[d + 1 :], strides[d + 1 :], 1) == 1
         launch = _col_launch(op, x if ok else x.contiguous(), where, d, o, n, i, ok)
     plan = run or _python_run(launch, out_shape, None if odt == x.dtype else odt)
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[_memo_key(op, x, dim, keepdim)] = plan
+    remember(_PLANS, _memo_key(op, x, dim, keepdim), plan)
     _TABLES[op].put((dim, keepdim), (x,), plan)
     return plan
 

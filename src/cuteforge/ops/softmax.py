@@ -35,11 +35,11 @@ from ..native import launch as native_launch
 from ..native.args import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, dtype_name
 from .layout import as_rows, rows_view
+from .memo import remember
 from .registered import define
 
 __all__ = ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "warm"]
 
-_MAX_PLANS = 4096
 # Longest row the configs hold (backward: 16 CTAs x 512 threads x 32 elements); the
 # tested range. Longer rows would fail in the config heuristic without naming x.
 MAX_N = 262144
@@ -97,10 +97,7 @@ def _same_heads(n: int, *ts: torch.Tensor) -> bool:
 
 
 def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = plan
-    return plan
+    return remember(_PLANS, key, plan)
 
 
 def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
@@ -136,9 +133,7 @@ def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
                 y = t.new_empty(*shape)
                 fn(as_rows(t), y.view(-1, n))
                 return y
-    if len(_FWD) >= _MAX_PLANS:
-        _FWD.clear()
-    _FWD[_memo_key(mode, dim, x)] = run
+    remember(_FWD, _memo_key(mode, dim, x), run)
     _TABLES[mode].put((dim,), (x,), run)
     return run
 
@@ -308,9 +303,7 @@ def _native_autograd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor | Non
     key = (mode, dim, y.dtype, y.shape, y.get_device())
     plan = _NODE_PLANS.get(key)
     if plan is None:
-        if len(_NODE_PLANS) >= _MAX_PLANS:
-            _NODE_PLANS.clear()
-        plan = _NODE_PLANS[key] = _node_plan(mode, y, dim)
+        plan = remember(_NODE_PLANS, key, _node_plan(mode, y, dim))
     native.attach(plan, [x], [y], [y])
     return y
 
