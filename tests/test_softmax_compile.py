@@ -567,7 +567,7 @@ def test_warm_path_memo_key():
                 fn(other, dim)
         assert calls == []
     g = torch.randn(4, 64)
-    sm._remember(sm._memo_key("softmax_bwd", -1, g, x), ((4, 64), launch))
+    sm.remember(sm._PLANS, sm._memo_key("softmax_bwd", -1, g, x), ((4, 64), launch))
     assert sm.softmax_backward(g, x).shape == (4, 64) and calls == [(4, 64)]
     for dy, y in ((x, g.half()), (g[:, :32], x[:, :32]), (torch.randn(257)[1:].view(4, 64), x)):
         with pytest.raises((TypeError, ValueError)):

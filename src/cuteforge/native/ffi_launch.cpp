@@ -10,10 +10,10 @@
 // An op builds one LaunchPlan per call layout (cuteforge/native/launch.py), which its memo
 // key fixes completely: the outputs to allocate (shape, dtype), the kernel's arguments in
 // order (each an input, an output or a tensor the plan holds, with the (sizes, strides)
-// view the kernel reads from an element offset), and which outputs the call returns. `launch(plan, *inputs)` trusts
-// the layout (the op's memo lookup stands for its checks) and checks only what a lookup
-// cannot: the count of inputs, that each is a tensor on the plan's device, or None where
-// no argument reads it (an op's absent bias or residual).
+// view the kernel reads from an element offset), and which outputs the call returns.
+// `launch(plan, *inputs)` trusts the layout (the op's memo lookup stands for its checks)
+// and checks only what a lookup cannot: the count of inputs, that each is a tensor on
+// the plan's device, or None where no argument reads it (an op's absent bias or residual).
 
 #include "launch_plan.h"
 

@@ -263,7 +263,9 @@ def gated_gemm(a: torch.Tensor, b_gate: torch.Tensor, b_up: torch.Tensor, *, gat
         return _reference(a, b_gate, b_up, gate)  # nothing to launch: torch's zeros / empty result
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])
-    if torch.compiler.is_compiling() or _is_fake(a2):  # traced outside Dynamo too (AOTAutograd, make_fx)
+    # traced outside Dynamo too (AOTAutograd, make_fx: fake or functional tensor subclasses);
+    # a plain tensor skips the fake check on the eager path
+    if torch.compiler.is_compiling() or (type(a2) is not torch.Tensor and _is_fake(a2)):
         out = _op(a2, b_gate, b_up, gate)
     elif torch.is_grad_enabled() and (a.requires_grad or b_gate.requires_grad or b_up.requires_grad):
         out = _GatedGemm.apply(a2, b_gate, b_up, gate)

@@ -96,10 +96,6 @@ def _same_heads(n: int, *ts: torch.Tensor) -> bool:
     return all((t.data_ptr() & 15) == 0 and (t.stride(0) - n) * t.element_size() % 16 == 0 for t in ts)
 
 
-def _remember(key: tuple[Any, ...], plan: _Plan) -> _Plan:
-    return remember(_PLANS, key, plan)
-
-
 def _plan_fwd(mode: str, x: Any, dim: Any) -> _Run:
     where = f"cuteforge.ops.{mode}"
     _check(where, "x", x, device=False)
@@ -178,7 +174,7 @@ def _plan_bwd(mode: str, dy: Any, y: Any, dim: Any) -> _Plan:
         else:
             def launch(g: torch.Tensor, t: torch.Tensor, dx: torch.Tensor) -> None:
                 fn(as_rows(g), as_rows(t), dx.view(-1, n))
-    return _remember(_memo_key(mode, dim, dy, y), (tuple(y.shape), launch))
+    return remember(_PLANS, _memo_key(mode, dim, dy, y), (tuple(y.shape), launch))
 
 
 def _bwd(mode: str, dy: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
