@@ -22,8 +22,8 @@ Backward (--ops rms_norm_bwd,layer_norm_bwd): the backward default against
 kernels/norm/config.longrow_bwd_candidates (mbar exchange in the persistent backward,
 256/512-thread CTAs). Inputs as above plus dy = randn; mean/rstd from torch in fp32 (no
 forward kernel compiled). `us` times what ops/norm.py's `_backward` does with that config
-(dx, dweight/dbias partials allocated, the kernel, `partials.sum(0)` per weight
-gradient); `kernel_us` the launch alone on preallocated outputs. Bytes as
+(dx, dweight/dbias partials allocated, the kernel, the partials' column sum into the
+weight's dtype); `kernel_us` the launch alone on preallocated outputs. Bytes as
 bench.library.bytes_moved counts a norm backward: read x and dy, write dx (3 M N
 elements), plus weight (and bias) once. dx and dweight (and dbias) are checked against
 torch in fp32. quack's rmsnorm_bwd is timed beside rms_norm_bwd (quack.rmsnorm.rmsnorm_bwd,

@@ -4,7 +4,7 @@ one process, one GPU, same inputs.
 For every op (rms_norm_bwd without bias, layer_norm_bwd with bias), dtype and N: M =
 min(32768, 2^28 // N) rows (bench_membound.py's shapes), the default config and every
 `config.staged_candidates(n, bits)` timed through ops/norm.py's `_backward` (`us`,
-`pct_copy`: output allocation, the kernel, `partials.sum(0)`) and as the launch alone
+`pct_copy`: output allocation, the kernel, the partials' column sum) and as the launch alone
 (`kernel_us`, `kernel_pct_copy`), checked against torch in fp32 (`correct`); quack's
 rmsnorm_bwd beside rms_norm_bwd. Bytes = 3 M N elements + weight (+ bias), as
 bench.library counts a norm backward. The timing and the checks are bench_longrow.py's

@@ -364,25 +364,65 @@ def _fill_partials(y: object, p: object) -> None:
     p.copy_(r * 100 + q * 10 + n)
 
 
-def _fill_twos(p: object) -> None:
-    _view(p).fill_(2.0)
+def _sum_partials(p: object, s: object) -> None:
+    # the second kernel: s (2, 4) = p (2, 3, 4) summed over its middle dim
+    _view(s).copy_(_view(p).sum(1))
 
 
-def test_summed_returns_one_sum_per_output_row_by_row() -> None:
+def test_then_kernels_run_in_order_and_rows_are_returned() -> None:
+    """A plan's second kernel reads what the first wrote (a norm backward's partials and
+    their column sum); (output, row) returns one row of an output, as a view of it."""
     run = native_launch.runner(
-        "TestSums", _ffi(_fill_partials), CPU, 1, [((2, 4), torch.float32), ((2, 3, 4), torch.float32)],
-        [contiguous_arg(OUT, 0, (2, 4)), contiguous_arg(OUT, 1, (2, 3, 4))],
-        [0, (1, "bfloat16", 0), (1, "float32", 1)])
+        "TestThen", _ffi(_fill_partials), CPU, 1,
+        [((2, 4), torch.float32), ((2, 3, 4), torch.float32), ((2, 4), torch.float32)],
+        [contiguous_arg(OUT, 0, (2, 4)), contiguous_arg(OUT, 1, (2, 3, 4))], [0, (2, 0), (2, 1)],
+        then=[native_launch.kernel_step(_ffi(_sum_partials), [contiguous_arg(OUT, 1, (2, 3, 4)), contiguous_arg(OUT, 2, (2, 4))])])
     y, d0, d1 = run(torch.empty(2, 4))
     n = torch.arange(4.0)
     torch.testing.assert_close(y, torch.ones(2, 4))
-    assert d0.dtype == torch.bfloat16 and d1.dtype == torch.float32
-    torch.testing.assert_close(d0.float(), 3 * n + 30)  # rows q = 0..2 of r = 0 summed
+    torch.testing.assert_close(d0, 3 * n + 30)  # rows q = 0..2 of r = 0 summed
     torch.testing.assert_close(d1, 300 + 3 * n + 30)
-    run2 = native_launch.runner(
-        "TestSum2D", _ffi(_fill_twos), CPU, 1, [((3, 4), torch.float32)],
-        [contiguous_arg(OUT, 0, (3, 4))], [(0, "float32", -1)])
-    torch.testing.assert_close(run2(torch.empty(1)), torch.full((4,), 6.0))
-    with pytest.raises(ValueError, match="summed return is"):
-        native_launch.runner("TestBadSum", _ffi(lambda p: None), CPU, 1, [((3, 4), torch.float32)],
-                             [contiguous_arg(OUT, 0, (3, 4))], [(0, "float32")])
+    assert d0.shape == (4,) and d1.data_ptr() == d0.data_ptr() + 4 * 4  # rows of one output
+    for bad, match in (((2, "float32", 0), "a returned row is"), ((2, -1), "must be >= 0")):
+        with pytest.raises(ValueError, match=match):
+            native_launch.runner("TestBadRow", _ffi(_fill_partials), CPU, 1,
+                                 [((2, 4), torch.float32), ((2, 3, 4), torch.float32), ((2, 4), torch.float32)],
+                                 [contiguous_arg(OUT, 0, (2, 4)), contiguous_arg(OUT, 1, (2, 3, 4))], [bad])
+    with pytest.raises(ValueError, match="names no input, output or fixed tensor"):
+        native_launch.runner("TestBadThen", _ffi(_fill_partials), CPU, 1,
+                             [((2, 4), torch.float32), ((2, 3, 4), torch.float32)],
+                             [contiguous_arg(OUT, 0, (2, 4)), contiguous_arg(OUT, 1, (2, 3, 4))], [0],
+                             then=[native_launch.kernel_step(_ffi(_sum_partials),
+                                                             [contiguous_arg(OUT, 1, (2, 3, 4)), contiguous_arg(OUT, 2, (2, 4))])])
+    # a stand-in that is no TVM-FFI function anywhere in the plan: no runner (the op's Python launch)
+    assert native_launch.runner("TestPlainThen", _ffi(_fill_partials), CPU, 1, [((2, 4), torch.float32)],
+                                [contiguous_arg(OUT, 0, (2, 4))], [0], then=[native_launch.kernel_step(_sum_partials, [])]) is None
+
+
+def test_matmul_steps_read_what_kernels_wrote() -> None:
+    """Products through ATen between and after kernels (a fused linear loss's chunks): views
+    with swapped strides are transposes, offsets pick rows, accumulate adds into out."""
+    m, k, n = 4, 3, 5
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    y, logits, dw = contiguous_arg(OUT, 0, (m, k)), contiguous_arg(OUT, 2, (m, n)), contiguous_arg(OUT, 3, (n, k))
+    w_t = (IN, 1, [k, n], [1, k], 0)  # weight (N, K) read as its (K, N) transpose
+    logits_t = (OUT, 2, [n, m], [1, n], 0)
+    half = (IN, 0, [m // 2, k], [k, 1], (m // 2) * k)  # x's second half of the rows
+    run = native_launch.runner(
+        "TestMatmul", _ffi(_double_and_row_sums), CPU, 2,
+        [((m, k), torch.float32), ((m,), torch.float32), ((m, n), torch.float32), ((n, k), torch.float32)],
+        [contiguous_arg(IN, 0, (m, k)), y, contiguous_arg(OUT, 1, (m,))], [2, 3],
+        then=[native_launch.matmul_step(logits, y, w_t),
+              native_launch.matmul_step(dw, logits_t, contiguous_arg(IN, 0, (m, k))),
+              native_launch.matmul_step(dw, (OUT, 2, [n, m // 2], [1, n], (m // 2) * n), half, accumulate=True)])
+    got_logits, got_dw = run(x, w)
+    ref = (2 * x) @ w.t()
+    torch.testing.assert_close(got_logits, ref)
+    torch.testing.assert_close(got_dw, ref.t() @ x + ref[m // 2:].t() @ x[m // 2:])
+    with pytest.raises(ValueError, match="takes \\(out, a, b\\)"):
+        native_launch.runner("TestBadMatmul", _ffi(_double_and_row_sums), CPU, 2, [((m, k), torch.float32)],
+                             [contiguous_arg(IN, 0, (m, k)), y, y], [0], then=[(1, None, [y, y])])
+    with pytest.raises(ValueError, match="2-D views"):
+        native_launch.runner("TestBadMatmul", _ffi(_double_and_row_sums), CPU, 2, [((m, k), torch.float32)],
+                             [contiguous_arg(IN, 0, (m, k)), y, y], [0],
+                             then=[native_launch.matmul_step(contiguous_arg(OUT, 0, (m * k,)), y, y)])

@@ -1,7 +1,8 @@
 """The C++ autograd node (cuteforge/native) on the CPU: built as a torch extension, driven
 by Plans whose "kernel" is a Python function exposed through TVM-FFI (the same C ABI the
 compiled CuTe kernels use), so every path but the CUDA stream runs here: the fast path,
-the fallback for other gradient layouts, column sums, the scalar-to-rows gradient,
+the fallback for other gradient layouts, kernels called after the first (a norm's column
+sum of its partials) and rows of a buffer as gradients, the scalar-to-rows gradient,
 saved-tensor checks, errors and reference cycles. The ops' use of it on the GPU is in
 tests/gpu/test_native_node_gpu.py."""
 
@@ -52,6 +53,13 @@ def _scale_kernel(x: object, w: object, dy: object, dx: object, dwp: object) -> 
     dwp[1].copy_((dy[h:] * x[h:]).sum(0))
 
 
+def _sum_rows_kernel(parts: object, out: object) -> None:
+    """The second kernel of a plan: out (..., N) = parts (..., Q, N) summed over Q."""
+    CALLS.append("sum")
+    parts, out = _torch_view(parts), _torch_view(out)
+    out.copy_(parts.sum(-2))
+
+
 def _rows_kernel(x: object, dloss: object, dx: object) -> None:
     """loss = sum(x) (a scalar): dx = dloss[row] for every element of the row."""
     CALLS.append("kernel")
@@ -82,7 +90,7 @@ def _softmax_plan(shape: tuple[int, int], fallback=None):
         [native.grad_as_is(torch.empty(shape))], [(shape, torch.float32)],
         [contiguous_arg(native.GRAD, 0, rows), contiguous_arg(native.SAVED, 0, rows),
          contiguous_arg(native.BUFFER, 0, rows)],
-        [(native.AS_IS, 0, torch.float32)], fallback or default_fallback)
+        [(native.BUFFER_OUT, 0)], fallback or default_fallback)
 
 
 def _softmax(x: torch.Tensor, plan) -> torch.Tensor:
@@ -159,7 +167,7 @@ def test_kernel_errors_name_the_node() -> None:
 
     plan = native.make_plan("FailingBackward", _ffi(failing), torch.device("cpu"),
                             [native.grad_as_is(torch.empty(2, 3))], [((2, 3), torch.float32)],
-                            [contiguous_arg(native.BUFFER, 0, (2, 3))], [(native.AS_IS, 0, torch.float32)],
+                            [contiguous_arg(native.BUFFER, 0, (2, 3))], [(native.BUFFER_OUT, 0)],
                             lambda g, s: [None])
     x = torch.randn(2, 3, requires_grad=True)
     y = x.detach() * 2
@@ -171,29 +179,28 @@ def test_kernel_errors_name_the_node() -> None:
 def _scale_plan(m: int, n: int):
     return native.make_plan(
         "TestScaleBackward", _ffi(_scale_kernel), torch.device("cpu"),
-        [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, n), torch.float32)],
+        [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, n), torch.float32), ((n,), torch.float32)],
         [arg(native.SAVED, 0, torch.empty(m, n)), contiguous_arg(native.SAVED, 1, (n,)),
          contiguous_arg(native.GRAD, 0, (m, n)), contiguous_arg(native.BUFFER, 0, (m, n)),
          contiguous_arg(native.BUFFER, 1, (2, n))],
-        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, torch.float64)],
-        lambda g, s: [g[0] * s[1], (g[0] * s[0]).sum(0).double()])
+        [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 2)],
+        lambda g, s: [g[0] * s[1], (g[0] * s[0]).sum(0)],
+        then=[(_ffi(_sum_rows_kernel), [contiguous_arg(native.BUFFER, 1, (2, n)), contiguous_arg(native.BUFFER, 2, (n,))])])
 
 
-def test_column_sums_and_only_the_gradients_asked_for() -> None:
+def test_then_kernels_sum_the_partials_after_the_kernel() -> None:
     m, n = 6, 5
     plan = _scale_plan(m, n)
     x = torch.randn(m, n, requires_grad=True)
-    w = torch.randn(n, dtype=torch.float64, requires_grad=True)
-    w32 = w.detach().float()
-    y = x.detach() * w32
-    native.attach(plan, [x, w], [y], [x, w32])
+    w = torch.randn(n, requires_grad=True)
+    y = x.detach() * w.detach()
+    native.attach(plan, [x, w], [y], [x, w.detach()])
     g = torch.randn(m, n)
-    dx, dw = torch.autograd.grad(y, (x, w), g, retain_graph=True)
-    torch.testing.assert_close(dx, g * w32)
-    assert dw.dtype == torch.float64
-    torch.testing.assert_close(dw, (g * x.detach()).sum(0).double(), rtol=1e-5, atol=1e-5)
-    (dx_only,) = torch.autograd.grad(y, x, g)  # dw not needed: no column sum
-    torch.testing.assert_close(dx_only, dx)
+    CALLS.clear()
+    dx, dw = torch.autograd.grad(y, (x, w), g)
+    assert CALLS == ["kernel", "sum"]
+    torch.testing.assert_close(dx, g * w.detach())
+    torch.testing.assert_close(dw, (g * x.detach()).sum(0))
 
 
 def _affine_kernel(x: object, w: object, dy: object, dx: object, dwp: object, dbp: object) -> None:
@@ -207,23 +214,21 @@ def _affine_kernel(x: object, w: object, dy: object, dx: object, dwp: object, db
         dbp[part].copy_(dy[rows].sum(0))
 
 
-def _affine_plan(name: str, kernel, m: int, n: int, q: int, w_dtype: torch.dtype):
-    """y = x * w + b: dx, and (2, Q, N) dweight / dbias partials, the bias half at an
-    element offset; dweight cast to w_dtype."""
-    return native.make_plan(
-        name, _ffi(kernel), torch.device("cpu"),
-        [native.grad_as_is(torch.empty(m, n))], [((m, n), torch.float32), ((2, q, n), torch.float32)],
+def test_weight_and_bias_are_rows_of_one_buffer() -> None:
+    """(2, Q, N) partials, the bias half at an element offset; one column sum gives the
+    two rows of a (2, N) buffer, returned as the weight's and the bias's gradients."""
+    m, n, q = 6, 5, 2
+    plan = native.make_plan(
+        "TestAffineBackward", _ffi(_affine_kernel), torch.device("cpu"),
+        [native.grad_as_is(torch.empty(m, n))],
+        [((m, n), torch.float32), ((2, q, n), torch.float32), ((2, n), torch.float32)],
         [arg(native.SAVED, 0, torch.empty(m, n)), contiguous_arg(native.SAVED, 1, (n,)),
          contiguous_arg(native.GRAD, 0, (m, n)), contiguous_arg(native.BUFFER, 0, (m, n)),
          contiguous_arg(native.BUFFER, 1, (q, n)), contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
-        [(native.AS_IS, 0, torch.float32), (native.COLUMN_SUM, 1, w_dtype, 0), (native.COLUMN_SUM, 1, torch.float32, 1)],
-        lambda g, s: [None, None, None])
-
-
-def test_weight_and_bias_partials_share_one_buffer() -> None:
-    """(2, Q, N) partials, the bias half at an element offset; one sum gives both rows."""
-    m, n, q = 6, 5, 2
-    plan = _affine_plan("TestAffineBackward", _affine_kernel, m, n, q, torch.float32)
+        [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 2, 0), (native.BUFFER_OUT, 2, 1)],
+        lambda g, s: [None, None, None],
+        then=[(_ffi(_sum_rows_kernel), [contiguous_arg(native.BUFFER, 1, (2, q, n)),
+                                        contiguous_arg(native.BUFFER, 2, (2, n))])])
     x = torch.randn(m, n, requires_grad=True)
     w = torch.randn(n, requires_grad=True)
     b = torch.randn(n, requires_grad=True)
@@ -234,62 +239,25 @@ def test_weight_and_bias_partials_share_one_buffer() -> None:
     torch.testing.assert_close(dx, g * w.detach())
     torch.testing.assert_close(dw, (g * x.detach()).sum(0))
     torch.testing.assert_close(db, g.sum(0))
+    assert db.data_ptr() == dw.data_ptr() + 4 * n  # rows of one buffer
 
 
-@pytest.mark.parametrize("q", [1, 2])
-def test_one_partial_row_is_not_summed(q: int) -> None:
-    """Q = 1 (few rows, one CTA group): the partial row is the column sum; the node casts
-    it and launches no sum (aten.sum is seen only for Q = 2)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-            self.in_kernel = False
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not self.in_kernel:  # the node's own ops, not the stand-in kernel's
-                self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    seen = Seen()
-
-    def kernel(x: object, w: object, dy: object, dx: object, dwp: object, dbp: object) -> None:
-        seen.in_kernel = True
-        x, w, dy, dx, dwp, dbp = (_torch_view(t) for t in (x, w, dy, dx, dwp, dbp))
-        dx.copy_(dy * w)
-        for part, rows in enumerate(torch.arange(x.shape[0]).chunk(q)):
-            dwp[part].copy_((dy[rows] * x[rows]).sum(0))
-            dbp[part].copy_(dy[rows].sum(0))
-        seen.in_kernel = False
-
-    m, n = 6, 5
-    plan = _affine_plan("TestOnePartBackward", kernel, m, n, q, torch.float64)
-    x = torch.randn(m, n, requires_grad=True)
-    w = torch.randn(n, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(n, requires_grad=True)
-    w32 = w.detach().float()
-    y = x.detach() * w32 + b.detach()
-    native.attach(plan, [x, w, b], [y], [x, w32])
-    g = torch.randn(m, n)
-    with seen:
-        dx, dw, db = torch.autograd.grad(y, (x, w, b), g)
-    assert dw.dtype == torch.float64 and db.dtype == torch.float32
-    torch.testing.assert_close(dx, g * w32)
-    torch.testing.assert_close(dw, (g * x.detach()).sum(0).double(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(db, g.sum(0))
-    assert any(op.startswith("aten.sum") for op in seen.ops) == (q > 1), seen.ops
+def test_plans_refuse_outs_that_name_no_buffer() -> None:
+    for outs, match in (([(native.BUFFER_OUT, 1)], "an out names no buffer"), ([(2, 0)], "no gradient .0. or a buffer")):
+        with pytest.raises(ValueError, match=match):
+            native.make_plan("TestBadOut", _ffi(_rows_kernel), torch.device("cpu"), [native.grad_as_is(torch.empty(2, 3))],
+                             [((2, 3), torch.float32)], [contiguous_arg(native.BUFFER, 0, (2, 3))], outs,
+                             lambda g, s: [None])
 
 
 def test_input_without_grad_gets_no_edge() -> None:
     m, n = 4, 3
     x = torch.randn(m, n, requires_grad=True)
-    w = torch.randn(n, dtype=torch.float64)  # no grad
-    y = x.detach() * w.float()
-    native.attach(_scale_plan(m, n), [x, w], [y], [x, w.float()])
+    w = torch.randn(n)  # no grad
+    y = x.detach() * w
+    native.attach(_scale_plan(m, n), [x, w], [y], [x, w])
     y.backward(torch.ones(m, n))
-    torch.testing.assert_close(x.grad, w.float().expand(m, n))
+    torch.testing.assert_close(x.grad, w.expand(m, n))
     assert w.grad is None
 
 
@@ -302,7 +270,7 @@ def test_scalar_gradient_spread_over_rows(divide: bool) -> None:
         [native.grad_scalar_rows(m, 1 if divide else -1)], [((m, n), torch.float32)],
         [arg(native.SAVED, 0, torch.empty(m, n)), contiguous_arg(native.GRAD, 0, (m,)),
          contiguous_arg(native.BUFFER, 0, (m, n))],
-        [(native.AS_IS, 0, torch.float32)], lambda g, s: [None])
+        [(native.BUFFER_OUT, 0)], lambda g, s: [None])
     x = torch.randn(m, n, requires_grad=True)
     loss = x.detach().sum() / (4.0 if divide else 1.0)
     native.attach(plan, [x], [loss], [x, count])
@@ -376,7 +344,8 @@ def test_norm_plan_without_partials(monkeypatch: pytest.MonkeyPatch, need_dw: bo
     """ops/norm.py's node plan (`_node_plan`, a stand-in kernel): for frozen weight and
     bias (need_dw=False) the node allocates dx alone, hands the kernel the saved rstd viewed
     as (Q, N) with row stride 0 for both partial operands, and gives the weight no
-    gradient; with need_dw, a (Q, N) partials buffer whose column sum is dweight."""
+    gradient; with need_dw, a (Q, N) partials buffer and the column sum of it into
+    dweight, a second kernel the same node calls."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from cuteforge.ops import norm as norm_ops
@@ -406,7 +375,8 @@ def test_norm_plan_without_partials(monkeypatch: pytest.MonkeyPatch, need_dw: bo
             for part, rows in enumerate(torch.arange(m).chunk(q)):
                 dw_part[part].copy_((dyv[rows] * xv[rows] * rv[rows, None]).sum(0))
 
-    monkeypatch.setattr(norm_ops.norm_launch, "_bwd_kernel", lambda *a, **k: (q, _ffi(kernel)))
+    monkeypatch.setattr(norm_ops.norm_launch, "_bwd_kernel",
+                        lambda *a, need_dw=True, **k: (q, _ffi(kernel), _ffi(_sum_rows_kernel) if need_dw else None))
     y = x * rstd[:, None] * w
     plan = norm_ops._node_plan("rms", x, w, y, None, rstd, False, False, need_dw)
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_(need_dw)
@@ -417,7 +387,7 @@ def test_norm_plan_without_partials(monkeypatch: pytest.MonkeyPatch, need_dw: bo
         grads = torch.autograd.grad(y, [xl, wl] if need_dw else [xl], g)
     torch.testing.assert_close(grads[0], g * w * rstd[:, None])
     if need_dw:
-        assert seen["part"][:2] == ((q, n), (n, 1)) and counter.count == 2
+        assert seen["part"][:2] == ((q, n), (n, 1)) and counter.count == 3  # dx, the partials, dweight
         torch.testing.assert_close(grads[1], (g * x * rstd[:, None]).sum(0))
     else:
         assert seen["part"] == ((q, n), (0, 1), rstd.data_ptr(), rstd.data_ptr())

@@ -245,7 +245,6 @@ def test_linear_cross_entropy_math_and_one_backward_kernel_lookup(monkeypatch) -
 
     lce = importlib.import_module("cuteforge.ops.linear_cross_entropy")
     launch = importlib.import_module("cuteforge.ops.cross_entropy_launch")
-    monkeypatch.setattr(lce, "CHUNK_BYTES", 128 * 40 * 4)  # 128-row chunks: three of them, the last short
     resolved = []
 
     def fwd(logits, target, ignore_index, loss):  # the op hands in its (M,) slice of the per-row losses
@@ -273,20 +272,96 @@ def test_linear_cross_entropy_math_and_one_backward_kernel_lookup(monkeypatch) -
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     ref = F.cross_entropy(xr @ wr.t(), t)
     ref.backward()
+    count = (t != -100).sum()
     for _ in range(2):
-        loss, dx, dw, scale = lce._impl(x, w, t, -100, True, True, True)
-        torch.testing.assert_close(loss, ref.detach())
-        torch.testing.assert_close(dx * scale, xr.grad)
-        torch.testing.assert_close(dw * scale, wr.grad)
+        loss, dx, dw = lce._impl(x, w, t, -100, 128, True, True)  # the summed loss and its gradients
+        torch.testing.assert_close(loss / count, ref.detach())
+        torch.testing.assert_close(dx / count, xr.grad)
+        torch.testing.assert_close(dw / count, wr.grad)
     assert resolved == [(128, 40), (44, 40)]  # two chunk layouts, each resolved once over both calls
 
-    # through the op's autograd: the incoming gradient (1.5) and 1 / rows applied in the backward
+    # through the op's autograd: the incoming gradient (1.5 / rows) applied in the backward
     xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
-    (lce._op(xo, wo, t, -100, True, True, True)[0] * 1.5).backward()
+    (lce._op(xo, wo, t, -100, 128, True, True)[0] / count * 1.5).backward()
     xr.grad = wr.grad = None
     (F.cross_entropy(xr @ wr.t(), t) * 1.5).backward()
     torch.testing.assert_close(xo.grad, xr.grad)
     torch.testing.assert_close(wo.grad, wr.grad)
+
+
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True), (False, False)])
+def test_linear_cross_entropy_plan_unrolls_the_chunks(monkeypatch, need) -> None:
+    """The op's C launch plan (`_op_plan`) on the CPU, its kernels stood in for by torch
+    behind TVM-FFI: per chunk the logits GEMM, the forward into the chunk's slice of the
+    per-row losses, the backward over the logits with the held ones vector, dx's rows and
+    dweight's accumulation, then the losses' sum; against torch in fp32."""
+    import importlib
+
+    import tvm_ffi
+
+    from cuteforge.native import build
+
+    if build.load() is None:
+        pytest.skip("the C++ extension could not be built here")
+    lce = importlib.import_module("cuteforge.ops.linear_cross_entropy")
+    ignore = -100
+    seen = []
+
+    def view(t, dtype=torch.float32):
+        # a torch CPU tensor over a TVM-FFI tensor view's memory (the plan's DLTensors live
+        # on its stack: no DLPack capsule can outlive the call)
+        import ctypes
+
+        shape, strides = tuple(t.shape), tuple(t.strides)
+        span = 1 + sum((d - 1) * st for d, st in zip(shape, strides)) if all(shape) else 1
+        ptr = t.data_ptr() if callable(t.data_ptr) else t.data_ptr
+        raw = (ctypes.c_byte * (span * dtype.itemsize)).from_address(ptr)
+        return torch.frombuffer(raw, dtype=dtype).as_strided(shape, strides)
+
+    def fwd(logits, target, loss, lse):
+        logits, target, loss, lse = view(logits), view(target, torch.int64), view(loss), view(lse)
+        seen.append(("fwd", logits.shape[0]))
+        lse.copy_(logits.logsumexp(-1))
+        picked = logits.gather(1, target.clamp_min(0)[:, None])[:, 0]
+        loss.copy_(torch.where(target == ignore, 0.0, lse - picked))
+
+    def bwd(logits, target, lse, dloss, dlogits):
+        logits, target, lse, dloss, dlogits = (view(logits), view(target, torch.int64), view(lse), view(dloss),
+                                               view(dlogits))
+        seen.append(("bwd", logits.shape[0]))
+        g = (logits - lse[:, None]).exp()
+        g[torch.arange(len(target)), target.clamp_min(0)] -= 1
+        dlogits.copy_(torch.where((target == ignore)[:, None], 0.0, g * dloss[:, None]))
+
+    def total(losses, out):
+        view(out).copy_(view(losses).sum(1))
+
+    fns = {name: tvm_ffi.convert(f) for name, f in (("fwd", fwd), ("bwd", bwd), ("sum", total))}
+    monkeypatch.setattr(lce._ce, "_fwd_launcher", lambda *a: fns["fwd"])
+    monkeypatch.setattr(lce._ce, "_bwd_kernel", lambda *a: fns["bwd"])
+    monkeypatch.setattr(lce, "_sum_kernel", lambda t, device: fns["sum"])
+    torch.manual_seed(0)
+    x, w = torch.randn(300, 16), torch.randn(40, 16)
+    t = torch.randint(0, 40, (300,))
+    t[::7] = ignore
+    run = lce._op_plan(x, w, t, ignore, 128, *need)  # 128-row chunks: three of them, the last short
+    loss, dx, dw = run(x, w, t)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = F.cross_entropy(xr @ wr.t(), t, reduction="sum")
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach())
+    assert loss.shape == ()
+    assert dx.shape == ((300, 16) if need[0] else (0,)) and dw.shape == ((40, 16) if need[1] else (0,))
+    if need[0]:
+        torch.testing.assert_close(dx, xr.grad)
+    if need[1]:
+        torch.testing.assert_close(dw, wr.grad)
+    grads = need[0] or need[1]
+    assert seen == [("fwd", 128)] + [("bwd", 128)] * grads + [("fwd", 128)] + [("bwd", 128)] * grads + \
+        [("fwd", 44)] + [("bwd", 44)] * grads
+    strided = torch.zeros(600, dtype=torch.int64)[::2]
+    assert lce._op_plan(x, w, strided, ignore, 128, *need) is None  # `_impl` copies it first
+    assert lce._op_plan(x[:0], w, t[:0], ignore, 128, *need) is None  # an empty batch: the Python body
 
 
 def test_linear_cross_entropy_chunks_and_checks() -> None:

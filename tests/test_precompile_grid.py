@@ -66,12 +66,30 @@ def test_norm_backward_covers_model_hidden_sizes(grid: set[tuple[str, Any, Any]]
         assert ("norm_bwd", key, frozen) in grid, (n, dtype)
 
 
+@pytest.mark.parametrize("w_dtype", DTYPES)
+@pytest.mark.parametrize("r, q, n", [(1, 132, 1024), (2, 264, 4096), (1, 528, 5120), (2, 7, 8192)])
+def test_norm_backward_partial_sums_are_covered(w_dtype: str, r: int, q: int, n: int) -> None:
+    """ops/norm_launch.py's column sum of the dweight partials, keyed as it binds them and
+    with the config it asks for: the one precompiled kernel per weight dtype."""
+    import torch
+
+    from cuteforge.kernels.reduce.config import ColReduceConfig
+    from cuteforge.kernels.reduce.spec import col_reduce
+
+    specs = {(s.key, s.params): s.config for k, s in precompile_specs(["col_reduce"])}
+    parts = torch.empty(r, q, n, dtype=torch.float32, device="meta")
+    out = torch.empty(r, n, dtype=getattr(torch, w_dtype), device="meta")
+    key = col_reduce.signature.fresh_key((parts, out))  # what bind gives the op's fresh buffers
+    assert specs[(key, (("op", "sum"),))] == ColReduceConfig()
+
+
 def test_grid_size() -> None:
     """What a full precompile compiles: a change here is a change in compile time (docs/bundles.md)."""
     counts = Counter(k.name for k, _ in precompile_specs())
-    assert sum(counts.values()) == 485, counts
+    assert sum(counts.values()) == 488, counts
     assert counts["gemm_sm90_tn_silu_mul"] == 2  # SwiGLU's gated GEMM, bf16 and fp16
     assert counts["norm_fwd"] == 30 and counts["norm_bwd"] == 48 and counts["softmax_fwd"] == 90 and counts["softmax_bwd"] == 66
+    assert counts["col_reduce"] == 3  # the norms' sums of their dweight partials, per weight dtype
     assert counts["row_reduce"] == 5 * 11 * 3 and counts["cross_entropy_fwd_reduce"] == 2 * 4 * (3 + 2) + 4 * 2  # fp32 out for bf16, fp16; its sum
 
 

@@ -206,14 +206,15 @@ def test_bad_arguments():
 # --------------------------------------------------------------------------- column kernel
 
 
-def _compile_col(op, dt, vec, cfg):
+def _compile_col(op, dt, vec, cfg, out_dt=None):
     import cutlass
     import cutlass.cute as cute
 
     from cuteforge.kernels.reduce import make_col_reduce
 
-    in_dtype = {"f32": cutlass.Float32, "bf16": cutlass.BFloat16, "f16": cutlass.Float16}[dt]
-    out_dtype = cutlass.Int64 if op == "argmax" else in_dtype
+    dtypes = {"f32": cutlass.Float32, "bf16": cutlass.BFloat16, "f16": cutlass.Float16}
+    in_dtype = dtypes[dt]
+    out_dtype = cutlass.Int64 if op == "argmax" else dtypes[out_dt or dt]
     o, r, i = cute.sym_int(), cute.sym_int(), cute.sym_int()
     x = cute.runtime.make_fake_tensor(
         in_dtype, (o, r, i), (cute.sym_int64(divisibility=vec), cute.sym_int64(divisibility=vec), 1),
@@ -225,14 +226,16 @@ def _compile_col(op, dt, vec, cfg):
 
 
 @pytest.mark.parametrize(
-    "op, dt, vec, tx, cluster",
-    [("sum", "f32", 4, 8, 1), ("argmax", "bf16", 8, 8, 4), ("mean", "f16", 1, 1, 8), ("amax", "f32", 4, 32, 2), ("amin", "bf16", 2, 2, 1)],
+    "op, dt, vec, tx, cluster, out_dt",
+    [("sum", "f32", 4, 8, 1, None), ("argmax", "bf16", 8, 8, 4, None), ("mean", "f16", 1, 1, 8, None),
+     ("amax", "f32", 4, 32, 2, None), ("amin", "bf16", 2, 2, 1, None),
+     ("sum", "f32", 4, 8, 1, "bf16"), ("sum", "f32", 1, 8, 1, "f16")],  # a norm backward's partials into the weight's dtype
 )
-def test_compile_col(monkeypatch, op, dt, vec, tx, cluster):
+def test_compile_col(monkeypatch, op, dt, vec, tx, cluster, out_dt):
     from cuteforge.kernels.reduce import ColReduceConfig
 
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    ptx = _compile_col(op, dt, vec, ColReduceConfig(256, tx, 4, cluster)).__ptx__
+    ptx = _compile_col(op, dt, vec, ColReduceConfig(256, tx, 4, cluster), out_dt).__ptx__
     assert ".entry" in ptx and "sm_90a" in ptx
     if vec * (32 if dt == "f32" else 16) == 128:
         assert re.search(r"ld\.global[.a-zA-Z0-9:_]*\.v4\.", ptx)

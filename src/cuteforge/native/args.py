@@ -24,3 +24,9 @@ def contiguous_arg(source: int, index: int, shape: Sequence[int], offset: int = 
         strides.append(s)
         s *= d
     return (source, index, list(shape), strides[::-1], offset)
+
+
+def strided_arg(source: int, index: int, sizes: Sequence[int], strides: Sequence[int], offset: int = 0) -> tuple[Any, ...]:
+    """Operand `index` of `source` viewed with these sizes and strides from element `offset`
+    (a transposed operand: swapped strides)."""
+    return (source, index, list(sizes), list(strides), offset)

@@ -11,9 +11,11 @@ node checks and executes without Python:
 - buffers: (shape, dtype) allocated per backward;
 - args: the compiled kernel's operands in order, each a saved tensor, a gradient or a
   buffer with the (sizes, strides) view the kernel reads, from an element offset (`arg`);
-- outs: per differentiable input, its gradient: none, a buffer as is, or a buffer summed
-  over its dim -2 and cast (dweight from per-CTA partials; skipped when not needed); on
-  an (R, Q, N) buffer, row r of the one (R, N) sum (dweight and dbias partials together);
+  ``then``: kernels called after it with their own operands (a norm's column sum of its
+  per-CTA dweight partials into the weight's dtype);
+- outs: per differentiable input, its gradient: none (``(NO_GRAD, 0)``), a buffer
+  (``(BUFFER_OUT, b)``) or one row of a buffer (``(BUFFER_OUT, b, row)``: dweight and
+  dbias as the two rows of one (2, N) buffer);
 - fallback(grads, saved) -> input gradients: the op's ordinary Python backward, for
   everything else (another gradient layout, an undefined gradient, double backward).
 """
@@ -29,7 +31,7 @@ from ..signature import dtype_name
 from . import build
 
 SAVED, GRAD, BUFFER = 0, 1, 2
-NO_GRAD, AS_IS, COLUMN_SUM = 0, 1, 2
+NO_GRAD, BUFFER_OUT = 0, 1
 
 Plan = Any  # the extension's Plan object
 
@@ -55,14 +57,16 @@ def grad_scalar_rows(rows: int, divide_by_saved: int = -1) -> tuple[Any, ...]:
 
 def make_plan(name: str, fn: Any, device: torch.device, grads: list[tuple[Any, ...]],
               buffers: list[tuple[Sequence[int], torch.dtype]], args: list[tuple[Any, ...]],
-              outs: list[tuple[Any, ...]], fallback: Callable[[list[Any], list[Any]], Sequence[Any]]) -> Plan:
+              outs: list[tuple[int, ...]], fallback: Callable[[list[Any], list[Any]], Sequence[Any]],
+              then: Sequence[tuple[Any, list[tuple[Any, ...]]]] = ()) -> Plan:
     """A Plan for the extension. `fn` is the compiled TVM-FFI function (None: always the
-    fallback); an out is (kind, buffer, dtype) or (COLUMN_SUM, buffer, dtype, row)."""
+    fallback); ``then``: (fn, args) of kernels called after it, in order."""
     mod = module()
     handle = 0 if fn is None else int(fn.__chandle__())
     return mod.make_plan(name, handle, device.type, device.index or 0, grads,
                          [(list(s), dtype_name(d)) for s, d in buffers], args,
-                         [(o[0], o[1], dtype_name(o[2]), o[3] if len(o) > 3 else -1) for o in outs], fallback)
+                         [(o[0], o[1], o[2] if len(o) > 2 else -1) for o in outs], fallback,
+                         [(int(f.__chandle__()), list(a)) for f, a in then])
 
 
 def attach(plan: Plan, inputs: list[torch.Tensor | None], outputs: list[torch.Tensor], saved: list[torch.Tensor]) -> None:

@@ -8,11 +8,10 @@
 //
 // The node knows nothing about any op. Python builds a Plan per forward layout
 // (cuteforge/native/backward.py): which incoming gradients the kernel takes and the
-// layout each must have, which buffers to allocate, the kernel's argument list (each a
-// saved tensor, a gradient or a buffer, with the (sizes, strides) view the kernel reads),
-// and which buffer answers which input (as is, or summed over its rows and cast: the
-// per-CTA partials of a dweight; dweight and dbias partials share one buffer, so one
-// sum and one cast serve both). A gradient in any other layout, an undefined one, a
+// layout each must have, which buffers to allocate, the kernels' argument lists in call
+// order (each a saved tensor, a gradient or a buffer, with the (sizes, strides) view the
+// kernel reads: a norm's backward kernel, then the column sum of its dweight partials),
+// and which buffer, or which row of one, answers which input. A gradient in any other layout, an undefined one, a
 // double backward (grad mode on) or a plan without a kernel goes to the plan's Python
 // fallback, which is the op's ordinary backward.
 
@@ -66,24 +65,27 @@ struct ArgSpec {
 };
 
 struct OutSpec {
-  int kind;  // 0: no gradient; 1: buffer as is; 2: buffer summed over its dim -2, cast to dtype
+  int kind;  // 0: no gradient; 1: a buffer
   int index;
-  at::ScalarType dtype;
-  int64_t row;  // kind 2 on a 3-D buffer: which row of the (R, N) sum (one sum serves all R)
+  int64_t row;  // >= 0: that row (dim 0) of the buffer (dweight and dbias of one (2, N) buffer)
+};
+
+struct Call {
+  TVMFFIObjectHandle fn;  // owned reference
+  std::vector<ArgSpec> args;
 };
 
 struct Plan {
   std::string name;
-  TVMFFIObjectHandle fn = nullptr;  // owned reference; null: always the fallback
+  std::vector<Call> calls;  // in order, on the current stream; none: always the fallback
   at::Device device{at::kCPU};
   std::vector<GradSpec> grads;
   std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> buffers;
-  std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;
   py::object fallback;  // fallback(grads: list, saved: list) -> list of input gradients
 
   ~Plan() {
-    if (fn) TVMFFIObjectDecRef(fn);
+    for (const Call& c : calls) TVMFFIObjectDecRef(c.fn);
     if (Py_IsInitialized()) {  // the last node may die on an autograd thread
       py::gil_scoped_acquire gil;
       fallback = py::object();
@@ -111,7 +113,7 @@ struct FfiBackward : public ag::Node {
     for (auto& s : saved) sv.push_back(s.unpack());  // raises if freed or modified in place
     const Plan& p = *plan;
     std::vector<at::Tensor> g(p.grads.size());
-    bool fast = p.fn != nullptr && !at::GradMode::is_enabled() && grads.size() == p.grads.size();
+    bool fast = !p.calls.empty() && !at::GradMode::is_enabled() && grads.size() == p.grads.size();
     for (size_t i = 0; fast && i < p.grads.size(); ++i) {
       const GradSpec& s = p.grads[i];
       const at::Tensor& t = grads[i];
@@ -139,38 +141,24 @@ struct FfiBackward : public ag::Node {
     bufs.reserve(p.buffers.size());
     for (const auto& b : p.buffers) bufs.push_back(at::empty(b.first, at::TensorOptions().dtype(b.second).device(p.device)));
 
-    std::vector<DLTensor> dl(p.args.size());
-    std::vector<TVMFFIAny> any(p.args.size());
     const DLDevice dev = cuteforge_native::dl_device(p.device);
-    for (size_t i = 0; i < p.args.size(); ++i) {
-      const ArgSpec& a = p.args[i];
-      const at::Tensor& t = a.source == kSaved ? sv[a.index] : a.source == kGrad ? g[a.index] : bufs[a.index];
-      cuteforge_native::fill_dltensor(dl[i], any[i], t, a.sizes, a.strides, a.offset, dev);
+    for (const Call& c : p.calls) {
+      std::vector<DLTensor> dl(c.args.size());
+      std::vector<TVMFFIAny> any(c.args.size());
+      for (size_t i = 0; i < c.args.size(); ++i) {
+        const ArgSpec& a = c.args[i];
+        const at::Tensor& t = a.source == kSaved ? sv[a.index] : a.source == kGrad ? g[a.index] : bufs[a.index];
+        cuteforge_native::fill_dltensor(dl[i], any[i], t, a.sizes, a.strides, a.offset, dev);
+      }
+      cuteforge_native::call_on_current_stream(c.fn, any.data(), static_cast<int32_t>(any.size()), p.device, p.name);
     }
-    call(any);
 
     ag::variable_list out(p.outs.size());
-    std::vector<at::Tensor> sums(bufs.size());
     for (size_t i = 0; i < p.outs.size(); ++i) {
       const OutSpec& o = p.outs[i];
-      if (o.kind == 1) {
-        out[i] = bufs[o.index];
-      } else if (o.kind == 2 && task_should_compute_output(i)) {
-        at::Tensor& sum = sums[o.index];
-        if (!sum.defined()) {
-          // one partial row (a backward of few rows: one CTA group) needs no sum, only
-          // the cast (none for an fp32 weight): one launch fewer on a host-bound call
-          const at::Tensor& b = bufs[o.index];
-          sum = b.size(-2) == 1 ? b.select(-2, 0).to(o.dtype) : b.sum(-2).to(o.dtype);
-        }
-        out[i] = o.row >= 0 ? sum.select(0, o.row) : sum;
-      }
+      if (o.kind == 1) out[i] = o.row >= 0 ? bufs[o.index].select(0, o.row) : bufs[o.index];
     }
     return out;
-  }
-
-  void call(std::vector<TVMFFIAny>& any) {
-    cuteforge_native::call_on_current_stream(plan->fn, any.data(), static_cast<int32_t>(any.size()), plan->device, plan->name);
   }
 
   ag::variable_list fallback(const ag::variable_list& grads, const std::vector<at::Tensor>& sv) {
@@ -192,10 +180,29 @@ struct FfiBackward : public ag::Node {
   }
 };
 
+// One kernel call of `p`: fn and its operands (saved tensors, gradients, buffers).
+void add_call(Plan& p, uintptr_t fn, const std::vector<py::tuple>& args) {
+  Call c{nullptr, {}};
+  for (const auto& a : args) {
+    ArgSpec s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>(),
+              a[4].cast<int64_t>()};
+    if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(p.name + ": an argument's sizes and strides differ in length");
+    if (s.source == kBuffer && (s.index < 0 || static_cast<size_t>(s.index) >= p.buffers.size()))
+      throw std::invalid_argument(p.name + ": a kernel argument names no buffer");
+    c.args.push_back(std::move(s));
+  }
+  c.fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
+  TVMFFIObjectIncRef(c.fn);
+  p.calls.push_back(std::move(c));
+}
+
+// fn == 0: no kernel, every backward takes the fallback. `then`: (fn, args) of kernels
+// called after fn, in order.
 std::shared_ptr<Plan> make_plan(const std::string& name, uintptr_t fn, const std::string& device_type, int64_t device_index,
                                 const std::vector<py::tuple>& grads,
                                 const std::vector<std::pair<std::vector<int64_t>, std::string>>& buffers,
-                                const std::vector<py::tuple>& args, const std::vector<py::tuple>& outs, py::object fallback) {
+                                const std::vector<py::tuple>& args, const std::vector<py::tuple>& outs, py::object fallback,
+                                const std::vector<std::pair<uintptr_t, std::vector<py::tuple>>>& then) {
   auto p = std::make_shared<Plan>();
   p->name = name;
   p->device = device_type == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)) : at::Device(at::kCPU);
@@ -204,19 +211,17 @@ std::shared_ptr<Plan> make_plan(const std::string& name, uintptr_t fn, const std
                         g[3].cast<int64_t>(), g[4].cast<int>()});
   }
   for (const auto& b : buffers) p->buffers.emplace_back(b.first, scalar_type(b.second));
-  for (const auto& a : args) {
-    ArgSpec s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>(),
-              a[4].cast<int64_t>()};
-    if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(name + ": an argument's sizes and strides differ in length");
-    p->args.push_back(std::move(s));
-  }
   for (const auto& o : outs) {
-    p->outs.push_back({o[0].cast<int>(), o[1].cast<int>(), scalar_type(o[2].cast<std::string>()), o[3].cast<int64_t>()});
+    OutSpec s{o[0].cast<int>(), o[1].cast<int>(), o[2].cast<int64_t>()};
+    if (s.kind != 0 && s.kind != 1) throw std::invalid_argument(name + ": an out is no gradient (0) or a buffer (1)");
+    if (s.kind == 1 && (s.index < 0 || static_cast<size_t>(s.index) >= p->buffers.size()))
+      throw std::invalid_argument(name + ": an out names no buffer");
+    p->outs.push_back(s);
   }
   p->fallback = std::move(fallback);
   if (fn) {
-    p->fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
-    TVMFFIObjectIncRef(p->fn);
+    add_call(*p, fn, args);
+    for (const auto& c : then) add_call(*p, c.first, c.second);
   }
   return p;
 }

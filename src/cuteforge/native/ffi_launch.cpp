@@ -8,9 +8,11 @@
 // table (below) takes the memo lookup out of Python as well.
 //
 // An op builds one LaunchPlan per call layout (cuteforge/native/launch.py), which its memo
-// key fixes completely: the outputs to allocate (shape, dtype), the kernel's arguments in
+// key fixes completely: the outputs to allocate (shape, dtype), its kernel's arguments in
 // order (each an input, an output or a tensor the plan holds, with the (sizes, strides)
-// view the kernel reads from an element offset), and which outputs the call returns.
+// view the kernel reads from an element offset), the steps after it on the same operands
+// (kernels, and matrix products through ATen: a fused linear loss's chunk GEMMs), and which
+// outputs the call returns.
 // `launch(plan, *inputs)` trusts the layout (the op's memo lookup stands for its checks)
 // and checks only what a lookup cannot: the count of inputs, that each is a tensor on
 // the plan's device, or None where no argument reads it (an op's absent bias or residual).
@@ -42,13 +44,14 @@ const LaunchPlan* plan_of(PyObject* capsule) {
   return h ? h->get() : nullptr;
 }
 
-// A returned output: an int (as is) or (index, dtype, row) (summed over dim -2, cast).
+// A returned output: an int (the output) or (index, row) (row `row` of it).
 LaunchReturn make_return(const std::string& name, py::handle r, size_t n_outs) {
-  LaunchReturn ret{0, false, at::kFloat, -1};
+  LaunchReturn ret{0, -1};
   if (py::isinstance<py::tuple>(r)) {
     auto t = r.cast<py::tuple>();
-    if (t.size() != 3) throw std::invalid_argument(name + ": a summed return is (output, dtype, row)");
-    ret = {t[0].cast<int>(), true, scalar_type(t[1].cast<std::string>()), t[2].cast<int64_t>()};
+    if (t.size() != 2) throw std::invalid_argument(name + ": a returned row is (output, row)");
+    ret = {t[0].cast<int>(), t[1].cast<int64_t>()};
+    if (ret.row < 0) throw std::invalid_argument(name + ": a returned row must be >= 0");
   } else {
     ret.index = r.cast<int>();
   }
@@ -57,13 +60,47 @@ LaunchReturn make_return(const std::string& name, py::handle r, size_t n_outs) {
   return ret;
 }
 
+// One step of `p` (its outputs and fixed tensors set already): a kernel's call (fn and
+// its operands) or, with fn == 0, a matrix product (kind kMatmul / kMatmulAdd, args
+// (out, a, b)).
+void add_step(LaunchPlan& p, int kind, uintptr_t fn, const std::vector<py::tuple>& args) {
+  const std::string& name = p.name;
+  if (kind == kKernel && !fn) throw std::invalid_argument(name + ": a launch plan's kernel step needs a kernel");
+  if (kind != kKernel && (kind != kMatmul && kind != kMatmulAdd))
+    throw std::invalid_argument(name + ": a step is a kernel (0), a product (1) or an accumulated product (2)");
+  if (kind != kKernel && args.size() != 3) throw std::invalid_argument(name + ": a product step takes (out, a, b)");
+  if (args.size() > kMaxTensors) throw std::invalid_argument(name + ": at most 16 kernel arguments");
+  PlanStep c;
+  c.kind = kind;
+  for (const auto& a : args) {
+    LaunchArg s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>(),
+                a[4].cast<int64_t>()};
+    const size_t bound = s.source == kInput ? p.n_inputs : s.source == kOutput ? p.out_sizes.size()
+                         : s.source == kFixed ? p.fixed.size() : 0;
+    if (s.index < 0 || static_cast<size_t>(s.index) >= bound)
+      throw std::invalid_argument(name + ": a kernel argument names no input, output or fixed tensor");
+    if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(name + ": an argument's sizes and strides differ in length");
+    if (kind != kKernel && s.sizes.size() != 2) throw std::invalid_argument(name + ": a product's operands are 2-D views");
+    if (s.source == kInput) p.read[s.index] = true;
+    c.args.push_back(std::move(s));
+  }
+  if (kind == kKernel) {
+    c.fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
+    TVMFFIObjectIncRef(c.fn);
+  }
+  p.steps.push_back(std::move(c));
+}
+
+// `then`: (kind, fn, args) of the steps after the first kernel (fn; 0 where the plan
+// starts with them), on the same stream and over the same inputs, outputs and fixed
+// tensors: kernels (kind 0) and products (fn 0).
 py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::string& device_type, int64_t device_index,
                             size_t n_inputs, const std::vector<std::pair<std::vector<int64_t>, std::string>>& outs,
                             const std::vector<py::tuple>& args, const py::list& returns,
-                            const std::vector<at::Tensor>& fixed) {
-  if (!fn) throw std::invalid_argument(name + ": a launch plan needs a kernel");
-  if (n_inputs > kMaxTensors || outs.size() > kMaxTensors || args.size() > kMaxTensors)
-    throw std::invalid_argument(name + ": at most 16 inputs, outputs and kernel arguments each");
+                            const std::vector<at::Tensor>& fixed,
+                            const std::vector<std::tuple<int, uintptr_t, std::vector<py::tuple>>>& then) {
+  if (n_inputs > kMaxTensors || outs.size() > kMaxTensors)
+    throw std::invalid_argument(name + ": at most 16 inputs and outputs each");
   if (returns.empty()) throw std::invalid_argument(name + ": a launch plan returns at least one output");
   if (device_type != "cuda" && device_type != "cpu")
     throw std::invalid_argument(name + ": a launch plan runs on cuda or cpu, not " + device_type);
@@ -82,20 +119,13 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
     if (t.device() != p->device) throw std::invalid_argument(name + ": a fixed tensor is on another device than the plan");
     p->fixed.push_back(t);
   }
-  for (const auto& a : args) {
-    LaunchArg s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>(),
-                a[4].cast<int64_t>()};
-    const size_t bound = s.source == kInput ? n_inputs : s.source == kOutput ? outs.size()
-                         : s.source == kFixed ? fixed.size() : 0;
-    if (s.index < 0 || static_cast<size_t>(s.index) >= bound)
-      throw std::invalid_argument(name + ": a kernel argument names no input, output or fixed tensor");
-    if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(name + ": an argument's sizes and strides differ in length");
-    if (s.source == kInput) p->read[s.index] = true;
-    p->args.push_back(std::move(s));
+  if (fn) {
+    add_step(*p, kKernel, fn, args);
+  } else if (!args.empty() || then.empty()) {
+    throw std::invalid_argument(name + ": a launch plan needs a kernel");
   }
+  for (const auto& c : then) add_step(*p, std::get<0>(c), std::get<1>(c), std::get<2>(c));
   for (auto r : returns) p->returns.push_back(make_return(name, r, outs.size()));
-  p->fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
-  TVMFFIObjectIncRef(p->fn);
   auto* h = new PlanPtr(std::move(p));
   PyObject* cap = PyCapsule_New(h, kCapsule, free_plan);
   if (!cap) {
@@ -318,26 +348,32 @@ Returned run_plan(const LaunchPlan& p, const at::Tensor* const* in) {
   for (size_t j = 0; j < p.out_sizes.size(); ++j) out[j] = at::empty(p.out_sizes[j], p.out_options[j]);
   DLTensor dl[kMaxTensors];
   TVMFFIAny any[kMaxTensors];
-  for (size_t i = 0; i < p.args.size(); ++i) {
-    const LaunchArg& a = p.args[i];
-    const at::Tensor& t = a.source == kInput ? *in[a.index] : a.source == kOutput ? out[a.index] : p.fixed[a.index];
-    fill_dltensor(dl[i], any[i], t, a.sizes, a.strides, a.offset, p.dl_device);
-  }
-  call_on_current_stream(p.fn, any, static_cast<int32_t>(p.args.size()), p.device, p.name);
-  Returned r;
-  at::Tensor sums[kMaxTensors];  // per output: its sum over dim -2, made once for all its returned rows
-  for (const LaunchReturn& ret : p.returns) {
-    if (!ret.column_sum) {
-      r.push_back(out[ret.index]);
+  auto tensor_of = [&](const LaunchArg& a) -> const at::Tensor& {
+    return a.source == kInput ? *in[a.index] : a.source == kOutput ? out[a.index] : p.fixed[a.index];
+  };
+  for (const PlanStep& c : p.steps) {
+    if (c.kind != kKernel) {  // (out, a, b) as strided views: ATen's mm picks cuBLAS's transposes
+      at::Tensor v[3];
+      for (size_t i = 0; i < 3; ++i) {
+        const LaunchArg& a = c.args[i];
+        const at::Tensor& t = tensor_of(a);
+        v[i] = t.as_strided(a.sizes, a.strides, t.storage_offset() + a.offset);
+      }
+      if (c.kind == kMatmul) {
+        at::mm_out(v[0], v[1], v[2]);
+      } else {
+        v[0].addmm_(v[1], v[2]);
+      }
       continue;
     }
-    at::Tensor& s = sums[ret.index];
-    if (!s.defined()) {
-      const at::Tensor& b = out[ret.index];
-      s = b.size(-2) == 1 ? b.select(-2, 0) : b.sum(-2);
+    for (size_t i = 0; i < c.args.size(); ++i) {
+      const LaunchArg& a = c.args[i];
+      fill_dltensor(dl[i], any[i], tensor_of(a), a.sizes, a.strides, a.offset, p.dl_device);
     }
-    r.push_back((ret.row >= 0 ? s.select(0, ret.row) : s).to(ret.dtype));
+    call_on_current_stream(c.fn, any, static_cast<int32_t>(c.args.size()), p.device, p.name);
   }
+  Returned r;
+  for (const LaunchReturn& ret : p.returns) r.push_back(ret.row >= 0 ? out[ret.index].select(0, ret.row) : out[ret.index]);
   return r;
 }
 

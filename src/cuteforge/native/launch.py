@@ -9,10 +9,13 @@ says:
   an output (`OUTPUT`) or a tensor the plan holds (`FIXED`, such as a GEMM's workspace
   word) with the (sizes, strides) view the kernel reads
   (`args.arg`, `args.contiguous_arg` build them);
+- then: steps after the first kernel, on the same stream and over the same inputs,
+  outputs and fixed tensors: `kernel_step` (a norm backward's column sum of its per-CTA
+  dweight partials into the weight's dtype) and `matmul_step` (a matrix product through
+  ATen's mm: a fused linear loss's chunk GEMMs);
 - returns: which outputs the call returns (one: the tensor; more: a tuple), each an
-  output index, or ``(index, dtype, row)`` for that output summed over its dim -2 and
-  cast (per-CTA dweight partials; ``row`` picks one row of an (R, Q, N) output's (R, N)
-  sum, -1 takes a (Q, N) output's whole sum; one sum per output serves all its rows).
+  output index, or ``(index, row)`` for row ``row`` of that output (a norm's dweight and
+  dbias as the two rows of one (2, N) output).
 
 `runner(...)` gives ``run(*inputs) -> outputs`` (None where the extension is unavailable
 or `CUTEFORGE_NATIVE_LAUNCH=0`: the op keeps its Python launch). ``run`` checks only the
@@ -35,6 +38,18 @@ from ..signature import dtype_name
 from . import build
 
 INPUT, OUTPUT, FIXED = 0, 1, 2
+_KERNEL, _MATMUL, _MATMUL_ADD = 0, 1, 2
+
+
+def kernel_step(fn: Any, args: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """A step calling the compiled TVM-FFI function ``fn`` with ``args``."""
+    return (_KERNEL, fn, list(args))
+
+
+def matmul_step(out: tuple[Any, ...], a: tuple[Any, ...], b: tuple[Any, ...], accumulate: bool = False) -> tuple[Any, ...]:
+    """A step ``out = a @ b`` (``out += a @ b`` with ``accumulate``) over three 2-D operand
+    views (`args.arg`: a transposed operand is a view with swapped strides)."""
+    return (_MATMUL_ADD if accumulate else _MATMUL, None, [out, a, b])
 
 
 def enabled() -> bool:
@@ -44,19 +59,24 @@ def enabled() -> bool:
 
 
 def runner(name: str, fn: Any, device: torch.device, n_inputs: int, outs: Sequence[tuple[Sequence[int], torch.dtype]],
-           args: Sequence[tuple[Any, ...]], returns: Sequence[int | tuple[int, str, int]],
-           fixed: Sequence[torch.Tensor] = ()) -> Callable[..., Any] | None:
-    """``run(*inputs)`` calling the compiled TVM-FFI function ``fn``, or None where the
-    extension or the launch is turned off, the extension cannot be built, or ``fn`` is no
-    TVM-FFI function (a test's stand-in kernel). ``fixed``: tensors the plan holds, which
-    ``FIXED`` arguments read (the same buffer for every call, on ``device``)."""
-    if not hasattr(fn, "__chandle__") or not enabled():
+           args: Sequence[tuple[Any, ...]], returns: Sequence[int | tuple[int, int]],
+           fixed: Sequence[torch.Tensor] = (),
+           then: Sequence[tuple[Any, ...]] = ()) -> Callable[..., Any] | None:
+    """``run(*inputs)`` calling the compiled TVM-FFI function ``fn``, then ``then``'s steps
+    (`kernel_step`, `matmul_step`), or None where the extension or the launch is turned
+    off, the extension cannot be built, or a kernel is no TVM-FFI function (a test's
+    stand-in kernel). ``fn`` None: the plan starts with ``then`` (its ``args`` empty).
+    ``fixed``: tensors the plan holds, which ``FIXED`` arguments read (the same buffer
+    for every call, on ``device``)."""
+    kernels = ([] if fn is None else [fn]) + [f for kind, f, _ in then if kind == _KERNEL]
+    if not all(hasattr(f, "__chandle__") for f in kernels) or not enabled():
         return None
     mod = build.load()
     if mod is None:
         return None
-    plan = mod.make_launch_plan(name, int(fn.__chandle__()), device.type, device.index or 0, n_inputs,
-                                [(list(s), dtype_name(d)) for s, d in outs], list(args), list(returns), list(fixed))
+    plan = mod.make_launch_plan(name, 0 if fn is None else int(fn.__chandle__()), device.type, device.index or 0, n_inputs,
+                                [(list(s), dtype_name(d)) for s, d in outs], list(args), list(returns), list(fixed),
+                                [(kind, 0 if f is None else int(f.__chandle__()), a) for kind, f, a in then])
     return functools.partial(mod.launch, plan)
 
 

@@ -1,5 +1,5 @@
-// A launch plan: what one call layout of an op allocates and which compiled kernel it
-// calls with which views. Shared by the eager launch (ffi_launch.cpp, called from Python)
+// A launch plan: what one call layout of an op allocates and the steps it runs, in order:
+// compiled kernels called with views of its tensors, and matrix products through ATen. Shared by the eager launch (ffi_launch.cpp, called from Python)
 // and the dispatcher kernels of the registered ops (ffi_dispatch.cpp, called by torch's
 // dispatcher with no Python).
 #pragma once
@@ -26,30 +26,42 @@ struct LaunchArg {
   int64_t offset;  // elements from the tensor's data pointer
 };
 
-// One returned tensor: an output as is, or an output summed over its dim -2 and cast (the
-// per-CTA partials of a dweight); on an (R, Q, N) output, row `row` of the one (R, N) sum.
+// One step: a compiled kernel's call (fn: an owned reference, released by the plan; args:
+// its operands in order), or a matrix product through ATen's mm (cuBLAS), args (out, a,
+// b): out = a @ b, or out += a @ b (a fused linear loss's chunk GEMMs).
+enum StepKind : int { kKernel = 0, kMatmul = 1, kMatmulAdd = 2 };
+
+struct PlanStep {
+  int kind = kKernel;
+  TVMFFIObjectHandle fn = nullptr;
+  std::vector<LaunchArg> args;
+};
+
+// One returned tensor: an output, or with row >= 0 that row (dim 0) of it (a norm's
+// dweight and dbias rows of one (2, N) output).
 struct LaunchReturn {
   int index;
-  bool column_sum;
-  at::ScalarType dtype;
   int64_t row;
 };
 
 struct LaunchPlan {
   std::string name;
-  TVMFFIObjectHandle fn = nullptr;  // owned reference
   at::Device device{at::kCPU};
   DLDevice dl_device{kDLCPU, 0};
   size_t n_inputs = 0;
   std::vector<bool> read;  // per input: some argument reads it (else None is accepted)
   std::vector<std::vector<int64_t>> out_sizes;
   std::vector<at::TensorOptions> out_options;
-  std::vector<LaunchArg> args;
+  // on the current stream, in order: the op's kernel, then what finishes its outputs (a
+  // norm backward's column sum of its dweight partials), or a fused linear loss's chunks
+  std::vector<PlanStep> steps;
   std::vector<at::Tensor> fixed;      // what kFixed arguments name, on `device`
   std::vector<LaunchReturn> returns;  // one returns the tensor, more a tuple
 
   ~LaunchPlan() {
-    if (fn) TVMFFIObjectDecRef(fn);
+    for (const PlanStep& s : steps) {
+      if (s.fn) TVMFFIObjectDecRef(s.fn);
+    }
   }
 };
 
@@ -96,7 +108,7 @@ inline bool key_tensor(LayoutKey& k, const at::Tensor& t) {
 // object is no such capsule.
 const PlanPtr* plan_ptr_of(PyObject* capsule);
 
-// Allocate p's outputs, call its kernel on `in` (p.n_inputs entries, nullptr for an absent
+// Allocate p's outputs, run its steps on `in` (p.n_inputs entries, nullptr for an absent
 // input that no argument reads), return the tensors it returns. Raises ValueError naming
 // the input that is absent but read, or on another device than the plan.
 Returned run_plan(const LaunchPlan& p, const at::Tensor* const* in);

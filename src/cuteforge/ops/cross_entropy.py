@@ -294,7 +294,7 @@ def _node_plan(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ig
             contiguous_arg(native.SAVED, 2, (m,)), contiguous_arg(native.GRAD, 0, (m,)),
             contiguous_arg(native.BUFFER, 0, (m, n))]
     return native.make_plan("CuteforgeCrossEntropyBackward", fn, logits.device, [grad], [((m, n), logits.dtype)],
-                            args, [(native.AS_IS, 0, logits.dtype)], fallback)
+                            args, [(native.BUFFER_OUT, 0)], fallback)
 
 
 def _plan_for(logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int, reduced: bool,

@@ -12,8 +12,15 @@ backward; only one chunk's logits and their gradient live at a time.
 
 x (T, H) and weight (V, H) fp32/bf16/fp16 CUDA, the same dtype; target (T,) int64 class
 indices (``ignore_index`` rows count for nothing); reduction "mean" (over the rows not
-ignored) or "sum". The loss is fp32. Registered as ``torch.ops.cuteforge.linear_cross_entropy``
-(one opaque op under torch.compile).
+ignored) or "sum". The loss is fp32.
+
+Registered as ``torch.ops.cuteforge.linear_cross_entropy`` (one opaque op under
+torch.compile), which returns the summed loss and the gradients of that sum; the mean's
+division by the rows not ignored is a torch expression around it (Inductor fuses it). A
+call layout with a unit-stride target gets a C launch plan (`native.launch`): the chunk
+loop unrolled into its steps (each chunk's GEMMs through ATen's mm, its cross-entropy
+kernels, then the column kernel of ``ops.sum`` over the per-row losses), so a warm call
+runs no Python, eager or compiled.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from typing import Any
 import torch
 
 from .. import checks
+from ..arch import target_arch
+from ..kernels.reduce.spec import col_config_for, col_reduce
+from ..native import launch as native_launch
+from ..native.args import contiguous_arg, strided_arg
 from ..signature import FLOAT_DTYPES, dtype_name
 from . import cross_entropy_launch as _ce
 from .registered import define
@@ -70,21 +81,20 @@ def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
     return max(1, min(tokens, -(-rows // 128) * 128))
 
 
-def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, mean: bool,
-          need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, dx, dweight, scale): dx and dweight are the gradients of the summed loss (empty
-    where not needed), ``scale`` what turns them into the loss's (1 / rows not ignored for
-    the mean): the logits' gradient stays unscaled, so fp16 keeps it out of subnormals."""
-    t, h = x.shape
-    v = weight.shape[0]
+def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, chunk: int, need_dx: bool,
+          need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dx, dweight) of the summed loss (dx and dweight empty where not needed), over
+    chunks of ``chunk`` rows (`chunk_rows`): the logits' gradient stays unscaled by the
+    mean's 1 / rows, so fp16 keeps it out of subnormals. The op's Python body; `_op_plan`
+    is the same loop as C steps."""
+    t = x.shape[0]
     if target.stride(0) != 1:
         target = target.contiguous()
-    dx = torch.empty_like(x) if need_dx else x.new_empty(0)
-    dw = (torch.empty_like(weight) if t else torch.zeros_like(weight)) if need_dw else weight.new_empty(0)
-    # 0 / 0 gives NaN for the mean, as torch
-    scale = (target != ignore_index).sum(dtype=torch.float32).reciprocal() if mean else torch.ones((), device=x.device)
+    # contiguous gradients, as the plan and the fake make them, whatever x's and weight's strides
+    dx = x.new_empty(x.shape) if need_dx else x.new_empty(0)
+    dw = (weight.new_empty(weight.shape) if t else weight.new_zeros(weight.shape)) if need_dw else weight.new_empty(0)
     losses = x.new_empty(t, dtype=torch.float32)
-    step = chunk_rows(t, v, x.element_size())
+    step = max(1, chunk)
     ones = torch.ones(min(t, step), device=x.device)
     for s in range(0, t, step):
         e = min(t, s + step)
@@ -103,34 +113,88 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
                 torch.mm(dlogits.t(), xc, out=dw)  # the first chunk writes dweight: no zero fill, no read
             elif need_dw:
                 dw.addmm_(dlogits.t(), xc)
-    return losses.sum() * scale, dx, dw, scale
+    return losses.sum(), dx, dw
 
 
-def _fake(x, weight, target, ignore_index, mean, need_dx, need_dw):
-    dx = torch.empty_like(x) if need_dx else x.new_empty(0)
-    dw = torch.empty_like(weight) if need_dw else weight.new_empty(0)
-    return x.new_empty((), dtype=torch.float32), dx, dw, x.new_empty((), dtype=torch.float32)
+def _op_plan(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, chunk: int,
+             need_dx: bool, need_dw: bool) -> Any:
+    """The C launch plan of `_impl`'s loop for this layout: outputs (loss, dx, dweight,
+    then the per-row losses, one chunk's logits and its logsumexp as scratch), the chunks'
+    steps, and a ones vector the plan holds (the backward kernel's per-row loss gradient,
+    only read); None for an empty batch or a strided target (`_impl` copies it)."""
+    t, h = x.shape
+    v = weight.shape[0]
+    if t == 0 or target.stride(0) != 1:
+        return None
+    IN, OUT, FIXED = native_launch.INPUT, native_launch.OUTPUT, native_launch.FIXED
+    step = max(1, chunk)
+    ones = torch.ones(min(t, step), device=x.device)
+    sx, sw = x.stride(), weight.stride()
+    f32 = torch.float32
+    outs = [((), f32), ((t, h) if need_dx else (0,), x.dtype), ((v, h) if need_dw else (0,), weight.dtype),
+            ((t,), f32), ((min(t, step), v), x.dtype), ((min(t, step),), f32)]
+    steps = []
+    kernels: dict[int, tuple[Any, Any]] = {}
+    for s in range(0, t, step):
+        r = min(t, s + step) - s
+        if r not in kernels:  # the chunk's forward and backward, bound as `_impl` binds them
+            logits = x.new_empty(r, v)
+            lse = logits.new_empty(r, dtype=f32)
+            tc = target[s:s + r]
+            fwd = _ce._fwd_launcher(logits, tc, ignore_index)
+            bwd = _ce._bwd_kernel(logits, tc, lse, ones[:r], logits, ignore_index) if need_dx or need_dw else None
+            kernels[r] = fwd, bwd
+        fwd, bwd = kernels[r]
+        logits_v, target_v = strided_arg(OUT, 4, (r, v), (v, 1)), strided_arg(IN, 2, (r,), (1,), s)
+        lse_v, x_c = strided_arg(OUT, 5, (r,), (1,)), strided_arg(IN, 0, (r, h), sx, s * sx[0])
+        steps.append(native_launch.matmul_step(logits_v, x_c, strided_arg(IN, 1, (h, v), (sw[1], sw[0]))))
+        steps.append(native_launch.kernel_step(fwd, [logits_v, target_v, strided_arg(OUT, 3, (r,), (1,), s), lse_v]))
+        if bwd is not None:
+            steps.append(native_launch.kernel_step(bwd, [logits_v, target_v, lse_v, strided_arg(FIXED, 0, (r,), (1,)), logits_v]))
+        if need_dx:
+            steps.append(native_launch.matmul_step(strided_arg(OUT, 1, (r, h), (h, 1), s * h), logits_v, strided_arg(IN, 1, (v, h), sw)))
+        if need_dw:
+            steps.append(native_launch.matmul_step(contiguous_arg(OUT, 2, (v, h)), strided_arg(OUT, 4, (v, r), (1, v)), x_c,
+                                                   accumulate=s > 0))
+    # the loss: the per-row losses summed, (1, T, 1) -> (1, 1)
+    total = _sum_kernel(t, x.device)
+    steps.append(native_launch.kernel_step(total, [strided_arg(OUT, 3, (1, t, 1), (t, 1, 1)), strided_arg(OUT, 0, (1, 1), (1, 1))]))
+    return native_launch.runner("cuteforge::linear_cross_entropy", None, x.device, 3, outs, [], [0, 1, 2],
+                                fixed=[ones], then=steps)
+
+
+def _sum_kernel(t: int, device: torch.device) -> Any:
+    """``ops.sum``'s column kernel over T fp32 losses viewed as (1, T, 1), into (1, 1)."""
+    losses3 = torch.empty(1, t, 1, dtype=torch.float32, device=device)
+    key = col_reduce.signature.bind((losses3, losses3.new_empty(1, 1)))
+    return col_reduce.get(key, (("op", "sum"),), col_config_for(target_arch(), 1, t, 1, 32, key.vec[0]))
+
+
+def _fake(x, weight, target, ignore_index, chunk, need_dx, need_dw):
+    dx = x.new_empty(x.shape) if need_dx else x.new_empty(0)
+    dw = weight.new_empty(weight.shape) if need_dw else weight.new_empty(0)
+    return x.new_empty((), dtype=torch.float32), dx, dw
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
-    _, dx, dw, scale = output
-    ctx.mark_non_differentiable(dx, dw, scale)
+    _, dx, dw = output
+    ctx.mark_non_differentiable(dx, dw)
     ctx.set_materialize_grads(False)  # eager autograd would zero-fill a dweight-sized gradient for dw
     ctx.need = inputs[5], inputs[6]
-    ctx.save_for_backward(dx, dw, scale)
+    ctx.save_for_backward(dx, dw)
 
 
 def _backward(ctx: Any, g: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
-    dx, dw, scale = ctx.saved_tensors
+    dx, dw = ctx.saved_tensors
     if g is None:
         return (None,) * 7
-    g = g * scale  # fp32: the incoming gradient times 1 / rows for the mean
+    # g: the summed loss's gradient (fp32; the mean's 1 / rows is in it already)
     gx = dx * g.to(dx.dtype) if ctx.need[0] else None
     gw = dw * g.to(dw.dtype) if ctx.need[1] else None
     return gx, gw, None, None, None, None, None
 
 
-_op = define("cuteforge::linear_cross_entropy", _impl, fake=_fake, backward=_backward, setup_context=_setup)
+_op = define("cuteforge::linear_cross_entropy", _impl, fake=_fake, plan=_op_plan, backward=_backward, setup_context=_setup)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
@@ -145,6 +209,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         x, target = x.reshape(-1, x.shape[-1]), target.reshape(-1)
     _check(x, weight, target, ignore_index, reduction)
     grad = torch.is_grad_enabled()
-    loss, _, _, _ = _op(x, weight, target, ignore_index, reduction == "mean", grad and x.requires_grad,
-                     grad and weight.requires_grad)
-    return loss
+    chunk = chunk_rows(x.shape[0], weight.shape[0], x.element_size())  # part of the op's key: a plan's chunks
+    loss = _op(x, weight, target, ignore_index, chunk, grad and x.requires_grad, grad and weight.requires_grad)[0]
+    if reduction == "sum":
+        return loss
+    # the mean over the rows not ignored (0 / 0 gives NaN, as torch)
+    return loss / (target != ignore_index).sum(dtype=torch.float32)

@@ -18,7 +18,8 @@ allocated and the kernel launched there); with grad, the forward's outputs get t
 node of ``cuteforge.native`` (``_autograd``), whose backward launches the backward kernel
 without Python, or a plain torch.autograd.Function where that node is unavailable.
 Backward dweight/dbias: the kernel writes fp32 partials (Q, N), one per persistent
-CTA group, summed here by ``torch.sum`` (Q is about 132-528 rows).
+CTA group (Q is about 132-528 rows), and the column-reduction kernel of ``ops.sum`` adds
+them up into the weight's dtype, launched right after it (one C plan calls both).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ..native import backward as native
 from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.args import arg, contiguous_arg
-from ..signature import dtype_name
 from . import norm_launch
 from .layout import as_rows, rows_view
 from .memo import remember
@@ -97,8 +97,9 @@ def _infer_op_plan(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch
 def _bwd_op_plan(kind: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor | None,
                  rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool) -> Any:
     """The registered backward's launch plan: inputs (dy, x, weight, [mean,] rstd, dsum)
-    read in place, outputs (dx, dweight[, dbias or an empty tensor]) with the dweight /
-    dbias partials summed in C; None where an operand would need a copy or a cast."""
+    read in place, outputs (dx, dweight[, dbias or an empty tensor]): the kernel writes
+    dx and the fp32 partials, the column sum their rows of one (R, N) output in the
+    weight's dtype; None where an operand would need a copy or a cast."""
     views = [rows_view(t) if t is not None and t.dim() == 2 and t.dtype == x.dtype else None for t in (dy, x, dsum)]
     dy2, x2, ds2 = views
     if (dy2 is None or x2 is None or (dsum is not None and ds2 is None) or weight.stride(0) != 1
@@ -106,23 +107,25 @@ def _bwd_op_plan(kind: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
             or dy2.shape != x2.shape):
         return None
     m, n = x2.shape
-    q, launch = norm_launch._bwd_kernel(kind, x2, weight, dy2, mean, rstd, ds2, has_bias)
+    q, launch, column_sum = norm_launch._bwd_kernel(kind, x2, weight, dy2, mean, rstd, ds2, has_bias)
     IN, OUT = native_launch.INPUT, native_launch.OUTPUT
     i_mean, i_rstd, i_dsum = (None, 3, 4) if kind == "rms" else (3, 4, 5)
+    r = 2 if has_bias else 1
     parts = [contiguous_arg(OUT, 1, (q, n)), contiguous_arg(OUT, 1, (q, n), q * n if has_bias else 0)]
     args = [arg(IN, 1, x2), contiguous_arg(IN, 2, (n,)), arg(IN, 0, dy2), arg(IN, 0, dy2) if ds2 is None else arg(IN, i_dsum, ds2),
             contiguous_arg(IN, i_rstd if i_mean is None else i_mean, (m,)), contiguous_arg(IN, i_rstd, (m,)),
             contiguous_arg(OUT, 0, (m, n)), *parts]
-    wd = dtype_name(weight.dtype)
-    outs = [((m, n), x.dtype), ((2, q, n) if has_bias else (q, n), torch.float32)]
-    if kind == "rms":
-        returns = [0, (1, wd, -1)]
-    elif has_bias:
-        returns = [0, (1, wd, 0), (1, wd, 1)]
-    else:
+    sums = [contiguous_arg(OUT, 1, (r, q, n)), contiguous_arg(OUT, 2, (r, n))]
+    # dweight alone is the (N,) output itself (no row view to make per call)
+    outs = [((m, n), x.dtype), ((r, q, n), torch.float32), ((r, n) if has_bias else (n,), weight.dtype)]
+    returns: list[Any] = [0, (2, 0) if has_bias else 2]
+    if has_bias:
+        returns.append((2, 1))
+    elif kind == "layer":
         outs.append(((0,), weight.dtype))
-        returns = [0, (1, wd, -1), 2]
-    return native_launch.runner(f"cuteforge::{kind}_norm_backward", launch, x.device, i_dsum + 1, outs, args, returns)
+        returns.append(3)
+    return native_launch.runner(f"cuteforge::{kind}_norm_backward", launch, x.device, i_dsum + 1, outs, args, returns,
+                                then=[native_launch.kernel_step(column_sum, sums)])
 
 
 def _rms_impl(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
@@ -269,8 +272,9 @@ _NODE_PLANS: dict[tuple[Any, ...], Any] = {}
 def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, mean: torch.Tensor | None,
                rstd: torch.Tensor, has_bias: bool, has_res: bool, need_dw: bool = True) -> Any:
     """The C++ node's plan: saved (xs, w, [mean], rstd); inputs (x, weight, [bias], residual);
-    the kernel writes dx and fp32 (Q, N) dweight / dbias partials, which the node sums over
-    Q (with bias both halves of one (2, Q, N) buffer: one sum, one cast).
+    the kernel writes dx and fp32 (Q, N) dweight / dbias partials (with bias both halves of
+    one (2, Q, N) buffer), which the column sum adds up into the rows of one (R, N) buffer
+    in the weight's dtype.
 
     ``need_dw=False`` (neither weight nor bias requires grad: frozen norms, as under
     LoRA): the kernel without partials, and no partial buffer allocated per backward (one
@@ -278,27 +282,29 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
     gives the grid its Q rows: the saved rstd (fp32, 16-byte aligned: allocated by the
     forward) viewed as (Q, N) with row stride 0, which that kernel never touches."""
     m, n = xs.shape
-    q, fn = norm_launch._bwd_kernel(kind, xs, w, y, mean, rstd, y if has_res else None, has_bias, need_dw=need_dw)
-    f32 = torch.float32
+    q, fn, column_sum = norm_launch._bwd_kernel(kind, xs, w, y, mean, rstd, y if has_res else None, has_bias,
+                                                need_dw=need_dw)
     i_rstd = 2 if mean is None else 3
     rows = (m, n)
+    r = 2 if has_bias else 1
     buffers: list[tuple[Any, torch.dtype]] = [(rows, xs.dtype)]
-    if need_dw:  # dweight and dbias partials in one (2, Q, N) buffer: one sum and one cast for both
+    then = []
+    if need_dw:  # dweight and dbias partials in one (2, Q, N) buffer: one column sum for both
         parts = [contiguous_arg(native.BUFFER, 1, (q, n)),
                  contiguous_arg(native.BUFFER, 1, (q, n), q * n if has_bias else 0)]
-        buffers.append(((2, q, n) if has_bias else (q, n), f32))
+        buffers += [((r, q, n), torch.float32), ((r, n) if has_bias else (n,), w.dtype)]
+        then.append((column_sum, [contiguous_arg(native.BUFFER, 1, (r, q, n)), contiguous_arg(native.BUFFER, 2, (r, n))]))
     else:
         parts = [(native.SAVED, i_rstd, [q, n], [0, 1], 0)] * 2
     args = [arg(native.SAVED, 0, xs), arg(native.SAVED, 1, w),
             contiguous_arg(native.GRAD, 0, rows), contiguous_arg(native.GRAD, 1 if has_res else 0, rows),
             contiguous_arg(native.SAVED, 2, (m,)), contiguous_arg(native.SAVED, i_rstd, (m,)),
             contiguous_arg(native.BUFFER, 0, rows), *parts]
-    res_out = (native.AS_IS, 0, xs.dtype) if has_res else (native.NO_GRAD, 0, xs.dtype)
-    no_grad = (native.NO_GRAD, 0, w.dtype)
-    outs = [(native.AS_IS, 0, xs.dtype), (native.COLUMN_SUM, 1, w.dtype, 0 if has_bias else -1) if need_dw else no_grad]
+    dx_out, no_grad = (native.BUFFER_OUT, 0), (native.NO_GRAD, 0)
+    outs = [dx_out, ((native.BUFFER_OUT, 2, 0) if has_bias else (native.BUFFER_OUT, 2)) if need_dw else no_grad]
     if kind == "layer":
-        outs.append((native.COLUMN_SUM, 1, w.dtype, 1) if has_bias and need_dw else no_grad)
-    outs.append(res_out)
+        outs.append((native.BUFFER_OUT, 2, 1) if has_bias and need_dw else no_grad)
+    outs.append(dx_out if has_res else no_grad)
 
     def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
         # (nothing of the plan's first forward is captured: a plan outlives its tensors)
@@ -312,7 +318,7 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
 
     grads = [native.grad_as_is(y)] * (2 if has_res else 1)
     name = "CuteforgeRmsNormBackward" if kind == "rms" else "CuteforgeLayerNormBackward"
-    return native.make_plan(name, fn, xs.device, grads, buffers, args, outs, fallback)
+    return native.make_plan(name, fn, xs.device, grads, buffers, args, outs, fallback, then)
 
 
 def _autograd(kind: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, r2: torch.Tensor | None,

@@ -16,6 +16,8 @@ from .. import checks
 from ..arch import max_active_clusters
 from ..kernels.norm import config as norm_config
 from ..kernels.norm.spec import norm_bwd, norm_fwd
+from ..kernels.reduce.config import ColReduceConfig
+from ..kernels.reduce.spec import col_reduce
 from ..signature import dtype_name
 from .layout import as_rows
 from .memo import remember
@@ -170,9 +172,10 @@ def _forward(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | Non
 
 def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor | None,
                 rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None,
-                need_dw: bool = True) -> tuple[int, Any]:
-    """(Q, the compiled backward) for (M, N) rows, M > 0: Q is the dweight partials' rows.
-    ``need_dw=False``: the kernel that writes no partials (Q then only sizes its grid)."""
+                need_dw: bool = True) -> tuple[int, Any, Any]:
+    """(Q, the compiled backward, the compiled column sum of its partials or None) for
+    (M, N) rows, M > 0: Q is the dweight partials' rows. ``need_dw=False``: the kernel
+    that writes no partials (Q then only sizes its grid) and no column sum."""
     m, n = xs.shape
     cfg = config or norm_config.default_bwd_config(n, xs.element_size() * 8, need_dw, kind)
     if cfg.row_grid and need_dw:
@@ -186,7 +189,19 @@ def _bwd_kernel(kind: str, xs: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, 
     params = (("has_bias", has_bias), ("has_dsum", dsum is not None), ("kind", kind))
     if not need_dw:  # named only when False: the keys of the kernels that write partials stay as they were
         params = tuple(sorted(params + (("has_dw", False),)))  # sorted, as Kernel.launcher keys its parameters
-    return q, norm_bwd.get(key, params, cfg)
+    return q, norm_bwd.get(key, params, cfg), (_partials_sum(2 if has_bias else 1, q, n, w) if need_dw else None)
+
+
+def _partials_sum(r: int, q: int, n: int, w: torch.Tensor) -> Any:
+    """The column kernel (`ops.sum`'s) that sums the backward's (R, Q, N) fp32 partials
+    over Q into (R, N) in the weight's dtype (R = 2: dweight and dbias): one launch where
+    torch took a sum and a cast, each a dispatch on a host-bound backward. Its default
+    config (no cluster: Q is at most a few hundred rows) for every shape, so the kernel
+    `cuteforge precompile` builds per weight dtype serves them all."""
+    parts = torch.empty((r, q, n), dtype=torch.float32, device=w.device)
+    out = torch.empty((r, n), dtype=w.dtype, device=w.device)
+    key = col_reduce.signature.bind((parts, out))
+    return col_reduce.get(key, (("op", "sum"),), ColReduceConfig())
 
 
 def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, mean: torch.Tensor | None,
@@ -194,7 +209,7 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
               need_dw: bool = True):
     """(dx, dweight, dbias or None); xs is the normalised input (x + residual if fused).
     ``need_dw=False`` (eager autograd when weight and bias need no gradient) skips the
-    torch sums of the partials and returns None for both."""
+    column sum of the partials and returns None for both."""
     m, n = xs.shape
     xs = as_rows(xs)  # the saved x of a forward on a column-major view has last stride != 1
     dy = as_rows(dy.to(xs.dtype))
@@ -211,12 +226,15 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
     plan = _PLANS.get(memo)
     if plan is None:
         plan = remember(_PLANS, memo, _bwd_kernel(kind, xs, w, dy, mean, rstd, dsum, has_bias, config))
-    q, launch = plan
-    dwp = xs.new_empty(q, n, dtype=torch.float32)
-    dbp = xs.new_empty(q, n, dtype=torch.float32) if has_bias else dwp
-    launch(xs, w, dy, dy if dsum is None else dsum, rstd if mean is None else mean, rstd, dx, dwp, dbp)
+    q, launch, column_sum = plan
+    parts = xs.new_empty(2 if has_bias else 1, q, n, dtype=torch.float32)
+    launch(xs, w, dy, dy if dsum is None else dsum, rstd if mean is None else mean, rstd, dx, parts[0], parts[-1])
     if not need_dw:
         return dx, None, None
-    dw = dwp.sum(0).to(w.dtype)
-    db = dbp.sum(0).to(w.dtype) if has_bias else None
-    return dx, dw, db
+    if not has_bias:
+        dw = w.new_empty(n)
+        column_sum(parts, dw.view(1, n))
+        return dx, dw, None
+    sums = w.new_empty(2, n)
+    column_sum(parts, sums)
+    return dx, sums[0], sums[1]

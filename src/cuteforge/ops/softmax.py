@@ -288,7 +288,7 @@ def _node_plan(mode: str, y: torch.Tensor, dim: int) -> Any:
         grads=[native.grad_as_is(y)], buffers=[(y.shape, y.dtype)],
         args=[contiguous_arg(native.GRAD, 0, rows), contiguous_arg(native.SAVED, 0, rows),
               contiguous_arg(native.BUFFER, 0, rows)],
-        outs=[(native.AS_IS, 0, y.dtype)], fallback=fallback)
+        outs=[(native.BUFFER_OUT, 0)], fallback=fallback)
 
 
 def _native_autograd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor | None:

@@ -100,6 +100,15 @@ def _col_default_config(spec: CompileSpec) -> Any:
     return cfg_mod.ColReduceConfig()
 
 
+def _col_specializations() -> Iterable[tuple[BoundKey, dict[str, Any]]]:
+    """The norms' backward sums of their fp32 dweight partials, (R, Q, N) -> (R, N) in each
+    weight dtype (ops/norm_launch.py, default config): every extent is dynamic, so one
+    kernel per dtype serves every N that is a multiple of 8."""
+    parts = torch.empty(1, 1, 1024, dtype=torch.float32, device="meta")
+    for dt in FLOAT_DTYPES:
+        yield COL_SIGNATURE.fresh_key((parts, torch.empty(1, 1024, dtype=dt, device="meta"))), {"op": "sum"}
+
+
 def _col_validate(spec: CompileSpec, config: Any) -> None:
     """The autotuner's pre-compile check of a candidate on this spec's target."""
     config.validate(spec.bits("x"), limits_for(spec.arch))
@@ -110,6 +119,7 @@ def _col_validate(spec: CompileSpec, config: Any) -> None:
     signature=COL_SIGNATURE,
     archs=("sm_80+",),
     default_config=_col_default_config,
+    specializations=_col_specializations,
     validate=_col_validate,
 )
 def col_reduce(spec: CompileSpec) -> Any:
