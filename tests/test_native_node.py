@@ -22,6 +22,7 @@ import torch
 from cuteforge.native import backward as native
 from cuteforge.native import build
 from cuteforge.native.args import arg, contiguous_arg
+from cuteforge.native.launch import kernel_step
 
 pytestmark = pytest.mark.skipif(build.load() is None, reason="the C++ autograd node could not be built here")
 
@@ -185,7 +186,8 @@ def _scale_plan(m: int, n: int):
          contiguous_arg(native.BUFFER, 1, (2, n))],
         [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 2)],
         lambda g, s: [g[0] * s[1], (g[0] * s[0]).sum(0)],
-        then=[(_ffi(_sum_rows_kernel), [contiguous_arg(native.BUFFER, 1, (2, n)), contiguous_arg(native.BUFFER, 2, (n,))])])
+        then=[kernel_step(_ffi(_sum_rows_kernel), [contiguous_arg(native.BUFFER, 1, (2, n)),
+                                                   contiguous_arg(native.BUFFER, 2, (n,))])])
 
 
 def test_then_kernels_sum_the_partials_after_the_kernel() -> None:
@@ -227,7 +229,7 @@ def test_weight_and_bias_are_rows_of_one_buffer() -> None:
          contiguous_arg(native.BUFFER, 1, (q, n)), contiguous_arg(native.BUFFER, 1, (q, n), q * n)],
         [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 2, 0), (native.BUFFER_OUT, 2, 1)],
         lambda g, s: [None, None, None],
-        then=[(_ffi(_sum_rows_kernel), [contiguous_arg(native.BUFFER, 1, (2, q, n)),
+        then=[kernel_step(_ffi(_sum_rows_kernel), [contiguous_arg(native.BUFFER, 1, (2, q, n)),
                                         contiguous_arg(native.BUFFER, 2, (2, n))])])
     x = torch.randn(m, n, requires_grad=True)
     w = torch.randn(n, requires_grad=True)
@@ -242,12 +244,30 @@ def test_weight_and_bias_are_rows_of_one_buffer() -> None:
     assert db.data_ptr() == dw.data_ptr() + 4 * n  # rows of one buffer
 
 
-def test_plans_refuse_outs_that_name_no_buffer() -> None:
-    for outs, match in (([(native.BUFFER_OUT, 1)], "an out names no buffer"), ([(2, 0)], "no gradient .0. or a buffer")):
+def test_plans_refuse_what_names_nothing() -> None:
+    """Outs, rows and kernel operands that name no buffer, row, gradient or kernel are
+    refused when the plan is made (not read out of range on the autograd thread); a plan
+    attached with fewer saved tensors than its kernels read is refused at attach."""
+    grads, bufs = [native.grad_as_is(torch.empty(2, 3))], [((2, 3), torch.float32)]
+    dx = contiguous_arg(native.BUFFER, 0, (2, 3))
+    cases = [([dx], [(native.BUFFER_OUT, 1)], [], "an out names no buffer"),
+             ([dx], [(2, 0)], [], "no gradient .0. or a buffer"),
+             ([dx], [(native.BUFFER_OUT, 0, 2)], [], "row is not in its buffer"),
+             ([contiguous_arg(native.GRAD, 1, (2, 3)), dx], [(native.BUFFER_OUT, 0)], [], "names no saved tensor, gradient"),
+             ([dx], [(native.BUFFER_OUT, 0)], [(0, 0, [])], "needs a kernel"),
+             ([dx], [(native.BUFFER_OUT, 0)], [(1, _ffi(_rows_kernel), [])], "later steps are kernels")]
+    handle = int(_ffi(_rows_kernel).__chandle__())
+    for args, outs, then, match in cases:  # the extension's own entry: `then` as raw (kind, handle, args)
         with pytest.raises(ValueError, match=match):
-            native.make_plan("TestBadOut", _ffi(_rows_kernel), torch.device("cpu"), [native.grad_as_is(torch.empty(2, 3))],
-                             [((2, 3), torch.float32)], [contiguous_arg(native.BUFFER, 0, (2, 3))], outs,
-                             lambda g, s: [None])
+            build.load().make_plan("TestBad", handle, "cpu", 0, grads, [(list(s), "float32") for s, _ in bufs], args,
+                                   [(o[0], o[1], o[2] if len(o) > 2 else -1) for o in outs], lambda g, s: [None],
+                                   [(k, f if isinstance(f, int) else int(f.__chandle__()), a) for k, f, a in then])
+    plan = native.make_plan("TestSaved", _ffi(_rows_kernel), torch.device("cpu"), grads, bufs,
+                            [arg(native.SAVED, 1, torch.empty(2, 3)), contiguous_arg(native.GRAD, 0, (2,)), dx],
+                            [(native.BUFFER_OUT, 0)], lambda g, s: [None])
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(ValueError, match="reads 2 saved tensors, 1 were given"):
+        native.attach(plan, [x], [x.detach() * 2], [x])
 
 
 def test_input_without_grad_gets_no_edge() -> None:
@@ -397,3 +417,34 @@ def test_norm_plan_without_partials(monkeypatch: pytest.MonkeyPatch, need_dw: bo
 
 def _ptr(t: object) -> int:
     return t.data_ptr() if callable(t.data_ptr) else t.data_ptr
+
+
+def test_layer_norm_backward_op_returns_no_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registered LayerNorm backward with a bias (its Python body, a stand-in kernel):
+    dweight and dbias come back as the rows of one (2, N) tensor, since a custom op's
+    returns may not share memory (two row views of one buffer are refused)."""
+    from cuteforge.ops import norm as norm_ops
+
+    m, n, q = 6, 5, 2
+    x, dy = torch.randn(m, n), torch.randn(m, n)
+    w = torch.randn(n)
+
+    def kernel(xs, w, dy, dsum, mean, rstd, dx, dwp, dbp) -> None:
+        dx.copy_(dy * w)
+        for part, rows in enumerate(torch.arange(m).chunk(q)):
+            dwp[part].copy_((dy[rows] * xs[rows]).sum(0))
+            dbp[part].copy_(dy[rows].sum(0))
+
+    def column_sum(parts, out) -> None:
+        out.copy_(parts.sum(1))
+
+    monkeypatch.setattr(norm_ops.norm_launch, "_bwd_kernel", lambda *a, **k: (q, kernel, column_sum))
+    monkeypatch.setattr(norm_ops.norm_launch, "_PLANS", {})
+    mean, rstd = torch.zeros(m), torch.ones(m)
+    dx, sums = torch.ops.cuteforge.layer_norm_backward(dy, x, w, mean, rstd, None, True)
+    assert sums.shape == (2, n)
+    torch.testing.assert_close(dx, dy * w)
+    torch.testing.assert_close(sums[0], (dy * x).sum(0))
+    torch.testing.assert_close(sums[1], dy.sum(0))
+    dx, dw = torch.ops.cuteforge.layer_norm_backward(dy, x, w, mean, rstd, None, False)
+    assert dw.shape == (n,)

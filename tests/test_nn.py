@@ -371,6 +371,11 @@ def test_linear_cross_entropy_chunks_and_checks() -> None:
     assert lce.chunk_rows(4096, 128256, 2) == 2048  # 512 MiB of bf16 logits a chunk, two balanced chunks
     assert lce.chunk_rows(7, 128256, 2) == 7
     assert lce.chunk_rows(5000, 32000, 4) % 128 == 0
+    assert lce.chunk_rows(0, 128256, 2) == 1  # an empty batch: one (empty) chunk, no division by zero
+    xs, ws, ts = torch.randn(300, 8), torch.randn(10, 8), torch.zeros(300, dtype=torch.int64)
+    for bad in (0, 100):  # chunks off the 128-row tiles would hand the kernels misaligned slices
+        with pytest.raises(ValueError, match="argument 'chunk' must be a multiple of 128"):
+            lce._impl(xs, ws, ts, -100, bad, True, True)
     x, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.int64)
     with pytest.raises(ValueError, match="'weight' has 9 columns"):
         lce.linear_cross_entropy(x, torch.randn(10, 9), t)

@@ -68,19 +68,30 @@ def test_norm_backward_covers_model_hidden_sizes(grid: set[tuple[str, Any, Any]]
 
 @pytest.mark.parametrize("w_dtype", DTYPES)
 @pytest.mark.parametrize("r, q, n", [(1, 132, 1024), (2, 264, 4096), (1, 528, 5120), (2, 7, 8192)])
-def test_norm_backward_partial_sums_are_covered(w_dtype: str, r: int, q: int, n: int) -> None:
-    """ops/norm_launch.py's column sum of the dweight partials, keyed as it binds them and
-    with the config it asks for: the one precompiled kernel per weight dtype."""
+def test_norm_backward_partial_sums_are_covered(monkeypatch, w_dtype: str, r: int, q: int, n: int) -> None:
+    """The column sum of the dweight partials that ops/norm_launch.py asks for (its key,
+    parameters and config, as `_partials_sum` hands them to the kernel) is one that
+    `cuteforge precompile` builds."""
     import torch
 
-    from cuteforge.kernels.reduce.config import ColReduceConfig
     from cuteforge.kernels.reduce.spec import col_reduce
+    from cuteforge.ops import norm_launch
 
+    asked = []
+
+    class Recorder:  # binds as the op does on fresh CUDA buffers, records the kernel request
+        class signature:
+            bind = staticmethod(lambda tensors, where="": col_reduce.signature.fresh_key(tensors))
+
+        @staticmethod
+        def get(key, params, config):
+            asked.append((key, params, config))
+
+    monkeypatch.setattr(norm_launch, "col_reduce", Recorder)
+    norm_launch._partials_sum(r, q, n, torch.empty(n, dtype=getattr(torch, w_dtype), device="meta"))
     specs = {(s.key, s.params): s.config for k, s in precompile_specs(["col_reduce"])}
-    parts = torch.empty(r, q, n, dtype=torch.float32, device="meta")
-    out = torch.empty(r, n, dtype=getattr(torch, w_dtype), device="meta")
-    key = col_reduce.signature.fresh_key((parts, out))  # what bind gives the op's fresh buffers
-    assert specs[(key, (("op", "sum"),))] == ColReduceConfig()
+    ((key, params, config),) = asked
+    assert specs[(key, params)] == config
 
 
 def test_grid_size() -> None:

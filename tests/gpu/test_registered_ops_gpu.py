@@ -94,7 +94,9 @@ def test_norm_backward_ops_run_their_plans(dtype) -> None:
     gx, gw, gb = torch.autograd.grad(y_ref, (x, w, b), dy.float())
     with torch.no_grad():
         _, _, mean, rstd = torch.ops.cuteforge.layer_norm(x, w, b, None, 1e-5)
-    for dx, dw, db in _warm(torch.ops.cuteforge.layer_norm_backward, dy, x.detach(), w.detach(), mean, rstd, None, True):
+    for dx, sums in _warm(torch.ops.cuteforge.layer_norm_backward, dy, x.detach(), w.detach(), mean, rstd, None, True):
+        dw, db = sums  # dweight and dbias: the rows of one (2, N) tensor (returns may not share memory)
+        assert sums.shape == (2, n)
         torch.testing.assert_close(dx.float(), gx.float(), **_tol(dtype))
         torch.testing.assert_close(dw.float(), gw.float(), atol=0.5 if dtype != torch.float32 else 1e-2, rtol=2e-2)
         torch.testing.assert_close(db.float(), gb.float(), atol=0.5 if dtype != torch.float32 else 1e-2, rtol=2e-2)

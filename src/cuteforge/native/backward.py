@@ -58,15 +58,15 @@ def grad_scalar_rows(rows: int, divide_by_saved: int = -1) -> tuple[Any, ...]:
 def make_plan(name: str, fn: Any, device: torch.device, grads: list[tuple[Any, ...]],
               buffers: list[tuple[Sequence[int], torch.dtype]], args: list[tuple[Any, ...]],
               outs: list[tuple[int, ...]], fallback: Callable[[list[Any], list[Any]], Sequence[Any]],
-              then: Sequence[tuple[Any, list[tuple[Any, ...]]]] = ()) -> Plan:
+              then: Sequence[tuple[Any, ...]] = ()) -> Plan:
     """A Plan for the extension. `fn` is the compiled TVM-FFI function (None: always the
-    fallback); ``then``: (fn, args) of kernels called after it, in order."""
+    fallback); ``then``: kernels called after it, in order (`launch.kernel_step`)."""
     mod = module()
     handle = 0 if fn is None else int(fn.__chandle__())
     return mod.make_plan(name, handle, device.type, device.index or 0, grads,
                          [(list(s), dtype_name(d)) for s, d in buffers], args,
                          [(o[0], o[1], o[2] if len(o) > 2 else -1) for o in outs], fallback,
-                         [(int(f.__chandle__()), list(a)) for f, a in then])
+                         [(kind, int(f.__chandle__()), list(a)) for kind, f, a in then])
 
 
 def attach(plan: Plan, inputs: list[torch.Tensor | None], outputs: list[torch.Tensor], saved: list[torch.Tensor]) -> None:

@@ -22,8 +22,11 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -82,6 +85,7 @@ struct Plan {
   std::vector<GradSpec> grads;
   std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> buffers;
   std::vector<OutSpec> outs;
+  size_t n_saved = 0;   // saved tensors the kernels read (kSaved indices below it)
   py::object fallback;  // fallback(grads: list, saved: list) -> list of input gradients
 
   ~Plan() {
@@ -182,13 +186,17 @@ struct FfiBackward : public ag::Node {
 
 // One kernel call of `p`: fn and its operands (saved tensors, gradients, buffers).
 void add_call(Plan& p, uintptr_t fn, const std::vector<py::tuple>& args) {
+  if (!fn) throw std::invalid_argument(p.name + ": a kernel step needs a kernel");
   Call c{nullptr, {}};
   for (const auto& a : args) {
     ArgSpec s{a[0].cast<int>(), a[1].cast<int>(), a[2].cast<std::vector<int64_t>>(), a[3].cast<std::vector<int64_t>>(),
               a[4].cast<int64_t>()};
     if (s.sizes.size() != s.strides.size()) throw std::invalid_argument(p.name + ": an argument's sizes and strides differ in length");
-    if (s.source == kBuffer && (s.index < 0 || static_cast<size_t>(s.index) >= p.buffers.size()))
-      throw std::invalid_argument(p.name + ": a kernel argument names no buffer");
+    const size_t bound = s.source == kSaved ? SIZE_MAX : s.source == kGrad ? p.grads.size()
+                         : s.source == kBuffer ? p.buffers.size() : 0;
+    if (s.index < 0 || static_cast<size_t>(s.index) >= bound)
+      throw std::invalid_argument(p.name + ": a kernel argument names no saved tensor, gradient or buffer");
+    if (s.source == kSaved) p.n_saved = std::max(p.n_saved, static_cast<size_t>(s.index) + 1);
     c.args.push_back(std::move(s));
   }
   c.fn = reinterpret_cast<TVMFFIObjectHandle>(fn);
@@ -196,19 +204,21 @@ void add_call(Plan& p, uintptr_t fn, const std::vector<py::tuple>& args) {
   p.calls.push_back(std::move(c));
 }
 
-// fn == 0: no kernel, every backward takes the fallback. `then`: (fn, args) of kernels
-// called after fn, in order.
+// fn == 0: no kernel, every backward takes the fallback. `then`: (kind, fn, args) of the
+// kernels called after fn, in order (kind 0: `launch.kernel_step`'s tuples).
 std::shared_ptr<Plan> make_plan(const std::string& name, uintptr_t fn, const std::string& device_type, int64_t device_index,
                                 const std::vector<py::tuple>& grads,
                                 const std::vector<std::pair<std::vector<int64_t>, std::string>>& buffers,
                                 const std::vector<py::tuple>& args, const std::vector<py::tuple>& outs, py::object fallback,
-                                const std::vector<std::pair<uintptr_t, std::vector<py::tuple>>>& then) {
+                                const std::vector<std::tuple<int, uintptr_t, std::vector<py::tuple>>>& then) {
   auto p = std::make_shared<Plan>();
   p->name = name;
   p->device = device_type == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)) : at::Device(at::kCPU);
   for (const auto& g : grads) {
     p->grads.push_back({g[0].cast<int>(), scalar_type(g[1].cast<std::string>()), g[2].cast<std::vector<int64_t>>(),
                         g[3].cast<int64_t>(), g[4].cast<int>()});
+    if (p->grads.back().divide_by_saved >= 0)
+      p->n_saved = std::max(p->n_saved, static_cast<size_t>(p->grads.back().divide_by_saved) + 1);
   }
   for (const auto& b : buffers) p->buffers.emplace_back(b.first, scalar_type(b.second));
   for (const auto& o : outs) {
@@ -216,12 +226,19 @@ std::shared_ptr<Plan> make_plan(const std::string& name, uintptr_t fn, const std
     if (s.kind != 0 && s.kind != 1) throw std::invalid_argument(name + ": an out is no gradient (0) or a buffer (1)");
     if (s.kind == 1 && (s.index < 0 || static_cast<size_t>(s.index) >= p->buffers.size()))
       throw std::invalid_argument(name + ": an out names no buffer");
+    if (s.kind == 1 && s.row >= 0) {
+      const auto& shape = p->buffers[s.index].first;
+      if (shape.empty() || s.row >= shape[0]) throw std::invalid_argument(name + ": an out's row is not in its buffer");
+    }
     p->outs.push_back(s);
   }
   p->fallback = std::move(fallback);
   if (fn) {
     add_call(*p, fn, args);
-    for (const auto& c : then) add_call(*p, c.first, c.second);
+    for (const auto& c : then) {
+      if (std::get<0>(c) != 0) throw std::invalid_argument(name + ": a backward's later steps are kernels");
+      add_call(*p, std::get<1>(c), std::get<2>(c));
+    }
   }
   return p;
 }
@@ -232,6 +249,8 @@ std::shared_ptr<Plan> make_plan(const std::string& name, uintptr_t fn, const std
 // detached alias: same storage and version counter, no reference cycle).
 void attach(const std::shared_ptr<Plan>& plan, const std::vector<std::optional<at::Tensor>>& inputs,
             const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& saved) {
+  TORCH_CHECK_VALUE(saved.size() >= plan->n_saved, plan->name, ": the plan reads ", plan->n_saved,
+                    " saved tensors, ", saved.size(), " were given");
   auto node = make_node<FfiBackward>();
   node->plan = plan;
   ag::edge_list edges;

@@ -45,7 +45,7 @@ const LaunchPlan* plan_of(PyObject* capsule) {
 }
 
 // A returned output: an int (the output) or (index, row) (row `row` of it).
-LaunchReturn make_return(const std::string& name, py::handle r, size_t n_outs) {
+LaunchReturn make_return(const std::string& name, py::handle r, const std::vector<std::vector<int64_t>>& out_sizes) {
   LaunchReturn ret{0, -1};
   if (py::isinstance<py::tuple>(r)) {
     auto t = r.cast<py::tuple>();
@@ -55,8 +55,11 @@ LaunchReturn make_return(const std::string& name, py::handle r, size_t n_outs) {
   } else {
     ret.index = r.cast<int>();
   }
-  if (ret.index < 0 || static_cast<size_t>(ret.index) >= n_outs)
+  if (ret.index < 0 || static_cast<size_t>(ret.index) >= out_sizes.size())
     throw std::invalid_argument(name + ": a returned output does not exist");
+  const auto& shape = out_sizes[ret.index];
+  if (ret.row >= 0 && (shape.empty() || ret.row >= shape[0]))
+    throw std::invalid_argument(name + ": a returned row is not in its output");
   return ret;
 }
 
@@ -125,7 +128,7 @@ py::object make_launch_plan(const std::string& name, uintptr_t fn, const std::st
     throw std::invalid_argument(name + ": a launch plan needs a kernel");
   }
   for (const auto& c : then) add_step(*p, std::get<0>(c), std::get<1>(c), std::get<2>(c));
-  for (auto r : returns) p->returns.push_back(make_return(name, r, outs.size()));
+  for (auto r : returns) p->returns.push_back(make_return(name, r, p->out_sizes));
   auto* h = new PlanPtr(std::move(p));
   PyObject* cap = PyCapsule_New(h, kCapsule, free_plan);
   if (!cap) {

@@ -19,8 +19,8 @@ torch.compile), which returns the summed loss and the gradients of that sum; the
 division by the rows not ignored is a torch expression around it (Inductor fuses it). A
 call layout with a unit-stride target gets a C launch plan (`native.launch`): the chunk
 loop unrolled into its steps (each chunk's GEMMs through ATen's mm, its cross-entropy
-kernels, then the column kernel of ``ops.sum`` over the per-row losses), so a warm call
-runs no Python, eager or compiled.
+kernels, then the column kernel of ``ops.sum`` over the per-row losses), so the op's warm
+call runs no Python (in eager mode the wrapper's checks and the autograd formula still do).
 """
 
 from __future__ import annotations
@@ -75,10 +75,21 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
 def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
     """Rows a chunk takes: its logits within CHUNK_BYTES (at least 128 rows), the chunks
     balanced and whole 128-row GEMM tiles."""
+    if tokens <= 0:
+        return 1
     most = max(128, CHUNK_BYTES // max(1, vocab * itemsize) // 128 * 128)
     chunks = -(-tokens // most)
     rows = -(-tokens // chunks)
     return max(1, min(tokens, -(-rows // 128) * 128))
+
+
+def _chunk_step(where: str, t: int, chunk: int) -> int:
+    """The rows a chunk takes: ``chunk`` where it is whole 128-row tiles or the whole batch
+    (every chunk's slices of the target and the per-row losses then start 16-byte aligned,
+    as the kernels were bound for), else a clear error."""
+    if chunk < 1 or (chunk < t and chunk % 128):
+        raise ValueError(f"{where}: argument 'chunk' must be a multiple of 128 or at least the {t} rows, got {chunk}")
+    return chunk
 
 
 def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, chunk: int, need_dx: bool,
@@ -94,7 +105,7 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
     dx = x.new_empty(x.shape) if need_dx else x.new_empty(0)
     dw = (weight.new_empty(weight.shape) if t else weight.new_zeros(weight.shape)) if need_dw else weight.new_empty(0)
     losses = x.new_empty(t, dtype=torch.float32)
-    step = max(1, chunk)
+    step = _chunk_step(_WHERE, t, chunk)
     ones = torch.ones(min(t, step), device=x.device)
     for s in range(0, t, step):
         e = min(t, s + step)
@@ -127,7 +138,7 @@ def _op_plan(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore
     if t == 0 or target.stride(0) != 1:
         return None
     IN, OUT, FIXED = native_launch.INPUT, native_launch.OUTPUT, native_launch.FIXED
-    step = max(1, chunk)
+    step = _chunk_step(_WHERE, t, chunk)
     ones = torch.ones(min(t, step), device=x.device)
     sx, sw = x.stride(), weight.stride()
     f32 = torch.float32

@@ -97,9 +97,10 @@ def _infer_op_plan(kind: str, x: torch.Tensor, weight: torch.Tensor, bias: torch
 def _bwd_op_plan(kind: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor | None,
                  rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool) -> Any:
     """The registered backward's launch plan: inputs (dy, x, weight, [mean,] rstd, dsum)
-    read in place, outputs (dx, dweight[, dbias or an empty tensor]): the kernel writes
-    dx and the fp32 partials, the column sum their rows of one (R, N) output in the
-    weight's dtype; None where an operand would need a copy or a cast."""
+    read in place, outputs (dx, dweight) or for LayerNorm with a bias (dx, dweight and
+    dbias as the rows of one (2, N) tensor: a custom op's returns may not share memory):
+    the kernel writes dx and the fp32 partials, the column sum adds them up in the weight's
+    dtype; None where an operand would need a copy or a cast."""
     views = [rows_view(t) if t is not None and t.dim() == 2 and t.dtype == x.dtype else None for t in (dy, x, dsum)]
     dy2, x2, ds2 = views
     if (dy2 is None or x2 is None or (dsum is not None and ds2 is None) or weight.stride(0) != 1
@@ -116,15 +117,8 @@ def _bwd_op_plan(kind: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Ten
             contiguous_arg(IN, i_rstd if i_mean is None else i_mean, (m,)), contiguous_arg(IN, i_rstd, (m,)),
             contiguous_arg(OUT, 0, (m, n)), *parts]
     sums = [contiguous_arg(OUT, 1, (r, q, n)), contiguous_arg(OUT, 2, (r, n))]
-    # dweight alone is the (N,) output itself (no row view to make per call)
     outs = [((m, n), x.dtype), ((r, q, n), torch.float32), ((r, n) if has_bias else (n,), weight.dtype)]
-    returns: list[Any] = [0, (2, 0) if has_bias else 2]
-    if has_bias:
-        returns.append((2, 1))
-    elif kind == "layer":
-        outs.append(((0,), weight.dtype))
-        returns.append(3)
-    return native_launch.runner(f"cuteforge::{kind}_norm_backward", launch, x.device, i_dsum + 1, outs, args, returns,
+    return native_launch.runner(f"cuteforge::{kind}_norm_backward", launch, x.device, i_dsum + 1, outs, args, [0, 2],
                                 then=[native_launch.kernel_step(column_sum, sums)])
 
 
@@ -161,14 +155,13 @@ def _ln_fake(x, weight, bias, residual, eps):
 
 def _rms_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
                   dsum: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dw, _ = norm_launch._backward("rms", dy, x, weight, None, rstd, dsum, False)
-    return dx, dw
+    return norm_launch._backward_sums("rms", dy, x, weight, None, rstd, dsum, False)
 
 
 def _ln_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                 dsum: torch.Tensor | None, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = norm_launch._backward("layer", dy, x, weight, mean, rstd, dsum, has_bias)
-    return dx, dw, (db if db is not None else _empty(weight))
+                 dsum: torch.Tensor | None, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) or with ``has_bias`` (dx, dweight and dbias as the rows of one (2, N) tensor)."""
+    return norm_launch._backward_sums("layer", dy, x, weight, mean, rstd, dsum, has_bias)
 
 
 def _rms_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
@@ -194,8 +187,9 @@ def _ln_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> Non
 
 def _ln_grad(ctx: Any, dy: torch.Tensor, dro: torch.Tensor, _dm: Any, _dr: Any) -> tuple[Any, ...]:
     xs, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _ln_bwd_op(dy, xs, weight, mean, rstd, dro if ctx.has_res else None, ctx.has_bias)
-    return dx, dw, (db if ctx.has_bias else None), (dx if ctx.has_res else None), None
+    dx, sums = _ln_bwd_op(dy, xs, weight, mean, rstd, dro if ctx.has_res else None, ctx.has_bias)
+    dw, db = (sums[0], sums[1]) if ctx.has_bias else (sums, None)
+    return dx, dw, db, (dx if ctx.has_res else None), None
 
 
 _rms_bwd_op = define("cuteforge::rms_norm_backward", _rms_bwd_impl,
@@ -203,8 +197,7 @@ _rms_bwd_op = define("cuteforge::rms_norm_backward", _rms_bwd_impl,
                      plan=lambda dy, x, w, rstd, dsum: _bwd_op_plan("rms", dy, x, w, None, rstd, dsum, False))
 _ln_bwd_op = define("cuteforge::layer_norm_backward", _ln_bwd_impl,
                     fake=lambda dy, x, weight, mean, rstd, dsum, has_bias: (
-                        x.new_empty(x.shape), weight.new_empty(weight.shape),
-                        weight.new_empty(weight.shape) if has_bias else _empty(weight)),
+                        x.new_empty(x.shape), weight.new_empty((2, *weight.shape) if has_bias else weight.shape)),
                     plan=lambda dy, x, w, mean, rstd, dsum, has_bias: _bwd_op_plan("layer", dy, x, w, mean, rstd, dsum,
                                                                                  has_bias))
 _rms_op = define("cuteforge::rms_norm", _rms_impl, fake=_rms_fake,
@@ -293,7 +286,8 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
         parts = [contiguous_arg(native.BUFFER, 1, (q, n)),
                  contiguous_arg(native.BUFFER, 1, (q, n), q * n if has_bias else 0)]
         buffers += [((r, q, n), torch.float32), ((r, n) if has_bias else (n,), w.dtype)]
-        then.append((column_sum, [contiguous_arg(native.BUFFER, 1, (r, q, n)), contiguous_arg(native.BUFFER, 2, (r, n))]))
+        then.append(native_launch.kernel_step(column_sum, [contiguous_arg(native.BUFFER, 1, (r, q, n)),
+                                                           contiguous_arg(native.BUFFER, 2, (r, n))]))
     else:
         parts = [(native.SAVED, i_rstd, [q, n], [0, 1], 0)] * 2
     args = [arg(native.SAVED, 0, xs), arg(native.SAVED, 1, w),

@@ -210,6 +210,18 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
     """(dx, dweight, dbias or None); xs is the normalised input (x + residual if fused).
     ``need_dw=False`` (eager autograd when weight and bias need no gradient) skips the
     column sum of the partials and returns None for both."""
+    dx, sums = _backward_sums(kind, dy, xs, w, mean, rstd, dsum, has_bias, config, need_dw)
+    if sums is None or not has_bias:
+        return dx, sums, None
+    return dx, sums[0], sums[1]
+
+
+def _backward_sums(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, mean: torch.Tensor | None,
+                   rstd: torch.Tensor, dsum: torch.Tensor | None, has_bias: bool, config: Any = None,
+                   need_dw: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, dweight (N,) or, with ``has_bias``, dweight and dbias as the rows of one (2, N)
+    tensor; None without ``need_dw``): `_backward`'s body, and the registered backward's,
+    whose returns may not share memory."""
     m, n = xs.shape
     xs = as_rows(xs)  # the saved x of a forward on a column-major view has last stride != 1
     dy = as_rows(dy.to(xs.dtype))
@@ -217,8 +229,7 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
     w = _vec_of(w)
     dx = xs.new_empty(m, n)
     if m == 0:
-        z = torch.zeros(n, dtype=w.dtype, device=w.device)
-        return dx, z, (z.clone() if has_bias else None)
+        return dx, (w.new_zeros(2, n) if has_bias else w.new_zeros(n)) if need_dw else None
     memo = ("b", kind, has_bias, xs.dtype, xs.shape, xs.stride(), xs.data_ptr() & 15, xs.get_device(),
             w.dtype, w.data_ptr() & 15, dy.stride(), dy.data_ptr() & 15,
             None if dsum is None else (dsum.stride(), dsum.data_ptr() & 15),
@@ -230,11 +241,7 @@ def _backward(kind: str, dy: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, me
     parts = xs.new_empty(2 if has_bias else 1, q, n, dtype=torch.float32)
     launch(xs, w, dy, dy if dsum is None else dsum, rstd if mean is None else mean, rstd, dx, parts[0], parts[-1])
     if not need_dw:
-        return dx, None, None
-    if not has_bias:
-        dw = w.new_empty(n)
-        column_sum(parts, dw.view(1, n))
-        return dx, dw, None
-    sums = w.new_empty(2, n)
-    column_sum(parts, sums)
-    return dx, sums[0], sums[1]
+        return dx, None
+    sums = w.new_empty(2, n) if has_bias else w.new_empty(n)
+    column_sum(parts, sums.view(-1, n))
+    return dx, sums
