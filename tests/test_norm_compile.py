@@ -851,6 +851,46 @@ def test_compiled_no_grad_norm_traces_to_the_op_returning_y_alone(monkeypatch):
     torch._dynamo.reset()
 
 
+def test_compiled_layer_norm_training_gets_dweight_and_dbias_from_one_tensor(monkeypatch):
+    """Under torch.compile with grad, layer_norm with a bias: the registered backward returns
+    dweight and dbias as the rows of one (2, N) tensor (a custom op's returns may not share
+    memory) and the traced autograd formula splits them; the gradients are torch's (CPU
+    stand-ins for the kernels: the forward's reference plan, a backward writing per-group
+    partials, and their column sum)."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    import cuteforge.ops as ops
+
+    launch = sys.modules["cuteforge.ops.norm_launch"]
+    monkeypatch.setattr(launch, "_check", lambda *a, **k: None)  # CPU tensors: the CUDA check would refuse them
+    monkeypatch.setattr(launch, "_fwd_plan", _norm_reference_plan([]))
+    monkeypatch.setattr(launch, "_PLANS", {})
+    q = 2
+
+    def kernel(xs, w, dy, dsum, mean, rstd, dx, dwp, dbp):
+        xhat = (xs.float() - mean[:, None]) * rstd[:, None]
+        g = dy.float() * w.float()
+        dx.copy_(rstd[:, None] * (g - xhat * (g * xhat).mean(1, keepdim=True) - g.mean(1, keepdim=True)))
+        for part, rows in enumerate(torch.arange(xs.shape[0]).chunk(q)):
+            dwp[part].copy_((dy.float()[rows] * xhat[rows]).sum(0))
+            dbp[part].copy_(dy.float()[rows].sum(0))
+
+    monkeypatch.setattr(launch, "_bwd_kernel", lambda *a, **k: (q, kernel, lambda parts, out: out.copy_(parts.sum(1))))
+    x, w, b = (torch.randn(*shape, requires_grad=True) for shape in ((6, 32), (32,), (32,)))
+    dy = torch.randn(6, 32)
+    torch._dynamo.reset()
+    y = torch.compile(lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), backend="aot_eager", fullgraph=True)(x, w, b)
+    got = torch.autograd.grad(y, (x, w, b), dy)
+    ref = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    want = torch.autograd.grad(F.layer_norm(ref[0], (32,), ref[1], ref[2], 1e-5), ref, dy)
+    for name, g, r in zip(("x", "weight", "bias"), got, want):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4, msg=name)
+    torch._dynamo.reset()
+
+
 # --------------------------------------------------------------------------- row-staged backward
 
 
