@@ -11,9 +11,9 @@
 // layout each must have, which buffers to allocate, the kernels' argument lists in call
 // order (each a saved tensor, a gradient or a buffer, with the (sizes, strides) view the
 // kernel reads: a norm's backward kernel, then the column sum of its dweight partials),
-// and which buffer, or which row of one, answers which input. A gradient in any other layout, an undefined one, a
-// double backward (grad mode on) or a plan without a kernel goes to the plan's Python
-// fallback, which is the op's ordinary backward.
+// and which buffer, or which row of one, answers which input. A gradient in any other
+// layout, an undefined one, a double backward (grad mode on) or a plan without a kernel
+// goes to the plan's Python fallback, which is the op's ordinary backward.
 
 #include "ffi_common.h"
 

@@ -69,7 +69,7 @@ LaunchReturn make_return(const std::string& name, py::handle r, const std::vecto
 void add_step(LaunchPlan& p, int kind, uintptr_t fn, const std::vector<py::tuple>& args) {
   const std::string& name = p.name;
   if (kind == kKernel && !fn) throw std::invalid_argument(name + ": a launch plan's kernel step needs a kernel");
-  if (kind != kKernel && (kind != kMatmul && kind != kMatmulAdd))
+  if (kind != kKernel && kind != kMatmul && kind != kMatmulAdd)
     throw std::invalid_argument(name + ": a step is a kernel (0), a product (1) or an accumulated product (2)");
   if (kind != kKernel && args.size() != 3) throw std::invalid_argument(name + ": a product step takes (out, a, b)");
   if (args.size() > kMaxTensors) throw std::invalid_argument(name + ": at most 16 kernel arguments");

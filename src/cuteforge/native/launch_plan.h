@@ -1,7 +1,8 @@
 // A launch plan: what one call layout of an op allocates and the steps it runs, in order:
-// compiled kernels called with views of its tensors, and matrix products through ATen. Shared by the eager launch (ffi_launch.cpp, called from Python)
-// and the dispatcher kernels of the registered ops (ffi_dispatch.cpp, called by torch's
-// dispatcher with no Python).
+// compiled kernels called with views of its tensors, and matrix products through ATen.
+// Shared by the eager launch (ffi_launch.cpp, called from Python) and the dispatcher
+// kernels of the registered ops (ffi_dispatch.cpp, called by torch's dispatcher with no
+// Python).
 #pragma once
 
 #include "ffi_common.h"
