@@ -199,10 +199,14 @@ def test_then_kernels_sum_the_partials_after_the_kernel() -> None:
     native.attach(plan, [x, w], [y], [x, w.detach()])
     g = torch.randn(m, n)
     CALLS.clear()
-    dx, dw = torch.autograd.grad(y, (x, w), g)
+    dx, dw = torch.autograd.grad(y, (x, w), g, retain_graph=True)
     assert CALLS == ["kernel", "sum"]
     torch.testing.assert_close(dx, g * w.detach())
     torch.testing.assert_close(dw, (g * x.detach()).sum(0))
+    CALLS.clear()
+    (dx_only,) = torch.autograd.grad(y, x, g)  # dweight not asked for: no column sum
+    assert CALLS == ["kernel"]
+    torch.testing.assert_close(dx_only, dx)
 
 
 def _affine_kernel(x: object, w: object, dy: object, dx: object, dwp: object, dbp: object) -> None:

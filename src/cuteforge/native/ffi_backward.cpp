@@ -146,7 +146,9 @@ struct FfiBackward : public ag::Node {
     for (const auto& b : p.buffers) bufs.push_back(at::empty(b.first, at::TensorOptions().dtype(b.second).device(p.device)));
 
     const DLDevice dev = cuteforge_native::dl_device(p.device);
-    for (const Call& c : p.calls) {
+    for (size_t k = 0; k < p.calls.size(); ++k) {
+      const Call& c = p.calls[k];
+      if (k > 0 && !wanted(c)) continue;  // dweight's column sum where only dx is asked for
       std::vector<DLTensor> dl(c.args.size());
       std::vector<TVMFFIAny> any(c.args.size());
       for (size_t i = 0; i < c.args.size(); ++i) {
@@ -160,9 +162,23 @@ struct FfiBackward : public ag::Node {
     ag::variable_list out(p.outs.size());
     for (size_t i = 0; i < p.outs.size(); ++i) {
       const OutSpec& o = p.outs[i];
-      if (o.kind == 1) out[i] = o.row >= 0 ? bufs[o.index].select(0, o.row) : bufs[o.index];
+      if (o.kind == 1 && task_should_compute_output(i)) out[i] = o.row >= 0 ? bufs[o.index].select(0, o.row) : bufs[o.index];
     }
     return out;
+  }
+
+  // Whether a call after the first serves a gradient this backward computes: one of them
+  // is a buffer the call reads or writes.
+  bool wanted(const Call& c) {
+    const Plan& p = *plan;
+    for (size_t i = 0; i < p.outs.size(); ++i) {
+      const OutSpec& o = p.outs[i];
+      if (o.kind != 1 || !task_should_compute_output(i)) continue;
+      for (const ArgSpec& a : c.args) {
+        if (a.source == kBuffer && a.index == o.index) return true;
+      }
+    }
+    return false;
   }
 
   ag::variable_list fallback(const ag::variable_list& grads, const std::vector<at::Tensor>& sv) {
