@@ -74,7 +74,7 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
 
 def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
     """Rows a chunk takes: its logits within CHUNK_BYTES (at least 128 rows), the chunks
-    balanced and whole 128-row GEMM tiles."""
+    balanced and whole 128-row GEMM tiles (1 for an empty batch)."""
     if tokens <= 0:
         return 1
     most = max(128, CHUNK_BYTES // max(1, vocab * itemsize) // 128 * 128)

@@ -10,8 +10,9 @@ Persistent: the grid is Q CTA groups (Q = dwp.shape[0], chosen by the caller as
 sm_count * ctas_per_sm / cluster_n, at most the number of row blocks); group q visits
 row blocks q, q + Q, ... and keeps dweight/dbias sums for the columns its threads own
 in fp32 registers. At the end each group writes one fp32 partial row, so
-dweight = dwp.sum(0) (the caller launches the column reduction over Q x N right after). With several
-rows per CTA (short rows) the R row-slots are first folded through shared memory.
+dweight = dwp.sum(0) (the caller launches the column reduction over Q x N right after).
+With several rows per CTA (short rows) the R row-slots are first folded through shared
+memory.
 
 ``reload`` re-reads x and dy after the row reduction instead of holding them in
 registers across it (they come from L2: the CTA group read them microseconds before),
