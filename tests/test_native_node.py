@@ -452,3 +452,89 @@ def test_layer_norm_backward_op_returns_no_shared_memory(monkeypatch: pytest.Mon
     torch.testing.assert_close(sums[1], dy.sum(0))
     dx, dw = torch.ops.cuteforge.layer_norm_backward(dy, x, w, mean, rstd, None, False)
     assert dw.shape == (n,)
+
+
+def test_silu_mul_c_path_forward_launch_and_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ops/swiglu.py's eager C path (`_c_path`, stand-in kernels): the forward allocates the
+    N-D output and launches in one C call over gate's and up's row views read in place (up
+    strided here); the node reads a contiguous gradient and the saved gate and up, and
+    returns both gradients in their shapes. A strided gradient takes the fallback, which
+    under create_graph is differentiable (torch expressions), not the kernel's constants."""
+    from cuteforge.ops import swiglu
+
+    def fwd(g: object, u: object, out: object) -> None:
+        g, u, out = (_torch_view(t) for t in (g, u, out))
+        out.copy_(torch.nn.functional.silu(g) * u)
+
+    def bwd(grad: object, g: object, u: object, dg: object, du: object) -> None:
+        CALLS.append("kernel")
+        grad, g, u, dg, du = (_torch_view(t) for t in (grad, g, u, dg, du))
+        a, b = swiglu._torch_backward(grad, g, u)
+        dg.copy_(a)
+        du.copy_(b)
+
+    monkeypatch.setattr(swiglu.forward_kernel, "launcher", lambda tensors, **tiling: _ffi(fwd))
+    monkeypatch.setattr(swiglu.backward_kernel, "launcher", lambda tensors, **tiling: _ffi(bwd))
+    # the Python path's kernel call, which the fallback takes without create_graph
+    monkeypatch.setattr(swiglu, "silu_mul_backward",
+                        lambda *a: CALLS.append("fallback") or swiglu._torch_backward(*a))
+    gate = torch.randn(2, 3, 8, requires_grad=True)
+    up_base = torch.randn(2, 3, 16)
+    up = up_base[..., :8].requires_grad_()  # rows of stride 16: read in place
+    assert up.grad_fn is None and not up.is_contiguous()
+    run, plan = swiglu._c_path(gate.detach(), up.detach())
+    out = run(gate, up)
+    native.attach(plan, [gate, up], [out], [gate, up])
+    assert out.shape == gate.shape and out.is_contiguous() and out.grad_fn.name() == "CuteforgeSiluMulBackward"
+    ref_out = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(out, ref_out)
+    g = torch.randn(2, 3, 8)
+    CALLS.clear()
+    dg, du = torch.autograd.grad(out, [gate, up], g, retain_graph=True)
+    assert CALLS == ["kernel"]
+    rg, ru = torch.autograd.grad(ref_out, [gate, up], g, retain_graph=True)
+    torch.testing.assert_close(dg, rg)
+    torch.testing.assert_close(du, ru)
+    CALLS.clear()
+    strided = torch.randn(2, 3, 16)[..., ::2]
+    dg2, _ = torch.autograd.grad(out, [gate, up], strided, retain_graph=True)
+    assert CALLS == ["fallback"]
+    torch.testing.assert_close(dg2, torch.autograd.grad(ref_out, [gate], strided, retain_graph=True)[0])
+    # double backward: the fallback's torch expressions carry the graph
+    (dg3,) = torch.autograd.grad(out, [gate], g, create_graph=True)
+    (hg,) = torch.autograd.grad(dg3.sum(), [gate])
+    (rg3,) = torch.autograd.grad(ref_out, [gate], g, create_graph=True)
+    torch.testing.assert_close(hg, torch.autograd.grad(rg3.sum(), [gate])[0])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_norm_forward_with_grad_is_one_c_launch(monkeypatch: pytest.MonkeyPatch, residual: bool) -> None:
+    """ops/norm.py's eager forward with grad (`_grad_forward`, a stand-in kernel): the
+    registered op's C launch allocates y, the residual sum and rstd and calls the kernel
+    once, memoized per layout; the C++ node then attaches to those outputs."""
+    from cuteforge.ops import norm as norm_ops
+
+    calls = []
+
+    def fwd(x: object, w: object, b: object, r: object, y: object, ro: object, mean: object, rstd: object) -> None:
+        calls.append(1)
+        x, w, r, y, ro, rstd = (_torch_view(t) for t in (x, w, r, y, ro, rstd))
+        s = x + r if residual else x
+        if residual:
+            ro.copy_(s)
+        rstd.copy_(torch.rsqrt(s.pow(2).mean(-1) + 1e-6))
+        y.copy_(s * rstd[:, None] * w)
+
+    monkeypatch.setattr(norm_ops.norm_launch, "_fwd_plan", lambda *a, **k: _ffi(fwd))
+    monkeypatch.setattr(norm_ops, "_GRAD_FORWARD", {})
+    x, w = torch.randn(6, 5), torch.randn(5)
+    r = torch.randn(6, 5) if residual else None
+    for _ in range(2):
+        y, ro, mean, rstd = norm_ops._grad_forward("rms", x, w, None, r, 1e-6)
+    assert len(calls) == 2 and len(norm_ops._GRAD_FORWARD) == 1 and mean is None
+    s = x + r if residual else x
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(s, (5,), w, 1e-6))
+    assert (ro is None) == (not residual)
+    if residual:
+        torch.testing.assert_close(ro, s)
+    torch.testing.assert_close(rstd, torch.rsqrt(s.pow(2).mean(-1) + 1e-6))

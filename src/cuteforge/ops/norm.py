@@ -315,6 +315,32 @@ def _node_plan(kind: str, xs: torch.Tensor, w: torch.Tensor, y: torch.Tensor, me
     return native.make_plan(name, fn, xs.device, grads, buffers, args, outs, fallback, then)
 
 
+# The eager forward with grad per layout: the registered op's C launch (`_fwd_op_plan`),
+# or None where it has none (then `norm_launch._forward`, a Python launch).
+_GRAD_FORWARD: dict[tuple[Any, ...], Any] = {}
+native_build.when_ready(_GRAD_FORWARD.clear)  # layouts met while the extension built had no C launch
+
+
+def _grad_forward(kind: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  r2: torch.Tensor | None, eps: float) -> tuple[Any, Any, Any, Any]:
+    """(y, residual_out or None, mean or None, rstd) for `_autograd`: outputs allocated
+    and the kernel launched in one C call where the layout has a launch plan."""
+    key = (kind, eps, x2.dtype, x2.shape, x2.stride(), x2.data_ptr() & 15, x2.get_device(), weight.dtype,
+           weight.data_ptr() & 15, None if bias is None else (bias.dtype, bias.data_ptr() & 15),
+           None if r2 is None else (r2.stride(), r2.data_ptr() & 15))
+    try:
+        run = _GRAD_FORWARD[key]
+    except KeyError:
+        run = remember(_GRAD_FORWARD, key, _fwd_op_plan(kind, x2, weight, bias, r2, eps))
+    if run is None:
+        return norm_launch._forward(kind, x2, weight, bias, r2, eps)
+    if kind == "rms":
+        y, ro, rstd = run(x2, weight, r2)
+        return y, (None if r2 is None else ro), None, rstd
+    y, ro, mean, rstd = run(x2, weight, bias, r2)
+    return y, (None if r2 is None else ro), mean, rstd
+
+
 def _autograd(kind: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, r2: torch.Tensor | None,
               eps: float) -> Any:
     """The forward with autograd for 2-D x: through the C++ node where it applies (unit
@@ -325,7 +351,7 @@ def _autograd(kind: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         if kind == "rms":
             return _RmsFn.apply(x2, weight, r2, eps)
         return _LayerFn.apply(x2, weight, bias, r2, eps)
-    y, ro, mean, rstd = norm_launch._forward(kind, x2, weight, bias, r2, eps)
+    y, ro, mean, rstd = _grad_forward(kind, x2, weight, bias, r2, eps)
     xs = x2 if ro is None else ro
     # partials only where a dweight or dbias is wanted (the input edges are fixed now); the
     # kernel without them views rstd as its stand-in, which needs rstd 16-byte aligned
