@@ -538,3 +538,59 @@ def test_norm_forward_with_grad_is_one_c_launch(monkeypatch: pytest.MonkeyPatch,
     if residual:
         torch.testing.assert_close(ro, s)
     torch.testing.assert_close(rstd, torch.rsqrt(s.pow(2).mean(-1) + 1e-6))
+
+
+def test_rotary_c_path_keeps_the_attention_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ops/rotary.py's eager C path (`_c_path`, stand-in kernels) for q and k transposed from
+    contiguous (B, S, H, D), as attention layers hand them over: the outputs, and the
+    gradients the C++ node writes, are laid out as q and k (no copy around the op); the
+    answers and gradients match torch's expression, through the kernel and, for a gradient
+    of another layout, the fallback; create_graph takes torch's differentiable transpose."""
+    from cuteforge.ops import rotary
+
+    def rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, backward: bool) -> torch.Tensor:
+        c, s = c.unsqueeze(1), s.unsqueeze(1)
+        if backward:
+            return rotary._torch_backward(x, x, c.squeeze(1), s.squeeze(1))[0]
+        return x * c + rotary._rotate_half(x) * s
+
+    def stand_in(backward: bool):
+        def fn(q: object, k: object, c: object, s: object, qo: object, ko: object) -> None:
+            CALLS.append("bwd" if backward else "fwd")
+            q, k, c, s, qo, ko = (_torch_view(t) for t in (q, k, c, s, qo, ko))
+            qo.copy_(rotate(q, c, s, backward))
+            ko.copy_(rotate(k, c, s, backward))
+        return _ffi(fn)
+
+    monkeypatch.setattr(rotary.kernel, "launcher", lambda tensors, backward: stand_in(backward))
+    monkeypatch.setattr(rotary.checks, "on_cuda", lambda *a: None)
+    monkeypatch.setattr(rotary, "_C_PATHS", {})
+    b, s, hq, hk, d = 2, 5, 4, 2, 8
+    q_base = torch.randn(b, s, hq * d, requires_grad=True)
+    k_base = torch.randn(b, s, hk * d, requires_grad=True)
+    cos, sin = torch.randn(1, s, d), torch.randn(1, s, d)
+
+    def views():
+        return q_base.view(b, s, hq, d).transpose(1, 2), k_base.view(b, s, hk, d).transpose(1, 2)
+
+    CALLS.clear()
+    q_out, k_out = rotary.rotary_embedding(*views(), cos, sin)
+    assert CALLS == ["fwd"] and len(rotary._C_PATHS) == 1
+    ref_q, ref_k = rotary._torch(*views(), cos, sin, 1)
+    assert q_out.stride() == views()[0].stride() and k_out.stride() == views()[1].stride()
+    torch.testing.assert_close(q_out, ref_q)
+    torch.testing.assert_close(k_out, ref_k)
+    gq = torch.randn(b, s, hq, d).transpose(1, 2)  # the gradient in the outputs' layout: the kernel
+    gk = torch.randn(b, s, hk, d).transpose(1, 2)
+    CALLS.clear()
+    got = torch.autograd.grad((q_out, k_out), (q_base, k_base), (gq, gk), retain_graph=True)
+    assert CALLS == ["bwd"]
+    want = torch.autograd.grad((ref_q, ref_k), (q_base, k_base), (gq, gk), retain_graph=True)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    CALLS.clear()
+    gq2 = torch.randn(b, hq, s, d)  # another layout: the fallback (here torch's transpose, grad mode on)
+    got = torch.autograd.grad((q_out, k_out), (q_base,), (gq2, gk), create_graph=True)
+    assert CALLS == []
+    want = torch.autograd.grad((ref_q, ref_k), (q_base,), (gq2, gk), create_graph=True)
+    torch.testing.assert_close(got[0], want[0])

@@ -13,6 +13,11 @@ The strided views attention layers hand over (q and k transposed from (B, S, H, 
 read in place; outputs take q's and k's layouts. cos and sin take no gradient (a
 ``requires_grad`` cos or sin is computed by torch). Under torch.compile the op traces as
 transformers' expression, which Inductor fuses itself.
+
+Eager calls whose q and k are the attention layers' views (transposed from contiguous
+(B, S, H, D)) run from C (`native.launch`, `native.backward`): the forward allocates
+the outputs in that layout and launches in one C call, and its backward is a C++
+autograd node that writes the gradients in it too, so no copy appears around the op.
 """
 
 from __future__ import annotations
@@ -25,7 +30,12 @@ from torch.autograd.function import once_differentiable
 from .. import checks
 from ..kernels.pointwise import rotary_embedding as kernel
 from ..kernels.pointwise.spec import MAX_HEAD_DIM
+from ..native import backward as native
+from ..native import build as native_build
+from ..native import launch as native_launch
+from ..native.args import arg, strided_arg
 from ..signature import FLOAT_DTYPES
+from .memo import remember
 
 __all__ = ["rotary_embedding"]
 
@@ -108,17 +118,118 @@ def _check(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> None:
                              f"got {tuple(t.shape)}")
 
 
+def _torch_backward(gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transpose of the rotation for (B, H, S, D) gradients, as torch expressions
+    (differentiable: the C++ node's backward under ``create_graph=True``)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def transposed(g: torch.Tensor) -> torch.Tensor:
+        half = g.shape[-1] // 2
+        gs = g * sin
+        return g * cos + torch.cat((gs[..., half:], -gs[..., :half]), dim=-1)
+
+    return transposed(gq), transposed(gk)
+
+
+# The eager calls' memo: layout (q's, k's, cos's and sin's dtype, shape, strides, 16-byte
+# alignment, and the device) -> (run, node plan), or None for a layout without a C path.
+# A hit also stands for "already checked".
+_C_PATHS: dict[tuple[Any, ...], tuple[Any, Any] | None] = {}
+native_build.when_ready(_C_PATHS.clear)  # layouts met while the extension built had no C path
+
+
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
+    # rotary_embedding builds the same tuples inline
+    return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device())
+
+
+def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any] | None:
+    """For (B, H, S, D) q and k transposed from contiguous (B, S, H, D) (what attention
+    layers hand over) and cos, sin with a unit last stride: the forward's C launch over
+    the (B, S, H, D) tensors (`rotary_embedding` gives them and takes them back transposed),
+    its outputs allocated contiguous in that order, and the C++ node's plan, whose
+    gradients are allocated so too; None for other layouts, nothing to launch, or
+    without the extension."""
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    if (not qt.is_contiguous() or not kt.is_contiguous() or cos.stride(-1) != 1 or sin.stride(-1) != 1
+            or q.numel() == 0 or k.numel() == 0 or native.module() is None):
+        return None
+    b, s, d = q.shape[0], q.shape[2], q.shape[3]
+    cos_e, sin_e = cos.expand(b, s, d), sin.expand(b, s, d)
+    q_out, k_out = torch.empty_like(qt).transpose(1, 2), torch.empty_like(kt).transpose(1, 2)
+    IN, OUT = native_launch.INPUT, native_launch.OUTPUT
+    outs = [(tuple(qt.shape), q.dtype), (tuple(kt.shape), k.dtype)]
+    # the kernel reads the (B, H, S, D) views of the (B, S, H, D) inputs and outputs
+    views = [strided_arg(OUT, 0, q.shape, q.stride()), strided_arg(OUT, 1, k.shape, k.stride())]
+    fwd = kernel.launcher((q, k, cos_e, sin_e, q_out, k_out), backward=False)
+    run = native_launch.runner(_WHERE, fwd, q.device, 4, outs,
+                               [arg(IN, 0, q), arg(IN, 1, k), arg(IN, 2, cos_e), arg(IN, 3, sin_e), *views], [0, 1])
+    if run is None:
+        return None
+    bwd = kernel.launcher((q_out, k_out, cos_e, sin_e, q_out, k_out), backward=True)
+    SAVED, GRAD, BUFFER = native.SAVED, native.GRAD, native.BUFFER
+    q_shape, k_shape = tuple(qt.shape), tuple(kt.shape)
+
+    def fallback(grads: list[Any], saved: list[Any]) -> list[Any]:
+        gq = torch.zeros(q_shape, dtype=saved[0].dtype, device=saved[0].device) if grads[0] is None else grads[0]
+        gk = torch.zeros(k_shape, dtype=saved[0].dtype, device=saved[0].device) if grads[1] is None else grads[1]
+        gq, gk = gq.transpose(1, 2), gk.transpose(1, 2)
+        if torch.is_grad_enabled():
+            dq, dk = _torch_backward(gq, gk, saved[0], saved[1])
+        else:
+            dq, dk = _launch(gq, gk, saved[0], saved[1], backward=True)
+        return [dq.transpose(1, 2), dk.transpose(1, 2)]
+
+    plan = native.make_plan(
+        "CuteforgeRotaryBackward", bwd, q.device,
+        [native.grad_as_is(qt), native.grad_as_is(kt)], [(q_shape, q.dtype), (k_shape, k.dtype)],
+        [strided_arg(GRAD, 0, q.shape, q.stride()), strided_arg(GRAD, 1, k.shape, k.stride()),
+         arg(SAVED, 0, cos_e), arg(SAVED, 1, sin_e),
+         strided_arg(BUFFER, 0, q.shape, q.stride()), strided_arg(BUFFER, 1, k.shape, k.stride())],
+        [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 1)], fallback)
+    return run, plan
+
+
+def _checked_c_path(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any] | None:
+    """A memo miss (unsqueeze_dim 1): the checks, then the layout's C path."""
+    _check(q, k, cos, sin, 1)
+    checks.on_cuda(_WHERE, "q", q)
+    _check_tokens(q, 1)
+    return remember(_C_PATHS, (_layout(q), _layout(k), _layout(cos), _layout(sin)), _c_path(q, k, cos, sin))
+
+
+def _check_tokens(q: torch.Tensor, unsqueeze_dim: int) -> None:
+    if q.shape[0] * q.shape[3 - unsqueeze_dim] > _MAX_TOKENS:
+        raise ValueError(f"{_WHERE}: {q.shape[0]} x {q.shape[3 - unsqueeze_dim]} tokens are more than the "
+                         "kernel's grid covers")
+
+
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin), cos and sin
     unsqueezed at ``unsqueeze_dim``, in one kernel (and its backward in one)."""
+    if type(unsqueeze_dim) is int and unsqueeze_dim == 1 and not torch.compiler.is_compiling():
+        try:
+            c_path = _C_PATHS[((q.dtype, q.shape, q.stride(), q.data_ptr() & 15, q.get_device()),
+                               (k.dtype, k.shape, k.stride(), k.data_ptr() & 15, k.get_device()),
+                               (cos.dtype, cos.shape, cos.stride(), cos.data_ptr() & 15, cos.get_device()),
+                               (sin.dtype, sin.shape, sin.stride(), sin.data_ptr() & 15, sin.get_device()))]
+        except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: the checks say so
+            c_path = _checked_c_path(q, k, cos, sin)
+        grad = torch.is_grad_enabled()
+        if c_path is not None and not (grad and (cos.requires_grad or sin.requires_grad or native.forward_ad_active())):
+            run, plan = c_path
+            qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+            q_out, k_out = run(qt, kt, cos, sin)
+            if grad and (q.requires_grad or k.requires_grad):
+                native.attach(plan, [qt, kt], [q_out, k_out], [cos, sin])
+            return q_out.transpose(1, 2), k_out.transpose(1, 2)
     _check(q, k, cos, sin, unsqueeze_dim)
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
         return _torch(q, k, cos, sin, unsqueeze_dim)
     checks.on_cuda(_WHERE, "q", q)
-    if q.shape[0] * q.shape[3 - unsqueeze_dim] > _MAX_TOKENS:
-        raise ValueError(f"{_WHERE}: {q.shape[0]} x {q.shape[3 - unsqueeze_dim]} tokens are more than the "
-                         "kernel's grid covers")
+    _check_tokens(q, unsqueeze_dim)
     if unsqueeze_dim == 2:  # (B, S, H, D) -> the kernel's (B, H, S, D) views, and back
         q_out, k_out = rotary_embedding(q.transpose(1, 2), k.transpose(1, 2), cos, sin, 1)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
