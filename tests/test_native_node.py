@@ -482,9 +482,9 @@ def test_silu_mul_c_path_forward_launch_and_node(monkeypatch: pytest.MonkeyPatch
     up_base = torch.randn(2, 3, 16)
     up = up_base[..., :8].requires_grad_()  # rows of stride 16: read in place
     assert up.grad_fn is None and not up.is_contiguous()
-    run, plan = swiglu._c_path(gate.detach(), up.detach())
-    out = run(gate, up)
-    native.attach(plan, [gate, up], [out], [gate, up])
+    c_path = swiglu._c_path(gate.detach(), up.detach())
+    out = c_path.run(gate, up)
+    native.attach(c_path.plan(gate, up), [gate, up], [out], [gate, up])
     assert out.shape == gate.shape and out.is_contiguous() and out.grad_fn.name() == "CuteforgeSiluMulBackward"
     ref_out = torch.nn.functional.silu(gate) * up
     torch.testing.assert_close(out, ref_out)
@@ -540,31 +540,42 @@ def test_norm_forward_with_grad_is_one_c_launch(monkeypatch: pytest.MonkeyPatch,
     torch.testing.assert_close(rstd, torch.rsqrt(s.pow(2).mean(-1) + 1e-6))
 
 
-def test_rotary_c_path_keeps_the_attention_layout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ops/rotary.py's eager C path (`_c_path`, stand-in kernels) for q and k transposed from
-    contiguous (B, S, H, D), as attention layers hand them over: the outputs, and the
-    gradients the C++ node writes, are laid out as q and k (no copy around the op); the
-    answers and gradients match torch's expression, through the kernel and, for a gradient
-    of another layout, the fallback; create_graph takes torch's differentiable transpose."""
+@pytest.mark.parametrize("launch", ["C", "Python"])
+def test_rotary_c_path_keeps_the_attention_layout(monkeypatch: pytest.MonkeyPatch, launch: str) -> None:
+    """ops/rotary.py's eager C path (`_CPath`, a stand-in kernel) for q and k transposed from
+    contiguous (B, S, H, D), as attention layers hand them over, with the forward launched
+    from C or (`CUTEFORGE_NATIVE_LAUNCH=0`) from Python before the same C++ node: the
+    outputs, and the gradients the node writes, are laid out as q and k (no copy around
+    the op); the answers and gradients match torch's expression, through the kernel and,
+    for a gradient of another layout, the fallback; create_graph takes torch's
+    differentiable transpose. A no-grad call builds no node plan."""
     from cuteforge.ops import rotary
+    from cuteforge.ops.memo import remember
 
     def rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, backward: bool) -> torch.Tensor:
-        c, s = c.unsqueeze(1), s.unsqueeze(1)
         if backward:
-            return rotary._torch_backward(x, x, c.squeeze(1), s.squeeze(1))[0]
-        return x * c + rotary._rotate_half(x) * s
+            return rotary._torch_backward(x, x, c, s)[0]
+        return x * c.unsqueeze(1) + rotary._rotate_half(x) * s.unsqueeze(1)
 
-    def stand_in(backward: bool):
-        def fn(q: object, k: object, c: object, s: object, qo: object, ko: object) -> None:
+    class StandIn:
+        """The rotary kernel: called from Python, or its TVM-FFI function for the plans."""
+
+        def __call__(self, q, k, c, s, qo, ko, backward: bool) -> None:
             CALLS.append("bwd" if backward else "fwd")
-            q, k, c, s, qo, ko = (_torch_view(t) for t in (q, k, c, s, qo, ko))
             qo.copy_(rotate(q, c, s, backward))
             ko.copy_(rotate(k, c, s, backward))
-        return _ffi(fn)
 
-    monkeypatch.setattr(rotary.kernel, "launcher", lambda tensors, backward: stand_in(backward))
-    monkeypatch.setattr(rotary.checks, "on_cuda", lambda *a: None)
+        def launcher(self, tensors, backward: bool):
+            def fn(*views: object) -> None:
+                self(*(_torch_view(t) for t in views), backward=backward)
+            return _ffi(fn)
+
+    monkeypatch.setattr(rotary, "kernel", StandIn())
+    monkeypatch.setenv("CUTEFORGE_NATIVE_LAUNCH", "1" if launch == "C" else "0")
     monkeypatch.setattr(rotary, "_C_PATHS", {})
+    # a CPU layout has no C path (`_checked_c_path`): here it gets one, the checks made
+    monkeypatch.setattr(rotary, "_checked_c_path", lambda q, k, c, s: remember(
+        rotary._C_PATHS, tuple(rotary._layout(t) for t in (q, k, c, s)), rotary._c_path(q, k, c, s)))
     b, s, hq, hk, d = 2, 5, 4, 2, 8
     q_base = torch.randn(b, s, hq * d, requires_grad=True)
     k_base = torch.randn(b, s, hk * d, requires_grad=True)
@@ -573,9 +584,13 @@ def test_rotary_c_path_keeps_the_attention_layout(monkeypatch: pytest.MonkeyPatc
     def views():
         return q_base.view(b, s, hq, d).transpose(1, 2), k_base.view(b, s, hk, d).transpose(1, 2)
 
+    with torch.no_grad():
+        rotary.rotary_embedding(*views(), cos, sin)
+    (c_path,) = rotary._C_PATHS.values()
+    assert (c_path.run is None) == (launch == "Python") and c_path._plan is None
     CALLS.clear()
     q_out, k_out = rotary.rotary_embedding(*views(), cos, sin)
-    assert CALLS == ["fwd"] and len(rotary._C_PATHS) == 1
+    assert CALLS == ["fwd"] and q_out.grad_fn.name() == "TransposeBackward0"
     ref_q, ref_k = rotary._torch(*views(), cos, sin, 1)
     assert q_out.stride() == views()[0].stride() and k_out.stride() == views()[1].stride()
     torch.testing.assert_close(q_out, ref_q)

@@ -112,6 +112,30 @@ def test_op_arguments_are_checked_by_name() -> None:
 
 
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_torch_expressions_for_a_cos_with_grad_and_for_forward_ad(unsqueeze_dim) -> None:
+    """A cos that wants a gradient takes transformers' expression, for either layout (so a
+    CPU call computes, as it did before the eager C path); under forward-mode AD both ops
+    are torch's expressions, which carry the tangents (the kernels would drop them)."""
+    import torch.autograd.forward_ad as fwAD
+
+    q, k = torch.randn(2, 4, 7, 8), torch.randn(2, 2, 7, 8)
+    if unsqueeze_dim == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = torch.randn(1, 7, 8, requires_grad=True), torch.randn(1, 7, 8)
+    got = ops.rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    gate, up, tangent = torch.randn(3, 10), torch.randn(3, 10), torch.randn(3, 10)
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(ops.silu_mul(fwAD.make_dual(gate, tangent), up)).tangent
+        rq = fwAD.unpack_dual(ops.rotary_embedding(fwAD.make_dual(q, q), k, cos.detach(), sin, unsqueeze_dim)[0])
+    sig = torch.sigmoid(gate)
+    torch.testing.assert_close(out, tangent * up * sig * (1 + gate * (1 - sig)))
+    torch.testing.assert_close(rq.tangent, rq.primal)  # linear in q: its tangent q gives the output
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 def test_compiled_ops_trace_as_torch_expressions(unsqueeze_dim) -> None:
     """Under torch.compile the ops are their torch expressions (Inductor fuses them), equal
     to transformers' function and to F.silu(gate) * up, gradients included."""

@@ -18,10 +18,12 @@ Eager calls whose q and k are the attention layers' views (transposed from conti
 (B, S, H, D)) run from C (`native.launch`, `native.backward`): the forward allocates
 the outputs in that layout and launches in one C call, and its backward is a C++
 autograd node that writes the gradients in it too, so no copy appears around the op.
+Under forward-mode AD the op is transformers' expression, which carries the tangents.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -132,10 +134,29 @@ def _torch_backward(gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor,
     return transposed(gq), transposed(gk)
 
 
+class _CPath:
+    """A layout's eager C path: ``run``, the forward's C launch over the (B, S, H, D)
+    tensors (`native.launch.runner`: both outputs allocated contiguous in that order and
+    the kernel called in one C call; None where the C launch is turned off,
+    `CUTEFORGE_NATIVE_LAUNCH=0`: `_python_forward`), and the C++ autograd node's plan,
+    made from the layout's first call with grad (no-grad calls never build the backward)."""
+
+    __slots__ = ("run", "_plan", "_make_plan")
+
+    def __init__(self, run: Any, make_plan: Callable[..., Any]) -> None:
+        self.run, self._plan, self._make_plan = run, None, make_plan
+
+    def plan(self, *tensors: torch.Tensor) -> Any:
+        """The node's plan, made from this call's tensors (of the memo key's layout) at the first."""
+        if self._plan is None:
+            self._plan = self._make_plan(*tensors)
+        return self._plan
+
+
 # The eager calls' memo: layout (q's, k's, cos's and sin's dtype, shape, strides, 16-byte
-# alignment, and the device) -> (run, node plan), or None for a layout without a C path.
-# A hit also stands for "already checked".
-_C_PATHS: dict[tuple[Any, ...], tuple[Any, Any] | None] = {}
+# alignment and device) -> its `_CPath`, or None for a layout without one (those take the
+# Python path, which checks them). A hit with a `_CPath` also stands for "already checked".
+_C_PATHS: dict[tuple[Any, ...], _CPath | None] = {}
 native_build.when_ready(_C_PATHS.clear)  # layouts met while the extension built had no C path
 
 
@@ -144,13 +165,12 @@ def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device())
 
 
-def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any] | None:
+def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _CPath | None:
     """For (B, H, S, D) q and k transposed from contiguous (B, S, H, D) (what attention
-    layers hand over) and cos, sin with a unit last stride: the forward's C launch over
-    the (B, S, H, D) tensors (`rotary_embedding` gives them and takes them back transposed),
-    its outputs allocated contiguous in that order, and the C++ node's plan, whose
-    gradients are allocated so too; None for other layouts, nothing to launch, or
-    without the extension."""
+    layers hand over) and cos, sin with a unit last stride: the layout's `_CPath`, which
+    runs on the (B, S, H, D) tensors (`rotary_embedding` gives them and takes them back
+    transposed) and allocates its outputs, and the node its gradients, contiguous in that
+    order; None for other layouts, nothing to launch, or without the extension."""
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
     if (not qt.is_contiguous() or not kt.is_contiguous() or cos.stride(-1) != 1 or sin.stride(-1) != 1
             or q.numel() == 0 or k.numel() == 0 or native.module() is None):
@@ -165,9 +185,28 @@ def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     fwd = kernel.launcher((q, k, cos_e, sin_e, q_out, k_out), backward=False)
     run = native_launch.runner(_WHERE, fwd, q.device, 4, outs,
                                [arg(IN, 0, q), arg(IN, 1, k), arg(IN, 2, cos_e), arg(IN, 3, sin_e), *views], [0, 1])
-    if run is None:
-        return None
-    bwd = kernel.launcher((q_out, k_out, cos_e, sin_e, q_out, k_out), backward=True)
+    return _CPath(run, _node_plan)
+
+
+def _python_forward(qt: torch.Tensor, kt: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a `_CPath`'s run returns, launched from Python (the C launch turned off)."""
+    q_out, k_out = torch.empty_like(qt), torch.empty_like(kt)
+    b, s, d = qt.shape[0], qt.shape[1], qt.shape[3]
+    kernel(qt.transpose(1, 2), kt.transpose(1, 2), cos.expand(b, s, d), sin.expand(b, s, d),
+           q_out.transpose(1, 2), k_out.transpose(1, 2), backward=False)
+    return q_out, k_out
+
+
+def _node_plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+    """The C++ node's plan for a `_CPath` layout: inputs and outputs the (B, S, H, D)
+    tensors, saved cos and sin; the kernel reads the gradients' and writes the buffers'
+    (B, H, S, D) views, so the gradients come back in q's and k's layout."""
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+    b, s, d = q.shape[0], q.shape[2], q.shape[3]
+    cos_e, sin_e = cos.expand(b, s, d), sin.expand(b, s, d)
+    g_q, g_k = torch.empty_like(qt).transpose(1, 2), torch.empty_like(kt).transpose(1, 2)
+    bwd = kernel.launcher((g_q, g_k, cos_e, sin_e, g_q, g_k), backward=True)
     SAVED, GRAD, BUFFER = native.SAVED, native.GRAD, native.BUFFER
     q_shape, k_shape = tuple(qt.shape), tuple(kt.shape)
 
@@ -181,22 +220,22 @@ def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             dq, dk = _launch(gq, gk, saved[0], saved[1], backward=True)
         return [dq.transpose(1, 2), dk.transpose(1, 2)]
 
-    plan = native.make_plan(
+    return native.make_plan(
         "CuteforgeRotaryBackward", bwd, q.device,
         [native.grad_as_is(qt), native.grad_as_is(kt)], [(q_shape, q.dtype), (k_shape, k.dtype)],
         [strided_arg(GRAD, 0, q.shape, q.stride()), strided_arg(GRAD, 1, k.shape, k.stride()),
          arg(SAVED, 0, cos_e), arg(SAVED, 1, sin_e),
          strided_arg(BUFFER, 0, q.shape, q.stride()), strided_arg(BUFFER, 1, k.shape, k.stride())],
         [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 1)], fallback)
-    return run, plan
 
 
-def _checked_c_path(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any] | None:
-    """A memo miss (unsqueeze_dim 1): the checks, then the layout's C path."""
+def _checked_c_path(q: Any, k: Any, cos: Any, sin: Any) -> _CPath | None:
+    """A memo miss (unsqueeze_dim 1): the checks, then the layout's C path (None off CUDA
+    and beyond the grid's tokens: the Python path decides those, with their errors)."""
     _check(q, k, cos, sin, 1)
-    checks.on_cuda(_WHERE, "q", q)
-    _check_tokens(q, 1)
-    return remember(_C_PATHS, (_layout(q), _layout(k), _layout(cos), _layout(sin)), _c_path(q, k, cos, sin))
+    takes = q.is_cuda and q.shape[0] * q.shape[2] <= _MAX_TOKENS
+    return remember(_C_PATHS, (_layout(q), _layout(k), _layout(cos), _layout(sin)),
+                    _c_path(q, k, cos, sin) if takes else None)
 
 
 def _check_tokens(q: torch.Tensor, unsqueeze_dim: int) -> None:
@@ -209,7 +248,8 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
                      unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin), cos and sin
     unsqueezed at ``unsqueeze_dim``, in one kernel (and its backward in one)."""
-    if type(unsqueeze_dim) is int and unsqueeze_dim == 1 and not torch.compiler.is_compiling():
+    if (type(unsqueeze_dim) is int and unsqueeze_dim == 1 and not torch.compiler.is_compiling()
+            and not native.forward_ad_active()):  # dual tensors: torch's expression (below) carries them
         try:
             c_path = _C_PATHS[((q.dtype, q.shape, q.stride(), q.data_ptr() & 15, q.get_device()),
                                (k.dtype, k.shape, k.stride(), k.data_ptr() & 15, k.get_device()),
@@ -218,15 +258,16 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
         except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: the checks say so
             c_path = _checked_c_path(q, k, cos, sin)
         grad = torch.is_grad_enabled()
-        if c_path is not None and not (grad and (cos.requires_grad or sin.requires_grad or native.forward_ad_active())):
-            run, plan = c_path
+        if c_path is not None and not (grad and (cos.requires_grad or sin.requires_grad)):
             qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+            run = c_path.run if c_path.run is not None else _python_forward
             q_out, k_out = run(qt, kt, cos, sin)
             if grad and (q.requires_grad or k.requires_grad):
-                native.attach(plan, [qt, kt], [q_out, k_out], [cos, sin])
+                native.attach(c_path.plan(q, k, cos, sin), [qt, kt], [q_out, k_out], [cos, sin])
             return q_out.transpose(1, 2), k_out.transpose(1, 2)
     _check(q, k, cos, sin, unsqueeze_dim)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
+    if (torch.compiler.is_compiling() or native.forward_ad_active()
+            or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))):
         return _torch(q, k, cos, sin, unsqueeze_dim)
     checks.on_cuda(_WHERE, "q", q)
     _check_tokens(q, unsqueeze_dim)

@@ -14,11 +14,13 @@ neighbouring pointwise work.
 
 Eager calls on layouts read in place run from C (`native.launch`, `native.backward`):
 the forward's allocation and launch is one C call, and its backward is a C++ autograd
-node, so a training step's warm call runs no Python kernel launch.
+node, so a training step's warm call runs no Python kernel launch. Under forward-mode AD
+the op is torch's expression, which carries the tangents.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -111,18 +113,35 @@ def _torch_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) ->
     return dgate.to(gate.dtype), (grad.float() * g * sig).to(up.dtype)
 
 
+class _CPath:
+    """A layout's eager C path: ``run``, the forward's C launch (`native.launch.runner`:
+    out allocated and the kernel called in one C call; None where the C launch is turned
+    off, `CUTEFORGE_NATIVE_LAUNCH=0`: the Python launch), and the C++ autograd node's plan,
+    made from the layout's first call with grad (no-grad calls never build the backward)."""
+
+    __slots__ = ("run", "_plan", "_make_plan")
+
+    def __init__(self, run: Any, make_plan: Callable[..., Any]) -> None:
+        self.run, self._plan, self._make_plan = run, None, make_plan
+
+    def plan(self, *tensors: torch.Tensor) -> Any:
+        """The node's plan, made from this call's tensors (of the memo key's layout) at the first."""
+        if self._plan is None:
+            self._plan = self._make_plan(*tensors)
+        return self._plan
+
+
 # The eager calls' memo: layout (every operand's dtype, shape, strides, 16-byte alignment
-# and device) -> (run, node plan), or None where an operand would need a copy, the
-# extension is unavailable, or there is nothing to launch (those take the Python path).
-# A hit also stands for "already checked".
-_C_PATHS: dict[tuple[Any, ...], tuple[Any, Any] | None] = {}
+# and device) -> its `_CPath`, or None where an operand would need a copy, the extension
+# is unavailable, or there is nothing to launch (those take the Python path). A hit also
+# stands for "already checked".
+_C_PATHS: dict[tuple[Any, ...], _CPath | None] = {}
 native_build.when_ready(_C_PATHS.clear)  # layouts met while the extension built had no C path
 
 
-def _c_path(gate: torch.Tensor, up: torch.Tensor) -> tuple[Any, Any] | None:
-    """The forward's C launch (`native.launch.runner`: out allocated and the kernel called
-    in one C call) and the C++ autograd node's plan for this layout; None where gate or up
-    would need a copy, there is nothing to launch, or the extension is unavailable."""
+def _c_path(gate: torch.Tensor, up: torch.Tensor) -> _CPath | None:
+    """This layout's `_CPath`; None where gate or up would need a copy, there is nothing
+    to launch, or the extension is unavailable."""
     n = gate.shape[-1]
     g2, u2 = rows_view(gate), rows_view(up)
     if g2 is None or u2 is None or gate.numel() == 0 or native.module() is None:
@@ -135,10 +154,17 @@ def _c_path(gate: torch.Tensor, up: torch.Tensor) -> tuple[Any, Any] | None:
     run = native_launch.runner(_WHERE, forward_kernel.launcher((g2, u2, rows), **tiling), gate.device, 2,
                                [(shape, gate.dtype)], [arg(IN, 0, g2), arg(IN, 1, u2), contiguous_arg(OUT, 0, (m, n))],
                                [0])
-    if run is None:
-        return None
-    # the backward reads a contiguous gradient (any other takes the fallback) and the
-    # saved gate and up in place, and writes contiguous gradients
+    return _CPath(run, lambda gate, up: _node_plan(gate, up, tiling))
+
+
+def _node_plan(gate: torch.Tensor, up: torch.Tensor, tiling: dict[str, int]) -> Any:
+    """The C++ node's plan for gate's and up's layout: it reads a contiguous gradient (any
+    other takes the fallback) and the saved gate and up in place, and writes contiguous
+    gradients."""
+    g2, u2 = rows_view(gate), rows_view(up)
+    m, n = g2.shape
+    shape, dtype = tuple(gate.shape), gate.dtype
+    rows = torch.empty((m, n), dtype=dtype, device=gate.device)
     bwd = backward_kernel.launcher((rows, g2, u2, rows, rows), **tiling)
     SAVED, GRAD, BUFFER = native.SAVED, native.GRAD, native.BUFFER
 
@@ -148,12 +174,11 @@ def _c_path(gate: torch.Tensor, up: torch.Tensor) -> tuple[Any, Any] | None:
             return list(_torch_backward(g, saved[0], saved[1]))
         return list(silu_mul_backward(g, saved[0], saved[1]))
 
-    plan = native.make_plan("CuteforgeSiluMulBackward", bwd, gate.device, [native.grad_as_is(rows.view(shape))],
-                            [(shape, gate.dtype), (shape, gate.dtype)],
+    return native.make_plan("CuteforgeSiluMulBackward", bwd, gate.device, [native.grad_as_is(rows.view(shape))],
+                            [(shape, dtype), (shape, dtype)],
                             [contiguous_arg(GRAD, 0, (m, n)), arg(SAVED, 0, g2), arg(SAVED, 1, u2),
                              contiguous_arg(BUFFER, 0, (m, n)), contiguous_arg(BUFFER, 1, (m, n))],
                             [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 1)], fallback)
-    return run, plan
 
 
 def _checked_c_path(gate: Any, up: Any) -> tuple[Any, Any] | None:
@@ -179,7 +204,7 @@ def _check(gate: Any, up: Any) -> None:
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``F.silu(gate) * up`` in one kernel (and its backward in one), fp32 math rounded once."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or native.forward_ad_active():  # dual tensors: torch's expression carries them
         _check(gate, up)
         return F.silu(gate) * up
     try:
@@ -188,10 +213,9 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     except (AttributeError, KeyError, TypeError, RuntimeError):  # not a dense tensor: the checks say so
         c_path = _checked_c_path(gate, up)
     wants_grad = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)
-    if c_path is None or (wants_grad and native.forward_ad_active()):
+    if c_path is None:
         return _SiluMul.apply(gate, up) if wants_grad else _forward(gate, up)
-    run, plan = c_path
-    out = run(gate, up)
+    out = c_path.run(gate, up) if c_path.run is not None else _forward(gate, up)
     if wants_grad:
-        native.attach(plan, [gate, up], [out], [gate, up])
+        native.attach(c_path.plan(gate, up), [gate, up], [out], [gate, up])
     return out
