@@ -542,7 +542,7 @@ def test_norm_forward_with_grad_is_one_c_launch(monkeypatch: pytest.MonkeyPatch,
 
 @pytest.mark.parametrize("launch", ["C", "Python"])
 def test_rotary_c_path_keeps_the_attention_layout(monkeypatch: pytest.MonkeyPatch, launch: str) -> None:
-    """ops/rotary.py's eager C path (`_CPath`, a stand-in kernel) for q and k transposed from
+    """ops/rotary.py's eager C path (`memo.EagerPath`, a stand-in kernel) for q and k transposed from
     contiguous (B, S, H, D), as attention layers hand them over, with the forward launched
     from C or (`CUTEFORGE_NATIVE_LAUNCH=0`) from Python before the same C++ node: the
     outputs, and the gradients the node writes, are laid out as q and k (no copy around

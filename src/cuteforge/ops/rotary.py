@@ -23,7 +23,6 @@ Under forward-mode AD the op is transformers' expression, which carries the tang
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,7 +36,7 @@ from ..native import build as native_build
 from ..native import launch as native_launch
 from ..native.args import arg, strided_arg
 from ..signature import FLOAT_DTYPES
-from .memo import remember
+from .memo import EagerPath, remember
 
 __all__ = ["rotary_embedding"]
 
@@ -134,29 +133,10 @@ def _torch_backward(gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor,
     return transposed(gq), transposed(gk)
 
 
-class _CPath:
-    """A layout's eager C path: ``run``, the forward's C launch over the (B, S, H, D)
-    tensors (`native.launch.runner`: both outputs allocated contiguous in that order and
-    the kernel called in one C call; None where the C launch is turned off,
-    `CUTEFORGE_NATIVE_LAUNCH=0`: `_python_forward`), and the C++ autograd node's plan,
-    made from the layout's first call with grad (no-grad calls never build the backward)."""
-
-    __slots__ = ("run", "_plan", "_make_plan")
-
-    def __init__(self, run: Any, make_plan: Callable[..., Any]) -> None:
-        self.run, self._plan, self._make_plan = run, None, make_plan
-
-    def plan(self, *tensors: torch.Tensor) -> Any:
-        """The node's plan, made from this call's tensors (of the memo key's layout) at the first."""
-        if self._plan is None:
-            self._plan = self._make_plan(*tensors)
-        return self._plan
-
-
 # The eager calls' memo: layout (q's, k's, cos's and sin's dtype, shape, strides, 16-byte
-# alignment and device) -> its `_CPath`, or None for a layout without one (those take the
-# Python path, which checks them). A hit with a `_CPath` also stands for "already checked".
-_C_PATHS: dict[tuple[Any, ...], _CPath | None] = {}
+# alignment and device) -> its `EagerPath`, or None for a layout without one (those take the
+# Python path, which checks them). A hit with an `EagerPath` also stands for "already checked".
+_C_PATHS: dict[tuple[Any, ...], EagerPath | None] = {}
 native_build.when_ready(_C_PATHS.clear)  # layouts met while the extension built had no C path
 
 
@@ -165,9 +145,9 @@ def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device())
 
 
-def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> _CPath | None:
+def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> EagerPath | None:
     """For (B, H, S, D) q and k transposed from contiguous (B, S, H, D) (what attention
-    layers hand over) and cos, sin with a unit last stride: the layout's `_CPath`, which
+    layers hand over) and cos, sin with a unit last stride: the layout's `EagerPath`, which
     runs on the (B, S, H, D) tensors (`rotary_embedding` gives them and takes them back
     transposed) and allocates its outputs, and the node its gradients, contiguous in that
     order; None for other layouts, nothing to launch, or without the extension."""
@@ -185,12 +165,12 @@ def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     fwd = kernel.launcher((q, k, cos_e, sin_e, q_out, k_out), backward=False)
     run = native_launch.runner(_WHERE, fwd, q.device, 4, outs,
                                [arg(IN, 0, q), arg(IN, 1, k), arg(IN, 2, cos_e), arg(IN, 3, sin_e), *views], [0, 1])
-    return _CPath(run, _node_plan)
+    return EagerPath(run, _node_plan)
 
 
 def _python_forward(qt: torch.Tensor, kt: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a `_CPath`'s run returns, launched from Python (the C launch turned off)."""
+    """What a `EagerPath`'s run returns, launched from Python (the C launch turned off)."""
     q_out, k_out = torch.empty_like(qt), torch.empty_like(kt)
     b, s, d = qt.shape[0], qt.shape[1], qt.shape[3]
     kernel(qt.transpose(1, 2), kt.transpose(1, 2), cos.expand(b, s, d), sin.expand(b, s, d),
@@ -199,7 +179,7 @@ def _python_forward(qt: torch.Tensor, kt: torch.Tensor, cos: torch.Tensor,
 
 
 def _node_plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
-    """The C++ node's plan for a `_CPath` layout: inputs and outputs the (B, S, H, D)
+    """The C++ node's plan for a `EagerPath` layout: inputs and outputs the (B, S, H, D)
     tensors, saved cos and sin; the kernel reads the gradients' and writes the buffers'
     (B, H, S, D) views, so the gradients come back in q's and k's layout."""
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
@@ -229,7 +209,7 @@ def _node_plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 1)], fallback)
 
 
-def _checked_c_path(q: Any, k: Any, cos: Any, sin: Any) -> _CPath | None:
+def _checked_c_path(q: Any, k: Any, cos: Any, sin: Any) -> EagerPath | None:
     """A memo miss (unsqueeze_dim 1): the checks, then the layout's C path (None off CUDA
     and beyond the grid's tokens: the Python path decides those, with their errors)."""
     _check(q, k, cos, sin, 1)

@@ -20,7 +20,6 @@ the op is torch's expression, which carries the tangents.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from ..native import launch as native_launch
 from ..native.args import arg, contiguous_arg
 from ..signature import FLOAT_DTYPES, vector_width
 from .layout import rows_view
-from .memo import remember
+from .memo import EagerPath, remember
 
 __all__ = ["silu_mul"]
 
@@ -113,34 +112,16 @@ def _torch_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) ->
     return dgate.to(gate.dtype), (grad.float() * g * sig).to(up.dtype)
 
 
-class _CPath:
-    """A layout's eager C path: ``run``, the forward's C launch (`native.launch.runner`:
-    out allocated and the kernel called in one C call; None where the C launch is turned
-    off, `CUTEFORGE_NATIVE_LAUNCH=0`: the Python launch), and the C++ autograd node's plan,
-    made from the layout's first call with grad (no-grad calls never build the backward)."""
-
-    __slots__ = ("run", "_plan", "_make_plan")
-
-    def __init__(self, run: Any, make_plan: Callable[..., Any]) -> None:
-        self.run, self._plan, self._make_plan = run, None, make_plan
-
-    def plan(self, *tensors: torch.Tensor) -> Any:
-        """The node's plan, made from this call's tensors (of the memo key's layout) at the first."""
-        if self._plan is None:
-            self._plan = self._make_plan(*tensors)
-        return self._plan
-
-
 # The eager calls' memo: layout (every operand's dtype, shape, strides, 16-byte alignment
-# and device) -> its `_CPath`, or None where an operand would need a copy, the extension
+# and device) -> its `EagerPath`, or None where an operand would need a copy, the extension
 # is unavailable, or there is nothing to launch (those take the Python path). A hit also
 # stands for "already checked".
-_C_PATHS: dict[tuple[Any, ...], _CPath | None] = {}
+_C_PATHS: dict[tuple[Any, ...], EagerPath | None] = {}
 native_build.when_ready(_C_PATHS.clear)  # layouts met while the extension built had no C path
 
 
-def _c_path(gate: torch.Tensor, up: torch.Tensor) -> _CPath | None:
-    """This layout's `_CPath`; None where gate or up would need a copy, there is nothing
+def _c_path(gate: torch.Tensor, up: torch.Tensor) -> EagerPath | None:
+    """This layout's `EagerPath`; None where gate or up would need a copy, there is nothing
     to launch, or the extension is unavailable."""
     n = gate.shape[-1]
     g2, u2 = rows_view(gate), rows_view(up)
@@ -154,7 +135,7 @@ def _c_path(gate: torch.Tensor, up: torch.Tensor) -> _CPath | None:
     run = native_launch.runner(_WHERE, forward_kernel.launcher((g2, u2, rows), **tiling), gate.device, 2,
                                [(shape, gate.dtype)], [arg(IN, 0, g2), arg(IN, 1, u2), contiguous_arg(OUT, 0, (m, n))],
                                [0])
-    return _CPath(run, lambda gate, up: _node_plan(gate, up, tiling))
+    return EagerPath(run, lambda gate, up: _node_plan(gate, up, tiling))
 
 
 def _node_plan(gate: torch.Tensor, up: torch.Tensor, tiling: dict[str, int]) -> Any:
