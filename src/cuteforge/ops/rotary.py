@@ -170,7 +170,7 @@ def _c_path(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 def _python_forward(qt: torch.Tensor, kt: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a `EagerPath`'s run returns, launched from Python (the C launch turned off)."""
+    """What an `EagerPath`'s run returns, launched from Python (the C launch turned off)."""
     q_out, k_out = torch.empty_like(qt), torch.empty_like(kt)
     b, s, d = qt.shape[0], qt.shape[1], qt.shape[3]
     kernel(qt.transpose(1, 2), kt.transpose(1, 2), cos.expand(b, s, d), sin.expand(b, s, d),
@@ -179,7 +179,7 @@ def _python_forward(qt: torch.Tensor, kt: torch.Tensor, cos: torch.Tensor,
 
 
 def _node_plan(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
-    """The C++ node's plan for a `EagerPath` layout: inputs and outputs the (B, S, H, D)
+    """The C++ node's plan for an `EagerPath` layout: inputs and outputs the (B, S, H, D)
     tensors, saved cos and sin; the kernel reads the gradients' and writes the buffers'
     (B, H, S, D) views, so the gradients come back in q's and k's layout."""
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)

@@ -162,7 +162,7 @@ def _node_plan(gate: torch.Tensor, up: torch.Tensor, tiling: dict[str, int]) -> 
                             [(native.BUFFER_OUT, 0), (native.BUFFER_OUT, 1)], fallback)
 
 
-def _checked_c_path(gate: Any, up: Any) -> tuple[Any, Any] | None:
+def _checked_c_path(gate: Any, up: Any) -> EagerPath | None:
     """A memo miss: the checks (clear errors naming the argument), then the layout's C path."""
     _check(gate, up)
     checks.on_cuda(_WHERE, "gate", gate)
