@@ -17,15 +17,18 @@ and for the patched model the loss and gradient agreement with stock, eager and 
 ``agreement_fp32``: every contender's against the same model in fp32, the scale bf16's own
 rounding sets (stock compiled against stock eager differs by more than 1 %).
 
-    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--unfused] [--mlp] [--no-cache] [--out FILE]
+    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--loss-variants] [--mlp] [--no-cache] [--out FILE]
     python benchmarks/bench_model.py --plot-from benchmarks/results/h200-model.json  # redraw its PNG
 
-"patched-kernels" is the patched model with transformers' causal mask kept under
-torch.compile (`patch(causal_attention=False)`, compiled rows only): what cuteforge's
-kernels give alone. `--unfused` adds the patched model without the fused LM-head loss
-(what `patch()` runs in eager mode by default); `--mlp` adds it with the MLP swapped too
-(`patch(mlp=True)`: the projections and their gradients on cuteforge GEMMs; with
-`--unfused` also without the fused loss); `--profile` adds each contender's top CUDA
+"patched" is the model after `cuteforge.patch(model)` with its defaults: in eager mode
+cuteforge's cross-entropy on the materialized logits, under torch.compile the fused
+LM-head loss (`fused_loss="compiled"`). "patched-kernels" is the patched model with
+transformers' causal mask kept under torch.compile (`patch(causal_attention=False)`,
+compiled rows only): what cuteforge's kernels give alone. `--loss-variants` adds the
+other loss in each mode: eager with the fused loss ("patched-fused",
+`fused_loss=True`), compiled without it ("patched-unfused", `fused_loss=False`);
+`--mlp` adds the model with the MLP swapped too (`patch(mlp=True)`: the projections and
+their gradients on cuteforge GEMMs); `--profile` adds each contender's top CUDA
 kernels (`--profile-top N` of them) and kernel time a step, training and inference, over
 `--per-round` consecutive profiled steps, with the time the GPU was busy against the span
 of those steps (a GPU that waits on the host or on a sync shows a span above its busy
@@ -177,18 +180,20 @@ def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return int(explained.graph_break_count)
 
 
-def _variants(unfused: bool, mlp: bool) -> dict[str, dict[str, Any]]:
-    """The patched contenders and their `patch()` arguments."""
-    out: dict[str, dict[str, Any]] = {"patched": {"fused_loss": True},
-                                      # cuteforge's kernels alone: transformers' causal mask kept (compiled rows only;
-                                      # eager mode never builds the mask, so its rows would repeat the patched ones)
-                                      "patched-kernels": {"fused_loss": True, "causal_attention": False}}
-    if unfused:  # the logits materialized, cuteforge's cross-entropy on them
-        out["patched-unfused"] = {"fused_loss": False}
+def _variants(loss_variants: bool, mlp: bool) -> dict[str, tuple[dict[str, Any], tuple[str, ...]]]:
+    """The patched contenders: their `patch()` arguments and the modes they run in (a mode
+    where a variant runs as "patched" does would repeat its rows)."""
+    both = ("eager", "compile")
+    out: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+        "patched": ({}, both),
+        # cuteforge's kernels alone: transformers' causal mask kept (eager mode never
+        # builds the mask)
+        "patched-kernels": ({"causal_attention": False}, ("compile",))}
+    if loss_variants:  # the loss patch() does not pick in each mode
+        out["patched-fused"] = ({"fused_loss": True}, ("eager",))
+        out["patched-unfused"] = ({"fused_loss": False}, ("compile",))
     if mlp:  # the MLP on cuteforge.nn.SwiGLUMLP too (forward and backward GEMMs on ops.gemm)
-        out["patched-mlp"] = {"fused_loss": True, "mlp": True}
-        if unfused:
-            out["patched-mlp-unfused"] = {"fused_loss": False, "mlp": True}
+        out["patched-mlp"] = ({"mlp": True}, both)
     return out
 
 
@@ -234,11 +239,11 @@ def _profile(steps: dict[str, Callable[[], Any]], top: int = 12, count: int = 3)
     return out
 
 
-def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_round: int, mlp: bool = False,
+def run_size(size: str, reduce_overhead: bool, loss_variants: bool, rounds: int, per_round: int, mlp: bool = False,
              profile: bool = False, profile_top: int = 12, use_cache: bool = True) -> dict[str, Any]:
     stock = _model(size, use_cache)
     patched = copy.deepcopy(stock)
-    report = cnn.patch(patched, fused_loss=True)
+    report = cnn.patch(patched)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
     row: dict[str, Any] = {"size": size, **SIZES[size], "vocab": VOCAB, "seq": SEQ, "batch": BATCH, "use_cache": use_cache,
                            "patch": str(report)}
@@ -250,19 +255,18 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
         models["stock reduce-overhead"] = torch.compile(stock, mode="reduce-overhead")
         models["patched reduce-overhead"] = torch.compile(patched, mode="reduce-overhead")
     owners = {k: stock if k.startswith("stock") else patched for k in models}
-    for variant, kwargs in _variants(unfused, mlp).items():
+    for variant, (kwargs, modes) in _variants(loss_variants, mlp).items():
         if variant == "patched":
             continue
         model = copy.deepcopy(stock)
         cnn.patch(model, **kwargs)
-        if variant != "patched-kernels":
-            models[f"{variant} eager"] = model
-            owners[f"{variant} eager"] = model
-        models[f"{variant} compile"], owners[f"{variant} compile"] = torch.compile(model), model
+        for mode in modes:
+            models[f"{variant} {mode}"] = model if mode == "eager" else torch.compile(model)
+            owners[f"{variant} {mode}"] = model
     params = {k: list(m.parameters()) for k, m in owners.items()}
     train = {k: (lambda m=m, ps=params[k]: _train_step(m, ps, ids)) for k, m in models.items()}
-    # without labels the fused loss is not involved: the unfused rows would repeat the patched ones
-    infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items() if "unfused" not in k}
+    # without labels the loss is not involved: the loss variants' rows would repeat the patched ones
+    infer = {k: (lambda m=m: _infer_step(m, ids)) for k, m in models.items() if "fused" not in k}
     clocks: dict[str, Any] = {}
     if profile:
         with ClockSampler() as sampler:
@@ -281,7 +285,8 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     row["agreement_compiled"] = _agreement(models["stock compile"], models["patched compile"], (stock, patched), ids)
     row["agreement_stock_compiled_vs_eager"] = _agreement(stock, models["stock compile"], (stock, stock), ids)
     row["agreement_fp32"] = _agreement_fp32(stock, {k: (models[k], owners[k]) for k in (
-        "stock eager", "patched eager", "patched-unfused eager", "stock compile", "patched compile") if k in models}, ids)
+        "stock eager", "patched eager", "patched-fused eager", "stock compile", "patched compile",
+        "patched-unfused compile") if k in models}, ids)
     every = [p for ps in params.values() for p in ps]
     for what, fns in (("train", train), ("infer", infer)):
         with ClockSampler() as sampler:
@@ -294,7 +299,7 @@ def run_size(size: str, reduce_overhead: bool, unfused: bool, rounds: int, per_r
     for what in ("train", "infer"):
         r = row[what]
         for mode in ("eager", "compile", "reduce-overhead"):
-            for variant in _variants(unfused, mlp):
+            for variant in _variants(loss_variants, mlp):
                 if f"stock {mode}" in r and f"{variant} {mode}" in r:
                     tag = mode if variant == "patched" else f"{mode} {variant.removeprefix('patched-')}"
                     r[f"speedup {tag}"] = round(r[f"stock {mode}"]["ms"] / r[f"{variant} {mode}"]["ms"], 3)
@@ -360,7 +365,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--size", action="append", choices=sorted(SIZES))
     p.add_argument("--reduce-overhead", action="store_true")
-    p.add_argument("--unfused", action="store_true", help="add patched contenders without the fused loss")
+    p.add_argument("--loss-variants", action="store_true",
+                   help="add the patched model with the loss patch() does not pick in each mode")
     p.add_argument("--mlp", action="store_true", help="add patched contenders with the MLP swapped too (patch(mlp=True))")
     p.add_argument("--profile", action="store_true",
                    help="add each contender's top CUDA kernels and GPU busy time a step (over --per-round steps)")
@@ -382,7 +388,7 @@ def main() -> None:
     out = Path(args.out) if args.out else OUT / f"{gpu}-model.json"
     rows = []
     for size in args.size or ["small", "large"]:  # written after each size: a run cut short keeps what it measured
-        rows.append(run_size(size, args.reduce_overhead, args.unfused, args.rounds, args.per_round, args.mlp,
+        rows.append(run_size(size, args.reduce_overhead, args.loss_variants, args.rounds, args.per_round, args.mlp,
                              args.profile, args.profile_top, not args.no_cache))
         write_results(out, {**results_header(), "models": rows})
     _plot(rows, out.with_suffix(".png"))
