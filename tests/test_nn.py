@@ -151,7 +151,7 @@ def test_rms_norm_under_compile_picks_the_kernel(monkeypatch) -> None:
     recorded here, not run)."""
     calls = []
     monkeypatch.setattr("cuteforge.nn.modules._on_cuteforge", lambda x: True)
-    monkeypatch.setattr("cuteforge.ops.rms_norm", lambda x, w, eps: calls.append(eps) or F.rms_norm(x, (4,), w, eps))
+    monkeypatch.setattr("cuteforge.ops.rms_norm", lambda x, w, eps, residual=None: calls.append(eps) or F.rms_norm(x, (4,), w, eps))
     x = torch.randn(3, 4)
     for mode, grad, want in (("auto", False, 0), ("auto", True, 1), ("inductor", True, 0), ("cuteforge", False, 1)):
         calls.clear()
@@ -163,7 +163,7 @@ def test_rms_norm_under_compile_picks_the_kernel(monkeypatch) -> None:
     with pytest.raises(ValueError, match="under_compile"):
         cnn.RMSNorm(4, under_compile="triton")
     calls.clear()
-    monkeypatch.setattr("cuteforge.ops.layer_norm", lambda x, w, b, eps: calls.append(eps) or F.layer_norm(x, (4,), w, b))
+    monkeypatch.setattr("cuteforge.ops.layer_norm", lambda x, w, b, eps, residual=None: calls.append(eps) or F.layer_norm(x, (4,), w, b))
     for grad, want in ((False, 0), (True, 1)):
         calls.clear()
         torch._dynamo.reset()

@@ -192,12 +192,15 @@ def _loss_and_grads(model, ids):
     return loss.detach(), [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize(("compiled", "fused_loss"), [(False, "compiled"), (False, True), (True, "compiled")])
-def test_patched_llama_matches_stock(compiled, fused_loss) -> None:
+@pytest.mark.parametrize(("compiled", "fused_loss", "residual_norm"), [
+    (False, "compiled", False), (False, True, False), (True, "compiled", False),
+    (False, "compiled", True), (True, "compiled", True)])
+def test_patched_llama_matches_stock(compiled, fused_loss, residual_norm) -> None:
     stock = _llama()
     patched = copy.deepcopy(stock)
-    report = cnn.patch(patched, fused_loss=fused_loss)
+    report = cnn.patch(patched, fused_loss=fused_loss, residual_norm=residual_norm)
     assert report.swapped.get("RMSNorm") == 5 and report.swapped.get("loss") == 1, report
+    assert report.swapped.get("residual norm") == (2 if residual_norm else None), report
     ids = torch.randint(0, 1000, (2, 127), device="cuda")
     ids[0, 3] = 5
     run = torch.compile(patched, fullgraph=False) if compiled else patched
@@ -216,6 +219,19 @@ def test_patched_llama_compiles_without_graph_breaks() -> None:
     torch._dynamo.reset()
     explained = torch._dynamo.explain(patched)(input_ids=ids, labels=ids)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_residual_norm_compiles_into_the_norm_op_without_graph_breaks() -> None:
+    """With ``residual_norm`` each layer's post-attention norm is the registered op with a
+    residual: the add before it is not a graph op of its own."""
+    patched = _llama()
+    cnn.patch(patched, residual_norm=True)
+    ids = torch.randint(0, 1000, (2, 64), device="cuda")
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(patched)(input_ids=ids, labels=ids)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    norms = [n for g in explained.graphs for n in g.graph.nodes if n.target is torch.ops.cuteforge.rms_norm.default]
+    assert sum(n.args[2] is not None for n in norms) == 2, [n.args for n in norms]
 
 
 def test_patched_llama_inference_compiles_without_graph_breaks() -> None:

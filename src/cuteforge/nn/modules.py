@@ -64,14 +64,25 @@ class _RowNorm(nn.Module):
         else:
             self.register_parameter("weight", None)
 
-    def _to_inductor(self, x: torch.Tensor) -> bool:
+    def _to_inductor(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
         """Under torch.compile, whether this call lowers to torch's norm (``under_compile``:
         "auto" does for calls without a gradient, where Inductor fuses the norm with its
         neighbours and the opaque custom op would fence it off)."""
         if self.under_compile == "cuteforge" or not torch.compiler.is_compiling():
             return False
-        wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())
+                                                  or (residual is not None and residual.requires_grad))
         return self.under_compile == "inductor" or not wants_grad
+
+    def _on_torch(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Whether this call runs torch's norm: CPU or fp64 tensors, a residual the op does
+        not take (another dtype, shape or device than x), or Inductor's pick (above)."""
+        if not _on_cuteforge(x):
+            return True
+        if residual is not None and not (isinstance(residual, torch.Tensor) and residual.dtype == x.dtype
+                                         and residual.shape == x.shape and residual.device == x.device):
+            return True
+        return self._to_inductor(x, residual)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -79,6 +90,10 @@ class _RowNorm(nn.Module):
 
 class RMSNorm(_RowNorm):
     """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math).
+
+    ``norm(x, residual=r)`` returns ``(norm(x + r), x + r)``: one kernel reads x and r and
+    writes the sum and its norm, and in the backward the norm's kernel adds the sum's
+    incoming gradient to its own (a pre-norm block's residual add, fused).
 
     Under torch.compile, ``under_compile`` picks the kernel: "auto" (the default) lowers a
     call without a gradient to ``F.rms_norm``, which Inductor fuses with its neighbours
@@ -91,19 +106,21 @@ class RMSNorm(_RowNorm):
                  device: Any = None, dtype: torch.dtype | None = None, under_compile: str = "auto") -> None:
         super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype, under_compile)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _on_cuteforge(x) or self._to_inductor(x):
-            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)  # None: torch's default, as below
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        if self._on_torch(x, residual):
+            s = x if residual is None else x + residual
+            y = F.rms_norm(s, self.normalized_shape, self.weight, self.eps)  # None: torch's default, as below
+            return y if residual is None else (y, s)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         from .. import ops
 
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)
-        return ops.rms_norm(x, weight, eps)
+        return ops.rms_norm(x, weight, eps, residual=residual)
 
 
 class LayerNorm(_RowNorm):
     """`torch.nn.LayerNorm` over the last dim on `cuteforge.ops.layer_norm` (fp32 math);
-    ``under_compile`` as in `RMSNorm`."""
+    ``residual`` and ``under_compile`` as in `RMSNorm`."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device: Any = None, dtype: torch.dtype | None = None,
@@ -114,13 +131,15 @@ class LayerNorm(_RowNorm):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _on_cuteforge(x) or self._to_inductor(x):
-            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        if self._on_torch(x, residual):
+            s = x if residual is None else x + residual
+            y = F.layer_norm(s, self.normalized_shape, self.weight, self.bias, self.eps)
+            return y if residual is None else (y, s)
         from .. import ops
 
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)
-        return ops.layer_norm(x, weight, self.bias, self.eps)
+        return ops.layer_norm(x, weight, self.bias, self.eps, residual=residual)
 
 
 class Linear(nn.Linear):

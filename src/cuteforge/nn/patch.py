@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import attention, decoder_call, rotary
+from . import attention, decoder_call, residual_norm, rotary
 from .modules import Embedding, RMSNorm, SwiGLUMLP, causal_lm_loss
 
 __all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
@@ -177,6 +177,24 @@ def _patch_rotary(model: nn.Module, report: PatchReport, unmarked: str | None) -
     report.swapped["rotary embedding"] = 1
 
 
+def _patch_residual_norm(model: nn.Module, report: PatchReport) -> None:
+    """Swap each decoder layer's forward for one whose post-attention norm does the residual
+    add (`cuteforge.nn.residual_norm`); a layer it does not know is left, with the reason."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        report.skipped.append("residual norm: no decoder `model.layers`")
+        return
+    whys: dict[str, int] = {}
+    for layer in layers:
+        why, undo = residual_norm.swap(layer, RMSNorm)
+        if undo is None:
+            whys[str(why)] = whys.get(str(why), 0) + 1
+        else:
+            report._undo.append(undo)
+            report.swapped["residual norm"] = report.swapped.get("residual norm", 0) + 1
+    report.skipped += [f"residual norm ({n} layers): {why}" for why, n in whys.items()]
+
+
 def _mark_decoder(model: nn.Module, report: PatchReport) -> str | None:
     """Mark the decoder's calls (`decoder_call`), which the swapped module functions of
     causal attention and the rotary embedding act in. None on success, else why not."""
@@ -192,6 +210,12 @@ def _takes_fused_loss(model: nn.Module) -> bool:
     return isinstance(decoder, nn.Module) and type(head) is nn.Linear and head.bias is None
 
 
+def _cache_argument(past_key_values: Any) -> dict[str, Any]:
+    # passed on only when given: transformers 5.24 names it `cache` and warns at the old
+    # name, even for None (a caller's `cache=` reaches the model through **kwargs)
+    return {} if past_key_values is None else {"past_key_values": past_key_values}
+
+
 def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
                         past_key_values: Any = None, inputs_embeds: Any = None, labels: Any = None,
                         use_cache: Any = None, logits_to_keep: Any = 0, **kwargs: Any) -> Any:
@@ -205,8 +229,8 @@ def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: 
     head = self.lm_head
     if labels is None or not head.weight.is_cuda or (compiled_only and not torch.compiler.is_compiling()):
         arguments = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-                     "past_key_values": past_key_values, "inputs_embeds": inputs_embeds, "labels": labels,
-                     "use_cache": use_cache, "logits_to_keep": logits_to_keep, **kwargs}
+                     "inputs_embeds": inputs_embeds, "labels": labels, "use_cache": use_cache,
+                     "logits_to_keep": logits_to_keep, **_cache_argument(past_key_values), **kwargs}
         return own(**arguments) if own is not None else type(self).forward(self, **arguments)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -215,7 +239,7 @@ def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: 
     num_items = kwargs.pop("num_items_in_batch", None)
     shift_labels = kwargs.pop("shift_labels", None)
     out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                     past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+                     inputs_embeds=inputs_embeds, use_cache=use_cache, **_cache_argument(past_key_values), **kwargs)
     hidden = out.last_hidden_state
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
@@ -230,7 +254,7 @@ def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: 
 
 def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation", loss: bool = True,
           fused_loss: bool | str = "compiled", embedding: bool = True, causal_attention: bool = True,
-          rotary_embedding: bool = True) -> PatchReport:
+          rotary_embedding: bool = True, residual_norm: bool = False) -> PatchReport:
     """Swap ``model``'s RMSNorms (``norm``), SwiGLU MLPs (``mlp``), causal-LM loss (``loss``)
     and token embeddings (``embedding``: `cuteforge.nn.Embedding`, whose gradient under
     torch.compile skips Inductor's fp32 copy of the table) in place.
@@ -262,6 +286,11 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
     with ``use_cache=False`` that pass their own position ids (transformers cannot rule out
     packed sequences in them while tracing; positions the decoder makes are never packed).
 
+    ``residual_norm``: each decoder layer's residual add before its post-attention norm
+    runs in that norm, forward and backward (`cuteforge.nn.residual_norm`: one kernel
+    fewer each way a layer); only for layers whose forward is the Llama family's as this
+    version knows it, and whose norms were swapped.
+
     Returns the report (also kept on the model for `unpatch`). A model patched already is
     refused: unpatch it first."""
     if mlp not in (True, False, "activation", "recompute"):
@@ -292,6 +321,8 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
                     _swap(report, parent, name, child, new_mlp, "MLP")
     if loss:
         _patch_loss(model, report)
+    if residual_norm:
+        _patch_residual_norm(model, report)
     unmarked = _mark_decoder(model, report) if causal_attention or rotary_embedding else None
     if causal_attention:
         _patch_attention(model, report, unmarked)
