@@ -7,6 +7,7 @@ forward, the arguments it passes on, the undo); tests/gpu/test_nn_gpu.py runs th
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -95,41 +96,50 @@ def test_undo_and_deep_copies() -> None:
     assert type(model.model.layers[0].post_attention_layernorm).__name__ == "LlamaRMSNorm"
 
 
-def test_layers_it_does_not_know_are_left_with_the_reason() -> None:
+def test_layers_whose_norms_were_not_swapped_are_left_with_the_reason() -> None:
     model = _model()
     report = cnn.patch(model, norm=False, residual_norm=True)
     assert "residual norm" not in report.swapped
     assert any("residual norm (2 layers)" in s and "not cuteforge's" in s for s in report.skipped), report.skipped
 
-    class SandwichLayer(transformers.models.llama.modeling_llama.LlamaDecoderLayer):
-        def forward(self, hidden_states, attention_mask=None, **kwargs):
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-            hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask, **kwargs)
-            hidden_states = residual + F.dropout(hidden_states, 0.1)
-            residual = hidden_states
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states = self.mlp(hidden_states)
-            hidden_states = residual + hidden_states
-            return hidden_states
 
-    why, _ = residual_norm.check(SandwichLayer)
-    assert "not the Llama decoder layer's" in why
+_LAYER = """
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    class Renamed(transformers.models.llama.modeling_llama.LlamaDecoderLayer):
-        def forward(self, hidden_states, attention_mask=None, **kwargs):
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-            hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=None, **kwargs)
-            hidden_states = residual + hidden_states
-            residual = hidden_states
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states = self.mlp(hidden_states)
-            hidden_states = residual + hidden_states
-            return hidden_states
 
-    why, _ = residual_norm.check(Renamed)
-    assert "by name" in why
+class Layer(LlamaDecoderLayer):
+    {decorator}
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask={mask}, **kwargs)
+        hidden_states = residual + {attention}
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+"""
+
+
+@pytest.mark.parametrize(("decorator", "mask", "attention", "why"), [
+    ("", "attention_mask", "hidden_states", None),  # the known forward: what the others change
+    ("", "attention_mask", "F.dropout(hidden_states, 0.1)", "not the Llama decoder layer's"),
+    ("", "None", "hidden_states", "by name"),
+    ("@staticmethod", "attention_mask", "hidden_states", "decorator other than deprecate_kwarg"),
+])
+def test_check_knows_the_forward_by_its_source(tmp_path, monkeypatch, decorator, mask, attention, why) -> None:
+    source = _LAYER.format(decorator=decorator, mask=mask, attention=attention)
+    name = f"layer_{abs(hash(source))}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    layer = importlib.import_module(name).Layer
+    got, (names, renames) = residual_norm.check(layer)
+    if why is None:
+        assert got is None and names == ("attention_mask",) and renames == {}
+    else:
+        assert why in got and names == ()
 
 
 def test_norms_take_a_residual_as_torch_would_add_it() -> None:
