@@ -17,7 +17,7 @@ and for the patched model the loss and gradient agreement with stock, eager and 
 ``agreement_fp32``: every contender's against the same model in fp32, the scale bf16's own
 rounding sets (stock compiled against stock eager differs by more than 1 %).
 
-    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--loss-variants] [--mlp] [--no-cache] [--out FILE]
+    python benchmarks/bench_model.py --size small [--size large] [--reduce-overhead] [--loss-variants] [--mlp] [--residual-norm] [--no-cache] [--out FILE]
     python benchmarks/bench_model.py --plot-from benchmarks/results/h200-model.json  # redraw its PNG
 
 "patched" is the model after `cuteforge.patch(model)` with its defaults: in eager mode
@@ -28,7 +28,8 @@ compiled rows only): what cuteforge's kernels give alone. `--loss-variants` adds
 other loss in each mode: eager with the fused loss ("patched-fused",
 `fused_loss=True`), compiled without it ("patched-unfused", `fused_loss=False`);
 `--mlp` adds the model with the MLP swapped too (`patch(mlp=True)`: the projections and
-their gradients on cuteforge GEMMs); `--profile` adds each contender's top CUDA
+their gradients on cuteforge GEMMs); `--residual-norm` adds it with the residual add in
+each post-attention norm ("patched-residual", `patch(residual_norm=True)`); `--profile` adds each contender's top CUDA
 kernels (`--profile-top N` of them) and kernel time a step, training and inference, over
 `--per-round` consecutive profiled steps, with the time the GPU was busy against the span
 of those steps (a GPU that waits on the host or on a sync shows a span above its busy
@@ -180,7 +181,8 @@ def _graph_breaks(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return int(explained.graph_break_count)
 
 
-def _variants(loss_variants: bool, mlp: bool) -> dict[str, tuple[dict[str, Any], tuple[str, ...]]]:
+def _variants(loss_variants: bool, mlp: bool, residual_norm: bool = False
+              ) -> dict[str, tuple[dict[str, Any], tuple[str, ...]]]:
     """The patched contenders: their `patch()` arguments and the modes they run in (a mode
     where a variant runs as "patched" does would repeat its rows)."""
     both = ("eager", "compile")
@@ -194,6 +196,8 @@ def _variants(loss_variants: bool, mlp: bool) -> dict[str, tuple[dict[str, Any],
         out["patched-unfused"] = ({"fused_loss": False}, ("compile",))
     if mlp:  # the MLP on cuteforge.nn.SwiGLUMLP too (forward and backward GEMMs on ops.gemm)
         out["patched-mlp"] = ({"mlp": True}, both)
+    if residual_norm:  # the residual add before each post-attention norm in that norm
+        out["patched-residual"] = ({"residual_norm": True}, both)
     return out
 
 
@@ -240,7 +244,8 @@ def _profile(steps: dict[str, Callable[[], Any]], top: int = 12, count: int = 3)
 
 
 def run_size(size: str, reduce_overhead: bool, loss_variants: bool, rounds: int, per_round: int, mlp: bool = False,
-             profile: bool = False, profile_top: int = 12, use_cache: bool = True) -> dict[str, Any]:
+             profile: bool = False, profile_top: int = 12, use_cache: bool = True,
+             residual_norm: bool = False) -> dict[str, Any]:
     stock = _model(size, use_cache)
     patched = copy.deepcopy(stock)
     report = cnn.patch(patched)
@@ -255,7 +260,7 @@ def run_size(size: str, reduce_overhead: bool, loss_variants: bool, rounds: int,
         models["stock reduce-overhead"] = torch.compile(stock, mode="reduce-overhead")
         models["patched reduce-overhead"] = torch.compile(patched, mode="reduce-overhead")
     owners = {k: stock if k.startswith("stock") else patched for k in models}
-    for variant, (kwargs, modes) in _variants(loss_variants, mlp).items():
+    for variant, (kwargs, modes) in _variants(loss_variants, mlp, residual_norm).items():
         if variant == "patched":
             continue
         model = copy.deepcopy(stock)
@@ -285,8 +290,8 @@ def run_size(size: str, reduce_overhead: bool, loss_variants: bool, rounds: int,
     row["agreement_compiled"] = _agreement(models["stock compile"], models["patched compile"], (stock, patched), ids)
     row["agreement_stock_compiled_vs_eager"] = _agreement(stock, models["stock compile"], (stock, stock), ids)
     row["agreement_fp32"] = _agreement_fp32(stock, {k: (models[k], owners[k]) for k in (
-        "stock eager", "patched eager", "patched-fused eager", "stock compile", "patched compile",
-        "patched-unfused compile") if k in models}, ids)
+        "stock eager", "patched eager", "patched-fused eager", "patched-residual eager", "stock compile",
+        "patched compile", "patched-unfused compile", "patched-residual compile") if k in models}, ids)
     every = [p for ps in params.values() for p in ps]
     for what, fns in (("train", train), ("infer", infer)):
         with ClockSampler() as sampler:
@@ -299,7 +304,7 @@ def run_size(size: str, reduce_overhead: bool, loss_variants: bool, rounds: int,
     for what in ("train", "infer"):
         r = row[what]
         for mode in ("eager", "compile", "reduce-overhead"):
-            for variant in _variants(loss_variants, mlp):
+            for variant in _variants(loss_variants, mlp, residual_norm):
                 if f"stock {mode}" in r and f"{variant} {mode}" in r:
                     tag = mode if variant == "patched" else f"{mode} {variant.removeprefix('patched-')}"
                     r[f"speedup {tag}"] = round(r[f"stock {mode}"]["ms"] / r[f"{variant} {mode}"]["ms"], 3)
@@ -368,6 +373,8 @@ def main() -> None:
     p.add_argument("--loss-variants", action="store_true",
                    help="add the patched model with the loss patch() does not pick in each mode")
     p.add_argument("--mlp", action="store_true", help="add patched contenders with the MLP swapped too (patch(mlp=True))")
+    p.add_argument("--residual-norm", action="store_true",
+                   help="add patched contenders with the residual add in the post-attention norm (patch(residual_norm=True))")
     p.add_argument("--profile", action="store_true",
                    help="add each contender's top CUDA kernels and GPU busy time a step (over --per-round steps)")
     p.add_argument("--profile-top", type=int, default=12, help="how many kernels --profile keeps per contender")
@@ -389,7 +396,7 @@ def main() -> None:
     rows = []
     for size in args.size or ["small", "large"]:  # written after each size: a run cut short keeps what it measured
         rows.append(run_size(size, args.reduce_overhead, args.loss_variants, args.rounds, args.per_round, args.mlp,
-                             args.profile, args.profile_top, not args.no_cache))
+                             args.profile, args.profile_top, not args.no_cache, args.residual_norm))
         write_results(out, {**results_header(), "models": rows})
     _plot(rows, out.with_suffix(".png"))
 
