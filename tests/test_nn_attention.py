@@ -223,3 +223,22 @@ def test_every_supported_family_compiled_patched_matches_eager_stock(family: str
     assert report.swapped.get("causal attention") == 1 and report.swapped.get("RMSNorm"), str(report)
     ids = torch.randint(0, 96, (2, 16))
     _assert_compiled_matches_eager(stock, patched, ids)
+
+
+def test_patched_calls_pass_the_cache_under_the_name_transformers_takes() -> None:
+    """transformers 5.24 renamed `past_key_values` to `cache` and warns at the old name on
+    every call, even for None: a patched model's calls (the fused loss's forward among them)
+    pass it only when given, under the name the model takes."""
+    import warnings
+
+    model = _llama()
+    cnn.patch(model, fused_loss=True, residual_norm=True)
+    ids = torch.randint(0, 96, (1, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(input_ids=ids, labels=ids)
+        with torch.no_grad():
+            first = model(input_ids=ids, use_cache=True)
+            cache = getattr(first, "cache", None) or first.past_key_values
+            model(input_ids=ids[:, -1:], **{"cache" if hasattr(first, "cache") else "past_key_values": cache})
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]

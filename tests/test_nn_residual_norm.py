@@ -7,7 +7,9 @@ forward, the arguments it passes on, the undo); tests/gpu/test_nn_gpu.py runs th
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
+import sys
 
 import pytest
 import torch
@@ -64,26 +66,60 @@ def test_the_post_attention_norm_gets_the_residual() -> None:
     assert calls == [["residual"]]
 
 
+def _attention_arguments(model: torch.nn.Module, *args, **kwargs) -> dict:
+    """The keyword arguments layer 0 of ``model`` hands its attention for a call with ``args``
+    and ``kwargs`` (after hidden states, position ids (0..7) and the rotary embedding)."""
+    seen = {}
+    layer = model.model.layers[0]
+    handle = layer.self_attn.register_forward_pre_hook(
+        lambda m, a, kw: seen.update({k: v for k, v in kw.items() if k != "hidden_states"}), with_kwargs=True)
+    h = torch.randn(1, 8, 64)
+    positions = torch.arange(8)[None]
+    with torch.no_grad():
+        out = layer(h, None, positions, *args, position_embeddings=model.model.rotary_emb(h, positions), **kwargs)
+    handle.remove()
+    assert out.shape == h.shape
+    assert seen["position_ids"] is positions
+    return seen
+
+
 def test_positional_arguments_defaults_and_renamed_ones_reach_the_attention() -> None:
     """The layer's own forward passes every argument on to self_attn, its defaults too
-    (use_cache=False), and takes the deprecated ``past_key_values`` for ``cache``."""
+    (use_cache=False), and takes the deprecated ``past_key_values`` for ``cache`` (the new
+    name winning where both are given)."""
     stock = _model()
     patched = copy.deepcopy(stock)
     cnn.patch(patched, residual_norm=True)
-    seen = []
+    for which in ({"past_key_values": "old"}, {"cache": "new"}, {"past_key_values": "old", "cache": "new"}):
+        caches = {k: transformers.DynamicCache(config=stock.config) for k in which.values()}
+        got = [_attention_arguments(m, **{k: caches[v] for k, v in which.items()}) for m in (stock, patched)]
+        assert got[0].keys() == got[1].keys() and got[0]["use_cache"] is got[1]["use_cache"] is False
+        assert got[1]["cache"] is caches["new" if "cache" in which else "old"] and "past_key_values" not in got[1]
+    with pytest.raises(TypeError, match="multiple values for argument 'position_ids'"):
+        _attention_arguments(patched, position_ids=torch.arange(8)[None])
+
+
+def test_checkpointed_layers_take_their_own_forward() -> None:
+    """Under gradient checkpointing (transformers 5.24 wraps the class's forward) a swapped
+    layer hands the call to that wrapper: checkpointed, unfused, the same loss and gradients."""
+    stock = _model()
+    patched = copy.deepcopy(stock)
+    cnn.patch(patched, residual_norm=True)
+    ids = torch.randint(0, 96, (2, 16))
+    calls = []
     for model in (stock, patched):
-        layer = model.model.layers[0]
-        layer.self_attn.register_forward_pre_hook(
-            lambda m, args, kwargs: seen.append({k: v for k, v in kwargs.items() if k != "hidden_states"}),
-            with_kwargs=True)
-        h = torch.randn(1, 8, 64)
-        position_embeddings = model.model.rotary_emb(h, torch.arange(8)[None])
-        cache = transformers.DynamicCache(config=model.config)
-        with torch.no_grad():
-            out = layer(h, None, torch.arange(8)[None], past_key_values=cache, position_embeddings=position_embeddings)
-        assert out.shape == h.shape
-    assert seen[0].keys() == seen[1].keys() and seen[0]["use_cache"] is seen[1]["use_cache"] is False
-    assert seen[1]["cache"] is not None and "past_key_values" not in seen[1]
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+        model.train()
+        for layer in model.model.layers:
+            checkpoint = layer._gradient_checkpointing_func
+            layer._gradient_checkpointing_func = lambda *a, f=checkpoint, **k: calls.append(1) or f(*a, **k)
+    loss, grads = _loss_and_grads(stock, ids)
+    got, got_grads = _loss_and_grads(patched, ids)
+    assert len(calls) == 4  # two layers of each model
+    torch.testing.assert_close(got, loss)
+    for a, b in zip(grads, got_grads):
+        torch.testing.assert_close(b, a)
 
 
 def test_undo_and_deep_copies() -> None:
@@ -91,8 +127,9 @@ def test_undo_and_deep_copies() -> None:
     report = cnn.patch(model, residual_norm=True)
     twin = copy.deepcopy(model)
     assert twin.model.layers[0].forward.__self__ is twin.model.layers[0]  # a copy runs its own modules
+    wrapper = model.model.layers[1].forward = lambda *a, **k: None  # someone's, put there after the patch
     report.undo()
-    assert not any("forward" in vars(layer) for layer in model.model.layers)
+    assert "forward" not in vars(model.model.layers[0]) and vars(model.model.layers[1])["forward"] is wrapper
     assert type(model.model.layers[0].post_attention_layernorm).__name__ == "LlamaRMSNorm"
 
 
@@ -106,14 +143,18 @@ def test_layers_whose_norms_were_not_swapped_are_left_with_the_reason() -> None:
 _LAYER = """
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.utils.deprecation import deprecate_kwarg
+
+
+EXTRA = {{}}
 
 
 class Layer(LlamaDecoderLayer):
     {decorator}
-    def forward(self, hidden_states, attention_mask=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, {star}**kwargs):
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask={mask}, **kwargs)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask={mask}, **kwargs{extra})
         hidden_states = residual + {attention}
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
@@ -123,18 +164,30 @@ class Layer(LlamaDecoderLayer):
 """
 
 
-@pytest.mark.parametrize(("decorator", "mask", "attention", "why"), [
-    ("", "attention_mask", "hidden_states", None),  # the known forward: what the others change
-    ("", "attention_mask", "F.dropout(hidden_states, 0.1)", "not the Llama decoder layer's"),
-    ("", "None", "hidden_states", "by name"),
-    ("@staticmethod", "attention_mask", "hidden_states", "decorator other than deprecate_kwarg"),
+_KNOWN = {"decorator": "", "star": "", "mask": "attention_mask", "attention": "hidden_states", "extra": ""}
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({}, None),  # the known forward: what the others change
+    ({"attention": "F.dropout(hidden_states, 0.1)"}, "not the Llama decoder layer's"),
+    ({"mask": "None"}, "by name"),
+    ({"extra": ", **EXTRA"}, "by name"),
+    ({"star": "*, scale=1.0, "}, "arguments are not"),
+    ({"decorator": "@staticmethod"}, "decorator other than deprecate_kwarg"),
+    ({"decorator": '@deprecate_kwarg("past", "9.0", new_name="attention_mask", raise_if_both_names=True)'},
+     "decorator other than deprecate_kwarg"),
+    ({"wrapped": True}, "wrapped by something other"),
 ])
-def test_check_knows_the_forward_by_its_source(tmp_path, monkeypatch, decorator, mask, attention, why) -> None:
-    source = _LAYER.format(decorator=decorator, mask=mask, attention=attention)
+def test_check_knows_the_forward_by_its_source(tmp_path, monkeypatch, request, change, why) -> None:
+    source = _LAYER.format(**{**_KNOWN, **{k: v for k, v in change.items() if k != "wrapped"}})
     name = f"layer_{abs(hash(source))}"
     (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
+    request.addfinalizer(lambda: sys.modules.pop(name, None))
     layer = importlib.import_module(name).Layer
+    if change.get("wrapped"):  # a wrapper put on the class's forward at run time, which the source does not show
+        inner = layer.forward
+        layer.forward = functools.wraps(inner)(lambda self, *a, **k: 2 * inner(self, *a, **k))
     got, (names, renames) = residual_norm.check(layer)
     if why is None:
         assert got is None and names == ("attention_mask",) and renames == {}
@@ -142,7 +195,33 @@ def test_check_knows_the_forward_by_its_source(tmp_path, monkeypatch, decorator,
         assert why in got and names == ()
 
 
-def test_norms_take_a_residual_as_torch_would_add_it() -> None:
+def test_norms_take_a_residual_as_torch_would_add_it(monkeypatch) -> None:
+    """The op gets the residual where it is x's dtype, shape and device; otherwise torch adds
+    them (type promotion, broadcasting) and the op normalizes the sum. The op is recorded
+    here, not run."""
+    calls = []
+
+    def op(x, w, eps, residual=None):
+        calls.append(None if residual is None else residual.dtype)
+        s = x if residual is None else x + residual
+        y = F.rms_norm(s, (8,), w, eps)
+        return y if residual is None else (y, s)
+
+    monkeypatch.setattr("cuteforge.nn.modules._on_cuteforge", lambda x: x.dtype in (torch.float32, torch.float64))
+    monkeypatch.setattr("cuteforge.ops.rms_norm", op)
+    norm = cnn.RMSNorm(8, eps=1e-6)
+    x = torch.randn(3, 8)
+    for r, want in ((torch.randn(3, 8), [torch.float32]),  # fused
+                    (torch.randn(3, 8, dtype=torch.float64), [None]),  # torch adds (a float64 sum), the op normalizes
+                    (torch.randn(8), [None])):  # broadcast
+        calls.clear()
+        y, s = norm(x, residual=r)
+        assert calls == want
+        torch.testing.assert_close(s, x + r)
+        torch.testing.assert_close(y, F.rms_norm(x + r, (8,), norm.weight, 1e-6))
+
+
+def test_norm_modules_give_the_sum_and_its_gradients_on_torch() -> None:
     x, r = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8, requires_grad=True)
     for module, reference in ((cnn.RMSNorm(8, eps=1e-6), lambda s: F.rms_norm(s, (8,), None, 1e-6)),
                               (cnn.LayerNorm(8), lambda s: F.layer_norm(s, (8,)))):

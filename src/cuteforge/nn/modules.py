@@ -74,15 +74,12 @@ class _RowNorm(nn.Module):
                                                   or (residual is not None and residual.requires_grad))
         return self.under_compile == "inductor" or not wants_grad
 
-    def _on_torch(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
-        """Whether this call runs torch's norm: CPU or fp64 tensors, a residual the op does
-        not take (another dtype, shape or device than x), or Inductor's pick (above)."""
-        if not _on_cuteforge(x):
-            return True
-        if residual is not None and not (isinstance(residual, torch.Tensor) and residual.dtype == x.dtype
-                                         and residual.shape == x.shape and residual.device == x.device):
-            return True
-        return self._to_inductor(x, residual)
+    def _fuses(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        """Whether the op takes ``residual`` with x (same dtype, shape and device, on the op's
+        tensors, not lowered to Inductor's norm); otherwise the sum is torch's add (its type
+        promotion and broadcasting), normalized as any other input."""
+        return (_on_cuteforge(x) and isinstance(residual, torch.Tensor) and residual.dtype == x.dtype
+                and residual.shape == x.shape and residual.device == x.device and not self._to_inductor(x, residual))
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
@@ -91,9 +88,10 @@ class _RowNorm(nn.Module):
 class RMSNorm(_RowNorm):
     """`torch.nn.RMSNorm` over the last dim on `cuteforge.ops.rms_norm` (fp32 math).
 
-    ``norm(x, residual=r)`` returns ``(norm(x + r), x + r)``: one kernel reads x and r and
-    writes the sum and its norm, and in the backward the norm's kernel adds the sum's
-    incoming gradient to its own (a pre-norm block's residual add, fused).
+    ``norm(x, residual=r)`` returns ``(norm(x + r), x + r)``: where r is x's dtype, shape
+    and device, one kernel reads x and r and writes the sum and its norm, and in the
+    backward the norm's kernel adds the sum's incoming gradient to its own (a pre-norm
+    block's residual add, fused); otherwise torch adds them and the sum is normalized.
 
     Under torch.compile, ``under_compile`` picks the kernel: "auto" (the default) lowers a
     call without a gradient to ``F.rms_norm``, which Inductor fuses with its neighbours
@@ -107,10 +105,11 @@ class RMSNorm(_RowNorm):
         super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype, under_compile)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
-        if self._on_torch(x, residual):
-            s = x if residual is None else x + residual
-            y = F.rms_norm(s, self.normalized_shape, self.weight, self.eps)  # None: torch's default, as below
-            return y if residual is None else (y, s)
+        if residual is not None and not self._fuses(x, residual):
+            s = x + residual
+            return self.forward(s), s
+        if not _on_cuteforge(x) or self._to_inductor(x):
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)  # None: torch's default, as below
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         from .. import ops
 
@@ -132,10 +131,11 @@ class LayerNorm(_RowNorm):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
-        if self._on_torch(x, residual):
-            s = x if residual is None else x + residual
-            y = F.layer_norm(s, self.normalized_shape, self.weight, self.bias, self.eps)
-            return y if residual is None else (y, s)
+        if residual is not None and not self._fuses(x, residual):
+            s = x + residual
+            return self.forward(s), s
+        if not _on_cuteforge(x) or self._to_inductor(x):
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         from .. import ops
 
         weight = self.weight if self.weight is not None else x.new_ones(self.normalized_shape)

@@ -13,6 +13,7 @@ checkpoints are unaffected).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import types
 import weakref
@@ -31,7 +32,7 @@ __all__ = ["patch", "unpatch", "PatchReport", "SUPPORTED"]
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 _REPORT_ATTR = "_cuteforge_patch"
-_FUSED_ATTR = "_cuteforge_fused_loss"  # (compiled only, the instance forward it replaced)
+_FUSED_ATTR = "_cuteforge_fused_loss"  # (compiled only, the instance forward it replaced, cache names)
 
 
 @dataclass
@@ -210,10 +211,23 @@ def _takes_fused_loss(model: nn.Module) -> bool:
     return isinstance(decoder, nn.Module) and type(head) is nn.Linear and head.bias is None
 
 
-def _cache_argument(past_key_values: Any) -> dict[str, Any]:
-    # passed on only when given: transformers 5.24 names it `cache` and warns at the old
-    # name, even for None (a caller's `cache=` reaches the model through **kwargs)
-    return {} if past_key_values is None else {"past_key_values": past_key_values}
+def _cache_name(cls: type) -> str:
+    """What a forward or an output class calls the KV cache: "cache" from transformers 5.24
+    on (which warns at the old name on every call, even for None), "past_key_values" before
+    (asked when the model is patched, not while a compiled call is traced)."""
+    if dataclasses.is_dataclass(cls):
+        names: Any = {f.name for f in dataclasses.fields(cls)}
+    else:
+        names = inspect.signature(cls.forward).parameters  # (through transformers' wrappers)
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def _cache_names(model: nn.Module) -> tuple[str, str, str]:
+    """The names `_fused_loss_forward` passes and reads the cache under: the model's forward's,
+    its decoder's, and the outputs' field."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return _cache_name(type(model)), _cache_name(type(model.model)), _cache_name(CausalLMOutputWithPast)
 
 
 def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: Any = None, position_ids: Any = None,
@@ -225,12 +239,15 @@ def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: 
     otherwise (and in eager mode with ``compiled_only``). Bound to the model as a method
     (`types.MethodType`) with its settings on the model, so a deep copy of the patched
     model runs its own modules."""
-    compiled_only, own = getattr(self, _FUSED_ATTR)
+    compiled_only, own, (cache_arg, decoder_cache_arg, cache_field) = getattr(self, _FUSED_ATTR)
+    # the cache is passed on only when given (a caller's `cache=` reaches the model through **kwargs)
+    given = past_key_values is not None
+    cache = {cache_arg: past_key_values} if given else {}
     head = self.lm_head
     if labels is None or not head.weight.is_cuda or (compiled_only and not torch.compiler.is_compiling()):
         arguments = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                      "inputs_embeds": inputs_embeds, "labels": labels, "use_cache": use_cache,
-                     "logits_to_keep": logits_to_keep, **_cache_argument(past_key_values), **kwargs}
+                     "logits_to_keep": logits_to_keep, **cache, **kwargs}
         return own(**arguments) if own is not None else type(self).forward(self, **arguments)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -239,7 +256,8 @@ def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: 
     num_items = kwargs.pop("num_items_in_batch", None)
     shift_labels = kwargs.pop("shift_labels", None)
     out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                     inputs_embeds=inputs_embeds, use_cache=use_cache, **_cache_argument(past_key_values), **kwargs)
+                     inputs_embeds=inputs_embeds, use_cache=use_cache,
+                     **({decoder_cache_arg: past_key_values} if given else {}), **kwargs)
     hidden = out.last_hidden_state
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
@@ -248,7 +266,7 @@ def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: 
                                 reduction="sum" if num_items is not None else "mean")
     if num_items is not None:
         loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-    return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values,
+    return CausalLMOutputWithPast(loss=loss, logits=None, **{cache_field: getattr(out, cache_field, None)},
                                   hidden_states=out.hidden_states, attentions=out.attentions)
 
 
@@ -334,7 +352,7 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
         else:
             had_own = "forward" in vars(model)
             own = vars(model).get("forward")  # someone else's (accelerate's hooks, say): kept behind ours
-            setattr(model, _FUSED_ATTR, (fused_loss == "compiled", own))
+            setattr(model, _FUSED_ATTR, (fused_loss == "compiled", own, _cache_names(model)))
             model.forward = types.MethodType(_fused_loss_forward, model)
 
             def restore_forward() -> None:

@@ -11,22 +11,30 @@ norm and whose backward kernel adds the sum's gradient to its own.
 
 The forward is swapped only where it is the one this module knows, checked on its
 source's syntax tree (`check`): the layer's statements in order, an attention call that
-passes each of the layer's arguments on under its own name, and no decorator but
-transformers' renames of deprecated arguments (`deprecate_kwarg`, applied here too).
-Any other layer keeps its forward and is reported with the reason. The swap is an
-instance attribute bound with `types.MethodType`, so a deep copy of the patched model
-runs its own modules.
+passes each of the layer's arguments on under its own name, no decorator but
+transformers' renames of deprecated arguments (`deprecate_kwarg`, applied here too, the
+new name winning where both are given), and no wrapper around it at run time but those
+renames and transformers' gradient checkpointing. Any other layer keeps its forward and
+is reported with the reason. A call under gradient checkpointing (the layer's
+`gradient_checkpointing` set, training, grad enabled) goes to the layer's own forward,
+whose wrapper checkpoints it (transformers 5.24 wraps the class's `forward`, which an
+instance's forward would bypass). The swap is an instance attribute bound with
+`types.MethodType`, so a deep copy of the patched model runs its own modules.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import os
+import sys
 import textwrap
 import types
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 __all__ = ["check", "swap"]
@@ -47,12 +55,13 @@ _BODY = (
 
 
 def _renames(decorators: list[ast.expr]) -> dict[str, str] | None:
-    """{old name: new name} of ``deprecate_kwarg(old, version, new_name=new)`` decorators;
-    None for any other decorator."""
+    """{old name: new name} of ``deprecate_kwarg(old, version, new_name=new)`` decorators
+    (no other options); None for any other decorator."""
     renames = {}
     for d in decorators:
         if not (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "deprecate_kwarg"
-                and d.args and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)):
+                and 1 <= len(d.args) <= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in d.args)
+                and {k.arg for k in d.keywords} <= {"new_name", "version"}):
             return None
         new = [k.value.value for k in d.keywords
                if k.arg == "new_name" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)]
@@ -62,34 +71,72 @@ def _renames(decorators: list[ast.expr]) -> dict[str, str] | None:
     return renames
 
 
+# The wrappers transformers puts around a layer's forward at run time, by the module and
+# the name of their code: gradient checkpointing (5.24's `GradientCheckpointingLayer`
+# wraps `forward` when the class is made; `forward` below hands checkpointed calls to it)
+# and the renames of deprecated arguments (one per `deprecate_kwarg` in the source).
+_CHECKPOINTING = ("transformers.modeling_layers", "forward_with_checkpointing")
+_RENAMING = ("transformers.utils.deprecation", "wrapped_func")
+
+
+def _innermost(forward: Any) -> tuple[Any, int] | None:
+    """(the function under transformers' wrappers, how many of them rename arguments);
+    None where another wrapper stands between (it could change what the layer does)."""
+    renaming = 0
+    while hasattr(forward, "__wrapped__"):
+        code = getattr(forward, "__code__", None)
+        kind = None
+        for module_name, name in (_CHECKPOINTING, _RENAMING):
+            module = sys.modules.get(module_name)
+            if (code is not None and module is not None and code.co_name == name
+                    and os.path.realpath(code.co_filename) == os.path.realpath(str(getattr(module, "__file__", "")))):
+                kind = name
+        if kind is None:
+            return None
+        renaming += kind == _RENAMING[1]
+        forward = forward.__wrapped__
+    return forward, renaming
+
+
+@functools.cache
 def check(cls: type) -> tuple[str | None, tuple[tuple[str, ...], dict[str, str]]]:
     """(None, (argument names after hidden_states, deprecated renames)) when ``cls.forward``
     is the known decoder layer forward, else (why not, ((), {}))."""
     nothing: tuple[tuple[str, ...], dict[str, str]] = ((), {})
+    unwrapped = _innermost(cls.forward)
+    if unwrapped is None:
+        return f"{cls.__name__}.forward is wrapped by something other than transformers' checkpointing", nothing
+    function, renaming = unwrapped
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(cls.forward))))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
         return f"{cls.__name__}.forward has no source to check", nothing
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, ast.FunctionDef):
         return f"{cls.__name__}.forward is not a plain function", nothing
     renames = _renames(fn.decorator_list)
-    if renames is None:
+    if renames is None or len(fn.decorator_list) != renaming:
         return f"{cls.__name__}.forward has a decorator other than deprecate_kwarg", nothing
     a = fn.args
     names = tuple(p.arg for p in a.args)
     if (a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg is None or names[:2] != ("self", "hidden_states")
             or len(a.defaults) != len(names) - 2):
         return f"{cls.__name__}.forward's arguments are not (self, hidden_states, name=default, ..., **kwargs)", nothing
+    try:  # the source read from disk must be the function that runs
+        live = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        live = {}
+    if tuple(live) != (*names, a.kwarg.arg):
+        return f"{cls.__name__}.forward's source does not match the function that runs", nothing
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     attention = body[2] if len(body) == len(_BODY) else None
     call = attention.value if isinstance(attention, ast.Assign) else None
     if not isinstance(call, ast.Call):
         return f"{cls.__name__}.forward is not the Llama decoder layer's", nothing
-    passed = {k.arg: k.value for k in call.keywords}
-    own = set(names[2:]) | {"hidden_states"}
-    if (call.args or set(passed) != own | {None} or any(
-            not isinstance(v, ast.Name) or v.id != (a.kwarg.arg if k is None else k) for k, v in passed.items())):
+    passed = [k.arg for k in call.keywords]
+    if (call.args or len(passed) != len(set(passed)) or set(passed) != set(names[1:]) | {None} or any(
+            not isinstance(k.value, ast.Name) or k.value.id != (a.kwarg.arg if k.arg is None else k.arg)
+            for k in call.keywords)):
         return f"{cls.__name__}.forward does not pass its arguments on to self_attn by name", nothing
     call.keywords = []
     call.args = [ast.Constant(...)]
@@ -102,12 +149,18 @@ def _forward(names: tuple[str, ...], defaults: dict[str, Any], renames: dict[str
     def forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
         """The decoder layer's forward with the residual add in the post-attention norm
         (module doc)."""
-        for old, new in renames.items():
+        if getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled():
+            # checkpointed: the layer's own forward, through transformers' checkpointing wrapper
+            return type(self).forward(self, hidden_states, *args, **kwargs)
+        for old, new in renames.items():  # as deprecate_kwarg: the new name wins where both are given
             if old in kwargs:
-                kwargs[new] = kwargs.pop(old)
+                kwargs.setdefault(new, kwargs.pop(old))
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__}.forward takes at most {len(names) + 1} positional arguments "
                             f"after self, got {len(args) + 1}")
+        twice = [name for name in names[:len(args)] if name in kwargs]
+        if twice:
+            raise TypeError(f"{type(self).__name__}.forward got multiple values for argument '{twice[0]}'")
         # every argument goes on to the attention, the defaults too, as the layer's own forward passes them
         kwargs = {**defaults, **kwargs, **dict(zip(names, args))}
         residual = hidden_states
@@ -128,11 +181,13 @@ def swap(layer: nn.Module, norm_type: type) -> tuple[str | None, Callable[[], No
     why, (names, renames) = check(type(layer))
     if why is not None:
         return why, None
-    parameters = inspect.signature(inspect.unwrap(type(layer).forward)).parameters
-    defaults = {name: parameters[name].default for name in names}
-    layer.forward = types.MethodType(_forward(names, defaults, renames), layer)
+    function, _ = _innermost(type(layer).forward)  # type: ignore[misc]  (check found it)
+    parameters = inspect.signature(function).parameters
+    swapped = types.MethodType(_forward(names, {name: parameters[name].default for name in names}, renames), layer)
+    layer.forward = swapped
 
     def undo() -> None:
-        vars(layer).pop("forward", None)
+        if vars(layer).get("forward") is swapped:  # not someone's wrapper put there since
+            del vars(layer)["forward"]
 
     return None, undo
