@@ -127,10 +127,17 @@ def test_undo_and_deep_copies() -> None:
     report = cnn.patch(model, residual_norm=True)
     twin = copy.deepcopy(model)
     assert twin.model.layers[0].forward.__self__ is twin.model.layers[0]  # a copy runs its own modules
-    wrapper = model.model.layers[1].forward = lambda *a, **k: None  # someone's, put there after the patch
+    layer = model.model.layers[1]
+    swapped = layer.forward
+    wrapper = layer.forward = lambda *a, **k: swapped(*a, **k)  # someone's (a hook), put there after the patch
+    ids = torch.randint(0, 96, (1, 8))
+    with torch.no_grad():
+        patched_logits = model(input_ids=ids).logits
     report.undo()
-    assert "forward" not in vars(model.model.layers[0]) and vars(model.model.layers[1])["forward"] is wrapper
+    assert "forward" not in vars(model.model.layers[0]) and vars(layer)["forward"] is wrapper
     assert type(model.model.layers[0].post_attention_layernorm).__name__ == "LlamaRMSNorm"
+    with torch.no_grad():  # the wrapper still calls the swapped forward, which now hands the call to the layer's own
+        torch.testing.assert_close(model(input_ids=ids).logits, patched_logits, rtol=1e-5, atol=1e-5)
 
 
 def test_layers_whose_norms_were_not_swapped_are_left_with_the_reason() -> None:
@@ -219,6 +226,28 @@ def test_norms_take_a_residual_as_torch_would_add_it(monkeypatch) -> None:
         assert calls == want
         torch.testing.assert_close(s, x + r)
         torch.testing.assert_close(y, F.rms_norm(x + r, (8,), norm.weight, 1e-6))
+
+
+def test_a_residual_alone_wanting_grad_keeps_the_op_under_compile(monkeypatch) -> None:
+    """Compiled, with only the residual wanting a gradient (x does not, the weight is frozen),
+    the op still gets both (a gradient is wanted) and the call returns the pair."""
+    calls = []
+
+    def op(x, w, eps, residual=None):
+        calls.append(residual is not None)
+        s = x if residual is None else x + residual
+        y = F.rms_norm(s, (8,), w, eps)
+        return y if residual is None else (y, s)
+
+    monkeypatch.setattr("cuteforge.nn.modules._on_cuteforge", lambda x: True)
+    monkeypatch.setattr("cuteforge.ops.rms_norm", op)
+    norm = cnn.RMSNorm(8, eps=1e-6).requires_grad_(False)
+    x, r = torch.randn(3, 8), torch.randn(3, 8, requires_grad=True)
+    torch._dynamo.reset()
+    y, s = torch.compile(lambda a, b: norm(a, residual=b), backend="eager")(x, r)
+    assert calls == [True]
+    torch.testing.assert_close(y, F.rms_norm(x + r, (8,), norm.weight, 1e-6))
+    torch.testing.assert_close(s, x + r)
 
 
 def test_norm_modules_give_the_sum_and_its_gradients_on_torch() -> None:

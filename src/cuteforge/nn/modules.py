@@ -107,8 +107,12 @@ class RMSNorm(_RowNorm):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
         if residual is not None and not self._fuses(x, residual):
             s = x + residual
-            return self.forward(s), s
-        if not _on_cuteforge(x) or self._to_inductor(x):
+            return self._norm(s, None), s
+        return self._norm(x, residual)
+
+    def _norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
+        """The norm of x, or of x + residual where `_fuses` said so."""
+        if not _on_cuteforge(x) or self._to_inductor(x, residual):
             return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)  # None: torch's default, as below
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         from .. import ops
@@ -133,8 +137,12 @@ class LayerNorm(_RowNorm):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
         if residual is not None and not self._fuses(x, residual):
             s = x + residual
-            return self.forward(s), s
-        if not _on_cuteforge(x) or self._to_inductor(x):
+            return self._norm(s, None), s
+        return self._norm(x, residual)
+
+    def _norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
+        """The norm of x, or of x + residual where `_fuses` said so."""
+        if not _on_cuteforge(x) or self._to_inductor(x, residual):
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         from .. import ops
 

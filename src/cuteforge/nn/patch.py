@@ -255,9 +255,10 @@ def _fused_loss_forward(self: nn.Module, input_ids: Any = None, attention_mask: 
 
     num_items = kwargs.pop("num_items_in_batch", None)
     shift_labels = kwargs.pop("shift_labels", None)
+    if given:  # a `cache=` given too wins, as transformers' rename has it
+        kwargs.setdefault(decoder_cache_arg, past_key_values)
     out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                     inputs_embeds=inputs_embeds, use_cache=use_cache,
-                     **({decoder_cache_arg: past_key_values} if given else {}), **kwargs)
+                     inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
     hidden = out.last_hidden_state
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]

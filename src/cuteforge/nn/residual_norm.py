@@ -15,17 +15,19 @@ passes each of the layer's arguments on under its own name, no decorator but
 transformers' renames of deprecated arguments (`deprecate_kwarg`, applied here too, the
 new name winning where both are given), and no wrapper around it at run time but those
 renames and transformers' gradient checkpointing. Any other layer keeps its forward and
-is reported with the reason. A call under gradient checkpointing (the layer's
-`gradient_checkpointing` set, training, grad enabled) goes to the layer's own forward,
-whose wrapper checkpoints it (transformers 5.24 wraps the class's `forward`, which an
-instance's forward would bypass). The swap is an instance attribute bound with
+is reported with the reason. Where transformers checkpoints the class's `forward` (5.24
+wraps it; an instance's forward would bypass that), a call under gradient checkpointing
+(the layer's `gradient_checkpointing` set, training, grad enabled) goes to the layer's
+own forward, whose wrapper checkpoints it; where it checkpoints `__call__` (earlier 5.x),
+the swapped forward runs inside the checkpoint, fused in the forward and the recompute
+alike. After undo, a call that still reaches the swapped forward (through a wrapper put
+on the instance since) goes to the layer's own. The swap is an instance attribute bound with
 `types.MethodType`, so a deep copy of the patched model runs its own modules.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import inspect
 import os
 import sys
@@ -79,10 +81,11 @@ _CHECKPOINTING = ("transformers.modeling_layers", "forward_with_checkpointing")
 _RENAMING = ("transformers.utils.deprecation", "wrapped_func")
 
 
-def _innermost(forward: Any) -> tuple[Any, int] | None:
-    """(the function under transformers' wrappers, how many of them rename arguments);
-    None where another wrapper stands between (it could change what the layer does)."""
-    renaming = 0
+def _innermost(forward: Any) -> tuple[Any, int, bool] | None:
+    """(the function under transformers' wrappers, how many of them rename arguments,
+    whether one checkpoints); None where another wrapper stands between (it could change
+    what the layer does)."""
+    renaming, checkpointing = 0, False
     while hasattr(forward, "__wrapped__"):
         code = getattr(forward, "__code__", None)
         kind = None
@@ -94,11 +97,11 @@ def _innermost(forward: Any) -> tuple[Any, int] | None:
         if kind is None:
             return None
         renaming += kind == _RENAMING[1]
+        checkpointing |= kind == _CHECKPOINTING[1]
         forward = forward.__wrapped__
-    return forward, renaming
+    return forward, renaming, checkpointing
 
 
-@functools.cache
 def check(cls: type) -> tuple[str | None, tuple[tuple[str, ...], dict[str, str]]]:
     """(None, (argument names after hidden_states, deprecated renames)) when ``cls.forward``
     is the known decoder layer forward, else (why not, ((), {}))."""
@@ -106,7 +109,7 @@ def check(cls: type) -> tuple[str | None, tuple[tuple[str, ...], dict[str, str]]
     unwrapped = _innermost(cls.forward)
     if unwrapped is None:
         return f"{cls.__name__}.forward is wrapped by something other than transformers' checkpointing", nothing
-    function, renaming = unwrapped
+    function, renaming, _ = unwrapped
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
@@ -145,11 +148,18 @@ def check(cls: type) -> tuple[str | None, tuple[tuple[str, ...], dict[str, str]]
     return None, (names[2:], renames)
 
 
-def _forward(names: tuple[str, ...], defaults: dict[str, Any], renames: dict[str, str]) -> Callable[..., Any]:
+_ACTIVE = "_cuteforge_residual_norm"  # set on a swapped layer until its undo
+
+
+def _forward(names: tuple[str, ...], defaults: dict[str, Any], renames: dict[str, str],
+             checkpointing_wrapper: bool) -> Callable[..., Any]:
     def forward(self: nn.Module, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
         """The decoder layer's forward with the residual add in the post-attention norm
         (module doc)."""
-        if getattr(self, "gradient_checkpointing", False) and self.training and torch.is_grad_enabled():
+        if not getattr(self, _ACTIVE, False) or (
+                checkpointing_wrapper and getattr(self, "gradient_checkpointing", False) and self.training
+                and torch.is_grad_enabled()):
+            # undone (a wrapper put on the instance since may still call this), or
             # checkpointed: the layer's own forward, through transformers' checkpointing wrapper
             return type(self).forward(self, hidden_states, *args, **kwargs)
         for old, new in renames.items():  # as deprecate_kwarg: the new name wins where both are given
@@ -181,12 +191,15 @@ def swap(layer: nn.Module, norm_type: type) -> tuple[str | None, Callable[[], No
     why, (names, renames) = check(type(layer))
     if why is not None:
         return why, None
-    function, _ = _innermost(type(layer).forward)  # type: ignore[misc]  (check found it)
+    function, _, checkpointing = _innermost(type(layer).forward)  # type: ignore[misc]  (check found it)
     parameters = inspect.signature(function).parameters
-    swapped = types.MethodType(_forward(names, {name: parameters[name].default for name in names}, renames), layer)
+    defaults = {name: parameters[name].default for name in names}
+    swapped = types.MethodType(_forward(names, defaults, renames, checkpointing), layer)
     layer.forward = swapped
+    setattr(layer, _ACTIVE, True)
 
     def undo() -> None:
+        vars(layer).pop(_ACTIVE, None)
         if vars(layer).get("forward") is swapped:  # not someone's wrapper put there since
             del vars(layer)["forward"]
 
