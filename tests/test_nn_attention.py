@@ -242,3 +242,26 @@ def test_patched_calls_pass_the_cache_under_the_name_transformers_takes() -> Non
             cache = getattr(first, "cache", None) or first.past_key_values
             model(input_ids=ids[:, -1:], **{"cache" if hasattr(first, "cache") else "past_key_values": cache})
     assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("residual_norm", [False, True])
+def test_compiled_patched_llama_under_gradient_checkpointing_has_no_graph_break(residual_norm: bool) -> None:
+    """A checkpointed layer is traced as one region, in which Dynamo refuses side effects:
+    the attention modules' call marks must not be one (fullgraph would raise)."""
+    stock = _llama()
+    patched = copy.deepcopy(stock)
+    cnn.patch(patched, residual_norm=residual_norm)
+    for model in (stock, patched):
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
+        model.train()
+    ids = torch.randint(0, 96, (2, 16))
+    loss = stock(input_ids=ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(patched, backend="aot_eager", fullgraph=True)(input_ids=ids, labels=ids, use_cache=False)
+    compiled.loss.backward()
+    torch.testing.assert_close(compiled.loss, loss, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(stock.named_parameters(), patched.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert decoder_call._CALL["attention"] == 0 and not decoder_call._CALL["saved"]

@@ -14,7 +14,10 @@ decoder's call, through the layer's `forward` (transformers 5.24) or its `__call
 (earlier), and either way calls the attention module, whose hooks mark the recompute
 again, so it takes the same functions as the forward (its saved tensors must match).
 The marks are a module-level dict: torch 2.11's Dynamo traces a dict item's assignment
-where it refuses a class attribute's, and the hooks run inside compiled calls. They are
+where it refuses a class attribute's, and the decoder's hooks run inside compiled calls
+(the attention marks are not written while Dynamo traces, below). The decoder's end
+restores the attention count its start found, so a count left unbalanced (a graph break
+between an attention module's hooks) lasts one decoder call at most. They are
 per process, not per thread: patched models run from several threads at once are not
 supported.
 """
@@ -32,8 +35,9 @@ _CALL: dict[str, Any] = {"config": None, "own_positions": False, "attention": 0,
 
 
 def in_patched_attention() -> bool:
-    """Whether a patched model's attention module is running."""
-    return _CALL["attention"] > 0
+    """Whether a patched model's attention module is running; never while torch.compile
+    traces (the swapped functions' kernels take torch's expressions there anyway)."""
+    return _CALL["attention"] > 0 and not torch.compiler.is_compiling()
 
 
 def own_positions(config: Any) -> bool:
@@ -44,22 +48,28 @@ def own_positions(config: Any) -> bool:
 def _decoder_starts(position: int) -> Callable[..., None]:
     def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         made_here = (args[position] if len(args) > position else kwargs.get("position_ids")) is None
-        _CALL["saved"].append((_CALL["config"], _CALL["own_positions"]))
+        _CALL["saved"].append((_CALL["config"], _CALL["own_positions"], _CALL["attention"]))
         _CALL["config"], _CALL["own_positions"] = module.config, made_here
 
     return hook
 
 
 def _decoder_ends(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-    _CALL["config"], _CALL["own_positions"] = _CALL["saved"].pop()
+    _CALL["config"], _CALL["own_positions"], _CALL["attention"] = _CALL["saved"].pop()
 
 
+# The attention marks are left alone while torch.compile traces: nothing reads them there
+# (`in_patched_attention`), and a layer under gradient checkpointing is traced as one
+# checkpointed region, in which Dynamo refuses a write to the marks as a side effect the
+# recompute would not replay. The decoder's own hooks run outside any layer.
 def _attention_starts(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-    _CALL["attention"] += 1
+    if not torch.compiler.is_compiling():
+        _CALL["attention"] += 1
 
 
 def _attention_ends(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-    _CALL["attention"] -= 1
+    if not torch.compiler.is_compiling():
+        _CALL["attention"] -= 1
 
 
 def mark(decoder: Any) -> tuple[str | None, Callable[[], None] | None]:
