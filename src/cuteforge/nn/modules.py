@@ -81,6 +81,16 @@ class _RowNorm(nn.Module):
         return (_on_cuteforge(x) and isinstance(residual, torch.Tensor) and residual.dtype == x.dtype
                 and residual.shape == x.shape and residual.device == x.device and not self._to_inductor(x, residual))
 
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        """The norm of x, or with ``residual`` (norm(x + residual), x + residual)."""
+        if residual is not None and not self._fuses(x, residual):
+            s = x + residual
+            return self._norm(s, None), s
+        return self._norm(x, residual)
+
+    def _norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
+        raise NotImplementedError  # each norm's own
+
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
@@ -103,12 +113,6 @@ class RMSNorm(_RowNorm):
     def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True,
                  device: Any = None, dtype: torch.dtype | None = None, under_compile: str = "auto") -> None:
         super().__init__("RMSNorm", normalized_shape, eps, elementwise_affine, device, dtype, under_compile)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
-        if residual is not None and not self._fuses(x, residual):
-            s = x + residual
-            return self._norm(s, None), s
-        return self._norm(x, residual)
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
         """The norm of x, or of x + residual where `_fuses` said so."""
@@ -133,12 +137,6 @@ class LayerNorm(_RowNorm):
             self.bias = nn.Parameter(torch.zeros(self.normalized_shape, device=device, dtype=dtype)) if bias else None
         else:
             self.register_parameter("bias", None)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
-        if residual is not None and not self._fuses(x, residual):
-            s = x + residual
-            return self._norm(s, None), s
-        return self._norm(x, residual)
 
     def _norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
         """The norm of x, or of x + residual where `_fuses` said so."""
