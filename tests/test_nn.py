@@ -274,7 +274,7 @@ def test_linear_cross_entropy_math_and_one_backward_kernel_lookup(monkeypatch) -
     ref.backward()
     count = (t != -100).sum()
     for _ in range(2):
-        loss, dx, dw = lce._impl(x, w, t, -100, 128, True, True)  # the summed loss and its gradients
+        loss, dx, dw = lce._impl(x, w, t, -100, 128, True, True, False)  # the summed loss and its gradients
         torch.testing.assert_close(loss / count, ref.detach())
         torch.testing.assert_close(dx / count, xr.grad)
         torch.testing.assert_close(dw / count, wr.grad)
@@ -282,15 +282,26 @@ def test_linear_cross_entropy_math_and_one_backward_kernel_lookup(monkeypatch) -
 
     # through the op's autograd: the incoming gradient (1.5 / rows) applied in the backward
     xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
-    (lce._op(xo, wo, t, -100, 128, True, True)[0] / count * 1.5).backward()
+    (lce._op(xo, wo, t, -100, 128, True, True, False)[0] / count * 1.5).backward()
     xr.grad = wr.grad = None
     (F.cross_entropy(xr @ wr.t(), t) * 1.5).backward()
     torch.testing.assert_close(xo.grad, xr.grad)
     torch.testing.assert_close(wo.grad, wr.grad)
 
+    # one chunk for the batch: the logits' gradient in dweight's place, dweight made in the backward
+    loss, dx, dlogits = lce._impl(x, w, t, -100, 384, True, True, True)
+    assert dlogits.shape == (300, 40)
+    torch.testing.assert_close(loss / count, ref.detach())
+    torch.testing.assert_close(dlogits.t() @ x / count, wr.grad / 1.5)
+    xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (lce._op(xo, wo, t, -100, 384, True, True, True)[0] / count * 1.5).backward()
+    torch.testing.assert_close(xo.grad, xr.grad)
+    torch.testing.assert_close(wo.grad, wr.grad)
 
-@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True), (False, False)])
-def test_linear_cross_entropy_plan_unrolls_the_chunks(monkeypatch, need) -> None:
+
+@pytest.mark.parametrize(("need", "defer"), [((True, True), False), ((True, False), False), ((False, True), False),
+                                             ((False, False), False), ((True, True), True), ((False, True), True)])
+def test_linear_cross_entropy_plan_unrolls_the_chunks(monkeypatch, need, defer) -> None:
     """The op's C launch plan (`_op_plan`) on the CPU, its kernels stood in for by torch
     behind TVM-FFI: per chunk the logits GEMM, the forward into the chunk's slice of the
     per-row losses, the backward over the logits with the held ones vector, dx's rows and
@@ -344,8 +355,12 @@ def test_linear_cross_entropy_plan_unrolls_the_chunks(monkeypatch, need) -> None
     x, w = torch.randn(300, 16), torch.randn(40, 16)
     t = torch.randint(0, 40, (300,))
     t[::7] = ignore
-    run = lce._op_plan(x, w, t, ignore, 128, *need)  # 128-row chunks: three of them, the last short
+    # 128-row chunks: three of them, the last short; deferred: one chunk, the logits' gradient in dweight's place
+    run = lce._op_plan(x, w, t, ignore, 384 if defer else 128, *need, defer)
     loss, dx, dw = run(x, w, t)
+    if defer:
+        assert dw.shape == (300, 40)
+        dw = dw.t() @ x
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     ref = F.cross_entropy(xr @ wr.t(), t, reduction="sum")
     ref.backward()
@@ -357,25 +372,36 @@ def test_linear_cross_entropy_plan_unrolls_the_chunks(monkeypatch, need) -> None
     if need[1]:
         torch.testing.assert_close(dw, wr.grad)
     grads = need[0] or need[1]
-    assert seen == [("fwd", 128)] + [("bwd", 128)] * grads + [("fwd", 128)] + [("bwd", 128)] * grads + \
-        [("fwd", 44)] + [("bwd", 44)] * grads
+    if defer:
+        assert seen == [("fwd", 300), ("bwd", 300)]
+    else:
+        assert seen == [("fwd", 128)] + [("bwd", 128)] * grads + [("fwd", 128)] + [("bwd", 128)] * grads + \
+            [("fwd", 44)] + [("bwd", 44)] * grads
     strided = torch.zeros(600, dtype=torch.int64)[::2]
-    assert lce._op_plan(x, w, strided, ignore, 128, *need) is None  # `_impl` copies it first
-    assert lce._op_plan(x[:0], w, t[:0], ignore, 128, *need) is None  # an empty batch: the Python body
+    assert lce._op_plan(x, w, strided, ignore, 128, *need, False) is None  # `_impl` copies it first
+    assert lce._op_plan(x[:0], w, t[:0], ignore, 128, *need, False) is None  # an empty batch: the Python body
 
 
 def test_linear_cross_entropy_chunks_and_checks() -> None:
     import importlib
 
     lce = importlib.import_module("cuteforge.ops.linear_cross_entropy")
-    assert lce.chunk_rows(4096, 128256, 2) == 2048  # 512 MiB of bf16 logits a chunk, two balanced chunks
-    assert lce.chunk_rows(7, 128256, 2) == 7
-    assert lce.chunk_rows(5000, 32000, 4) % 128 == 0
-    assert lce.chunk_rows(0, 128256, 2) == 1  # an empty batch: one (empty) chunk, no division by zero
+    assert lce.chunk_rows(4096, 128256, 1024, 2) == 2048  # 512 MiB of bf16 logits a chunk, two balanced chunks
+    assert lce.chunk_rows(4096, 128256, 4096, 2) == 4096  # the weight's 1 GiB: the whole batch in one chunk
+    assert lce.chunk_rows(8192, 128256, 4096, 2) == 4096
+    assert lce.chunk_rows(7, 128256, 1024, 2) == 7
+    assert lce.chunk_rows(5000, 32000, 64, 4) % 128 == 0
+    assert lce.chunk_rows(0, 128256, 1024, 2) == 1  # an empty batch: one (empty) chunk, no division by zero
+    assert lce.defers_dw(4096, 4096, torch.bfloat16, True) and lce.defers_dw(7, 7, torch.float32, True)
+    assert not lce.defers_dw(4096, 2048, torch.bfloat16, True)  # two chunks: dweight accumulates in the forward
+    assert not lce.defers_dw(7, 7, torch.float16, True)  # x / rows would be subnormal in fp16
+    assert not lce.defers_dw(7, 7, torch.bfloat16, False) and not lce.defers_dw(0, 1, torch.bfloat16, True)
     xs, ws, ts = torch.randn(300, 8), torch.randn(10, 8), torch.zeros(300, dtype=torch.int64)
     for bad in (0, 100):  # chunks off the 128-row tiles would hand the kernels misaligned slices
         with pytest.raises(ValueError, match="argument 'chunk' must be a multiple of 128"):
-            lce._impl(xs, ws, ts, -100, bad, True, True)
+            lce._impl(xs, ws, ts, -100, bad, True, True, False)
+    with pytest.raises(ValueError, match="argument 'defer_dw' needs"):  # two chunks cannot defer dweight
+        lce._impl(xs, ws, ts, -100, 128, True, True, True)
     x, w, t = torch.randn(4, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.int64)
     with pytest.raises(ValueError, match="'weight' has 9 columns"):
         lce.linear_cross_entropy(x, torch.randn(10, 9), t)

@@ -10,6 +10,14 @@ of dx and dweight (cuBLAS, dweight accumulated over the chunks). The gradients a
 where the logits are at hand, and scaled by the loss's incoming gradient in the
 backward; only one chunk's logits and their gradient live at a time.
 
+Where one chunk holds the whole batch (bf16 / fp32), the forward keeps the logits'
+gradient instead of dweight, and the backward makes dweight in one GEMM with the
+incoming gradient folded into x: a (T, H) scale instead of a pass over the (V, H)
+weight gradient (1 GiB read and written at a 128256 x 4096 head), and no second
+chunk's read-modify-write of dweight. Held between forward and backward: (T, V)
+instead of (V, H), at most the chunk budget. fp16 keeps the scale on dweight: x times
+1 / rows would fall into fp16's subnormals.
+
 x (T, H) and weight (V, H) fp32/bf16/fp16 CUDA, the same dtype; target (T,) int64 class
 indices (``ignore_index`` rows count for nothing); reduction "mean" (over the rows not
 ignored) or "sum". The loss is fp32.
@@ -41,7 +49,7 @@ from .registered import define
 __all__ = ["linear_cross_entropy"]
 
 _WHERE = "cuteforge.ops.linear_cross_entropy"
-CHUNK_BYTES = 512 << 20  # a chunk's logits at most (their gradient overwrites them)
+CHUNK_BYTES = 512 << 20  # a chunk's logits at most, or the weight's size where larger (`chunk_rows`)
 
 
 def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) -> None:
@@ -72,12 +80,15 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
     checks.on_cuda(_WHERE, "x", x)
 
 
-def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
-    """Rows a chunk takes: its logits within CHUNK_BYTES (at least 128 rows), the chunks
-    balanced and whole 128-row GEMM tiles (1 for an empty batch)."""
+def chunk_rows(tokens: int, vocab: int, hidden: int, itemsize: int) -> int:
+    """Rows a chunk takes: its logits within CHUNK_BYTES or the weight's own size, whichever
+    is larger (the weight gradient is that size anyway, and a batch in one chunk takes the
+    deferred weight gradient: module doc), at least 128 rows; the chunks balanced and whole
+    128-row GEMM tiles (1 for an empty batch)."""
     if tokens <= 0:
         return 1
-    most = max(128, CHUNK_BYTES // max(1, vocab * itemsize) // 128 * 128)
+    budget = max(CHUNK_BYTES, vocab * hidden * itemsize)
+    most = max(128, budget // max(1, vocab * itemsize) // 128 * 128)
     chunks = -(-tokens // most)
     rows = -(-tokens // chunks)
     return max(1, min(tokens, -(-rows // 128) * 128))
@@ -92,20 +103,32 @@ def _chunk_step(where: str, t: int, chunk: int) -> int:
     return chunk
 
 
+def defers_dw(t: int, chunk: int, dtype: torch.dtype, need_dw: bool) -> bool:
+    """Whether the op keeps the logits' gradient for the backward to make dweight from
+    (module doc): one chunk holds the whole (non-empty) batch, and x's dtype has fp32's
+    exponent range for x times the incoming gradient."""
+    return need_dw and 0 < t <= chunk and dtype != torch.float16
+
+
 def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, chunk: int, need_dx: bool,
-          need_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          need_dw: bool, defer_dw: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, dx, dweight) of the summed loss (dx and dweight empty where not needed), over
     chunks of ``chunk`` rows (`chunk_rows`): the logits' gradient stays unscaled by the
-    mean's 1 / rows, so fp16 keeps it out of subnormals. The op's Python body; `_op_plan`
-    is the same loop as C steps."""
+    mean's 1 / rows, so fp16 keeps it out of subnormals. With ``defer_dw`` (`defers_dw`)
+    the third output is the logits' gradient (T, V) in dweight's place. The op's Python
+    body; `_op_plan` is the same loop as C steps."""
     t = x.shape[0]
     if target.stride(0) != 1:
         target = target.contiguous()
+    step = _chunk_step(_WHERE, t, chunk)
+    if defer_dw and not defers_dw(t, step, x.dtype, need_dw):
+        raise ValueError(f"{_WHERE}: argument 'defer_dw' needs dweight wanted, one chunk of a non-empty batch and "
+                         f"bfloat16 or float32; got {t} rows in chunks of {step}, {dtype_name(x.dtype)}")
     # contiguous gradients, as the plan and the fake make them, whatever x's and weight's strides
     dx = x.new_empty(x.shape) if need_dx else x.new_empty(0)
-    dw = (weight.new_empty(weight.shape) if t else weight.new_zeros(weight.shape)) if need_dw else weight.new_empty(0)
+    dw = (weight.new_empty(weight.shape) if t else weight.new_zeros(weight.shape)) if need_dw and not defer_dw \
+        else weight.new_empty(0)
     losses = x.new_empty(t, dtype=torch.float32)
-    step = _chunk_step(_WHERE, t, chunk)
     ones = torch.ones(min(t, step), device=x.device)
     for s in range(0, t, step):
         e = min(t, s + step)
@@ -120,7 +143,9 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
             _ce._bwd_into(logits, tc, lse, dloss, dlogits, ignore_index)
             if need_dx:
                 torch.mm(dlogits, weight, out=dx[s:e])
-            if need_dw and s == 0:
+            if defer_dw:
+                dw = dlogits  # the whole batch's: the backward makes dweight from it
+            elif need_dw and s == 0:
                 torch.mm(dlogits.t(), xc, out=dw)  # the first chunk writes dweight: no zero fill, no read
             elif need_dw:
                 dw.addmm_(dlogits.t(), xc)
@@ -128,9 +153,10 @@ def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_in
 
 
 def _op_plan(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, chunk: int,
-             need_dx: bool, need_dw: bool) -> Any:
+             need_dx: bool, need_dw: bool, defer_dw: bool) -> Any:
     """The C launch plan of `_impl`'s loop for this layout: outputs (loss, dx, dweight,
-    then the per-row losses, one chunk's logits and its logsumexp as scratch), the chunks'
+    then the per-row losses, one chunk's logits and its logsumexp as scratch; with
+    ``defer_dw`` the logits are output 2 and the scratch slot is empty), the chunks'
     steps, and a ones vector the plan holds (the backward kernel's per-row loss gradient,
     only read); None for an empty batch or a strided target (`_impl` copies it)."""
     t, h = x.shape
@@ -139,11 +165,15 @@ def _op_plan(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore
         return None
     IN, OUT, FIXED = native_launch.INPUT, native_launch.OUTPUT, native_launch.FIXED
     step = _chunk_step(_WHERE, t, chunk)
+    if defer_dw and not defers_dw(t, step, x.dtype, need_dw):
+        return None  # `_impl` raises the argument error
     ones = torch.ones(min(t, step), device=x.device)
     sx, sw = x.stride(), weight.stride()
     f32 = torch.float32
-    outs = [((), f32), ((t, h) if need_dx else (0,), x.dtype), ((v, h) if need_dw else (0,), weight.dtype),
-            ((t,), f32), ((min(t, step), v), x.dtype), ((min(t, step),), f32)]
+    dw_shape = (t, v) if defer_dw else (v, h) if need_dw else (0,)
+    logits_out = 2 if defer_dw else 4
+    outs = [((), f32), ((t, h) if need_dx else (0,), x.dtype), (dw_shape, weight.dtype),
+            ((t,), f32), ((0,) if defer_dw else (min(t, step), v), x.dtype), ((min(t, step),), f32)]
     steps = []
     kernels: dict[int, tuple[Any, Any]] = {}
     for s in range(0, t, step):
@@ -156,7 +186,7 @@ def _op_plan(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore
             bwd = _ce._bwd_kernel(logits, tc, lse, ones[:r], logits, ignore_index) if need_dx or need_dw else None
             kernels[r] = fwd, bwd
         fwd, bwd = kernels[r]
-        logits_v, target_v = strided_arg(OUT, 4, (r, v), (v, 1)), strided_arg(IN, 2, (r,), (1,), s)
+        logits_v, target_v = strided_arg(OUT, logits_out, (r, v), (v, 1)), strided_arg(IN, 2, (r,), (1,), s)
         lse_v, x_c = strided_arg(OUT, 5, (r,), (1,)), strided_arg(IN, 0, (r, h), sx, s * sx[0])
         steps.append(native_launch.matmul_step(logits_v, x_c, strided_arg(IN, 1, (h, v), (sw[1], sw[0]))))
         steps.append(native_launch.kernel_step(fwd, [logits_v, target_v, strided_arg(OUT, 3, (r,), (1,), s), lse_v]))
@@ -164,7 +194,7 @@ def _op_plan(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore
             steps.append(native_launch.kernel_step(bwd, [logits_v, target_v, lse_v, strided_arg(FIXED, 0, (r,), (1,)), logits_v]))
         if need_dx:
             steps.append(native_launch.matmul_step(strided_arg(OUT, 1, (r, h), (h, 1), s * h), logits_v, strided_arg(IN, 1, (v, h), sw)))
-        if need_dw:
+        if need_dw and not defer_dw:
             steps.append(native_launch.matmul_step(contiguous_arg(OUT, 2, (v, h)), strided_arg(OUT, 4, (v, r), (1, v)), x_c,
                                                    accumulate=s > 0))
     # the loss: the per-row losses summed, (1, T, 1) -> (1, 1)
@@ -181,9 +211,10 @@ def _sum_kernel(t: int, device: torch.device) -> Any:
     return col_reduce.get(key, (("op", "sum"),), col_config_for(target_arch(), 1, t, 1, 32, key.vec[0]))
 
 
-def _fake(x, weight, target, ignore_index, chunk, need_dx, need_dw):
+def _fake(x, weight, target, ignore_index, chunk, need_dx, need_dw, defer_dw):
     dx = x.new_empty(x.shape) if need_dx else x.new_empty(0)
-    dw = weight.new_empty(weight.shape) if need_dw else weight.new_empty(0)
+    dw = x.new_empty(x.shape[0], weight.shape[0]) if defer_dw else \
+        weight.new_empty(weight.shape) if need_dw else weight.new_empty(0)
     return x.new_empty((), dtype=torch.float32), dx, dw
 
 
@@ -192,17 +223,21 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) 
     ctx.mark_non_differentiable(dx, dw)
     ctx.set_materialize_grads(False)  # eager autograd would zero-fill a dweight-sized gradient for dw
     ctx.need = inputs[5], inputs[6]
-    ctx.save_for_backward(dx, dw)
+    ctx.defer_dw = inputs[7]
+    ctx.save_for_backward(dx, dw, inputs[0] if ctx.defer_dw else None)
 
 
 def _backward(ctx: Any, g: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
-    dx, dw = ctx.saved_tensors
+    dx, dw, x = ctx.saved_tensors
     if g is None:
-        return (None,) * 7
+        return (None,) * 8
     # g: the summed loss's gradient (fp32; the mean's 1 / rows is in it already)
     gx = dx * g.to(dx.dtype) if ctx.need[0] else None
-    gw = dw * g.to(dw.dtype) if ctx.need[1] else None
-    return gx, gw, None, None, None, None, None
+    if ctx.defer_dw:  # dw holds the logits' gradient (T, V): dweight = dlogits^T (g x), g on the small side
+        gw = torch.mm(dw.t(), x * g.to(x.dtype))
+    else:
+        gw = dw * g.to(dw.dtype) if ctx.need[1] else None
+    return gx, gw, None, None, None, None, None, None
 
 
 _op = define("cuteforge::linear_cross_entropy", _impl, fake=_fake, plan=_op_plan, backward=_backward, setup_context=_setup)
@@ -220,8 +255,11 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
         x, target = x.reshape(-1, x.shape[-1]), target.reshape(-1)
     _check(x, weight, target, ignore_index, reduction)
     grad = torch.is_grad_enabled()
-    chunk = chunk_rows(x.shape[0], weight.shape[0], x.element_size())  # part of the op's key: a plan's chunks
-    loss = _op(x, weight, target, ignore_index, chunk, grad and x.requires_grad, grad and weight.requires_grad)[0]
+    t, h = x.shape
+    chunk = chunk_rows(t, weight.shape[0], h, x.element_size())  # part of the op's key: a plan's chunks
+    need_dw = grad and weight.requires_grad
+    loss = _op(x, weight, target, ignore_index, chunk, grad and x.requires_grad, need_dw,
+               defers_dw(t, chunk, x.dtype, need_dw))[0]
     if reduction == "sum":
         return loss
     # the mean over the rows not ignored (0 / 0 gives NaN, as torch)
