@@ -288,6 +288,29 @@ def test_linear_cross_entropy_math_and_one_backward_kernel_lookup(monkeypatch) -
     torch.testing.assert_close(xo.grad, xr.grad)
     torch.testing.assert_close(wo.grad, wr.grad)
 
+    # a gradient penalty through dweight: neither path differentiates it (dlogits is not
+    # differentiable), so both refuse alike rather than the deferred one returning a wrong answer
+    for defer in (False, True):
+        xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (gw,) = torch.autograd.grad(lce._op(xo, wo, t, -100, 384 if defer else 128, True, True, defer)[0] / count, wo,
+                                    create_graph=True)
+        assert not gw.requires_grad
+        torch.testing.assert_close(gw, wr.grad / 1.5)
+    # only x's gradient asked for: the deferred backward skips the dweight GEMM; eager and
+    # with the backward formula traced by AOTAutograd
+    def deferred(xo, wo):
+        return lce._op(xo, wo, t, -100, 384, True, True, True)[0] / count * 1.5
+
+    torch._dynamo.reset()
+    for fn in (deferred, torch.compile(deferred, backend="aot_eager", fullgraph=True)):
+        xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(fn(xo, wo), xo)
+        torch.testing.assert_close(gx, xr.grad)
+        xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
+        gx, gw = torch.autograd.grad(fn(xo, wo), (xo, wo))
+        torch.testing.assert_close(gx, xr.grad)
+        torch.testing.assert_close(gw, wr.grad)
+
     # one chunk for the batch: the logits' gradient in dweight's place, dweight made in the backward
     loss, dx, dlogits = lce._impl(x, w, t, -100, 384, True, True, True)
     assert dlogits.shape == (300, 40)
@@ -386,12 +409,21 @@ def test_linear_cross_entropy_chunks_and_checks() -> None:
     import importlib
 
     lce = importlib.import_module("cuteforge.ops.linear_cross_entropy")
-    assert lce.chunk_rows(4096, 128256, 1024, 2) == 2048  # 512 MiB of bf16 logits a chunk, two balanced chunks
-    assert lce.chunk_rows(4096, 128256, 4096, 2) == 4096  # the weight's 1 GiB: the whole batch in one chunk
-    assert lce.chunk_rows(8192, 128256, 4096, 2) == 4096
-    assert lce.chunk_rows(7, 128256, 1024, 2) == 7
-    assert lce.chunk_rows(5000, 32000, 64, 4) % 128 == 0
-    assert lce.chunk_rows(0, 128256, 1024, 2) == 1  # an empty batch: one (empty) chunk, no division by zero
+    assert lce.chunk_rows(4096, 128256, 2) == 2048  # 512 MiB of bf16 logits a chunk, two balanced chunks
+    assert lce.chunk_rows(7, 128256, 2) == 7
+    assert lce.chunk_rows(5000, 32000, 4) % 128 == 0
+    assert lce.chunk_rows(0, 128256, 2) == 1  # an empty batch: one (empty) chunk, no division by zero
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    # the batch's logits no larger than the weight (1 GiB): one chunk, dweight deferred
+    assert lce.chunking(4096, 128256, 4096, bf16, True) == (4096, True)
+    assert lce.chunking(2048, 128256, 1024, bf16, True) == (2048, True)  # within the 512 MiB budget
+    # anything else keeps the 512 MiB chunks: no larger forward peak where nothing is deferred
+    assert lce.chunking(8192, 128256, 4096, bf16, True) == (2048, False)  # logits larger than the weight
+    assert lce.chunking(4096, 128256, 4096, bf16, False) == (2048, False)  # a frozen head
+    assert lce.chunking(4096, 128256, 4096, fp16, True) == (2048, False)
+    assert lce.chunking(4096, 128256, 4096, fp32, True) == (4096, True)  # 2 GiB of fp32 logits, a 2 GiB weight
+    assert lce.chunking(8192, 128256, 4096, fp32, True) == (1024, False)
+    assert lce.chunking(0, 128256, 4096, bf16, True) == (1, False)
     assert lce.defers_dw(4096, 4096, torch.bfloat16, True) and lce.defers_dw(7, 7, torch.float32, True)
     assert not lce.defers_dw(4096, 2048, torch.bfloat16, True)  # two chunks: dweight accumulates in the forward
     assert not lce.defers_dw(7, 7, torch.float16, True)  # x / rows would be subnormal in fp16

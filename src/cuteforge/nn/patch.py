@@ -308,7 +308,8 @@ def patch(model: nn.Module, *, norm: bool = True, mlp: bool | str = "activation"
     ``residual_norm``: each decoder layer's residual add before its post-attention norm
     runs in that norm, forward and backward (`cuteforge.nn.residual_norm`: one kernel
     fewer each way a layer); only for layers whose forward is the Llama family's as this
-    version knows it, and whose norms were swapped.
+    version knows it, and whose norms were swapped. Off by default: in the model benchmark
+    it is level with the default compiled and slower in host-bound eager steps (docs/nn.md).
 
     Returns the report (also kept on the model for `unpatch`). A model patched already is
     refused: unpatch it first."""

@@ -10,13 +10,15 @@ of dx and dweight (cuBLAS, dweight accumulated over the chunks). The gradients a
 where the logits are at hand, and scaled by the loss's incoming gradient in the
 backward; only one chunk's logits and their gradient live at a time.
 
-Where one chunk holds the whole batch (bf16 / fp32), the forward keeps the logits'
-gradient instead of dweight, and the backward makes dweight in one GEMM with the
-incoming gradient folded into x: a (T, H) scale instead of a pass over the (V, H)
-weight gradient (1 GiB read and written at a 128256 x 4096 head), and no second
-chunk's read-modify-write of dweight. Held between forward and backward: (T, V)
-instead of (V, H), at most the chunk budget. fp16 keeps the scale on dweight: x times
-1 / rows would fall into fp16's subnormals.
+Where dweight is wanted (bf16 / fp32) and the whole batch's logits are no larger than
+the weight (T <= H) or the chunk budget, they are one chunk and the forward keeps their
+gradient instead of dweight: the backward makes dweight in one GEMM with the incoming
+gradient folded into x, a (T, H) scale instead of a pass over the (V, H) weight
+gradient (1 GiB read and written at a 128256 x 4096 head), and no second chunk's
+read-modify-write of dweight. Held between forward and backward: the (T, V) logits'
+gradient and x (saved) instead of the (V, H) dweight; the forward's peak is no higher
+than the chunked path's. fp16 keeps the scale on dweight: x times 1 / rows would fall
+into fp16's subnormals.
 
 x (T, H) and weight (V, H) fp32/bf16/fp16 CUDA, the same dtype; target (T,) int64 class
 indices (``ignore_index`` rows count for nothing); reduction "mean" (over the rows not
@@ -49,7 +51,7 @@ from .registered import define
 __all__ = ["linear_cross_entropy"]
 
 _WHERE = "cuteforge.ops.linear_cross_entropy"
-CHUNK_BYTES = 512 << 20  # a chunk's logits at most, or the weight's size where larger (`chunk_rows`)
+CHUNK_BYTES = 512 << 20  # a chunk's logits at most (`chunk_rows`; `chunking` may take the weight's size)
 
 
 def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) -> None:
@@ -80,15 +82,12 @@ def _check(x: Any, weight: Any, target: Any, ignore_index: Any, reduction: Any) 
     checks.on_cuda(_WHERE, "x", x)
 
 
-def chunk_rows(tokens: int, vocab: int, hidden: int, itemsize: int) -> int:
-    """Rows a chunk takes: its logits within CHUNK_BYTES or the weight's own size, whichever
-    is larger (the weight gradient is that size anyway, and a batch in one chunk takes the
-    deferred weight gradient: module doc), at least 128 rows; the chunks balanced and whole
-    128-row GEMM tiles (1 for an empty batch)."""
+def chunk_rows(tokens: int, vocab: int, itemsize: int) -> int:
+    """Rows a chunk takes: its logits within CHUNK_BYTES (at least 128 rows), the chunks
+    balanced and whole 128-row GEMM tiles (1 for an empty batch)."""
     if tokens <= 0:
         return 1
-    budget = max(CHUNK_BYTES, vocab * hidden * itemsize)
-    most = max(128, budget // max(1, vocab * itemsize) // 128 * 128)
+    most = max(128, CHUNK_BYTES // max(1, vocab * itemsize) // 128 * 128)
     chunks = -(-tokens // most)
     rows = -(-tokens // chunks)
     return max(1, min(tokens, -(-rows // 128) * 128))
@@ -104,10 +103,22 @@ def _chunk_step(where: str, t: int, chunk: int) -> int:
 
 
 def defers_dw(t: int, chunk: int, dtype: torch.dtype, need_dw: bool) -> bool:
-    """Whether the op keeps the logits' gradient for the backward to make dweight from
-    (module doc): one chunk holds the whole (non-empty) batch, and x's dtype has fp32's
-    exponent range for x times the incoming gradient."""
+    """Whether the op may keep the logits' gradient for the backward to make dweight from
+    (module doc): dweight wanted, one chunk holds the whole (non-empty) batch, and x's
+    dtype has fp32's exponent range for x times the incoming gradient."""
     return need_dw and 0 < t <= chunk and dtype != torch.float16
+
+
+def chunking(tokens: int, vocab: int, hidden: int, dtype: torch.dtype, need_dw: bool) -> tuple[int, bool]:
+    """(rows a chunk takes, whether dweight is deferred) for a call: the whole batch as one
+    chunk with dweight deferred where that is allowed (`defers_dw`) and the batch's logits
+    are no larger than the weight or CHUNK_BYTES (held until the backward in dweight's
+    place, so no more than the chunked path holds), else `chunk_rows`."""
+    itemsize = dtype.itemsize
+    if defers_dw(tokens, tokens, dtype, need_dw) and tokens * vocab * itemsize <= max(CHUNK_BYTES,
+                                                                                     vocab * hidden * itemsize):
+        return tokens, True
+    return chunk_rows(tokens, vocab, itemsize), False
 
 
 def _impl(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, chunk: int, need_dx: bool,
@@ -224,7 +235,9 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) 
     ctx.set_materialize_grads(False)  # eager autograd would zero-fill a dweight-sized gradient for dw
     ctx.need = inputs[5], inputs[6]
     ctx.defer_dw = inputs[7]
-    ctx.save_for_backward(dx, dw, inputs[0] if ctx.defer_dw else None)
+    # x without its history: the backward's dweight stays a constant of the graph, as
+    # `dw * g` was (no second-order path through a gradient the op does not differentiate)
+    ctx.save_for_backward(dx, dw, inputs[0].detach() if ctx.defer_dw else None)
 
 
 def _backward(ctx: Any, g: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
@@ -234,7 +247,7 @@ def _backward(ctx: Any, g: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
     # g: the summed loss's gradient (fp32; the mean's 1 / rows is in it already)
     gx = dx * g.to(dx.dtype) if ctx.need[0] else None
     if ctx.defer_dw:  # dw holds the logits' gradient (T, V): dweight = dlogits^T (g x), g on the small side
-        gw = torch.mm(dw.t(), x * g.to(x.dtype))
+        gw = torch.mm(dw.t(), x * g.to(x.dtype)) if ctx.needs_input_grad[1] else None
     else:
         gw = dw * g.to(dw.dtype) if ctx.need[1] else None
     return gx, gw, None, None, None, None, None, None
@@ -256,10 +269,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Te
     _check(x, weight, target, ignore_index, reduction)
     grad = torch.is_grad_enabled()
     t, h = x.shape
-    chunk = chunk_rows(t, weight.shape[0], h, x.element_size())  # part of the op's key: a plan's chunks
     need_dw = grad and weight.requires_grad
-    loss = _op(x, weight, target, ignore_index, chunk, grad and x.requires_grad, need_dw,
-               defers_dw(t, chunk, x.dtype, need_dw))[0]
+    chunk, defer_dw = chunking(t, weight.shape[0], h, x.dtype, need_dw)  # part of the op's key: a plan's chunks
+    loss = _op(x, weight, target, ignore_index, chunk, grad and x.requires_grad, need_dw, defer_dw)[0]
     if reduction == "sum":
         return loss
     # the mean over the rows not ignored (0 / 0 gives NaN, as torch)
