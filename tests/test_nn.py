@@ -405,6 +405,24 @@ def test_linear_cross_entropy_plan_unrolls_the_chunks(monkeypatch, need, defer) 
     assert lce._op_plan(x[:0], w, t[:0], ignore, 128, *need, False) is None  # an empty batch: the Python body
 
 
+def test_linear_cross_entropy_takes_autocast_dtype() -> None:
+    """Under autocast (fp32 master weights, bf16 compute) x and the LM head's weight reach
+    the op in autocast's dtype, as the stock head's F.linear takes them, instead of the
+    op's one-dtype check refusing them; gradients flow back to the fp32 tensors."""
+    import importlib
+
+    lce = importlib.import_module("cuteforge.ops.linear_cross_entropy")
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(10, 8, requires_grad=True)
+    assert lce._autocast_operands(x, w) == (x, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        xa, wa = lce._autocast_operands(x, w)
+        assert xa.dtype == wa.dtype == torch.bfloat16
+        with pytest.raises(ValueError, match="'x' must be a CUDA tensor"):  # past the dtype check
+            lce.linear_cross_entropy(x, w, torch.zeros(4, dtype=torch.int64))
+    (xa.float().sum() + wa.float().sum()).backward()
+    assert x.grad.dtype == w.grad.dtype == torch.float32
+
+
 def test_linear_cross_entropy_chunks_and_checks() -> None:
     import importlib
 

@@ -256,11 +256,23 @@ def _backward(ctx: Any, g: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
 _op = define("cuteforge::linear_cross_entropy", _impl, fake=_fake, plan=_op_plan, backward=_backward, setup_context=_setup)
 
 
+def _autocast_operands(x: Any, weight: Any) -> tuple[Any, Any]:
+    """Under autocast, x and weight in its dtype, as the LM head's ``F.linear`` would take
+    them (fp32 master weights trained with bf16 autocast); the op itself takes one dtype."""
+    if (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and x.device.type in ("cuda", "cpu")
+            and x.is_floating_point() and weight.is_floating_point() and torch.is_autocast_enabled(x.device.type)):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        return x.to(dtype), weight.to(dtype)
+    return x, weight
+
+
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
                          reduction: str = "mean") -> torch.Tensor:
     """``F.cross_entropy(x @ weight.T, target, ignore_index=, reduction=)`` (fp32 loss) with
     only one chunk of the logits in memory at a time (module doc). x may be N-D (..., H)
-    with target (...)."""
+    with target (...). Under autocast x and weight run in its dtype (gradients flow back
+    to them in theirs)."""
+    x, weight = _autocast_operands(x, weight)
     if isinstance(x, torch.Tensor) and isinstance(target, torch.Tensor) and x.dim() > 2:
         if tuple(target.shape) != tuple(x.shape[:-1]):  # flattened, any equal count would pass
             raise ValueError(f"{_WHERE}: argument 'target' must have shape {tuple(x.shape[:-1])} to match 'x' "
