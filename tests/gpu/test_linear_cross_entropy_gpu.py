@@ -89,3 +89,25 @@ def test_weight_and_input_gradients_eager_and_compiled(dtype, tokens, chunk_byte
     g_ref = torch.autograd.grad(ref, (x, w))
     for a, b in zip(g, g_ref):
         assert a.dtype == dtype and _rel(a, b) < 1e-2
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fp32_weights_under_bf16_autocast(compiled) -> None:
+    """fp32 x and head under bf16 autocast (mixed-precision training with fp32 master
+    weights): the op runs in bf16 as the stock head's F.linear would, and the gradients come
+    back in fp32, against torch's autocast reference."""
+    torch._dynamo.reset()
+    x, w, t = _problem(1000, 256, 32000, torch.float32)
+
+    def loss_of(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return ops.linear_cross_entropy(x, w, t)
+
+    f = torch.compile(loss_of, fullgraph=True) if compiled else loss_of
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = f(x, w)
+        ref = F.cross_entropy(F.linear(x, w).float(), t)
+    assert loss.dtype == torch.float32 and abs(loss.item() - ref.item()) < 1e-2
+    g = torch.autograd.grad(loss, (x, w))
+    g_ref = torch.autograd.grad(ref, (x, w))
+    for a, b in zip(g, g_ref):
+        assert a.dtype == torch.float32 and _rel(a, b) < 1e-2
