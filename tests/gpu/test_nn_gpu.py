@@ -212,6 +212,25 @@ def test_patched_llama_matches_stock(compiled, fused_loss, residual_norm) -> Non
     assert type(patched.model.norm).__name__ == "LlamaRMSNorm"
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_patched_llama_fp32_weights_under_bf16_autocast(compiled) -> None:
+    """Mixed-precision training with fp32 master weights (bf16 autocast, as transformers'
+    Trainer with bf16=True): the patched model, the fused loss included when compiled,
+    trains like stock under the same autocast, with fp32 gradients."""
+    stock = _llama().float()
+    patched = copy.deepcopy(stock)
+    cnn.patch(patched)
+    ids = torch.randint(0, 1000, (2, 127), device="cuda")
+    torch._dynamo.reset()
+    run = torch.compile(patched, fullgraph=True) if compiled else patched
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(2 if compiled else 1):
+            loss, grads = _loss_and_grads(run, ids)
+        ref, ref_grads = _loss_and_grads(stock, ids)
+    assert all(g is None or g.dtype == torch.float32 for g in grads)
+    _assert_matches_stock(loss, grads, ref, ref_grads)
+
+
 def test_patched_llama_compiles_without_graph_breaks() -> None:
     patched = _llama()
     cnn.patch(patched)
