@@ -45,23 +45,24 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
     import importlib
 
     ce_mod = importlib.import_module("cuteforge.ops.cross_entropy")
+    launch = importlib.import_module("cuteforge.ops.cross_entropy_launch")
     torch._dynamo.reset()
     x = torch.randn(m, n, device="cuda", dtype=dtype)
     t = torch.randint(0, n, (m,), device="cuda")
     e = x.element_size()
     row: dict = {"M": m, "N": n, "dtype": str(dtype).removeprefix("torch.")}
-    loss, lse = ce_mod._fwd(x, t, -100)
+    loss, lse = launch._fwd(x, t, -100)
     ref = F.cross_entropy(x.float() if m * n < 2**30 else x, t, reduction="none").float()
     row["fwd_correct"] = bool(torch.allclose(loss, ref, rtol=1e-2, atol=2e-2))
     gscale = torch.full((m,), 1.0 / m, device="cuda")
-    dx = ce_mod._bwd(x, t, lse, gscale, -100)
+    dx = launch._bwd(x, t, lse, gscale, -100)
     p = torch.softmax(x[:64].float(), -1)
     p[torch.arange(64, device="cuda"), t[:64]] -= 1
     row["bwd_correct"] = bool(torch.allclose(dx[:64].float(), p / m, rtol=2e-2, atol=1e-3 / m))
     del dx, p, ref
 
-    fwd = {"cuteforge": lambda: ce_mod._fwd(x, t, -100), "torch": lambda: F.cross_entropy(x, t, reduction="none")}
-    bwd = {"cuteforge": lambda: ce_mod._bwd(x, t, lse, gscale, -100)}
+    fwd = {"cuteforge": lambda: launch._fwd(x, t, -100), "torch": lambda: F.cross_entropy(x, t, reduction="none")}
+    bwd = {"cuteforge": lambda: launch._bwd(x, t, lse, gscale, -100)}
     xg = x.clone().requires_grad_(True)
 
     def step(fn):
@@ -73,7 +74,7 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
     train = {"cuteforge": step(lambda a, b: ops.cross_entropy(a, b)), "torch": step(lambda a, b: F.cross_entropy(a, b))}
 
     def rowwise_mean() -> torch.Tensor:  # v1's composition: the per-row kernel, then torch reduces
-        per_row, _ = ce_mod._fwd(x, t, -100)
+        per_row, _ = launch._fwd(x, t, -100)
         return per_row.sum() / t.ne(-100).sum()
 
     # the reduced kernel itself, launched directly (the op's own host path aside; before
@@ -85,7 +86,7 @@ def measure(m: int, n: int, dtype: torch.dtype, copy_bps: float, compiled: bool,
 
     def reduced_mean() -> torch.Tensor:
         if not red:
-            red.append(ce_mod._red_get(ce_mod._red_key(x, t, x.dtype), ce_mod._row_config(x, t, -100), -100, True, False))
+            red.append(launch._red_get(launch._red_key(x, t, x.dtype), launch._row_config(x, t, -100), -100, True, False))
         red[0](x, t, red_out, red_unused, red_work)
         return red_out
 

@@ -35,6 +35,7 @@ from cuteforge.timing import events as timing
 
 # the modules (cuteforge.ops re-exports functions of the same names)
 ce_ops = importlib.import_module("cuteforge.ops.cross_entropy")
+ce_launch = importlib.import_module("cuteforge.ops.cross_entropy_launch")
 norm_ops = importlib.import_module("cuteforge.ops.norm")
 sm_ops = importlib.import_module("cuteforge.ops.softmax")
 
@@ -172,7 +173,7 @@ def py_bwd(fam: str, s: dict[str, Any]) -> Any:
         kind = fam.split("_")[0]
         return lambda: norm_ops._backward(kind, s["dy"], s["x"], s["w"], s["mean"], s["rstd"], None, s["b"] is not None,
                                           need_dw=False)
-    return lambda: ce_ops._bwd(s["x"], s["t"], s["lse"], s["dloss"], -100)
+    return lambda: ce_launch._bwd(s["x"], s["t"], s["lse"], s["dloss"], -100)
 
 
 def check_eager_autograd() -> dict[str, Any]:
