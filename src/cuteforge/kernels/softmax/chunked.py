@@ -112,7 +112,7 @@ def _chunk_lacks(base, t, k: int, cb: int, p: int, nv: int):
 
 
 class _Rows:
-    """Trace-time helpers for the row split of the chunked kernels (``row_split``): the
+    """Trace-time helpers for the row split of the chunked kernels (``rows.split``): the
     vectors of CTA c's chunk, and the leftover elements of a realigned row on the last
     CTA's threads (slot i on thread i % P)."""
 
@@ -241,7 +241,7 @@ class SoftmaxChunkedForward(ChunkedRowSoftmax):
     def write_y(self, gy: cute.Tensor, sxv: cute.Tensor, out: cute.Tensor, base, t, lse, m_row, s_row,
                 by_elem: cutlass.Constexpr):
         """The thread's vectors of y: from `out` (held), or computed again from the staged
-        chunk `sxv` (reread_out); by_elem: element by element (row_split.move)."""
+        chunk `sxv` (reread_out); by_elem: element by element (rows.split.move)."""
         dtype, BV, KT, KF, log = self.dtype, self.vector, self.rounds, self.whole_rounds, self.log
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=self.copy_bits)
         vr2 = cute.make_rmem_tensor(cute.make_layout((BV,)), dtype)

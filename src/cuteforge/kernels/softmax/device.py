@@ -14,7 +14,7 @@ CTAs of an sm_90 thread-block cluster: P*C "virtual threads" g = cta_rank*P + t.
 
 The row is NV vectors of BV elements. Where the rows' alignment allows 16-byte vectors,
 BV = vec (the op lowers vec until it divides N) and NV = N / vec. Where it does not (an
-odd N such as 50257, or a view), the rows are realigned (``row_split``): NV 16-byte
+odd N such as 50257, or a view), the rows are realigned (``rows.split``): NV 16-byte
 vectors from each row's first 16-byte boundary on, and TAIL < 2 BV leftover elements
 (the head before it and the tail after the vectors) one by one, slot i to virtual
 thread i % (P*C). The other operands are read / written through the same split when

@@ -52,7 +52,7 @@ def shape_for(n: int, dtype_bits: int, elems: int, p_max: int, c_max: int) -> So
 
 
 def body_elems(n: int, dtype_bits: int, realigned: bool) -> int:
-    """Elements in the row's whole 16-byte vectors, as the kernels split it (`row_split`):
+    """Elements in the row's whole 16-byte vectors, as the kernels split it (`rows.split`):
     a realigned row (or N not a multiple of the vector) has (N - vec + 1) // vec of them."""
     vec = 128 // dtype_bits
     return max((n - vec + 1) // vec if realigned or n % vec else n // vec, 1) * vec
@@ -63,7 +63,7 @@ def long_forward(n: int, dtype_bits: int = 16, realigned: bool = False) -> Softm
     leaves a thread <= 56 elements, capped at 8 CTAs while a thread holds <= 64 (then 16).
 
     A thread's share counts the row's whole 16-byte vectors: a row that does not start on
-    16 bytes (``realigned``, or N not a multiple of the vector) is realigned (`row_split`):
+    16 bytes (``realigned``, or N not a multiple of the vector) is realigned (`rows.split`):
     (N - vec + 1) // vec vectors from its first boundary, its fewer than two vectors' worth
     of head and tail element by element on top, so N = 131073 takes 131072's cluster (c8),
     not c16."""
