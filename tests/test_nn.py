@@ -35,6 +35,24 @@ def test_modules_match_torch_and_share_state_dicts() -> None:
                                    F.cross_entropy(logits, target, reduction=reduction))
 
 
+def test_cross_entropy_loss_takes_torch_layouts_and_classes_last() -> None:
+    # torch's (N, C, d): with C == d both layouts fit the target and torch's must win
+    for shape in ((2, 3, 3), (2, 5, 4), (2, 5, 4, 3)):
+        logits = torch.randn(*shape)
+        target = torch.randint(0, shape[1], (shape[0], *shape[2:]))
+        for reduction in ("mean", "none"):
+            torch.testing.assert_close(cnn.CrossEntropyLoss(reduction=reduction)(logits, target),
+                                       nn.CrossEntropyLoss(reduction=reduction)(logits, target))
+    # a language model's (B, S, V) with (B, S) labels, and torch's unbatched (C,) with ()
+    logits, target = torch.randn(2, 7, 11), torch.randint(0, 11, (2, 7))
+    torch.testing.assert_close(cnn.CrossEntropyLoss(reduction="none")(logits, target),
+                               F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), reduction="none").view(2, 7))
+    torch.testing.assert_close(cnn.CrossEntropyLoss()(logits[0, 0], target[0, 0]),
+                               F.cross_entropy(logits[0, 0], target[0, 0]))
+    with pytest.raises(ValueError, match="fits neither layout"):
+        cnn.CrossEntropyLoss()(logits, target[:, :3])
+
+
 def test_bad_arguments_name_themselves() -> None:
     with pytest.raises(ValueError, match="normalized_shape"):
         cnn.RMSNorm((4, 4))

@@ -42,6 +42,15 @@ def _cfg(**kw):  # noqa: ANN003, ANN202
     (lambda: ops.softmax(X), ValueError, "'x' must be a CUDA tensor"),
     (lambda: ops.sum(X), ValueError, "'x' must be a CUDA tensor"),
     (lambda: ops.cross_entropy(X, torch.zeros(4, dtype=torch.int64)), ValueError, "'logits' must be a CUDA tensor"),
+    # rows past int32 (expanded: no memory): the kernels index a row in int32
+    (lambda: ops.sum(torch.zeros(1).expand(2**31)), ValueError, "'x' has 2147483648 elements in the reduced dim"),
+    (lambda: ops.argmax(torch.zeros(2, 1).expand(2, 2**31 + 5)), ValueError, "at most 2147483647"),
+    (lambda: ops.cross_entropy(torch.zeros(2, 1).expand(2, 2**31), torch.zeros(2, dtype=torch.int64)), ValueError,
+     "'logits' must have 1 to 2147483647 classes"),
+    # the registered ops check what the public ones do
+    (lambda: torch.ops.cuteforge.rms_norm(X, W, None, -1.0), ValueError, "'eps' must be finite"),
+    (lambda: torch.ops.cuteforge.layer_norm(X, W, None, None, float("nan")), ValueError, "'eps' must be finite"),
+    (lambda: torch.ops.cuteforge.rms_norm(X, torch.ones(9), None, 1e-6), ValueError, "'weight' must have shape"),
 ])
 def test_the_real_problem_first(call, error, match) -> None:
     with pytest.raises(error, match=match):
@@ -60,5 +69,17 @@ def test_numpy_scalars_are_accepted() -> None:
         ops.sum(X, np.int64(1))
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         ops.softmax(X, dim=np.int64(-1))
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):  # another dim moves last, as an int's
+        ops.softmax(X, dim=np.int64(0))
     with pytest.raises(TypeError, match="'dim' must be an int, got bool"):
         ops.sum(X, True)
+
+
+def test_a_column_grid_past_int32_is_refused() -> None:
+    from types import SimpleNamespace
+
+    reduce = __import__("cuteforge.ops.reduce", fromlist=["_check_col_grid"])
+    cfg = SimpleNamespace(threads_x=8, cluster_n=1)
+    reduce._check_col_grid("sum", 2**20, 17, 1, cfg)  # 3 CTAs a row: fits
+    with pytest.raises(ValueError, match="cuteforge.ops.sum: argument 'x' would take 4294967298 CTAs"):
+        reduce._check_col_grid("sum", 1431655766, 17, 1, cfg)

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+INT32_MAX = 2**31 - 1  # the kernels' in-row indices and launch grids are int32
+
 
 def _dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")

@@ -203,7 +203,12 @@ class Embedding(nn.Embedding):
 class CrossEntropyLoss(nn.Module):
     """`torch.nn.CrossEntropyLoss` for class-index targets (no class weights, no label
     smoothing) on `cuteforge.ops.cross_entropy`: one pass forward, one backward, the
-    softmax never materialized. Logits (..., C) are flattened to rows."""
+    softmax never materialized.
+
+    Layouts: torch's, logits (C,), (N, C) or (N, C, d1, ...) with target (), (N,) or
+    (N, d1, ...), and a language model's, logits (..., C) with target (...) (classes
+    last). The target's shape says which; where both fit (C equal to d1 in a 3-D call),
+    torch's wins, as a drop-in must."""
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean") -> None:
         super().__init__()
@@ -213,14 +218,31 @@ class CrossEntropyLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = _classes_last(logits, target)
         if not _on_cuteforge(logits) or target.dtype != torch.int64:
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                    ignore_index=self.ignore_index, reduction=self.reduction)
-        from .. import ops
+        else:
+            from .. import ops
 
-        loss = ops.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                 reduction=self.reduction, ignore_index=self.ignore_index)
+            loss = ops.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                     reduction=self.reduction, ignore_index=self.ignore_index)
         return loss.view(target.shape) if self.reduction == "none" else loss
+
+
+def _classes_last(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """logits with the class dim last, for `CrossEntropyLoss`'s layouts."""
+    where = "cuteforge.nn.CrossEntropyLoss"
+    if not isinstance(logits, torch.Tensor) or not isinstance(target, torch.Tensor):
+        raise TypeError(f"{where}: logits and target must be torch.Tensors, got {type(logits).__name__} and "
+                        f"{type(target).__name__}")
+    if logits.dim() >= 3 and target.shape == (logits.shape[0], *logits.shape[2:]):
+        return logits.movedim(1, -1)  # torch's class dim 1
+    if logits.dim() >= 1 and target.shape == logits.shape[:-1]:
+        return logits
+    raise ValueError(f"{where}: target of shape {tuple(target.shape)} fits neither layout of logits "
+                     f"{tuple(logits.shape)}: torch's (N, C, d1, ...) with target (N, d1, ...), or classes last, "
+                     f"(..., C) with target (...)")
 
 
 class SwiGLUMLP(nn.Module):

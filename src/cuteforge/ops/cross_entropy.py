@@ -79,8 +79,9 @@ def _check(logits: Any, target: Any, reduction: Any, ignore_index: Any) -> None:
             f"{tuple(logits.shape)}, got {tuple(target.shape)}"
         )
     checks.same_device(_WHERE, "target", target, "logits", logits)
-    if logits.shape[1] == 0:
-        raise ValueError(f"{_WHERE}: argument 'logits' must have N >= 1 classes, got shape {tuple(logits.shape)}")
+    if not 1 <= logits.shape[1] <= checks.INT32_MAX:  # the kernels index a row in int32
+        raise ValueError(f"{_WHERE}: argument 'logits' must have 1 to {checks.INT32_MAX} classes, got shape "
+                         f"{tuple(logits.shape)}")
     if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
         raise ValueError(f"{_WHERE}: argument 'reduction' must be one of {_REDUCTIONS}, got {reduction!r}")
     checks.integer(_WHERE, "ignore_index", ignore_index)

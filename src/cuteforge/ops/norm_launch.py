@@ -120,6 +120,8 @@ def _small_m_config(kind: str, x2: torch.Tensor) -> Any:
 
 def _fwd_plan(kind: str, x2: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, r2: torch.Tensor | None, eps: float,
               config: Any = None) -> Callable[..., Any] | None:
+    # the registered ops reach here without the public op's checks (torch.ops.cuteforge.*)
+    _check(f"cuteforge.ops.{kind}_norm", x2, w, b, r2, eps, device=False)
     m, n = x2.shape
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x2.device)

@@ -26,6 +26,7 @@ import torch
 
 from .. import checks
 from ..arch import target_arch
+from ..checks import INT32_MAX
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 from ..native import build as native_build
 from ..native import launch as native_launch
@@ -87,6 +88,9 @@ def _check(op: str, x: Any, dim: Any, keepdim: Any) -> int:
     d = dim % x.dim()
     if x.shape[d] == 0:
         raise ValueError(f"{where}: argument 'x' has size 0 in the reduced dim {dim} (shape {tuple(x.shape)})")
+    if x.shape[d] > INT32_MAX:  # the kernels index within a row in int32, and argmax returns int32 positions
+        raise ValueError(f"{where}: argument 'x' has {x.shape[d]} elements in the reduced dim {dim}; at most "
+                         f"{INT32_MAX} are supported (reduce a reshaped x twice)")
     return d
 
 
@@ -205,6 +209,14 @@ def _pick_split(op: str, xv: torch.Tensor, vec: int) -> int:
     return s if s >= 16 else 1
 
 
+def _check_col_grid(op: str, o: int, i: int, vec: int, cfg: Any) -> None:
+    """The column kernel's grid is one int32 extent: O x ceil(I / CTA columns) x cluster."""
+    ctas = o * -(-i // (cfg.threads_x * vec)) * cfg.cluster_n
+    if ctas > INT32_MAX:
+        raise ValueError(f"cuteforge.ops.{op}: argument 'x' would take {ctas} CTAs (its {o} x {i} kept elements); "
+                         f"at most {INT32_MAX} fit one launch")
+
+
 def _col_runner(op: str, xv: torch.Tensor, out: torch.Tensor, vec: int, split: int | None = None, cfg: Any = None) -> Callable[..., Any]:
     """f(x3, out2) for x3 laid out like xv (O, R, I): one column kernel, or two: R in
     `split` equal chunks reduced into an fp32 workspace (O, split, I), then across chunks."""
@@ -214,13 +226,17 @@ def _col_runner(op: str, xv: torch.Tensor, out: torch.Tensor, vec: int, split: i
     params = (("op", op),)
     if split <= 1:
         key = col_reduce.signature.bind((xv, out))
-        return col_reduce.get(key, params, cfg or col_config_for(arch, o, r, i, bits, vec))
+        cfg = cfg or col_config_for(arch, o, r, i, bits, vec)
+        _check_col_grid(op, o, i, vec, cfg)
+        return col_reduce.get(key, params, cfg)
     rc = r // split
     shape1, stride1 = (o * split, rc, i), (rc * xv.stride(1), xv.stride(1), 1)
     x1 = xv.as_strided(shape1, stride1)
     ws = torch.empty(o * split, i, dtype=torch.float32, device=xv.device)
     key1 = col_reduce.signature.bind((x1, ws))
-    fn1 = col_reduce.get(key1, params, cfg or col_config_for(arch, o * split, rc, i, bits, key1.vec[0]))
+    cfg = cfg or col_config_for(arch, o * split, rc, i, bits, key1.vec[0])
+    _check_col_grid(op, o * split, i, key1.vec[0], cfg)
+    fn1 = col_reduce.get(key1, params, cfg)
     w3 = ws.view(o, split, i)
     key2 = col_reduce.signature.bind((w3, out))
     fn2 = col_reduce.get(key2, params, col_config_for(arch, o, split, i, 32, key2.vec[0]))

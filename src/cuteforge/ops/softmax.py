@@ -21,6 +21,7 @@ that node is unavailable, a plain torch.autograd.Function calling the warm paths
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -306,8 +307,8 @@ def _native_autograd(mode: str, x: torch.Tensor, dim: int) -> torch.Tensor | Non
 
 def _other_dim(x: Any, dim: Any) -> bool:
     """dim is a valid dim of tensor x other than its last."""
-    return (isinstance(x, torch.Tensor) and isinstance(dim, int) and not isinstance(dim, bool)
-            and -x.dim() <= dim < x.dim() and dim % x.dim() != x.dim() - 1)
+    return (isinstance(x, torch.Tensor) and isinstance(dim, numbers.Integral) and not isinstance(dim, bool)
+            and -x.dim() <= dim < x.dim() and int(dim) % x.dim() != x.dim() - 1)
 
 
 def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
@@ -323,7 +324,7 @@ def _entry(mode: str, custom: Any) -> Callable[..., torch.Tensor]:
         # The warm path is inlined on purpose: each Python call level costs ~0.1 us.
         if (type(dim) is not int or dim != -1) and _other_dim(x, dim):  # a tensor dim is never compared
             # the kernels run over rows: the dim moves last (a transposing copy), and back
-            return fn(x.movedim(dim, -1), -1).movedim(-1, dim)
+            return fn(x.movedim(int(dim), -1), -1).movedim(-1, int(dim))
         if is_compiling():
             return custom(x, dim)
         call = table.call  # the C memo: one C call for a warm no-grad layout
