@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -45,6 +46,7 @@ from . import trust
 MANIFEST = "manifest.json"
 FORMAT = 1
 ENV = "CUTEFORGE_BUNDLES"
+_PIN = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class BundleError(ValueError):
@@ -56,16 +58,18 @@ def _sha256(data: bytes) -> str:
 
 
 def _read_file(path: Path) -> bytes:
-    """A regular file's bytes, read without following a link at its last component."""
+    """A regular file's bytes, read without following a link at its last component (a FIFO
+    or other special file raises UntrustedPath at once)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = trust.open_nofollow(path)
     except OSError as e:
         if os.path.islink(path):
             raise trust.UntrustedPath(f"{path} is a symbolic link") from e
         raise
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a FIFO or device: never read
             raise trust.UntrustedPath(f"{path} is not a regular file")
+        os.set_blocking(f.fileno(), True)
         return f.read()
 
 
@@ -205,9 +209,13 @@ def _parse_env(value: str) -> list[Bundle]:
     for item in (i.strip() for i in value.split(os.pathsep)):
         if not item:
             continue
-        path, _, pin = item.partition("#sha256=")
+        path, sep, pin = item.partition("#sha256=")
+        if sep and not _PIN.fullmatch(pin.strip()):  # an empty pin (an unset variable) must not mean unpinned
+            trust.warn_once(f"bundle-env:{item}", f"cuteforge: {ENV}: kernel bundle {path}: its pin #sha256={pin!r} is not "
+                            "a sha256 (64 hex digits); refused, not using it", stacklevel=6)
+            continue
         try:
-            out.append(open_bundle(path, pin or None))
+            out.append(open_bundle(path, pin if sep else None))
         except BundleError as e:
             trust.warn_once(f"bundle-env:{item}", f"cuteforge: {ENV}: {e}; not using it", stacklevel=6)
     return out
@@ -257,10 +265,16 @@ def find_record(fingerprint: str, kernel: str, name: str) -> tuple[Path, Any] | 
 
 
 def private_copy(data: bytes) -> Path:
-    """`data` in a private file of this process named by its hash (what gets loaded)."""
-    path = trust.process_temp_dir("bundles") / f"{_sha256(data)}.o"
-    if not path.exists():
-        trust.atomic_write(path, data)
+    """`data` in a private file of this process named by its hash (what gets loaded); a file
+    already there is used only if it is this user's and hashes to that name, else rewritten."""
+    digest = _sha256(data)
+    path = trust.process_temp_dir("bundles") / f"{digest}.o"
+    try:
+        if _sha256(trust.read_bytes(path)) == digest:
+            return path
+    except OSError:
+        pass
+    trust.atomic_write(path, data)
     return path
 
 

@@ -4,8 +4,9 @@ Loading a compiled object, importing a rendered source, loading the C++ extensio
 acting on a tuning record runs or trusts what a file says, so every such path lives under
 a root that only this user can write, and is reached through this module:
 
-- the root (symlinks to it resolved) is a directory owned by this user (or root) that no
-  one else can write, in a parent that no one else can rename it out of; it is created 0700;
+- the root (symlinks to it resolved, each owned by this user or root) is a directory owned
+  by this user (or root) that no one else can write, under directories (every one up to
+  `/`) that no one else can rename it out of; it is created 0700;
 - every component below it is a real directory or file, never a symlink, owned by this
   user (or root) and writable by no one else; directories are created 0700, files 0600;
 - files are written whole: a private temporary file renamed over the target (`os.replace`
@@ -59,20 +60,88 @@ def _check_stat(st: os.stat_result, path: Path | str, what: str) -> None:
         raise UntrustedPath(f"others can write to {what} {path} (mode {oct(st.st_mode & 0o777)})")
 
 
+def _check_ancestor(d: Path, root: Path) -> None:
+    """Raise unless no one but this user (or root) can rename entries of directory `d`."""
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UntrustedPath(f"the path to the cache root {root} changed while it was checked ({d} is not a directory)")
+    uid = _uid()
+    if uid is not None and st.st_uid not in (uid, 0):
+        raise UntrustedPath(f"others can rename the cache root {root}: {d} is owned by uid {st.st_uid}, "
+                            f"neither this user (uid {uid}) nor root")
+    # In a directory others can write without the sticky bit, they could swap what lies below.
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise UntrustedPath(f"others can rename the cache root {root}: {d} is writable by them (mode {oct(st.st_mode & 0o7777)})")
+
+
+_MAX_LINKS = 40
+
+
+def _resolve(path: Path) -> Path:
+    """`path` absolute with its links followed (as `os.path.realpath`), refusing a link owned by
+    another user or sitting in a directory others can rename it in; a missing tail is kept as named."""
+    uid = _uid()
+    if uid is None:
+        return Path(os.path.realpath(path))
+    todo = list(reversed((Path.cwd() / path).parts))  # not normalized: ".." is taken after links, as the kernel does
+    real = Path(todo.pop())
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            real = real.parent
+            continue
+        nxt = real / name
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return Path(os.path.normpath(nxt.joinpath(*reversed(todo))))
+        if not stat.S_ISLNK(st.st_mode):
+            real = nxt
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            raise UntrustedPath(f"too many symbolic links resolving {path}")
+        if st.st_uid not in (uid, 0):
+            raise UntrustedPath(f"the cache root {path} is reached through the symbolic link {nxt}, owned by uid "
+                                f"{st.st_uid}, neither this user (uid {uid}) nor root")
+        _check_ancestor(real, Path(path))
+        target = Path(os.readlink(nxt))
+        if target.is_absolute():
+            real = Path(target.anchor)
+        todo.extend(reversed(target.parts[1:] if target.is_absolute() else target.parts))
+    return real
+
+
+def _mkdirs(path: Path) -> None:
+    """Create `path` and its missing parents 0700 (no one else may write an ancestor of a root)."""
+    missing = []
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+
+
 def check_root(root: Path) -> Path:
     """`root` (created 0700 when missing) resolved to a real directory this user alone can
-    write; raises UntrustedPath or OSError otherwise."""
-    if not os.path.lexists(root):
-        root.mkdir(parents=True, mode=0o700, exist_ok=True)
-    real = Path(os.path.realpath(root))
+    write, every directory above it safe from others renaming its entries; raises
+    UntrustedPath or OSError otherwise."""
+    real = _resolve(root)
+    if not os.path.lexists(real):
+        _mkdirs(real)
+        real = _resolve(real)
     st = os.lstat(real)
     if not stat.S_ISDIR(st.st_mode):
         raise UntrustedPath(f"the cache root {real} is not a directory")
     _check_stat(st, real, "the cache root")
-    parent = os.lstat(real.parent)
-    # In a directory others can write without the sticky bit, they could swap the root.
-    if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX:
-        raise UntrustedPath(f"others can rename the cache root: its parent {real.parent} is writable by them")
+    for d in real.parents:
+        _check_ancestor(d, real)
     return real
 
 
@@ -113,16 +182,23 @@ def check_file(path: Path, st: os.stat_result | None = None) -> None:
     _check_stat(st, path, "file")
 
 
+def open_nofollow(path: Path) -> int:
+    """A read-only descriptor of `path`, not through a link at its last component and
+    without blocking: a FIFO's open would wait for a writer (check the type, then read)."""
+    return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+
+
 def read_bytes(path: Path) -> bytes:
     """The contents of a file that passes `check_file`, read without following a link."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = open_nofollow(path)
     except OSError as e:
         if os.path.islink(path):
             raise UntrustedPath(f"{path} is a symbolic link") from e
         raise
     with os.fdopen(fd, "rb") as f:
         check_file(path, os.fstat(f.fileno()))
+        os.set_blocking(f.fileno(), True)
         return f.read()
 
 
@@ -152,18 +228,37 @@ def atomic_write(path: Path, data: bytes | str) -> None:
 _temp_dirs: dict[str, Path] = {}
 
 
+def _is_private_temp(d: Path) -> bool:
+    """Whether `d` is still a real directory of this user that no one else can enter."""
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return False
+    uid = _uid()
+    return stat.S_ISDIR(st.st_mode) and (uid is None or st.st_uid == uid) and not st.st_mode & 0o077
+
+
+def _remove_temp(d: Path) -> None:
+    if _is_private_temp(d):  # a directory someone else made under that name is not ours to remove
+        shutil.rmtree(d, True)
+
+
 def process_temp_dir(purpose: str) -> Path:
     """A private temporary directory for this process (one per purpose), removed at exit:
-    where files go when the cache root is refused."""
+    where files go when the cache root is refused. One that is gone, or that is no longer a
+    private directory of this user (a cleaner removed it and someone else made the name), is
+    replaced by a fresh one."""
     with _lock:
         d = _temp_dirs.get(purpose)
-        if d is None or not d.is_dir():
+        if d is None or not _is_private_temp(d):
             d = Path(tempfile.mkdtemp(prefix=f"cuteforge-{purpose}-"))
             _temp_dirs[purpose] = d
-            atexit.register(shutil.rmtree, d, True)
+            atexit.register(_remove_temp, d)
         return d
 
 
 def temp_dir_if_made(purpose: str) -> Path | None:
-    """This process's temporary directory for `purpose`, if `process_temp_dir` made one."""
-    return _temp_dirs.get(purpose)
+    """This process's temporary directory for `purpose`, if `process_temp_dir` made one
+    and it is still private."""
+    d = _temp_dirs.get(purpose)
+    return d if d is not None and _is_private_temp(d) else None
