@@ -124,16 +124,20 @@ def _inf_to_none(v: float) -> float | None:
     return None if v == float("inf") else round(float(v), 6)
 
 
+def _time(v: Any) -> bool:
+    """None or a finite number (not a bool); an int too large for a float is not one."""
+    try:
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+    except OverflowError:
+        return False
+
+
 def _valid_record(rec: Any, ident: Mapping[str, Any]) -> bool:
     """A record of this problem whose times are numbers (or None) by config text."""
     if not isinstance(rec, dict) or rec.get("identity") != ident:
         return False
     times = rec.get("times_ms", {})
-    number = (int, float)
-    if not isinstance(times, dict) or not all(
-        isinstance(k, str) and (v is None or (isinstance(v, number) and not isinstance(v, bool) and math.isfinite(v)))
-        for k, v in times.items()
-    ):
+    if not isinstance(times, dict) or not all(isinstance(k, str) and _time(v) for k, v in times.items()):
         return False
     return isinstance(rec.get("best_config", {}), dict) and isinstance(rec.get("errors", {}), dict)
 
@@ -249,7 +253,7 @@ class TuneStore:
             rec = json.loads(data)
             ident = rec["identity"]
             ok = isinstance(ident, dict) and _valid_record(rec, ident) and ident.get("schema") == SCHEMA
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             ok = False
         if not ok:
             raise ValueError("not a tuning record of this cuteforge")
@@ -274,7 +278,7 @@ def times_from_record(rec: Mapping[str, Any], configs: list[Any]) -> dict[Any, f
         if r not in stored:
             return None
         t = stored[r]
-        if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)):
+        if not _time(t):
             return None
         out[c] = float("inf") if t is None else float(t)
     return out

@@ -7,6 +7,8 @@ import atexit
 import json
 import math
 import os
+import re
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -111,8 +113,23 @@ def artifacts_dir(kernel: str | None = None) -> Path:
 
 
 
+def _number(v: Any) -> bool:
+    """A finite int or float (not a bool); an int too large for a float is not."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+
 def list_entries() -> list[dict[str, Any]]:
-    """Every entry under the cache root, newest first (for `cuteforge cache ls`)."""
+    """Every entry under the cache root, newest first (for `cuteforge cache ls`); damaged
+    metadata is skipped, a field of the wrong type read as missing."""
     root = cache_root()
     rows = []
     for meta in root.glob("*/*/*.json"):
@@ -120,36 +137,110 @@ def list_entries() -> list[dict[str, Any]]:
             m = json.loads(meta.read_text())
         except (OSError, ValueError):
             continue
+        if not isinstance(m, dict):
+            continue
         obj = meta.with_suffix(".o")
+        try:
+            size = obj.stat().st_size if obj.is_file() else 0
+        except OSError:
+            size = 0
+        created = m.get("created")
         rows.append(
             {
-                "kernel": m.get("kernel"),
-                "key": m.get("key"),
-                "arch": m.get("arch"),
+                "kernel": _text(m.get("kernel")),
+                "key": _text(m.get("key")),
+                "arch": _text(m.get("arch")),
                 "fingerprint": meta.parent.parent.name,
-                "bytes": obj.stat().st_size if obj.exists() else 0,
+                "bytes": size,
                 "path": str(obj),
-                "created": m.get("created"),
+                "created": created if _number(created) else 0,
             }
         )
-    rows.sort(key=lambda r: r["created"] or 0, reverse=True)
+    rows.sort(key=lambda r: r["created"], reverse=True)
     return rows
 
 
 
+# What cuteforge writes under a cache root, by name pattern: a file (None), a directory whose
+# contents are not checked ("*"), or a directory whose children must fit the nested layout.
+# A directory of another name or content (a home directory's src/, say) is not cuteforge's.
+_Layout = list[tuple[re.Pattern[str], Any]]
+_TMP = r"\..+\.tmp"  # trust.atomic_write's temporary file beside its target
+_FP = re.compile(r"[0-9a-f]{16}")  # key.fingerprint
+
+
+def _layout(*rows: tuple[str, Any]) -> _Layout:
+    return [(re.compile(rx), sub) for rx, sub in rows]
+
+
+_ENTRIES = _layout((r"[0-9a-f]{32}\.(o|json|lock|so)", None), (_TMP, None))  # key.Entry
+_ROOT = _layout(
+    (_FP.pattern, _layout((r"[^/]+", _ENTRIES))),  # <fingerprint>/<kernel>/<key hash>.*
+    ("autotune", _layout((_FP.pattern, _layout((r"[^/]+", _layout((r"[0-9a-f]{32}\.json", None), (_TMP, None))))))),
+    ("native", _layout((r"ffi_backward-[0-9a-f]{16}", "*"), (r"ffi_backward-[0-9a-f]{16}\.lock", None))),
+    ("src", _layout((r"v?[0-9a-f]{64}\.(py|json)", None), (_TMP, None))),  # templates/codecache.py
+    ("linked", _layout((r"[0-9a-f]{64}-[0-9a-f]{16}\.so(\.sha256)?", None), (_TMP, None))),
+    ("quarantine", _layout((r"[0-9a-f]{32}\.(o|json|so)\.\d+-\d+", None))),
+    ("artifacts", _layout((r"[^/]+", _layout((r"[0-9a-f]{32}\.(ptx|cubin|sass)", None), (_TMP, None))))),
+    (r"stats\.json|stats\.lock|source-hash\.json", None),  # here and key.py's source-hash memo
+    (r"\.(stats\.json|source-hash\.json)\..+\.tmp", None),
+)
+
+
+def _fits(entry: os.DirEntry[str], layout: _Layout) -> bool:
+    """Whether `entry` (not followed if a link) is one of `layout`'s files or directories."""
+    for rx, sub in layout:
+        if not rx.fullmatch(entry.name):
+            continue
+        if sub is None:
+            if entry.is_file(follow_symlinks=False):
+                return True
+        elif entry.is_dir(follow_symlinks=False):
+            if sub == "*":
+                return True
+            try:
+                with os.scandir(entry.path) as it:
+                    if all(_fits(child, sub) for child in it):
+                        return True
+            except OSError:
+                pass
+    return False
+
+
+
 def clear() -> int:
-    """Delete every cache entry; returns how many object files went."""
+    """Delete cuteforge's own files under the cache root (its entries, tuning results, the
+    C++ extension, rendered sources, linked libraries, quarantine, artifacts, stats);
+    anything else there is left, and named on stderr. Returns how many object files went.
+    Raises UntrustedPath for a root the cache would refuse, and ValueError, deleting
+    nothing, for a root that holds only files cuteforge did not write."""
     import shutil
 
     root = cache_root()
-    n = len(list(root.glob("*/*/*.o"))) if root.exists() else 0
-    if root.exists():
-        for child in root.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
-            elif child.name != "stats.json":
-                child.unlink(missing_ok=True)
-        (root / "stats.json").unlink(missing_ok=True)
+    if not os.path.lexists(root):
+        return 0
+    real = trust.check_root(root)
+    with os.scandir(real) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    mine = {e.name: _fits(e, _ROOT) for e in entries}
+    own = [e for e in entries if mine[e.name]]
+    other = [e.name for e in entries if not mine[e.name]]
+    if other and not own:
+        raise ValueError(f"{root} does not look like a cuteforge cache (it holds {len(other)} files or directories "
+                         "cuteforge did not write); deleted nothing")
+    n = 0
+    for e in own:
+        path = Path(e.path)
+        if e.is_dir(follow_symlinks=False):
+            if _FP.fullmatch(e.name):
+                n += sum(1 for _ in path.glob("*/*.o"))
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if other:
+        shown = ", ".join(other[:8]) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
+        print(f"cuteforge: left {len(other)} files or directories in {root} that cuteforge did not write: {shown}",
+              file=sys.stderr)
     return n
 
 
@@ -163,8 +254,7 @@ def _read_stats(root: Path) -> dict[str, float]:
     if not isinstance(stored, dict):
         return zero
     # a damaged file counts as zero, field by field
-    ok = (int, float)
-    return {k: v if isinstance(v := stored.get(k), ok) and not isinstance(v, bool) and math.isfinite(v) else 0 for k in zero}
+    return {k: v if _number(v := stored.get(k)) else 0 for k in zero}
 
 
 

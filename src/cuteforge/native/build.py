@@ -305,7 +305,7 @@ def _build(directory: Path) -> ModuleType:
     includes = sorted({*ffi_info.include_paths(), ffi_info.find_dlpack_include_path()})
     if not any(directory.glob("*.so")):
         log.warning("cuteforge: building the C++ extension (autograd node, forward launch) once for this torch (~30 s) in %s", directory)
-    return cpp_extension.load(
+    mod = cpp_extension.load(
         name=module_name(),
         sources=[str(f) for f in SOURCES],
         extra_include_paths=includes,
@@ -315,3 +315,18 @@ def _build(directory: Path) -> ModuleType:
         with_cuda=False,
         verbose=False,
     )
+    _make_private(directory)
+    return mod
+
+
+def _make_private(directory: Path) -> None:
+    """The build's files private whatever the umask: the linker makes the .so per the umask
+    (0775 under umask 002), and `_import_built` loads it only when no one else can write it."""
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.is_file(follow_symlinks=False):
+                    mode = 0o700 if entry.name.endswith(".so") else entry.stat(follow_symlinks=False).st_mode & 0o700
+                    os.chmod(entry.path, mode)
+    except OSError as e:  # this process has the module; a later one rebuilds it
+        log.warning("cuteforge: could not make the C++ extension in %s private (%s)", directory, e)
