@@ -45,3 +45,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trust module's once-only warnings afresh, and no CUTEFORGE_LOG (the trust and
+    cache tests take it through `pytestmark`)."""
+    from cuteforge import trust
+
+    monkeypatch.setattr(trust, "_warned", set())
+    monkeypatch.delenv("CUTEFORGE_LOG", raising=False)
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache root of the test's own (not created yet), through CUTEFORGE_CACHE_DIR."""
+    r = tmp_path / "cache"
+    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(r))
+    return r

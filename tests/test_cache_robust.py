@@ -20,21 +20,10 @@ from cuteforge.autotune import store as tune_store
 from cuteforge.native import build
 from cuteforge.templates import codecache
 
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # conftest.py
+
 SRC = Path(__file__).resolve().parent.parent / "src"
 HUGE = int("9" * 400)  # a JSON number no float can hold
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trust, "_warned", set())
-    monkeypatch.delenv("CUTEFORGE_LOG", raising=False)
-
-
-@pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    r = tmp_path / "cache"
-    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(r))
-    return r
 
 
 def cli(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:

@@ -21,18 +21,7 @@ from trust_stand_in import ARCH, IS_ROOT, KERNEL, get
 from cuteforge import cache, trust
 from cuteforge.cache import entry_for
 
-
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trust, "_warned", set())
-    monkeypatch.delenv("CUTEFORGE_LOG", raising=False)
-
-
-@pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    r = tmp_path / "cache"
-    monkeypatch.setenv("CUTEFORGE_CACHE_DIR", str(r))
-    return r
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # conftest.py
 
 
 @pytest.fixture

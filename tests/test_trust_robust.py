@@ -34,13 +34,7 @@ from cuteforge.cache import DEFAULT_CACHE, entry_for
 from cuteforge.signature import BoundKey
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trust, "_warned", set())
-    monkeypatch.delenv("CUTEFORGE_LOG", raising=False)
-
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # conftest.py
 
 
 # --- file systems and directories that cannot be written -----------------------------------
