@@ -27,6 +27,7 @@ import torch
 from .. import checks
 from ..arch import target_arch
 from ..checks import INT32_MAX
+from ..kernels.reduce.config import ColReduceConfig
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 from ..native import build as native_build
 from ..native import launch as native_launch
@@ -210,7 +211,9 @@ def _pick_split(op: str, xv: torch.Tensor, vec: int) -> int:
 
 
 def _check_col_grid(op: str, o: int, i: int, vec: int, cfg: Any) -> None:
-    """The column kernel's grid is one int32 extent: O x ceil(I / CTA columns) x cluster."""
+    """The column kernel's grid is one int32 extent: O x ceil(I / CTA columns) x cluster
+    (`cfg` None: the kernel's default config)."""
+    cfg = cfg if cfg is not None else ColReduceConfig()
     ctas = o * -(-i // (cfg.threads_x * vec)) * cfg.cluster_n
     if ctas > INT32_MAX:
         raise ValueError(f"cuteforge.ops.{op}: argument 'x' would take {ctas} CTAs (its {o} x {i} kept elements); "
