@@ -24,10 +24,8 @@ needs_root = pytest.mark.skipif(not IS_ROOT, reason="chown to another user needs
 
 
 @pytest.fixture(autouse=True)
-def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trust, "_warned", set())
+def fresh_state(fresh_warnings: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trust, "_temp_dirs", {})
-    monkeypatch.delenv("CUTEFORGE_LOG", raising=False)
     monkeypatch.delenv(bundle.ENV, raising=False)
     bundle.clear_bundles()
 

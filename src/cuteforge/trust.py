@@ -20,6 +20,7 @@ private temporary directory and say so once per process (`warn_once`).
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import shutil
 import stat
@@ -28,6 +29,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 _warned: set[str] = set()
 _lock = threading.Lock()
@@ -186,6 +188,15 @@ def open_nofollow(path: Path) -> int:
     """A read-only descriptor of `path`, not through a link at its last component and
     without blocking: a FIFO's open would wait for a writer (check the type, then read)."""
     return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+
+
+def finite_number(v: Any) -> bool:
+    """Whether a value read from a file is a finite int or float (not a bool); an int too
+    large for a float is not."""
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def read_bytes(path: Path) -> bytes:

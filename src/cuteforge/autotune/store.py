@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -125,11 +124,8 @@ def _inf_to_none(v: float) -> float | None:
 
 
 def _time(v: Any) -> bool:
-    """None or a finite number (not a bool); an int too large for a float is not one."""
-    try:
-        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-    except OverflowError:
-        return False
+    """A stored time: None (the config failed) or a finite number."""
+    return v is None or trust.finite_number(v)
 
 
 def _valid_record(rec: Any, ident: Mapping[str, Any]) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import re
 import sys
@@ -113,15 +112,6 @@ def artifacts_dir(kernel: str | None = None) -> Path:
 
 
 
-def _number(v: Any) -> bool:
-    """A finite int or float (not a bool); an int too large for a float is not."""
-    try:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    except OverflowError:
-        return False
-
-
-
 def _text(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
@@ -153,7 +143,7 @@ def list_entries() -> list[dict[str, Any]]:
                 "fingerprint": meta.parent.parent.name,
                 "bytes": size,
                 "path": str(obj),
-                "created": created if _number(created) else 0,
+                "created": created if trust.finite_number(created) else 0,
             }
         )
     rows.sort(key=lambda r: r["created"], reverse=True)
@@ -254,7 +244,7 @@ def _read_stats(root: Path) -> dict[str, float]:
     if not isinstance(stored, dict):
         return zero
     # a damaged file counts as zero, field by field
-    return {k: v if _number(v := stored.get(k)) else 0 for k in zero}
+    return {k: v if trust.finite_number(v := stored.get(k)) else 0 for k in zero}
 
 
 

@@ -26,7 +26,6 @@ import torch
 
 from .. import checks
 from ..arch import target_arch
-from ..checks import INT32_MAX
 from ..kernels.reduce.config import ColReduceConfig
 from ..kernels.reduce.spec import OPS, col_config_for, col_reduce, config_for, out_dtype, row_reduce
 from ..native import build as native_build
@@ -89,9 +88,9 @@ def _check(op: str, x: Any, dim: Any, keepdim: Any) -> int:
     d = dim % x.dim()
     if x.shape[d] == 0:
         raise ValueError(f"{where}: argument 'x' has size 0 in the reduced dim {dim} (shape {tuple(x.shape)})")
-    if x.shape[d] > INT32_MAX:  # the kernels index within a row in int32, and argmax returns int32 positions
+    if x.shape[d] > checks.INT32_MAX:  # the kernels index within a row in int32, and argmax returns int32 positions
         raise ValueError(f"{where}: argument 'x' has {x.shape[d]} elements in the reduced dim {dim}; at most "
-                         f"{INT32_MAX} are supported (reduce a reshaped x twice)")
+                         f"{checks.INT32_MAX} are supported (reduce a reshaped x twice)")
     return d
 
 
@@ -215,9 +214,9 @@ def _check_col_grid(op: str, o: int, i: int, vec: int, cfg: Any) -> None:
     (`cfg` None: the kernel's default config)."""
     cfg = cfg if cfg is not None else ColReduceConfig()
     ctas = o * -(-i // (cfg.threads_x * vec)) * cfg.cluster_n
-    if ctas > INT32_MAX:
+    if ctas > checks.INT32_MAX:
         raise ValueError(f"cuteforge.ops.{op}: argument 'x' would take {ctas} CTAs (its {o} x {i} kept elements); "
-                         f"at most {INT32_MAX} fit one launch")
+                         f"at most {checks.INT32_MAX} fit one launch")
 
 
 def _col_runner(op: str, xv: torch.Tensor, out: torch.Tensor, vec: int, split: int | None = None, cfg: Any = None) -> Callable[..., Any]:
